@@ -1,0 +1,62 @@
+// pipetrain-bench NAME [--json]: runs one benchmark and prints its figures.
+#include <iostream>
+
+#include "absl/strings/str_format.h"
+#include "bench/benchmark.h"
+#include "common/flags.h"
+#include "nlohmann/json.hpp"
+
+int main(int argc, char** argv) {
+  using namespace pipetrain;
+  bool help = false, version = false, json = false, list = false;
+  int64_t reps = 0;
+  common::FlagSet flags("pipetrain-bench", "NAME [--json] [--repetitions N] | --list",
+                        "Runs benchmark NAME and prints its figures. Each benchmark "
+                        "measures its own\nbaseline in the same run; ratios are what to "
+                        "compare across machines.");
+  flags.AddBool("json", &json, "print the figures as one JSON object");
+  flags.AddInt("repetitions", &reps, "timed repetitions (0: the benchmark's default)");
+  flags.AddBool("list", &list, "list the benchmarks and exit");
+  flags.AddBool("help", &help, "print this help and exit");
+  flags.AddBool("version", &version, "print the version and exit");
+  auto positionals = flags.Parse(common::Args(argc, argv));
+  absl::Status st = positionals.status();
+  if (st.ok() && positionals->size() != 1 && !list && !help && !version) {
+    st = absl::InvalidArgumentError("give exactly one benchmark NAME (see --list)");
+  }
+  if (help) {
+    std::cout << flags.Help() << "\nBenchmarks:\n";
+    for (const auto& b : bench::AllBenchmarks())
+      std::cout << absl::StrFormat("  %-10s %s\n", b.name, b.description);
+    return 0;
+  }
+  if (auto code = common::HandleStandardFlags(flags, st, help, version)) return *code;
+  if (list) {
+    for (const auto& b : bench::AllBenchmarks())
+      std::cout << absl::StrFormat("%-10s %s\n", b.name, b.description);
+    return 0;
+  }
+  const std::string& name = (*positionals)[0];
+  for (const auto& b : bench::AllBenchmarks()) {
+    if (b.name != name) continue;
+    auto result = b.run({static_cast<int>(reps)});
+    if (!result.ok()) {
+      std::cerr << "pipetrain-bench " << name << ": " << result.status() << "\n";
+      return 1;
+    }
+    if (json) {
+      nlohmann::ordered_json j;
+      j["benchmark"] = name;
+      for (const auto& [k, v] : result->labels) j[k] = v;
+      for (const auto& [k, v] : result->figures) j[k] = v;
+      std::cout << j.dump() << "\n";
+    } else {
+      std::cout << "benchmark " << name << "\n";
+      for (const auto& [k, v] : result->labels) std::cout << absl::StrFormat("  %-32s %s\n", k, v);
+      for (const auto& [k, v] : result->figures) std::cout << absl::StrFormat("  %-32s %.4g\n", k, v);
+    }
+    return 0;
+  }
+  std::cerr << "pipetrain-bench: no benchmark named '" << name << "' (see --list)\n";
+  return 2;
+}

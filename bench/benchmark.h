@@ -1,0 +1,40 @@
+// What every benchmark returns: named figures in a fixed order, printed as a table or
+// as one JSON object by pipetrain-bench. Benchmarks compare against a baseline
+// measured in the same run, since this machine is shared and noisy.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace pipetrain::bench {
+
+struct BenchOptions {
+  int repetitions = 0;  // 0: the benchmark's own default
+};
+
+struct BenchResult {
+  std::vector<std::pair<std::string, double>> figures;  // name -> value, in order
+  std::vector<std::pair<std::string, std::string>> labels;  // e.g. device: emulated
+  void Add(std::string name, double value) { figures.emplace_back(std::move(name), value); }
+  void Label(std::string name, std::string value) {
+    labels.emplace_back(std::move(name), std::move(value));
+  }
+};
+
+struct Benchmark {
+  std::string name;
+  std::string description;
+  std::function<absl::StatusOr<BenchResult>(const BenchOptions&)> run;
+};
+
+// Every benchmark, by name (bench/registry.cc).
+const std::vector<Benchmark>& AllBenchmarks();
+
+// The median of `samples` (seconds); samples is reordered.
+double Median(std::vector<double>& samples);
+
+}  // namespace pipetrain::bench

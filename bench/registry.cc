@@ -1,0 +1,24 @@
+#include <algorithm>
+
+#include "bench/benchmark.h"
+#include "bench/codec_bench.h"
+
+namespace pipetrain::bench {
+
+const std::vector<Benchmark>& AllBenchmarks() {
+  static const std::vector<Benchmark> all = {
+      {"codec",
+       "tensor codec: encode + reassemble a 64 MiB tensor vs one memcpy (ratio, lower is "
+       "better, 1.0 = memcpy speed)",
+       RunCodecBench},
+  };
+  return all;
+}
+
+double Median(std::vector<double>& samples) {
+  if (samples.empty()) return 0;
+  std::nth_element(samples.begin(), samples.begin() + samples.size() / 2, samples.end());
+  return samples[samples.size() / 2];
+}
+
+}  // namespace pipetrain::bench

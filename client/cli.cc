@@ -1,0 +1,74 @@
+#include "client/cli.h"
+
+#include "absl/strings/str_format.h"
+#include "common/flags.h"
+#include "common/version.h"
+
+namespace pipetrain::client {
+namespace {
+
+int RunVersion(const std::vector<std::string>& args, std::ostream& out,
+               std::ostream& err) {
+  bool help = false;
+  common::FlagSet flags("pipetrain version", "", "Prints the version and build features.");
+  flags.AddBool("help", &help, "print this help and exit");
+  auto positionals = flags.Parse(args);
+  if (!positionals.ok() || !positionals->empty()) {
+    err << "pipetrain version: takes no arguments\nRun 'pipetrain version --help' for usage.\n";
+    return kExitUsage;
+  }
+  if (help) {
+    out << flags.Help();
+    return kExitOk;
+  }
+  out << "pipetrain " << common::VersionString() << "\n";
+  return kExitOk;
+}
+
+std::string TopHelp() {
+  std::string s =
+      "Usage: pipetrain VERB [flags]\n\n"
+      "Trains Transformer language models with pipeline parallelism on a cluster of\n"
+      "stage servers run by a pipetrain-coordinator.\n\nVerbs:\n";
+  for (const Verb& v : Verbs()) s += absl::StrFormat("  %-12s %s\n", v.name, v.summary);
+  s += "\nFlags:\n  --help        print this help and exit\n"
+       "  --version     print the version and exit\n\n"
+       "Run 'pipetrain VERB --help' for a verb's flags.\n"
+       "Exit codes: 0 success, 1 the job failed or was cancelled, 2 usage error or\n"
+       "invalid spec, 3 cannot reach the coordinator.\n";
+  return s;
+}
+
+}  // namespace
+
+const std::vector<Verb>& Verbs() {
+  static const std::vector<Verb> verbs = {
+      {"version", "print the version and build features", RunVersion},
+  };
+  return verbs;
+}
+
+int RunCli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  if (args.empty()) {
+    err << TopHelp();
+    return kExitUsage;
+  }
+  const std::string& first = args[0];
+  if (first == "--help" || first == "-h" || first == "help") {
+    out << TopHelp();
+    return kExitOk;
+  }
+  if (first == "--version") {
+    out << "pipetrain " << common::VersionString() << "\n";
+    return kExitOk;
+  }
+  for (const Verb& v : Verbs()) {
+    if (v.name == first) {
+      return v.run(std::vector<std::string>(args.begin() + 1, args.end()), out, err);
+    }
+  }
+  err << "pipetrain: unknown verb '" << first << "'\nRun 'pipetrain --help' for the verbs.\n";
+  return kExitUsage;
+}
+
+}  // namespace pipetrain::client

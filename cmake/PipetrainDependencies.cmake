@@ -1,0 +1,20 @@
+# Finds every third-party dependency; all come from Debian 12 packages
+# (deploy/install-deps.sh). Nothing is downloaded at configure time.
+find_package(Threads REQUIRED)
+find_package(absl CONFIG REQUIRED)
+find_package(Protobuf REQUIRED)
+find_package(gRPC CONFIG REQUIRED)
+find_package(nlohmann_json 3.10 REQUIRED)
+
+# Debian's OpenBLASConfig.cmake only sets variables: wrap them in a target.
+find_package(OpenBLAS CONFIG REQUIRED)
+add_library(pipetrain_openblas INTERFACE)
+target_include_directories(pipetrain_openblas SYSTEM INTERFACE ${OpenBLAS_INCLUDE_DIRS})
+target_link_libraries(pipetrain_openblas INTERFACE ${OpenBLAS_LIBRARIES})
+add_library(pipetrain::openblas ALIAS pipetrain_openblas)
+
+find_program(PIPETRAIN_GRPC_CPP_PLUGIN grpc_cpp_plugin REQUIRED)
+
+if(PIPETRAIN_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+endif()

@@ -1,0 +1,88 @@
+// CUDA build of common/cuda_probe.h.
+#include <cmath>
+#include <mutex>
+#include <random>
+#include <vector>
+
+#include <cuda_runtime.h>
+
+#include "common/cuda_probe.h"
+#include "common/logging.h"
+
+namespace pipetrain::common {
+namespace {
+
+__global__ void AddKernel(const float* a, const float* b, float* c, int n) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) c[i] = a[i] + b[i];
+}
+
+std::string Describe(cudaError_t e, const char* what) {
+  return std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
+}
+
+}  // namespace
+
+const CudaProbe& ProbeCuda() {
+  static CudaProbe probe;
+  static std::once_flag once;
+  std::call_once(once, [] {
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess) {
+      probe.reason = Describe(e, "cudaGetDeviceCount");
+    } else if (count == 0) {
+      probe.reason = "the CUDA runtime reports no device";
+    }
+    for (int i = 0; e == cudaSuccess && i < count; ++i) {
+      cudaDeviceProp prop;
+      if (cudaError_t pe = cudaGetDeviceProperties(&prop, i); pe != cudaSuccess) {
+        probe.devices.clear();
+        probe.reason = Describe(pe, "cudaGetDeviceProperties");
+        break;
+      }
+      probe.devices.push_back({i, prop.name, static_cast<uint64_t>(prop.totalGlobalMem),
+                               prop.major, prop.minor});
+    }
+    if (probe.devices.empty()) {
+      LogInfo("cuda", "no usable GPU, CUDA code paths are off: " + probe.reason);
+    }
+  });
+  return probe;
+}
+
+bool CudaSmokeTest(int device, std::string* error) {
+  constexpr int n = 1 << 16;
+  std::vector<float> a(n), b(n), c(n);
+  std::mt19937 rng(1234);
+  std::uniform_real_distribution<float> dist(-1.f, 1.f);
+  for (int i = 0; i < n; ++i) { a[i] = dist(rng); b[i] = dist(rng); }
+  float *da = nullptr, *db = nullptr, *dc = nullptr;
+  auto fail = [&](cudaError_t e, const char* what) {
+    *error = Describe(e, what);
+    cudaFree(da); cudaFree(db); cudaFree(dc);
+    return false;
+  };
+  cudaError_t e;
+  if ((e = cudaSetDevice(device)) != cudaSuccess) return fail(e, "cudaSetDevice");
+  if ((e = cudaMalloc(&da, n * sizeof(float))) != cudaSuccess) return fail(e, "cudaMalloc");
+  if ((e = cudaMalloc(&db, n * sizeof(float))) != cudaSuccess) return fail(e, "cudaMalloc");
+  if ((e = cudaMalloc(&dc, n * sizeof(float))) != cudaSuccess) return fail(e, "cudaMalloc");
+  cudaMemcpy(da, a.data(), n * sizeof(float), cudaMemcpyHostToDevice);
+  cudaMemcpy(db, b.data(), n * sizeof(float), cudaMemcpyHostToDevice);
+  AddKernel<<<(n + 255) / 256, 256>>>(da, db, dc, n);
+  if ((e = cudaGetLastError()) != cudaSuccess) return fail(e, "AddKernel launch");
+  if ((e = cudaMemcpy(c.data(), dc, n * sizeof(float), cudaMemcpyDeviceToHost)) != cudaSuccess)
+    return fail(e, "cudaMemcpy");
+  for (int i = 0; i < n; ++i) {
+    if (std::fabs(c[i] - (a[i] + b[i])) > 1e-6f) {
+      *error = "AddKernel gave a wrong sum at element " + std::to_string(i);
+      cudaFree(da); cudaFree(db); cudaFree(dc);
+      return false;
+    }
+  }
+  cudaFree(da); cudaFree(db); cudaFree(dc);
+  return true;
+}
+
+}  // namespace pipetrain::common

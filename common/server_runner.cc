@@ -1,0 +1,67 @@
+#include "common/server_runner.h"
+
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+
+namespace pipetrain::common {
+namespace {
+
+sigset_t TerminationSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  return set;
+}
+
+}  // namespace
+
+void BlockTerminationSignals() {
+  sigset_t set = TerminationSignals();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+absl::StatusOr<RunningServer> StartServer(grpc::ServerBuilder& builder,
+                                          const HostPort& listen,
+                                          const std::string& name) {
+  grpc::EnableDefaultHealthCheckService(true);
+  int bound_port = 0;
+  builder.AddListeningPort(listen.ToString(), grpc::InsecureServerCredentials(),
+                           &bound_port);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  RunningServer out;
+  out.server = builder.BuildAndStart();
+  if (out.server == nullptr || bound_port == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        name, " could not listen on ", listen.ToString(),
+        ": the address is in use or not local to this host; choose another --listen"));
+  }
+  out.address = listen;
+  out.address.port = bound_port;
+  if (!IsLoopbackHost(listen.host)) {
+    LogWarning(name, absl::StrCat("listening on ", out.address.ToString(),
+                                  " without TLS: anyone who can reach this address can "
+                                  "call the API; keep it on a trusted network"));
+  }
+  // The one line scripts and tests read to learn the port.
+  std::cout << name << " listening on " << out.address.ToString() << std::endl;
+  return out;
+}
+
+void WaitForTerminationSignal(grpc::Server* server, absl::Duration grace) {
+  sigset_t set = TerminationSignals();
+  int sig = 0;
+  sigwait(&set, &sig);
+  LogInfo("server", absl::StrCat("received signal ", sig, ", shutting down"));
+  server->Shutdown(std::chrono::system_clock::now() + absl::ToChronoSeconds(grace));
+}
+
+}  // namespace pipetrain::common

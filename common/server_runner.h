@@ -1,0 +1,39 @@
+// Starts a gRPC server on a listen address (port 0 picks a free one), prints the bound
+// address on stdout for scripts and tests, and runs until SIGINT or SIGTERM.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/address.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+
+namespace pipetrain::common {
+
+// Largest gRPC message any pipetrain server accepts or sends (tensor frames are far
+// smaller; this bounds what a bad client can make a server buffer).
+inline constexpr int kMaxMessageBytes = 256 << 20;
+
+// Call first thing in main(), before any thread starts, so that every thread inherits
+// the blocked SIGINT/SIGTERM and WaitForTerminationSignal() receives them.
+void BlockTerminationSignals();
+
+struct RunningServer {
+  std::unique_ptr<grpc::Server> server;
+  HostPort address;  // with the port actually bound
+};
+
+// Adds the listening port (insecure for now), health checking and message limits to
+// `builder`, builds and starts it. `name` is used in messages ("coordinator").
+absl::StatusOr<RunningServer> StartServer(grpc::ServerBuilder& builder,
+                                          const HostPort& listen,
+                                          const std::string& name);
+
+// Blocks until SIGINT or SIGTERM, then shuts the server down, letting calls in
+// flight finish for at most `grace`.
+void WaitForTerminationSignal(grpc::Server* server, absl::Duration grace);
+
+}  // namespace pipetrain::common

@@ -1,0 +1,206 @@
+#include "common/tensor_codec.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace pipetrain::common {
+namespace {
+
+absl::Status Invalid(const FrameTag& tag, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(DescribeTag(tag), ": ", what));
+}
+
+}  // namespace
+
+std::string TensorKindName(TensorKind kind) {
+  switch (kind) {
+    case TensorKind::kActivation: return "activation";
+    case TensorKind::kGradient: return "gradient";
+    case TensorKind::kUnspecified: return "unspecified";
+  }
+  return absl::StrCat("kind(", static_cast<int>(kind), ")");
+}
+
+std::string DescribeTag(const FrameTag& tag) {
+  return absl::StrCat("frame of job '", tag.job_id, "' step ", tag.step, " micro-batch ",
+                      tag.micro_batch, " chunk ", tag.chunk, " (",
+                      TensorKindName(tag.kind), ")");
+}
+
+absl::StatusOr<TensorEncoder> TensorEncoder::Create(FrameTag tag, DType dtype,
+                                                    std::vector<int64_t> shape,
+                                                    std::span<const std::byte> data,
+                                                    size_t frame_bytes) {
+  if (frame_bytes == 0) return absl::InvalidArgumentError("frame_bytes must be > 0");
+  if (DTypeSize(dtype) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dtype ", DTypeName(dtype), " is not a valid element type"));
+  }
+  ASSIGN_OR_RETURN(const uint64_t n, NumElements(shape));
+  if (n * DTypeSize(dtype) != data.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shape ", ShapeString(shape), " of ", DTypeName(dtype), " needs ",
+                     n * DTypeSize(dtype), " bytes, data has ", data.size()));
+  }
+  TensorEncoder e;
+  e.header_.tag = std::move(tag);
+  e.header_.dtype = static_cast<int>(dtype);
+  e.header_.shape = std::move(shape);
+  e.header_.total_bytes = data.size();
+  e.data_ = data;
+  e.frame_bytes_ = frame_bytes;
+  // An empty tensor still travels as one (empty) frame so that it arrives.
+  e.num_frames_ = data.empty() ? 1 : (data.size() + frame_bytes - 1) / frame_bytes;
+  return e;
+}
+
+FrameView TensorEncoder::frame(size_t index) const {
+  FrameView f;
+  f.header = header_;
+  const size_t begin = std::min(index * frame_bytes_, data_.size());
+  const size_t end = std::min(begin + frame_bytes_, data_.size());
+  f.header.offset = begin;
+  f.payload = data_.subspan(begin, end - begin);
+  return f;
+}
+
+absl::Status TensorReassembler::CheckFirstFrame(const FrameHeader& h,
+                                                size_t payload_size) const {
+  if (h.tag.kind != TensorKind::kActivation && h.tag.kind != TensorKind::kGradient) {
+    return Invalid(h.tag, absl::StrCat("kind ", static_cast<int>(h.tag.kind),
+                                       " is neither activation nor gradient"));
+  }
+  if (!IsValidDType(h.dtype)) {
+    return Invalid(h.tag, absl::StrCat("dtype ", h.dtype, " is not a known dtype"));
+  }
+  const DType dtype = static_cast<DType>(h.dtype);
+  auto n = NumElements(h.shape);
+  if (!n.ok()) return Invalid(h.tag, n.status().message());
+  if (h.total_bytes > options_.max_tensor_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        DescribeTag(h.tag), ": total_bytes ", h.total_bytes, " exceeds the limit of ",
+        options_.max_tensor_bytes, " bytes per tensor"));
+  }
+  if (*n * DTypeSize(dtype) != h.total_bytes) {
+    return Invalid(h.tag, absl::StrCat("shape ", ShapeString(h.shape), " of ",
+                                       DTypeName(dtype), " is ", *n * DTypeSize(dtype),
+                                       " bytes but total_bytes is ", h.total_bytes));
+  }
+  if (h.offset != 0) {
+    return Invalid(h.tag, absl::StrCat("offset ", h.offset,
+                                       " leaves a hole: a tensor starts at offset 0"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TensorReassembler::CheckNextFrame(const FrameHeader& h,
+                                               size_t payload_size) const {
+  const FrameHeader& c = current_;
+  if (h.tag.job_id != c.tag.job_id) {
+    return Invalid(c.tag, absl::StrCat("job_id changed mid-tensor to '", h.tag.job_id, "'"));
+  }
+  if (h.tag.step != c.tag.step) {
+    return Invalid(c.tag, absl::StrCat("step changed mid-tensor to ", h.tag.step));
+  }
+  if (h.tag.micro_batch != c.tag.micro_batch) {
+    return Invalid(c.tag,
+                   absl::StrCat("micro_batch changed mid-tensor to ", h.tag.micro_batch));
+  }
+  if (h.tag.chunk != c.tag.chunk) {
+    return Invalid(c.tag, absl::StrCat("chunk changed mid-tensor to ", h.tag.chunk));
+  }
+  if (h.tag.kind != c.tag.kind) {
+    return Invalid(c.tag, absl::StrCat("kind changed mid-tensor to ",
+                                       TensorKindName(h.tag.kind)));
+  }
+  if (h.dtype != c.dtype) {
+    return Invalid(c.tag, absl::StrCat("dtype changed mid-tensor from ", c.dtype, " to ",
+                                       h.dtype));
+  }
+  if (h.shape != c.shape) {
+    return Invalid(c.tag, absl::StrCat("shape changed mid-tensor from ",
+                                       ShapeString(c.shape), " to ", ShapeString(h.shape)));
+  }
+  if (h.total_bytes != c.total_bytes) {
+    return Invalid(c.tag, absl::StrCat("total_bytes changed mid-tensor from ",
+                                       c.total_bytes, " to ", h.total_bytes));
+  }
+  if (h.offset < received_) {
+    return Invalid(c.tag, absl::StrCat("offset ", h.offset, " overlaps bytes already received (next expected offset ",
+                                       received_, ")"));
+  }
+  if (h.offset > received_) {
+    return Invalid(c.tag, absl::StrCat("offset ", h.offset,
+                                       " leaves a hole (next expected offset ", received_, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<ReceivedTensor>> TensorReassembler::Accept(
+    const FrameHeader& header, std::span<const std::byte> payload) {
+  absl::Status status = in_progress_ ? CheckNextFrame(header, payload.size())
+                                     : CheckFirstFrame(header, payload.size());
+  if (status.ok() && payload.size() > options_.max_frame_bytes) {
+    status = absl::ResourceExhaustedError(
+        absl::StrCat(DescribeTag(header.tag), ": payload of ", payload.size(),
+                     " bytes exceeds the limit of ", options_.max_frame_bytes,
+                     " bytes per frame"));
+  }
+  if (status.ok() && payload.size() > header.total_bytes - header.offset) {
+    status = Invalid(header.tag,
+                     absl::StrCat("payload of ", payload.size(), " bytes at offset ",
+                                  header.offset, " runs past total_bytes ",
+                                  header.total_bytes, " (more bytes than announced)"));
+  }
+  if (status.ok() && payload.empty() && header.total_bytes != 0) {
+    status = Invalid(header.tag, absl::StrCat("frame at offset ", header.offset,
+                                              " carries no payload"));
+  }
+  if (!status.ok()) {
+    Abandon();
+    return status;
+  }
+
+  if (!in_progress_) {
+    in_progress_ = true;
+    current_ = header;
+    received_ = 0;
+    // Allocated only now, after the announcement passed every check above.
+    buffer_ = pool_ ? pool_->Acquire(header.total_bytes) : Buffer(header.total_bytes);
+  }
+  if (!payload.empty()) {
+    std::memcpy(buffer_.data() + header.offset, payload.data(), payload.size());
+  }
+  received_ += payload.size();
+  if (received_ < current_.total_bytes) return std::optional<ReceivedTensor>();
+
+  in_progress_ = false;
+  ReceivedTensor out;
+  out.tag = current_.tag;
+  ASSIGN_OR_RETURN(out.tensor, Tensor::FromBuffer(static_cast<DType>(current_.dtype),
+                                                  current_.shape, std::move(buffer_)));
+  return std::optional<ReceivedTensor>(std::move(out));
+}
+
+absl::Status TensorReassembler::Finish() {
+  if (!in_progress_) return absl::OkStatus();
+  const std::string what = absl::StrCat(
+      "stream ended mid-tensor after ", received_, " of ", current_.total_bytes, " bytes");
+  absl::Status s = absl::DataLossError(absl::StrCat(DescribeTag(current_.tag), ": ", what));
+  Abandon();
+  return s;
+}
+
+void TensorReassembler::Abandon() {
+  if (in_progress_ && pool_) pool_->Release(std::move(buffer_));
+  buffer_ = Buffer();
+  in_progress_ = false;
+  received_ = 0;
+}
+
+}  // namespace pipetrain::common

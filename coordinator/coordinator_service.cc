@@ -1,0 +1,1 @@
+#include "coordinator/coordinator_service.h"
