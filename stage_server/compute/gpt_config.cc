@@ -1,0 +1,140 @@
+#include "stage_server/compute/gpt_config.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace pipetrain::compute {
+
+absl::Status ValidateConfig(const GptConfig& c) {
+  auto positive = [](int v, const char* field) -> absl::Status {
+    if (v > 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.", field, " must be > 0 (got ", v, ")"));
+  };
+  for (auto [v, f] : {std::pair{c.vocab_size, "vocab_size"}, {c.seq_len, "seq_len"},
+                      {c.d_model, "d_model"}, {c.n_heads, "n_heads"},
+                      {c.n_layers, "n_layers"}}) {
+    if (absl::Status s = positive(v, f); !s.ok()) return s;
+  }
+  if (c.d_model % c.n_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("model.n_heads (", c.n_heads,
+                                                   ") must divide model.d_model (",
+                                                   c.d_model, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<GptConfig> ConfigFromProto(const pipetrain::v1::ModelConfig& p) {
+  GptConfig c{p.vocab_size(), p.seq_len(), p.d_model(), p.n_heads(), p.n_layers()};
+  if (absl::Status s = ValidateConfig(c); !s.ok()) return s;
+  return c;
+}
+
+pipetrain::v1::ModelConfig ConfigToProto(const GptConfig& c) {
+  pipetrain::v1::ModelConfig p;
+  p.set_vocab_size(c.vocab_size);
+  p.set_seq_len(c.seq_len);
+  p.set_d_model(c.d_model);
+  p.set_n_heads(c.n_heads);
+  p.set_n_layers(c.n_layers);
+  return p;
+}
+
+LayerKind KindOfLayer(const GptConfig& c, int layer) {
+  if (layer == 0) return LayerKind::kEmbedding;
+  if (layer == c.n_layers + 1) return LayerKind::kHead;
+  return LayerKind::kBlock;
+}
+
+std::string LayerName(const GptConfig& c, int layer) {
+  switch (KindOfLayer(c, layer)) {
+    case LayerKind::kEmbedding: return "embedding";
+    case LayerKind::kHead: return "head";
+    case LayerKind::kBlock: return absl::StrCat("block ", layer - 1);
+  }
+  return "?";
+}
+
+int64_t ParamSpec::num_elements() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::vector<ParamSpec> LayerParams(const GptConfig& c, int layer) {
+  const int64_t C = c.d_model, V = c.vocab_size, T = c.seq_len, F = c.mlp_dim();
+  switch (KindOfLayer(c, layer)) {
+    case LayerKind::kEmbedding:
+      return {{"transformer.wte.weight", {V, C}, true},
+              {"transformer.wpe.weight", {T, C}, true}};
+    case LayerKind::kHead:
+      return {{"transformer.ln_f.weight", {C}, false},
+              {"transformer.ln_f.bias", {C}, false},
+              {"lm_head.weight", {V, C}, true}};
+    case LayerKind::kBlock: {
+      const std::string p = absl::StrCat("transformer.h.", layer - 1, ".");
+      return {{p + "ln_1.weight", {C}, false},
+              {p + "ln_1.bias", {C}, false},
+              {p + "attn.c_attn.weight", {C, 3 * C}, true},
+              {p + "attn.c_attn.bias", {3 * C}, false},
+              {p + "attn.c_proj.weight", {C, C}, true},
+              {p + "attn.c_proj.bias", {C}, false},
+              {p + "ln_2.weight", {C}, false},
+              {p + "ln_2.bias", {C}, false},
+              {p + "mlp.c_fc.weight", {C, F}, true},
+              {p + "mlp.c_fc.bias", {F}, false},
+              {p + "mlp.c_proj.weight", {F, C}, true},
+              {p + "mlp.c_proj.bias", {C}, false}};
+    }
+  }
+  return {};
+}
+
+std::vector<ParamSpec> RangeParams(const GptConfig& c, int begin, int end) {
+  std::vector<ParamSpec> out;
+  for (int l = begin; l < end; ++l) {
+    for (ParamSpec& p : LayerParams(c, l)) out.push_back(std::move(p));
+  }
+  return out;
+}
+
+LayerCost CostOfLayer(const GptConfig& c, int layer) {
+  const double C = c.d_model, V = c.vocab_size, T = c.seq_len, H = c.n_heads;
+  constexpr double kF = 4;  // bytes per float
+  LayerCost cost;
+  for (const ParamSpec& p : LayerParams(c, layer)) cost.params += p.num_elements();
+  switch (KindOfLayer(c, layer)) {
+    case LayerKind::kEmbedding:
+      cost.forward_flops = C;          // one add per channel
+      cost.backward_input_flops = 0;   // token ids have no gradient
+      cost.backward_weight_flops = 2 * C;
+      cost.activation_bytes = 4;       // the token id
+      cost.activation_bytes_recompute = 4;
+      cost.output_bytes = C * kF;
+      break;
+    case LayerKind::kBlock:
+      // Matrix products: qkv 6C^2, proj 2C^2, mlp 16C^2; attention 4TC (scores, mix).
+      cost.forward_flops = 24 * C * C + 4 * T * C;
+      cost.backward_input_flops = 24 * C * C + 8 * T * C;
+      cost.backward_weight_flops = 24 * C * C;
+      // Kept for backward: input x, ln_1 out, qkv, attention probabilities (H x T),
+      // attention out, residual after attention, ln_2 out, fc pre- and post-GELU,
+      // and two LayerNorms' mean and rstd.
+      cost.activation_bytes = (C + C + 3 * C + H * T + C + C + C + 4 * C + 4 * C + 4) * kF;
+      cost.activation_bytes_recompute = C * kF;
+      cost.output_bytes = C * kF;
+      break;
+    case LayerKind::kHead:
+      cost.forward_flops = 2 * C * V + 5 * V;
+      cost.backward_input_flops = 2 * C * V + 2 * V;
+      cost.backward_weight_flops = 2 * C * V;
+      // Input x, ln_f out, ln_f mean and rstd, softmax probabilities.
+      cost.activation_bytes = (C + C + 2 + V) * kF;
+      cost.activation_bytes_recompute = C * kF;
+      cost.output_bytes = kF;  // the loss
+      break;
+  }
+  return cost;
+}
+
+}  // namespace pipetrain::compute

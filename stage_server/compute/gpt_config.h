@@ -1,0 +1,72 @@
+// The GPT model's shape, its pipeline layers and what each costs, as pure figures
+// shared by the compute library (which must match them), the planner (which plans
+// with them) and checkpoints (which name parameters by them).
+//
+// Pipeline layers: index 0 is the embedding (wte + wpe), 1..n_layers are the blocks,
+// n_layers + 1 is the head (ln_f + lm_head + loss). A stage holds a contiguous range.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "pipetrain/v1/model.pb.h"
+
+namespace pipetrain::compute {
+
+struct GptConfig {
+  int vocab_size = 256;
+  int seq_len = 0;
+  int d_model = 0;
+  int n_heads = 0;
+  int n_layers = 0;
+
+  int head_dim() const { return d_model / n_heads; }
+  int mlp_dim() const { return 4 * d_model; }
+  int num_pipeline_layers() const { return n_layers + 2; }
+  bool operator==(const GptConfig&) const = default;
+};
+
+// Errors name the field as written in a job spec ("model.d_model").
+absl::Status ValidateConfig(const GptConfig& config);
+absl::StatusOr<GptConfig> ConfigFromProto(const pipetrain::v1::ModelConfig& proto);
+pipetrain::v1::ModelConfig ConfigToProto(const GptConfig& config);
+
+enum class LayerKind { kEmbedding, kBlock, kHead };
+LayerKind KindOfLayer(const GptConfig& config, int pipeline_layer);
+std::string LayerName(const GptConfig& config, int pipeline_layer);  // "embedding", "block 3", "head"
+
+// One parameter tensor: its Hugging Face GPT-2 name (global block index) and shape.
+// Linear weights are stored [in, out] (GPT-2's Conv1D layout, y = x W + b);
+// lm_head.weight is [vocab, d_model] (y = x W^T); wte [vocab, d_model]; wpe
+// [seq_len, d_model]; LayerNorm weight and bias [d_model].
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool is_matrix = false;  // receives weight decay
+  int64_t num_elements() const;
+};
+
+// The parameters of one pipeline layer, in a fixed order.
+std::vector<ParamSpec> LayerParams(const GptConfig& config, int pipeline_layer);
+// The parameters of pipeline layers [begin, end), in order.
+std::vector<ParamSpec> RangeParams(const GptConfig& config, int begin, int end);
+
+// Analytic costs of one pipeline layer, per token of a micro-batch.
+struct LayerCost {
+  int64_t params = 0;
+  double forward_flops = 0;          // per token
+  double backward_input_flops = 0;   // per token: gradient w.r.t. the layer input
+  double backward_weight_flops = 0;  // per token: gradients w.r.t. the parameters
+  // Bytes kept from forward to backward per token, without recomputation. The compute
+  // library's layers must store exactly this much (tests hold them to it).
+  double activation_bytes = 0;
+  // Bytes kept per token with recomputation: only the layer's input.
+  double activation_bytes_recompute = 0;
+  // Bytes of the layer's output per token (what crosses a stage boundary after it).
+  double output_bytes = 0;
+};
+LayerCost CostOfLayer(const GptConfig& config, int pipeline_layer);
+
+}  // namespace pipetrain::compute

@@ -1,0 +1,62 @@
+#include "stage_server/compute/gpt_config.h"
+
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pipetrain::compute {
+namespace {
+
+using ::pipetrain::testing::IsOk;
+using ::pipetrain::testing::StatusIs;
+using ::testing::HasSubstr;
+
+GptConfig Tiny() { return {256, 16, 32, 4, 3}; }
+
+TEST(GptConfigTest, ValidatesWithFieldNames) {
+  EXPECT_THAT(ValidateConfig(Tiny()), IsOk());
+  GptConfig c = Tiny();
+  c.n_heads = 5;
+  EXPECT_THAT(ValidateConfig(c), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          HasSubstr("model.n_heads (5) must divide model.d_model (32)")));
+  c = Tiny();
+  c.seq_len = 0;
+  EXPECT_THAT(ValidateConfig(c), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model.seq_len")));
+  auto back = ConfigFromProto(ConfigToProto(Tiny()));
+  ASSERT_THAT(back, IsOk());
+  EXPECT_EQ(*back, Tiny());
+}
+
+TEST(GptConfigTest, LayersAndNames) {
+  const GptConfig c = Tiny();
+  EXPECT_EQ(c.num_pipeline_layers(), 5);
+  EXPECT_EQ(KindOfLayer(c, 0), LayerKind::kEmbedding);
+  EXPECT_EQ(KindOfLayer(c, 3), LayerKind::kBlock);
+  EXPECT_EQ(KindOfLayer(c, 4), LayerKind::kHead);
+  EXPECT_EQ(LayerName(c, 1), "block 0");
+  auto block = LayerParams(c, 2);
+  ASSERT_EQ(block.size(), 12u);
+  EXPECT_EQ(block[2].name, "transformer.h.1.attn.c_attn.weight");
+  EXPECT_EQ(block[2].shape, (std::vector<int64_t>{32, 96}));
+  EXPECT_TRUE(block[2].is_matrix);
+  EXPECT_FALSE(block[3].is_matrix);
+  EXPECT_EQ(LayerParams(c, 4)[2].name, "lm_head.weight");
+  EXPECT_EQ(LayerParams(c, 4)[2].shape, (std::vector<int64_t>{256, 32}));
+  EXPECT_EQ(RangeParams(c, 0, 5).size(), 2u + 3 * 12 + 3);
+}
+
+TEST(GptConfigTest, ParameterCountsMatchGpt2Formulas) {
+  const GptConfig c = Tiny();
+  const int64_t C = 32, V = 256, T = 16;
+  EXPECT_EQ(CostOfLayer(c, 0).params, V * C + T * C);
+  EXPECT_EQ(CostOfLayer(c, 1).params, 12 * C * C + 13 * C);
+  EXPECT_EQ(CostOfLayer(c, 4).params, 2 * C + V * C);
+  // GPT-2 small (124M with a tied head): blocks + embeddings + an untied head.
+  const GptConfig gpt2{50257, 1024, 768, 12, 12};
+  int64_t total = 0;
+  for (int l = 0; l < gpt2.num_pipeline_layers(); ++l) total += CostOfLayer(gpt2, l).params;
+  EXPECT_EQ(total, 124439808 + 50257 * 768);
+}
+
+}  // namespace
+}  // namespace pipetrain::compute
