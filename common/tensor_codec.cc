@@ -143,21 +143,29 @@ absl::Status TensorReassembler::CheckNextFrame(const FrameHeader& h,
 
 absl::StatusOr<std::optional<ReceivedTensor>> TensorReassembler::Accept(
     const FrameHeader& header, std::span<const std::byte> payload) {
-  absl::Status status = in_progress_ ? CheckNextFrame(header, payload.size())
-                                     : CheckFirstFrame(header, payload.size());
-  if (status.ok() && payload.size() > options_.max_frame_bytes) {
+  const std::span<const std::byte> pieces[] = {payload};
+  return Accept(header, pieces);
+}
+
+absl::StatusOr<std::optional<ReceivedTensor>> TensorReassembler::Accept(
+    const FrameHeader& header, std::span<const std::span<const std::byte>> pieces) {
+  size_t payload_size = 0;
+  for (const auto& piece : pieces) payload_size += piece.size();
+  absl::Status status = in_progress_ ? CheckNextFrame(header, payload_size)
+                                     : CheckFirstFrame(header, payload_size);
+  if (status.ok() && payload_size > options_.max_frame_bytes) {
     status = absl::ResourceExhaustedError(
-        absl::StrCat(DescribeTag(header.tag), ": payload of ", payload.size(),
+        absl::StrCat(DescribeTag(header.tag), ": payload of ", payload_size,
                      " bytes exceeds the limit of ", options_.max_frame_bytes,
                      " bytes per frame"));
   }
-  if (status.ok() && payload.size() > header.total_bytes - header.offset) {
+  if (status.ok() && payload_size > header.total_bytes - header.offset) {
     status = Invalid(header.tag,
-                     absl::StrCat("payload of ", payload.size(), " bytes at offset ",
+                     absl::StrCat("payload of ", payload_size, " bytes at offset ",
                                   header.offset, " runs past total_bytes ",
                                   header.total_bytes, " (more bytes than announced)"));
   }
-  if (status.ok() && payload.empty() && header.total_bytes != 0) {
+  if (status.ok() && payload_size == 0 && header.total_bytes != 0) {
     status = Invalid(header.tag, absl::StrCat("frame at offset ", header.offset,
                                               " carries no payload"));
   }
@@ -173,10 +181,13 @@ absl::StatusOr<std::optional<ReceivedTensor>> TensorReassembler::Accept(
     // Allocated only now, after the announcement passed every check above.
     buffer_ = pool_ ? pool_->Acquire(header.total_bytes) : Buffer(header.total_bytes);
   }
-  if (!payload.empty()) {
-    std::memcpy(buffer_.data() + header.offset, payload.data(), payload.size());
+  std::byte* dst = buffer_.data() + header.offset;
+  for (const auto& piece : pieces) {
+    if (piece.empty()) continue;
+    std::memcpy(dst, piece.data(), piece.size());
+    dst += piece.size();
   }
-  received_ += payload.size();
+  received_ += payload_size;
   if (received_ < current_.total_bytes) return std::optional<ReceivedTensor>();
 
   in_progress_ = false;

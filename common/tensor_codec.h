@@ -95,6 +95,10 @@ class TensorReassembler {
   // Takes one frame. Returns the tensor when this frame completes it, else nullopt.
   absl::StatusOr<std::optional<ReceivedTensor>> Accept(
       const FrameHeader& header, std::span<const std::byte> payload);
+  // The same for a payload that arrived in pieces (e.g. several network slices); the
+  // pieces are copied once, in order, straight into the tensor.
+  absl::StatusOr<std::optional<ReceivedTensor>> Accept(
+      const FrameHeader& header, std::span<const std::span<const std::byte>> pieces);
   // The stream has ended: an error if a tensor is incomplete.
   absl::Status Finish();
 

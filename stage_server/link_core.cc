@@ -1,0 +1,397 @@
+#include "stage_server/link_core.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "grpcpp/support/slice.h"
+#include "stage_server/frame_wire.h"
+
+namespace pipetrain::stage_server {
+namespace {
+
+using common::FrameTag;
+using common::Tensor;
+
+// Keeps the tensor alive while gRPC holds a slice of it.
+void ReleaseTensorRef(void* user_data) {
+  delete static_cast<std::shared_ptr<const Tensor>*>(user_data);
+}
+
+std::string DescribeWanted(const FrameTag& tag) {
+  return absl::StrCat(common::TensorKindName(tag.kind), " of step ", tag.step,
+                      " micro-batch ", tag.micro_batch, " chunk ", tag.chunk);
+}
+
+// Reactor calls this thread has in flight: a reaction that runs inline inside one of
+// them must not wait for it to finish.
+thread_local int tls_io_calls = 0;
+
+}  // namespace
+
+LinkCore::LinkCore(PeerLinkOptions options)
+    : options_(std::move(options)), reassembler_(options_.limits, &pool_) {}
+
+LinkCore::~LinkCore() = default;
+
+void LinkCore::SetOptions(PeerLinkOptions options) {
+  options_ = std::move(options);
+  reassembler_ = common::TensorReassembler(options_.limits, &pool_);
+}
+
+std::string LinkCore::PeerName() const {
+  return absl::StrCat("stage ", options_.peer_stage,
+                      options_.peer_address.empty() ? "" : " at ", options_.peer_address,
+                      " (job '", options_.job_id, "')");
+}
+
+LinkCore::Key LinkCore::KeyOf(const FrameTag& tag) {
+  return {tag.step, tag.micro_batch, tag.chunk, static_cast<int>(tag.kind)};
+}
+
+template <typename F>
+bool LinkCore::CallIo(F f) {
+  Io* io;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutdown_requested_ || done_ || io_ == nullptr) return false;
+    io = io_;
+    ++io_calls_in_flight_;
+  }
+  ++tls_io_calls;
+  f(io);
+  --tls_io_calls;
+  absl::MutexLock lock(&mu_);
+  --io_calls_in_flight_;
+  return true;
+}
+
+void LinkCore::Attach(Io* io) {
+  const grpc::ByteBuffer* start = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    io_ = io;
+    attached_ = true;
+    if (!writing_ && !queue_.empty()) {
+      writing_ = true;
+      start = &queue_.front().buffer;
+    }
+  }
+  if (start) CallIo([start](Io* io) { io->StartWrite(start); });
+}
+
+void LinkCore::RequestShutdown(const grpc::Status& status, bool cancel) {
+  Io* io = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutdown_requested_ || done_ || io_ == nullptr) return;
+    shutdown_requested_ = true;
+    // Wait out reactor calls started by other threads so none follows the shutdown.
+    const int mine = tls_io_calls;
+    auto idle = [this, mine]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return io_calls_in_flight_ <= mine;
+    };
+    mu_.Await(absl::Condition(&idle));
+    io = io_;
+  }
+  io->Shutdown(status, cancel);
+}
+
+void LinkCore::FailLocked(absl::Status status) {
+  if (status_.ok()) status_ = std::move(status);
+  // Frames not yet written will never be: let their tensors go.
+  queue_.clear();
+  queued_bytes_ = 0;
+  writing_ = false;
+}
+
+void LinkCore::SendRaw(grpc::ByteBuffer buffer) {
+  const grpc::ByteBuffer* start = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    queue_.push_back({std::move(buffer), 0});
+    if (!writing_) {
+      writing_ = true;
+      start = &queue_.front().buffer;
+    }
+  }
+  if (start) CallIo([start](Io* io) { io->StartWrite(start); });
+}
+
+absl::Status LinkCore::Send(const FrameTag& tag, std::shared_ptr<const Tensor> tensor,
+                            absl::Time deadline) {
+  ASSIGN_OR_RETURN(common::TensorEncoder encoder,
+                   common::TensorEncoder::Create(tag, *tensor, options_.frame_bytes));
+  std::vector<Outgoing> frames;
+  frames.reserve(encoder.num_frames());
+  for (size_t i = 0; i < encoder.num_frames(); ++i) {
+    const common::FrameView f = encoder.frame(i);
+    const std::string prefix = EncodeFramePrefix(f);
+    grpc::Slice slices[2] = {grpc::Slice(prefix), grpc::Slice()};
+    size_t n = 1;
+    if (!f.payload.empty()) {
+      // The payload slice points into the tensor; the slice owns one reference to it.
+      auto* ref = new std::shared_ptr<const Tensor>(tensor);
+      slices[1] = grpc::Slice(const_cast<std::byte*>(f.payload.data()), f.payload.size(),
+                              &ReleaseTensorRef, ref);
+      n = 2;
+    }
+    frames.push_back({grpc::ByteBuffer(slices, n), f.payload.size()});
+  }
+
+  const grpc::ByteBuffer* start = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    const size_t bytes = tensor->num_bytes();
+    auto has_room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !status_.ok() || closing_ || queued_bytes_ == 0 ||
+             queued_bytes_ + bytes <= options_.max_queued_bytes;
+    };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&has_room), deadline)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "sending ", DescribeWanted(tag), " to ", PeerName(), ": the send queue stayed full (",
+          queued_bytes_, " bytes) until the deadline"));
+    }
+    if (!status_.ok()) return status_;
+    if (closing_) return absl::CancelledError(absl::StrCat("link to ", PeerName(), " is closed"));
+    for (Outgoing& o : frames) {
+      queued_bytes_ += o.payload_bytes;
+      queue_.push_back(std::move(o));
+    }
+    if (!writing_ && attached_) {
+      writing_ = true;
+      start = &queue_.front().buffer;
+    }
+  }
+  if (start) CallIo([start](Io* io) { io->StartWrite(start); });
+  return absl::OkStatus();
+}
+
+void LinkCore::OnWriteDone(bool ok) {
+  const grpc::ByteBuffer* next = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!ok) {
+      FailLocked(absl::UnavailableError(
+          absl::StrCat("link to ", PeerName(), " broke: a write did not go through")));
+    }
+  }
+  if (!ok) {
+    RequestShutdown(grpc::Status::OK, /*cancel=*/true);
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (!queue_.empty()) {
+      bytes_sent_ += queue_.front().payload_bytes;
+      queued_bytes_ -= queue_.front().payload_bytes;
+      queue_.pop_front();
+    }
+    if (queue_.empty()) {
+      writing_ = false;
+    } else {
+      next = &queue_.front().buffer;
+    }
+  }
+  if (next) CallIo([next](Io* io) { io->StartWrite(next); });
+}
+
+absl::Status LinkCore::HandleMessage(grpc::ByteBuffer* buffer) {
+  std::vector<grpc::Slice> slices;
+  if (!buffer->Dump(&slices).ok()) {
+    return absl::InvalidArgumentError("could not read a message's bytes");
+  }
+  std::vector<std::span<const std::byte>> pieces;
+  pieces.reserve(slices.size());
+  for (const grpc::Slice& s : slices) {
+    pieces.emplace_back(reinterpret_cast<const std::byte*>(s.begin()), s.size());
+  }
+  ASSIGN_OR_RETURN(ParsedExchange msg, ParseExchange(pieces));
+  if (msg.kind != ParsedExchange::Kind::kFrame) {
+    return absl::InvalidArgumentError("a second hello arrived on an established link");
+  }
+  const FrameTag& tag = msg.header.tag;
+  if (tag.job_id != options_.job_id) {
+    return absl::InvalidArgumentError(absl::StrCat("frame of job '", tag.job_id,
+                                                   "' on the link of job '", options_.job_id,
+                                                   "' (field job_id)"));
+  }
+  if (tag.kind != options_.receive_kind) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        common::DescribeTag(tag), ": this link receives only ",
+        common::TensorKindName(options_.receive_kind), "s (field kind)"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    // A neighbour may start a step before this stage does, so later steps are kept;
+    // an earlier one is stale.
+    if (tag.step < min_step_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(common::DescribeTag(tag), ": stale, this stage is at step ",
+                       min_step_, " (field step)"));
+    }
+  }
+  ASSIGN_OR_RETURN(std::optional<common::ReceivedTensor> done,
+                   reassembler_.Accept(msg.header, msg.payload));
+  absl::MutexLock lock(&mu_);
+  for (const auto& p : msg.payload) bytes_received_ += p.size();
+  if (done.has_value()) {
+    const Key key = KeyOf(done->tag);
+    if (mailbox_.count(key)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(common::DescribeTag(done->tag), " arrived twice"));
+    }
+    mailbox_.emplace(key, std::move(done->tensor));
+  }
+  return absl::OkStatus();
+}
+
+void LinkCore::KeepAlive(std::shared_ptr<void> owner) { keep_alive_ = std::move(owner); }
+
+void LinkCore::OnReadDone(bool ok, grpc::ByteBuffer* buffer) {
+  if (!ok) {
+    // The peer ended the stream or went away; the call's final status, which says
+    // why, arrives in OnDone.
+    RequestShutdown(grpc::Status::OK, /*cancel=*/false);
+    return;
+  }
+  absl::Status s = HandleMessage(buffer);
+  buffer->Clear();
+  if (!s.ok()) {
+    common::LogWarning("link", absl::StrCat("rejected a message from ", PeerName(), ": ",
+                                            s.message()));
+    {
+      absl::MutexLock lock(&mu_);
+      FailLocked(s);
+    }
+    RequestShutdown(common::ToGrpcStatus(s), /*cancel=*/true);
+    return;
+  }
+  CallIo([buffer](Io* io) { io->StartRead(buffer); });
+}
+
+void LinkCore::OnDone(const grpc::Status& status) {
+  absl::MutexLock lock(&mu_);
+  if (!status.ok()) {
+    absl::Status cause = common::FromGrpcStatus(status);
+    if (cause.code() == absl::StatusCode::kCancelled ||
+        cause.code() == absl::StatusCode::kUnavailable) {
+      cause = absl::UnavailableError(
+          absl::StrCat("link to ", PeerName(), " broke: ", status.error_message()));
+    }
+    FailLocked(cause);
+  } else if (status_.ok()) {
+    FailLocked(absl::UnavailableError(absl::StrCat("link to ", PeerName(), " ended")));
+  }
+  done_ = true;
+  io_ = nullptr;
+}
+
+absl::Status LinkCore::WaitAttached(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return attached_ || !status_.ok() || done_;
+  };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&ready), deadline)) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("link to ", PeerName(), " did not start before the deadline"));
+  }
+  return status_;
+}
+
+void LinkCore::BeginStep(uint64_t step) {
+  absl::MutexLock lock(&mu_);
+  min_step_ = step;
+  for (auto it = mailbox_.begin(); it != mailbox_.end();) {
+    if (std::get<0>(it->first) >= step) {
+      ++it;
+      continue;
+    }
+    common::LogWarning("link", absl::StrCat("dropping an unclaimed tensor of step ",
+                                            std::get<0>(it->first), " from ", PeerName(),
+                                            " at the start of step ", step));
+    pool_.Release(it->second.ReleaseBuffer());
+    it = mailbox_.erase(it);
+  }
+}
+
+absl::StatusOr<Tensor> LinkCore::Receive(const FrameTag& tag, absl::Time deadline) {
+  const absl::Time start = absl::Now();
+  absl::MutexLock lock(&mu_);
+  const Key key = KeyOf(tag);
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return mailbox_.count(key) > 0 || !status_.ok() || closing_;
+  };
+  const bool arrived = mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
+  if (auto it = mailbox_.find(key); it != mailbox_.end()) {
+    Tensor t = std::move(it->second);
+    mailbox_.erase(it);
+    return t;
+  }
+  if (!status_.ok()) {
+    return absl::Status(status_.code(), absl::StrCat("waiting for ", DescribeWanted(tag),
+                                                     " from ", PeerName(), ": ",
+                                                     status_.message()));
+  }
+  if (closing_) return absl::CancelledError(absl::StrCat("link to ", PeerName(), " is closed"));
+  (void)arrived;
+  return absl::DeadlineExceededError(absl::StrCat(
+      "no ", DescribeWanted(tag), " from ", PeerName(), " within ",
+      absl::FormatDuration(absl::Now() - start)));
+}
+
+absl::Status LinkCore::Flush(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto drained = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return queue_.empty() || !status_.ok() || closing_;
+  };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&drained), deadline)) {
+    return absl::DeadlineExceededError(absl::StrCat("sends to ", PeerName(),
+                                                    " did not drain before the deadline (",
+                                                    queued_bytes_, " bytes left)"));
+  }
+  return status_;
+}
+
+void LinkCore::Close() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (closing_) return;
+    closing_ = true;
+  }
+  RequestShutdown(grpc::Status::OK, /*cancel=*/true);
+  std::shared_ptr<void> owner;
+  {
+    absl::MutexLock lock(&mu_);
+    // OnDone follows the shutdown once gRPC has finished with the call; bounded so
+    // that a wedged transport cannot hang the stage.
+    auto finished = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_ || !attached_; };
+    mu_.AwaitWithTimeout(absl::Condition(&finished), absl::Seconds(10));
+    if (status_.ok()) {
+      status_ = absl::CancelledError(absl::StrCat("link to ", PeerName(), " is closed"));
+    }
+    queue_.clear();
+    queued_bytes_ = 0;
+    // The reactor may be released only once gRPC is done with it; if it never
+    // finished, leaking it is safer than freeing memory a late callback would touch.
+    if (done_) owner = std::move(keep_alive_);
+  }
+}
+
+absl::Status LinkCore::status() const {
+  absl::MutexLock lock(&mu_);
+  return status_;
+}
+uint64_t LinkCore::bytes_sent() const {
+  absl::MutexLock lock(&mu_);
+  return bytes_sent_;
+}
+uint64_t LinkCore::bytes_received() const {
+  absl::MutexLock lock(&mu_);
+  return bytes_received_;
+}
+
+}  // namespace pipetrain::stage_server

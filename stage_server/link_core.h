@@ -1,0 +1,114 @@
+// The state of one peer-link stream end, shared by the gRPC reactors that drive it and
+// the PeerLink handle the executor holds: the send queue (zero-copy frames, byte
+// budget), the receive side (parse, check, reassemble, mailbox by tag) and the
+// stream's health. Reactor I/O is started outside the lock, counted, so that closing
+// waits for no reactor call in flight.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/buffer_pool.h"
+#include "common/tensor.h"
+#include "common/tensor_codec.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/status.h"
+#include "stage_server/peer_link.h"
+
+namespace pipetrain::stage_server {
+
+class LinkCore {
+ public:
+  // What a reactor does for the core.
+  class Io {
+   public:
+    virtual ~Io() = default;
+    virtual void StartWrite(const grpc::ByteBuffer* buffer) = 0;
+    virtual void StartRead(grpc::ByteBuffer* buffer) = 0;
+    // Ends the call; OnDone follows. Server: Finish(status). Client: release its hold
+    // on the call, cancelling it first when `cancel` (otherwise the server's own
+    // status, which says why, reaches OnDone).
+    virtual void Shutdown(const grpc::Status& status, bool cancel) = 0;
+  };
+
+  explicit LinkCore(PeerLinkOptions options);
+  ~LinkCore();
+
+  void SetOptions(PeerLinkOptions options);  // before Attach (server: from the hello)
+  const PeerLinkOptions& options() const { return options_; }
+  // The stream is up; `io` stays valid until OnDone.
+  void Attach(Io* io);
+
+  // Reactor events.
+  void OnReadDone(bool ok, grpc::ByteBuffer* buffer);  // issues the next read itself
+  void OnWriteDone(bool ok);
+  void OnDone(const grpc::Status& status);
+
+  // Queues raw bytes (the client's hello) ahead of any frame.
+  void SendRaw(grpc::ByteBuffer buffer);
+
+  // PeerLink's API.
+  void BeginStep(uint64_t step);
+  absl::Status Send(const common::FrameTag& tag, std::shared_ptr<const common::Tensor> tensor,
+                    absl::Time deadline);
+  absl::StatusOr<common::Tensor> Receive(const common::FrameTag& tag, absl::Time deadline);
+  absl::Status Flush(absl::Time deadline);
+  void Close();
+  absl::Status status() const;
+  uint64_t bytes_sent() const;
+  uint64_t bytes_received() const;
+  common::BufferPool& pool() { return pool_; }
+
+  // Keeps `owner` (the client's reactor and stub) alive until the call is done.
+  void KeepAlive(std::shared_ptr<void> owner);
+
+  // Waits until the stream is attached or broken (client start-up).
+  absl::Status WaitAttached(absl::Time deadline);
+
+ private:
+  struct Outgoing {
+    grpc::ByteBuffer buffer;
+    size_t payload_bytes = 0;
+  };
+  using Key = std::tuple<uint64_t, uint32_t, uint32_t, int>;  // step, micro-batch, chunk, kind
+  static Key KeyOf(const common::FrameTag& tag);
+
+  // Marks the stream broken with `status` (the first cause wins) and wakes waiters.
+  void FailLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status HandleMessage(grpc::ByteBuffer* buffer);
+  // Runs f(io) outside the lock unless the link is closing; false if it did not run.
+  template <typename F>
+  bool CallIo(F f);
+  // Ends the call once (Close, or a rejected message).
+  void RequestShutdown(const grpc::Status& status, bool cancel);
+  std::string PeerName() const;
+
+  PeerLinkOptions options_;
+  std::shared_ptr<void> keep_alive_;  // released once the call is done
+  common::BufferPool pool_;
+  common::TensorReassembler reassembler_;  // used only by the read reaction
+
+  mutable absl::Mutex mu_;
+  Io* io_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool attached_ ABSL_GUARDED_BY(mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  bool shutdown_requested_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  int io_calls_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  std::deque<Outgoing> queue_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  size_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t bytes_sent_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t bytes_received_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t min_step_ ABSL_GUARDED_BY(mu_) = 0;  // frames of earlier steps are stale
+  std::map<Key, common::Tensor> mailbox_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pipetrain::stage_server

@@ -1,0 +1,253 @@
+// Integration: two ends of a real peer link over gRPC on 127.0.0.1 (port 0), in one
+// process: tensors arrive intact in any order, and every kind of bad frame, bad peer
+// or lost peer ends in the documented status, never a hang.
+#include "stage_server/peer_link.h"
+
+#include <cstring>
+#include <random>
+
+#include "common/server_runner.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "pipetrain/v1/stage.grpc.pb.h"
+
+namespace pipetrain::stage_server {
+namespace {
+
+using ::pipetrain::testing::IsOk;
+using ::pipetrain::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using common::FrameTag;
+using common::Tensor;
+using common::TensorKind;
+
+class ExchangeOnlyService final
+    : public pipetrain::v1::Stage::WithRawCallbackMethod_Exchange<pipetrain::v1::Stage::Service> {
+ public:
+  explicit ExchangeOnlyService(LinkAcceptor* acceptor) : acceptor_(acceptor) {}
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Exchange(
+      grpc::CallbackServerContext* context) override {
+    return acceptor_->Accept(context);
+  }
+
+ private:
+  LinkAcceptor* acceptor_;
+};
+
+std::shared_ptr<const Tensor> RandomTensor(std::vector<int64_t> shape, std::mt19937& rng) {
+  auto t = std::make_shared<Tensor>(*Tensor::Create(common::DType::kF32, std::move(shape)));
+  for (float& x : t->data<float>()) x = std::uniform_real_distribution<float>(-2, 2)(rng);
+  return t;
+}
+
+bool SameBytes(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && a.num_bytes() == b.num_bytes() &&
+         std::memcmp(a.bytes().data(), b.bytes().data(), a.num_bytes()) == 0;
+}
+
+absl::Time In(absl::Duration d) { return absl::Now() + d; }
+
+class PeerLinkTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    acceptor_ = std::make_unique<LinkAcceptor>();
+    service_ = std::make_unique<ExchangeOnlyService>(acceptor_.get());
+    grpc::ServerBuilder builder;
+    builder.RegisterService(service_.get());
+    auto running = common::StartServer(builder, {"127.0.0.1", 0}, "test-stage");
+    ASSERT_THAT(running.status(), IsOk());
+    server_ = std::move(running->server);
+    address_ = running->address.ToString();
+  }
+  void TearDown() override {
+    up_.reset();
+    down_.reset();
+    if (server_) server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    acceptor_.reset();
+  }
+
+  PeerLinkOptions Options(int local, int peer, size_t frame_bytes = 1000) {
+    PeerLinkOptions o;
+    o.job_id = "job-1";
+    o.local_stage = local;
+    o.peer_stage = peer;
+    o.peer_address = address_;
+    o.frame_bytes = frame_bytes;
+    return o;
+  }
+
+  // Stage 0 (upstream) connects to stage 1 (downstream, this server).
+  void Connect(const std::string& up_secret = "secret", size_t frame_bytes = 1000) {
+    acceptor_->Expect(Options(1, 0, frame_bytes), "secret");
+    auto channel = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(),
+                                             PeerChannelArguments());
+    auto up = ConnectPeerLink(channel, Options(0, 1, frame_bytes), up_secret, In(absl::Seconds(10)));
+    ASSERT_THAT(up.status(), IsOk());
+    up_ = std::move(*up);
+  }
+  void Accept() {
+    auto down = acceptor_->WaitForPeer("job-1", 0, In(absl::Seconds(10)));
+    ASSERT_THAT(down.status(), IsOk());
+    down_ = std::move(*down);
+  }
+
+  std::unique_ptr<LinkAcceptor> acceptor_;
+  std::unique_ptr<ExchangeOnlyService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  std::unique_ptr<PeerLink> up_, down_;
+};
+
+FrameTag Tag(uint64_t step, uint32_t mb, TensorKind kind, uint32_t chunk = 0) {
+  return {"job-1", step, mb, chunk, kind};
+}
+
+TEST_F(PeerLinkTest, ActivationsDownGradientsUpInAnyOrder) {
+  Connect();
+  Accept();
+  std::mt19937 rng(21);
+  for (uint64_t step = 0; step < 2; ++step) {
+    up_->BeginStep(step);
+    down_->BeginStep(step);
+    std::vector<std::shared_ptr<const Tensor>> acts, grads;
+    for (uint32_t mb = 0; mb < 4; ++mb) {
+      // Sizes that do not divide the 1000-byte frames, and one empty tensor.
+      acts.push_back(RandomTensor({2, 3 + mb, 37}, rng));
+      ASSERT_THAT(up_->Send(Tag(step, mb, TensorKind::kActivation, mb % 2), acts.back(),
+                            In(absl::Seconds(10))),
+                  IsOk());
+    }
+    for (int mb = 3; mb >= 0; --mb) {  // received in reverse order
+      auto got = down_->Receive(Tag(step, mb, TensorKind::kActivation, mb % 2), In(absl::Seconds(10)));
+      ASSERT_THAT(got.status(), IsOk());
+      EXPECT_TRUE(SameBytes(*got, *acts[mb])) << "micro-batch " << mb;
+      grads.push_back(RandomTensor({2, 3 + static_cast<int64_t>(mb), 37}, rng));
+      ASSERT_THAT(down_->Send(Tag(step, mb, TensorKind::kGradient), grads.back(), In(absl::Seconds(10))),
+                  IsOk());
+    }
+    for (uint32_t mb = 0; mb < 4; ++mb) {
+      auto got = up_->Receive(Tag(step, mb, TensorKind::kGradient), In(absl::Seconds(10)));
+      ASSERT_THAT(got.status(), IsOk());
+      EXPECT_TRUE(SameBytes(*got, *grads[3 - mb])) << "micro-batch " << mb;
+      up_->pool().Release(got->ReleaseBuffer());
+    }
+  }
+  ASSERT_THAT(up_->Flush(In(absl::Seconds(10))), IsOk());
+  uint64_t expected = 0;  // two steps of four (2, 3 + mb, 37) f32 tensors each way
+  for (uint32_t mb = 0; mb < 4; ++mb) expected += 2 * 2 * (3 + mb) * 37 * 4;
+  EXPECT_EQ(up_->bytes_sent(), expected);
+  EXPECT_EQ(down_->bytes_received(), expected);
+  EXPECT_EQ(down_->bytes_sent(), expected);
+  EXPECT_EQ(up_->bytes_received(), expected);
+  EXPECT_THAT(up_->status(), IsOk());
+  EXPECT_THAT(down_->status(), IsOk());
+}
+
+TEST_F(PeerLinkTest, ANeighbourMayRunAheadByAStep) {
+  Connect();
+  Accept();
+  std::mt19937 rng(22);
+  up_->BeginStep(7);
+  auto t = RandomTensor({4, 5}, rng);
+  // The downstream stage has not started step 7 yet when the activation arrives.
+  ASSERT_THAT(up_->Send(Tag(7, 0, TensorKind::kActivation), t, In(absl::Seconds(5))), IsOk());
+  ASSERT_THAT(up_->Flush(In(absl::Seconds(5))), IsOk());
+  absl::SleepFor(absl::Milliseconds(100));
+  down_->BeginStep(7);
+  auto got = down_->Receive(Tag(7, 0, TensorKind::kActivation), In(absl::Seconds(5)));
+  ASSERT_THAT(got.status(), IsOk());
+  EXPECT_TRUE(SameBytes(*got, *t));
+}
+
+TEST_F(PeerLinkTest, ReceiveHasADeadline) {
+  Connect();
+  Accept();
+  down_->BeginStep(3);
+  const absl::Time start = absl::Now();
+  auto got = down_->Receive(Tag(3, 2, TensorKind::kActivation), In(absl::Milliseconds(200)));
+  EXPECT_THAT(got.status(), StatusIs(absl::StatusCode::kDeadlineExceeded,
+                                     AllOf(HasSubstr("step 3"), HasSubstr("micro-batch 2"),
+                                           HasSubstr("stage 0"))));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_THAT(down_->status(), IsOk()) << "a timeout does not break the link";
+}
+
+TEST_F(PeerLinkTest, ForeignJobFrameIsRejected) {
+  Connect();
+  Accept();
+  down_->BeginStep(0);
+  std::mt19937 rng(23);
+  FrameTag foreign = Tag(0, 0, TensorKind::kActivation);
+  foreign.job_id = "someone-else";
+  ASSERT_THAT(up_->Send(foreign, RandomTensor({3}, rng), In(absl::Seconds(5))), IsOk());
+  auto got = down_->Receive(Tag(0, 0, TensorKind::kActivation), In(absl::Seconds(10)));
+  EXPECT_THAT(got.status(), StatusIs(absl::StatusCode::kInvalidArgument,
+                                     AllOf(HasSubstr("someone-else"), HasSubstr("job_id"))));
+  // The sender learns why its stream ended.
+  auto back = up_->Receive(Tag(0, 0, TensorKind::kGradient), In(absl::Seconds(10)));
+  EXPECT_THAT(back.status(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job_id")));
+}
+
+TEST_F(PeerLinkTest, WrongKindAndStaleStepAreRejected) {
+  Connect();
+  Accept();
+  down_->BeginStep(5);
+  std::mt19937 rng(24);
+  ASSERT_THAT(up_->Send(Tag(5, 0, TensorKind::kGradient), RandomTensor({3}, rng), In(absl::Seconds(5))),
+              IsOk());
+  EXPECT_THAT(down_->Receive(Tag(5, 0, TensorKind::kActivation), In(absl::Seconds(10))).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("field kind")));
+
+  up_.reset();
+  down_.reset();
+  Connect();
+  Accept();
+  down_->BeginStep(5);
+  ASSERT_THAT(up_->Send(Tag(4, 0, TensorKind::kActivation), RandomTensor({3}, rng), In(absl::Seconds(5))),
+              IsOk());
+  EXPECT_THAT(down_->Receive(Tag(5, 0, TensorKind::kActivation), In(absl::Seconds(10))).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, AllOf(HasSubstr("stale"), HasSubstr("step"))));
+}
+
+TEST_F(PeerLinkTest, WrongSecretIsRefused) {
+  Connect("not-the-secret");
+  auto down = acceptor_->WaitForPeer("job-1", 0, In(absl::Milliseconds(500)));
+  EXPECT_THAT(down.status(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("did not connect")));
+  up_->BeginStep(0);
+  auto got = up_->Receive(Tag(0, 0, TensorKind::kGradient), In(absl::Seconds(10)));
+  EXPECT_THAT(got.status(), StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("peer_secret")));
+}
+
+TEST_F(PeerLinkTest, LostPeerIsUnavailableNotAHang) {
+  Connect();
+  Accept();
+  up_->BeginStep(2);
+  // The downstream stage goes away while the upstream one waits for a gradient.
+  std::thread killer([&] {
+    absl::SleepFor(absl::Milliseconds(200));
+    server_->Shutdown(std::chrono::system_clock::now());
+  });
+  const absl::Time start = absl::Now();
+  auto got = up_->Receive(Tag(2, 1, TensorKind::kGradient), In(absl::Seconds(30)));
+  killer.join();
+  EXPECT_THAT(got.status(), StatusIs(absl::StatusCode::kUnavailable,
+                                     AllOf(HasSubstr("step 2"), HasSubstr("micro-batch 1"),
+                                           HasSubstr("stage 1"))));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "noticed promptly";
+  std::mt19937 rng(25);
+  EXPECT_THAT(up_->Send(Tag(2, 1, TensorKind::kActivation), RandomTensor({3}, rng), In(absl::Seconds(1))),
+              StatusIs(absl::StatusCode::kUnavailable));
+}
+
+TEST_F(PeerLinkTest, UnreachablePeerFailsBeforeTheDeadline) {
+  auto channel = grpc::CreateCustomChannel("127.0.0.1:1", grpc::InsecureChannelCredentials(),
+                                           PeerChannelArguments());
+  auto up = ConnectPeerLink(channel, Options(0, 1), "secret", In(absl::Milliseconds(500)));
+  EXPECT_THAT(up.status(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cannot reach stage 1")));
+}
+
+}  // namespace
+}  // namespace pipetrain::stage_server
