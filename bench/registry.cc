@@ -2,6 +2,7 @@
 
 #include "bench/benchmark.h"
 #include "bench/codec_bench.h"
+#include "bench/link_bench.h"
 
 namespace pipetrain::bench {
 
@@ -11,6 +12,10 @@ const std::vector<Benchmark>& AllBenchmarks() {
        "tensor codec: encode + reassemble a 64 MiB tensor vs one memcpy (ratio, lower is "
        "better, 1.0 = memcpy speed)",
        RunCodecBench},
+      {"link",
+       "peer link: 16 MiB activations stage to stage over gRPC on loopback vs raw TCP "
+       "(ratio, higher is better, 1.0 = raw TCP speed)",
+       RunLinkBench},
   };
   return all;
 }

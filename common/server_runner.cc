@@ -21,7 +21,33 @@ sigset_t TerminationSignals() {
   return set;
 }
 
+constexpr int kHttp2FrameBytes = 4 << 20;
+constexpr int kLookaheadBytes = 64 << 20;
+constexpr int kReadChunkBytes = 4 << 20;
+
+template <typename Sink>
+void SetBulkArgs(Sink&& set) {
+  set(GRPC_ARG_HTTP2_MAX_FRAME_SIZE, kHttp2FrameBytes);
+  set(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, kLookaheadBytes);
+  set(GRPC_ARG_TCP_READ_CHUNK_SIZE, kReadChunkBytes);
+  set(GRPC_ARG_TCP_MIN_READ_CHUNK_SIZE, kReadChunkBytes / 4);
+  set(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, kReadChunkBytes);
+}
+
 }  // namespace
+
+void ApplyBulkTransferArgs(grpc::ServerBuilder& builder) {
+  SetBulkArgs([&](const char* key, int value) { builder.AddChannelArgument(key, value); });
+  // Peer links ping every 10 s to notice a vanished neighbour (PeerChannelArguments);
+  // without these the server would answer an idle link's pings with GOAWAY.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+}
+
+void ApplyBulkTransferArgs(grpc::ChannelArguments& args) {
+  SetBulkArgs([&](const char* key, int value) { args.SetInt(key, value); });
+}
 
 void BlockTerminationSignals() {
   sigset_t set = TerminationSignals();
@@ -37,6 +63,7 @@ absl::StatusOr<RunningServer> StartServer(grpc::ServerBuilder& builder,
                            &bound_port);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  ApplyBulkTransferArgs(builder);
   RunningServer out;
   out.server = builder.BuildAndStart();
   if (out.server == nullptr || bound_port == 0) {

@@ -10,12 +10,19 @@
 #include "common/address.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "grpcpp/support/channel_arguments.h"
 
 namespace pipetrain::common {
 
 // Largest gRPC message any pipetrain server accepts or sends (tensor frames are far
 // smaller; this bounds what a bad client can make a server buffer).
 inline constexpr int kMaxMessageBytes = 256 << 20;
+
+// HTTP/2 and TCP settings for bulk tensor traffic, for servers and channels alike:
+// large frames and read chunks and a deep flow-control window, so that a 4 MiB tensor
+// frame is not cut into 16 KiB HTTP/2 frames read 8 KiB at a time.
+void ApplyBulkTransferArgs(grpc::ServerBuilder& builder);
+void ApplyBulkTransferArgs(grpc::ChannelArguments& args);
 
 // Call first thing in main(), before any thread starts, so that every thread inherits
 // the blocked SIGINT/SIGTERM and WaitForTerminationSignal() receives them.

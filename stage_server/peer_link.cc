@@ -170,6 +170,7 @@ grpc::ChannelArguments PeerChannelArguments() {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  common::ApplyBulkTransferArgs(args);
   return args;
 }
 

@@ -1,0 +1,175 @@
+#include "bench/link_bench.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/server_runner.h"
+#include "common/status_macros.h"
+#include "grpcpp/grpcpp.h"
+#include "pipetrain/v1/stage.grpc.pb.h"
+#include "stage_server/peer_link.h"
+
+namespace pipetrain::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr size_t kTensorBytes = size_t{16} << 20;
+constexpr int kTensorsPerRep = 16;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Raw TCP on loopback: one connection, the sender writes kTensorsPerRep buffers, the
+// receiver reads them into one warm buffer. Returns seconds until the last byte.
+absl::StatusOr<double> RawTcpOnce(const std::vector<char>& src, std::vector<char>& dst) {
+  int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (bind(listener, reinterpret_cast<sockaddr*>(&addr), len) != 0 || listen(listener, 1) != 0 ||
+      getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(listener);
+    return absl::InternalError("cannot listen on 127.0.0.1");
+  }
+  int out = socket(AF_INET, SOCK_STREAM, 0);
+  if (connect(out, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    close(out);
+    close(listener);
+    return absl::InternalError("cannot connect on 127.0.0.1");
+  }
+  int in = accept(listener, nullptr, nullptr);
+  close(listener);
+  const auto start = Clock::now();
+  std::thread sender([&] {
+    for (int i = 0; i < kTensorsPerRep; ++i) {
+      size_t sent = 0;
+      while (sent < src.size()) {
+        ssize_t n = send(out, src.data() + sent, src.size() - sent, 0);
+        if (n <= 0) return;
+        sent += n;
+      }
+    }
+  });
+  size_t total = 0;
+  const size_t want = src.size() * kTensorsPerRep;
+  while (total < want) {
+    ssize_t n = recv(in, dst.data() + (total % dst.size()),
+                     std::min(dst.size() - total % dst.size(), want - total), 0);
+    if (n <= 0) break;
+    total += n;
+  }
+  const auto end = Clock::now();
+  sender.join();
+  close(in);
+  close(out);
+  if (total != want) return absl::InternalError("raw TCP transfer stopped early");
+  return Seconds(start, end);
+}
+
+class ExchangeOnlyService final
+    : public pipetrain::v1::Stage::WithRawCallbackMethod_Exchange<pipetrain::v1::Stage::Service> {
+ public:
+  explicit ExchangeOnlyService(stage_server::LinkAcceptor* a) : acceptor_(a) {}
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Exchange(
+      grpc::CallbackServerContext* context) override {
+    return acceptor_->Accept(context);
+  }
+
+ private:
+  stage_server::LinkAcceptor* acceptor_;
+};
+
+// One rep through an established link: kTensorsPerRep activations of one step.
+absl::StatusOr<double> LinkOnce(stage_server::PeerLink& up, stage_server::PeerLink& down,
+                                std::shared_ptr<const common::Tensor> tensor, uint64_t step) {
+  up.BeginStep(step);
+  down.BeginStep(step);
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  const auto start = Clock::now();
+  for (uint32_t mb = 0; mb < kTensorsPerRep; ++mb) {
+    RETURN_IF_ERROR(up.Send({"bench", step, mb, 0, common::TensorKind::kActivation}, tensor,
+                            deadline));
+  }
+  for (uint32_t mb = 0; mb < kTensorsPerRep; ++mb) {
+    ASSIGN_OR_RETURN(common::Tensor t,
+                     down.Receive({"bench", step, mb, 0, common::TensorKind::kActivation},
+                                  deadline));
+    down.pool().Release(t.ReleaseBuffer());
+  }
+  return Seconds(start, Clock::now());
+}
+
+}  // namespace
+
+absl::StatusOr<BenchResult> RunLinkBench(const BenchOptions& options) {
+  const int reps = options.repetitions > 0 ? options.repetitions : 7;
+  std::vector<char> src(kTensorBytes), dst(kTensorBytes);
+  std::mt19937 rng(3);
+  for (char& c : src) c = static_cast<char>(rng());
+  std::memset(dst.data(), 0, dst.size());
+  auto tensor = std::make_shared<common::Tensor>();
+  {
+    ASSIGN_OR_RETURN(common::Tensor t, common::Tensor::Create(common::DType::kF32,
+                                                              {4, 1024, 1024}));
+    std::memcpy(t.bytes().data(), src.data(), kTensorBytes);
+    *tensor = std::move(t);
+  }
+
+  stage_server::LinkAcceptor acceptor;
+  ExchangeOnlyService service(&acceptor);
+  grpc::ServerBuilder builder;
+  builder.RegisterService(&service);
+  ASSIGN_OR_RETURN(common::RunningServer server,
+                   common::StartServer(builder, {"127.0.0.1", 0}, "bench-stage"));
+  stage_server::PeerLinkOptions opts;
+  opts.job_id = "bench";
+  opts.local_stage = 1;
+  opts.peer_stage = 0;
+  acceptor.Expect(opts, "s");
+  opts.local_stage = 0;
+  opts.peer_stage = 1;
+  opts.peer_address = server.address.ToString();
+  auto channel = grpc::CreateCustomChannel(server.address.ToString(),
+                                           grpc::InsecureChannelCredentials(),
+                                           stage_server::PeerChannelArguments());
+  ASSIGN_OR_RETURN(auto up, stage_server::ConnectPeerLink(channel, opts, "s",
+                                                          absl::Now() + absl::Seconds(10)));
+  ASSIGN_OR_RETURN(auto down, acceptor.WaitForPeer("bench", 0, absl::Now() + absl::Seconds(10)));
+
+  // Warm-up: fills the receive pool and the connection's windows.
+  RETURN_IF_ERROR(LinkOnce(*up, *down, tensor, 0).status());
+  RETURN_IF_ERROR(RawTcpOnce(src, dst).status());
+  std::vector<double> t_tcp, t_link;
+  for (int r = 0; r < reps; ++r) {  // interleaved, so noise hits both alike
+    ASSIGN_OR_RETURN(double tcp, RawTcpOnce(src, dst));
+    ASSIGN_OR_RETURN(double link, LinkOnce(*up, *down, tensor, r + 1));
+    t_tcp.push_back(tcp);
+    t_link.push_back(link);
+  }
+  up->Close();
+  down->Close();
+  server.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+
+  const double gb = static_cast<double>(kTensorBytes) * kTensorsPerRep / 1e9;
+  const double tcp_s = Median(t_tcp), link_s = Median(t_link);
+  BenchResult result;
+  result.Label("transfer", "16 x 16 MiB activations per repetition, loopback, one process");
+  result.Add("repetitions", reps);
+  result.Add("raw_tcp_gb_per_s", gb / tcp_s);
+  result.Add("peer_link_gb_per_s", gb / link_s);
+  result.Add("peer_link_over_raw_tcp", tcp_s / link_s);
+  return result;
+}
+
+}  // namespace pipetrain::bench
