@@ -283,7 +283,7 @@ TEST_F(RejectionTest, UnknownKind) {
 }
 
 TEST_F(RejectionTest, EmptyFrameOfANonEmptyTensor) {
-  EXPECT_THAT(re_.Accept(first_, {}),
+  EXPECT_THAT(re_.Accept(first_, std::span<const std::byte>()),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("carries no payload")));
   ExpectRecovers();
 }
