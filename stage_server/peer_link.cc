@@ -155,6 +155,7 @@ absl::StatusOr<common::Tensor> PeerLink::Receive(const common::FrameTag& tag,
   return core_->Receive(tag, deadline);
 }
 absl::Status PeerLink::Flush(absl::Time deadline) { return core_->Flush(deadline); }
+void PeerLink::Recycle(common::Tensor tensor) { core_->pool().Release(tensor.ReleaseBuffer()); }
 void PeerLink::Close() { core_->Close(); }
 absl::Status PeerLink::status() const { return core_->status(); }
 uint64_t PeerLink::bytes_sent() const { return core_->bytes_sent(); }

@@ -20,6 +20,7 @@
 #include "grpcpp/support/channel_arguments.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/server_callback.h"
+#include "stage_server/tensor_channel.h"
 
 namespace pipetrain::stage_server {
 
@@ -39,7 +40,7 @@ struct PeerLinkOptions {
 
 class LinkCore;
 
-class PeerLink {
+class PeerLink final : public TensorChannel {
  public:
   explicit PeerLink(std::shared_ptr<LinkCore> core);
   ~PeerLink();  // closes the stream
@@ -48,21 +49,23 @@ class PeerLink {
 
   // From now on a frame of an earlier step is stale and fails the link (a neighbour
   // may already send the next step's); unclaimed tensors of earlier steps are dropped.
-  void BeginStep(uint64_t step);
+  void BeginStep(uint64_t step) override;
   // Queues the tensor for sending and returns; blocks only while the queue is over its
   // byte budget. The tensor is shared, not copied: do not modify it afterwards.
   absl::Status Send(const common::FrameTag& tag,
-                    std::shared_ptr<const common::Tensor> tensor, absl::Time deadline);
+                    std::shared_ptr<const common::Tensor> tensor, absl::Time deadline) override;
   // Waits for the tensor with exactly this tag.
-  absl::StatusOr<common::Tensor> Receive(const common::FrameTag& tag, absl::Time deadline);
+  absl::StatusOr<common::Tensor> Receive(const common::FrameTag& tag,
+                                         absl::Time deadline) override;
+  void Recycle(common::Tensor tensor) override;
   // Waits until every queued frame has been handed to the transport.
-  absl::Status Flush(absl::Time deadline);
+  absl::Status Flush(absl::Time deadline) override;
   // Ends the stream; pending sends are dropped. Idempotent.
   void Close();
 
   absl::Status status() const;  // OK while the stream is healthy
-  uint64_t bytes_sent() const;
-  uint64_t bytes_received() const;
+  uint64_t bytes_sent() const override;
+  uint64_t bytes_received() const override;
   // Received tensors' buffers come from here; give them back when done with them.
   common::BufferPool& pool();
 

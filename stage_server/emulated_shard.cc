@@ -1,0 +1,113 @@
+#include "stage_server/emulated_shard.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/status_macros.h"
+
+namespace pipetrain::stage_server {
+
+absl::StatusOr<EmulatedDevice> EmulatedDeviceByName(const std::string& name) {
+  // Sustained dense rates for bf16 training, well under the datasheet peaks.
+  if (name == "h100" || name == "h200") return EmulatedDevice{name, 400e12};
+  if (name == "a100") return EmulatedDevice{name, 150e12};
+  double flops = 0;
+  if (absl::SimpleAtod(name, &flops) && flops > 0) return EmulatedDevice{name, flops};
+  return absl::InvalidArgumentError(absl::StrCat(
+      "emulated device '", name, "' is unknown: use h100, h200, a100 or a FLOP rate such as 2e12"));
+}
+
+EmulatedShard::EmulatedShard(const compute::GptConfig& config, int begin, int end, int rows,
+                             EmulatedDevice device, bool recompute,
+                             std::shared_ptr<common::BufferPool> pool)
+    : config_(config), begin_(begin), end_(end), rows_(rows), device_(std::move(device)),
+      recompute_(recompute), pool_(std::move(pool)) {
+  const double tokens = static_cast<double>(rows) * config.seq_len;
+  double params = 0;
+  for (int l = begin; l < end; ++l) {
+    const compute::LayerCost c = compute::CostOfLayer(config, l);
+    forward_s_ += c.forward_flops * tokens / device_.flops;
+    backward_input_s_ += c.backward_input_flops * tokens / device_.flops;
+    backward_weight_s_ += c.backward_weight_flops * tokens / device_.flops;
+    activation_bytes_ += static_cast<size_t>(
+        (recompute ? c.activation_bytes_recompute : c.activation_bytes) * tokens);
+    params += c.params;
+  }
+  // AdamW touches each parameter a handful of times: ~10 FLOPs per parameter.
+  optimizer_s_ = 10 * params / device_.flops;
+  if (recompute) backward_input_s_ += forward_s_;  // the forward runs again first
+}
+
+absl::StatusOr<common::Tensor> EmulatedShard::Output(std::vector<int64_t> shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  // Contents are whatever the buffer held: the emulated device computes nothing.
+  return common::Tensor::FromBuffer(common::DType::kF32, std::move(shape),
+                                    pool_->Acquire(n * sizeof(float)));
+}
+
+void EmulatedShard::Hold(int mb, size_t bytes) {
+  in_flight_[mb] = bytes;
+  held_ += bytes;
+  peak_ = std::max(peak_, held_);
+}
+
+void EmulatedShard::Release(int mb) {
+  auto it = in_flight_.find(mb);
+  if (it == in_flight_.end()) return;
+  held_ -= it->second;
+  in_flight_.erase(it);
+}
+
+absl::StatusOr<common::Tensor> EmulatedShard::Forward(int mb, const common::Tensor& input,
+                                                      const common::Tensor* targets) {
+  if (in_flight_.count(mb)) {
+    return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " is already in flight"));
+  }
+  absl::SleepFor(absl::Seconds(forward_s_));
+  Hold(mb, activation_bytes_);
+  if (has_head()) {
+    ASSIGN_OR_RETURN(common::Tensor loss, Output({1}));
+    loss.data<float>()[0] = 0.0f;  // no arithmetic: the loss is not computed
+    return loss;
+  }
+  return Output({rows_, config_.seq_len, config_.d_model});
+}
+
+absl::StatusOr<common::Tensor> EmulatedShard::Backward(int mb, const common::Tensor* grad_output,
+                                                       float loss_grad) {
+  ASSIGN_OR_RETURN(common::Tensor grad, BackwardInput(mb, grad_output, loss_grad));
+  RETURN_IF_ERROR(BackwardWeight(mb));
+  return grad;
+}
+
+absl::StatusOr<common::Tensor> EmulatedShard::BackwardInput(int mb, const common::Tensor*,
+                                                            float) {
+  if (!in_flight_.count(mb)) {
+    return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " has no forward"));
+  }
+  absl::SleepFor(absl::Seconds(backward_input_s_));
+  if (has_embedding()) return common::Tensor();
+  return Output({rows_, config_.seq_len, config_.d_model});
+}
+
+absl::Status EmulatedShard::BackwardWeight(int mb) {
+  if (!in_flight_.count(mb)) {
+    return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " has no forward"));
+  }
+  absl::SleepFor(absl::Seconds(backward_weight_s_));
+  Release(mb);
+  return absl::OkStatus();
+}
+
+void EmulatedShard::Abandon() {
+  in_flight_.clear();
+  held_ = 0;
+}
+
+absl::Status EmulatedShard::OptimizerStep(const OptimizerSettings&, std::optional<double>) {
+  absl::SleepFor(absl::Seconds(optimizer_s_));
+  return absl::OkStatus();
+}
+
+}  // namespace pipetrain::stage_server

@@ -1,0 +1,66 @@
+// ShardCompute for the emulated device: runs no arithmetic; every action takes the
+// time the analytic cost model gives it on a named device (FLOPs / FLOP rate), and
+// outputs have their real sizes, so scheduling, transfers and overlap are measured for
+// real. Every figure it produces is labelled emulated.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+#include "common/buffer_pool.h"
+#include "stage_server/compute/gpt_config.h"
+#include "stage_server/shard_compute.h"
+
+namespace pipetrain::stage_server {
+
+struct EmulatedDevice {
+  std::string name;
+  double flops = 0;  // sustained FLOP/s assumed for every action
+};
+// "h100", "h200", "a100", or a FLOP rate such as "2.5e12".
+absl::StatusOr<EmulatedDevice> EmulatedDeviceByName(const std::string& name);
+
+class EmulatedShard final : public ShardCompute {
+ public:
+  EmulatedShard(const compute::GptConfig& config, int begin, int end, int rows,
+                EmulatedDevice device, bool recompute, std::shared_ptr<common::BufferPool> pool);
+
+  bool has_embedding() const override { return begin_ == 0; }
+  bool has_head() const override { return end_ == config_.num_pipeline_layers(); }
+  absl::StatusOr<common::Tensor> Forward(int mb, const common::Tensor& input,
+                                         const common::Tensor* targets) override;
+  absl::StatusOr<common::Tensor> Backward(int mb, const common::Tensor* grad_output,
+                                          float loss_grad) override;
+  absl::StatusOr<common::Tensor> BackwardInput(int mb, const common::Tensor* grad_output,
+                                               float loss_grad) override;
+  absl::Status BackwardWeight(int mb) override;
+  void Abandon() override;
+  absl::Status ZeroGrads() override { return absl::OkStatus(); }
+  absl::StatusOr<double> GradSquaredNorm() override { return 0.0; }
+  absl::Status OptimizerStep(const OptimizerSettings&, std::optional<double>) override;
+  size_t PeakActivationBytes() const override { return peak_; }
+  void ResetPeak() override { peak_ = held_; }
+
+  // Seconds each action takes for one micro-batch.
+  double forward_s() const { return forward_s_; }
+  double backward_input_s() const { return backward_input_s_; }
+  double backward_weight_s() const { return backward_weight_s_; }
+
+ private:
+  absl::StatusOr<common::Tensor> Output(std::vector<int64_t> shape);
+  void Hold(int mb, size_t bytes);
+  void Release(int mb);
+
+  compute::GptConfig config_;
+  int begin_, end_, rows_;
+  EmulatedDevice device_;
+  bool recompute_;
+  std::shared_ptr<common::BufferPool> pool_;
+  double forward_s_ = 0, backward_input_s_ = 0, backward_weight_s_ = 0, optimizer_s_ = 0;
+  size_t activation_bytes_ = 0;  // per micro-batch, as the planner counts them
+  std::map<int, size_t> in_flight_;
+  size_t held_ = 0, peak_ = 0;
+};
+
+}  // namespace pipetrain::stage_server

@@ -1,0 +1,323 @@
+#include "stage_server/executor.h"
+
+#include <cmath>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace pipetrain::stage_server {
+namespace {
+
+using common::Tensor;
+using schedule::Action;
+using schedule::ActionKind;
+
+bool IsLink(ActionKind k) {
+  return k == ActionKind::kSendActivation || k == ActionKind::kRecvActivation ||
+         k == ActionKind::kSendGradient || k == ActionKind::kRecvGradient;
+}
+
+}  // namespace
+
+struct Executor::StepState {
+  StepInputs inputs;
+  int num_micro_batches = 0;
+  absl::Time start;
+  std::map<Key, Tensor> received_activations;            // RECV_F -> F
+  std::map<Key, std::shared_ptr<const Tensor>> outputs;  // F -> SEND_F
+  std::map<Key, Tensor> received_gradients;              // RECV_B -> B / I
+  std::map<Key, std::shared_ptr<const Tensor>> input_grads;  // B / I -> SEND_B
+  std::vector<float> losses;
+  std::vector<bool> have_loss;
+  double grad_norm_sq = 0;  // this stage's, summed when the optimizer step comes
+};
+
+Executor::Executor(ExecutorConfig config, std::vector<std::unique_ptr<ShardCompute>> chunks,
+                   TensorChannel* next, TensorChannel* prev,
+                   std::shared_ptr<common::BufferPool> pool)
+    : config_(std::move(config)), chunks_(std::move(chunks)), next_(next), prev_(prev),
+      pool_(std::move(pool)) {}
+
+std::shared_ptr<const Tensor> Executor::Share(Tensor tensor) {
+  std::shared_ptr<common::BufferPool> pool = pool_;
+  return std::shared_ptr<const Tensor>(new Tensor(std::move(tensor)), [pool](const Tensor* t) {
+    Tensor* owned = const_cast<Tensor*>(t);
+    pool->Release(owned->ReleaseBuffer());
+    delete owned;
+  });
+}
+
+absl::Status Executor::CheckProgram(const schedule::StageProgram& p,
+                                    const StepInputs& inputs) const {
+  auto bad = [&](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat("program for stage ", config_.stage,
+                                                   " of job '", config_.job_id, "': ", what));
+  };
+  if (p.stage != config_.stage) return bad(absl::StrCat("field stage is ", p.stage));
+  if (p.num_stages != config_.num_stages) {
+    return bad(absl::StrCat("field num_stages is ", p.num_stages, ", configured ",
+                            config_.num_stages));
+  }
+  if (p.num_chunks != config_.num_chunks) {
+    return bad(absl::StrCat("field num_chunks is ", p.num_chunks, ", configured ",
+                            config_.num_chunks));
+  }
+  const int M = p.num_micro_batches;
+  if (M <= 0) return bad("field num_micro_batches must be > 0");
+  const bool first = config_.stage == 0;
+  const bool holds_head = (LastVirtualStage() % config_.num_stages) == config_.stage;
+  if (first && static_cast<int>(inputs.tokens.size()) != M) {
+    return bad(absl::StrCat("tokens has ", inputs.tokens.size(), " micro-batches, the program ",
+                            M));
+  }
+  if (holds_head && static_cast<int>(inputs.targets.size()) != M) {
+    return bad(absl::StrCat("targets has ", inputs.targets.size(), " micro-batches, the program ",
+                            M));
+  }
+  // Each (chunk, micro-batch) runs its forward once, then its backward once, either
+  // whole or as input part then weight part.
+  std::map<Key, int> phase;  // 0 none, 1 forward, 2 input grad done, 3 done
+  for (size_t i = 0; i < p.actions.size(); ++i) {
+    const Action& a = p.actions[i];
+    const std::string where = absl::StrCat("action ", i, " (", schedule::ToString(a), ")");
+    if (a.kind == ActionKind::kOptimizerStep) continue;
+    if (a.micro_batch < 0 || a.micro_batch >= M) {
+      return bad(absl::StrCat(where, ": micro_batch outside [0, ", M, ")"));
+    }
+    if (a.chunk < 0 || a.chunk >= config_.num_chunks) {
+      return bad(absl::StrCat(where, ": chunk outside [0, ", config_.num_chunks, ")"));
+    }
+    int& ph = phase[{a.chunk, a.micro_batch}];
+    switch (a.kind) {
+      case ActionKind::kForward:
+        if (ph != 0) return bad(absl::StrCat(where, ": second forward"));
+        ph = 1;
+        break;
+      case ActionKind::kBackward:
+        if (ph != 1) return bad(absl::StrCat(where, ": backward without a forward before it, or twice"));
+        ph = 3;
+        break;
+      case ActionKind::kBackwardInput:
+        if (ph != 1) return bad(absl::StrCat(where, ": input backward without a forward before it, or twice"));
+        ph = 2;
+        break;
+      case ActionKind::kBackwardWeight:
+        if (ph != 2) return bad(absl::StrCat(where, ": weight backward before its input backward"));
+        ph = 3;
+        break;
+      default:
+        break;
+    }
+  }
+  for (int c = 0; c < config_.num_chunks; ++c) {
+    for (int mb = 0; mb < M; ++mb) {
+      auto it = phase.find({c, mb});
+      if (it == phase.end() || it->second != 3) {
+        return bad(absl::StrCat("micro-batch ", mb, " chunk ", c,
+                                " does not finish its forward and backward"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepResult> Executor::RunStep(const schedule::StageProgram& program,
+                                             StepInputs inputs) {
+  RETURN_IF_ERROR(CheckProgram(program, inputs));
+  StepState st;
+  st.num_micro_batches = program.num_micro_batches;
+  st.inputs = std::move(inputs);
+  st.losses.assign(st.num_micro_batches, 0.0f);
+  st.have_loss.assign(st.num_micro_batches, false);
+  const uint64_t sent0 = (next_ ? next_->bytes_sent() : 0) + (prev_ ? prev_->bytes_sent() : 0);
+  const uint64_t recv0 =
+      (next_ ? next_->bytes_received() : 0) + (prev_ ? prev_->bytes_received() : 0);
+  if (next_) next_->BeginStep(st.inputs.step);
+  if (prev_) prev_->BeginStep(st.inputs.step);
+
+  StepResult result;
+  for (auto& chunk : chunks_) {
+    chunk->ResetPeak();
+    RETURN_IF_ERROR(chunk->ZeroGrads());
+  }
+  st.start = absl::Now();
+  absl::Status failure;
+  for (size_t i = 0; i < program.actions.size(); ++i) {
+    const Action& a = program.actions[i];
+    ActionTiming t;
+    t.action = a;
+    t.link = IsLink(a.kind);
+    t.start_us = absl::ToInt64Microseconds(absl::Now() - st.start);
+    if (a.kind == ActionKind::kOptimizerStep) {
+      for (auto& chunk : chunks_) {
+        auto sq = chunk->GradSquaredNorm();
+        if (!sq.ok()) {
+          failure = sq.status();
+          break;
+        }
+        st.grad_norm_sq += *sq;
+      }
+    }
+    absl::Status s = failure.ok() ? RunAction(a, st, t) : failure;
+    t.end_us = absl::ToInt64Microseconds(absl::Now() - st.start);
+    if (!s.ok()) {
+      failure = absl::Status(s.code(), absl::StrCat("job '", config_.job_id, "' stage ",
+                                                    config_.stage, " step ", st.inputs.step,
+                                                    " action ", i, " (", schedule::ToString(a),
+                                                    "): ", s.message()));
+      break;
+    }
+    result.timings.push_back(t);
+  }
+  if (failure.ok()) {
+    // Everything sent must leave before the step counts as done.
+    const absl::Time deadline = absl::Now() + config_.recv_timeout;
+    if (next_) failure = next_->Flush(deadline);
+    if (failure.ok() && prev_) failure = prev_->Flush(deadline);
+  }
+  if (failure.ok() && (!st.outputs.empty() || !st.input_grads.empty() ||
+                       !st.received_activations.empty() || !st.received_gradients.empty())) {
+    failure = absl::InvalidArgumentError(absl::StrCat(
+        "job '", config_.job_id, "' stage ", config_.stage, " step ", st.inputs.step,
+        ": the program left tensors unsent or unused (", st.outputs.size(), " outputs, ",
+        st.input_grads.size(), " input gradients, ", st.received_activations.size(),
+        " activations, ", st.received_gradients.size(), " gradients)"));
+  }
+  if (!failure.ok()) {
+    for (auto& chunk : chunks_) chunk->Abandon();
+    return failure;
+  }
+  for (auto& chunk : chunks_) result.peak_activation_bytes += chunk->PeakActivationBytes();
+  const bool holds_head = (LastVirtualStage() % config_.num_stages) == config_.stage;
+  if (holds_head) result.losses = st.losses;
+  result.grad_norm_sq = st.grad_norm_sq;
+  result.bytes_sent =
+      (next_ ? next_->bytes_sent() : 0) + (prev_ ? prev_->bytes_sent() : 0) - sent0;
+  result.bytes_received =
+      (next_ ? next_->bytes_received() : 0) + (prev_ ? prev_->bytes_received() : 0) - recv0;
+  return result;
+}
+
+absl::Status Executor::RunAction(const Action& a, StepState& st, ActionTiming& timing) {
+  const Key key{a.chunk, a.micro_batch};
+  const int K = config_.num_stages;
+  const int vs = VirtualStage(a.chunk);
+  const bool holds_embedding = vs == 0;
+  const bool holds_head = vs == LastVirtualStage();
+  const absl::Time deadline = absl::Now() + config_.recv_timeout;
+  auto tag = [&](int receiver_chunk, common::TensorKind kind) {
+    return common::FrameTag{config_.job_id, st.inputs.step,
+                            static_cast<uint32_t>(a.micro_batch),
+                            static_cast<uint32_t>(receiver_chunk), kind};
+  };
+  auto need = [&](TensorChannel* ch, const char* which) -> absl::Status {
+    if (ch != nullptr) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat("this stage has no ", which, " neighbour"));
+  };
+  ShardCompute& chunk = *chunks_[a.chunk];
+  const float loss_grad = 1.0f / st.num_micro_batches;
+
+  switch (a.kind) {
+    case ActionKind::kRecvActivation: {
+      RETURN_IF_ERROR(need(prev_, "upstream"));
+      ASSIGN_OR_RETURN(Tensor t, prev_->Receive(tag(a.chunk, common::TensorKind::kActivation),
+                                                deadline));
+      timing.bytes = t.num_bytes();
+      st.received_activations[key] = std::move(t);
+      return absl::OkStatus();
+    }
+    case ActionKind::kForward: {
+      const Tensor* input;
+      if (holds_embedding) {
+        input = &st.inputs.tokens[a.micro_batch];
+      } else {
+        auto it = st.received_activations.find(key);
+        if (it == st.received_activations.end()) {
+          return absl::FailedPreconditionError("forward before its activation was received");
+        }
+        input = &it->second;
+      }
+      const Tensor* targets = holds_head ? &st.inputs.targets[a.micro_batch] : nullptr;
+      ASSIGN_OR_RETURN(Tensor out, chunk.Forward(a.micro_batch, *input, targets));
+      if (!holds_embedding) {
+        // The layers keep their own copy of what they need.
+        prev_->Recycle(std::move(st.received_activations[key]));
+        st.received_activations.erase(key);
+      }
+      if (holds_head) {
+        st.losses[a.micro_batch] = out.data<float>()[0];
+        st.have_loss[a.micro_batch] = true;
+      } else {
+        st.outputs[key] = Share(std::move(out));
+      }
+      return absl::OkStatus();
+    }
+    case ActionKind::kSendActivation: {
+      RETURN_IF_ERROR(need(next_, "downstream"));
+      auto it = st.outputs.find(key);
+      if (it == st.outputs.end()) return absl::FailedPreconditionError("nothing to send: no forward output");
+      const int receiver_chunk = (vs + 1) / K;
+      timing.bytes = it->second->num_bytes();
+      RETURN_IF_ERROR(next_->Send(tag(receiver_chunk, common::TensorKind::kActivation),
+                                  it->second, deadline));
+      st.outputs.erase(it);
+      return absl::OkStatus();
+    }
+    case ActionKind::kRecvGradient: {
+      RETURN_IF_ERROR(need(next_, "downstream"));
+      ASSIGN_OR_RETURN(Tensor t, next_->Receive(tag(a.chunk, common::TensorKind::kGradient),
+                                                deadline));
+      timing.bytes = t.num_bytes();
+      st.received_gradients[key] = std::move(t);
+      return absl::OkStatus();
+    }
+    case ActionKind::kBackward:
+    case ActionKind::kBackwardInput: {
+      const Tensor* grad_output = nullptr;
+      if (!holds_head) {
+        auto it = st.received_gradients.find(key);
+        if (it == st.received_gradients.end()) {
+          return absl::FailedPreconditionError("backward before its gradient was received");
+        }
+        grad_output = &it->second;
+      }
+      absl::StatusOr<Tensor> grad_input =
+          a.kind == ActionKind::kBackward ? chunk.Backward(a.micro_batch, grad_output, loss_grad)
+                                          : chunk.BackwardInput(a.micro_batch, grad_output, loss_grad);
+      if (!grad_input.ok()) return grad_input.status();
+      if (!holds_head) {
+        next_->Recycle(std::move(st.received_gradients[key]));
+        st.received_gradients.erase(key);
+      }
+      if (!holds_embedding) st.input_grads[key] = Share(std::move(*grad_input));
+      return absl::OkStatus();
+    }
+    case ActionKind::kBackwardWeight:
+      return chunk.BackwardWeight(a.micro_batch);
+    case ActionKind::kSendGradient: {
+      RETURN_IF_ERROR(need(prev_, "upstream"));
+      auto it = st.input_grads.find(key);
+      if (it == st.input_grads.end()) return absl::FailedPreconditionError("nothing to send: no input gradient");
+      const int receiver_chunk = (vs - 1) / K;
+      timing.bytes = it->second->num_bytes();
+      RETURN_IF_ERROR(prev_->Send(tag(receiver_chunk, common::TensorKind::kGradient),
+                                  it->second, deadline));
+      st.input_grads.erase(it);
+      return absl::OkStatus();
+    }
+    case ActionKind::kOptimizerStep: {
+      OptimizerSettings settings = config_.optimizer;
+      if (st.inputs.lr) settings.lr = *st.inputs.lr;
+      std::optional<double> norm = st.inputs.global_grad_norm;
+      // Without the global norm, clip by this stage's (all its chunks together).
+      if (!norm && settings.grad_clip_norm > 0) norm = std::sqrt(st.grad_norm_sq);
+      for (auto& c : chunks_) RETURN_IF_ERROR(c->OptimizerStep(settings, norm));
+      return absl::OkStatus();
+    }
+  }
+  return absl::InvalidArgumentError("unknown action kind");
+}
+
+}  // namespace pipetrain::stage_server

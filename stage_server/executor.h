@@ -1,0 +1,101 @@
+// Runs one stage's program for one training step, action by action, without knowing
+// which schedule made it: forwards and backwards on the stage's model chunks, tensors
+// to and from the neighbours, the optimizer step. It records when every action ran,
+// the losses (on the stage holding the head), peak activation memory and bytes moved.
+//
+// Topology (as the planner's): chunk c of stage s is virtual stage c*K + s. Activations
+// go to virtual stage + 1 through `next` (stage (s+1) mod K: a ring when chunks > 1)
+// and come from virtual stage - 1 through `prev`; gradients the other way. A frame's
+// tag names the receiver's chunk.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/buffer_pool.h"
+#include "common/schedule/stage_program.h"
+#include "common/tensor.h"
+#include "stage_server/shard_compute.h"
+#include "stage_server/tensor_channel.h"
+
+namespace pipetrain::stage_server {
+
+struct ExecutorConfig {
+  std::string job_id;
+  int stage = 0;
+  int num_stages = 1;
+  int num_chunks = 1;
+  absl::Duration recv_timeout = absl::Seconds(60);
+  OptimizerSettings optimizer;
+};
+
+struct StepInputs {
+  uint64_t step = 0;
+  std::vector<common::Tensor> tokens;   // per micro-batch (B, T) i32: stage with the embedding
+  std::vector<common::Tensor> targets;  // per micro-batch (B, T) i32: stage with the head
+  std::optional<float> lr;              // this step's learning rate (default: optimizer.lr)
+  // Global gradient norm for clipping, when the caller computed it across stages;
+  // without it, clipping (if on) uses this stage's own norm.
+  std::optional<double> global_grad_norm;
+};
+
+struct ActionTiming {
+  schedule::Action action;
+  bool link = false;     // a send or receive (else compute)
+  int64_t start_us = 0;  // since the start of the step
+  int64_t end_us = 0;
+  uint64_t bytes = 0;    // moved, for link actions
+};
+
+struct StepResult {
+  std::vector<float> losses;  // per micro-batch, on the stage holding the head; else empty
+  std::vector<ActionTiming> timings;
+  uint64_t peak_activation_bytes = 0;
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  double grad_norm_sq = 0;  // this stage's share, before the optimizer step
+};
+
+class Executor {
+ public:
+  // chunks[c] is model chunk c of this stage. next / prev may be null where the
+  // topology has no such neighbour; the pool serves outgoing tensors.
+  Executor(ExecutorConfig config, std::vector<std::unique_ptr<ShardCompute>> chunks,
+           TensorChannel* next, TensorChannel* prev,
+           std::shared_ptr<common::BufferPool> pool);
+
+  // Runs the program. On error the step's partial state is dropped and the status
+  // names the job, stage, step and action.
+  absl::StatusOr<StepResult> RunStep(const schedule::StageProgram& program,
+                                     StepInputs inputs);
+
+  const ExecutorConfig& config() const { return config_; }
+  ShardCompute& chunk(int c) { return *chunks_[c]; }
+
+ private:
+  using Key = std::pair<int, int>;  // (chunk, micro-batch)
+  struct StepState;
+
+  absl::Status CheckProgram(const schedule::StageProgram& program,
+                            const StepInputs& inputs) const;
+  absl::Status RunAction(const schedule::Action& action, StepState& st, ActionTiming& timing);
+  int VirtualStage(int chunk) const { return chunk * config_.num_stages + config_.stage; }
+  int LastVirtualStage() const { return config_.num_chunks * config_.num_stages - 1; }
+  // Wraps a host tensor so that its buffer returns to the pool once sent.
+  std::shared_ptr<const common::Tensor> Share(common::Tensor tensor);
+
+  ExecutorConfig config_;
+  std::vector<std::unique_ptr<ShardCompute>> chunks_;
+  TensorChannel* next_;
+  TensorChannel* prev_;
+  std::shared_ptr<common::BufferPool> pool_;
+};
+
+}  // namespace pipetrain::stage_server

@@ -1,0 +1,59 @@
+// What the executor needs from the model chunk it runs: forward, backward (full or split)
+// and the optimizer on host tensors, whatever device does the work. StackShard runs
+// the real GPT layers on a compute backend; EmulatedShard only takes the time a cost
+// model gives, for measuring the runtime itself.
+//
+// Tensors (B = micro-batch rows, T = seq_len, C = d_model):
+//   input        tokens (B, T) i32 if the chunk holds the embedding, else x (B, T, C) f32
+//   targets      (B, T) i32, for a chunk holding the head, else nullptr
+//   output       x (B, T, C) f32, or the micro-batch's mean loss, shape (1), with the head
+//   grad_output  dL/d output (B, T, C); nullptr with the head (its gradient is loss_grad)
+//   grad_input   dL/d input (B, T, C); empty for a chunk holding the embedding
+#pragma once
+
+#include <optional>
+
+#include "absl/status/statusor.h"
+#include "common/tensor.h"
+
+namespace pipetrain::stage_server {
+
+struct OptimizerSettings {
+  float lr = 3e-4f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+  float grad_clip_norm = 0.0f;  // 0 = off
+};
+
+class ShardCompute {
+ public:
+  virtual ~ShardCompute() = default;
+
+  virtual bool has_embedding() const = 0;
+  virtual bool has_head() const = 0;
+
+  virtual absl::StatusOr<common::Tensor> Forward(int mb, const common::Tensor& input,
+                                                 const common::Tensor* targets) = 0;
+  virtual absl::StatusOr<common::Tensor> Backward(int mb, const common::Tensor* grad_output,
+                                                  float loss_grad) = 0;
+  virtual absl::StatusOr<common::Tensor> BackwardInput(int mb,
+                                                       const common::Tensor* grad_output,
+                                                       float loss_grad) = 0;
+  virtual absl::Status BackwardWeight(int mb) = 0;
+  // Drops in-flight micro-batches after a failed step.
+  virtual void Abandon() = 0;
+
+  virtual absl::Status ZeroGrads() = 0;
+  // This chunk's share of the squared global gradient norm.
+  virtual absl::StatusOr<double> GradSquaredNorm() = 0;
+  // AdamW; clipping (when on) uses global_grad_norm, the norm over the whole model.
+  virtual absl::Status OptimizerStep(const OptimizerSettings& settings,
+                                     std::optional<double> global_grad_norm) = 0;
+
+  virtual size_t PeakActivationBytes() const = 0;
+  virtual void ResetPeak() = 0;
+};
+
+}  // namespace pipetrain::stage_server

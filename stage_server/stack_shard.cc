@@ -1,0 +1,112 @@
+#include "stage_server/stack_shard.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace pipetrain::stage_server {
+
+using common::DType;
+using common::Tensor;
+using compute::BackendBuffer;
+
+absl::StatusOr<std::unique_ptr<StackShard>> StackShard::Create(
+    std::unique_ptr<compute::LayerStack> stack, int rows,
+    std::shared_ptr<common::BufferPool> pool) {
+  if (rows <= 0) return absl::InvalidArgumentError("micro-batch rows must be > 0");
+  auto* backend = stack->backend();
+  const compute::GptConfig& c = stack->config();
+  const size_t act = size_t{4} * rows * c.seq_len * c.d_model;
+  const size_t ids = size_t{4} * rows * c.seq_len;
+  std::unique_ptr<StackShard> s(new StackShard(std::move(stack), rows, std::move(pool)));
+  const bool emb = s->stack_->has_embedding(), head = s->stack_->has_head();
+  ASSIGN_OR_RETURN(s->input_, BackendBuffer<float>::Allocate(backend, emb ? ids : act));
+  if (head) ASSIGN_OR_RETURN(s->targets_, BackendBuffer<float>::Allocate(backend, ids));
+  ASSIGN_OR_RETURN(s->output_, BackendBuffer<float>::Allocate(backend, head ? 4 : act));
+  if (!head) ASSIGN_OR_RETURN(s->grad_output_, BackendBuffer<float>::Allocate(backend, act));
+  if (!emb) ASSIGN_OR_RETURN(s->grad_input_, BackendBuffer<float>::Allocate(backend, act));
+  return s;
+}
+
+absl::Status StackShard::CheckShape(const Tensor& t, DType dtype, std::vector<int64_t> shape,
+                                    const char* what) const {
+  if (t.dtype() == dtype && t.shape() == shape) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      what, " is ", common::DTypeName(t.dtype()), " ", common::ShapeString(t.shape()),
+      ", expected ", common::DTypeName(dtype), " ", common::ShapeString(shape)));
+}
+
+absl::StatusOr<Tensor> StackShard::HostTensor(std::vector<int64_t> shape, const void* src) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  ASSIGN_OR_RETURN(Tensor t, Tensor::FromBuffer(DType::kF32, std::move(shape),
+                                                pool_->Acquire(n * sizeof(float))));
+  RETURN_IF_ERROR(stack_->backend()->CopyToHost(t.bytes().data(), src, t.num_bytes()));
+  return t;
+}
+
+absl::StatusOr<Tensor> StackShard::Forward(int mb, const Tensor& input, const Tensor* targets) {
+  const compute::GptConfig& c = stack_->config();
+  const int64_t B = rows_, T = c.seq_len, C = c.d_model;
+  auto* backend = stack_->backend();
+  if (has_embedding()) {
+    RETURN_IF_ERROR(CheckShape(input, DType::kI32, {B, T}, "tokens"));
+  } else {
+    RETURN_IF_ERROR(CheckShape(input, DType::kF32, {B, T, C}, "activation"));
+  }
+  RETURN_IF_ERROR(backend->CopyFromHost(input_.raw(), input.bytes().data(), input.num_bytes()));
+  if (has_head()) {
+    if (targets == nullptr) return absl::InvalidArgumentError("the head needs targets");
+    RETURN_IF_ERROR(CheckShape(*targets, DType::kI32, {B, T}, "targets"));
+    RETURN_IF_ERROR(
+        backend->CopyFromHost(targets_.raw(), targets->bytes().data(), targets->num_bytes()));
+  }
+  RETURN_IF_ERROR(stack_->Forward(mb, rows_, input_.raw(),
+                                  has_head() ? targets_.ints() : nullptr, output_.data()));
+  if (has_head()) return HostTensor({1}, output_.raw());
+  return HostTensor({B, T, C}, output_.raw());
+}
+
+absl::StatusOr<Tensor> StackShard::RunBackward(int mb, const Tensor* grad_output,
+                                               float loss_grad, bool split) {
+  const compute::GptConfig& c = stack_->config();
+  const int64_t B = rows_, T = c.seq_len, C = c.d_model;
+  const float* gout = nullptr;
+  if (!has_head()) {
+    if (grad_output == nullptr) return absl::InvalidArgumentError("backward needs a gradient");
+    RETURN_IF_ERROR(CheckShape(*grad_output, DType::kF32, {B, T, C}, "gradient"));
+    RETURN_IF_ERROR(stack_->backend()->CopyFromHost(grad_output_.raw(), grad_output->bytes().data(),
+                                                    grad_output->num_bytes()));
+    gout = grad_output_.data();
+  }
+  float* gin = has_embedding() ? nullptr : grad_input_.data();
+  if (split) {
+    RETURN_IF_ERROR(stack_->BackwardInput(mb, gout, gin, loss_grad));
+  } else {
+    RETURN_IF_ERROR(stack_->Backward(mb, gout, gin, loss_grad));
+  }
+  if (has_embedding()) return Tensor();
+  return HostTensor({B, T, C}, grad_input_.raw());
+}
+
+absl::StatusOr<Tensor> StackShard::Backward(int mb, const Tensor* grad_output, float loss_grad) {
+  return RunBackward(mb, grad_output, loss_grad, /*split=*/false);
+}
+
+absl::StatusOr<Tensor> StackShard::BackwardInput(int mb, const Tensor* grad_output,
+                                                 float loss_grad) {
+  return RunBackward(mb, grad_output, loss_grad, /*split=*/true);
+}
+
+absl::Status StackShard::OptimizerStep(const OptimizerSettings& s,
+                                       std::optional<double> global_grad_norm) {
+  compute::AdamWOptions o;
+  o.lr = s.lr;
+  o.beta1 = s.beta1;
+  o.beta2 = s.beta2;
+  o.eps = s.eps;
+  o.weight_decay = s.weight_decay;
+  o.max_grad_norm = s.grad_clip_norm;
+  return stack_->OptimizerStep(o, global_grad_norm).status();
+}
+
+}  // namespace pipetrain::stage_server
