@@ -45,6 +45,20 @@ class Checker {
   absl::Status FailAt(Cell c, const std::string& what) const {
     return Fail({c}, absl::StrCat(Name(c), ": ", what));
   }
+  // An action that needs the forward of its micro-batch came first: either the forward
+  // comes later (wrong order) or it is missing from the program altogether.
+  absl::Status NoForwardYet(Cell here, const std::string& mb) const {
+    const Action& a = s_[here.stage].actions[here.step];
+    const std::vector<Action>& acts = s_[here.stage].actions;
+    for (int i = here.step + 1; i < static_cast<int>(acts.size()); ++i) {
+      if (acts[i] == Forward(a.micro_batch, a.chunk)) {
+        return Fail({here, {here.stage, i}},
+                    absl::StrCat(Name(here), ": comes before the forward of ", mb, " at step ", i));
+      }
+    }
+    return FailAt(here, absl::StrCat("missing forward ", ToString(Forward(a.micro_batch, a.chunk)),
+                                     " of ", mb, " on stage ", here.stage));
+  }
   std::string Mb(int m, int c) const {
     return c == 0 ? absl::StrCat("micro-batch ", m)
                   : absl::StrCat("micro-batch ", m, " chunk ", c);
@@ -114,7 +128,7 @@ class Checker {
         case ActionKind::kBackwardInput:
           if (slot.backward() >= 0) return dup(slot.backward(), "backward");
           if (a.kind == ActionKind::kBackward && slot.w >= 0) return dup(slot.w, "backward");
-          if (slot.f < 0) return FailAt(here, absl::StrCat("backward before the forward of ", mb));
+          if (slot.f < 0) return NoForwardYet(here, mb);
           (a.kind == ActionKind::kBackward ? slot.b : slot.i) = i;
           break;
         case ActionKind::kBackwardWeight:
@@ -128,7 +142,7 @@ class Checker {
         case ActionKind::kSendActivation:
           if (j == last) return FailAt(here, "nothing downstream to send the activation to");
           if (slot.send_f >= 0) return dup(slot.send_f, "activation send");
-          if (slot.f < 0) return FailAt(here, absl::StrCat("sends the activation before the forward of ", mb));
+          if (slot.f < 0) return NoForwardYet(here, mb);
           slot.send_f = i;
           break;
         case ActionKind::kRecvActivation:
@@ -315,6 +329,7 @@ std::string RenderTable(const Schedule& schedule, const std::vector<Cell>& marke
   };
   std::string out = "step     ";
   for (size_t i = 0; i < steps; ++i) out += pad(absl::StrCat(" ", i)) + " ";
+  while (out.back() == ' ') out.pop_back();
   out += "\n";
   for (size_t s = 0; s < schedule.size(); ++s) {
     std::string row = absl::StrCat("stage ", s);
