@@ -1,6 +1,7 @@
 #include "client/cli.h"
 
 #include "absl/strings/str_format.h"
+#include "client/plan_verb.h"
 #include "common/flags.h"
 #include "common/version.h"
 
@@ -43,6 +44,7 @@ std::string TopHelp() {
 
 const std::vector<Verb>& Verbs() {
   static const std::vector<Verb> verbs = {
+      {"plan", "plan a job offline: partition, schedule picture, predicted bubble", RunPlan},
       {"version", "print the version and build features", RunVersion},
   };
   return verbs;

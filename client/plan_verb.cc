@@ -1,0 +1,110 @@
+#include "client/plan_verb.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "client/cli.h"
+#include "common/flags.h"
+#include "coordinator/planner/plan_report.h"
+#include "coordinator/planner/planner.h"
+#include "google/protobuf/util/json_util.h"
+#include "pipetrain/v1/job.pb.h"
+
+namespace pipetrain::client {
+
+int RunPlan(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  int64_t stages = 0, micro_batches = 0, chunks = 0;
+  std::string schedule_name, recompute, partition = "cost", trace;
+  bool equal = false, json = false, help = false;
+  double device_tflops = 100, link_gbps = 10, memory_cap_gib = 0;
+  common::FlagSet flags(
+      "pipetrain plan", "JOB.json [flags]",
+      "Plans a job offline: partitions the model over the stages, generates the schedule,\n"
+      "validates it and predicts the step time, bubble and memory with the simulator.\n"
+      "Flags override the job spec's pipeline fields.");
+  flags.AddInt("stages", &stages, "K, number of stages (0 = from the spec)", "K");
+  flags.AddInt("micro-batches", &micro_batches, "M, micro-batches per step (0 = from the spec)", "M");
+  flags.AddString("schedule", &schedule_name, "gpipe, 1f1b, interleaved or zb-h1", "NAME");
+  flags.AddInt("chunks", &chunks, "v, model chunks per stage for interleaved (0 = from the spec)", "V");
+  flags.AddString("recompute", &recompute, "never, always or except-last", "MODE");
+  flags.AddBool("equal-stage-cost", &equal,
+                "forward 1 unit, backward 2 units on every stage, free transfer (the formulas' setting)");
+  flags.AddString("partition", &partition, "split the layers by count, params or cost (FLOPs)", "MODE");
+  flags.AddDouble("device-flops", &device_tflops, "achieved TFLOP/s of one device", "TFLOPS");
+  flags.AddDouble("link-gbps", &link_gbps, "stage-to-stage bandwidth in GB/s", "GBPS");
+  flags.AddDouble("memory-cap-gib", &memory_cap_gib, "memory per stage in GiB (0 = unlimited)", "GIB");
+  flags.AddBool("json", &json, "print the plan as one JSON object");
+  flags.AddString("trace", &trace, "write the predicted timeline as Chrome trace JSON", "FILE");
+  flags.AddBool("help", &help, "print this help and exit");
+  auto positionals = flags.Parse(args);
+  if (!positionals.ok()) {
+    err << "pipetrain plan: " << positionals.status().message()
+        << "\nRun 'pipetrain plan --help' for usage.\n";
+    return kExitUsage;
+  }
+  if (help) {
+    out << flags.Help();
+    return kExitOk;
+  }
+  if (positionals->size() != 1) {
+    err << "pipetrain plan: takes one job spec file (JOB.json)\n"
+           "Run 'pipetrain plan --help' for usage.\n";
+    return kExitUsage;
+  }
+  const std::string& path = (*positionals)[0];
+  std::ifstream in(path);
+  if (!in) {
+    err << "pipetrain plan: cannot read " << path << "\n";
+    return kExitUsage;
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  pipetrain::v1::JobSpec spec;
+  google::protobuf::util::JsonParseOptions parse_options;
+  if (auto st = google::protobuf::util::JsonStringToMessage(text.str(), &spec, parse_options);
+      !st.ok()) {
+    err << "pipetrain plan: " << path << ": invalid job spec: " << st.message() << "\n";
+    return kExitUsage;
+  }
+  pipetrain::v1::PipelineSpec* p = spec.mutable_pipeline();
+  if (stages != 0) p->set_stages(static_cast<int>(stages));
+  if (micro_batches != 0) p->set_micro_batches(static_cast<int>(micro_batches));
+  if (chunks != 0) p->set_chunks(static_cast<int>(chunks));
+  if (!schedule_name.empty()) p->set_schedule(schedule_name);
+  if (!recompute.empty()) p->set_recompute(recompute);
+
+  auto options = planner::OptionsFromJobSpec(spec);
+  auto mode = planner::ParsePartitionMode(partition);
+  if (!options.ok() || !mode.ok()) {
+    err << "pipetrain plan: " << path << ": "
+        << (options.ok() ? mode.status() : options.status()).message() << "\n";
+    return kExitUsage;
+  }
+  if (device_tflops <= 0 || link_gbps <= 0 || memory_cap_gib < 0) {
+    err << "pipetrain plan: --device-flops and --link-gbps must be > 0, --memory-cap-gib >= 0\n";
+    return kExitUsage;
+  }
+  options->partition = *mode;
+  options->equal_stage_cost = equal;
+  options->device_flops = device_tflops * 1e12;
+  options->link_bytes_per_s = link_gbps * 1e9;
+  options->memory_cap_bytes = memory_cap_gib * 1024 * 1024 * 1024;
+  auto plan = planner::MakePlan(*options);
+  if (!plan.ok()) {
+    err << "pipetrain plan: " << plan.status().message() << "\n";
+    return kExitUsage;
+  }
+  if (!trace.empty()) {
+    std::ofstream t(trace);
+    t << planner::ChromeTrace(plan->simulation, plan->options.stages);
+    if (!t) {
+      err << "pipetrain plan: cannot write " << trace << "\n";
+      return kExitUsage;
+    }
+  }
+  out << (json ? planner::PlanJson(*plan) + "\n" : planner::RenderPlanText(*plan));
+  return kExitOk;
+}
+
+}  // namespace pipetrain::client

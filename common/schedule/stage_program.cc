@@ -1,0 +1,181 @@
+#include "common/schedule/stage_program.h"
+
+#include <limits>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace pipetrain::schedule {
+namespace {
+
+namespace pb = ::pipetrain::v1;
+
+pb::ActionKind KindToProto(ActionKind k) {
+  switch (k) {
+    case ActionKind::kForward: return pb::FORWARD;
+    case ActionKind::kBackward: return pb::BACKWARD;
+    case ActionKind::kBackwardInput: return pb::BACKWARD_INPUT;
+    case ActionKind::kBackwardWeight: return pb::BACKWARD_WEIGHT;
+    case ActionKind::kSendActivation: return pb::SEND_ACTIVATION;
+    case ActionKind::kRecvActivation: return pb::RECV_ACTIVATION;
+    case ActionKind::kSendGradient: return pb::SEND_GRADIENT;
+    case ActionKind::kRecvGradient: return pb::RECV_GRADIENT;
+    case ActionKind::kOptimizerStep: return pb::OPTIMIZER_STEP;
+  }
+  return pb::ACTION_KIND_UNSPECIFIED;
+}
+
+absl::StatusOr<ActionKind> KindFromProto(pb::ActionKind k, int index) {
+  switch (k) {
+    case pb::FORWARD: return ActionKind::kForward;
+    case pb::BACKWARD: return ActionKind::kBackward;
+    case pb::BACKWARD_INPUT: return ActionKind::kBackwardInput;
+    case pb::BACKWARD_WEIGHT: return ActionKind::kBackwardWeight;
+    case pb::SEND_ACTIVATION: return ActionKind::kSendActivation;
+    case pb::RECV_ACTIVATION: return ActionKind::kRecvActivation;
+    case pb::SEND_GRADIENT: return ActionKind::kSendGradient;
+    case pb::RECV_GRADIENT: return ActionKind::kRecvGradient;
+    case pb::OPTIMIZER_STEP: return ActionKind::kOptimizerStep;
+    default: break;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("actions[", index, "].kind: unknown action kind ", static_cast<int>(k)));
+}
+
+absl::StatusOr<int> ToInt(uint32_t v, absl::string_view field) {
+  if (v > static_cast<uint32_t>(std::numeric_limits<int>::max())) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " is too large: ", v));
+  }
+  return static_cast<int>(v);
+}
+
+absl::Status ReadNamedInt(std::vector<absl::string_view>& words, size_t i,
+                          absl::string_view name, int* out, int line_no) {
+  if (i + 1 >= words.size() || words[i] != name || !absl::SimpleAtoi(words[i + 1], out)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("line ", line_no, ": expected '", name, " N'"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+pb::StageProgram ToProto(const StageProgram& p) {
+  pb::StageProgram out;
+  out.set_stage(p.stage);
+  out.set_num_stages(p.num_stages);
+  out.set_num_micro_batches(p.num_micro_batches);
+  out.set_num_chunks(p.num_chunks);
+  out.set_schedule(p.schedule);
+  out.set_max_in_flight(p.max_in_flight);
+  for (const Action& a : p.actions) {
+    pb::Action* pa = out.add_actions();
+    pa->set_kind(KindToProto(a.kind));
+    pa->set_micro_batch(a.micro_batch);
+    pa->set_chunk(a.chunk);
+  }
+  return out;
+}
+
+absl::StatusOr<StageProgram> FromProto(const pb::StageProgram& proto) {
+  StageProgram p;
+  auto stage = ToInt(proto.stage(), "stage");
+  auto k = ToInt(proto.num_stages(), "num_stages");
+  auto m = ToInt(proto.num_micro_batches(), "num_micro_batches");
+  auto v = ToInt(proto.num_chunks(), "num_chunks");
+  auto f = ToInt(proto.max_in_flight(), "max_in_flight");
+  for (const auto* s : {&stage, &k, &m, &v, &f}) {
+    if (!s->ok()) return s->status();
+  }
+  p.stage = *stage;
+  p.num_stages = *k;
+  p.num_micro_batches = *m;
+  p.num_chunks = *v == 0 ? 1 : *v;  // proto3 default: not interleaved
+  p.max_in_flight = *f;
+  p.schedule = proto.schedule();
+  for (int i = 0; i < proto.actions_size(); ++i) {
+    const pb::Action& pa = proto.actions(i);
+    auto kind = KindFromProto(pa.kind(), i);
+    if (!kind.ok()) return kind.status();
+    auto mb = ToInt(pa.micro_batch(), absl::StrCat("actions[", i, "].micro_batch"));
+    auto chunk = ToInt(pa.chunk(), absl::StrCat("actions[", i, "].chunk"));
+    if (!mb.ok()) return mb.status();
+    if (!chunk.ok()) return chunk.status();
+    Action a{*kind, *mb, *chunk};
+    if (a.kind == ActionKind::kOptimizerStep) a = OptimizerStep();
+    p.actions.push_back(a);
+  }
+  return p;
+}
+
+std::string ToText(const Schedule& schedule) {
+  if (schedule.empty()) return "";
+  const StageProgram& first = schedule.front();
+  std::string out = absl::StrCat("schedule ", first.schedule.empty() ? "-" : first.schedule,
+                                 " stages ", first.num_stages, " micro_batches ",
+                                 first.num_micro_batches, " chunks ", first.num_chunks, "\n");
+  for (const StageProgram& p : schedule) {
+    absl::StrAppend(&out, "stage ", p.stage, " max_in_flight ", p.max_in_flight, ": ",
+                    ToString(p.actions), "\n");
+  }
+  return out;
+}
+
+absl::StatusOr<Schedule> ParseScheduleText(absl::string_view text) {
+  Schedule out;
+  StageProgram header;
+  bool have_header = false;
+  int line_no = 0;
+  for (absl::string_view line : absl::StrSplit(text, '\n')) {
+    ++line_no;
+    line = absl::StripAsciiWhitespace(line);
+    if (line.empty() || line[0] == '#') continue;
+    if (!have_header) {
+      std::vector<absl::string_view> w = absl::StrSplit(line, ' ', absl::SkipEmpty());
+      if (w.size() != 8 || w[0] != "schedule") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "line ", line_no,
+            ": expected 'schedule NAME stages K micro_batches M chunks V'"));
+      }
+      header.schedule = w[1] == "-" ? "" : std::string(w[1]);
+      if (auto s = ReadNamedInt(w, 2, "stages", &header.num_stages, line_no); !s.ok()) return s;
+      if (auto s = ReadNamedInt(w, 4, "micro_batches", &header.num_micro_batches, line_no);
+          !s.ok()) {
+        return s;
+      }
+      if (auto s = ReadNamedInt(w, 6, "chunks", &header.num_chunks, line_no); !s.ok()) return s;
+      have_header = true;
+      continue;
+    }
+    size_t colon = line.find(':');
+    if (colon == absl::string_view::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("line ", line_no, ": expected 'stage S max_in_flight N: ACTIONS'"));
+    }
+    std::vector<absl::string_view> w =
+        absl::StrSplit(line.substr(0, colon), ' ', absl::SkipEmpty());
+    StageProgram p = header;
+    if (w.size() != 4) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("line ", line_no, ": expected 'stage S max_in_flight N: ACTIONS'"));
+    }
+    if (auto s = ReadNamedInt(w, 0, "stage", &p.stage, line_no); !s.ok()) return s;
+    if (auto s = ReadNamedInt(w, 2, "max_in_flight", &p.max_in_flight, line_no); !s.ok()) {
+      return s;
+    }
+    auto actions = ParseActions(line.substr(colon + 1));
+    if (!actions.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("line ", line_no, ": ", actions.status().message()));
+    }
+    p.actions = *std::move(actions);
+    out.push_back(std::move(p));
+  }
+  if (!have_header) return absl::InvalidArgumentError("empty schedule text");
+  return out;
+}
+
+}  // namespace pipetrain::schedule

@@ -1,0 +1,57 @@
+// A stage's program (its ordered actions plus the pipeline's shape) and a Schedule, one
+// program per stage; conversion to and from the proto StageProgram, the multi-line text
+// form used by golden files, and the chunk topology every pass agrees on.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/schedule/action.h"
+#include "pipetrain/v1/schedule.pb.h"
+
+namespace pipetrain::schedule {
+
+struct StageProgram {
+  int stage = 0;
+  int num_stages = 1;        // K
+  int num_micro_batches = 1; // M
+  int num_chunks = 1;        // v: model chunks per stage (interleaved), else 1
+  std::string schedule;      // generator name, for display
+  std::vector<Action> actions;
+  // Most micro-batch activations (counted per chunk) this stage may hold at once, from
+  // a forward until its backward (or its weight-gradient part) is done; 0 = unchecked.
+  int max_in_flight = 0;
+
+  bool operator==(const StageProgram&) const = default;
+};
+
+using Schedule = std::vector<StageProgram>;
+
+// Chunk topology: model chunk c of stage s is virtual stage c * K + s, so the model runs
+// stage 0..K-1 for chunk 0, then wraps from stage K-1 back to stage 0 for chunk 1, as in
+// Megatron's interleaved schedule. With v = 1 this is the plain pipeline.
+inline int VirtualStage(int stage, int chunk, int num_stages) {
+  return chunk * num_stages + stage;
+}
+inline int StageOfVirtual(int virtual_stage, int num_stages) {
+  return virtual_stage % num_stages;
+}
+inline int ChunkOfVirtual(int virtual_stage, int num_stages) {
+  return virtual_stage / num_stages;
+}
+
+pipetrain::v1::StageProgram ToProto(const StageProgram& program);
+// Rejects unknown action kinds and fields that do not fit in an int.
+absl::StatusOr<StageProgram> FromProto(const pipetrain::v1::StageProgram& proto);
+
+// Text form of a whole schedule:
+//   schedule 1f1b stages 2 micro_batches 3 chunks 1
+//   stage 0 max_in_flight 2: F0 F1 B0 F2 B1 B2 OPT
+//   stage 1 max_in_flight 1: F0 B0 F1 B1 F2 B2 OPT
+// Lines starting with '#' and blank lines are ignored. Parse(ToText(s)) == s.
+std::string ToText(const Schedule& schedule);
+absl::StatusOr<Schedule> ParseScheduleText(absl::string_view text);
+
+}  // namespace pipetrain::schedule

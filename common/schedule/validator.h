@@ -1,0 +1,39 @@
+// Proves a schedule is runnable before any stage runs it: each (stage, micro-batch,
+// chunk) does its forward once and its backward once after it, every send has exactly
+// one matching receive, no deadlock, and the in-flight activations stay in bound.
+// The stage server runs this on every program set it is handed.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/schedule/stage_program.h"
+
+namespace pipetrain::schedule {
+
+struct ValidateOptions {
+  // Lowered programs carry their sends and receives and are executed with blocking
+  // receives; compute-only programs (before lowering) must have none, and their
+  // cross-stage order is checked from the data dependencies directly.
+  bool lowered = true;
+};
+
+// OK, or InvalidArgument whose message names the offending stage, step and action and
+// ends with the step-by-stage table of the schedule, offending cells in [brackets].
+absl::Status Validate(const Schedule& schedule, const ValidateOptions& options = {});
+
+// A position in a schedule: programs[stage].actions[step].
+struct Cell {
+  int stage = 0;
+  int step = 0;
+};
+
+// One row per stage, one column per step, marked cells in [brackets].
+std::string RenderTable(const Schedule& schedule, const std::vector<Cell>& marked = {});
+
+// Most activations stage `stage`'s program holds at once (forward done, backward or its
+// weight part not yet), counting each chunk separately.
+int PeakInFlight(const StageProgram& program);
+
+}  // namespace pipetrain::schedule

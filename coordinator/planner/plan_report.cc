@@ -1,0 +1,169 @@
+#include "coordinator/planner/plan_report.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
+
+namespace pipetrain::planner {
+namespace {
+
+std::string Bytes(double b) {
+  if (b >= 1024.0 * 1024 * 1024) return absl::StrFormat("%.2f GiB", b / (1024.0 * 1024 * 1024));
+  if (b >= 1024.0 * 1024) return absl::StrFormat("%.1f MiB", b / (1024.0 * 1024));
+  if (b >= 1024.0) return absl::StrFormat("%.1f KiB", b / 1024.0);
+  return absl::StrFormat("%.0f B", b);
+}
+
+std::string Count(double n) {
+  if (n >= 1e9) return absl::StrFormat("%.2fB", n / 1e9);
+  if (n >= 1e6) return absl::StrFormat("%.2fM", n / 1e6);
+  if (n >= 1e3) return absl::StrFormat("%.1fK", n / 1e3);
+  return absl::StrFormat("%.0f", n);
+}
+
+std::string Layers(const Plan& plan, const StagePlan& sp) {
+  std::string out;
+  for (auto [b, e] : sp.layers) {
+    if (!out.empty()) out += ", ";
+    out += e - b == 1 ? compute::LayerName(plan.options.model, b)
+                      : absl::StrCat(compute::LayerName(plan.options.model, b), " .. ",
+                                     compute::LayerName(plan.options.model, e - 1));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string RenderPicture(const SimulationResult& sim, int stages, int max_columns) {
+  double slot = 0;
+  size_t width = 1;
+  for (const TimelineEvent& e : sim.events) {
+    if (!schedule::IsCompute(e.action.kind) || e.end_s <= e.start_s) continue;
+    const double d = e.end_s - e.start_s;
+    slot = slot == 0 ? d : std::min(slot, d);
+    width = std::max(width, schedule::ToString(e.action).size());
+  }
+  if (slot == 0) return "(no compute actions)\n";
+  int columns = static_cast<int>(std::ceil(sim.step_time_s / slot - 1e-9));
+  if (columns > max_columns) {
+    slot = sim.step_time_s / max_columns;
+    columns = max_columns;
+  }
+  std::vector<std::vector<std::string>> grid(stages, std::vector<std::string>(columns, "."));
+  for (const TimelineEvent& e : sim.events) {
+    if (!schedule::IsCompute(e.action.kind)) continue;
+    int first = static_cast<int>(std::lround(e.start_s / slot));
+    int last = std::max(first + 1, static_cast<int>(std::lround(e.end_s / slot)));
+    for (int c = std::max(first, 0); c < std::min(last, columns); ++c) {
+      grid[e.stage][c] = schedule::ToString(e.action);
+    }
+  }
+  std::string out;
+  for (int s = 0; s < stages; ++s) {
+    std::string row = absl::StrFormat("stage %-2d|", s);
+    for (const std::string& cell : grid[s]) {
+      row += " " + cell + std::string(width - cell.size(), ' ');
+    }
+    while (!row.empty() && row.back() == ' ') row.pop_back();
+    out += row + "\n";
+  }
+  return out;
+}
+
+std::string RenderPlanText(const Plan& plan) {
+  const PlanOptions& o = plan.options;
+  std::string out = absl::StrFormat(
+      "Plan: %s schedule, K=%d stages, M=%d micro-batches%s, recompute %s\n"
+      "Model: %d blocks, d_model %d, %d heads, seq_len %d, vocab %d; batch %d sequences "
+      "(%d per micro-batch)\n",
+      ScheduleName(o.schedule), o.stages, o.micro_batches,
+      o.chunks > 1 ? absl::StrCat(", v=", o.chunks, " chunks per stage") : "",
+      RecomputeName(o.recompute), o.model.n_layers, o.model.d_model, o.model.n_heads,
+      o.model.seq_len, o.model.vocab_size, o.batch_size, o.batch_size / o.micro_batches);
+  if (o.equal_stage_cost) {
+    out += "Costs: equal stage costs (forward 1 unit, backward 2 units = I 1 + W 1, free "
+           "transfer); times below are in units of one stage forward\n";
+  } else {
+    out += absl::StrFormat(
+        "Costs: analytic FLOPs at %.1f TFLOP/s per device (--device-flops), links at %.1f GB/s "
+        "(--link-gbps), optimizer step not counted\n",
+        o.device_flops / 1e12, o.link_bytes_per_s / 1e9);
+  }
+  out += "\nPartition (state = weights + gradients + AdamW moments, 16 bytes per parameter):\n";
+  out += absl::StrFormat("  %-6s %-28s %10s %12s %14s %10s\n", "stage", "layers", "params",
+                         "state", "activations", "in-flight");
+  for (const StagePlan& sp : plan.stages) {
+    out += absl::StrFormat("  %-6d %-28s %10s %12s %14s %10d%s\n", sp.stage, Layers(plan, sp),
+                           Count(static_cast<double>(sp.params)), Bytes(sp.state_bytes),
+                           Bytes(sp.peak_activation_bytes), sp.max_in_flight,
+                           sp.recompute ? "  (recompute)" : "");
+  }
+  const char* unit = o.equal_stage_cost ? " units" : " s";
+  out += absl::StrFormat("\nPredicted step time: %.6g%s\n", plan.simulation.step_time_s, unit);
+  out += absl::StrFormat("Bubble fraction: %.4f simulated, %.4f textbook %s\n",
+                         plan.simulation.bubble_fraction, plan.textbook_bubble,
+                         TextbookFormula(o.schedule));
+  out += "\nSchedule (one column per time slot, '.' = idle; F forward, B backward, I/W its "
+         "input/weight parts, @c model chunk):\n";
+  out += RenderPicture(plan.simulation, o.stages);
+  return out;
+}
+
+std::string PlanJson(const Plan& plan) {
+  nlohmann::json j;
+  j["schedule"] = ScheduleName(plan.options.schedule);
+  j["num_stages"] = plan.options.stages;
+  j["micro_batches"] = plan.options.micro_batches;
+  j["chunks"] = plan.options.chunks;
+  j["recompute"] = RecomputeName(plan.options.recompute);
+  j["time_unit"] = plan.options.equal_stage_cost ? "stage forward" : "s";
+  j["device_flops"] = plan.options.device_flops;
+  j["link_bytes_per_s"] = plan.options.link_bytes_per_s;
+  j["stages"] = nlohmann::json::array();
+  for (const StagePlan& sp : plan.stages) {
+    nlohmann::json s;
+    s["stage"] = sp.stage;
+    s["layers"] = nlohmann::json::array();
+    for (auto [b, e] : sp.layers) s["layers"].push_back({b, e});
+    s["params"] = sp.params;
+    s["state_bytes"] = sp.state_bytes;
+    s["peak_activation_bytes"] = sp.peak_activation_bytes;
+    s["max_in_flight"] = sp.max_in_flight;
+    s["recompute"] = sp.recompute;
+    j["stages"].push_back(s);
+  }
+  j["step_time_s"] = plan.simulation.step_time_s;
+  j["bubble_fraction"] = plan.simulation.bubble_fraction;
+  j["textbook_bubble"] = plan.textbook_bubble;
+  j["peak_activation_bytes"] = plan.simulation.peak_activation_bytes;
+  return j.dump(2);
+}
+
+std::string ChromeTrace(const SimulationResult& sim, int stages) {
+  nlohmann::json events = nlohmann::json::array();
+  for (int s = 0; s < stages; ++s) {
+    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", s}, {"tid", 0},
+                      {"args", {{"name", absl::StrCat("stage ", s)}}}});
+  }
+  for (const TimelineEvent& e : sim.events) {
+    const bool recv = e.action.kind == schedule::ActionKind::kRecvActivation ||
+                      e.action.kind == schedule::ActionKind::kRecvGradient;
+    if (schedule::IsCommunication(e.action.kind) && !(recv && e.end_s > e.start_s)) continue;
+    events.push_back({{"name", schedule::ToString(e.action)},
+                      {"cat", recv ? "wait" : "compute"},
+                      {"ph", "X"},
+                      {"pid", e.stage},
+                      {"tid", 0},
+                      {"ts", e.start_s * 1e6},
+                      {"dur", (e.end_s - e.start_s) * 1e6}});
+  }
+  nlohmann::json trace;
+  trace["traceEvents"] = events;
+  trace["displayTimeUnit"] = "ms";
+  return trace.dump();
+}
+
+}  // namespace pipetrain::planner

@@ -1,0 +1,201 @@
+#include "coordinator/planner/planner.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/schedule/validator.h"
+#include "common/status_macros.h"
+#include "coordinator/planner/lowering.h"
+
+namespace pipetrain::planner {
+namespace {
+
+namespace pb = ::pipetrain::v1;
+
+bool Recomputes(pb::RecomputeMode mode, int stage, int stages) {
+  return mode == pb::RECOMPUTE_ALWAYS ||
+         (mode == pb::RECOMPUTE_EXCEPT_LAST && stage != stages - 1);
+}
+
+// Per-layer partition weights for the chosen mode.
+std::vector<double> LayerWeights(const PlanOptions& o) {
+  std::vector<double> w;
+  for (int l = 0; l < o.model.num_pipeline_layers(); ++l) {
+    const compute::LayerCost c = compute::CostOfLayer(o.model, l);
+    switch (o.partition) {
+      case PartitionMode::kCount: w.push_back(1); break;
+      case PartitionMode::kParams: w.push_back(static_cast<double>(c.params)); break;
+      case PartitionMode::kCost:
+        w.push_back(c.forward_flops + c.backward_input_flops + c.backward_weight_flops);
+        break;
+    }
+  }
+  return w;
+}
+
+}  // namespace
+
+absl::StatusOr<PartitionMode> ParsePartitionMode(absl::string_view name) {
+  if (name == "count") return PartitionMode::kCount;
+  if (name == "params") return PartitionMode::kParams;
+  if (name == "cost") return PartitionMode::kCost;
+  return absl::InvalidArgumentError(
+      absl::StrCat("partition: unknown mode '", name, "' (expected count, params or cost)"));
+}
+
+absl::StatusOr<pb::RecomputeMode> ParseRecompute(absl::string_view name) {
+  if (name.empty() || name == "never") return pb::RECOMPUTE_NEVER;
+  if (name == "always") return pb::RECOMPUTE_ALWAYS;
+  if (name == "except-last") return pb::RECOMPUTE_EXCEPT_LAST;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "pipeline.recompute: unknown mode '", name, "' (expected never, always or except-last)"));
+}
+
+std::string RecomputeName(pb::RecomputeMode mode) {
+  switch (mode) {
+    case pb::RECOMPUTE_ALWAYS: return "always";
+    case pb::RECOMPUTE_EXCEPT_LAST: return "except-last";
+    default: return "never";
+  }
+}
+
+absl::StatusOr<PlanOptions> OptionsFromJobSpec(const pb::JobSpec& spec) {
+  PlanOptions o;
+  if (!spec.has_model()) return absl::InvalidArgumentError("model: missing");
+  ASSIGN_OR_RETURN(o.model, compute::ConfigFromProto(spec.model()));
+  const pb::PipelineSpec& p = spec.pipeline();
+  o.stages = p.stages();
+  o.micro_batches = p.micro_batches();
+  o.chunks = p.chunks() == 0 ? 1 : p.chunks();
+  if (p.schedule().empty()) {
+    return absl::InvalidArgumentError(
+        "pipeline.schedule: missing (expected gpipe, 1f1b, interleaved or zb-h1)");
+  }
+  ASSIGN_OR_RETURN(o.schedule, ParseScheduleKind(p.schedule()));
+  ASSIGN_OR_RETURN(o.recompute, ParseRecompute(p.recompute()));
+  if (o.stages < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("pipeline.stages must be >= 1 (got ", o.stages, ")"));
+  }
+  if (o.micro_batches < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline.micro_batches must be >= 1 (got ", o.micro_batches, ")"));
+  }
+  RETURN_IF_ERROR(CheckShape(o.schedule, o.stages, o.micro_batches, o.chunks));
+  o.batch_size = spec.training().batch_size();
+  if (o.batch_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("training.batch_size must be >= 1 (got ", o.batch_size, ")"));
+  }
+  if (o.batch_size % o.micro_batches != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "training.batch_size (", o.batch_size, ") must be a multiple of pipeline.micro_batches (",
+        o.micro_batches, ")"));
+  }
+  return o;
+}
+
+absl::StatusOr<Plan> MakePlan(const PlanOptions& o) {
+  RETURN_IF_ERROR(compute::ValidateConfig(o.model));
+  RETURN_IF_ERROR(CheckShape(o.schedule, o.stages, o.micro_batches, o.chunks));
+  if (o.batch_size < 1 || o.batch_size % o.micro_batches != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "training.batch_size (", o.batch_size, ") must be a positive multiple of pipeline.micro_batches (",
+        o.micro_batches, ")"));
+  }
+  const int k = o.stages, v = o.chunks, parts = k * v;
+  const int layers = o.model.num_pipeline_layers();
+  if (parts > layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline.stages", v > 1 ? " x pipeline.chunks" : "", " (", parts,
+        ") is more than the model's ", layers, " pipeline layers (embedding, ",
+        o.model.n_layers, " blocks, head): every stage needs at least one layer"));
+  }
+  const double tokens = static_cast<double>(o.batch_size / o.micro_batches) * o.model.seq_len;
+  std::vector<compute::LayerCost> cost(layers);
+  for (int l = 0; l < layers; ++l) cost[l] = compute::CostOfLayer(o.model, l);
+
+  // Partition over virtual stages; the memory cap is enforced inside the split for plain
+  // pipelines (one part per stage) and checked on the simulated figures afterwards.
+  Partition partition;
+  if (o.partition == PartitionMode::kCount) {
+    ASSIGN_OR_RETURN(partition, PartitionByCount(layers, parts));
+  } else if (o.memory_cap_bytes > 0 && v == 1) {
+    MemoryLimit limit;
+    const bool all = o.recompute == pb::RECOMPUTE_ALWAYS;
+    for (const compute::LayerCost& c : cost) {
+      limit.weight_bytes.push_back(kStateBytesPerParam * c.params);
+      limit.activation_bytes.push_back(
+          (all ? c.activation_bytes_recompute : c.activation_bytes) * tokens);
+    }
+    for (int s = 0; s < k; ++s) limit.in_flight.push_back(InFlightBound(o.schedule, k, o.micro_batches, v, s));
+    limit.cap_bytes = o.memory_cap_bytes;
+    ASSIGN_OR_RETURN(partition, PartitionByCost(LayerWeights(o), parts, &limit));
+  } else {
+    ASSIGN_OR_RETURN(partition, PartitionByCost(LayerWeights(o), parts));
+  }
+
+  Plan plan;
+  plan.options = o;
+  plan.costs.chunks.assign(k, std::vector<ChunkCost>(v));
+  plan.stages.resize(k);
+  for (int j = 0; j < parts; ++j) {
+    const int s = schedule::StageOfVirtual(j, k), c = schedule::ChunkOfVirtual(j, k);
+    const int b = partition.begin(j), e = partition.end(j);
+    StagePlan& sp = plan.stages[s];
+    sp.stage = s;
+    sp.layers.push_back({b, e});
+    sp.recompute = Recomputes(o.recompute, s, k);
+    sp.max_in_flight = InFlightBound(o.schedule, k, o.micro_batches, v, s);
+    ChunkCost& cc = plan.costs.chunks[s][c];
+    double full = 0, kept = 0;
+    for (int l = b; l < e; ++l) {
+      sp.params += cost[l].params;
+      cc.forward_s += cost[l].forward_flops * tokens / o.device_flops;
+      cc.backward_input_s += cost[l].backward_input_flops * tokens / o.device_flops;
+      cc.backward_weight_s += cost[l].backward_weight_flops * tokens / o.device_flops;
+      full += cost[l].activation_bytes * tokens;
+      kept += cost[l].activation_bytes_recompute * tokens;
+    }
+    if (sp.recompute) {
+      cc.recompute_s = cc.forward_s;
+      cc.stored_bytes = kept;
+      cc.backward_extra_bytes = full - kept;  // rebuilt for the one micro-batch in backward
+    } else {
+      cc.stored_bytes = full;
+    }
+    cc.send_activation_s = cost[e - 1].output_bytes * tokens / o.link_bytes_per_s;
+    cc.send_gradient_s = b > 0 ? cost[b - 1].output_bytes * tokens / o.link_bytes_per_s : 0;
+    if (o.equal_stage_cost) {
+      const ChunkCost unit = EqualStageCost(1, v).chunks[0][0];
+      cc.forward_s = unit.forward_s;
+      cc.backward_input_s = unit.backward_input_s;
+      cc.backward_weight_s = unit.backward_weight_s;
+      cc.recompute_s = cc.send_activation_s = cc.send_gradient_s = 0;
+    }
+  }
+  for (StagePlan& sp : plan.stages) sp.state_bytes = kStateBytesPerParam * sp.params;
+
+  ASSIGN_OR_RETURN(schedule::Schedule compute_only,
+                   Generate(o.schedule, k, o.micro_batches, v));
+  RETURN_IF_ERROR(schedule::Validate(compute_only, {.lowered = false}));
+  plan.programs = Lower(compute_only);
+  RETURN_IF_ERROR(schedule::Validate(plan.programs));
+  ASSIGN_OR_RETURN(plan.simulation, Simulate(plan.programs, plan.costs));
+  for (int s = 0; s < k; ++s) {
+    StagePlan& sp = plan.stages[s];
+    sp.peak_activation_bytes = plan.simulation.peak_activation_bytes[s];
+    const double total = sp.state_bytes + sp.peak_activation_bytes;
+    if (o.memory_cap_bytes > 0 && total > o.memory_cap_bytes) {
+      return absl::ResourceExhaustedError(absl::StrFormat(
+          "the model does not fit: stage %d needs %.2f GiB (%.2f GiB weights and optimizer "
+          "state, %.2f GiB activations) but has %.2f GiB",
+          s, total / (1 << 30), sp.state_bytes / (1 << 30), sp.peak_activation_bytes / (1 << 30),
+          o.memory_cap_bytes / (1 << 30)));
+    }
+  }
+  plan.textbook_bubble = TextbookBubble(o.schedule, k, o.micro_batches, v);
+  return plan;
+}
+
+}  // namespace pipetrain::planner

@@ -1,0 +1,73 @@
+// The whole plan of a job: partition the model's layers over the stages, generate and
+// lower the schedule, validate it, and predict the step with the simulator from the
+// model's analytic costs. The coordinator and `pipetrain plan` both start here.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/schedule/stage_program.h"
+#include "coordinator/planner/generators.h"
+#include "coordinator/planner/partitioner.h"
+#include "coordinator/planner/simulator.h"
+#include "pipetrain/v1/job.pb.h"
+#include "pipetrain/v1/schedule.pb.h"
+#include "stage_server/compute/gpt_config.h"
+
+namespace pipetrain::planner {
+
+enum class PartitionMode { kCount, kParams, kCost };
+absl::StatusOr<PartitionMode> ParsePartitionMode(absl::string_view name);  // count|params|cost
+
+// "never" (or empty), "always", "except-last"; errors name pipeline.recompute.
+absl::StatusOr<pipetrain::v1::RecomputeMode> ParseRecompute(absl::string_view name);
+std::string RecomputeName(pipetrain::v1::RecomputeMode mode);
+
+// Bytes of training state per parameter: f32 weight, gradient and AdamW's two moments.
+inline constexpr double kStateBytesPerParam = 16;
+
+struct PlanOptions {
+  compute::GptConfig model;
+  int stages = 1;
+  int micro_batches = 1;
+  int chunks = 1;
+  ScheduleKind schedule = ScheduleKind::kOneFOneB;
+  pipetrain::v1::RecomputeMode recompute = pipetrain::v1::RECOMPUTE_NEVER;
+  int batch_size = 1;  // sequences per mini-batch, all micro-batches together
+  // Forward 1, backward 2 time units per stage and free transfer (memory stays real).
+  bool equal_stage_cost = false;
+  double device_flops = 100e12;     // achieved FLOP/s of one device
+  double link_bytes_per_s = 10e9;   // stage-to-stage bandwidth
+  PartitionMode partition = PartitionMode::kCost;
+  double memory_cap_bytes = 0;      // per stage; 0 = unlimited
+};
+
+// Reads model, pipeline and training.batch_size from a job spec; every error names the
+// field (model.d_model, pipeline.micro_batches, training.batch_size, ...).
+absl::StatusOr<PlanOptions> OptionsFromJobSpec(const pipetrain::v1::JobSpec& spec);
+
+struct StagePlan {
+  int stage = 0;
+  std::vector<std::pair<int, int>> layers;  // per chunk: pipeline layers [first, end)
+  int64_t params = 0;
+  double state_bytes = 0;             // weights, gradients, optimizer state
+  double peak_activation_bytes = 0;   // simulated
+  int max_in_flight = 0;              // the schedule's bound
+  bool recompute = false;
+};
+
+struct Plan {
+  PlanOptions options;
+  std::vector<StagePlan> stages;
+  schedule::Schedule programs;  // lowered and validated
+  CostModel costs;
+  SimulationResult simulation;
+  double textbook_bubble = 0;
+};
+
+absl::StatusOr<Plan> MakePlan(const PlanOptions& options);
+
+}  // namespace pipetrain::planner

@@ -1,0 +1,112 @@
+#include "coordinator/planner/simulator.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace pipetrain::planner {
+
+using schedule::Action;
+using schedule::ActionKind;
+
+CostModel EqualStageCost(int stages, int chunks) {
+  ChunkCost c;
+  c.forward_s = 1.0 / chunks;
+  c.backward_input_s = 1.0 / chunks;
+  c.backward_weight_s = 1.0 / chunks;
+  CostModel m;
+  m.chunks.assign(stages, std::vector<ChunkCost>(chunks, c));
+  return m;
+}
+
+absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
+                                          const CostModel& costs) {
+  const int k = static_cast<int>(programs.size());
+  if (k == 0) return absl::InvalidArgumentError("simulate: no stages");
+  const int m = programs[0].num_micro_batches, v = programs[0].num_chunks;
+  if (static_cast<int>(costs.chunks.size()) != k) {
+    return absl::InvalidArgumentError(absl::StrCat("simulate: costs for ", costs.chunks.size(),
+                                                   " stages, schedule has ", k));
+  }
+  for (int s = 0; s < k; ++s) {
+    if (static_cast<int>(costs.chunks[s].size()) != v) {
+      return absl::InvalidArgumentError(absl::StrCat("simulate: stage ", s, " has costs for ",
+                                                     costs.chunks[s].size(), " chunks, not ", v));
+    }
+  }
+  const int vj = k * v;
+  // Arrival time of the activation into / gradient out of virtual stage j; -1 = unsent.
+  std::vector<std::vector<double>> act_at(vj, std::vector<double>(m, -1)), grad_at = act_at;
+  SimulationResult r;
+  r.busy_s.assign(k, 0);
+  r.peak_activation_bytes.assign(k, 0);
+  std::vector<double> clock(k, 0), held(k, 0);
+  std::vector<size_t> pc(k, 0);
+
+  auto run = [&](int s, const Action& a) -> bool {
+    const int j = schedule::VirtualStage(s, a.chunk, k);
+    const ChunkCost* c = a.kind == ActionKind::kOptimizerStep ? nullptr : &costs.chunks[s][a.chunk];
+    double start = clock[s], end = start;
+    switch (a.kind) {
+      case ActionKind::kRecvActivation:
+      case ActionKind::kRecvGradient: {
+        const double at = a.kind == ActionKind::kRecvActivation ? act_at[j - 1][a.micro_batch]
+                                                                : grad_at[j + 1][a.micro_batch];
+        if (at < 0) return false;
+        end = std::max(start, at);
+        break;
+      }
+      case ActionKind::kSendActivation: act_at[j][a.micro_batch] = start + c->send_activation_s; break;
+      case ActionKind::kSendGradient: grad_at[j][a.micro_batch] = start + c->send_gradient_s; break;
+      case ActionKind::kForward:
+        end = start + c->forward_s;
+        held[s] += c->stored_bytes;
+        r.peak_activation_bytes[s] = std::max(r.peak_activation_bytes[s], held[s]);
+        break;
+      case ActionKind::kBackward:
+      case ActionKind::kBackwardInput:
+        end = start + c->recompute_s + c->backward_input_s +
+              (a.kind == ActionKind::kBackward ? c->backward_weight_s : 0);
+        r.peak_activation_bytes[s] =
+            std::max(r.peak_activation_bytes[s], held[s] + c->backward_extra_bytes);
+        if (a.kind == ActionKind::kBackward) held[s] -= c->stored_bytes;
+        break;
+      case ActionKind::kBackwardWeight:
+        end = start + c->backward_weight_s;
+        held[s] -= c->stored_bytes;
+        break;
+      case ActionKind::kOptimizerStep: end = start + costs.optimizer_s; break;
+    }
+    if (schedule::IsCompute(a.kind) || a.kind == ActionKind::kOptimizerStep) r.busy_s[s] += end - start;
+    r.events.push_back({s, a, start, end});
+    clock[s] = end;
+    return true;
+  };
+
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int s = 0; s < k; ++s) {
+      while (pc[s] < programs[s].actions.size() && run(s, programs[s].actions[pc[s]])) {
+        ++pc[s];
+        progress = true;
+      }
+    }
+  }
+  for (int s = 0; s < k; ++s) {
+    if (pc[s] < programs[s].actions.size()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "simulate: deadlock at stage ", s, " step ", pc[s], " (",
+          schedule::ToString(programs[s].actions[pc[s]]), "); validate the schedule first"));
+    }
+  }
+  std::stable_sort(r.events.begin(), r.events.end(), [](const auto& a, const auto& b) {
+    return a.stage < b.stage;
+  });
+  r.step_time_s = *std::max_element(clock.begin(), clock.end());
+  double busy = 0;
+  for (double b : r.busy_s) busy += b;
+  r.bubble_fraction = r.step_time_s > 0 ? 1.0 - busy / (k * r.step_time_s) : 0;
+  return r;
+}
+
+}  // namespace pipetrain::planner

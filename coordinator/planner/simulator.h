@@ -1,0 +1,54 @@
+// Predicts a step from lowered programs and per-action costs: the timeline of every
+// stage, step time, bubble fraction and peak activation memory. Receives block until
+// the data arrives; sends cost the sender nothing and arrive after the link's transfer
+// time (links run in parallel, with no contention between messages).
+#pragma once
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/schedule/stage_program.h"
+
+namespace pipetrain::planner {
+
+// Costs of one model chunk on one stage, per micro-batch.
+struct ChunkCost {
+  double forward_s = 0;
+  double backward_input_s = 0;   // I; a full backward B costs recompute + I + W
+  double backward_weight_s = 0;  // W
+  double recompute_s = 0;        // the forward rerun before the backward, when recomputing
+  double send_activation_s = 0;  // transfer of this chunk's output downstream
+  double send_gradient_s = 0;    // transfer of this chunk's input gradient upstream
+  double stored_bytes = 0;       // kept from the forward until the backward (or W) ends
+  double backward_extra_bytes = 0;  // materialised on top while the backward runs
+};
+
+struct CostModel {
+  std::vector<std::vector<ChunkCost>> chunks;  // [stage][chunk]
+  double optimizer_s = 0;
+};
+
+// Forward 1, backward 2 (I 1, W 1) per stage, split evenly over v chunks; free
+// transfer, no bytes: the setting of the textbook bubble formulas.
+CostModel EqualStageCost(int stages, int chunks = 1);
+
+struct TimelineEvent {
+  int stage = 0;
+  schedule::Action action;
+  double start_s = 0;
+  double end_s = 0;  // a receive lasts from when the stage starts waiting to arrival
+};
+
+struct SimulationResult {
+  std::vector<TimelineEvent> events;  // every action, per stage in program order
+  double step_time_s = 0;
+  double bubble_fraction = 0;  // 1 - compute time / (K * step time)
+  std::vector<double> busy_s;  // compute and optimizer time per stage
+  std::vector<double> peak_activation_bytes;  // per stage
+};
+
+// Errors: cost model shape mismatch, or a deadlock (validate the schedule first).
+absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& lowered,
+                                          const CostModel& costs);
+
+}  // namespace pipetrain::planner

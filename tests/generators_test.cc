@@ -1,0 +1,167 @@
+// Property tests over K 1..8, M 1..16 for every schedule, and golden text schedules.
+#include "coordinator/planner/generators.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "common/schedule/validator.h"
+#include "common/testing/status_matchers.h"
+#include "coordinator/planner/lowering.h"
+#include "coordinator/planner/simulator.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pipetrain::planner {
+namespace {
+
+using ::pipetrain::testing::IsOk;
+using ::pipetrain::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr ScheduleKind kAll[] = {ScheduleKind::kGpipe, ScheduleKind::kOneFOneB,
+                                 ScheduleKind::kInterleaved, ScheduleKind::kZbH1};
+
+int ChunksFor(ScheduleKind kind) { return kind == ScheduleKind::kInterleaved ? 2 : 1; }
+
+TEST(GeneratorsTest, NamesRoundTrip) {
+  for (ScheduleKind k : kAll) {
+    auto parsed = ParseScheduleKind(ScheduleName(k));
+    ASSERT_TRUE(parsed.ok());
+    EXPECT_EQ(*parsed, k);
+  }
+  EXPECT_THAT(ParseScheduleKind("pipedream"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pipeline.schedule")));
+}
+
+TEST(GeneratorsTest, InvalidShapesAreRejectedNamingTheField) {
+  EXPECT_THAT(Generate(ScheduleKind::kInterleaved, 4, 6, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("pipeline.micro_batches (6) must be a multiple of pipeline.stages (4)")));
+  EXPECT_THAT(Generate(ScheduleKind::kInterleaved, 4, 8, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pipeline.chunks must be >= 2")));
+  EXPECT_THAT(Generate(ScheduleKind::kOneFOneB, 4, 8, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pipeline.chunks must be 1")));
+  EXPECT_THAT(Generate(ScheduleKind::kGpipe, 0, 8),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pipeline.stages")));
+  EXPECT_THAT(Generate(ScheduleKind::kZbH1, 2, 0),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pipeline.micro_batches")));
+}
+
+// Every generated schedule over the grid: valid before and after lowering (which
+// includes the deadlock check), within its in-flight bound (the bound is reached), and
+// with equal costs and free transfer the simulated bubble matches the formulas:
+//   GPipe, 1F1B: (K-1)/(M+K-1) exactly;
+//   interleaved (v = 2, M a multiple of K): (K-1)/(vM+K-1) exactly, i.e. the bubble
+//     time is (K-1)/(vM) of the ideal step (Narayanan et al. 2021, sec. 2.2);
+//   ZB-H1: (K-1)/(3M+K-1) exactly when M >= K, i.e. bubble time (K-1)(F+I-W), a third
+//     of 1F1B's (Qi et al. 2023, sec. 3.1); for M < K no worse than 1F1B.
+TEST(GeneratorsTest, GridIsValidBoundedAndMatchesTheTextbookBubble) {
+  for (ScheduleKind kind : kAll) {
+    for (int k = 1; k <= 8; ++k) {
+      for (int m = 1; m <= 16; ++m) {
+        const int v = ChunksFor(kind);
+        SCOPED_TRACE(absl::StrCat(ScheduleName(kind), " K=", k, " M=", m, " v=", v));
+        auto gen = Generate(kind, k, m, v);
+        if (kind == ScheduleKind::kInterleaved && m % k != 0) {
+          EXPECT_THAT(gen, StatusIs(absl::StatusCode::kInvalidArgument));
+          continue;
+        }
+        ASSERT_THAT(gen, IsOk());
+        ASSERT_THAT(schedule::Validate(*gen, {.lowered = false}), IsOk());
+        const schedule::Schedule lowered = Lower(*gen);
+        ASSERT_THAT(schedule::Validate(lowered), IsOk());
+        for (int s = 0; s < k; ++s) {
+          EXPECT_EQ(schedule::PeakInFlight((*gen)[s]), InFlightBound(kind, k, m, v, s))
+              << "stage " << s;
+        }
+        auto sim = Simulate(lowered, EqualStageCost(k, v));
+        ASSERT_THAT(sim, IsOk());
+        const double textbook = TextbookBubble(kind, k, m, v);
+        const double one_f_one_b = TextbookBubble(ScheduleKind::kOneFOneB, k, m, 1);
+        if (kind == ScheduleKind::kZbH1 && m < k) {
+          EXPECT_LE(sim->bubble_fraction, one_f_one_b + 1e-12);
+        } else {
+          EXPECT_NEAR(sim->bubble_fraction, textbook, 1e-12);
+          // Step time: the ideal 3M units plus the bubble time of the formula.
+          const double bubble_time = kind == ScheduleKind::kZbH1 ? (k - 1)
+                                     : kind == ScheduleKind::kInterleaved ? 3.0 * (k - 1) / v
+                                                                          : 3.0 * (k - 1);
+          EXPECT_NEAR(sim->step_time_s, 3.0 * m + bubble_time, 1e-9);
+        }
+      }
+    }
+  }
+}
+
+TEST(GeneratorsTest, ZbH1BubbleIsAThirdOfOneFOneBs) {
+  for (int k = 2; k <= 8; ++k) {
+    for (int m = k; m <= 16; ++m) {
+      auto zb = Simulate(Lower(*Generate(ScheduleKind::kZbH1, k, m)), EqualStageCost(k));
+      auto ofob = Simulate(Lower(*Generate(ScheduleKind::kOneFOneB, k, m)), EqualStageCost(k));
+      ASSERT_TRUE(zb.ok() && ofob.ok());
+      const double zb_idle = zb->step_time_s - 3.0 * m;
+      const double ofob_idle = ofob->step_time_s - 3.0 * m;
+      EXPECT_NEAR(zb_idle * 3, ofob_idle, 1e-9) << "K=" << k << " M=" << m;
+    }
+  }
+}
+
+std::string TestData(const std::string& name) {
+  return std::string(PIPETRAIN_TESTDATA_DIR) + "/schedules/" + name;
+}
+
+// Golden files hold the compute-only and lowered programs; set
+// PIPETRAIN_UPDATE_GOLDEN=1 to rewrite them after an intended change.
+TEST(GeneratorsTest, GoldenSchedules) {
+  struct Case {
+    ScheduleKind kind;
+    int k, m, v;
+  };
+  const Case cases[] = {
+      {ScheduleKind::kGpipe, 2, 3, 1},       {ScheduleKind::kGpipe, 3, 4, 1},
+      {ScheduleKind::kOneFOneB, 2, 3, 1},    {ScheduleKind::kOneFOneB, 3, 4, 1},
+      {ScheduleKind::kZbH1, 2, 3, 1},        {ScheduleKind::kZbH1, 3, 4, 1},
+      {ScheduleKind::kInterleaved, 2, 4, 2}, {ScheduleKind::kInterleaved, 3, 6, 2},
+  };
+  const bool update = std::getenv("PIPETRAIN_UPDATE_GOLDEN") != nullptr;
+  for (const Case& c : cases) {
+    for (bool lowered : {false, true}) {
+      const std::string name = absl::StrCat(ScheduleName(c.kind), "_k", c.k, "_m", c.m,
+                                            lowered ? "_lowered" : "", ".txt");
+      SCOPED_TRACE(name);
+      auto gen = Generate(c.kind, c.k, c.m, c.v);
+      ASSERT_TRUE(gen.ok());
+      const schedule::Schedule s = lowered ? Lower(*gen) : *gen;
+      if (update) std::ofstream(TestData(name)) << schedule::ToText(s);
+      std::ifstream in(TestData(name));
+      ASSERT_TRUE(in) << "missing golden file " << TestData(name);
+      std::stringstream text;
+      text << in.rdbuf();
+      auto golden = schedule::ParseScheduleText(text.str());
+      ASSERT_THAT(golden, IsOk());
+      EXPECT_EQ(schedule::ToText(*golden), schedule::ToText(s));
+      EXPECT_EQ(*golden, s);
+    }
+  }
+}
+
+TEST(GeneratorsTest, EveryGeneratedScheduleRoundTripsThroughTextAndProto) {
+  for (ScheduleKind kind : kAll) {
+    auto gen = Generate(kind, 4, 8, ChunksFor(kind));
+    ASSERT_TRUE(gen.ok());
+    const schedule::Schedule lowered = Lower(*gen);
+    auto back = schedule::ParseScheduleText(schedule::ToText(lowered));
+    ASSERT_THAT(back, IsOk());
+    EXPECT_EQ(*back, lowered);
+    for (const schedule::StageProgram& p : lowered) {
+      auto q = schedule::FromProto(schedule::ToProto(p));
+      ASSERT_THAT(q, IsOk());
+      EXPECT_EQ(*q, p);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace pipetrain::planner

@@ -1,0 +1,60 @@
+#include "coordinator/planner/plan_report.h"
+
+#include "common/testing/status_matchers.h"
+#include "coordinator/planner/generators.h"
+#include "coordinator/planner/lowering.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace pipetrain::planner {
+namespace {
+
+using ::testing::HasSubstr;
+
+SimulationResult Sim(ScheduleKind kind, int k, int m) {
+  auto s = Simulate(Lower(*Generate(kind, k, m)), EqualStageCost(k));
+  EXPECT_TRUE(s.ok());
+  return *s;
+}
+
+TEST(PlanReportTest, PictureHasOneRowPerStageAndBubblesAsDots) {
+  EXPECT_EQ(RenderPicture(Sim(ScheduleKind::kGpipe, 2, 2), 2),
+            "stage 0 | F0 F1 .  .  .  B0 B0 B1 B1\n"
+            "stage 1 | .  F0 F1 B0 B0 B1 B1 .  .\n");
+  EXPECT_EQ(RenderPicture(Sim(ScheduleKind::kZbH1, 2, 2), 2),
+            "stage 0 | F0 F1 .  I0 W0 I1 W1\n"
+            "stage 1 | .  F0 I0 F1 I1 W0 W1\n");
+}
+
+TEST(PlanReportTest, WideTimelinesAreScaledDown) {
+  const std::string picture = RenderPicture(Sim(ScheduleKind::kGpipe, 2, 16), 2, 20);
+  const std::string first_row = picture.substr(0, picture.find('\n'));
+  EXPECT_LE(first_row.size(), std::string("stage 0 |").size() + 20 * 4);
+}
+
+TEST(PlanReportTest, ChromeTraceHasStageProcessesAndCompleteEvents) {
+  const SimulationResult sim = Sim(ScheduleKind::kOneFOneB, 2, 2);
+  const nlohmann::json trace = nlohmann::json::parse(ChromeTrace(sim, 2));
+  int names = 0, computes = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] == "M") {
+      EXPECT_EQ(e["name"], "process_name");
+      EXPECT_EQ(e["args"]["name"], "stage " + std::to_string(e["pid"].get<int>()));
+      ++names;
+    } else {
+      EXPECT_EQ(e["ph"], "X");
+      EXPECT_GE(e["dur"].get<double>(), 0);
+      if (e["name"] == "B1" && e["pid"] == 0) {
+        EXPECT_DOUBLE_EQ(e["ts"].get<double>(), 7e6);  // B1 on stage 0 starts at 7 units
+        EXPECT_DOUBLE_EQ(e["dur"].get<double>(), 2e6);
+      }
+      if (e["cat"] == "compute") ++computes;
+    }
+  }
+  EXPECT_EQ(names, 2);
+  EXPECT_EQ(computes, 2 * (4 + 1));  // F, B per micro-batch and OPT, per stage
+}
+
+}  // namespace
+}  // namespace pipetrain::planner

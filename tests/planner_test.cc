@@ -1,0 +1,148 @@
+#include "coordinator/planner/planner.h"
+
+#include "common/schedule/validator.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pipetrain::planner {
+namespace {
+
+using ::pipetrain::testing::IsOk;
+using ::pipetrain::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+pipetrain::v1::JobSpec Spec() {
+  pipetrain::v1::JobSpec spec;
+  auto* m = spec.mutable_model();
+  m->set_vocab_size(256);
+  m->set_seq_len(64);
+  m->set_d_model(128);
+  m->set_n_heads(4);
+  m->set_n_layers(6);
+  auto* p = spec.mutable_pipeline();
+  p->set_stages(4);
+  p->set_micro_batches(8);
+  p->set_schedule("1f1b");
+  spec.mutable_training()->set_batch_size(16);
+  return spec;
+}
+
+TEST(PlannerTest, OptionsComeFromTheSpec) {
+  auto o = OptionsFromJobSpec(Spec());
+  ASSERT_THAT(o, IsOk());
+  EXPECT_EQ(o->stages, 4);
+  EXPECT_EQ(o->micro_batches, 8);
+  EXPECT_EQ(o->chunks, 1);
+  EXPECT_EQ(o->schedule, ScheduleKind::kOneFOneB);
+  EXPECT_EQ(o->recompute, pipetrain::v1::RECOMPUTE_NEVER);
+  EXPECT_EQ(o->model.n_layers, 6);
+}
+
+TEST(PlannerTest, SpecErrorsNameTheField) {
+  struct Case {
+    std::function<void(pipetrain::v1::JobSpec&)> edit;
+    const char* field;
+  };
+  const Case cases[] = {
+      {[](auto& s) { s.clear_model(); }, "model"},
+      {[](auto& s) { s.mutable_model()->set_n_heads(5); }, "model.n_heads"},
+      {[](auto& s) { s.mutable_model()->set_d_model(0); }, "model.d_model"},
+      {[](auto& s) { s.mutable_pipeline()->set_stages(0); }, "pipeline.stages"},
+      {[](auto& s) { s.mutable_pipeline()->set_micro_batches(-1); }, "pipeline.micro_batches"},
+      {[](auto& s) { s.mutable_pipeline()->set_schedule(""); }, "pipeline.schedule"},
+      {[](auto& s) { s.mutable_pipeline()->set_schedule("fifo"); }, "pipeline.schedule"},
+      {[](auto& s) { s.mutable_pipeline()->set_recompute("sometimes"); }, "pipeline.recompute"},
+      {[](auto& s) { s.mutable_pipeline()->set_chunks(2); }, "pipeline.chunks"},
+      {[](auto& s) { s.mutable_training()->set_batch_size(12); }, "training.batch_size"},
+      {[](auto& s) { s.mutable_training()->set_batch_size(0); }, "training.batch_size"},
+      {[](auto& s) {
+         s.mutable_pipeline()->set_schedule("interleaved");
+         s.mutable_pipeline()->set_chunks(2);
+         s.mutable_pipeline()->set_micro_batches(6);
+         s.mutable_training()->set_batch_size(12);
+       },
+       "pipeline.micro_batches"},
+  };
+  for (const Case& c : cases) {
+    pipetrain::v1::JobSpec spec = Spec();
+    c.edit(spec);
+    EXPECT_THAT(OptionsFromJobSpec(spec),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.field)))
+        << c.field;
+  }
+}
+
+TEST(PlannerTest, PlanCoversEveryLayerOnceAndIsValid) {
+  for (const char* name : {"gpipe", "1f1b", "interleaved", "zb-h1"}) {
+    pipetrain::v1::JobSpec spec = Spec();
+    spec.mutable_pipeline()->set_schedule(name);
+    if (std::string(name) == "interleaved") spec.mutable_pipeline()->set_chunks(2);
+    auto o = OptionsFromJobSpec(spec);
+    ASSERT_THAT(o, IsOk());
+    auto plan = MakePlan(*o);
+    ASSERT_THAT(plan, IsOk()) << name;
+    EXPECT_THAT(schedule::Validate(plan->programs), IsOk());
+    std::vector<int> owner(o->model.num_pipeline_layers(), 0);
+    for (const StagePlan& sp : plan->stages) {
+      for (auto [b, e] : sp.layers) {
+        for (int l = b; l < e; ++l) ++owner[l];
+      }
+      EXPECT_GT(sp.params, 0);
+      EXPECT_GT(sp.peak_activation_bytes, 0);
+    }
+    EXPECT_THAT(owner, ::testing::Each(1)) << name;
+    EXPECT_GT(plan->simulation.step_time_s, 0);
+  }
+}
+
+TEST(PlannerTest, EqualStageCostReproducesTheFormula) {
+  auto o = OptionsFromJobSpec(Spec());
+  o->equal_stage_cost = true;
+  auto plan = MakePlan(*o);
+  ASSERT_THAT(plan, IsOk());
+  EXPECT_NEAR(plan->simulation.bubble_fraction, 3.0 / 11, 1e-12);
+  EXPECT_NEAR(plan->textbook_bubble, 3.0 / 11, 1e-12);
+  EXPECT_DOUBLE_EQ(plan->simulation.step_time_s, 33);
+}
+
+TEST(PlannerTest, RecomputationChangesMemoryNotOrder) {
+  auto never = OptionsFromJobSpec(Spec());
+  auto always = *never, except_last = *never;
+  always.recompute = pipetrain::v1::RECOMPUTE_ALWAYS;
+  except_last.recompute = pipetrain::v1::RECOMPUTE_EXCEPT_LAST;
+  auto a = MakePlan(*never), b = MakePlan(always), c = MakePlan(except_last);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  EXPECT_EQ(a->programs, b->programs);
+  EXPECT_EQ(a->programs, c->programs);
+  // Stages holding several micro-batches keep only their inputs; the last stage holds
+  // one at a time under 1F1B, and rebuilding it during the backward costs the same.
+  for (int s = 0; s < 3; ++s) {
+    EXPECT_LT(b->stages[s].peak_activation_bytes, a->stages[s].peak_activation_bytes) << s;
+    EXPECT_DOUBLE_EQ(c->stages[s].peak_activation_bytes, b->stages[s].peak_activation_bytes);
+  }
+  EXPECT_DOUBLE_EQ(b->stages[3].peak_activation_bytes, a->stages[3].peak_activation_bytes);
+  EXPECT_DOUBLE_EQ(c->stages[3].peak_activation_bytes, a->stages[3].peak_activation_bytes);
+  EXPECT_GT(b->simulation.step_time_s, a->simulation.step_time_s);  // the forward reruns
+}
+
+TEST(PlannerTest, TooManyStagesOrTooLittleMemoryAreClearErrors) {
+  auto o = OptionsFromJobSpec(Spec());
+  o->stages = 9;  // 6 blocks + embedding + head = 8 layers
+  EXPECT_THAT(MakePlan(*o), StatusIs(absl::StatusCode::kInvalidArgument,
+                                     AllOf(HasSubstr("pipeline.stages (9)"),
+                                           HasSubstr("8 pipeline layers"))));
+  o->stages = 4;
+  o->memory_cap_bytes = 1024 * 1024;  // 1 MiB per stage
+  EXPECT_THAT(MakePlan(*o), StatusIs(absl::StatusCode::kResourceExhausted,
+                                     AllOf(HasSubstr("does not fit"), HasSubstr("needs"),
+                                           HasSubstr("available"))));
+  o->schedule = ScheduleKind::kInterleaved;  // checked on the simulated figures
+  o->chunks = 2;
+  EXPECT_THAT(MakePlan(*o), StatusIs(absl::StatusCode::kResourceExhausted,
+                                     AllOf(HasSubstr("stage 0 needs"), HasSubstr("but has"))));
+}
+
+}  // namespace
+}  // namespace pipetrain::planner

@@ -1,0 +1,79 @@
+#include "common/schedule/stage_program.h"
+
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pipetrain::schedule {
+namespace {
+
+using ::pipetrain::testing::StatusIs;
+using ::testing::HasSubstr;
+
+Schedule TwoStages() {
+  StageProgram a{0, 2, 2, 2, "interleaved", {}, 3};
+  a.actions = {Forward(0), {ActionKind::kSendActivation, 0, 0}, Forward(1, 1), OptimizerStep()};
+  StageProgram b{1, 2, 2, 2, "interleaved", {}, 1};
+  b.actions = {{ActionKind::kRecvActivation, 0, 0}, BackwardInput(1), BackwardWeight(1, 1)};
+  return {a, b};
+}
+
+TEST(StageProgramTest, ProtoRoundTrip) {
+  for (const StageProgram& p : TwoStages()) {
+    pipetrain::v1::StageProgram proto = ToProto(p);
+    EXPECT_EQ(proto.actions_size(), static_cast<int>(p.actions.size()));
+    auto back = FromProto(proto);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, p);
+  }
+}
+
+TEST(StageProgramTest, FromProtoRejectsUnknownKindsNamingTheAction) {
+  pipetrain::v1::StageProgram proto = ToProto(TwoStages()[0]);
+  proto.mutable_actions(2)->set_kind(pipetrain::v1::ACTION_KIND_UNSPECIFIED);
+  EXPECT_THAT(FromProto(proto),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("actions[2].kind")));
+}
+
+TEST(StageProgramTest, FromProtoTreatsZeroChunksAsOne) {
+  pipetrain::v1::StageProgram proto;
+  proto.set_num_stages(1);
+  proto.set_num_micro_batches(1);
+  auto p = FromProto(proto);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->num_chunks, 1);
+}
+
+TEST(StageProgramTest, TextRoundTrip) {
+  const Schedule s = TwoStages();
+  const std::string text = ToText(s);
+  EXPECT_EQ(text,
+            "schedule interleaved stages 2 micro_batches 2 chunks 2\n"
+            "stage 0 max_in_flight 3: F0 SEND_F0 F1@1 OPT\n"
+            "stage 1 max_in_flight 1: RECV_F0 I1 W1@1\n");
+  auto back = ParseScheduleText("# a comment\n\n" + text);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, s);
+}
+
+TEST(StageProgramTest, TextErrorsNameTheLine) {
+  EXPECT_THAT(ParseScheduleText(""), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ParseScheduleText("schedule x stages 2\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("line 1")));
+  EXPECT_THAT(ParseScheduleText("schedule x stages 1 micro_batches 1 chunks 1\nstage 0: F0\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("line 2")));
+  EXPECT_THAT(ParseScheduleText(
+                  "schedule x stages 1 micro_batches 1 chunks 1\nstage 0 max_in_flight 1: F0 Z0\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("line 2: action 'Z0'")));
+}
+
+TEST(StageProgramTest, ChunkTopologyWrapsFromTheLastStageToTheFirst) {
+  EXPECT_EQ(VirtualStage(3, 0, 4), 3);
+  EXPECT_EQ(VirtualStage(0, 1, 4), 4);
+  EXPECT_EQ(StageOfVirtual(4, 4), 0);
+  EXPECT_EQ(ChunkOfVirtual(4, 4), 1);
+  EXPECT_EQ(StageOfVirtual(7, 4), 3);
+}
+
+}  // namespace
+}  // namespace pipetrain::schedule
