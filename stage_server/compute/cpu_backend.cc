@@ -13,8 +13,8 @@ namespace pipetrain::compute {
 namespace {
 absl::Status CheckAttention(const char* op, int B, int T, int C, int NH) {
   if (B < 0 || T < 0 || C < 0 || NH <= 0 || C % NH != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": bad shape B=", B, " T=", T,
-                                                   " C=", C, " heads=", NH));
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": bad shape B=", B, " T=", T, " C=", C, " heads=", NH));
   }
   return absl::OkStatus();
 }
@@ -33,8 +33,8 @@ constexpr float kGeluA = 0.044715f;
 
 absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(int threads) {
   if (threads < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("cpu backend: threads must be >= 1 (got ",
-                                                   threads, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cpu backend: threads must be >= 1 (got ", threads, ")"));
   }
   openblas_set_num_threads(threads);
   return std::unique_ptr<CpuBackend>(new CpuBackend(threads));
@@ -81,7 +81,8 @@ absl::Status CpuBackend::LayerNormForward(int rows, int C, const float* x,
     const float mu = sum / C;
     float var = 0;
     for (int c = 0; c < C; ++c) var += (xr[c] - mu) * (xr[c] - mu);
-    const float rs = 1.0f / std::sqrt(var / C + static_cast<float>(reference::kLayerNormEps));
+    const float rs =
+        1.0f / std::sqrt(var / C + static_cast<float>(reference::kLayerNormEps));
     for (int c = 0; c < C; ++c) o[c] = (xr[c] - mu) * rs * weight[c] + bias[c];
     mean[r] = mu;
     rstd[r] = rs;
@@ -91,8 +92,8 @@ absl::Status CpuBackend::LayerNormForward(int rows, int C, const float* x,
 
 absl::Status CpuBackend::LayerNormBackward(int rows, int C, const float* dout,
                                            const float* x, const float* weight,
-                                           const float* mean, const float* rstd, float* dx,
-                                           float* dweight, float* dbias) {
+                                           const float* mean, const float* rstd,
+                                           float* dx, float* dweight, float* dbias) {
   // dout (rows, C), x (rows, C), weight (C), mean (rows), rstd (rows),
   // dx (rows, C) +=, dweight (C) +=, dbias (C) +=
   if (absl::Status s = CheckRows("LayerNormBackward", rows, C); !s.ok()) return s;
@@ -178,7 +179,8 @@ absl::Status CpuBackend::AttentionForward(int B, int T, int C, int NH, const flo
       }
       // out_h = P V: (T, hs), row stride C.
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, p, T,
-                  base + 2 * C + h * hs, 3 * C, 0.0f, out + int64_t{b} * T * C + h * hs, C);
+                  base + 2 * C + h * hs, 3 * C, 0.0f, out + int64_t{b} * T * C + h * hs,
+                  C);
     }
   }
   return absl::OkStatus();
@@ -188,7 +190,8 @@ absl::Status CpuBackend::AttentionBackward(int B, int T, int C, int NH, const fl
                                            const float* qkv, const float* probs,
                                            float* dqkv) {
   // dout (B, T, C), qkv (B, T, 3C), probs (B, NH, T, T), dqkv (B, T, 3C)
-  if (absl::Status s = CheckAttention("AttentionBackward", B, T, C, NH); !s.ok()) return s;
+  if (absl::Status s = CheckAttention("AttentionBackward", B, T, C, NH); !s.ok())
+    return s;
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   scratch_.resize(int64_t{T} * T);
@@ -200,8 +203,8 @@ absl::Status CpuBackend::AttentionBackward(int B, int T, int C, int NH, const fl
     for (int h = 0; h < NH; ++h) {
       const float* p = probs + (int64_t{b} * NH + h) * T * T;  // (T, T)
       // dP = dO V^T (T, T); dV = P^T dO (T, hs).
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dob + h * hs, C,
-                  base + 2 * C + h * hs, 3 * C, 0.0f, dp, T);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dob + h * hs,
+                  C, base + 2 * C + h * hs, 3 * C, 0.0f, dp, T);
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, p, T,
                   dob + h * hs, C, 0.0f, dbase + 2 * C + h * hs, 3 * C);
       // Softmax backward in place: dS = P * (dP - rowsum(P * dP)), times the scale.

@@ -29,8 +29,9 @@ class CpuBackend : public HostBackendT<float> {
                                 const float* bias, float* out, float* mean,
                                 float* rstd) override;
   absl::Status LayerNormBackward(int rows, int C, const float* dout, const float* x,
-                                 const float* weight, const float* mean, const float* rstd,
-                                 float* dx, float* dweight, float* dbias) override;
+                                 const float* weight, const float* mean,
+                                 const float* rstd, float* dx, float* dweight,
+                                 float* dbias) override;
   absl::Status GeluForward(int64_t n, const float* x, float* out) override;
   absl::Status GeluBackward(int64_t n, const float* x, const float* dout,
                             float* dx) override;
