@@ -1,0 +1,156 @@
+// The compute backend interface: explicit-shape operations on memory the backend owns.
+// Pointers handed to an op may be device pointers, so callers (the GPT layers) never
+// dereference them; data crosses to the host only through CopyToHost/CopyFromHost.
+//
+// Conventions shared by every op:
+//  - All tensors are dense and row-major; shapes are given in comments, e.g. (B, T, C).
+//  - B = batch rows, T = sequence length, C = d_model, NH = heads, hs = C / NH,
+//    V = vocab, N = an element count.
+//  - "+=" in a comment means the op accumulates into its output (callers zero it first);
+//    otherwise the output is overwritten. Gradients of parameters always accumulate so
+//    that micro-batches add up without extra copies.
+//  - A nullptr output of a backward op means "do not compute it" (lets a layer split its
+//    backward into backward-input and backward-weight halves).
+//  - Ops may run asynchronously on a device; CopyToHost and Synchronize wait.
+//  - Every op returns absl::Status; an implementation reports bad arguments (negative
+//    sizes, a token id outside the vocabulary) instead of crashing.
+//
+// BackendT<Real> is templated on the scalar type so that the same GPT layer code runs in
+// double precision on the reference backend (for finite-difference gradient checks);
+// every production backend implements Backend = BackendT<float>.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace pipetrain::compute {
+
+template <typename Real>
+class BackendT {
+ public:
+  using Scalar = Real;
+  virtual ~BackendT() = default;
+
+  // "cpu", "cuda", "reference-double", ...: used in logs and error messages.
+  virtual std::string Name() const = 0;
+
+  // ---- Memory -----------------------------------------------------------------------
+  // Allocates `bytes` bytes (uninitialised), suitably aligned for Real and int32_t.
+  // Allocate(0) returns nullptr and Free(nullptr) does nothing.
+  virtual absl::StatusOr<void*> Allocate(size_t bytes) = 0;
+  virtual absl::Status Free(void* ptr) = 0;
+  virtual absl::Status Zero(void* ptr, size_t bytes) = 0;
+  virtual absl::Status CopyFromHost(void* dst, const void* host_src, size_t bytes) = 0;
+  // Waits for pending work on the source, then copies.
+  virtual absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes) = 0;
+  // Backend to backend (same backend instance).
+  virtual absl::Status Copy(void* dst, const void* src, size_t bytes) = 0;
+  // Waits for every op issued so far (a no-op on the CPU).
+  virtual absl::Status Synchronize() = 0;
+
+  // ---- Matrix product ---------------------------------------------------------------
+  // c = alpha * op(a) @ op(b) + beta * c, row-major like cblas_sgemm(CblasRowMajor):
+  //   op(a) is (m, k): a is (m, k), or (k, m) when trans_a;
+  //   op(b) is (k, n): b is (k, n), or (n, k) when trans_b;
+  //   c is (m, n). beta = 1 accumulates (weight gradients), beta = 0 overwrites (c may
+  //   then hold garbage, including NaN).
+  virtual absl::Status Matmul(bool trans_a, bool trans_b, int m, int n, int k, Real alpha,
+                              const Real* a, const Real* b, Real beta, Real* c) = 0;
+
+  // ---- Elementwise and bias ---------------------------------------------------------
+  // out = a + b (residual connection); out may alias a or b.           all (N)
+  virtual absl::Status Add(int64_t n, const Real* a, const Real* b, Real* out) = 0;
+  // y += alpha * x (gradient accumulation, residual gradients).       all (N)
+  virtual absl::Status Axpy(int64_t n, Real alpha, const Real* x, Real* y) = 0;
+  // x *= alpha (gradient clipping, loss scaling).                      (N)
+  virtual absl::Status Scale(int64_t n, Real alpha, Real* x) = 0;
+  // x[r, :] += bias for every row.          x (rows, cols), bias (cols)
+  virtual absl::Status AddBias(int rows, int cols, const Real* bias, Real* x) = 0;
+  // dbias += sum over rows of dout.         dout (rows, cols), dbias (cols) +=
+  virtual absl::Status BiasGrad(int rows, int cols, const Real* dout, Real* dbias) = 0;
+  // Returns sum_i x[i]^2 on the host, accumulated in double (global-norm clipping).
+  virtual absl::StatusOr<double> SumOfSquares(int64_t n, const Real* x) = 0;
+
+  // ---- Embedding --------------------------------------------------------------------
+  // out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :]. Fails with InvalidArgument if a
+  // token is outside [0, V) (backends that cannot check cheaply may check on the host
+  // before copying; the layer validates tokens too).
+  //   tokens (B, T) int32, wte (V, C), wpe (>= T, C), out (B, T, C)
+  virtual absl::Status EmbeddingForward(int B, int T, int C, int V, const int32_t* tokens,
+                                        const Real* wte, const Real* wpe, Real* out) = 0;
+  // dwte[tokens[b, t], :] += dout[b, t, :];  dwpe[t, :] += sum_b dout[b, t, :].
+  // Either gradient may be nullptr.
+  //   tokens (B, T), dout (B, T, C), dwte (V, C) +=, dwpe (>= T, C) +=
+  virtual absl::Status EmbeddingBackward(int B, int T, int C, int V,
+                                         const int32_t* tokens, const Real* dout,
+                                         Real* dwte, Real* dwpe) = 0;
+
+  // ---- LayerNorm (biased variance, eps = 1e-5) --------------------------------------
+  // out = (x - mean) * rstd * weight + bias, keeping mean and rstd for backward.
+  //   x (rows, C), weight (C), bias (C), out (rows, C), mean (rows), rstd (rows)
+  virtual absl::Status LayerNormForward(int rows, int C, const Real* x,
+                                        const Real* weight, const Real* bias, Real* out,
+                                        Real* mean, Real* rstd) = 0;
+  // dx += dL/dx; dweight += dL/dweight; dbias += dL/dbias. Any of the three may be
+  // nullptr (backward-input passes only dx, backward-weight only dweight and dbias).
+  //   dout (rows, C), x (rows, C), weight (C), mean (rows), rstd (rows),
+  //   dx (rows, C) +=, dweight (C) +=, dbias (C) +=
+  virtual absl::Status LayerNormBackward(int rows, int C, const Real* dout, const Real* x,
+                                         const Real* weight, const Real* mean,
+                                         const Real* rstd, Real* dx, Real* dweight,
+                                         Real* dbias) = 0;
+
+  // ---- GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) -------------
+  // out may alias x.                                     x (N), out (N)
+  virtual absl::Status GeluForward(int64_t n, const Real* x, Real* out) = 0;
+  // dx = dout * gelu'(x) (overwrites; dx may alias dout).  x, dout, dx (N)
+  virtual absl::Status GeluBackward(int64_t n, const Real* x, const Real* dout,
+                                    Real* dx) = 0;
+
+  // ---- Causal multi-head self-attention ---------------------------------------------
+  // qkv holds q|k|v along the last dimension, each C wide with heads contiguous
+  // (head h of q is qkv[b, t, h*hs : (h+1)*hs]). For every head:
+  //   probs = softmax_causal(q k^T / sqrt(hs)) (entries above the diagonal are 0),
+  //   out[b, t, h*hs : (h+1)*hs] = probs @ v.
+  //   qkv (B, T, 3C), out (B, T, C), probs (B, NH, T, T) kept for backward
+  virtual absl::Status AttentionForward(int B, int T, int C, int NH, const Real* qkv,
+                                        Real* out, Real* probs) = 0;
+  // dqkv = gradient of the attention output w.r.t. qkv (overwrites).
+  //   dout (B, T, C), qkv (B, T, 3C), probs (B, NH, T, T), dqkv (B, T, 3C)
+  virtual absl::Status AttentionBackward(int B, int T, int C, int NH, const Real* dout,
+                                         const Real* qkv, const Real* probs,
+                                         Real* dqkv) = 0;
+
+  // ---- Softmax cross-entropy --------------------------------------------------------
+  // probs = softmax(logits) per row (probs may alias logits);
+  // *loss = mean over rows of -log probs[r, targets[r]] (one scalar in backend memory).
+  // Fails with InvalidArgument on a target outside [0, V).
+  //   logits (rows, V), targets (rows) int32, probs (rows, V), loss (1)
+  virtual absl::Status CrossEntropyForward(int rows, int V, const Real* logits,
+                                           const int32_t* targets, Real* probs,
+                                           Real* loss) = 0;
+  // dlogits = (probs - onehot(targets)) * dloss_scale (overwrites; may alias probs).
+  // For the mean loss with upstream gradient g, dloss_scale = g / rows.
+  //   probs (rows, V), targets (rows), dlogits (rows, V)
+  virtual absl::Status CrossEntropyBackward(int rows, int V, const Real* probs,
+                                            const int32_t* targets, Real dloss_scale,
+                                            Real* dlogits) = 0;
+
+  // ---- Optimizer --------------------------------------------------------------------
+  // One AdamW step (PyTorch's torch.optim.AdamW), step >= 1 counts from 1:
+  //   param -= lr * weight_decay * param          (decoupled; pass 0 for no decay)
+  //   m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
+  //   param -= lr * (m / (1 - beta1^step)) / (sqrt(v / (1 - beta2^step)) + eps)
+  //   param, grad, m, v (N)
+  virtual absl::Status AdamW(int64_t n, Real* param, const Real* grad, Real* m, Real* v,
+                             float lr, float beta1, float beta2, float eps,
+                             float weight_decay, int step) = 0;
+};
+
+using Backend = BackendT<float>;
+
+}  // namespace pipetrain::compute
