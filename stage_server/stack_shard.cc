@@ -20,10 +20,16 @@ absl::StatusOr<std::unique_ptr<StackShard>> StackShard::Create(
   std::unique_ptr<StackShard> s(new StackShard(std::move(stack), rows, std::move(pool)));
   const bool emb = s->stack_->has_embedding(), head = s->stack_->has_head();
   ASSIGN_OR_RETURN(s->input_, BackendBuffer<float>::Allocate(backend, emb ? ids : act));
-  if (head) ASSIGN_OR_RETURN(s->targets_, BackendBuffer<float>::Allocate(backend, ids));
+  if (head) {
+    ASSIGN_OR_RETURN(s->targets_, BackendBuffer<float>::Allocate(backend, ids));
+  }
   ASSIGN_OR_RETURN(s->output_, BackendBuffer<float>::Allocate(backend, head ? 4 : act));
-  if (!head) ASSIGN_OR_RETURN(s->grad_output_, BackendBuffer<float>::Allocate(backend, act));
-  if (!emb) ASSIGN_OR_RETURN(s->grad_input_, BackendBuffer<float>::Allocate(backend, act));
+  if (!head) {
+    ASSIGN_OR_RETURN(s->grad_output_, BackendBuffer<float>::Allocate(backend, act));
+  }
+  if (!emb) {
+    ASSIGN_OR_RETURN(s->grad_input_, BackendBuffer<float>::Allocate(backend, act));
+  }
   return s;
 }
 

@@ -1,0 +1,401 @@
+// The executor runs planner programs on K in-process stages joined by local channels,
+// and training through it is the same as training the whole model on one stage:
+// every step's loss and the final weights match the single-stack reference, for every
+// schedule, recompute mode and K in {1, 2, 4}. Also: bad programs are refused, and an
+// emulated stage takes the cost model's time and reports real sizes.
+#include "stage_server/executor.h"
+
+#include <cmath>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/testing/status_matchers.h"
+#include "coordinator/planner/planner.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "stage_server/compute/cpu_backend.h"
+#include "stage_server/compute/trainer.h"
+#include "stage_server/emulated_shard.h"
+#include "stage_server/local_channel.h"
+#include "stage_server/stack_shard.h"
+
+namespace pipetrain::stage_server {
+namespace {
+
+using ::pipetrain::testing::IsOk;
+using ::pipetrain::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using common::DType;
+using common::Tensor;
+
+constexpr int kBatch = 8, kMicroBatches = 4, kSteps = 3;
+constexpr uint64_t kSeed = 17;
+
+compute::GptConfig Tiny() { return {64, 8, 16, 2, 6}; }  // 8 pipeline layers
+
+OptimizerSettings Adam() {
+  OptimizerSettings o;
+  o.lr = 1e-2f;
+  o.weight_decay = 0.1f;
+  return o;
+}
+
+compute::TokenBatch RandomBatch(int step) {
+  std::mt19937 rng(1000 + step);
+  compute::TokenBatch b;
+  b.rows = kBatch;
+  for (int i = 0; i < kBatch * Tiny().seq_len; ++i) {
+    b.inputs.push_back(rng() % Tiny().vocab_size);
+    b.targets.push_back(rng() % Tiny().vocab_size);
+  }
+  return b;
+}
+
+Tensor Rows(const std::vector<int32_t>& all, int mb, int rows_per_mb) {
+  const int T = Tiny().seq_len;
+  Tensor t = *Tensor::Create(DType::kI32, {rows_per_mb, T});
+  std::copy(all.begin() + mb * rows_per_mb * T, all.begin() + (mb + 1) * rows_per_mb * T,
+            t.data<int32_t>().begin());
+  return t;
+}
+
+struct Reference {
+  std::unique_ptr<compute::CpuBackend> backend;
+  std::unique_ptr<compute::LayerStack> model;
+  std::vector<double> losses;
+};
+
+Reference TrainReference() {
+  Reference r;
+  r.backend = *compute::CpuBackend::Create(1);
+  r.model = *compute::LayerStack::Create(Tiny(), 0, Tiny().num_pipeline_layers(), r.backend.get());
+  EXPECT_THAT(r.model->Initialize(kSeed), IsOk());
+  compute::AdamWOptions adam;
+  adam.lr = Adam().lr;
+  adam.beta1 = Adam().beta1;
+  adam.beta2 = Adam().beta2;
+  adam.eps = Adam().eps;
+  adam.weight_decay = Adam().weight_decay;
+  for (int step = 0; step < kSteps; ++step) {
+    EXPECT_THAT(r.model->ZeroGrads(), IsOk());
+    auto loss = compute::LossAndGrads(*r.model, RandomBatch(step), kMicroBatches);
+    EXPECT_THAT(loss.status(), IsOk());
+    r.losses.push_back(*loss);
+    EXPECT_THAT(r.model->OptimizerStep(adam).status(), IsOk());
+  }
+  return r;
+}
+
+const Reference& SharedReference() {
+  static const Reference* r = new Reference(TrainReference());
+  return *r;
+}
+
+struct Case {
+  planner::ScheduleKind schedule;
+  int stages;
+  int chunks;
+  pipetrain::v1::RecomputeMode recompute;
+};
+
+std::string Name(const Case& c) {
+  return absl::StrCat(planner::ScheduleName(c.schedule), " K=", c.stages, " v=", c.chunks,
+                      " recompute=", planner::RecomputeName(c.recompute));
+}
+
+// Runs the job on K executors in threads; returns per-step losses and the stacks.
+void RunPipeline(const Case& c) {
+  SCOPED_TRACE(Name(c));
+  planner::PlanOptions po;
+  po.model = Tiny();
+  po.stages = c.stages;
+  po.micro_batches = kMicroBatches;
+  po.chunks = c.chunks;
+  po.schedule = c.schedule;
+  po.recompute = c.recompute;
+  po.batch_size = kBatch;
+  auto plan = planner::MakePlan(po);
+  ASSERT_THAT(plan.status(), IsOk());
+
+  // One backend per stage, as in separate processes (a backend is not thread-safe).
+  std::vector<std::unique_ptr<compute::CpuBackend>> backends;
+  auto pool = std::make_shared<common::BufferPool>();
+  const int K = c.stages, rows = kBatch / kMicroBatches;
+  // Channel s joins stage s (upstream end) to stage (s + 1) mod K.
+  std::vector<std::unique_ptr<TensorChannel>> up(K), down(K);
+  const int links = c.chunks > 1 ? K : K - 1;
+  for (int s = 0; s < links; ++s) std::tie(up[s], down[(s + 1) % K]) = MakeLocalChannelPair();
+
+  std::vector<std::unique_ptr<Executor>> executors;
+  std::vector<std::vector<StackShard*>> shards(K);
+  for (int s = 0; s < K; ++s) {
+    const planner::StagePlan& sp = plan->stages[s];
+    backends.push_back(*compute::CpuBackend::Create(1));
+    compute::CpuBackend* backend = backends.back().get();
+    std::vector<std::unique_ptr<ShardCompute>> chunks;
+    for (const auto& [begin, end] : sp.layers) {
+      compute::StackOptions so;
+      so.recompute = sp.recompute;
+      auto stack = compute::LayerStack::Create(Tiny(), begin, end, backend, so);
+      ASSERT_THAT(stack.status(), IsOk());
+      ASSERT_THAT((*stack)->Initialize(kSeed), IsOk());
+      auto shard = StackShard::Create(std::move(*stack), rows, pool);
+      ASSERT_THAT(shard.status(), IsOk());
+      shards[s].push_back(shard->get());
+      chunks.push_back(std::move(*shard));
+    }
+    ExecutorConfig ec;
+    ec.job_id = "job";
+    ec.stage = s;
+    ec.num_stages = K;
+    ec.num_chunks = c.chunks;
+    ec.recv_timeout = absl::Seconds(20);
+    ec.optimizer = Adam();
+    executors.push_back(std::make_unique<Executor>(ec, std::move(chunks), up[s].get(),
+                                                   down[s].get(), pool));
+  }
+
+  const Reference& ref = SharedReference();
+  for (int step = 0; step < kSteps; ++step) {
+    const compute::TokenBatch batch = RandomBatch(step);
+    std::vector<absl::StatusOr<StepResult>> results(K, absl::UnknownError("not run"));
+    std::vector<std::thread> threads;
+    for (int s = 0; s < K; ++s) {
+      threads.emplace_back([&, s] {
+        StepInputs in;
+        in.step = step;
+        for (int mb = 0; mb < kMicroBatches; ++mb) {
+          if (s == 0) in.tokens.push_back(Rows(batch.inputs, mb, rows));
+          if (s == K - 1) in.targets.push_back(Rows(batch.targets, mb, rows));
+        }
+        results[s] = executors[s]->RunStep(plan->programs[s], std::move(in));
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int s = 0; s < K; ++s) ASSERT_THAT(results[s].status(), IsOk()) << "stage " << s;
+    const std::vector<float>& losses = results[K - 1]->losses;
+    ASSERT_EQ(losses.size(), static_cast<size_t>(kMicroBatches));
+    double loss = 0;
+    for (float l : losses) loss += l;
+    loss /= kMicroBatches;
+    EXPECT_NEAR(loss, ref.losses[step], 1e-5 * std::abs(ref.losses[step])) << "step " << step;
+    for (int s = 0; s < K; ++s) EXPECT_GT(results[s]->peak_activation_bytes, 0u);
+  }
+  // Final weights, tensor by tensor.
+  for (int s = 0; s < K; ++s) {
+    for (StackShard* shard : shards[s]) {
+      for (const compute::ParamSpec& p : shard->stack().Params()) {
+        auto got = shard->stack().GetParam(p.name);
+        auto want = ref.model->GetParam(p.name);
+        ASSERT_THAT(got.status(), IsOk());
+        ASSERT_THAT(want.status(), IsOk());
+        double diff = 0, norm = 0;
+        for (size_t i = 0; i < got->size(); ++i) {
+          diff += std::pow((*got)[i] - (*want)[i], 2);
+          norm += std::pow((*want)[i], 2);
+        }
+        EXPECT_LE(std::sqrt(diff), 1e-5 * std::sqrt(norm) + 1e-7)
+            << p.name << " stage " << s << " layers [" << shard->stack().begin() << ", "
+            << shard->stack().end() << ")";
+      }
+    }
+  }
+}
+
+class TransparencyTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(TransparencyTest, MatchesTheSingleStageReference) { RunPipeline(GetParam()); }
+
+std::vector<Case> AllCases() {
+  std::vector<Case> cases;
+  const pipetrain::v1::RecomputeMode modes[] = {pipetrain::v1::RECOMPUTE_NEVER,
+                                                pipetrain::v1::RECOMPUTE_ALWAYS,
+                                                pipetrain::v1::RECOMPUTE_EXCEPT_LAST};
+  for (auto mode : modes) {
+    for (int K : {1, 2, 4}) {
+      cases.push_back({planner::ScheduleKind::kGpipe, K, 1, mode});
+      cases.push_back({planner::ScheduleKind::kOneFOneB, K, 1, mode});
+      cases.push_back({planner::ScheduleKind::kZbH1, K, 1, mode});
+      if (K > 1) cases.push_back({planner::ScheduleKind::kInterleaved, K, 2, mode});
+    }
+  }
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Grid, TransparencyTest, ::testing::ValuesIn(AllCases()),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           std::string n = Name(info.param);
+                           for (char& ch : n) if (!isalnum(static_cast<unsigned char>(ch))) ch = '_';
+                           return n;
+                         });
+
+}  // namespace
+}  // namespace pipetrain::stage_server
+
+namespace pipetrain::stage_server {
+namespace {
+
+// A one-stage executor over real layers, for the error cases.
+struct Single {
+  std::unique_ptr<compute::CpuBackend> backend = *compute::CpuBackend::Create(1);
+  std::unique_ptr<Executor> executor;
+  schedule::StageProgram program;
+};
+
+Single MakeSingle(int stages = 1, int stage = 0) {
+  Single s;
+  auto pool = std::make_shared<common::BufferPool>();
+  auto stack = *compute::LayerStack::Create(Tiny(), 0, Tiny().num_pipeline_layers(), s.backend.get());
+  EXPECT_THAT(stack->Initialize(kSeed), IsOk());
+  std::vector<std::unique_ptr<ShardCompute>> chunks;
+  chunks.push_back(*StackShard::Create(std::move(stack), 2, pool));
+  ExecutorConfig ec;
+  ec.job_id = "job-x";
+  ec.stage = stage;
+  ec.num_stages = stages;
+  ec.recv_timeout = absl::Milliseconds(100);
+  s.executor = std::make_unique<Executor>(ec, std::move(chunks), nullptr, nullptr, pool);
+  s.program.stage = stage;
+  s.program.num_stages = stages;
+  s.program.num_micro_batches = 2;
+  s.program.actions = *schedule::ParseActions("F0 F1 B0 B1 OPT");
+  return s;
+}
+
+StepInputs Inputs(int M, bool tokens, bool targets) {
+  StepInputs in;
+  const compute::TokenBatch b = RandomBatch(0);
+  for (int mb = 0; mb < M; ++mb) {
+    if (tokens) in.tokens.push_back(Rows(b.inputs, mb, 2));
+    if (targets) in.targets.push_back(Rows(b.targets, mb, 2));
+  }
+  return in;
+}
+
+TEST(ExecutorTest, RunsAValidProgram) {
+  Single s = MakeSingle();
+  auto r = s.executor->RunStep(s.program, Inputs(2, true, true));
+  ASSERT_THAT(r.status(), IsOk());
+  ASSERT_EQ(r->losses.size(), 2u);
+  EXPECT_GT(r->losses[0], 0.0f);
+  ASSERT_EQ(r->timings.size(), 5u);
+  for (const ActionTiming& t : r->timings) EXPECT_LE(t.start_us, t.end_us);
+  EXPECT_GT(r->grad_norm_sq, 0.0);
+}
+
+TEST(ExecutorTest, RefusesBadProgramsBeforeRunningThem) {
+  Single s = MakeSingle();
+  s.program.actions = *schedule::ParseActions("F0 F0 B0 F1 B1 OPT");
+  EXPECT_THAT(s.executor->RunStep(s.program, Inputs(2, true, true)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("stage 0"), HasSubstr("action 1 (F0)"), HasSubstr("second forward"))));
+  s.program.actions = *schedule::ParseActions("B0 F0 F1 B1 OPT");
+  EXPECT_THAT(s.executor->RunStep(s.program, Inputs(2, true, true)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("backward without a forward")));
+  s.program.actions = *schedule::ParseActions("F0 F1 B0 OPT");
+  EXPECT_THAT(s.executor->RunStep(s.program, Inputs(2, true, true)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("micro-batch 1 chunk 0 does not finish")));
+  s.program.actions = *schedule::ParseActions("F0 F1 B0 B1 OPT");
+  EXPECT_THAT(s.executor->RunStep(s.program, Inputs(1, true, true)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tokens has 1 micro-batches")));
+  s.program.stage = 3;
+  EXPECT_THAT(s.executor->RunStep(s.program, Inputs(2, true, true)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("field stage")));
+  // After refusals the executor still runs a good program.
+  s.program.stage = 0;
+  EXPECT_THAT(s.executor->RunStep(s.program, Inputs(2, true, true)).status(), IsOk());
+}
+
+TEST(ExecutorTest, AMissingNeighbourTensorTimesOutNamingTheAction) {
+  auto pool = std::make_shared<common::BufferPool>();
+  auto backend = *compute::CpuBackend::Create(1);
+  auto stack = *compute::LayerStack::Create(Tiny(), 3, Tiny().num_pipeline_layers(), backend.get());
+  ASSERT_THAT(stack->Initialize(kSeed), IsOk());
+  std::vector<std::unique_ptr<ShardCompute>> chunks;
+  chunks.push_back(*StackShard::Create(std::move(stack), 2, pool));
+  auto [up, down] = MakeLocalChannelPair();
+  ExecutorConfig ec;
+  ec.job_id = "job-y";
+  ec.stage = 1;
+  ec.num_stages = 2;
+  ec.recv_timeout = absl::Milliseconds(100);
+  Executor ex(ec, std::move(chunks), nullptr, down.get(), pool);
+  schedule::StageProgram p;
+  p.stage = 1;
+  p.num_stages = 2;
+  p.num_micro_batches = 1;
+  p.actions = *schedule::ParseActions("RECV_F0 F0 B0 SEND_B0 OPT");
+  StepInputs in = Inputs(1, false, true);
+  in.step = 9;
+  EXPECT_THAT(ex.RunStep(p, std::move(in)).status(),
+              StatusIs(absl::StatusCode::kDeadlineExceeded,
+                       AllOf(HasSubstr("job 'job-y' stage 1 step 9 action 0 (RECV_F0)"),
+                             HasSubstr("micro-batch 0"))));
+}
+
+// The emulated device takes the cost model's time, moves real sizes and holds the
+// activations the planner predicts.
+TEST(ExecutorTest, EmulatedStagesFollowTheCostModel) {
+  planner::PlanOptions po;
+  po.model = Tiny();
+  po.stages = 2;
+  po.micro_batches = 4;
+  po.schedule = planner::ScheduleKind::kOneFOneB;
+  po.batch_size = 8;
+  auto plan = planner::MakePlan(po);
+  ASSERT_THAT(plan.status(), IsOk());
+  // Slow enough that each forward takes ~2 ms.
+  const double flops = compute::CostOfLayer(Tiny(), 1).forward_flops * 2 * Tiny().seq_len * 4 / 2e-3;
+  const EmulatedDevice device{"test", flops};
+  auto pool = std::make_shared<common::BufferPool>();
+  auto [up, down] = MakeLocalChannelPair();
+  std::vector<std::unique_ptr<Executor>> ex;
+  std::vector<EmulatedShard*> shards;
+  for (int s = 0; s < 2; ++s) {
+    auto [begin, end] = plan->stages[s].layers[0];
+    auto shard = std::make_unique<EmulatedShard>(Tiny(), begin, end, 2, device, false, pool);
+    shards.push_back(shard.get());
+    std::vector<std::unique_ptr<ShardCompute>> chunks;
+    chunks.push_back(std::move(shard));
+    ExecutorConfig ec;
+    ec.job_id = "emu";
+    ec.stage = s;
+    ec.num_stages = 2;
+    ex.push_back(std::make_unique<Executor>(ec, std::move(chunks), s == 0 ? up.get() : nullptr,
+                                            s == 1 ? down.get() : nullptr, pool));
+  }
+  const compute::TokenBatch b = RandomBatch(0);
+  std::vector<absl::StatusOr<StepResult>> results(2, absl::UnknownError("not run"));
+  std::thread t0([&] {
+    StepInputs in;
+    for (int mb = 0; mb < 4; ++mb) in.tokens.push_back(Rows(b.inputs, mb, 2));
+    results[0] = ex[0]->RunStep(plan->programs[0], std::move(in));
+  });
+  std::thread t1([&] {
+    StepInputs in;
+    for (int mb = 0; mb < 4; ++mb) in.targets.push_back(Rows(b.targets, mb, 2));
+    results[1] = ex[1]->RunStep(plan->programs[1], std::move(in));
+  });
+  t0.join();
+  t1.join();
+  for (int s = 0; s < 2; ++s) {
+    ASSERT_THAT(results[s].status(), IsOk());
+    EXPECT_DOUBLE_EQ(static_cast<double>(results[s]->peak_activation_bytes),
+                     plan->stages[s].peak_activation_bytes)
+        << "stage " << s;
+    for (const ActionTiming& t : results[s]->timings) {
+      if (t.action.kind == schedule::ActionKind::kForward) {
+        EXPECT_GE(t.end_us - t.start_us, static_cast<int64_t>(shards[s]->forward_s() * 1e6 * 0.95));
+      }
+    }
+  }
+  // Real sizes on the wire: 4 activations (2, T, C) f32 down, 4 gradients up.
+  const uint64_t tensor = 2 * Tiny().seq_len * Tiny().d_model * 4;
+  EXPECT_EQ(results[0]->bytes_sent, 4 * tensor);
+  EXPECT_EQ(results[0]->bytes_received, 4 * tensor);
+}
+
+}  // namespace
+}  // namespace pipetrain::stage_server
