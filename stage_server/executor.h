@@ -77,6 +77,11 @@ class Executor {
                                      StepInputs inputs);
 
   const ExecutorConfig& config() const { return config_; }
+  // Replaces the neighbour channels (after links are made or remade).
+  void SetNeighbours(TensorChannel* next, TensorChannel* prev) {
+    next_ = next;
+    prev_ = prev;
+  }
   ShardCompute& chunk(int c) { return *chunks_[c]; }
 
  private:

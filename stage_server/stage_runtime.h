@@ -1,0 +1,109 @@
+// What a stage server is, minus gRPC translation: at most one configured job (its
+// device backend, model chunks, executor and neighbour links) and the steps run on it.
+// Configure checks everything, including memory, before it allocates; RunStep connects
+// the links on first use (all stages are configured by then) and runs the program.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/schedule/stage_program.h"
+#include "stage_server/compute/backend.h"
+#include "stage_server/compute/gpt_config.h"
+#include "stage_server/device_spec.h"
+#include "stage_server/executor.h"
+#include "stage_server/peer_link.h"
+
+namespace pipetrain::stage_server {
+
+struct RuntimeOptions {
+  DeviceSpec device;
+  int threads = 1;                // CPU compute threads
+  uint64_t memory_limit_bytes = 0;  // 0 = no limit
+};
+
+struct JobConfig {
+  std::string job_id;
+  int stage = 0;
+  int num_stages = 1;
+  compute::GptConfig model;
+  std::vector<std::pair<int, int>> chunks;  // pipeline layers [begin, end) per chunk
+  uint64_t seed = 0;
+  OptimizerSettings optimizer;
+  std::string upstream_address;    // previous stage (ring: stage K-1 for stage 0)
+  std::string downstream_address;  // next stage (ring: stage 0 for stage K-1)
+  bool recompute = false;
+  size_t frame_bytes = common::kDefaultFrameBytes;
+  int micro_batch_size = 1;
+  std::string peer_secret;
+  absl::Duration recv_timeout = absl::Seconds(60);
+};
+
+struct ConfigureResult {
+  uint64_t weight_bytes = 0;
+  uint64_t optimizer_bytes = 0;
+};
+
+struct StepRequest {
+  std::string job_id;
+  uint64_t step = 0;
+  schedule::StageProgram program;
+  StepInputs inputs;
+};
+
+struct StepReport {
+  StepResult result;
+  uint64_t peak_memory_bytes = 0;
+  bool emulated = false;
+};
+
+struct RuntimeStats {
+  std::string job_id;
+  uint64_t memory_used_bytes = 0;
+  uint64_t memory_limit_bytes = 0;
+  uint64_t bytes_sent = 0;
+  uint64_t bytes_received = 0;
+  int64_t steps_run = 0;
+};
+
+class StageRuntime {
+ public:
+  explicit StageRuntime(RuntimeOptions options);
+  ~StageRuntime();
+
+  // Replaces any configured job. Bad fields are INVALID_ARGUMENT naming the field; a
+  // job over the memory limit is RESOURCE_EXHAUSTED naming bytes needed and available,
+  // refused before anything is allocated.
+  absl::StatusOr<ConfigureResult> Configure(const JobConfig& config);
+  absl::StatusOr<StepReport> RunStep(StepRequest request);
+  RuntimeStats Stats() const;
+  bool configured() const;
+
+  // Parameters of the configured job by Hugging Face name, for checkpoints and tests.
+  absl::StatusOr<std::vector<float>> GetParam(const std::string& name) const;
+
+  LinkAcceptor& acceptor() { return acceptor_; }
+  const RuntimeOptions& options() const { return options_; }
+
+  // Bytes a job needs on this stage: weights, gradients and AdamW's two moments.
+  static uint64_t StateBytes(const JobConfig& config);
+
+ private:
+  struct Job;
+  absl::Status ValidateConfig(const JobConfig& config) const;
+  absl::Status EnsureLinks(Job& job);
+
+  const RuntimeOptions options_;
+  LinkAcceptor acceptor_;
+  mutable absl::Mutex mu_;  // held for a whole step: one step at a time
+  std::unique_ptr<Job> job_ ABSL_GUARDED_BY(mu_);
+  int64_t steps_run_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace pipetrain::stage_server
