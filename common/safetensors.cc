@@ -103,7 +103,8 @@ std::string LengthPrefix(uint64_t n) {
 
 // A SAX handler that builds the DOM like nlohmann's own, and in addition records
 // duplicate keys (the DOM would silently keep one) and the parser's error message
-// (so that no exception is thrown).
+// (so that no exception is thrown). It delegates to json_sax_dom_parser, which lives in
+// nlohmann's detail namespace but has kept this interface throughout 3.x.
 class HeaderSax {
  public:
   using Dom = nlohmann::detail::json_sax_dom_parser<Json>;

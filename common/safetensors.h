@@ -80,9 +80,10 @@ absl::Status WriteSafetensorsFile(const std::string& path,
                                   std::span<const SafetensorsView> tensors,
                                   const SafetensorsMetadata& metadata = {});
 
-// Reading. Every error is InvalidArgument (malformed content) or the I/O error, with a
-// message that starts with `source` (the file name, or what the bytes are) and names the
-// tensor and field at fault. Checked: the length prefix and the header length against
+// Reading. Every error is InvalidArgument (malformed content), DataLoss (a file that
+// shrank while being read) or the I/O error (NotFound, ...), with a message that starts
+// with `source` (the file name, or what the bytes are) and names the tensor and field at
+// fault. Checked: the length prefix and the header length against
 // the data, the JSON, each entry's fields (dtype, shape, data_offsets and nothing else),
 // that each tensor's byte range matches its dtype and shape, that the ranges tile the
 // data section with no gap, overlap or trailing bytes, and that no name repeats.

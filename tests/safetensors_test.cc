@@ -324,6 +324,25 @@ TEST(SafetensorsTest, RejectsEveryMalformedEntryNamingTensorAndField) {
   }
 }
 
+TEST(SafetensorsTest, EveryTruncationIsRejectedAndCorruptionNeverCrashes) {
+  const std::string bytes = *SerializeSafetensors(Views(Assortment(13)), {{"format", "pt"}});
+  for (size_t n = 0; n < bytes.size(); ++n) {
+    EXPECT_THAT(ParseSafetensors(absl::string_view(bytes).substr(0, n)), StatusIs(kInvalid))
+        << "prefix of " << n << " bytes";
+  }
+  // Random single-byte corruptions anywhere: a clean error or, where the byte does not
+  // matter to the format (inside a name, or in the data), a successful parse.
+  std::mt19937 rng(17);
+  for (int i = 0; i < 2000; ++i) {
+    std::string corrupt = bytes;
+    corrupt[rng() % corrupt.size()] = static_cast<char>(rng() & 0xff);
+    auto result = ParseSafetensors(corrupt);
+    if (!result.ok()) {
+      EXPECT_EQ(result.status().code(), kInvalid) << result.status();
+    }
+  }
+}
+
 TEST(SafetensorsTest, FileErrorsNameTheFile) {
   TempDir dir;
   const std::string missing = dir.File("missing.safetensors");
