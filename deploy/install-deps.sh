@@ -3,7 +3,20 @@
 # and quiet: does nothing when all are present. Run as root (or with sudo available).
 # The CUDA toolkit is not a Debian package here: the build uses /usr/local/cuda when
 # it exists and builds without the CUDA backend otherwise.
+#
+#   --with-torch   also install Debian's PyTorch (python3-torch, CPU), needed only to
+#                  regenerate the golden fixture (tests/testdata/make_gpt_fixture.py);
+#                  the build and the test suite do not need it.
 set -euo pipefail
+
+with_torch=0
+for arg in "$@"; do
+  case "$arg" in
+    --with-torch) with_torch=1 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    *) echo "install-deps.sh: unknown option $arg (try --help)" >&2; exit 2 ;;
+  esac
+done
 
 packages=(
   build-essential cmake pkg-config git
@@ -13,6 +26,9 @@ packages=(
   libsqlite3-dev libcpp-httplib-dev
   bible-kjv   # the demo corpus (King James Bible, `bible` command)
 )
+if [ "$with_torch" -eq 1 ]; then
+  packages+=(python3-torch)
+fi
 
 missing=()
 for p in "${packages[@]}"; do

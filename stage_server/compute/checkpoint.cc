@@ -1,0 +1,472 @@
+#include "stage_server/compute/checkpoint.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <set>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/atomic_file.h"
+#include "common/safetensors.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace pipetrain::compute {
+namespace {
+
+using common::DType;
+using common::SafetensorsMetadata;
+
+constexpr char kKeyFormat[] = "format";
+constexpr char kKeyFormatVersion[] = "pipetrain_format";
+constexpr char kKeyLayers[] = "pipetrain_layers";
+constexpr char kKeyOptimizerStep[] = "pipetrain_optimizer_step";
+// How many names an error lists per kind of problem before it summarises.
+constexpr size_t kMaxNamesListed = 8;
+
+// A tensor as far as validation is concerned (from a header entry or a loaded tensor).
+struct Described {
+  std::string name;
+  DType dtype;
+  std::vector<int64_t> shape;
+};
+
+std::string RangeString(int begin, int end) { return absl::StrCat("[", begin, ", ", end, ")"); }
+
+std::string ListNames(const std::vector<std::string>& names) {
+  std::vector<std::string> shown(names.begin(),
+                                 names.begin() + std::min(names.size(), kMaxNamesListed));
+  std::string out = absl::StrJoin(shown, ", ");
+  if (names.size() > kMaxNamesListed) {
+    absl::StrAppend(&out, " and ", names.size() - kMaxNamesListed, " more");
+  }
+  return out;
+}
+
+// Every tensor a checkpoint of this range holds, in file order.
+std::vector<ParamSpec> ExpectedTensors(const GptConfig& config, int begin, int end,
+                                       bool with_optimizer) {
+  std::vector<ParamSpec> params = RangeParams(config, begin, end);
+  if (!with_optimizer) return params;
+  std::vector<ParamSpec> all = params;
+  for (const char* prefix : {kOptimizerFirstMomentPrefix, kOptimizerSecondMomentPrefix}) {
+    for (const ParamSpec& p : params) {
+      all.push_back({absl::StrCat(prefix, p.name), p.shape, p.is_matrix});
+    }
+  }
+  return all;
+}
+
+// Compares the tensors present with those expected; one error lists every problem.
+absl::Status CheckTensorSet(const std::vector<ParamSpec>& expected,
+                            const std::vector<Described>& actual, absl::string_view what) {
+  std::map<std::string, const Described*> by_name;
+  for (const Described& d : actual) by_name[d.name] = &d;
+  std::set<std::string> expected_names;
+  std::vector<std::string> missing, unexpected, wrong;
+  for (const ParamSpec& spec : expected) {
+    expected_names.insert(spec.name);
+    auto it = by_name.find(spec.name);
+    if (it == by_name.end()) {
+      missing.push_back(spec.name);
+      continue;
+    }
+    const Described& d = *it->second;
+    if (d.dtype != DType::kF32) {
+      wrong.push_back(absl::StrCat(spec.name, " has dtype ",
+                                   common::SafetensorsDTypeName(d.dtype), ", want F32"));
+    } else if (d.shape != spec.shape) {
+      wrong.push_back(absl::StrCat(spec.name, " has shape ", common::ShapeString(d.shape),
+                                   ", want ", common::ShapeString(spec.shape)));
+    }
+  }
+  for (const Described& d : actual) {
+    if (!expected_names.count(d.name)) unexpected.push_back(d.name);
+  }
+  if (missing.empty() && unexpected.empty() && wrong.empty()) return absl::OkStatus();
+  std::vector<std::string> problems;
+  if (!missing.empty()) {
+    problems.push_back(absl::StrCat("missing ", missing.size(), " tensor(s): ", ListNames(missing)));
+  }
+  if (!unexpected.empty()) {
+    problems.push_back(absl::StrCat(unexpected.size(), " unexpected tensor(s): ",
+                                    ListNames(unexpected)));
+  }
+  if (!wrong.empty()) problems.push_back(ListNames(wrong));
+  return absl::InvalidArgumentError(absl::StrCat(what, ": ", absl::StrJoin(problems, "; ")));
+}
+
+std::vector<Described> Describe(const ParamMap& tensors, absl::string_view prefix = "") {
+  std::vector<Described> out;
+  for (const auto& [name, t] : tensors) {
+    out.push_back({absl::StrCat(prefix, name), t.dtype(), t.shape()});
+  }
+  return out;
+}
+
+absl::Status CheckRange(const GptConfig& config, int begin, int end, absl::string_view what) {
+  if (begin < 0 || begin >= end || end > config.num_pipeline_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": pipeline layers ", RangeString(begin, end), " are not a range within [0, ",
+        config.num_pipeline_layers(), ") (the model's ", config.n_layers, " blocks + 2)"));
+  }
+  return absl::OkStatus();
+}
+
+std::string What(absl::string_view source, int begin, int end) {
+  return absl::StrCat(source, ": checkpoint of pipeline layers ", RangeString(begin, end));
+}
+
+absl::Status ValidateCheckpoint(const Checkpoint& c, absl::string_view source) {
+  if (absl::Status s = ValidateConfig(c.config); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": ", s.message()));
+  }
+  RETURN_IF_ERROR(CheckRange(c.config, c.layer_begin, c.layer_end, source));
+  std::vector<Described> all = Describe(c.params);
+  if (c.optimizer) {
+    if (c.optimizer->step < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": optimizer step is negative (", c.optimizer->step, ")"));
+    }
+    for (Described& d : Describe(c.optimizer->m, kOptimizerFirstMomentPrefix)) {
+      all.push_back(std::move(d));
+    }
+    for (Described& d : Describe(c.optimizer->v, kOptimizerSecondMomentPrefix)) {
+      all.push_back(std::move(d));
+    }
+  }
+  return CheckTensorSet(
+      ExpectedTensors(c.config, c.layer_begin, c.layer_end, c.optimizer.has_value()), all,
+      What(source, c.layer_begin, c.layer_end));
+}
+
+absl::StatusOr<int64_t> ParseInt(const SafetensorsMetadata& metadata, const std::string& key,
+                                 absl::string_view source) {
+  auto it = metadata.find(key);
+  if (it == metadata.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": __metadata__ has no '", key, "' (not a pipetrain checkpoint?)"));
+  }
+  int64_t value = 0;
+  if (!absl::SimpleAtoi(it->second, &value)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": __metadata__ '", key, "' is \"", it->second, "\", not an integer"));
+  }
+  return value;
+}
+
+absl::StatusOr<int> ParseConfigField(const SafetensorsMetadata& metadata, const std::string& key,
+                                     absl::string_view source) {
+  ASSIGN_OR_RETURN(const int64_t value, ParseInt(metadata, key, source));
+  if (value <= 0 || value > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": __metadata__ '", key, "' = ",
+                                                   value, " is out of range"));
+  }
+  return static_cast<int>(value);
+}
+
+// The config, range and optimizer flag a file's metadata declares.
+absl::StatusOr<CheckpointInfo> ParseInfo(const SafetensorsMetadata& metadata,
+                                         absl::string_view source) {
+  if (metadata.count(kKeyFormatVersion)) {
+    ASSIGN_OR_RETURN(const int64_t version, ParseInt(metadata, kKeyFormatVersion, source));
+    if (version < 1 || version > kCheckpointFormatVersion) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": checkpoint format version ", version, " is not supported (this build reads 1..",
+          kCheckpointFormatVersion, ")"));
+    }
+  }
+  CheckpointInfo info;
+  ASSIGN_OR_RETURN(info.config.vocab_size, ParseConfigField(metadata, "vocab_size", source));
+  ASSIGN_OR_RETURN(info.config.seq_len, ParseConfigField(metadata, "seq_len", source));
+  ASSIGN_OR_RETURN(info.config.d_model, ParseConfigField(metadata, "d_model", source));
+  ASSIGN_OR_RETURN(info.config.n_heads, ParseConfigField(metadata, "n_heads", source));
+  ASSIGN_OR_RETURN(info.config.n_layers, ParseConfigField(metadata, "n_layers", source));
+  if (absl::Status s = ValidateConfig(info.config); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": __metadata__: ", s.message()));
+  }
+  info.layer_begin = 0;
+  info.layer_end = info.config.num_pipeline_layers();
+  if (auto it = metadata.find(kKeyLayers); it != metadata.end()) {
+    std::vector<std::string> parts = absl::StrSplit(it->second, ':');
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &info.layer_begin) ||
+        !absl::SimpleAtoi(parts[1], &info.layer_end)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": __metadata__ '", kKeyLayers, "' is \"", it->second, "\", not \"begin:end\""));
+    }
+    RETURN_IF_ERROR(CheckRange(info.config, info.layer_begin, info.layer_end,
+                               absl::StrCat(source, ": __metadata__ '", kKeyLayers, "'")));
+  }
+  if (metadata.count(kKeyOptimizerStep)) {
+    info.has_optimizer = true;
+    ASSIGN_OR_RETURN(info.optimizer_step, ParseInt(metadata, kKeyOptimizerStep, source));
+    if (info.optimizer_step < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": __metadata__ '",
+                                                     kKeyOptimizerStep, "' is negative"));
+    }
+  }
+  return info;
+}
+
+bool HasPrefix(const std::string& s, absl::string_view prefix) {
+  return s.size() >= prefix.size() && absl::string_view(s).substr(0, prefix.size()) == prefix;
+}
+
+// Builds a checkpoint from loaded tensors, which must be exactly those the range and
+// optimizer flag of `info` imply within [begin, end).
+absl::StatusOr<Checkpoint> Assemble(const CheckpointInfo& info, int begin, int end,
+                                    common::SafetensorsContents contents,
+                                    absl::string_view source) {
+  std::vector<Described> described;
+  for (const common::NamedTensor& t : contents.tensors) {
+    described.push_back({t.name, t.tensor.dtype(), t.tensor.shape()});
+  }
+  RETURN_IF_ERROR(CheckTensorSet(ExpectedTensors(info.config, begin, end, info.has_optimizer),
+                                 described, What(source, begin, end)));
+  Checkpoint c;
+  c.config = info.config;
+  c.layer_begin = begin;
+  c.layer_end = end;
+  if (info.has_optimizer) c.optimizer.emplace().step = info.optimizer_step;
+  for (common::NamedTensor& t : contents.tensors) {
+    if (info.has_optimizer && HasPrefix(t.name, kOptimizerFirstMomentPrefix)) {
+      c.optimizer->m.emplace(t.name.substr(strlen(kOptimizerFirstMomentPrefix)),
+                             std::move(t.tensor));
+    } else if (info.has_optimizer && HasPrefix(t.name, kOptimizerSecondMomentPrefix)) {
+      c.optimizer->v.emplace(t.name.substr(strlen(kOptimizerSecondMomentPrefix)),
+                             std::move(t.tensor));
+    } else {
+      c.params.emplace(std::move(t.name), std::move(t.tensor));
+    }
+  }
+  return c;
+}
+
+absl::StatusOr<Checkpoint> FromContents(common::SafetensorsContents contents,
+                                        absl::string_view source) {
+  ASSIGN_OR_RETURN(const CheckpointInfo info, ParseInfo(contents.metadata, source));
+  return Assemble(info, info.layer_begin, info.layer_end, std::move(contents), source);
+}
+
+// The views to write, in file order; the checkpoint must have been validated.
+std::vector<common::SafetensorsView> Views(const Checkpoint& c) {
+  std::vector<common::SafetensorsView> views;
+  const std::vector<ParamSpec> specs = RangeParams(c.config, c.layer_begin, c.layer_end);
+  for (const ParamSpec& p : specs) views.push_back(common::ViewOf(p.name, c.params.at(p.name)));
+  if (c.optimizer) {
+    for (const ParamSpec& p : specs) {
+      views.push_back(common::ViewOf(absl::StrCat(kOptimizerFirstMomentPrefix, p.name),
+                                     c.optimizer->m.at(p.name)));
+    }
+    for (const ParamSpec& p : specs) {
+      views.push_back(common::ViewOf(absl::StrCat(kOptimizerSecondMomentPrefix, p.name),
+                                     c.optimizer->v.at(p.name)));
+    }
+  }
+  return views;
+}
+
+absl::Status ConfigsMatch(const GptConfig& file, const GptConfig& want, absl::string_view source) {
+  for (auto [a, b, field] : {std::tuple{file.vocab_size, want.vocab_size, "vocab_size"},
+                             {file.seq_len, want.seq_len, "seq_len"},
+                             {file.d_model, want.d_model, "d_model"},
+                             {file.n_heads, want.n_heads, "n_heads"},
+                             {file.n_layers, want.n_layers, "n_layers"}}) {
+    if (a != b) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": model.", field, " is ", a,
+                                                     " in the checkpoint but ", b,
+                                                     " is expected"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateParams(const GptConfig& config, int begin, int end,
+                            const ParamMap& params, absl::string_view what) {
+  RETURN_IF_ERROR(CheckRange(config, begin, end, what));
+  return CheckTensorSet(RangeParams(config, begin, end), Describe(params), what);
+}
+
+std::map<std::string, std::string> CheckpointMetadata(const Checkpoint& c) {
+  std::map<std::string, std::string> m = {
+      {kKeyFormat, "pt"},
+      {kKeyFormatVersion, absl::StrCat(kCheckpointFormatVersion)},
+      {"vocab_size", absl::StrCat(c.config.vocab_size)},
+      {"seq_len", absl::StrCat(c.config.seq_len)},
+      {"d_model", absl::StrCat(c.config.d_model)},
+      {"n_heads", absl::StrCat(c.config.n_heads)},
+      {"n_layers", absl::StrCat(c.config.n_layers)},
+      {kKeyLayers, absl::StrCat(c.layer_begin, ":", c.layer_end)},
+  };
+  if (c.optimizer) m[kKeyOptimizerStep] = absl::StrCat(c.optimizer->step);
+  return m;
+}
+
+absl::Status SaveCheckpoint(const std::string& path, const Checkpoint& checkpoint) {
+  RETURN_IF_ERROR(ValidateCheckpoint(checkpoint, path));
+  return common::WriteSafetensorsFile(path, Views(checkpoint), CheckpointMetadata(checkpoint));
+}
+
+absl::StatusOr<std::string> SerializeCheckpoint(const Checkpoint& checkpoint) {
+  RETURN_IF_ERROR(ValidateCheckpoint(checkpoint, "checkpoint"));
+  return common::SerializeSafetensors(Views(checkpoint), CheckpointMetadata(checkpoint));
+}
+
+absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
+  ASSIGN_OR_RETURN(common::SafetensorsContents contents, common::ReadSafetensorsFile(path));
+  return FromContents(std::move(contents), path);
+}
+
+absl::StatusOr<Checkpoint> ParseCheckpoint(absl::string_view bytes, const std::string& source) {
+  ASSIGN_OR_RETURN(common::SafetensorsContents contents,
+                   common::ParseSafetensors(bytes, source));
+  return FromContents(std::move(contents), source);
+}
+
+absl::StatusOr<CheckpointInfo> ReadCheckpointInfo(const std::string& path) {
+  ASSIGN_OR_RETURN(const common::SafetensorsHeader header, common::ReadSafetensorsHeader(path));
+  ASSIGN_OR_RETURN(CheckpointInfo info, ParseInfo(header.metadata, path));
+  std::vector<Described> described;
+  for (const common::SafetensorsEntry& e : header.entries) {
+    described.push_back({e.name, e.dtype, e.shape});
+    info.tensor_bytes += e.end - e.begin;
+  }
+  RETURN_IF_ERROR(CheckTensorSet(
+      ExpectedTensors(info.config, info.layer_begin, info.layer_end, info.has_optimizer),
+      described, What(path, info.layer_begin, info.layer_end)));
+  return info;
+}
+
+absl::StatusOr<GptConfig> ReadCheckpointConfig(const std::string& path) {
+  ASSIGN_OR_RETURN(const CheckpointInfo info, ReadCheckpointInfo(path));
+  return info.config;
+}
+
+absl::StatusOr<Checkpoint> LoadCheckpointLayers(const std::string& path,
+                                                const GptConfig& config, int begin,
+                                                int end) {
+  // Validates the whole file's header before any data is read.
+  ASSIGN_OR_RETURN(const CheckpointInfo info, ReadCheckpointInfo(path));
+  RETURN_IF_ERROR(ConfigsMatch(info.config, config, path));
+  RETURN_IF_ERROR(CheckRange(config, begin, end, path));
+  if (begin < info.layer_begin || end > info.layer_end) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": holds pipeline layers ", RangeString(info.layer_begin, info.layer_end),
+        ", not all of the requested ", RangeString(begin, end)));
+  }
+  std::set<std::string> wanted;
+  for (const ParamSpec& p : ExpectedTensors(config, begin, end, info.has_optimizer)) {
+    wanted.insert(p.name);
+  }
+  ASSIGN_OR_RETURN(common::SafetensorsContents contents,
+                   common::ReadSafetensorsFile(
+                       path, [&](const std::string& name) { return wanted.count(name) > 0; }));
+  return Assemble(info, begin, end, std::move(contents), path);
+}
+
+absl::StatusOr<Checkpoint> MergeCheckpoints(std::vector<Checkpoint> parts) {
+  if (parts.empty()) return absl::InvalidArgumentError("merge: no checkpoints given");
+  for (size_t i = 0; i < parts.size(); ++i) {
+    RETURN_IF_ERROR(ValidateCheckpoint(parts[i], absl::StrCat("merge: part ", i)));
+  }
+  std::sort(parts.begin(), parts.end(), [](const Checkpoint& a, const Checkpoint& b) {
+    return a.layer_begin < b.layer_begin;
+  });
+  Checkpoint merged;
+  merged.config = parts[0].config;
+  merged.layer_begin = parts[0].layer_begin;
+  merged.layer_end = parts[0].layer_begin;
+  if (parts[0].optimizer) merged.optimizer.emplace().step = parts[0].optimizer->step;
+  for (Checkpoint& part : parts) {
+    const std::string range = RangeString(part.layer_begin, part.layer_end);
+    RETURN_IF_ERROR(ConfigsMatch(part.config, merged.config,
+                                 absl::StrCat("merge: part with layers ", range)));
+    if (part.layer_begin != merged.layer_end) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "merge: part with layers ", range,
+          part.layer_begin < merged.layer_end ? " overlaps " : " leaves a gap after ",
+          "layers ", RangeString(merged.layer_begin, merged.layer_end)));
+    }
+    if (part.optimizer.has_value() != merged.optimizer.has_value() ||
+        (part.optimizer && part.optimizer->step != merged.optimizer->step)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "merge: part with layers ", range,
+          " disagrees with the others on the optimizer state (present, and at which step)"));
+    }
+    merged.layer_end = part.layer_end;
+    // Disjoint ranges have disjoint names (names carry global layer indices).
+    merged.params.merge(part.params);
+    if (part.optimizer) {
+      merged.optimizer->m.merge(part.optimizer->m);
+      merged.optimizer->v.merge(part.optimizer->v);
+    }
+  }
+  RETURN_IF_ERROR(ValidateCheckpoint(merged, "merge: result"));
+  return merged;
+}
+
+absl::Status MergeCheckpointFiles(const std::vector<std::string>& inputs,
+                                  const std::string& output) {
+  std::vector<Checkpoint> parts;
+  for (const std::string& path : inputs) {
+    ASSIGN_OR_RETURN(Checkpoint part, LoadCheckpoint(path));
+    parts.push_back(std::move(part));
+  }
+  auto merged = MergeCheckpoints(std::move(parts));
+  if (!merged.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "merging ", absl::StrJoin(inputs, ", "), " into ", output, ": ",
+        merged.status().message()));
+  }
+  return SaveCheckpoint(output, *merged);
+}
+
+absl::Status WriteCheckpointIndex(const std::string& index_path,
+                                  const std::vector<std::string>& shard_paths) {
+  namespace fs = std::filesystem;
+  if (shard_paths.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(index_path, ": no shard files given"));
+  }
+  std::error_code ec;
+  const fs::path folder = fs::absolute(fs::path(index_path), ec).parent_path();
+  if (ec) return absl::InvalidArgumentError(absl::StrCat(index_path, ": ", ec.message()));
+  nlohmann::json weight_map = nlohmann::json::object();
+  std::map<std::string, std::string> owner;  // tensor name -> shard path, for errors
+  uint64_t total_size = 0;
+  std::optional<GptConfig> config;
+  for (const std::string& shard : shard_paths) {
+    ASSIGN_OR_RETURN(const CheckpointInfo info, ReadCheckpointInfo(shard));
+    if (config) {
+      RETURN_IF_ERROR(ConfigsMatch(info.config, *config, shard));
+    } else {
+      config = info.config;
+    }
+    ASSIGN_OR_RETURN(const common::SafetensorsHeader header, common::ReadSafetensorsHeader(shard));
+    const fs::path absolute = fs::absolute(fs::path(shard), ec);
+    if (ec) return absl::InvalidArgumentError(absl::StrCat(shard, ": ", ec.message()));
+    const std::string relative =
+        absolute.lexically_normal().lexically_relative(folder.lexically_normal()).string();
+    for (const common::SafetensorsEntry& e : header.entries) {
+      auto [it, inserted] = owner.emplace(e.name, shard);
+      if (!inserted) {
+        return absl::InvalidArgumentError(absl::StrCat(index_path, ": tensor '", e.name,
+                                                       "' is in both ", it->second, " and ",
+                                                       shard));
+      }
+      weight_map[e.name] = relative;
+      total_size += e.end - e.begin;
+    }
+  }
+  nlohmann::json index = {{"metadata", {{"total_size", total_size}}},
+                          {"weight_map", std::move(weight_map)}};
+  return common::WriteFileAtomically(index_path, index.dump(2) + "\n");
+}
+
+}  // namespace pipetrain::compute

@@ -1,0 +1,109 @@
+// Checkpoints of a GPT model, whole or the pipeline-layer range [begin, end) that one
+// stage holds, as safetensors files with the Hugging Face GPT-2 names and layouts of
+// gpt_config.h, so that per-stage files merge by concatenation and others can read them.
+//
+// File layout. Tensors: the parameters of the range, named and shaped as RangeParams
+// gives them, all F32, in that order. With optimizer state, then the AdamW first
+// moments as "optimizer.m.<param name>" and the second moments as
+// "optimizer.v.<param name>" (same shapes, same order). __metadata__ (all strings):
+//   format            "pt" (what Hugging Face loaders expect of a PyTorch checkpoint)
+//   pipetrain_format  kCheckpointFormatVersion
+//   vocab_size, seq_len, d_model, n_heads, n_layers   the GptConfig
+//   pipetrain_layers  "begin:end" (absent: the whole model)
+//   pipetrain_optimizer_step   present only with optimizer state: AdamW's update count
+// A file meant for other tools should be saved without optimizer state.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/tensor.h"
+#include "stage_server/compute/gpt_config.h"
+
+namespace pipetrain::compute {
+
+inline constexpr int kCheckpointFormatVersion = 1;
+inline constexpr char kOptimizerFirstMomentPrefix[] = "optimizer.m.";
+inline constexpr char kOptimizerSecondMomentPrefix[] = "optimizer.v.";
+inline constexpr char kCheckpointIndexFileName[] = "model.safetensors.index.json";
+
+// F32 tensors by parameter name (ParamSpec::name). The compute library copies its
+// parameters in and out of such a map by name.
+using ParamMap = std::map<std::string, common::Tensor>;
+
+// AdamW state: both moment maps hold exactly the parameters' names and shapes.
+struct AdamWState {
+  ParamMap m;
+  ParamMap v;
+  int64_t step = 0;  // updates applied so far (the t of the bias correction)
+};
+
+struct Checkpoint {
+  GptConfig config;
+  int layer_begin = 0;  // pipeline layers [layer_begin, layer_end)
+  int layer_end = 0;
+  ParamMap params;
+  // Saved and loaded only when present; a file without it loads with std::nullopt.
+  std::optional<AdamWState> optimizer;
+};
+
+// What a file's header says, read without its data.
+struct CheckpointInfo {
+  GptConfig config;
+  int layer_begin = 0;
+  int layer_end = 0;
+  bool has_optimizer = false;
+  int64_t optimizer_step = 0;
+  uint64_t tensor_bytes = 0;  // sum of all tensors' sizes
+};
+
+// Checks that `params` holds exactly the parameters of layers [begin, end) of `config`
+// (RangeParams): every name present, F32, the exact shape, nothing else. The error
+// (InvalidArgument) starts with `what` and lists the missing, unexpected, mis-typed and
+// mis-shaped tensors by name.
+absl::Status ValidateParams(const GptConfig& config, int begin, int end,
+                            const ParamMap& params, absl::string_view what);
+
+// The __metadata__ of a checkpoint of `checkpoint`'s config and range.
+std::map<std::string, std::string> CheckpointMetadata(const Checkpoint& checkpoint);
+
+// Writing: validates the checkpoint (config, range, every tensor) before writing
+// anything. SaveCheckpoint is atomic (common/atomic_file.h).
+absl::Status SaveCheckpoint(const std::string& path, const Checkpoint& checkpoint);
+absl::StatusOr<std::string> SerializeCheckpoint(const Checkpoint& checkpoint);
+
+// Reading: the config and range come from the metadata, and the tensors must be
+// exactly those they imply (see ValidateParams). Errors name the file (or `source`).
+absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path);
+absl::StatusOr<Checkpoint> ParseCheckpoint(absl::string_view bytes,
+                                           const std::string& source = "<memory>");
+// Loads only layers [begin, end) of a file that holds them (a stage taking its share
+// of a whole-model checkpoint). The file's config must equal `config`; the whole
+// header is still validated, but only the selected tensors are read.
+absl::StatusOr<Checkpoint> LoadCheckpointLayers(const std::string& path,
+                                                const GptConfig& config, int begin,
+                                                int end);
+absl::StatusOr<CheckpointInfo> ReadCheckpointInfo(const std::string& path);
+absl::StatusOr<GptConfig> ReadCheckpointConfig(const std::string& path);
+
+// Merging per-stage checkpoints: they must share the config, their ranges must join
+// into one contiguous range without overlap (in any order given), and either all or
+// none carry optimizer state (at the same step).
+absl::StatusOr<Checkpoint> MergeCheckpoints(std::vector<Checkpoint> parts);
+absl::Status MergeCheckpointFiles(const std::vector<std::string>& inputs,
+                                  const std::string& output);
+
+// The Hugging Face index of a checkpoint kept as several shard files:
+// {"metadata": {"total_size": N}, "weight_map": {tensor name: shard file}}, N the sum
+// of all tensors' bytes, shard paths written relative to the index's folder. The shards
+// must be valid checkpoints of one config with disjoint tensor names. Atomic.
+absl::Status WriteCheckpointIndex(const std::string& index_path,
+                                  const std::vector<std::string>& shard_paths);
+
+}  // namespace pipetrain::compute
