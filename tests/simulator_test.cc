@@ -92,6 +92,10 @@ TEST(SimulatorTest, ErrorsOnMismatchedCostsAndDeadlock) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("costs for 3 stages")));
   EXPECT_THAT(Simulate(Lowered(ScheduleKind::kInterleaved, 2, 2, 2), EqualStageCost(2, 1)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("chunks")));
+  schedule::Schedule r = Lowered(ScheduleKind::kGpipe, 2, 1);
+  r[0].actions[0] = schedule::Forward(7);
+  EXPECT_THAT(Simulate(r, EqualStageCost(2)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("stage 0 action F7")));
   schedule::Schedule s = Lowered(ScheduleKind::kGpipe, 2, 1);
   std::swap(s[0].actions[1], s[0].actions[2]);  // RECV_B0 before SEND_F0
   EXPECT_THAT(Simulate(s, EqualStageCost(2)),

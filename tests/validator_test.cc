@@ -175,6 +175,9 @@ TEST(ValidatorTest, OtherMistakesNameTheCell) {
   s = Parse(kLowered);
   s[1].num_micro_batches = 4;
   EXPECT_THAT(Validate(s), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("program 1")));
+  s = Parse(kLowered);
+  for (StageProgram& p : s) p.num_micro_batches = 1 << 30;  // as a hostile proto could say
+  EXPECT_THAT(Validate(s), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("more than")));
   EXPECT_THAT(Validate(Parse(kLowered), {.lowered = false}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("compute-only")));
   // Split backward: W before I, and I without W.

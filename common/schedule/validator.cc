@@ -1,12 +1,15 @@
 #include "common/schedule/validator.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
 namespace pipetrain::schedule {
 namespace {
+
+constexpr int64_t kMaxSlots = int64_t{1} << 24;
 
 // Where each action of one (micro-batch, chunk) sits in its stage's program; -1 = absent.
 struct Slot {
@@ -75,6 +78,13 @@ class Checker {
     v_ = s_[0].num_chunks;
     if (m_ < 1) return absl::InvalidArgumentError("invalid schedule: num_micro_batches < 1");
     if (v_ < 1) return absl::InvalidArgumentError("invalid schedule: num_chunks < 1");
+    // The checker keeps a slot per (stage, micro-batch, chunk): refuse shapes no real
+    // job has before allocating for them, so a hostile program cannot exhaust memory.
+    if (static_cast<int64_t>(k_) * m_ * v_ > kMaxSlots) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "invalid schedule: ", k_, " stages x ", m_, " micro-batches x ", v_,
+          " chunks is more than the ", kMaxSlots, " this validator accepts"));
+    }
     for (int s = 0; s < k_; ++s) {
       const StageProgram& p = s_[s];
       if (p.stage != s || p.num_stages != k_ || p.num_micro_batches != m_ ||

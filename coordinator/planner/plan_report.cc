@@ -93,12 +93,13 @@ std::string RenderPlanText(const Plan& plan) {
         o.device_flops / 1e12, o.link_bytes_per_s / 1e9);
   }
   out += "\nPartition (state = weights + gradients + AdamW moments, 16 bytes per parameter):\n";
-  out += absl::StrFormat("  %-6s %-28s %10s %12s %14s %10s\n", "stage", "layers", "params",
-                         "state", "activations", "in-flight");
+  out += absl::StrFormat("  %-6s %-28s %10s %12s %12s %12s %10s\n", "stage", "layers", "params",
+                         "state", "activations", "memory", "in-flight");
   for (const StagePlan& sp : plan.stages) {
-    out += absl::StrFormat("  %-6d %-28s %10s %12s %14s %10d%s\n", sp.stage, Layers(plan, sp),
-                           Count(static_cast<double>(sp.params)), Bytes(sp.state_bytes),
-                           Bytes(sp.peak_activation_bytes), sp.max_in_flight,
+    out += absl::StrFormat("  %-6d %-28s %10s %12s %12s %12s %10d%s\n", sp.stage,
+                           Layers(plan, sp), Count(static_cast<double>(sp.params)),
+                           Bytes(sp.state_bytes), Bytes(sp.peak_activation_bytes),
+                           Bytes(sp.state_bytes + sp.peak_activation_bytes), sp.max_in_flight,
                            sp.recompute ? "  (recompute)" : "");
   }
   const char* unit = o.equal_stage_cost ? " units" : " s";
@@ -131,6 +132,7 @@ std::string PlanJson(const Plan& plan) {
     s["params"] = sp.params;
     s["state_bytes"] = sp.state_bytes;
     s["peak_activation_bytes"] = sp.peak_activation_bytes;
+    s["peak_memory_bytes"] = sp.state_bytes + sp.peak_activation_bytes;
     s["max_in_flight"] = sp.max_in_flight;
     s["recompute"] = sp.recompute;
     j["stages"].push_back(s);

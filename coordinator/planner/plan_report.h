@@ -18,8 +18,9 @@ std::string RenderPicture(const SimulationResult& simulation, int stages,
 std::string RenderPlanText(const Plan& plan);
 
 // Keys: schedule, stages[] (stage, layers[][first, end), params, state_bytes,
-// peak_activation_bytes, max_in_flight, recompute), step_time_s, bubble_fraction,
-// textbook_bubble, peak_activation_bytes[], time_unit, device_flops, link_bytes_per_s.
+// peak_activation_bytes, peak_memory_bytes, max_in_flight, recompute), step_time_s,
+// bubble_fraction, textbook_bubble, peak_activation_bytes[], time_unit, device_flops,
+// link_bytes_per_s.
 std::string PlanJson(const Plan& plan);
 
 // Chrome trace event format: pid = stage, ph "X" events in microseconds, and a

@@ -43,6 +43,21 @@ absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
   std::vector<double> clock(k, 0), held(k, 0);
   std::vector<size_t> pc(k, 0);
 
+  // The simulator trusts a validated schedule for order, but never indexes out of range.
+  for (int s = 0; s < k; ++s) {
+    for (const Action& a : programs[s].actions) {
+      const int j = schedule::VirtualStage(s, a.chunk, k);
+      const bool needs_prev = a.kind == ActionKind::kRecvActivation;
+      const bool needs_next = a.kind == ActionKind::kRecvGradient;
+      if (a.micro_batch < 0 || a.micro_batch >= m || a.chunk < 0 || a.chunk >= v ||
+          (needs_prev && j == 0) || (needs_next && j == vj - 1)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "simulate: stage ", s, " action ", schedule::ToString(a),
+            " is out of range; validate the schedule first"));
+      }
+    }
+  }
+
   auto run = [&](int s, const Action& a) -> bool {
     const int j = schedule::VirtualStage(s, a.chunk, k);
     const ChunkCost* c = a.kind == ActionKind::kOptimizerStep ? nullptr : &costs.chunks[s][a.chunk];
