@@ -126,7 +126,8 @@ TEST(PartitionerTest, FirstStageOfOneFOneBGetsFewerLayersUnderACap) {
   MemoryLimit limit;
   limit.weight_bytes.assign(8, 1);
   limit.activation_bytes.assign(8, 1);
-  for (int s = 0; s < 4; ++s) limit.in_flight.push_back(InFlightBound(ScheduleKind::kOneFOneB, 4, 8, 1, s));
+  for (int s = 0; s < 4; ++s)
+    limit.in_flight.push_back(InFlightBound(ScheduleKind::kOneFOneB, 4, 8, 1, s));
   limit.cap_bytes = 8;
   auto p = PartitionByCost(std::vector<double>(8, 1), 4, &limit);
   ASSERT_THAT(p, IsOk());

@@ -59,9 +59,9 @@ TEST(SimulatorTest, PeakActivationsFollowTheInFlightCount) {
 TEST(SimulatorTest, RecomputationAddsTheRebuiltActivationsOfOneMicroBatch) {
   CostModel costs = EqualStageCost(2);
   for (auto& stage : costs.chunks) {
-    stage[0].stored_bytes = 10;           // only the stage input is kept
-    stage[0].backward_extra_bytes = 90;   // the rest is rebuilt during the backward
-    stage[0].recompute_s = 1;             // by rerunning the forward
+    stage[0].stored_bytes = 10;          // only the stage input is kept
+    stage[0].backward_extra_bytes = 90;  // the rest is rebuilt during the backward
+    stage[0].recompute_s = 1;            // by rerunning the forward
   }
   auto sim = Simulate(Lowered(ScheduleKind::kOneFOneB, 2, 4), costs);
   ASSERT_THAT(sim, IsOk());
@@ -76,8 +76,9 @@ TEST(SimulatorTest, SplitBackwardKeepsActivationsUntilTheWeightPart) {
   costs.chunks[0][0].stored_bytes = 1;
   schedule::Schedule s = Lowered(ScheduleKind::kZbH1, 1, 3);
   // Defer every W to the end: all three activations are held at once.
-  s[0].actions = {schedule::Forward(0), schedule::BackwardInput(0), schedule::Forward(1),
-                  schedule::BackwardInput(1), schedule::Forward(2), schedule::BackwardInput(2),
+  s[0].actions = {schedule::Forward(0),        schedule::BackwardInput(0),
+                  schedule::Forward(1),        schedule::BackwardInput(1),
+                  schedule::Forward(2),        schedule::BackwardInput(2),
                   schedule::BackwardWeight(0), schedule::BackwardWeight(1),
                   schedule::BackwardWeight(2), schedule::OptimizerStep()};
   auto sim = Simulate(s, costs);

@@ -63,8 +63,7 @@ class Checker {
                                      " of ", mb, " on stage ", here.stage));
   }
   std::string Mb(int m, int c) const {
-    return c == 0 ? absl::StrCat("micro-batch ", m)
-                  : absl::StrCat("micro-batch ", m, " chunk ", c);
+    return c == 0 ? absl::StrCat("micro-batch ", m) : absl::StrCat("micro-batch ", m, " chunk ", c);
   }
   int Virtual(int s, int c) const { return VirtualStage(s, c, k_); }
   Slot& SlotOf(int virtual_stage, int m) {
@@ -81,14 +80,13 @@ class Checker {
     // The checker keeps a slot per (stage, micro-batch, chunk): refuse shapes no real
     // job has before allocating for them, so a hostile program cannot exhaust memory.
     if (static_cast<int64_t>(k_) * m_ * v_ > kMaxSlots) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "invalid schedule: ", k_, " stages x ", m_, " micro-batches x ", v_,
-          " chunks is more than the ", kMaxSlots, " this validator accepts"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("invalid schedule: ", k_, " stages x ", m_, " micro-batches x ", v_,
+                       " chunks is more than the ", kMaxSlots, " this validator accepts"));
     }
     for (int s = 0; s < k_; ++s) {
       const StageProgram& p = s_[s];
-      if (p.stage != s || p.num_stages != k_ || p.num_micro_batches != m_ ||
-          p.num_chunks != v_) {
+      if (p.stage != s || p.num_stages != k_ || p.num_micro_batches != m_ || p.num_chunks != v_) {
         return absl::InvalidArgumentError(absl::StrCat(
             "invalid schedule: program ", s, " says stage ", p.stage, " of ", p.num_stages,
             " with ", p.num_micro_batches, " micro-batches and ", p.num_chunks,
@@ -106,7 +104,8 @@ class Checker {
       const Action& a = actions[i];
       const Cell here{s, i};
       if (a.kind == ActionKind::kOptimizerStep) {
-        if (opt >= 0) return Fail({{s, opt}, here}, absl::StrCat(Name(here), ": second optimizer step"));
+        if (opt >= 0)
+          return Fail({{s, opt}, here}, absl::StrCat(Name(here), ": second optimizer step"));
         opt = i;
         continue;
       }
@@ -115,8 +114,7 @@ class Checker {
                     absl::StrCat(Name(here), ": comes after the optimizer step at step ", opt));
       }
       if (a.micro_batch < 0 || a.micro_batch >= m_ || a.chunk < 0 || a.chunk >= v_) {
-        return FailAt(here, absl::StrCat("out of range (", m_, " micro-batches, ", v_,
-                                         " chunks)"));
+        return FailAt(here, absl::StrCat("out of range (", m_, " micro-batches, ", v_, " chunks)"));
       }
       if (!options_.lowered && IsCommunication(a.kind)) {
         return FailAt(here, "send or receive in a compute-only program");
@@ -125,9 +123,8 @@ class Checker {
       const int j = Virtual(s, a.chunk);
       const std::string mb = Mb(a.micro_batch, a.chunk);
       auto dup = [&](int earlier, const char* what) {
-        return Fail({{s, earlier}, here},
-                    absl::StrCat(Name(here), ": duplicate ", what, " of ", mb,
-                                 " (first at step ", earlier, ")"));
+        return Fail({{s, earlier}, here}, absl::StrCat(Name(here), ": duplicate ", what, " of ", mb,
+                                                       " (first at step ", earlier, ")"));
       };
       switch (a.kind) {
         case ActionKind::kForward:
@@ -145,7 +142,8 @@ class Checker {
           if (slot.w >= 0) return dup(slot.w, "weight gradient");
           if (slot.b >= 0) return dup(slot.b, "backward");
           if (slot.i < 0) {
-            return FailAt(here, absl::StrCat("weight gradient before the input gradient (I) of ", mb));
+            return FailAt(here,
+                          absl::StrCat("weight gradient before the input gradient (I) of ", mb));
           }
           slot.w = i;
           break;
@@ -158,19 +156,27 @@ class Checker {
         case ActionKind::kRecvActivation:
           if (j == 0) return FailAt(here, "nothing upstream to receive an activation from");
           if (slot.recv_f >= 0) return dup(slot.recv_f, "activation receive");
-          if (slot.f >= 0) return Fail({{s, slot.f}, here}, absl::StrCat(Name(here), ": receives the input after the forward that needs it"));
+          if (slot.f >= 0)
+            return Fail(
+                {{s, slot.f}, here},
+                absl::StrCat(Name(here), ": receives the input after the forward that needs it"));
           slot.recv_f = i;
           break;
         case ActionKind::kSendGradient:
           if (j == 0) return FailAt(here, "nothing upstream to send the gradient to");
           if (slot.send_b >= 0) return dup(slot.send_b, "gradient send");
-          if (slot.backward() < 0) return FailAt(here, absl::StrCat("sends the gradient before the backward of ", mb));
+          if (slot.backward() < 0)
+            return FailAt(here, absl::StrCat("sends the gradient before the backward of ", mb));
           slot.send_b = i;
           break;
         case ActionKind::kRecvGradient:
           if (j == last) return FailAt(here, "nothing downstream to receive a gradient from");
           if (slot.recv_b >= 0) return dup(slot.recv_b, "gradient receive");
-          if (slot.backward() >= 0) return Fail({{s, slot.backward()}, here}, absl::StrCat(Name(here), ": receives the output gradient after the backward that needs it"));
+          if (slot.backward() >= 0)
+            return Fail(
+                {{s, slot.backward()}, here},
+                absl::StrCat(Name(here),
+                             ": receives the output gradient after the backward that needs it"));
           slot.recv_b = i;
           break;
         case ActionKind::kOptimizerStep:
@@ -187,17 +193,22 @@ class Checker {
         const int j = Virtual(s, c);
         for (int m = 0; m < m_; ++m) {
           const Slot& mine = slots_[s][m * v_ + c];
-          auto check = [&](int pos, int peer_j, int Slot::*peer_field, ActionKind want) -> absl::Status {
+          auto check = [&](int pos, int peer_j, int Slot::*peer_field,
+                           ActionKind want) -> absl::Status {
             if (pos < 0 || SlotOf(peer_j, m).*peer_field >= 0) return absl::OkStatus();
             Action w{want, m, ChunkOfVirtual(peer_j, k_)};
             return FailAt({s, pos}, absl::StrCat("no matching ", ToString(w), " on stage ",
                                                  StageOfVirtual(peer_j, k_)));
           };
           absl::Status st;
-          if (!(st = check(mine.send_f, j + 1, &Slot::recv_f, ActionKind::kRecvActivation)).ok()) return st;
-          if (!(st = check(mine.recv_f, j - 1, &Slot::send_f, ActionKind::kSendActivation)).ok()) return st;
-          if (!(st = check(mine.send_b, j - 1, &Slot::recv_b, ActionKind::kRecvGradient)).ok()) return st;
-          if (!(st = check(mine.recv_b, j + 1, &Slot::send_b, ActionKind::kSendGradient)).ok()) return st;
+          if (!(st = check(mine.send_f, j + 1, &Slot::recv_f, ActionKind::kRecvActivation)).ok())
+            return st;
+          if (!(st = check(mine.recv_f, j - 1, &Slot::send_f, ActionKind::kSendActivation)).ok())
+            return st;
+          if (!(st = check(mine.send_b, j - 1, &Slot::recv_b, ActionKind::kRecvGradient)).ok())
+            return st;
+          if (!(st = check(mine.recv_b, j + 1, &Slot::send_b, ActionKind::kSendGradient)).ok())
+            return st;
         }
       }
     }
@@ -212,20 +223,29 @@ class Checker {
           const Slot& sl = slots_[s][m * v_ + c];
           const std::string where = absl::StrCat("stage ", s, ": ");
           if (sl.f < 0) {
-            return Fail({}, absl::StrCat(where, "missing forward ", ToString(Forward(m, c)), " of ", Mb(m, c)));
+            return Fail({}, absl::StrCat(where, "missing forward ", ToString(Forward(m, c)), " of ",
+                                         Mb(m, c)));
           }
           if (sl.backward() < 0) {
-            return Fail({}, absl::StrCat(where, "missing backward ", ToString(Backward(m, c)), " of ", Mb(m, c)));
+            return Fail({}, absl::StrCat(where, "missing backward ", ToString(Backward(m, c)),
+                                         " of ", Mb(m, c)));
           }
           if (sl.i >= 0 && sl.w < 0) {
-            return Fail({{s, sl.i}}, absl::StrCat(where, "missing weight gradient ", ToString(BackwardWeight(m, c)), " after ", Name({s, sl.i})));
+            return Fail({{s, sl.i}},
+                        absl::StrCat(where, "missing weight gradient ",
+                                     ToString(BackwardWeight(m, c)), " after ", Name({s, sl.i})));
           }
           if (!options_.lowered) continue;
           const int j = Virtual(s, c);
-          if (j > 0 && sl.recv_f < 0) return FailAt({s, sl.f}, "its input is never received (missing RECV_F)");
-          if (j < last && sl.send_f < 0) return FailAt({s, sl.f}, "its output is never sent (missing SEND_F)");
-          if (j < last && sl.recv_b < 0) return FailAt({s, sl.backward()}, "its output gradient is never received (missing RECV_B)");
-          if (j > 0 && sl.send_b < 0) return FailAt({s, sl.backward()}, "its input gradient is never sent (missing SEND_B)");
+          if (j > 0 && sl.recv_f < 0)
+            return FailAt({s, sl.f}, "its input is never received (missing RECV_F)");
+          if (j < last && sl.send_f < 0)
+            return FailAt({s, sl.f}, "its output is never sent (missing SEND_F)");
+          if (j < last && sl.recv_b < 0)
+            return FailAt({s, sl.backward()},
+                          "its output gradient is never received (missing RECV_B)");
+          if (j > 0 && sl.send_b < 0)
+            return FailAt({s, sl.backward()}, "its input gradient is never sent (missing SEND_B)");
         }
       }
     }
@@ -253,10 +273,10 @@ class Checker {
     auto execute = [&](int s, const Action& a) {
       const int j = Virtual(s, a.chunk);
       // In lowered programs the sends publish; otherwise the compute itself does.
-      const bool publish_f = options_.lowered ? a.kind == ActionKind::kSendActivation
-                                              : a.kind == ActionKind::kForward;
-      const bool publish_b = options_.lowered ? a.kind == ActionKind::kSendGradient
-                                              : ProducesInputGradient(a.kind);
+      const bool publish_f =
+          options_.lowered ? a.kind == ActionKind::kSendActivation : a.kind == ActionKind::kForward;
+      const bool publish_b =
+          options_.lowered ? a.kind == ActionKind::kSendGradient : ProducesInputGradient(a.kind);
       if (publish_f) f_done[j][a.micro_batch] = 1;
       if (publish_b) b_done[j][a.micro_batch] = 1;
     };
@@ -296,8 +316,9 @@ class Checker {
         if (k == ActionKind::kForward) ++held;
         if (k == ActionKind::kBackward || k == ActionKind::kBackwardWeight) --held;
         if (held > p.max_in_flight) {
-          return FailAt({s, i}, absl::StrCat(held, " activations in flight, above this stage's bound of ",
-                                             p.max_in_flight));
+          return FailAt({s, i},
+                        absl::StrCat(held, " activations in flight, above this stage's bound of ",
+                                     p.max_in_flight));
         }
       }
     }

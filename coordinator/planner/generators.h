@@ -29,8 +29,8 @@ std::string ScheduleName(ScheduleKind kind);
 // the others need v = 1.
 absl::Status CheckShape(ScheduleKind kind, int stages, int micro_batches, int chunks);
 
-absl::StatusOr<schedule::Schedule> Generate(ScheduleKind kind, int stages,
-                                            int micro_batches, int chunks = 1);
+absl::StatusOr<schedule::Schedule> Generate(ScheduleKind kind, int stages, int micro_batches,
+                                            int chunks = 1);
 
 // Activations stage s holds at most (per chunk, from forward to backward or W):
 // GPipe M; 1F1B min(K - s, M); interleaved min(2(K - s - 1) + (v - 1)K + 1, vM);

@@ -12,8 +12,7 @@ namespace pipetrain::planner {
 
 // One slot is the shortest compute action; an action longer than that fills as many
 // slots as it lasts, each showing its label. Wide timelines are scaled to <= max_columns.
-std::string RenderPicture(const SimulationResult& simulation, int stages,
-                          int max_columns = 160);
+std::string RenderPicture(const SimulationResult& simulation, int stages, int max_columns = 160);
 
 std::string RenderPlanText(const Plan& plan);
 
