@@ -200,5 +200,19 @@ TEST(ValidatorTest, TableHasOneRowPerStageAndOneColumnPerStep) {
             "stage 1   F0    B0   [F1]   B1    F2    B2    OPT\n");
 }
 
+TEST(ValidatorTest, LongProgramsShowAWindowAroundTheOffendingCell) {
+  Schedule s = Parse(kComputeOnly);
+  s[0].num_micro_batches = s[1].num_micro_batches = 400;
+  s[0].actions.clear();
+  for (int m = 0; m < 400; ++m) s[0].actions.push_back(Forward(m));
+  s[0].actions.push_back(Backward(300));
+  s[0].actions.push_back(Backward(300));
+  const std::string table = RenderTable(s, {{0, 401}});
+  EXPECT_THAT(table, HasSubstr("[B300]"));
+  EXPECT_THAT(table, HasSubstr("(steps 341..401 of 402)"));
+  EXPECT_THAT(table, ::testing::Not(HasSubstr(" F0 ")));
+  EXPECT_LT(table.size(), 3000u);
+}
+
 }  // namespace
 }  // namespace pipetrain::schedule

@@ -10,6 +10,7 @@ namespace pipetrain::schedule {
 namespace {
 
 constexpr int64_t kMaxSlots = int64_t{1} << 24;
+constexpr size_t kMaxTableSteps = 120;
 
 // Where each action of one (micro-batch, chunk) sits in its stage's program; -1 = absent.
 struct Slot {
@@ -354,19 +355,29 @@ std::string RenderTable(const Schedule& schedule, const std::vector<Cell>& marke
     for (const Action& a : p.actions) width = std::max(width, ToString(a).size());
   }
   width += 2;  // room for the brackets of a marked cell
+  // Long programs (or hostile ones) show a window around the first marked cell, so an
+  // error message stays readable and small.
+  size_t first = 0, end = steps;
+  if (steps > kMaxTableSteps) {
+    size_t center = marked.empty() ? 0 : static_cast<size_t>(std::max(marked[0].step, 0));
+    first = center > kMaxTableSteps / 2 ? center - kMaxTableSteps / 2 : 0;
+    end = std::min(steps, first + kMaxTableSteps);
+  }
   auto pad = [&](std::string s) {
     s.resize(std::max(s.size(), width), ' ');
     return s;
   };
   std::string out = "step     ";
-  for (size_t i = 0; i < steps; ++i) out += pad(absl::StrCat(" ", i)) + " ";
+  for (size_t i = first; i < end; ++i) out += pad(absl::StrCat(" ", i)) + " ";
   while (out.back() == ' ') out.pop_back();
+  if (first > 0 || end < steps)
+    absl::StrAppend(&out, "   (steps ", first, "..", end - 1, " of ", steps, ")");
   out += "\n";
   for (size_t s = 0; s < schedule.size(); ++s) {
     std::string row = absl::StrCat("stage ", s);
     row.resize(9, ' ');
     const std::vector<Action>& acts = schedule[s].actions;
-    for (size_t i = 0; i < acts.size(); ++i) {
+    for (size_t i = first; i < std::min(end, acts.size()); ++i) {
       bool mark = std::any_of(marked.begin(), marked.end(), [&](const Cell& c) {
         return c.stage == static_cast<int>(s) && c.step == static_cast<int>(i);
       });
