@@ -88,6 +88,12 @@ absl::StatusOr<Partition> PartitionByCost(const std::vector<double>& cost, int p
                            static_cast<int>(limit->in_flight.size()) != parts)) {
     return absl::InvalidArgumentError("memory limit: sizes do not match the layers and parts");
   }
+  for (int l = 0; l < n; ++l) {
+    if (!(cost[l] >= 0 && cost[l] < kInf)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer ", l, " has cost ", cost[l], "; costs must be finite and >= 0"));
+    }
+  }
   std::vector<double> prefix(n + 1, 0);
   for (int l = 0; l < n; ++l) prefix[l + 1] = prefix[l] + cost[l];
   auto compute = [&](int p, int b, int e) {
