@@ -48,6 +48,10 @@ TEST(GeneratorsTest, InvalidShapesAreRejectedNamingTheField) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pipeline.chunks must be 1")));
   EXPECT_THAT(Generate(ScheduleKind::kGpipe, 0, 8),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pipeline.stages")));
+  EXPECT_THAT(Generate(ScheduleKind::kGpipe, 2, 1 << 20),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pipeline.micro_batches")));
+  EXPECT_THAT(Generate(ScheduleKind::kInterleaved, 2, 2, 1000),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pipeline.chunks")));
   EXPECT_THAT(Generate(ScheduleKind::kZbH1, 2, 0),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pipeline.micro_batches")));
 }

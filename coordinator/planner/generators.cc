@@ -128,11 +128,17 @@ std::string ScheduleName(ScheduleKind kind) {
 }
 
 absl::Status CheckShape(ScheduleKind kind, int k, int m, int v) {
-  if (k < 1)
-    return absl::InvalidArgumentError(absl::StrCat("pipeline.stages must be >= 1 (got ", k, ")"));
-  if (m < 1) {
+  if (k < 1 || k > kMaxStages) {
     return absl::InvalidArgumentError(
-        absl::StrCat("pipeline.micro_batches must be >= 1 (got ", m, ")"));
+        absl::StrCat("pipeline.stages must be in 1..", kMaxStages, " (got ", k, ")"));
+  }
+  if (m < 1 || m > kMaxMicroBatches) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline.micro_batches must be in 1..", kMaxMicroBatches, " (got ", m, ")"));
+  }
+  if (v > kMaxChunks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline.chunks must be at most ", kMaxChunks, " (got ", v, ")"));
   }
   if (kind == ScheduleKind::kInterleaved) {
     if (v < 2) {

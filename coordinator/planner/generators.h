@@ -23,6 +23,12 @@ enum class ScheduleKind {
 absl::StatusOr<ScheduleKind> ParseScheduleKind(absl::string_view name);
 std::string ScheduleName(ScheduleKind kind);
 
+// Limits far above any real job, so that a typo cannot make the planner build programs
+// of billions of actions.
+inline constexpr int kMaxStages = 1024;
+inline constexpr int kMaxMicroBatches = 65536;
+inline constexpr int kMaxChunks = 64;
+
 // Whether (K, M, v) suits the schedule; errors name the job-spec field
 // (pipeline.stages, pipeline.micro_batches, pipeline.chunks). Interleaved needs v >= 2
 // and M a multiple of K (Megatron's condition: micro-batches go round in groups of K);

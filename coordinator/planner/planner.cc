@@ -80,14 +80,6 @@ absl::StatusOr<PlanOptions> OptionsFromJobSpec(const pb::JobSpec& spec) {
   }
   ASSIGN_OR_RETURN(o.schedule, ParseScheduleKind(p.schedule()));
   ASSIGN_OR_RETURN(o.recompute, ParseRecompute(p.recompute()));
-  if (o.stages < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pipeline.stages must be >= 1 (got ", o.stages, ")"));
-  }
-  if (o.micro_batches < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pipeline.micro_batches must be >= 1 (got ", o.micro_batches, ")"));
-  }
   RETURN_IF_ERROR(CheckShape(o.schedule, o.stages, o.micro_batches, o.chunks));
   o.batch_size = spec.training().batch_size();
   if (o.batch_size < 1) {
