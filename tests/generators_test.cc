@@ -80,6 +80,7 @@ TEST(GeneratorsTest, GridIsValidBoundedAndMatchesTheTextbookBubble) {
         const schedule::Schedule lowered = Lower(*gen);
         ASSERT_THAT(schedule::Validate(lowered), IsOk());
         for (int s = 0; s < k; ++s) {
+          EXPECT_THAT(schedule::ValidateProgram(lowered[s]), IsOk()) << "stage " << s;
           EXPECT_EQ(schedule::PeakInFlight((*gen)[s]), InFlightBound(kind, k, m, v, s))
               << "stage " << s;
         }

@@ -200,6 +200,34 @@ TEST(ValidatorTest, TableHasOneRowPerStageAndOneColumnPerStep) {
             "stage 1   F0    B0   [F1]   B1    F2    B2    OPT\n");
 }
 
+TEST(ValidatorTest, OneProgramAloneAsAStageServerSeesIt) {
+  const Schedule s = Parse(kLowered);
+  for (const StageProgram& p : s) EXPECT_THAT(ValidateProgram(p), IsOk());
+  // Stage 1 without the receive its first forward needs: caught without stage 0.
+  StageProgram p = s[1];
+  p.actions.erase(p.actions.begin());
+  EXPECT_THAT(ValidateProgram(p),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("stage 1 step 0 (F0): its input is never received"),
+                             HasSubstr("\nstage 1  [F0]"), ::testing::Not(HasSubstr("stage 0")))));
+  p = s[0];
+  p.actions.insert(p.actions.begin() + 6, Action{ActionKind::kSendGradient, 0, 0});
+  EXPECT_THAT(ValidateProgram(p),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("stage 0 step 6 (SEND_B0): nothing upstream")));
+  p = s[0];
+  p.max_in_flight = 1;
+  EXPECT_THAT(ValidateProgram(p),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("2 activations in flight")));
+  p.stage = 2;
+  EXPECT_THAT(ValidateProgram(p),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("stage 2 is not in 0..1")));
+  p = s[0];
+  p.num_stages = 1 << 30;
+  EXPECT_THAT(ValidateProgram(p),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_stages")));
+}
+
 TEST(ValidatorTest, LongProgramsShowAWindowAroundTheOffendingCell) {
   Schedule s = Parse(kComputeOnly);
   s[0].num_micro_batches = s[1].num_micro_batches = 400;

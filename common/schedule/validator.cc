@@ -11,6 +11,7 @@ namespace {
 
 constexpr int64_t kMaxSlots = int64_t{1} << 24;
 constexpr size_t kMaxTableSteps = 120;
+constexpr int kMaxStages = 4096;
 
 // Where each action of one (micro-batch, chunk) sits in its stage's program; -1 = absent.
 struct Slot {
@@ -21,25 +22,30 @@ struct Slot {
 
 class Checker {
  public:
-  Checker(const Schedule& s, const ValidateOptions& o) : s_(s), options_(o) {}
+  // whole: s holds every stage's program, in stage order. Otherwise it holds one
+  // stage's program, and the checks that need its peers are skipped.
+  Checker(const Schedule& s, const ValidateOptions& o, bool whole)
+      : s_(s), options_(o), whole_(whole) {}
 
   absl::Status Run() {
     if (absl::Status st = CheckHeaders(); !st.ok()) return st;
-    slots_.assign(k_, std::vector<Slot>(m_ * v_));
-    for (int s = 0; s < k_; ++s) {
+    slots_.assign(s_.size(), std::vector<Slot>(m_ * v_));
+    for (int s = 0; s < static_cast<int>(s_.size()); ++s) {
       if (absl::Status st = ScanStage(s); !st.ok()) return st;
     }
-    if (options_.lowered) {
+    if (whole_ && options_.lowered) {
       if (absl::Status st = CheckMatching(); !st.ok()) return st;
     }
     if (absl::Status st = CheckComplete(); !st.ok()) return st;
-    if (absl::Status st = CheckDeadlock(); !st.ok()) return st;
+    if (whole_) {
+      if (absl::Status st = CheckDeadlock(); !st.ok()) return st;
+    }
     return CheckInFlight();
   }
 
  private:
   std::string Name(Cell c) const {
-    return absl::StrCat("stage ", c.stage, " step ", c.step, " (",
+    return absl::StrCat("stage ", StageAt(c.stage), " step ", c.step, " (",
                         ToString(s_[c.stage].actions[c.step]), ")");
   }
   absl::Status Fail(std::vector<Cell> cells, const std::string& message) const {
@@ -49,6 +55,8 @@ class Checker {
   absl::Status FailAt(Cell c, const std::string& what) const {
     return Fail({c}, absl::StrCat(Name(c), ": ", what));
   }
+  // Cells index s_; messages name the stage a program says it is.
+  int StageAt(int index) const { return s_[index].stage; }
   // An action that needs the forward of its micro-batch came first: either the forward
   // comes later (wrong order) or it is missing from the program altogether.
   absl::Status NoForwardYet(Cell here, const std::string& mb) const {
@@ -61,7 +69,7 @@ class Checker {
       }
     }
     return FailAt(here, absl::StrCat("missing forward ", ToString(Forward(a.micro_batch, a.chunk)),
-                                     " of ", mb, " on stage ", here.stage));
+                                     " of ", mb, " on stage ", StageAt(here.stage)));
   }
   std::string Mb(int m, int c) const {
     return c == 0 ? absl::StrCat("micro-batch ", m) : absl::StrCat("micro-batch ", m, " chunk ", c);
@@ -72,8 +80,16 @@ class Checker {
   }
 
   absl::Status CheckHeaders() {
-    k_ = static_cast<int>(s_.size());
-    if (k_ == 0) return absl::InvalidArgumentError("invalid schedule: no stages");
+    if (s_.empty()) return absl::InvalidArgumentError("invalid schedule: no stages");
+    k_ = whole_ ? static_cast<int>(s_.size()) : s_[0].num_stages;
+    if (k_ < 1 || k_ > kMaxStages) {
+      return absl::InvalidArgumentError(absl::StrCat("invalid schedule: num_stages must be in 1..",
+                                                     kMaxStages, " (got ", k_, ")"));
+    }
+    if (!whole_ && (s_[0].stage < 0 || s_[0].stage >= k_)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("invalid program: stage ", s_[0].stage, " is not in 0..", k_ - 1));
+    }
     m_ = s_[0].num_micro_batches;
     v_ = s_[0].num_chunks;
     if (m_ < 1) return absl::InvalidArgumentError("invalid schedule: num_micro_batches < 1");
@@ -85,7 +101,7 @@ class Checker {
           absl::StrCat("invalid schedule: ", k_, " stages x ", m_, " micro-batches x ", v_,
                        " chunks is more than the ", kMaxSlots, " this validator accepts"));
     }
-    for (int s = 0; s < k_; ++s) {
+    for (int s = 0; whole_ && s < k_; ++s) {
       const StageProgram& p = s_[s];
       if (p.stage != s || p.num_stages != k_ || p.num_micro_batches != m_ || p.num_chunks != v_) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -121,7 +137,7 @@ class Checker {
         return FailAt(here, "send or receive in a compute-only program");
       }
       Slot& slot = slots_[s][a.micro_batch * v_ + a.chunk];
-      const int j = Virtual(s, a.chunk);
+      const int j = Virtual(StageAt(s), a.chunk);
       const std::string mb = Mb(a.micro_batch, a.chunk);
       auto dup = [&](int earlier, const char* what) {
         return Fail({{s, earlier}, here}, absl::StrCat(Name(here), ": duplicate ", what, " of ", mb,
@@ -218,11 +234,11 @@ class Checker {
 
   absl::Status CheckComplete() {
     const int last = k_ * v_ - 1;
-    for (int s = 0; s < k_; ++s) {
+    for (int s = 0; s < static_cast<int>(s_.size()); ++s) {
       for (int m = 0; m < m_; ++m) {
         for (int c = 0; c < v_; ++c) {
           const Slot& sl = slots_[s][m * v_ + c];
-          const std::string where = absl::StrCat("stage ", s, ": ");
+          const std::string where = absl::StrCat("stage ", StageAt(s), ": ");
           if (sl.f < 0) {
             return Fail({}, absl::StrCat(where, "missing forward ", ToString(Forward(m, c)), " of ",
                                          Mb(m, c)));
@@ -237,7 +253,7 @@ class Checker {
                                      ToString(BackwardWeight(m, c)), " after ", Name({s, sl.i})));
           }
           if (!options_.lowered) continue;
-          const int j = Virtual(s, c);
+          const int j = Virtual(StageAt(s), c);
           if (j > 0 && sl.recv_f < 0)
             return FailAt({s, sl.f}, "its input is never received (missing RECV_F)");
           if (j < last && sl.send_f < 0)
@@ -308,7 +324,7 @@ class Checker {
   }
 
   absl::Status CheckInFlight() {
-    for (int s = 0; s < k_; ++s) {
+    for (int s = 0; s < static_cast<int>(s_.size()); ++s) {
       const StageProgram& p = s_[s];
       if (p.max_in_flight <= 0) continue;
       int held = 0;
@@ -328,6 +344,7 @@ class Checker {
 
   const Schedule& s_;
   ValidateOptions options_;
+  bool whole_;
   int k_ = 0, m_ = 0, v_ = 0;
   std::vector<std::vector<Slot>> slots_;  // [stage][micro_batch * v + chunk]
 };
@@ -335,7 +352,12 @@ class Checker {
 }  // namespace
 
 absl::Status Validate(const Schedule& schedule, const ValidateOptions& options) {
-  return Checker(schedule, options).Run();
+  return Checker(schedule, options, /*whole=*/true).Run();
+}
+
+absl::Status ValidateProgram(const StageProgram& program, const ValidateOptions& options) {
+  const Schedule one = {program};
+  return Checker(one, options, /*whole=*/false).Run();
 }
 
 int PeakInFlight(const StageProgram& program) {
@@ -374,7 +396,7 @@ std::string RenderTable(const Schedule& schedule, const std::vector<Cell>& marke
     absl::StrAppend(&out, "   (steps ", first, "..", end - 1, " of ", steps, ")");
   out += "\n";
   for (size_t s = 0; s < schedule.size(); ++s) {
-    std::string row = absl::StrCat("stage ", s);
+    std::string row = absl::StrCat("stage ", schedule[s].stage);
     row.resize(9, ' ');
     const std::vector<Action>& acts = schedule[s].actions;
     for (size_t i = first; i < std::min(end, acts.size()); ++i) {
