@@ -35,7 +35,7 @@ int RunPlan(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       "forward 1 unit, backward 2 units on every stage, free transfer (the formulas' setting)");
   flags.AddString("partition", &partition, "split the layers by count, params or cost (FLOPs)",
                   "MODE");
-  flags.AddDouble("device-flops", &device_tflops, "achieved TFLOP/s of one device", "TFLOPS");
+  flags.AddDouble("device-flops", &device_tflops, "achieved TFLOP/s of one device (100 means 1e14 FLOP/s)", "TFLOPS");
   flags.AddDouble("link-gbps", &link_gbps, "stage-to-stage bandwidth in GB/s", "GBPS");
   flags.AddDouble("memory-cap-gib", &memory_cap_gib, "memory per stage in GiB (0 = unlimited)",
                   "GIB");
