@@ -103,6 +103,24 @@ TEST(GeneratorsTest, GridIsValidBoundedAndMatchesTheTextbookBubble) {
   }
 }
 
+TEST(GeneratorsTest, InterleavedWithMoreChunksKeepsItsBubbleAndBound) {
+  for (int v = 3; v <= 4; ++v) {
+    for (int k = 1; k <= 8; ++k) {
+      for (int m = k; m <= 16; m += k) {
+        SCOPED_TRACE(absl::StrCat("K=", k, " M=", m, " v=", v));
+        auto gen = Generate(ScheduleKind::kInterleaved, k, m, v);
+        ASSERT_THAT(gen, IsOk());
+        const schedule::Schedule lowered = Lower(*gen);
+        ASSERT_THAT(schedule::Validate(lowered), IsOk());
+        auto sim = Simulate(lowered, EqualStageCost(k, v));
+        ASSERT_THAT(sim, IsOk());
+        EXPECT_NEAR(sim->bubble_fraction, TextbookBubble(ScheduleKind::kInterleaved, k, m, v),
+                    1e-9);
+      }
+    }
+  }
+}
+
 TEST(GeneratorsTest, ZbH1BubbleIsAThirdOfOneFOneBs) {
   for (int k = 2; k <= 8; ++k) {
     for (int m = k; m <= 16; ++m) {
