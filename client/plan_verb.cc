@@ -24,16 +24,21 @@ int RunPlan(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       "validates it and predicts the step time, bubble and memory with the simulator.\n"
       "Flags override the job spec's pipeline fields.");
   flags.AddInt("stages", &stages, "K, number of stages (0 = from the spec)", "K");
-  flags.AddInt("micro-batches", &micro_batches, "M, micro-batches per step (0 = from the spec)", "M");
+  flags.AddInt("micro-batches", &micro_batches, "M, micro-batches per step (0 = from the spec)",
+               "M");
   flags.AddString("schedule", &schedule_name, "gpipe, 1f1b, interleaved or zb-h1", "NAME");
-  flags.AddInt("chunks", &chunks, "v, model chunks per stage for interleaved (0 = from the spec)", "V");
+  flags.AddInt("chunks", &chunks, "v, model chunks per stage for interleaved (0 = from the spec)",
+               "V");
   flags.AddString("recompute", &recompute, "never, always or except-last", "MODE");
-  flags.AddBool("equal-stage-cost", &equal,
-                "forward 1 unit, backward 2 units on every stage, free transfer (the formulas' setting)");
-  flags.AddString("partition", &partition, "split the layers by count, params or cost (FLOPs)", "MODE");
-  flags.AddDouble("device-flops", &device_tflops, "achieved TFLOP/s of one device", "TFLOPS");
+  flags.AddBool(
+      "equal-stage-cost", &equal,
+      "forward 1 unit, backward 2 units on every stage, free transfer (the formulas' setting)");
+  flags.AddString("partition", &partition, "split the layers by count, params or cost (FLOPs)",
+                  "MODE");
+  flags.AddDouble("device-flops", &device_tflops, "achieved TFLOP/s of one device (100 means 1e14 FLOP/s)", "TFLOPS");
   flags.AddDouble("link-gbps", &link_gbps, "stage-to-stage bandwidth in GB/s", "GBPS");
-  flags.AddDouble("memory-cap-gib", &memory_cap_gib, "memory per stage in GiB (0 = unlimited)", "GIB");
+  flags.AddDouble("memory-cap-gib", &memory_cap_gib, "memory per stage in GiB (0 = unlimited)",
+                  "GIB");
   flags.AddBool("json", &json, "print the plan as one JSON object");
   flags.AddString("trace", &trace, "write the predicted timeline as Chrome trace JSON", "FILE");
   flags.AddBool("help", &help, "print this help and exit");

@@ -24,10 +24,10 @@ TEST(ActionTest, PrintsTheCompactForm) {
 }
 
 TEST(ActionTest, EveryKindRoundTripsThroughText) {
-  const ActionKind kinds[] = {
-      ActionKind::kForward,        ActionKind::kBackward,       ActionKind::kBackwardInput,
-      ActionKind::kBackwardWeight, ActionKind::kSendActivation, ActionKind::kRecvActivation,
-      ActionKind::kSendGradient,   ActionKind::kRecvGradient};
+  const ActionKind kinds[] = {ActionKind::kForward,        ActionKind::kBackward,
+                              ActionKind::kBackwardInput,  ActionKind::kBackwardWeight,
+                              ActionKind::kSendActivation, ActionKind::kRecvActivation,
+                              ActionKind::kSendGradient,   ActionKind::kRecvGradient};
   for (ActionKind k : kinds) {
     for (int mb : {0, 7, 123}) {
       for (int chunk : {0, 1, 5}) {
@@ -44,9 +44,9 @@ TEST(ActionTest, EveryKindRoundTripsThroughText) {
 }
 
 TEST(ActionTest, ProgramRoundTripsAndAcceptsAnyWhitespace) {
-  std::vector<Action> program = {Forward(0), {ActionKind::kSendActivation, 0, 0},
-                                 Forward(1, 1), BackwardInput(0), BackwardWeight(0),
-                                 OptimizerStep()};
+  std::vector<Action> program = {Forward(0),        {ActionKind::kSendActivation, 0, 0},
+                                 Forward(1, 1),     BackwardInput(0),
+                                 BackwardWeight(0), OptimizerStep()};
   const std::string text = ToString(program);
   EXPECT_EQ(text, "F0 SEND_F0 F1@1 I0 W0 OPT");
   auto parsed = ParseActions(text);
@@ -59,11 +59,13 @@ TEST(ActionTest, ProgramRoundTripsAndAcceptsAnyWhitespace) {
 
 TEST(ActionTest, MalformedTextIsAnErrorQuotingIt) {
   EXPECT_THAT(ParseAction("X3"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("'X3'")));
-  EXPECT_THAT(ParseAction("F"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("micro-batch")));
+  EXPECT_THAT(ParseAction("F"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("micro-batch")));
   EXPECT_THAT(ParseAction("F-1"), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(ParseAction("F3@"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("chunk")));
   EXPECT_THAT(ParseAction("F3@x"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("F3@x")));
-  EXPECT_THAT(ParseActions("F0 B0 Q1"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("Q1")));
+  EXPECT_THAT(ParseActions("F0 B0 Q1"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("Q1")));
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Property tests over K 1..8, M 1..16 for every schedule, and golden text schedules.
 #include "coordinator/planner/generators.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -36,15 +37,21 @@ TEST(GeneratorsTest, NamesRoundTrip) {
 }
 
 TEST(GeneratorsTest, InvalidShapesAreRejectedNamingTheField) {
-  EXPECT_THAT(Generate(ScheduleKind::kInterleaved, 4, 6, 2),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("pipeline.micro_batches (6) must be a multiple of pipeline.stages (4)")));
-  EXPECT_THAT(Generate(ScheduleKind::kInterleaved, 4, 8, 1),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pipeline.chunks must be >= 2")));
+  EXPECT_THAT(
+      Generate(ScheduleKind::kInterleaved, 4, 6, 2),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               HasSubstr("pipeline.micro_batches (6) must be a multiple of pipeline.stages (4)")));
+  EXPECT_THAT(
+      Generate(ScheduleKind::kInterleaved, 4, 8, 1),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pipeline.chunks must be >= 2")));
   EXPECT_THAT(Generate(ScheduleKind::kOneFOneB, 4, 8, 2),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pipeline.chunks must be 1")));
   EXPECT_THAT(Generate(ScheduleKind::kGpipe, 0, 8),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pipeline.stages")));
+  EXPECT_THAT(Generate(ScheduleKind::kGpipe, 2, 1 << 20),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pipeline.micro_batches")));
+  EXPECT_THAT(Generate(ScheduleKind::kInterleaved, 2, 2, 1000),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pipeline.chunks")));
   EXPECT_THAT(Generate(ScheduleKind::kZbH1, 2, 0),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pipeline.micro_batches")));
 }
@@ -73,6 +80,7 @@ TEST(GeneratorsTest, GridIsValidBoundedAndMatchesTheTextbookBubble) {
         const schedule::Schedule lowered = Lower(*gen);
         ASSERT_THAT(schedule::Validate(lowered), IsOk());
         for (int s = 0; s < k; ++s) {
+          EXPECT_THAT(schedule::ValidateProgram(lowered[s]), IsOk()) << "stage " << s;
           EXPECT_EQ(schedule::PeakInFlight((*gen)[s]), InFlightBound(kind, k, m, v, s))
               << "stage " << s;
         }
@@ -85,11 +93,29 @@ TEST(GeneratorsTest, GridIsValidBoundedAndMatchesTheTextbookBubble) {
         } else {
           EXPECT_NEAR(sim->bubble_fraction, textbook, 1e-12);
           // Step time: the ideal 3M units plus the bubble time of the formula.
-          const double bubble_time = kind == ScheduleKind::kZbH1 ? (k - 1)
+          const double bubble_time = kind == ScheduleKind::kZbH1          ? (k - 1)
                                      : kind == ScheduleKind::kInterleaved ? 3.0 * (k - 1) / v
                                                                           : 3.0 * (k - 1);
           EXPECT_NEAR(sim->step_time_s, 3.0 * m + bubble_time, 1e-9);
         }
+      }
+    }
+  }
+}
+
+TEST(GeneratorsTest, InterleavedWithMoreChunksKeepsItsBubbleAndBound) {
+  for (int v = 3; v <= 4; ++v) {
+    for (int k = 1; k <= 8; ++k) {
+      for (int m = k; m <= 16; m += k) {
+        SCOPED_TRACE(absl::StrCat("K=", k, " M=", m, " v=", v));
+        auto gen = Generate(ScheduleKind::kInterleaved, k, m, v);
+        ASSERT_THAT(gen, IsOk());
+        const schedule::Schedule lowered = Lower(*gen);
+        ASSERT_THAT(schedule::Validate(lowered), IsOk());
+        auto sim = Simulate(lowered, EqualStageCost(k, v));
+        ASSERT_THAT(sim, IsOk());
+        EXPECT_NEAR(sim->bubble_fraction, TextbookBubble(ScheduleKind::kInterleaved, k, m, v),
+                    1e-9);
       }
     }
   }
@@ -104,6 +130,28 @@ TEST(GeneratorsTest, ZbH1BubbleIsAThirdOfOneFOneBs) {
       const double zb_idle = zb->step_time_s - 3.0 * m;
       const double ofob_idle = ofob->step_time_s - 3.0 * m;
       EXPECT_NEAR(zb_idle * 3, ofob_idle, 1e-9) << "K=" << k << " M=" << m;
+    }
+  }
+}
+
+// ZB-H1 keeps 1F1B's order of forwards and input gradients, so counted up to I (the
+// full activation stash) stage s holds K - s micro-batches exactly like 1F1B; counted
+// up to W, as the validator and simulator count, every stage holds min(K, M).
+TEST(GeneratorsTest, ZbH1HoldsOneFOneBsCountUpToTheInputGradient) {
+  for (int k = 1; k <= 8; ++k) {
+    for (int m = 1; m <= 16; ++m) {
+      auto zb = Generate(ScheduleKind::kZbH1, k, m);
+      ASSERT_TRUE(zb.ok());
+      for (int s = 0; s < k; ++s) {
+        int held = 0, peak = 0;
+        for (const schedule::Action& a : (*zb)[s].actions) {
+          if (a.kind == schedule::ActionKind::kForward) ++held;
+          if (a.kind == schedule::ActionKind::kBackwardInput) --held;
+          peak = std::max(peak, held);
+        }
+        EXPECT_EQ(peak, std::min(k - s, m)) << "K=" << k << " M=" << m << " stage " << s;
+        EXPECT_EQ(schedule::PeakInFlight((*zb)[s]), std::min(k, m));
+      }
     }
   }
 }

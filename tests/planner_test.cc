@@ -130,9 +130,9 @@ TEST(PlannerTest, RecomputationChangesMemoryNotOrder) {
 TEST(PlannerTest, TooManyStagesOrTooLittleMemoryAreClearErrors) {
   auto o = OptionsFromJobSpec(Spec());
   o->stages = 9;  // 6 blocks + embedding + head = 8 layers
-  EXPECT_THAT(MakePlan(*o), StatusIs(absl::StatusCode::kInvalidArgument,
-                                     AllOf(HasSubstr("pipeline.stages (9)"),
-                                           HasSubstr("8 pipeline layers"))));
+  EXPECT_THAT(MakePlan(*o),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("pipeline.stages (9)"), HasSubstr("8 pipeline layers"))));
   o->stages = 4;
   o->memory_cap_bytes = 1024 * 1024;  // 1 MiB per stage
   EXPECT_THAT(MakePlan(*o), StatusIs(absl::StatusCode::kResourceExhausted,

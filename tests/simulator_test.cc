@@ -59,9 +59,9 @@ TEST(SimulatorTest, PeakActivationsFollowTheInFlightCount) {
 TEST(SimulatorTest, RecomputationAddsTheRebuiltActivationsOfOneMicroBatch) {
   CostModel costs = EqualStageCost(2);
   for (auto& stage : costs.chunks) {
-    stage[0].stored_bytes = 10;           // only the stage input is kept
-    stage[0].backward_extra_bytes = 90;   // the rest is rebuilt during the backward
-    stage[0].recompute_s = 1;             // by rerunning the forward
+    stage[0].stored_bytes = 10;          // only the stage input is kept
+    stage[0].backward_extra_bytes = 90;  // the rest is rebuilt during the backward
+    stage[0].recompute_s = 1;            // by rerunning the forward
   }
   auto sim = Simulate(Lowered(ScheduleKind::kOneFOneB, 2, 4), costs);
   ASSERT_THAT(sim, IsOk());
@@ -76,8 +76,9 @@ TEST(SimulatorTest, SplitBackwardKeepsActivationsUntilTheWeightPart) {
   costs.chunks[0][0].stored_bytes = 1;
   schedule::Schedule s = Lowered(ScheduleKind::kZbH1, 1, 3);
   // Defer every W to the end: all three activations are held at once.
-  s[0].actions = {schedule::Forward(0), schedule::BackwardInput(0), schedule::Forward(1),
-                  schedule::BackwardInput(1), schedule::Forward(2), schedule::BackwardInput(2),
+  s[0].actions = {schedule::Forward(0),        schedule::BackwardInput(0),
+                  schedule::Forward(1),        schedule::BackwardInput(1),
+                  schedule::Forward(2),        schedule::BackwardInput(2),
                   schedule::BackwardWeight(0), schedule::BackwardWeight(1),
                   schedule::BackwardWeight(2), schedule::OptimizerStep()};
   auto sim = Simulate(s, costs);
@@ -92,6 +93,10 @@ TEST(SimulatorTest, ErrorsOnMismatchedCostsAndDeadlock) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("costs for 3 stages")));
   EXPECT_THAT(Simulate(Lowered(ScheduleKind::kInterleaved, 2, 2, 2), EqualStageCost(2, 1)),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("chunks")));
+  schedule::Schedule r = Lowered(ScheduleKind::kGpipe, 2, 1);
+  r[0].actions[0] = schedule::Forward(7);
+  EXPECT_THAT(Simulate(r, EqualStageCost(2)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("stage 0 action F7")));
   schedule::Schedule s = Lowered(ScheduleKind::kGpipe, 2, 1);
   std::swap(s[0].actions[1], s[0].actions[2]);  // RECV_B0 before SEND_F0
   EXPECT_THAT(Simulate(s, EqualStageCost(2)),

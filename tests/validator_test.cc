@@ -17,8 +17,10 @@ using ::testing::HasSubstr;
 // 1F1B on K = 2 stages with M = 3 micro-batches, lowered.
 constexpr char kLowered[] =
     "schedule 1f1b stages 2 micro_batches 3 chunks 1\n"
-    "stage 0 max_in_flight 2: F0 SEND_F0 F1 SEND_F1 RECV_B0 B0 F2 SEND_F2 RECV_B1 B1 RECV_B2 B2 OPT\n"
-    "stage 1 max_in_flight 1: RECV_F0 F0 B0 SEND_B0 RECV_F1 F1 B1 SEND_B1 RECV_F2 F2 B2 SEND_B2 OPT\n";
+    "stage 0 max_in_flight 2: F0 SEND_F0 F1 SEND_F1 RECV_B0 B0 F2 SEND_F2 RECV_B1 B1 RECV_B2 B2 "
+    "OPT\n"
+    "stage 1 max_in_flight 1: RECV_F0 F0 B0 SEND_B0 RECV_F1 F1 B1 SEND_B1 RECV_F2 F2 B2 SEND_B2 "
+    "OPT\n";
 constexpr char kComputeOnly[] =
     "schedule 1f1b stages 2 micro_batches 3 chunks 1\n"
     "stage 0 max_in_flight 2: F0 F1 B0 F2 B1 B2 OPT\n"
@@ -66,10 +68,10 @@ TEST(ValidatorTest, CorrectSchedulesPass) {
 TEST(ValidatorTest, MissingForward) {
   Schedule s = Parse(kComputeOnly);
   Erase(s, 1, "F1");
-  EXPECT_THAT(Validate(s, {.lowered = false}),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("stage 1 step 2 (B1): missing forward F1"),
-                             HasTableMarking("B1"))));
+  EXPECT_THAT(
+      Validate(s, {.lowered = false}),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr("stage 1 step 2 (B1): missing forward F1"), HasTableMarking("B1"))));
   // Lowered: the receive stays, the forward is gone; the send downstream is missing too.
   Schedule l = Parse(kLowered);
   Erase(l, 1, "F1");
@@ -128,22 +130,21 @@ TEST(ValidatorTest, DeadlockByReordering) {
   // Stage 0 waits for the gradient of micro-batch 0 before sending its activation.
   Schedule s = Parse(kLowered);
   MoveBefore(s, 0, "RECV_B0", "SEND_F0");
-  EXPECT_THAT(Validate(s),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("deadlock"),
-                             HasSubstr("stage 0 step 1 (RECV_B0) waits for stage 1"),
-                             HasSubstr("stage 1 step 0 (RECV_F0) waits for stage 0"),
-                             HasTableMarking("RECV_B0"), HasSubstr("[RECV_F0]"))));
+  EXPECT_THAT(Validate(s), StatusIs(absl::StatusCode::kInvalidArgument,
+                                    AllOf(HasSubstr("deadlock"),
+                                          HasSubstr("stage 0 step 1 (RECV_B0) waits for stage 1"),
+                                          HasSubstr("stage 1 step 0 (RECV_F0) waits for stage 0"),
+                                          HasTableMarking("RECV_B0"), HasSubstr("[RECV_F0]"))));
   // Compute-only: stage 0 waits for B0 before running F1; stage 1 wants F1 before B0.
   Schedule c = Parse(kComputeOnly);
   c[0].actions = ParseActions("F0 B0 F1 B1 F2 B2 OPT").value();
   c[1].actions = ParseActions("F0 F1 B0 B1 F2 B2 OPT").value();
-  EXPECT_THAT(Validate(c, {.lowered = false}),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("deadlock"),
-                             HasSubstr("stage 0 step 1 (B0) waits for stage 1"),
-                             HasSubstr("stage 1 step 1 (F1) waits for stage 0"),
-                             HasTableMarking("B0"), HasSubstr("[F1]"))));
+  EXPECT_THAT(
+      Validate(c, {.lowered = false}),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr("deadlock"), HasSubstr("stage 0 step 1 (B0) waits for stage 1"),
+                     HasSubstr("stage 1 step 1 (F1) waits for stage 0"), HasTableMarking("B0"),
+                     HasSubstr("[F1]"))));
 }
 
 TEST(ValidatorTest, InFlightBoundExceeded) {
@@ -170,11 +171,14 @@ TEST(ValidatorTest, OtherMistakesNameTheCell) {
                                     HasSubstr("stage 1 step 1 (F5): out of range")));
   s = Parse(kLowered);
   s[1].actions.insert(s[1].actions.begin(), Action{ActionKind::kSendActivation, 0, 0});
-  EXPECT_THAT(Validate(s), StatusIs(absl::StatusCode::kInvalidArgument,
-                                    HasSubstr("nothing downstream")));
+  EXPECT_THAT(Validate(s),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("nothing downstream")));
   s = Parse(kLowered);
   s[1].num_micro_batches = 4;
   EXPECT_THAT(Validate(s), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("program 1")));
+  s = Parse(kLowered);
+  for (StageProgram& p : s) p.num_micro_batches = 1 << 30;  // as a hostile proto could say
+  EXPECT_THAT(Validate(s), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("more than")));
   EXPECT_THAT(Validate(Parse(kLowered), {.lowered = false}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("compute-only")));
   // Split backward: W before I, and I without W.
@@ -184,8 +188,8 @@ TEST(ValidatorTest, OtherMistakesNameTheCell) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("stage 1 step 1 (W0): weight gradient before the input")));
   s[1].actions[1] = BackwardInput(0);
-  EXPECT_THAT(Validate(s, {.lowered = false}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("missing weight gradient W0")));
+  EXPECT_THAT(Validate(s, {.lowered = false}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                        HasSubstr("missing weight gradient W0")));
 }
 
 TEST(ValidatorTest, TableHasOneRowPerStageAndOneColumnPerStep) {
@@ -194,6 +198,48 @@ TEST(ValidatorTest, TableHasOneRowPerStageAndOneColumnPerStep) {
             "step      0     1     2     3     4     5     6\n"
             "stage 0   F0    F1    B0    F2    B1    B2    OPT\n"
             "stage 1   F0    B0   [F1]   B1    F2    B2    OPT\n");
+}
+
+TEST(ValidatorTest, OneProgramAloneAsAStageServerSeesIt) {
+  const Schedule s = Parse(kLowered);
+  for (const StageProgram& p : s) EXPECT_THAT(ValidateProgram(p), IsOk());
+  // Stage 1 without the receive its first forward needs: caught without stage 0.
+  StageProgram p = s[1];
+  p.actions.erase(p.actions.begin());
+  EXPECT_THAT(ValidateProgram(p),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("stage 1 step 0 (F0): its input is never received"),
+                             HasSubstr("\nstage 1  [F0]"), ::testing::Not(HasSubstr("stage 0")))));
+  p = s[0];
+  p.actions.insert(p.actions.begin() + 6, Action{ActionKind::kSendGradient, 0, 0});
+  EXPECT_THAT(ValidateProgram(p),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("stage 0 step 6 (SEND_B0): nothing upstream")));
+  p = s[0];
+  p.max_in_flight = 1;
+  EXPECT_THAT(ValidateProgram(p),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("2 activations in flight")));
+  p.stage = 2;
+  EXPECT_THAT(ValidateProgram(p),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("stage 2 is not in 0..1")));
+  p = s[0];
+  p.num_stages = 1 << 30;
+  EXPECT_THAT(ValidateProgram(p),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_stages")));
+}
+
+TEST(ValidatorTest, LongProgramsShowAWindowAroundTheOffendingCell) {
+  Schedule s = Parse(kComputeOnly);
+  s[0].num_micro_batches = s[1].num_micro_batches = 400;
+  s[0].actions.clear();
+  for (int m = 0; m < 400; ++m) s[0].actions.push_back(Forward(m));
+  s[0].actions.push_back(Backward(300));
+  s[0].actions.push_back(Backward(300));
+  const std::string table = RenderTable(s, {{0, 401}});
+  EXPECT_THAT(table, HasSubstr("[B300]"));
+  EXPECT_THAT(table, HasSubstr("(steps 341..401 of 402)"));
+  EXPECT_THAT(table, ::testing::Not(HasSubstr(" F0 ")));
+  EXPECT_LT(table.size(), 3000u);
 }
 
 }  // namespace

@@ -16,10 +16,14 @@ struct KindName {
 };
 // Longest prefixes first so that "SEND_F" is not read as an "S" something.
 constexpr KindName kKindNames[] = {
-    {ActionKind::kSendActivation, "SEND_F"}, {ActionKind::kRecvActivation, "RECV_F"},
-    {ActionKind::kSendGradient, "SEND_B"},   {ActionKind::kRecvGradient, "RECV_B"},
-    {ActionKind::kForward, "F"},             {ActionKind::kBackward, "B"},
-    {ActionKind::kBackwardInput, "I"},       {ActionKind::kBackwardWeight, "W"},
+    {ActionKind::kSendActivation, "SEND_F"},
+    {ActionKind::kRecvActivation, "RECV_F"},
+    {ActionKind::kSendGradient, "SEND_B"},
+    {ActionKind::kRecvGradient, "RECV_B"},
+    {ActionKind::kForward, "F"},
+    {ActionKind::kBackward, "B"},
+    {ActionKind::kBackwardInput, "I"},
+    {ActionKind::kBackwardWeight, "W"},
 };
 
 absl::StatusOr<int> ParseIndex(absl::string_view digits, absl::string_view whole,
@@ -78,15 +82,14 @@ absl::StatusOr<Action> ParseAction(absl::string_view text) {
     }
     return a;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "action '", text,
-      "': unknown kind (expected F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B or OPT)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("action '", text,
+                   "': unknown kind (expected F, B, I, W, SEND_F, RECV_F, SEND_B, RECV_B or OPT)"));
 }
 
 std::string ToString(const std::vector<Action>& actions) {
-  return absl::StrJoin(actions, " ", [](std::string* out, const Action& a) {
-    out->append(ToString(a));
-  });
+  return absl::StrJoin(actions, " ",
+                       [](std::string* out, const Action& a) { out->append(ToString(a)); });
 }
 
 absl::StatusOr<std::vector<Action>> ParseActions(absl::string_view text) {

@@ -15,31 +15,50 @@ namespace pb = ::pipetrain::v1;
 
 pb::ActionKind KindToProto(ActionKind k) {
   switch (k) {
-    case ActionKind::kForward: return pb::FORWARD;
-    case ActionKind::kBackward: return pb::BACKWARD;
-    case ActionKind::kBackwardInput: return pb::BACKWARD_INPUT;
-    case ActionKind::kBackwardWeight: return pb::BACKWARD_WEIGHT;
-    case ActionKind::kSendActivation: return pb::SEND_ACTIVATION;
-    case ActionKind::kRecvActivation: return pb::RECV_ACTIVATION;
-    case ActionKind::kSendGradient: return pb::SEND_GRADIENT;
-    case ActionKind::kRecvGradient: return pb::RECV_GRADIENT;
-    case ActionKind::kOptimizerStep: return pb::OPTIMIZER_STEP;
+    case ActionKind::kForward:
+      return pb::FORWARD;
+    case ActionKind::kBackward:
+      return pb::BACKWARD;
+    case ActionKind::kBackwardInput:
+      return pb::BACKWARD_INPUT;
+    case ActionKind::kBackwardWeight:
+      return pb::BACKWARD_WEIGHT;
+    case ActionKind::kSendActivation:
+      return pb::SEND_ACTIVATION;
+    case ActionKind::kRecvActivation:
+      return pb::RECV_ACTIVATION;
+    case ActionKind::kSendGradient:
+      return pb::SEND_GRADIENT;
+    case ActionKind::kRecvGradient:
+      return pb::RECV_GRADIENT;
+    case ActionKind::kOptimizerStep:
+      return pb::OPTIMIZER_STEP;
   }
   return pb::ACTION_KIND_UNSPECIFIED;
 }
 
 absl::StatusOr<ActionKind> KindFromProto(pb::ActionKind k, int index) {
   switch (k) {
-    case pb::FORWARD: return ActionKind::kForward;
-    case pb::BACKWARD: return ActionKind::kBackward;
-    case pb::BACKWARD_INPUT: return ActionKind::kBackwardInput;
-    case pb::BACKWARD_WEIGHT: return ActionKind::kBackwardWeight;
-    case pb::SEND_ACTIVATION: return ActionKind::kSendActivation;
-    case pb::RECV_ACTIVATION: return ActionKind::kRecvActivation;
-    case pb::SEND_GRADIENT: return ActionKind::kSendGradient;
-    case pb::RECV_GRADIENT: return ActionKind::kRecvGradient;
-    case pb::OPTIMIZER_STEP: return ActionKind::kOptimizerStep;
-    default: break;
+    case pb::FORWARD:
+      return ActionKind::kForward;
+    case pb::BACKWARD:
+      return ActionKind::kBackward;
+    case pb::BACKWARD_INPUT:
+      return ActionKind::kBackwardInput;
+    case pb::BACKWARD_WEIGHT:
+      return ActionKind::kBackwardWeight;
+    case pb::SEND_ACTIVATION:
+      return ActionKind::kSendActivation;
+    case pb::RECV_ACTIVATION:
+      return ActionKind::kRecvActivation;
+    case pb::SEND_GRADIENT:
+      return ActionKind::kSendGradient;
+    case pb::RECV_GRADIENT:
+      return ActionKind::kRecvGradient;
+    case pb::OPTIMIZER_STEP:
+      return ActionKind::kOptimizerStep;
+    default:
+      break;
   }
   return absl::InvalidArgumentError(
       absl::StrCat("actions[", index, "].kind: unknown action kind ", static_cast<int>(k)));
@@ -52,11 +71,10 @@ absl::StatusOr<int> ToInt(uint32_t v, absl::string_view field) {
   return static_cast<int>(v);
 }
 
-absl::Status ReadNamedInt(std::vector<absl::string_view>& words, size_t i,
-                          absl::string_view name, int* out, int line_no) {
+absl::Status ReadNamedInt(std::vector<absl::string_view>& words, size_t i, absl::string_view name,
+                          int* out, int line_no) {
   if (i + 1 >= words.size() || words[i] != name || !absl::SimpleAtoi(words[i + 1], out)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("line ", line_no, ": expected '", name, " N'"));
+    return absl::InvalidArgumentError(absl::StrCat("line ", line_no, ": expected '", name, " N'"));
   }
   return absl::OkStatus();
 }
@@ -137,8 +155,7 @@ absl::StatusOr<Schedule> ParseScheduleText(absl::string_view text) {
       std::vector<absl::string_view> w = absl::StrSplit(line, ' ', absl::SkipEmpty());
       if (w.size() != 8 || w[0] != "schedule") {
         return absl::InvalidArgumentError(absl::StrCat(
-            "line ", line_no,
-            ": expected 'schedule NAME stages K micro_batches M chunks V'"));
+            "line ", line_no, ": expected 'schedule NAME stages K micro_batches M chunks V'"));
       }
       header.schedule = w[1] == "-" ? "" : std::string(w[1]);
       if (auto s = ReadNamedInt(w, 2, "stages", &header.num_stages, line_no); !s.ok()) return s;

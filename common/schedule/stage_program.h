@@ -15,10 +15,10 @@ namespace pipetrain::schedule {
 
 struct StageProgram {
   int stage = 0;
-  int num_stages = 1;        // K
-  int num_micro_batches = 1; // M
-  int num_chunks = 1;        // v: model chunks per stage (interleaved), else 1
-  std::string schedule;      // generator name, for display
+  int num_stages = 1;         // K
+  int num_micro_batches = 1;  // M
+  int num_chunks = 1;         // v: model chunks per stage (interleaved), else 1
+  std::string schedule;       // generator name, for display
   std::vector<Action> actions;
   // Most micro-batch activations (counted per chunk) this stage may hold at once, from
   // a forward until its backward (or its weight-gradient part) is done; 0 = unchecked.
@@ -32,15 +32,9 @@ using Schedule = std::vector<StageProgram>;
 // Chunk topology: model chunk c of stage s is virtual stage c * K + s, so the model runs
 // stage 0..K-1 for chunk 0, then wraps from stage K-1 back to stage 0 for chunk 1, as in
 // Megatron's interleaved schedule. With v = 1 this is the plain pipeline.
-inline int VirtualStage(int stage, int chunk, int num_stages) {
-  return chunk * num_stages + stage;
-}
-inline int StageOfVirtual(int virtual_stage, int num_stages) {
-  return virtual_stage % num_stages;
-}
-inline int ChunkOfVirtual(int virtual_stage, int num_stages) {
-  return virtual_stage / num_stages;
-}
+inline int VirtualStage(int stage, int chunk, int num_stages) { return chunk * num_stages + stage; }
+inline int StageOfVirtual(int virtual_stage, int num_stages) { return virtual_stage % num_stages; }
+inline int ChunkOfVirtual(int virtual_stage, int num_stages) { return virtual_stage / num_stages; }
 
 pipetrain::v1::StageProgram ToProto(const StageProgram& program);
 // Rejects unknown action kinds and fields that do not fit in an int.

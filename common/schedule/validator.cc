@@ -1,12 +1,17 @@
 #include "common/schedule/validator.h"
 
 #include <algorithm>
+#include <cstdint>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
 namespace pipetrain::schedule {
 namespace {
+
+constexpr int64_t kMaxSlots = int64_t{1} << 24;
+constexpr size_t kMaxTableSteps = 120;
+constexpr int kMaxStages = 4096;
 
 // Where each action of one (micro-batch, chunk) sits in its stage's program; -1 = absent.
 struct Slot {
@@ -17,25 +22,30 @@ struct Slot {
 
 class Checker {
  public:
-  Checker(const Schedule& s, const ValidateOptions& o) : s_(s), options_(o) {}
+  // whole: s holds every stage's program, in stage order. Otherwise it holds one
+  // stage's program, and the checks that need its peers are skipped.
+  Checker(const Schedule& s, const ValidateOptions& o, bool whole)
+      : s_(s), options_(o), whole_(whole) {}
 
   absl::Status Run() {
     if (absl::Status st = CheckHeaders(); !st.ok()) return st;
-    slots_.assign(k_, std::vector<Slot>(m_ * v_));
-    for (int s = 0; s < k_; ++s) {
+    slots_.assign(s_.size(), std::vector<Slot>(m_ * v_));
+    for (int s = 0; s < static_cast<int>(s_.size()); ++s) {
       if (absl::Status st = ScanStage(s); !st.ok()) return st;
     }
-    if (options_.lowered) {
+    if (whole_ && options_.lowered) {
       if (absl::Status st = CheckMatching(); !st.ok()) return st;
     }
     if (absl::Status st = CheckComplete(); !st.ok()) return st;
-    if (absl::Status st = CheckDeadlock(); !st.ok()) return st;
+    if (whole_) {
+      if (absl::Status st = CheckDeadlock(); !st.ok()) return st;
+    }
     return CheckInFlight();
   }
 
  private:
   std::string Name(Cell c) const {
-    return absl::StrCat("stage ", c.stage, " step ", c.step, " (",
+    return absl::StrCat("stage ", StageAt(c.stage), " step ", c.step, " (",
                         ToString(s_[c.stage].actions[c.step]), ")");
   }
   absl::Status Fail(std::vector<Cell> cells, const std::string& message) const {
@@ -45,6 +55,8 @@ class Checker {
   absl::Status FailAt(Cell c, const std::string& what) const {
     return Fail({c}, absl::StrCat(Name(c), ": ", what));
   }
+  // Cells index s_; messages name the stage a program says it is.
+  int StageAt(int index) const { return s_[index].stage; }
   // An action that needs the forward of its micro-batch came first: either the forward
   // comes later (wrong order) or it is missing from the program altogether.
   absl::Status NoForwardYet(Cell here, const std::string& mb) const {
@@ -57,11 +69,10 @@ class Checker {
       }
     }
     return FailAt(here, absl::StrCat("missing forward ", ToString(Forward(a.micro_batch, a.chunk)),
-                                     " of ", mb, " on stage ", here.stage));
+                                     " of ", mb, " on stage ", StageAt(here.stage)));
   }
   std::string Mb(int m, int c) const {
-    return c == 0 ? absl::StrCat("micro-batch ", m)
-                  : absl::StrCat("micro-batch ", m, " chunk ", c);
+    return c == 0 ? absl::StrCat("micro-batch ", m) : absl::StrCat("micro-batch ", m, " chunk ", c);
   }
   int Virtual(int s, int c) const { return VirtualStage(s, c, k_); }
   Slot& SlotOf(int virtual_stage, int m) {
@@ -69,16 +80,30 @@ class Checker {
   }
 
   absl::Status CheckHeaders() {
-    k_ = static_cast<int>(s_.size());
-    if (k_ == 0) return absl::InvalidArgumentError("invalid schedule: no stages");
+    if (s_.empty()) return absl::InvalidArgumentError("invalid schedule: no stages");
+    k_ = whole_ ? static_cast<int>(s_.size()) : s_[0].num_stages;
+    if (k_ < 1 || k_ > kMaxStages) {
+      return absl::InvalidArgumentError(absl::StrCat("invalid schedule: num_stages must be in 1..",
+                                                     kMaxStages, " (got ", k_, ")"));
+    }
+    if (!whole_ && (s_[0].stage < 0 || s_[0].stage >= k_)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("invalid program: stage ", s_[0].stage, " is not in 0..", k_ - 1));
+    }
     m_ = s_[0].num_micro_batches;
     v_ = s_[0].num_chunks;
     if (m_ < 1) return absl::InvalidArgumentError("invalid schedule: num_micro_batches < 1");
     if (v_ < 1) return absl::InvalidArgumentError("invalid schedule: num_chunks < 1");
-    for (int s = 0; s < k_; ++s) {
+    // The checker keeps a slot per (stage, micro-batch, chunk): refuse shapes no real
+    // job has before allocating for them, so a hostile program cannot exhaust memory.
+    if (static_cast<int64_t>(k_) * m_ * v_ > kMaxSlots) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("invalid schedule: ", k_, " stages x ", m_, " micro-batches x ", v_,
+                       " chunks is more than the ", kMaxSlots, " this validator accepts"));
+    }
+    for (int s = 0; whole_ && s < k_; ++s) {
       const StageProgram& p = s_[s];
-      if (p.stage != s || p.num_stages != k_ || p.num_micro_batches != m_ ||
-          p.num_chunks != v_) {
+      if (p.stage != s || p.num_stages != k_ || p.num_micro_batches != m_ || p.num_chunks != v_) {
         return absl::InvalidArgumentError(absl::StrCat(
             "invalid schedule: program ", s, " says stage ", p.stage, " of ", p.num_stages,
             " with ", p.num_micro_batches, " micro-batches and ", p.num_chunks,
@@ -96,7 +121,8 @@ class Checker {
       const Action& a = actions[i];
       const Cell here{s, i};
       if (a.kind == ActionKind::kOptimizerStep) {
-        if (opt >= 0) return Fail({{s, opt}, here}, absl::StrCat(Name(here), ": second optimizer step"));
+        if (opt >= 0)
+          return Fail({{s, opt}, here}, absl::StrCat(Name(here), ": second optimizer step"));
         opt = i;
         continue;
       }
@@ -105,19 +131,17 @@ class Checker {
                     absl::StrCat(Name(here), ": comes after the optimizer step at step ", opt));
       }
       if (a.micro_batch < 0 || a.micro_batch >= m_ || a.chunk < 0 || a.chunk >= v_) {
-        return FailAt(here, absl::StrCat("out of range (", m_, " micro-batches, ", v_,
-                                         " chunks)"));
+        return FailAt(here, absl::StrCat("out of range (", m_, " micro-batches, ", v_, " chunks)"));
       }
       if (!options_.lowered && IsCommunication(a.kind)) {
         return FailAt(here, "send or receive in a compute-only program");
       }
       Slot& slot = slots_[s][a.micro_batch * v_ + a.chunk];
-      const int j = Virtual(s, a.chunk);
+      const int j = Virtual(StageAt(s), a.chunk);
       const std::string mb = Mb(a.micro_batch, a.chunk);
       auto dup = [&](int earlier, const char* what) {
-        return Fail({{s, earlier}, here},
-                    absl::StrCat(Name(here), ": duplicate ", what, " of ", mb,
-                                 " (first at step ", earlier, ")"));
+        return Fail({{s, earlier}, here}, absl::StrCat(Name(here), ": duplicate ", what, " of ", mb,
+                                                       " (first at step ", earlier, ")"));
       };
       switch (a.kind) {
         case ActionKind::kForward:
@@ -135,7 +159,8 @@ class Checker {
           if (slot.w >= 0) return dup(slot.w, "weight gradient");
           if (slot.b >= 0) return dup(slot.b, "backward");
           if (slot.i < 0) {
-            return FailAt(here, absl::StrCat("weight gradient before the input gradient (I) of ", mb));
+            return FailAt(here,
+                          absl::StrCat("weight gradient before the input gradient (I) of ", mb));
           }
           slot.w = i;
           break;
@@ -148,19 +173,27 @@ class Checker {
         case ActionKind::kRecvActivation:
           if (j == 0) return FailAt(here, "nothing upstream to receive an activation from");
           if (slot.recv_f >= 0) return dup(slot.recv_f, "activation receive");
-          if (slot.f >= 0) return Fail({{s, slot.f}, here}, absl::StrCat(Name(here), ": receives the input after the forward that needs it"));
+          if (slot.f >= 0)
+            return Fail(
+                {{s, slot.f}, here},
+                absl::StrCat(Name(here), ": receives the input after the forward that needs it"));
           slot.recv_f = i;
           break;
         case ActionKind::kSendGradient:
           if (j == 0) return FailAt(here, "nothing upstream to send the gradient to");
           if (slot.send_b >= 0) return dup(slot.send_b, "gradient send");
-          if (slot.backward() < 0) return FailAt(here, absl::StrCat("sends the gradient before the backward of ", mb));
+          if (slot.backward() < 0)
+            return FailAt(here, absl::StrCat("sends the gradient before the backward of ", mb));
           slot.send_b = i;
           break;
         case ActionKind::kRecvGradient:
           if (j == last) return FailAt(here, "nothing downstream to receive a gradient from");
           if (slot.recv_b >= 0) return dup(slot.recv_b, "gradient receive");
-          if (slot.backward() >= 0) return Fail({{s, slot.backward()}, here}, absl::StrCat(Name(here), ": receives the output gradient after the backward that needs it"));
+          if (slot.backward() >= 0)
+            return Fail(
+                {{s, slot.backward()}, here},
+                absl::StrCat(Name(here),
+                             ": receives the output gradient after the backward that needs it"));
           slot.recv_b = i;
           break;
         case ActionKind::kOptimizerStep:
@@ -177,17 +210,22 @@ class Checker {
         const int j = Virtual(s, c);
         for (int m = 0; m < m_; ++m) {
           const Slot& mine = slots_[s][m * v_ + c];
-          auto check = [&](int pos, int peer_j, int Slot::*peer_field, ActionKind want) -> absl::Status {
+          auto check = [&](int pos, int peer_j, int Slot::*peer_field,
+                           ActionKind want) -> absl::Status {
             if (pos < 0 || SlotOf(peer_j, m).*peer_field >= 0) return absl::OkStatus();
             Action w{want, m, ChunkOfVirtual(peer_j, k_)};
             return FailAt({s, pos}, absl::StrCat("no matching ", ToString(w), " on stage ",
                                                  StageOfVirtual(peer_j, k_)));
           };
           absl::Status st;
-          if (!(st = check(mine.send_f, j + 1, &Slot::recv_f, ActionKind::kRecvActivation)).ok()) return st;
-          if (!(st = check(mine.recv_f, j - 1, &Slot::send_f, ActionKind::kSendActivation)).ok()) return st;
-          if (!(st = check(mine.send_b, j - 1, &Slot::recv_b, ActionKind::kRecvGradient)).ok()) return st;
-          if (!(st = check(mine.recv_b, j + 1, &Slot::send_b, ActionKind::kSendGradient)).ok()) return st;
+          if (!(st = check(mine.send_f, j + 1, &Slot::recv_f, ActionKind::kRecvActivation)).ok())
+            return st;
+          if (!(st = check(mine.recv_f, j - 1, &Slot::send_f, ActionKind::kSendActivation)).ok())
+            return st;
+          if (!(st = check(mine.send_b, j - 1, &Slot::recv_b, ActionKind::kRecvGradient)).ok())
+            return st;
+          if (!(st = check(mine.recv_b, j + 1, &Slot::send_b, ActionKind::kSendGradient)).ok())
+            return st;
         }
       }
     }
@@ -196,26 +234,35 @@ class Checker {
 
   absl::Status CheckComplete() {
     const int last = k_ * v_ - 1;
-    for (int s = 0; s < k_; ++s) {
+    for (int s = 0; s < static_cast<int>(s_.size()); ++s) {
       for (int m = 0; m < m_; ++m) {
         for (int c = 0; c < v_; ++c) {
           const Slot& sl = slots_[s][m * v_ + c];
-          const std::string where = absl::StrCat("stage ", s, ": ");
+          const std::string where = absl::StrCat("stage ", StageAt(s), ": ");
           if (sl.f < 0) {
-            return Fail({}, absl::StrCat(where, "missing forward ", ToString(Forward(m, c)), " of ", Mb(m, c)));
+            return Fail({}, absl::StrCat(where, "missing forward ", ToString(Forward(m, c)), " of ",
+                                         Mb(m, c)));
           }
           if (sl.backward() < 0) {
-            return Fail({}, absl::StrCat(where, "missing backward ", ToString(Backward(m, c)), " of ", Mb(m, c)));
+            return Fail({}, absl::StrCat(where, "missing backward ", ToString(Backward(m, c)),
+                                         " of ", Mb(m, c)));
           }
           if (sl.i >= 0 && sl.w < 0) {
-            return Fail({{s, sl.i}}, absl::StrCat(where, "missing weight gradient ", ToString(BackwardWeight(m, c)), " after ", Name({s, sl.i})));
+            return Fail({{s, sl.i}},
+                        absl::StrCat(where, "missing weight gradient ",
+                                     ToString(BackwardWeight(m, c)), " after ", Name({s, sl.i})));
           }
           if (!options_.lowered) continue;
-          const int j = Virtual(s, c);
-          if (j > 0 && sl.recv_f < 0) return FailAt({s, sl.f}, "its input is never received (missing RECV_F)");
-          if (j < last && sl.send_f < 0) return FailAt({s, sl.f}, "its output is never sent (missing SEND_F)");
-          if (j < last && sl.recv_b < 0) return FailAt({s, sl.backward()}, "its output gradient is never received (missing RECV_B)");
-          if (j > 0 && sl.send_b < 0) return FailAt({s, sl.backward()}, "its input gradient is never sent (missing SEND_B)");
+          const int j = Virtual(StageAt(s), c);
+          if (j > 0 && sl.recv_f < 0)
+            return FailAt({s, sl.f}, "its input is never received (missing RECV_F)");
+          if (j < last && sl.send_f < 0)
+            return FailAt({s, sl.f}, "its output is never sent (missing SEND_F)");
+          if (j < last && sl.recv_b < 0)
+            return FailAt({s, sl.backward()},
+                          "its output gradient is never received (missing RECV_B)");
+          if (j > 0 && sl.send_b < 0)
+            return FailAt({s, sl.backward()}, "its input gradient is never sent (missing SEND_B)");
         }
       }
     }
@@ -243,10 +290,10 @@ class Checker {
     auto execute = [&](int s, const Action& a) {
       const int j = Virtual(s, a.chunk);
       // In lowered programs the sends publish; otherwise the compute itself does.
-      const bool publish_f = options_.lowered ? a.kind == ActionKind::kSendActivation
-                                              : a.kind == ActionKind::kForward;
-      const bool publish_b = options_.lowered ? a.kind == ActionKind::kSendGradient
-                                              : ProducesInputGradient(a.kind);
+      const bool publish_f =
+          options_.lowered ? a.kind == ActionKind::kSendActivation : a.kind == ActionKind::kForward;
+      const bool publish_b =
+          options_.lowered ? a.kind == ActionKind::kSendGradient : ProducesInputGradient(a.kind);
       if (publish_f) f_done[j][a.micro_batch] = 1;
       if (publish_b) b_done[j][a.micro_batch] = 1;
     };
@@ -277,7 +324,7 @@ class Checker {
   }
 
   absl::Status CheckInFlight() {
-    for (int s = 0; s < k_; ++s) {
+    for (int s = 0; s < static_cast<int>(s_.size()); ++s) {
       const StageProgram& p = s_[s];
       if (p.max_in_flight <= 0) continue;
       int held = 0;
@@ -286,8 +333,9 @@ class Checker {
         if (k == ActionKind::kForward) ++held;
         if (k == ActionKind::kBackward || k == ActionKind::kBackwardWeight) --held;
         if (held > p.max_in_flight) {
-          return FailAt({s, i}, absl::StrCat(held, " activations in flight, above this stage's bound of ",
-                                             p.max_in_flight));
+          return FailAt({s, i},
+                        absl::StrCat(held, " activations in flight, above this stage's bound of ",
+                                     p.max_in_flight));
         }
       }
     }
@@ -296,6 +344,7 @@ class Checker {
 
   const Schedule& s_;
   ValidateOptions options_;
+  bool whole_;
   int k_ = 0, m_ = 0, v_ = 0;
   std::vector<std::vector<Slot>> slots_;  // [stage][micro_batch * v + chunk]
 };
@@ -303,7 +352,12 @@ class Checker {
 }  // namespace
 
 absl::Status Validate(const Schedule& schedule, const ValidateOptions& options) {
-  return Checker(schedule, options).Run();
+  return Checker(schedule, options, /*whole=*/true).Run();
+}
+
+absl::Status ValidateProgram(const StageProgram& program, const ValidateOptions& options) {
+  const Schedule one = {program};
+  return Checker(one, options, /*whole=*/false).Run();
 }
 
 int PeakInFlight(const StageProgram& program) {
@@ -323,19 +377,29 @@ std::string RenderTable(const Schedule& schedule, const std::vector<Cell>& marke
     for (const Action& a : p.actions) width = std::max(width, ToString(a).size());
   }
   width += 2;  // room for the brackets of a marked cell
+  // Long programs (or hostile ones) show a window around the first marked cell, so an
+  // error message stays readable and small.
+  size_t first = 0, end = steps;
+  if (steps > kMaxTableSteps) {
+    size_t center = marked.empty() ? 0 : static_cast<size_t>(std::max(marked[0].step, 0));
+    first = center > kMaxTableSteps / 2 ? center - kMaxTableSteps / 2 : 0;
+    end = std::min(steps, first + kMaxTableSteps);
+  }
   auto pad = [&](std::string s) {
     s.resize(std::max(s.size(), width), ' ');
     return s;
   };
   std::string out = "step     ";
-  for (size_t i = 0; i < steps; ++i) out += pad(absl::StrCat(" ", i)) + " ";
+  for (size_t i = first; i < end; ++i) out += pad(absl::StrCat(" ", i)) + " ";
   while (out.back() == ' ') out.pop_back();
+  if (first > 0 || end < steps)
+    absl::StrAppend(&out, "   (steps ", first, "..", end - 1, " of ", steps, ")");
   out += "\n";
   for (size_t s = 0; s < schedule.size(); ++s) {
-    std::string row = absl::StrCat("stage ", s);
+    std::string row = absl::StrCat("stage ", schedule[s].stage);
     row.resize(9, ' ');
     const std::vector<Action>& acts = schedule[s].actions;
-    for (size_t i = 0; i < acts.size(); ++i) {
+    for (size_t i = first; i < std::min(end, acts.size()); ++i) {
       bool mark = std::any_of(marked.begin(), marked.end(), [&](const Cell& c) {
         return c.stage == static_cast<int>(s) && c.step == static_cast<int>(i);
       });

@@ -29,6 +29,13 @@ struct Cell {
   int step = 0;
 };
 
+// Checks one stage's program on its own, as a stage server can when it receives it:
+// its header, every action in range and in order, each of its forwards and backwards
+// done once, the sends and receives its place in the pipeline needs, and its in-flight
+// bound. Matching sends with the peers' receives and deadlock need every program:
+// Validate. Errors have the same form as Validate's, with this stage's row.
+absl::Status ValidateProgram(const StageProgram& program, const ValidateOptions& options = {});
+
 // One row per stage, one column per step, marked cells in [brackets].
 std::string RenderTable(const Schedule& schedule, const std::vector<Cell>& marked = {});
 

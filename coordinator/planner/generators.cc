@@ -109,40 +109,51 @@ absl::StatusOr<ScheduleKind> ParseScheduleKind(absl::string_view name) {
   if (name == "1f1b") return ScheduleKind::kOneFOneB;
   if (name == "interleaved") return ScheduleKind::kInterleaved;
   if (name == "zb-h1") return ScheduleKind::kZbH1;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "pipeline.schedule: unknown schedule '", name,
-      "' (expected gpipe, 1f1b, interleaved or zb-h1)"));
+  return absl::InvalidArgumentError(absl::StrCat("pipeline.schedule: unknown schedule '", name,
+                                                 "' (expected gpipe, 1f1b, interleaved or zb-h1)"));
 }
 
 std::string ScheduleName(ScheduleKind kind) {
   switch (kind) {
-    case ScheduleKind::kGpipe: return "gpipe";
-    case ScheduleKind::kOneFOneB: return "1f1b";
-    case ScheduleKind::kInterleaved: return "interleaved";
-    case ScheduleKind::kZbH1: return "zb-h1";
+    case ScheduleKind::kGpipe:
+      return "gpipe";
+    case ScheduleKind::kOneFOneB:
+      return "1f1b";
+    case ScheduleKind::kInterleaved:
+      return "interleaved";
+    case ScheduleKind::kZbH1:
+      return "zb-h1";
   }
   return "?";
 }
 
 absl::Status CheckShape(ScheduleKind kind, int k, int m, int v) {
-  if (k < 1) return absl::InvalidArgumentError(absl::StrCat("pipeline.stages must be >= 1 (got ", k, ")"));
-  if (m < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("pipeline.micro_batches must be >= 1 (got ", m, ")"));
+  if (k < 1 || k > kMaxStages) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline.stages must be in 1..", kMaxStages, " (got ", k, ")"));
+  }
+  if (m < 1 || m > kMaxMicroBatches) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline.micro_batches must be in 1..", kMaxMicroBatches, " (got ", m, ")"));
+  }
+  if (v > kMaxChunks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline.chunks must be at most ", kMaxChunks, " (got ", v, ")"));
   }
   if (kind == ScheduleKind::kInterleaved) {
     if (v < 2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "pipeline.chunks must be >= 2 for the interleaved schedule (got ", v, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("pipeline.chunks must be >= 2 for the interleaved schedule (got ", v, ")"));
     }
     if (m % k != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "pipeline.micro_batches (", m, ") must be a multiple of pipeline.stages (", k,
-          ") for the interleaved schedule"));
+      return absl::InvalidArgumentError(absl::StrCat("pipeline.micro_batches (", m,
+                                                     ") must be a multiple of pipeline.stages (", k,
+                                                     ") for the interleaved schedule"));
     }
   } else if (v != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pipeline.chunks must be 1 for the ", ScheduleName(kind), " schedule (got ", v,
-        "); only interleaved uses model chunks"));
+    return absl::InvalidArgumentError(absl::StrCat("pipeline.chunks must be 1 for the ",
+                                                   ScheduleName(kind), " schedule (got ", v,
+                                                   "); only interleaved uses model chunks"));
   }
   return absl::OkStatus();
 }
@@ -151,10 +162,18 @@ absl::StatusOr<schedule::Schedule> Generate(ScheduleKind kind, int k, int m, int
   if (absl::Status s = CheckShape(kind, k, m, v); !s.ok()) return s;
   Schedule out;
   switch (kind) {
-    case ScheduleKind::kGpipe: out = Gpipe(k, m); break;
-    case ScheduleKind::kOneFOneB: out = OneFOneB(k, m); break;
-    case ScheduleKind::kInterleaved: out = Interleaved(k, m, v); break;
-    case ScheduleKind::kZbH1: out = ZbH1(k, m); break;
+    case ScheduleKind::kGpipe:
+      out = Gpipe(k, m);
+      break;
+    case ScheduleKind::kOneFOneB:
+      out = OneFOneB(k, m);
+      break;
+    case ScheduleKind::kInterleaved:
+      out = Interleaved(k, m, v);
+      break;
+    case ScheduleKind::kZbH1:
+      out = ZbH1(k, m);
+      break;
   }
   Finish(out);
   return out;
@@ -162,11 +181,14 @@ absl::StatusOr<schedule::Schedule> Generate(ScheduleKind kind, int k, int m, int
 
 int InFlightBound(ScheduleKind kind, int k, int m, int v, int s) {
   switch (kind) {
-    case ScheduleKind::kGpipe: return m;
-    case ScheduleKind::kOneFOneB: return std::min(k - s, m);
+    case ScheduleKind::kGpipe:
+      return m;
+    case ScheduleKind::kOneFOneB:
+      return std::min(k - s, m);
     case ScheduleKind::kInterleaved:
       return std::min(2 * (k - s - 1) + (v - 1) * k + 1, v * m);
-    case ScheduleKind::kZbH1: return std::min(k, m);
+    case ScheduleKind::kZbH1:
+      return std::min(k, m);
   }
   return 0;
 }
@@ -175,9 +197,12 @@ double TextbookBubble(ScheduleKind kind, int k, int m, int v) {
   const double K = k, M = m, V = v;
   switch (kind) {
     case ScheduleKind::kGpipe:
-    case ScheduleKind::kOneFOneB: return (K - 1) / (M + K - 1);
-    case ScheduleKind::kInterleaved: return (K - 1) / (V * M + K - 1);
-    case ScheduleKind::kZbH1: return (K - 1) / (3 * M + K - 1);
+    case ScheduleKind::kOneFOneB:
+      return (K - 1) / (M + K - 1);
+    case ScheduleKind::kInterleaved:
+      return (K - 1) / (V * M + K - 1);
+    case ScheduleKind::kZbH1:
+      return (K - 1) / (3 * M + K - 1);
   }
   return 0;
 }
@@ -185,9 +210,12 @@ double TextbookBubble(ScheduleKind kind, int k, int m, int v) {
 std::string TextbookFormula(ScheduleKind kind) {
   switch (kind) {
     case ScheduleKind::kGpipe:
-    case ScheduleKind::kOneFOneB: return "(K-1)/(M+K-1)";
-    case ScheduleKind::kInterleaved: return "(K-1)/(vM+K-1)";
-    case ScheduleKind::kZbH1: return "(K-1)/(3M+K-1)";
+    case ScheduleKind::kOneFOneB:
+      return "(K-1)/(M+K-1)";
+    case ScheduleKind::kInterleaved:
+      return "(K-1)/(vM+K-1)";
+    case ScheduleKind::kZbH1:
+      return "(K-1)/(3M+K-1)";
   }
   return "?";
 }

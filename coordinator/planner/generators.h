@@ -23,14 +23,20 @@ enum class ScheduleKind {
 absl::StatusOr<ScheduleKind> ParseScheduleKind(absl::string_view name);
 std::string ScheduleName(ScheduleKind kind);
 
+// Limits far above any real job, so that a typo cannot make the planner build programs
+// of billions of actions.
+inline constexpr int kMaxStages = 1024;
+inline constexpr int kMaxMicroBatches = 65536;
+inline constexpr int kMaxChunks = 64;
+
 // Whether (K, M, v) suits the schedule; errors name the job-spec field
 // (pipeline.stages, pipeline.micro_batches, pipeline.chunks). Interleaved needs v >= 2
 // and M a multiple of K (Megatron's condition: micro-batches go round in groups of K);
 // the others need v = 1.
 absl::Status CheckShape(ScheduleKind kind, int stages, int micro_batches, int chunks);
 
-absl::StatusOr<schedule::Schedule> Generate(ScheduleKind kind, int stages,
-                                            int micro_batches, int chunks = 1);
+absl::StatusOr<schedule::Schedule> Generate(ScheduleKind kind, int stages, int micro_batches,
+                                            int chunks = 1);
 
 // Activations stage s holds at most (per chunk, from forward to backward or W):
 // GPipe M; 1F1B min(K - s, M); interleaved min(2(K - s - 1) + (v - 1)K + 1, vM);

@@ -13,7 +13,8 @@ namespace {
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 absl::Status CheckParts(int num_layers, int parts) {
-  if (parts < 1) return absl::InvalidArgumentError(absl::StrCat("parts must be >= 1 (got ", parts, ")"));
+  if (parts < 1)
+    return absl::InvalidArgumentError(absl::StrCat("parts must be >= 1 (got ", parts, ")"));
   if (parts > num_layers) {
     return absl::InvalidArgumentError(absl::StrCat(
         "cannot split ", num_layers, " pipeline layers into ", parts,
@@ -22,7 +23,9 @@ absl::Status CheckParts(int num_layers, int parts) {
   return absl::OkStatus();
 }
 
-std::string Gib(double bytes) { return absl::StrFormat("%.2f GiB", bytes / (1024.0 * 1024 * 1024)); }
+std::string Gib(double bytes) {
+  return absl::StrFormat("%.2f GiB", bytes / (1024.0 * 1024 * 1024));
+}
 
 // Minimises max over parts of part_cost(p, b, e) by dynamic programming; returns the
 // split and its value, or kInf when every split has an infinite part.
@@ -80,16 +83,22 @@ absl::StatusOr<Partition> PartitionByCost(const std::vector<double>& cost, int p
                                           const MemoryLimit* limit) {
   const int n = static_cast<int>(cost.size());
   if (absl::Status s = CheckParts(n, parts); !s.ok()) return s;
-  if (limit != nullptr &&
-      (static_cast<int>(limit->weight_bytes.size()) != n ||
-       static_cast<int>(limit->activation_bytes.size()) != n ||
-       static_cast<int>(limit->in_flight.size()) != parts)) {
+  if (limit != nullptr && (static_cast<int>(limit->weight_bytes.size()) != n ||
+                           static_cast<int>(limit->activation_bytes.size()) != n ||
+                           static_cast<int>(limit->in_flight.size()) != parts)) {
     return absl::InvalidArgumentError("memory limit: sizes do not match the layers and parts");
+  }
+  for (int l = 0; l < n; ++l) {
+    if (!(cost[l] >= 0 && cost[l] < kInf)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer ", l, " has cost ", cost[l], "; costs must be finite and >= 0"));
+    }
   }
   std::vector<double> prefix(n + 1, 0);
   for (int l = 0; l < n; ++l) prefix[l + 1] = prefix[l] + cost[l];
   auto compute = [&](int p, int b, int e) {
-    if (limit != nullptr && limit->cap_bytes > 0 && PartMemory(*limit, p, b, e) > limit->cap_bytes) {
+    if (limit != nullptr && limit->cap_bytes > 0 &&
+        PartMemory(*limit, p, b, e) > limit->cap_bytes) {
       return kInf;
     }
     return prefix[e] - prefix[b];
@@ -106,12 +115,12 @@ absl::StatusOr<Partition> PartitionByCost(const std::vector<double>& cost, int p
       break;
     }
   }
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "the model does not fit in ", parts, " stages of ", Gib(limit->cap_bytes),
-      ": the split that needs least memory still needs ", Gib(need), " on stage ", worst,
-      " (layers ", tight.begin(worst), "..", tight.end(worst) - 1, ", holding ",
-      limit->in_flight[worst], " micro-batches of activations); available ",
-      Gib(limit->cap_bytes), " per stage"));
+  return absl::ResourceExhaustedError(
+      absl::StrCat("the model does not fit in ", parts, " stages of ", Gib(limit->cap_bytes),
+                   ": the split that needs least memory still needs ", Gib(need), " on stage ",
+                   worst, " (layers ", tight.begin(worst), "..", tight.end(worst) - 1, ", holding ",
+                   limit->in_flight[worst], " micro-batches of activations); available ",
+                   Gib(limit->cap_bytes), " per stage"));
 }
 
 double MaxPartCost(const std::vector<double>& cost, const Partition& partition) {

@@ -84,8 +84,9 @@ std::string RenderPlanText(const Plan& plan) {
       RecomputeName(o.recompute), o.model.n_layers, o.model.d_model, o.model.n_heads,
       o.model.seq_len, o.model.vocab_size, o.batch_size, o.batch_size / o.micro_batches);
   if (o.equal_stage_cost) {
-    out += "Costs: equal stage costs (forward 1 unit, backward 2 units = I 1 + W 1, free "
-           "transfer); times below are in units of one stage forward\n";
+    out +=
+        "Costs: equal stage costs (forward 1 unit, backward 2 units = I 1 + W 1, free "
+        "transfer); times below are in units of one stage forward\n";
   } else {
     out += absl::StrFormat(
         "Costs: analytic FLOPs at %.1f TFLOP/s per device (--device-flops), links at %.1f GB/s "
@@ -93,12 +94,13 @@ std::string RenderPlanText(const Plan& plan) {
         o.device_flops / 1e12, o.link_bytes_per_s / 1e9);
   }
   out += "\nPartition (state = weights + gradients + AdamW moments, 16 bytes per parameter):\n";
-  out += absl::StrFormat("  %-6s %-28s %10s %12s %14s %10s\n", "stage", "layers", "params",
-                         "state", "activations", "in-flight");
+  out += absl::StrFormat("  %-6s %-28s %10s %12s %12s %12s %10s\n", "stage", "layers", "params",
+                         "state", "activations", "memory", "in-flight");
   for (const StagePlan& sp : plan.stages) {
-    out += absl::StrFormat("  %-6d %-28s %10s %12s %14s %10d%s\n", sp.stage, Layers(plan, sp),
+    out += absl::StrFormat("  %-6d %-28s %10s %12s %12s %12s %10d%s\n", sp.stage, Layers(plan, sp),
                            Count(static_cast<double>(sp.params)), Bytes(sp.state_bytes),
-                           Bytes(sp.peak_activation_bytes), sp.max_in_flight,
+                           Bytes(sp.peak_activation_bytes),
+                           Bytes(sp.state_bytes + sp.peak_activation_bytes), sp.max_in_flight,
                            sp.recompute ? "  (recompute)" : "");
   }
   const char* unit = o.equal_stage_cost ? " units" : " s";
@@ -106,8 +108,9 @@ std::string RenderPlanText(const Plan& plan) {
   out += absl::StrFormat("Bubble fraction: %.4f simulated, %.4f textbook %s\n",
                          plan.simulation.bubble_fraction, plan.textbook_bubble,
                          TextbookFormula(o.schedule));
-  out += "\nSchedule (one column per time slot, '.' = idle; F forward, B backward, I/W its "
-         "input/weight parts, @c model chunk):\n";
+  out +=
+      "\nSchedule (one column per time slot, '.' = idle; F forward, B backward, I/W its "
+      "input/weight parts, @c model chunk):\n";
   out += RenderPicture(plan.simulation, o.stages);
   return out;
 }
@@ -131,6 +134,7 @@ std::string PlanJson(const Plan& plan) {
     s["params"] = sp.params;
     s["state_bytes"] = sp.state_bytes;
     s["peak_activation_bytes"] = sp.peak_activation_bytes;
+    s["peak_memory_bytes"] = sp.state_bytes + sp.peak_activation_bytes;
     s["max_in_flight"] = sp.max_in_flight;
     s["recompute"] = sp.recompute;
     j["stages"].push_back(s);
@@ -145,7 +149,10 @@ std::string PlanJson(const Plan& plan) {
 std::string ChromeTrace(const SimulationResult& sim, int stages) {
   nlohmann::json events = nlohmann::json::array();
   for (int s = 0; s < stages; ++s) {
-    events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", s}, {"tid", 0},
+    events.push_back({{"name", "process_name"},
+                      {"ph", "M"},
+                      {"pid", s},
+                      {"tid", 0},
                       {"args", {{"name", absl::StrCat("stage ", s)}}}});
   }
   for (const TimelineEvent& e : sim.events) {

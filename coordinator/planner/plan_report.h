@@ -12,14 +12,14 @@ namespace pipetrain::planner {
 
 // One slot is the shortest compute action; an action longer than that fills as many
 // slots as it lasts, each showing its label. Wide timelines are scaled to <= max_columns.
-std::string RenderPicture(const SimulationResult& simulation, int stages,
-                          int max_columns = 160);
+std::string RenderPicture(const SimulationResult& simulation, int stages, int max_columns = 160);
 
 std::string RenderPlanText(const Plan& plan);
 
 // Keys: schedule, stages[] (stage, layers[][first, end), params, state_bytes,
-// peak_activation_bytes, max_in_flight, recompute), step_time_s, bubble_fraction,
-// textbook_bubble, peak_activation_bytes[], time_unit, device_flops, link_bytes_per_s.
+// peak_activation_bytes, peak_memory_bytes, max_in_flight, recompute), step_time_s,
+// bubble_fraction, textbook_bubble, peak_activation_bytes[], time_unit, device_flops,
+// link_bytes_per_s.
 std::string PlanJson(const Plan& plan);
 
 // Chrome trace event format: pid = stage, ph "X" events in microseconds, and a

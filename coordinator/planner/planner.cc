@@ -14,8 +14,7 @@ namespace {
 namespace pb = ::pipetrain::v1;
 
 bool Recomputes(pb::RecomputeMode mode, int stage, int stages) {
-  return mode == pb::RECOMPUTE_ALWAYS ||
-         (mode == pb::RECOMPUTE_EXCEPT_LAST && stage != stages - 1);
+  return mode == pb::RECOMPUTE_ALWAYS || (mode == pb::RECOMPUTE_EXCEPT_LAST && stage != stages - 1);
 }
 
 // Per-layer partition weights for the chosen mode.
@@ -24,8 +23,12 @@ std::vector<double> LayerWeights(const PlanOptions& o) {
   for (int l = 0; l < o.model.num_pipeline_layers(); ++l) {
     const compute::LayerCost c = compute::CostOfLayer(o.model, l);
     switch (o.partition) {
-      case PartitionMode::kCount: w.push_back(1); break;
-      case PartitionMode::kParams: w.push_back(static_cast<double>(c.params)); break;
+      case PartitionMode::kCount:
+        w.push_back(1);
+        break;
+      case PartitionMode::kParams:
+        w.push_back(static_cast<double>(c.params));
+        break;
       case PartitionMode::kCost:
         w.push_back(c.forward_flops + c.backward_input_flops + c.backward_weight_flops);
         break;
@@ -48,15 +51,18 @@ absl::StatusOr<pb::RecomputeMode> ParseRecompute(absl::string_view name) {
   if (name.empty() || name == "never") return pb::RECOMPUTE_NEVER;
   if (name == "always") return pb::RECOMPUTE_ALWAYS;
   if (name == "except-last") return pb::RECOMPUTE_EXCEPT_LAST;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "pipeline.recompute: unknown mode '", name, "' (expected never, always or except-last)"));
+  return absl::InvalidArgumentError(absl::StrCat("pipeline.recompute: unknown mode '", name,
+                                                 "' (expected never, always or except-last)"));
 }
 
 std::string RecomputeName(pb::RecomputeMode mode) {
   switch (mode) {
-    case pb::RECOMPUTE_ALWAYS: return "always";
-    case pb::RECOMPUTE_EXCEPT_LAST: return "except-last";
-    default: return "never";
+    case pb::RECOMPUTE_ALWAYS:
+      return "always";
+    case pb::RECOMPUTE_EXCEPT_LAST:
+      return "except-last";
+    default:
+      return "never";
   }
 }
 
@@ -74,13 +80,6 @@ absl::StatusOr<PlanOptions> OptionsFromJobSpec(const pb::JobSpec& spec) {
   }
   ASSIGN_OR_RETURN(o.schedule, ParseScheduleKind(p.schedule()));
   ASSIGN_OR_RETURN(o.recompute, ParseRecompute(p.recompute()));
-  if (o.stages < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("pipeline.stages must be >= 1 (got ", o.stages, ")"));
-  }
-  if (o.micro_batches < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pipeline.micro_batches must be >= 1 (got ", o.micro_batches, ")"));
-  }
   RETURN_IF_ERROR(CheckShape(o.schedule, o.stages, o.micro_batches, o.chunks));
   o.batch_size = spec.training().batch_size();
   if (o.batch_size < 1) {
@@ -88,9 +87,9 @@ absl::StatusOr<PlanOptions> OptionsFromJobSpec(const pb::JobSpec& spec) {
         absl::StrCat("training.batch_size must be >= 1 (got ", o.batch_size, ")"));
   }
   if (o.batch_size % o.micro_batches != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "training.batch_size (", o.batch_size, ") must be a multiple of pipeline.micro_batches (",
-        o.micro_batches, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("training.batch_size (", o.batch_size,
+                     ") must be a multiple of pipeline.micro_batches (", o.micro_batches, ")"));
   }
   return o;
 }
@@ -100,16 +99,16 @@ absl::StatusOr<Plan> MakePlan(const PlanOptions& o) {
   RETURN_IF_ERROR(CheckShape(o.schedule, o.stages, o.micro_batches, o.chunks));
   if (o.batch_size < 1 || o.batch_size % o.micro_batches != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "training.batch_size (", o.batch_size, ") must be a positive multiple of pipeline.micro_batches (",
-        o.micro_batches, ")"));
+        "training.batch_size (", o.batch_size,
+        ") must be a positive multiple of pipeline.micro_batches (", o.micro_batches, ")"));
   }
   const int k = o.stages, v = o.chunks, parts = k * v;
   const int layers = o.model.num_pipeline_layers();
   if (parts > layers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pipeline.stages", v > 1 ? " x pipeline.chunks" : "", " (", parts,
-        ") is more than the model's ", layers, " pipeline layers (embedding, ",
-        o.model.n_layers, " blocks, head): every stage needs at least one layer"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline.stages", v > 1 ? " x pipeline.chunks" : "", " (", parts,
+                     ") is more than the model's ", layers, " pipeline layers (embedding, ",
+                     o.model.n_layers, " blocks, head): every stage needs at least one layer"));
   }
   const double tokens = static_cast<double>(o.batch_size / o.micro_batches) * o.model.seq_len;
   std::vector<compute::LayerCost> cost(layers);
@@ -125,10 +124,11 @@ absl::StatusOr<Plan> MakePlan(const PlanOptions& o) {
     const bool all = o.recompute == pb::RECOMPUTE_ALWAYS;
     for (const compute::LayerCost& c : cost) {
       limit.weight_bytes.push_back(kStateBytesPerParam * c.params);
-      limit.activation_bytes.push_back(
-          (all ? c.activation_bytes_recompute : c.activation_bytes) * tokens);
+      limit.activation_bytes.push_back((all ? c.activation_bytes_recompute : c.activation_bytes) *
+                                       tokens);
     }
-    for (int s = 0; s < k; ++s) limit.in_flight.push_back(InFlightBound(o.schedule, k, o.micro_batches, v, s));
+    for (int s = 0; s < k; ++s)
+      limit.in_flight.push_back(InFlightBound(o.schedule, k, o.micro_batches, v, s));
     limit.cap_bytes = o.memory_cap_bytes;
     ASSIGN_OR_RETURN(partition, PartitionByCost(LayerWeights(o), parts, &limit));
   } else {
@@ -176,8 +176,7 @@ absl::StatusOr<Plan> MakePlan(const PlanOptions& o) {
   }
   for (StagePlan& sp : plan.stages) sp.state_bytes = kStateBytesPerParam * sp.params;
 
-  ASSIGN_OR_RETURN(schedule::Schedule compute_only,
-                   Generate(o.schedule, k, o.micro_batches, v));
+  ASSIGN_OR_RETURN(schedule::Schedule compute_only, Generate(o.schedule, k, o.micro_batches, v));
   RETURN_IF_ERROR(schedule::Validate(compute_only, {.lowered = false}));
   plan.programs = Lower(compute_only);
   RETURN_IF_ERROR(schedule::Validate(plan.programs));

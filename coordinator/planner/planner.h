@@ -39,10 +39,10 @@ struct PlanOptions {
   int batch_size = 1;  // sequences per mini-batch, all micro-batches together
   // Forward 1, backward 2 time units per stage and free transfer (memory stays real).
   bool equal_stage_cost = false;
-  double device_flops = 100e12;     // achieved FLOP/s of one device
-  double link_bytes_per_s = 10e9;   // stage-to-stage bandwidth
+  double device_flops = 100e12;    // achieved FLOP/s of one device
+  double link_bytes_per_s = 10e9;  // stage-to-stage bandwidth
   PartitionMode partition = PartitionMode::kCost;
-  double memory_cap_bytes = 0;      // per stage; 0 = unlimited
+  double memory_cap_bytes = 0;  // per stage; 0 = unlimited
 };
 
 // Reads model, pipeline and training.batch_size from a job spec; every error names the
@@ -53,9 +53,9 @@ struct StagePlan {
   int stage = 0;
   std::vector<std::pair<int, int>> layers;  // per chunk: pipeline layers [first, end)
   int64_t params = 0;
-  double state_bytes = 0;             // weights, gradients, optimizer state
-  double peak_activation_bytes = 0;   // simulated
-  int max_in_flight = 0;              // the schedule's bound
+  double state_bytes = 0;            // weights, gradients, optimizer state
+  double peak_activation_bytes = 0;  // simulated
+  int max_in_flight = 0;             // the schedule's bound
   bool recompute = false;
 };
 

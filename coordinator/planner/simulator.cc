@@ -25,8 +25,8 @@ absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
   if (k == 0) return absl::InvalidArgumentError("simulate: no stages");
   const int m = programs[0].num_micro_batches, v = programs[0].num_chunks;
   if (static_cast<int>(costs.chunks.size()) != k) {
-    return absl::InvalidArgumentError(absl::StrCat("simulate: costs for ", costs.chunks.size(),
-                                                   " stages, schedule has ", k));
+    return absl::InvalidArgumentError(
+        absl::StrCat("simulate: costs for ", costs.chunks.size(), " stages, schedule has ", k));
   }
   for (int s = 0; s < k; ++s) {
     if (static_cast<int>(costs.chunks[s].size()) != v) {
@@ -43,6 +43,21 @@ absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
   std::vector<double> clock(k, 0), held(k, 0);
   std::vector<size_t> pc(k, 0);
 
+  // The simulator trusts a validated schedule for order, but never indexes out of range.
+  for (int s = 0; s < k; ++s) {
+    for (const Action& a : programs[s].actions) {
+      const int j = schedule::VirtualStage(s, a.chunk, k);
+      const bool needs_prev = a.kind == ActionKind::kRecvActivation;
+      const bool needs_next = a.kind == ActionKind::kRecvGradient;
+      if (a.micro_batch < 0 || a.micro_batch >= m || a.chunk < 0 || a.chunk >= v ||
+          (needs_prev && j == 0) || (needs_next && j == vj - 1)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("simulate: stage ", s, " action ", schedule::ToString(a),
+                         " is out of range; validate the schedule first"));
+      }
+    }
+  }
+
   auto run = [&](int s, const Action& a) -> bool {
     const int j = schedule::VirtualStage(s, a.chunk, k);
     const ChunkCost* c = a.kind == ActionKind::kOptimizerStep ? nullptr : &costs.chunks[s][a.chunk];
@@ -56,8 +71,12 @@ absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
         end = std::max(start, at);
         break;
       }
-      case ActionKind::kSendActivation: act_at[j][a.micro_batch] = start + c->send_activation_s; break;
-      case ActionKind::kSendGradient: grad_at[j][a.micro_batch] = start + c->send_gradient_s; break;
+      case ActionKind::kSendActivation:
+        act_at[j][a.micro_batch] = start + c->send_activation_s;
+        break;
+      case ActionKind::kSendGradient:
+        grad_at[j][a.micro_batch] = start + c->send_gradient_s;
+        break;
       case ActionKind::kForward:
         end = start + c->forward_s;
         held[s] += c->stored_bytes;
@@ -75,9 +94,12 @@ absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
         end = start + c->backward_weight_s;
         held[s] -= c->stored_bytes;
         break;
-      case ActionKind::kOptimizerStep: end = start + costs.optimizer_s; break;
+      case ActionKind::kOptimizerStep:
+        end = start + costs.optimizer_s;
+        break;
     }
-    if (schedule::IsCompute(a.kind) || a.kind == ActionKind::kOptimizerStep) r.busy_s[s] += end - start;
+    if (schedule::IsCompute(a.kind) || a.kind == ActionKind::kOptimizerStep)
+      r.busy_s[s] += end - start;
     r.events.push_back({s, a, start, end});
     clock[s] = end;
     return true;
@@ -99,9 +121,8 @@ absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
           schedule::ToString(programs[s].actions[pc[s]]), "); validate the schedule first"));
     }
   }
-  std::stable_sort(r.events.begin(), r.events.end(), [](const auto& a, const auto& b) {
-    return a.stage < b.stage;
-  });
+  std::stable_sort(r.events.begin(), r.events.end(),
+                   [](const auto& a, const auto& b) { return a.stage < b.stage; });
   r.step_time_s = *std::max_element(clock.begin(), clock.end());
   double busy = 0;
   for (double b : r.busy_s) busy += b;

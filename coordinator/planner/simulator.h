@@ -14,12 +14,12 @@ namespace pipetrain::planner {
 // Costs of one model chunk on one stage, per micro-batch.
 struct ChunkCost {
   double forward_s = 0;
-  double backward_input_s = 0;   // I; a full backward B costs recompute + I + W
-  double backward_weight_s = 0;  // W
-  double recompute_s = 0;        // the forward rerun before the backward, when recomputing
-  double send_activation_s = 0;  // transfer of this chunk's output downstream
-  double send_gradient_s = 0;    // transfer of this chunk's input gradient upstream
-  double stored_bytes = 0;       // kept from the forward until the backward (or W) ends
+  double backward_input_s = 0;      // I; a full backward B costs recompute + I + W
+  double backward_weight_s = 0;     // W
+  double recompute_s = 0;           // the forward rerun before the backward, when recomputing
+  double send_activation_s = 0;     // transfer of this chunk's output downstream
+  double send_gradient_s = 0;       // transfer of this chunk's input gradient upstream
+  double stored_bytes = 0;          // kept from the forward until the backward (or W) ends
   double backward_extra_bytes = 0;  // materialised on top while the backward runs
 };
 
@@ -42,8 +42,8 @@ struct TimelineEvent {
 struct SimulationResult {
   std::vector<TimelineEvent> events;  // every action, per stage in program order
   double step_time_s = 0;
-  double bubble_fraction = 0;  // 1 - compute time / (K * step time)
-  std::vector<double> busy_s;  // compute and optimizer time per stage
+  double bubble_fraction = 0;                 // 1 - compute time / (K * step time)
+  std::vector<double> busy_s;                 // compute and optimizer time per stage
   std::vector<double> peak_activation_bytes;  // per stage
 };
 
