@@ -2,6 +2,7 @@
 
 #include "bench/benchmark.h"
 #include "bench/codec_bench.h"
+#include "bench/compute_bench.h"
 
 namespace pipetrain::bench {
 
@@ -11,6 +12,10 @@ const std::vector<Benchmark>& AllBenchmarks() {
        "tensor codec: encode + reassemble a 64 MiB tensor vs one memcpy (ratio, lower is "
        "better, 1.0 = memcpy speed)",
        RunCodecBench},
+      {"compute",
+       "cpu backend: training tokens/s of d_model 256, 8 layers, seq 128, batch 32 on 1 "
+       "and 2 threads, achieved GFLOP/s vs sgemm GFLOP/s",
+       RunComputeBench},
   };
   return all;
 }
