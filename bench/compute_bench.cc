@@ -22,8 +22,9 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
 
 // Bytes of a pseudo-random English-like text; the throughput does not depend on it.
 std::string Text() {
-  const char* words[] = {"pipeline ", "stage ", "gradient ", "the ", "of ", "a ",
-                         "micro ",    "batch. ", "model ", "and ", "weights ", "loss "};
+  const char* words[] = {"pipeline ", "stage ", "gradient ", "the ",
+                         "of ",       "a ",     "micro ",    "batch. ",
+                         "model ",    "and ",   "weights ",  "loss "};
   std::string text;
   uint32_t state = 1;
   while (text.size() < (1 << 20)) {
@@ -52,8 +53,8 @@ double SgemmGflops(int m, int n, int k, int reps) {
 absl::StatusOr<BenchResult> RunComputeBench(const BenchOptions& options) {
   const int reps = options.repetitions > 0 ? options.repetitions : 3;
   compute::TrainOptions o;
-  o.model = GptConfig{.vocab_size = 256, .seq_len = 128, .d_model = 256, .n_heads = 4,
-                      .n_layers = 8};
+  o.model = GptConfig{
+      .vocab_size = 256, .seq_len = 128, .d_model = 256, .n_heads = 4, .n_layers = 8};
   o.batch = 32;
   o.optimizer = {.lr = 3e-4f};
   const double tokens = static_cast<double>(o.batch) * o.model.seq_len;
@@ -79,8 +80,8 @@ absl::StatusOr<BenchResult> RunComputeBench(const BenchOptions& options) {
     }
     const double step_s = Median(times);
     const double gflops = flops_per_token * tokens / step_s / 1e9;
-    const double sgemm = SgemmGflops(o.batch * o.model.seq_len, o.model.mlp_dim(),
-                                     o.model.d_model, reps);
+    const double sgemm =
+        SgemmGflops(o.batch * o.model.seq_len, o.model.mlp_dim(), o.model.d_model, reps);
     const std::string t = absl::StrCat("threads", threads, "_");
     result.Add(t + "step_seconds", step_s);
     result.Add(t + "tokens_per_s", tokens / step_s);

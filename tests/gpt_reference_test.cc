@@ -43,8 +43,8 @@ Fixture Load() {
     std::string kind;
     s >> kind;
     if (kind == "config") {
-      s >> f.config.vocab_size >> f.config.seq_len >> f.config.d_model >> f.config.n_heads >>
-          f.config.n_layers;
+      s >> f.config.vocab_size >> f.config.seq_len >> f.config.d_model >>
+          f.config.n_heads >> f.config.n_layers;
     } else if (kind == "rows") {
       s >> f.batch.rows;
     } else if (kind == "tokens" || kind == "targets") {
@@ -78,7 +78,8 @@ TEST(GptReferenceTest, LossAndGradientsMatchAnIndependentImplementation) {
   ASSERT_EQ(f.batch.inputs.size(), size_t(f.batch.rows) * f.config.seq_len);
   auto cpu = CpuBackend::Create(1);
   ASSERT_THAT(cpu, IsOk());
-  auto model = LayerStack::Create(f.config, 0, f.config.num_pipeline_layers(), cpu->get());
+  auto model =
+      LayerStack::Create(f.config, 0, f.config.num_pipeline_layers(), cpu->get());
   ASSERT_THAT(model, IsOk());
   ASSERT_EQ(f.params.size(), (*model)->Params().size()) << "every parameter, once";
   for (const auto& [name, values] : f.params) {

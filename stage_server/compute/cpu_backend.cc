@@ -94,7 +94,8 @@ absl::Status CpuBackend::Free(void* ptr) {
   if (ptr == nullptr) return absl::OkStatus();
   auto it = block_bytes_.find(ptr);
   if (it == block_bytes_.end()) {
-    return absl::InvalidArgumentError("cpu backend: Free of a pointer it did not allocate");
+    return absl::InvalidArgumentError(
+        "cpu backend: Free of a pointer it did not allocate");
   }
   free_blocks_[it->second].push_back(ptr);
   block_bytes_.erase(it);
@@ -110,8 +111,9 @@ absl::Status CpuBackend::Matmul(bool trans_a, bool trans_b, int m, int n, int k,
         absl::StrCat("Matmul: negative shape m=", m, " n=", n, " k=", k));
   }
   if (m == 0 || n == 0) return absl::OkStatus();
-  if (k == 0) {  // BLAS leaves c untouched; the contract says c = beta * c.
-    return Scale(int64_t{m} * n, beta == 0 ? 0.0f : beta, c);
+  if (k == 0) {  // BLAS may leave c untouched; the contract says c = beta * c.
+    if (beta == 0) return Zero(c, int64_t{m} * n * sizeof(float));  // even over NaN
+    return Scale(int64_t{m} * n, beta, c);
   }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, trans_a ? m : k, b,

@@ -48,6 +48,8 @@ struct AdamWOptions {
   float max_grad_norm = 0.0f;
 };
 
+// Not thread-safe: one executor thread drives a stack (and its backend). LayerStack
+// (float) is what stage servers use; LayerStackT<double> exists for gradient checks.
 template <typename Real>
 class LayerStackT {
  public:
