@@ -26,10 +26,10 @@ namespace pipetrain::compute {
 template <typename Real>
 class Stash {
  public:
-  int rows() const { return B_; }
+  int rows() const { return rows_; }
   const void* input() const { return input_; }
-  void Reset(int B, const void* input) {
-    B_ = B;
+  void Reset(int rows, const void* input) {
+    rows_ = rows;
     input_ = input;
     slots_.clear();
   }
@@ -48,7 +48,7 @@ class Stash {
   size_t owned_bytes() const;
 
  private:
-  int B_ = 0;
+  int rows_ = 0;
   const void* input_ = nullptr;
   std::vector<BackendBuffer<Real>> slots_;
 };
