@@ -36,13 +36,13 @@ class Stash {
   // Allocates slot `slot` with `bytes` bytes (replacing what was there).
   absl::StatusOr<void*> Allocate(BackendT<Real>* backend, int slot, size_t bytes);
   Real* get(int slot) const {
-    return slot < (int)slots_.size() ? slots_[slot].data() : nullptr;
+    return slot < static_cast<int>(slots_.size()) ? slots_[slot].data() : nullptr;
   }
   int32_t* ints(int slot) const {
-    return slot < (int)slots_.size() ? slots_[slot].ints() : nullptr;
+    return slot < static_cast<int>(slots_.size()) ? slots_[slot].ints() : nullptr;
   }
   void Release(int slot) {
-    if (slot < (int)slots_.size()) slots_[slot].Reset();
+    if (slot < static_cast<int>(slots_.size())) slots_[slot].Reset();
   }
   void Clear() { slots_.clear(); }
   size_t owned_bytes() const;

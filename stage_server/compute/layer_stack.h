@@ -42,8 +42,8 @@ struct AdamWOptions {
   float beta1 = 0.9f;
   float beta2 = 0.999f;
   float eps = 1e-8f;
-  float weight_decay =
-      0.0f;  // decoupled, applied to matrices only (ParamSpec::is_matrix)
+  // Decoupled weight decay, applied to matrices only (ParamSpec::is_matrix).
+  float weight_decay = 0.0f;
   // Clip gradients to this global L2 norm (as torch.nn.utils.clip_grad_norm_); 0 = off.
   float max_grad_norm = 0.0f;
 };
