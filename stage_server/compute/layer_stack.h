@@ -68,6 +68,10 @@ class LayerStackT {
   // Elements of the output of a micro-batch of B rows: B*T*C, or 1 with the head.
   int64_t OutputElements(int B) const;
   int64_t InputBytes(int B) const;  // bytes of the input of a micro-batch of B rows
+  // Elements of grad_input for B rows: B*T*C, or 0 for a stack holding the embedding.
+  int64_t GradInputElements(int B) const {
+    return has_embedding() ? 0 : int64_t{B} * config_.seq_len * config_.d_model;
+  }
 
   // Deterministic initialisation (see init.h); the same weights for any partition.
   absl::Status Initialize(uint64_t seed);
