@@ -77,6 +77,11 @@ TEST_F(CpuBackendTest, MatmulAllTransposesAndBeta) {
   ASSERT_THAT(cpu_->Matmul(false, false, m, n, k, 1, a.data(), b.data(), 0, c.data()),
               IsOk());
   ExpectClose(c, cd);
+  // An empty inner dimension still honours beta = 0 (BLAS would skip c).
+  std::fill(c.begin(), c.end(), NAN);
+  ASSERT_THAT(cpu_->Matmul(false, false, m, n, 0, 1, a.data(), b.data(), 0, c.data()),
+              IsOk());
+  EXPECT_EQ(c, std::vector<float>(m * n, 0.0f));
   EXPECT_THAT(cpu_->Matmul(false, false, -1, n, k, 1, a.data(), b.data(), 0, c.data()),
               StatusIs(absl::StatusCode::kInvalidArgument));
 }

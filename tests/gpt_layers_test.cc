@@ -208,6 +208,59 @@ TEST(GptLayersTest, ActivationBytesMatchCostModel) {
   }
 }
 
+// Counts the FLOPs of matrix products and attention (2 per multiply-add; attention as
+// the CPU backend runs it: full T x T products, masked afterwards).
+class CountingBackend : public HostBackendT<float> {
+ public:
+  double flops = 0;
+  absl::Status Matmul(bool ta, bool tb, int m, int n, int k, float alpha, const float* a,
+                      const float* b, float beta, float* c) override {
+    flops += 2.0 * m * n * k;
+    return HostBackendT<float>::Matmul(ta, tb, m, n, k, alpha, a, b, beta, c);
+  }
+  absl::Status AttentionForward(int B, int T, int C, int NH, const float* qkv, float* out,
+                                float* probs) override {
+    flops += 4.0 * B * T * T * C;  // scores and mix
+    return HostBackendT<float>::AttentionForward(B, T, C, NH, qkv, out, probs);
+  }
+  absl::Status AttentionBackward(int B, int T, int C, int NH, const float* dout,
+                                 const float* qkv, const float* probs,
+                                 float* dqkv) override {
+    flops += 8.0 * B * T * T * C;  // d probs, dv, dq, dk
+    return HostBackendT<float>::AttentionBackward(B, T, C, NH, dout, qkv, probs, dqkv);
+  }
+};
+
+// Parameter counts and the FLOPs the layers really issue agree with CostOfLayer (which
+// adds a few elementwise FLOPs per vocabulary entry to the head).
+TEST(GptLayersTest, ParamsAndFlopsMatchCostModel) {
+  CountingBackend backend;
+  const GptConfig c = Tiny();
+  const double tokens = kB * c.seq_len;
+  for (int index : {0, 1, 3}) {
+    SCOPED_TRACE(LayerName(c, index));
+    Fixture<float> f(&backend, index);
+    const LayerCost cost = CostOfLayer(c, index);
+    EXPECT_EQ(f.layer->num_params(), cost.params);
+    std::vector<float> out(f.is_head() ? 1 : f.r.size()), grad_input(f.x.size());
+    Stash<float> stash;
+    const double slack = index == 3 ? 5.0 * c.vocab_size : c.d_model * 2.0;
+    auto expect_flops = [&](double cost_per_token) {
+      EXPECT_LE(backend.flops / tokens, cost_per_token);
+      EXPECT_GE(backend.flops / tokens, cost_per_token - slack);
+      backend.flops = 0;
+    };
+    backend.flops = 0;
+    ASSERT_THAT(f.layer->Forward(kB, f.input(), f.targets.data(), out.data(), stash),
+                IsOk());
+    expect_flops(cost.forward_flops);
+    ASSERT_THAT(f.layer->BackwardInput(stash, f.r.data(), 1, grad_input.data()), IsOk());
+    expect_flops(cost.backward_input_flops);
+    ASSERT_THAT(f.layer->BackwardWeight(stash), IsOk());
+    expect_flops(cost.backward_weight_flops);
+  }
+}
+
 TEST(GptLayersTest, BadInputsAreErrors) {
   HostBackend backend;
   Fixture<float> head(&backend, 3);

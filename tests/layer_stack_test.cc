@@ -86,7 +86,7 @@ double RunStep(Stages<Real>& stages, const Batch& batch, int M,
   for (int mb = M - 1; mb >= 0; --mb) {
     std::vector<Real> grad;
     for (int i = static_cast<int>(stages.size()) - 1; i >= 0; --i) {
-      std::vector<Real> grad_input(stages[i]->has_embedding() ? 0 : tokens * c.d_model);
+      std::vector<Real> grad_input(stages[i]->GradInputElements(rows));
       Real* gi = grad_input.empty() ? nullptr : grad_input.data();
       const Real* go = stages[i]->has_head() ? nullptr : grad.data();
       if (mode == Mode::kFused) {

@@ -77,8 +77,9 @@ class BackendT {
 
   // ---- Embedding --------------------------------------------------------------------
   // out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :]. Fails with InvalidArgument if a
-  // token is outside [0, V) (backends that cannot check cheaply may check on the host
-  // before copying; the layer validates tokens too).
+  // token is outside [0, V) where the backend can check cheaply (the cpu backend does);
+  // a device backend may instead clamp or skip, so whoever brings tokens in from outside
+  // (the executor, the trainer) validates them on the host before copying them over.
   //   tokens (B, T) int32, wte (V, C), wpe (>= T, C), out (B, T, C)
   virtual absl::Status EmbeddingForward(int B, int T, int C, int V, const int32_t* tokens,
                                         const Real* wte, const Real* wpe, Real* out) = 0;

@@ -26,29 +26,29 @@ namespace pipetrain::compute {
 template <typename Real>
 class Stash {
  public:
-  int rows() const { return B_; }
+  int rows() const { return rows_; }
   const void* input() const { return input_; }
-  void Reset(int B, const void* input) {
-    B_ = B;
+  void Reset(int rows, const void* input) {
+    rows_ = rows;
     input_ = input;
     slots_.clear();
   }
   // Allocates slot `slot` with `bytes` bytes (replacing what was there).
   absl::StatusOr<void*> Allocate(BackendT<Real>* backend, int slot, size_t bytes);
   Real* get(int slot) const {
-    return slot < (int)slots_.size() ? slots_[slot].data() : nullptr;
+    return slot < static_cast<int>(slots_.size()) ? slots_[slot].data() : nullptr;
   }
   int32_t* ints(int slot) const {
-    return slot < (int)slots_.size() ? slots_[slot].ints() : nullptr;
+    return slot < static_cast<int>(slots_.size()) ? slots_[slot].ints() : nullptr;
   }
   void Release(int slot) {
-    if (slot < (int)slots_.size()) slots_[slot].Reset();
+    if (slot < static_cast<int>(slots_.size())) slots_[slot].Reset();
   }
   void Clear() { slots_.clear(); }
   size_t owned_bytes() const;
 
  private:
-  int B_ = 0;
+  int rows_ = 0;
   const void* input_ = nullptr;
   std::vector<BackendBuffer<Real>> slots_;
 };

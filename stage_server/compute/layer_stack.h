@@ -42,12 +42,14 @@ struct AdamWOptions {
   float beta1 = 0.9f;
   float beta2 = 0.999f;
   float eps = 1e-8f;
-  float weight_decay =
-      0.0f;  // decoupled, applied to matrices only (ParamSpec::is_matrix)
+  // Decoupled weight decay, applied to matrices only (ParamSpec::is_matrix).
+  float weight_decay = 0.0f;
   // Clip gradients to this global L2 norm (as torch.nn.utils.clip_grad_norm_); 0 = off.
   float max_grad_norm = 0.0f;
 };
 
+// Not thread-safe: one executor thread drives a stack (and its backend). LayerStack
+// (float) is what stage servers use; LayerStackT<double> exists for gradient checks.
 template <typename Real>
 class LayerStackT {
  public:
@@ -66,6 +68,10 @@ class LayerStackT {
   // Elements of the output of a micro-batch of B rows: B*T*C, or 1 with the head.
   int64_t OutputElements(int B) const;
   int64_t InputBytes(int B) const;  // bytes of the input of a micro-batch of B rows
+  // Elements of grad_input for B rows: B*T*C, or 0 for a stack holding the embedding.
+  int64_t GradInputElements(int B) const {
+    return has_embedding() ? 0 : int64_t{B} * config_.seq_len * config_.d_model;
+  }
 
   // Deterministic initialisation (see init.h); the same weights for any partition.
   absl::Status Initialize(uint64_t seed);
