@@ -29,10 +29,12 @@ EmulatedShard::EmulatedShard(const compute::GptConfig& config, int begin, int en
     forward_s_ += c.forward_flops * tokens / device_.flops;
     backward_input_s_ += c.backward_input_flops * tokens / device_.flops;
     backward_weight_s_ += c.backward_weight_flops * tokens / device_.flops;
-    activation_bytes_ += static_cast<size_t>(
-        (recompute ? c.activation_bytes_recompute : c.activation_bytes) * tokens);
     params += c.params;
   }
+  memory_ = compute::ChunkActivationBytes(config, begin, end, recompute);
+  memory_.stored *= tokens;
+  memory_.backward_extra *= tokens;
+  memory_.weight_grad *= tokens;
   // AdamW touches each parameter a handful of times: ~10 FLOPs per parameter.
   optimizer_s_ = 10 * params / device_.flops;
   if (recompute) backward_input_s_ += forward_s_;  // the forward runs again first
@@ -47,10 +49,12 @@ absl::StatusOr<common::Tensor> EmulatedShard::Output(std::vector<int64_t> shape)
 }
 
 void EmulatedShard::Hold(int mb, size_t bytes) {
-  in_flight_[mb] = bytes;
+  in_flight_[mb] += bytes;
   held_ += bytes;
   peak_ = std::max(peak_, held_);
 }
+
+void EmulatedShard::Peak(size_t extra) { peak_ = std::max(peak_, held_ + extra); }
 
 void EmulatedShard::Release(int mb) {
   auto it = in_flight_.find(mb);
@@ -65,7 +69,8 @@ absl::StatusOr<common::Tensor> EmulatedShard::Forward(int mb, const common::Tens
     return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " is already in flight"));
   }
   absl::SleepFor(absl::Seconds(forward_s_));
-  Hold(mb, activation_bytes_);
+  Hold(mb, memory_.stored);
+  Peak(memory_.backward_extra);  // recomputing, the whole stash existed until now
   if (has_head()) {
     ASSIGN_OR_RETURN(common::Tensor loss, Output({1}));
     loss.data<float>()[0] = 0.0f;  // no arithmetic: the loss is not computed
@@ -74,11 +79,15 @@ absl::StatusOr<common::Tensor> EmulatedShard::Forward(int mb, const common::Tens
   return Output({rows_, config_.seq_len, config_.d_model});
 }
 
-absl::StatusOr<common::Tensor> EmulatedShard::Backward(int mb, const common::Tensor* grad_output,
-                                                       float loss_grad) {
-  ASSIGN_OR_RETURN(common::Tensor grad, BackwardInput(mb, grad_output, loss_grad));
-  RETURN_IF_ERROR(BackwardWeight(mb));
-  return grad;
+absl::StatusOr<common::Tensor> EmulatedShard::Backward(int mb, const common::Tensor*, float) {
+  if (!in_flight_.count(mb)) {
+    return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " has no forward"));
+  }
+  absl::SleepFor(absl::Seconds(backward_input_s_ + backward_weight_s_));
+  Peak(memory_.backward_extra);
+  Release(mb);
+  if (has_embedding()) return common::Tensor();
+  return Output({rows_, config_.seq_len, config_.d_model});
 }
 
 absl::StatusOr<common::Tensor> EmulatedShard::BackwardInput(int mb, const common::Tensor*,
@@ -87,6 +96,9 @@ absl::StatusOr<common::Tensor> EmulatedShard::BackwardInput(int mb, const common
     return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " has no forward"));
   }
   absl::SleepFor(absl::Seconds(backward_input_s_));
+  Peak(memory_.backward_extra);
+  // The rebuilt activations and the gradients for the weight half stay until it runs.
+  Hold(mb, memory_.backward_extra + memory_.weight_grad);
   if (has_embedding()) return common::Tensor();
   return Output({rows_, config_.seq_len, config_.d_model});
 }

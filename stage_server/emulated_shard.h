@@ -39,6 +39,7 @@ class EmulatedShard final : public ShardCompute {
   absl::Status ZeroGrads() override { return absl::OkStatus(); }
   absl::StatusOr<double> GradSquaredNorm() override { return 0.0; }
   absl::Status OptimizerStep(const OptimizerSettings&, std::optional<double>) override;
+  size_t ActivationBytes() const override { return held_; }
   size_t PeakActivationBytes() const override { return peak_; }
   void ResetPeak() override { peak_ = held_; }
 
@@ -49,7 +50,7 @@ class EmulatedShard final : public ShardCompute {
 
  private:
   absl::StatusOr<common::Tensor> Output(std::vector<int64_t> shape);
-  void Hold(int mb, size_t bytes);
+  void Hold(int mb, size_t bytes);  // adds to what micro-batch mb holds
   void Release(int mb);
 
   compute::GptConfig config_;
@@ -58,7 +59,8 @@ class EmulatedShard final : public ShardCompute {
   bool recompute_;
   std::shared_ptr<common::BufferPool> pool_;
   double forward_s_ = 0, backward_input_s_ = 0, backward_weight_s_ = 0, optimizer_s_ = 0;
-  size_t activation_bytes_ = 0;  // per micro-batch, as the planner counts them
+  compute::ChunkMemory memory_;  // bytes per micro-batch (not per token), as the planner counts
+  void Peak(size_t extra);
   std::map<int, size_t> in_flight_;
   size_t held_ = 0, peak_ = 0;
 };

@@ -31,6 +31,7 @@ struct Executor::StepState {
   std::vector<float> losses;
   std::vector<bool> have_loss;
   double grad_norm_sq = 0;  // this stage's, summed when the optimizer step comes
+  size_t peak_bytes = 0;    // activations of all chunks together, at their most
 };
 
 Executor::Executor(ExecutorConfig config, std::vector<std::unique_ptr<ShardCompute>> chunks,
@@ -137,10 +138,7 @@ absl::StatusOr<StepResult> Executor::RunStep(const schedule::StageProgram& progr
   if (prev_) prev_->BeginStep(st.inputs.step);
 
   StepResult result;
-  for (auto& chunk : chunks_) {
-    chunk->ResetPeak();
-    RETURN_IF_ERROR(chunk->ZeroGrads());
-  }
+  for (auto& chunk : chunks_) RETURN_IF_ERROR(chunk->ZeroGrads());
   st.start = absl::Now();
   absl::Status failure;
   for (size_t i = 0; i < program.actions.size(); ++i) {
@@ -159,7 +157,17 @@ absl::StatusOr<StepResult> Executor::RunStep(const schedule::StageProgram& progr
         st.grad_norm_sq += *sq;
       }
     }
+    const bool compute = schedule::IsCompute(a.kind);
+    if (compute) chunks_[a.chunk]->ResetPeak();
     absl::Status s = failure.ok() ? RunAction(a, st, t) : failure;
+    if (compute && s.ok()) {
+      // The chunk's peak during the action, with what the other chunks hold meanwhile.
+      size_t total = chunks_[a.chunk]->PeakActivationBytes();
+      for (size_t c = 0; c < chunks_.size(); ++c) {
+        if (static_cast<int>(c) != a.chunk) total += chunks_[c]->ActivationBytes();
+      }
+      st.peak_bytes = std::max(st.peak_bytes, total);
+    }
     t.end_us = absl::ToInt64Microseconds(absl::Now() - st.start);
     if (!s.ok()) {
       failure = absl::Status(s.code(), absl::StrCat("job '", config_.job_id, "' stage ",
@@ -188,7 +196,7 @@ absl::StatusOr<StepResult> Executor::RunStep(const schedule::StageProgram& progr
     for (auto& chunk : chunks_) chunk->Abandon();
     return failure;
   }
-  for (auto& chunk : chunks_) result.peak_activation_bytes += chunk->PeakActivationBytes();
+  result.peak_activation_bytes = st.peak_bytes;
   const bool holds_head = (LastVirtualStage() % config_.num_stages) == config_.stage;
   if (holds_head) result.losses = st.losses;
   result.grad_norm_sq = st.grad_norm_sq;

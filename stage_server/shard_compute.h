@@ -52,6 +52,9 @@ class ShardCompute {
   virtual absl::Status OptimizerStep(const OptimizerSettings& settings,
                                      std::optional<double> global_grad_norm) = 0;
 
+  // Activation bytes held now, and the most held since the last ResetPeak (moments
+  // inside an action included).
+  virtual size_t ActivationBytes() const = 0;
   virtual size_t PeakActivationBytes() const = 0;
   virtual void ResetPeak() = 0;
 };

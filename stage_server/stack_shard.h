@@ -33,6 +33,7 @@ class StackShard final : public ShardCompute {
   absl::StatusOr<double> GradSquaredNorm() override { return stack_->GradSquaredNorm(); }
   absl::Status OptimizerStep(const OptimizerSettings& settings,
                              std::optional<double> global_grad_norm) override;
+  size_t ActivationBytes() const override { return stack_->ActivationBytes(); }
   size_t PeakActivationBytes() const override { return stack_->PeakActivationBytes(); }
   void ResetPeak() override { stack_->ResetPeak(); }
 

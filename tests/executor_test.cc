@@ -181,7 +181,12 @@ void RunPipeline(const Case& c) {
     for (float l : losses) loss += l;
     loss /= kMicroBatches;
     EXPECT_NEAR(loss, ref.losses[step], 1e-5 * std::abs(ref.losses[step])) << "step " << step;
-    for (int s = 0; s < K; ++s) EXPECT_GT(results[s]->peak_activation_bytes, 0u);
+    for (int s = 0; s < K; ++s) {
+      // The layers hold exactly what the planner predicted for this stage.
+      EXPECT_EQ(static_cast<double>(results[s]->peak_activation_bytes),
+                plan->stages[s].peak_activation_bytes)
+          << "stage " << s;
+    }
   }
   // Final weights, tensor by tensor.
   for (int s = 0; s < K; ++s) {

@@ -62,3 +62,28 @@ TEST(GptConfigTest, ParameterCountsMatchGpt2Formulas) {
 
 }  // namespace
 }  // namespace pipetrain::compute
+
+namespace pipetrain::compute {
+namespace {
+
+TEST(GptConfigTest, ChunkMemoryFollowsTheLayerStack) {
+  const GptConfig c = Tiny();  // C 32, H 4, T 16, V 256, 3 blocks
+  const double C = 32, H = 4, T = 16;
+  // Without recomputation every layer's stash and input are kept.
+  ChunkMemory all = ChunkActivationBytes(c, 0, 5, false);
+  double full = 0;
+  for (int l = 0; l < 5; ++l) full += CostOfLayer(c, l).activation_bytes;
+  EXPECT_DOUBLE_EQ(all.stored, full);
+  EXPECT_DOUBLE_EQ(all.backward_extra, 0);
+  EXPECT_DOUBLE_EQ(all.weight_grad, (C + 3 * (4 * C - H * T) + C) * 4);
+  // Recomputing, a chunk keeps its input (and the head's targets) and rebuilds the rest.
+  ChunkMemory blocks = ChunkActivationBytes(c, 1, 3, true);
+  EXPECT_DOUBLE_EQ(blocks.stored, C * 4);
+  EXPECT_DOUBLE_EQ(blocks.stored + blocks.backward_extra,
+                   CostOfLayer(c, 1).activation_bytes + CostOfLayer(c, 2).activation_bytes);
+  ChunkMemory tail = ChunkActivationBytes(c, 3, 5, true);
+  EXPECT_DOUBLE_EQ(tail.stored, C * 4 + 4);
+}
+
+}  // namespace
+}  // namespace pipetrain::compute

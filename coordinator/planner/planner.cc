@@ -148,22 +148,18 @@ absl::StatusOr<Plan> MakePlan(const PlanOptions& o) {
     sp.recompute = Recomputes(o.recompute, s, k);
     sp.max_in_flight = InFlightBound(o.schedule, k, o.micro_batches, v, s);
     ChunkCost& cc = plan.costs.chunks[s][c];
-    double full = 0, kept = 0;
     for (int l = b; l < e; ++l) {
       sp.params += cost[l].params;
       cc.forward_s += cost[l].forward_flops * tokens / o.device_flops;
       cc.backward_input_s += cost[l].backward_input_flops * tokens / o.device_flops;
       cc.backward_weight_s += cost[l].backward_weight_flops * tokens / o.device_flops;
-      full += cost[l].activation_bytes * tokens;
-      kept += cost[l].activation_bytes_recompute * tokens;
     }
-    if (sp.recompute) {
-      cc.recompute_s = cc.forward_s;
-      cc.stored_bytes = kept;
-      cc.backward_extra_bytes = full - kept;  // rebuilt for the one micro-batch in backward
-    } else {
-      cc.stored_bytes = full;
-    }
+    const compute::ChunkMemory memory =
+        compute::ChunkActivationBytes(o.model, b, e, sp.recompute);
+    cc.stored_bytes = memory.stored * tokens;
+    cc.backward_extra_bytes = memory.backward_extra * tokens;
+    cc.weight_grad_bytes = memory.weight_grad * tokens;
+    if (sp.recompute) cc.recompute_s = cc.forward_s;
     cc.send_activation_s = cost[e - 1].output_bytes * tokens / o.link_bytes_per_s;
     cc.send_gradient_s = b > 0 ? cost[b - 1].output_bytes * tokens / o.link_bytes_per_s : 0;
     if (o.equal_stage_cost) {

@@ -80,7 +80,9 @@ absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
       case ActionKind::kForward:
         end = start + c->forward_s;
         held[s] += c->stored_bytes;
-        r.peak_activation_bytes[s] = std::max(r.peak_activation_bytes[s], held[s]);
+        // Recomputing, the forward's whole stash exists until the forward ends.
+        r.peak_activation_bytes[s] =
+            std::max(r.peak_activation_bytes[s], held[s] + c->backward_extra_bytes);
         break;
       case ActionKind::kBackward:
       case ActionKind::kBackwardInput:
@@ -88,11 +90,17 @@ absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
               (a.kind == ActionKind::kBackward ? c->backward_weight_s : 0);
         r.peak_activation_bytes[s] =
             std::max(r.peak_activation_bytes[s], held[s] + c->backward_extra_bytes);
-        if (a.kind == ActionKind::kBackward) held[s] -= c->stored_bytes;
+        if (a.kind == ActionKind::kBackward) {
+          held[s] -= c->stored_bytes;
+        } else {
+          // The rebuilt activations and I's gradients stay until W.
+          held[s] += c->backward_extra_bytes + c->weight_grad_bytes;
+          r.peak_activation_bytes[s] = std::max(r.peak_activation_bytes[s], held[s]);
+        }
         break;
       case ActionKind::kBackwardWeight:
         end = start + c->backward_weight_s;
-        held[s] -= c->stored_bytes;
+        held[s] -= c->stored_bytes + c->backward_extra_bytes + c->weight_grad_bytes;
         break;
       case ActionKind::kOptimizerStep:
         end = start + costs.optimizer_s;

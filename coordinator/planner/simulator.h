@@ -21,6 +21,8 @@ struct ChunkCost {
   double send_gradient_s = 0;       // transfer of this chunk's input gradient upstream
   double stored_bytes = 0;          // kept from the forward until the backward (or W) ends
   double backward_extra_bytes = 0;  // materialised on top while the backward runs
+  // Kept from a split backward's input half (I) until its weight half (W).
+  double weight_grad_bytes = 0;
 };
 
 struct CostModel {

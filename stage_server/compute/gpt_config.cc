@@ -110,6 +110,7 @@ LayerCost CostOfLayer(const GptConfig& c, int layer) {
       cost.backward_weight_flops = 2 * C;
       cost.activation_bytes = 4;       // the token id
       cost.activation_bytes_recompute = 4;
+      cost.weight_grad_bytes = C * kF;  // the output gradient, for the scatter-add
       cost.output_bytes = C * kF;
       break;
     case LayerKind::kBlock:
@@ -123,6 +124,10 @@ LayerCost CostOfLayer(const GptConfig& c, int layer) {
       cost.activation_bytes = (C + C + 3 * C + H * T + C + C + C + 4 * C + 4 * C + 4) * kF;
       cost.activation_bytes_recompute = C * kF;
       cost.output_bytes = C * kF;
+      // I keeps the gradients at the MLP out (C) and in (4C), LayerNorm 2 (C), the
+      // residual (C), qkv (3C) and LayerNorm 1 (C), and frees the pre-GELU values
+      // (4C), qkv (3C) and the attention probabilities (H x T).
+      cost.weight_grad_bytes = (4 * C - H * T) * kF;
       break;
     case LayerKind::kHead:
       cost.forward_flops = 2 * C * V + 5 * V;
@@ -133,9 +138,31 @@ LayerCost CostOfLayer(const GptConfig& c, int layer) {
       cost.activation_bytes = (C + C + 2 + V + 1) * kF;
       cost.activation_bytes_recompute = C * kF;
       cost.output_bytes = kF;  // the loss
+      cost.weight_grad_bytes = C * kF;  // the gradient at ln_f's output
       break;
   }
   return cost;
+}
+
+ChunkMemory ChunkActivationBytes(const GptConfig& config, int begin, int end,
+                                 bool recompute) {
+  ChunkMemory m;
+  double full = 0;
+  for (int l = begin; l < end; ++l) {
+    const LayerCost c = CostOfLayer(config, l);
+    full += c.activation_bytes;  // each layer's stash and its input
+    m.weight_grad += c.weight_grad_bytes;
+  }
+  if (!recompute) {
+    m.stored = full;
+    return m;
+  }
+  // Recomputing, the stack keeps its input, and the targets when it holds the head.
+  const bool holds_head = end == config.num_pipeline_layers();
+  const double input = CostOfLayer(config, begin).activation_bytes_recompute;
+  m.stored = input + (holds_head ? 4 : 0);
+  m.backward_extra = full - input;
+  return m;
 }
 
 }  // namespace pipetrain::compute

@@ -66,7 +66,24 @@ struct LayerCost {
   double activation_bytes_recompute = 0;
   // Bytes of the layer's output per token (what crosses a stage boundary after it).
   double output_bytes = 0;
+  // Bytes per token a split backward's input half (I) keeps until its weight half (W)
+  // on top of the forward's activations: the output gradients W needs, less what I
+  // frees (negative when it frees more).
+  double weight_grad_bytes = 0;
 };
 LayerCost CostOfLayer(const GptConfig& config, int pipeline_layer);
+
+// Activation memory of a model chunk, pipeline layers [begin, end) run as one layer
+// stack, in bytes per token of a micro-batch, exactly as the stack holds it. The
+// planner predicts with it and the emulated device holds it.
+struct ChunkMemory {
+  double stored = 0;  // kept from a micro-batch's forward until its backward ends
+  // With recomputation: the activations rebuilt for the micro-batch whose backward
+  // runs, on top of `stored` (also held for a moment during its forward).
+  double backward_extra = 0;
+  // A split backward keeps this from its input half until its weight half.
+  double weight_grad = 0;
+};
+ChunkMemory ChunkActivationBytes(const GptConfig& config, int begin, int end, bool recompute);
 
 }  // namespace pipetrain::compute

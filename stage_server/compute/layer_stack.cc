@@ -131,12 +131,13 @@ absl::Status LayerStackT<Real>::Forward(int mb_id, int B, const void* input,
   }
   RETURN_IF_ERROR(RunForward(mb, output));
   auto [it, inserted] = micro_batches_.emplace(mb_id, std::move(mb));
-  NotePeak();
   if (options_.recompute) {
+    NotePeak();  // the whole stash existed until now
     it->second.stashes.clear();
     it->second.outputs.clear();
   } else {
     it->second.targets.Reset();  // the head's stash holds its own copy
+    NotePeak();
   }
   return absl::OkStatus();
 }
