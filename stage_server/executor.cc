@@ -4,6 +4,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/schedule/validator.h"
 #include "common/status_macros.h"
 
 namespace pipetrain::stage_server {
@@ -51,6 +52,9 @@ std::shared_ptr<const Tensor> Executor::Share(Tensor tensor) {
 
 absl::Status Executor::CheckProgram(const schedule::StageProgram& p,
                                     const StepInputs& inputs) const {
+  // The schedule's own rules (order, bounds, in-flight limit) first, then what this
+  // stage's configuration and inputs require.
+  RETURN_IF_ERROR(schedule::ValidateProgram(p));
   auto bad = [&](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat("program for stage ", config_.stage,
                                                    " of job '", config_.job_id, "': ", what));

@@ -81,6 +81,14 @@ absl::Status ReadNamedInt(std::vector<absl::string_view>& words, size_t i, absl:
 
 }  // namespace
 
+pb::Action ActionToProto(const Action& a) {
+  pb::Action out;
+  out.set_kind(KindToProto(a.kind));
+  out.set_micro_batch(a.micro_batch);
+  out.set_chunk(a.chunk);
+  return out;
+}
+
 pb::StageProgram ToProto(const StageProgram& p) {
   pb::StageProgram out;
   out.set_stage(p.stage);

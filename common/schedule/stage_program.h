@@ -37,6 +37,7 @@ inline int StageOfVirtual(int virtual_stage, int num_stages) { return virtual_st
 inline int ChunkOfVirtual(int virtual_stage, int num_stages) { return virtual_stage / num_stages; }
 
 pipetrain::v1::StageProgram ToProto(const StageProgram& program);
+pipetrain::v1::Action ActionToProto(const Action& action);
 // Rejects unknown action kinds and fields that do not fit in an int.
 absl::StatusOr<StageProgram> FromProto(const pipetrain::v1::StageProgram& proto);
 
