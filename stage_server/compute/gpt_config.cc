@@ -128,8 +128,9 @@ LayerCost CostOfLayer(const GptConfig& c, int layer) {
       cost.forward_flops = 2 * C * V + 5 * V;
       cost.backward_input_flops = 2 * C * V + 2 * V;
       cost.backward_weight_flops = 2 * C * V;
-      // Input x, ln_f out, ln_f mean and rstd, softmax probabilities.
-      cost.activation_bytes = (C + C + 2 + V) * kF;
+      // Input x, ln_f out, ln_f mean and rstd, softmax probabilities (overwritten by
+      // the logits' gradient in backward), and the int32 target id.
+      cost.activation_bytes = (C + C + 2 + V + 1) * kF;
       cost.activation_bytes_recompute = C * kF;
       cost.output_bytes = kF;  // the loss
       break;

@@ -1,0 +1,254 @@
+#include "stage_server/compute/cpu_backend.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "stage_server/compute/reference_ops.h"
+
+namespace pipetrain::compute {
+
+namespace {
+absl::Status CheckAttention(const char* op, int B, int T, int C, int NH) {
+  if (B < 0 || T < 0 || C < 0 || NH <= 0 || C % NH != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": bad shape B=", B, " T=", T,
+                                                   " C=", C, " heads=", NH));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRows(const char* op, int64_t rows, int64_t cols) {
+  if (rows < 0 || cols < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": negative shape (", rows, ", ", cols, ")"));
+  }
+  return absl::OkStatus();
+}
+
+constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluA = 0.044715f;
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(int threads) {
+  if (threads < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("cpu backend: threads must be >= 1 (got ",
+                                                   threads, ")"));
+  }
+  openblas_set_num_threads(threads);
+  return std::unique_ptr<CpuBackend>(new CpuBackend(threads));
+}
+
+absl::Status CpuBackend::Matmul(bool trans_a, bool trans_b, int m, int n, int k,
+                                float alpha, const float* a, const float* b, float beta,
+                                float* c) {
+  // a (m, k) or (k, m); b (k, n) or (n, k); c (m, n)
+  if (m < 0 || n < 0 || k < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Matmul: negative shape m=", m, " n=", n, " k=", k));
+  }
+  if (m == 0 || n == 0) return absl::OkStatus();
+  if (k == 0) {  // BLAS leaves c untouched; the contract says c = beta * c.
+    return Scale(int64_t{m} * n, beta == 0 ? 0.0f : beta, c);
+  }
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
+              trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, trans_a ? m : k, b,
+              trans_b ? k : n, beta, c, n);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::BiasGrad(int rows, int cols, const float* dout, float* dbias) {
+  // dout (rows, cols), dbias (cols) +=. Row-major sweep so memory is read once.
+  if (absl::Status s = CheckRows("BiasGrad", rows, cols); !s.ok()) return s;
+  for (int r = 0; r < rows; ++r) {
+    const float* d = dout + int64_t{r} * cols;
+    for (int c = 0; c < cols; ++c) dbias[c] += d[c];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::LayerNormForward(int rows, int C, const float* x,
+                                          const float* weight, const float* bias,
+                                          float* out, float* mean, float* rstd) {
+  // x (rows, C), weight (C), bias (C), out (rows, C), mean (rows), rstd (rows)
+  if (absl::Status s = CheckRows("LayerNormForward", rows, C); !s.ok()) return s;
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x + int64_t{r} * C;
+    float* o = out + int64_t{r} * C;
+    float sum = 0;
+    for (int c = 0; c < C; ++c) sum += xr[c];
+    const float mu = sum / C;
+    float var = 0;
+    for (int c = 0; c < C; ++c) var += (xr[c] - mu) * (xr[c] - mu);
+    const float rs = 1.0f / std::sqrt(var / C + static_cast<float>(reference::kLayerNormEps));
+    for (int c = 0; c < C; ++c) o[c] = (xr[c] - mu) * rs * weight[c] + bias[c];
+    mean[r] = mu;
+    rstd[r] = rs;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::LayerNormBackward(int rows, int C, const float* dout,
+                                           const float* x, const float* weight,
+                                           const float* mean, const float* rstd, float* dx,
+                                           float* dweight, float* dbias) {
+  // dout (rows, C), x (rows, C), weight (C), mean (rows), rstd (rows),
+  // dx (rows, C) +=, dweight (C) +=, dbias (C) +=
+  if (absl::Status s = CheckRows("LayerNormBackward", rows, C); !s.ok()) return s;
+  for (int r = 0; r < rows; ++r) {
+    const float* xr = x + int64_t{r} * C;
+    const float* d = dout + int64_t{r} * C;
+    const float mu = mean[r], rs = rstd[r];
+    if (dx != nullptr) {
+      float g_mean = 0, gx_mean = 0;
+      for (int c = 0; c < C; ++c) {
+        const float g = d[c] * weight[c];
+        g_mean += g;
+        gx_mean += g * (xr[c] - mu) * rs;
+      }
+      g_mean /= C;
+      gx_mean /= C;
+      float* dxr = dx + int64_t{r} * C;
+      for (int c = 0; c < C; ++c) {
+        const float xhat = (xr[c] - mu) * rs;
+        dxr[c] += rs * (d[c] * weight[c] - g_mean - xhat * gx_mean);
+      }
+    }
+    if (dweight != nullptr) {
+      for (int c = 0; c < C; ++c) dweight[c] += d[c] * (xr[c] - mu) * rs;
+    }
+    if (dbias != nullptr) {
+      for (int c = 0; c < C; ++c) dbias[c] += d[c];
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::GeluForward(int64_t n, const float* x, float* out) {
+  // x (N), out (N)
+  if (absl::Status s = CheckRows("GeluForward", n, 1); !s.ok()) return s;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    out[i] = 0.5f * v * (1.0f + std::tanh(kGeluK * (v + kGeluA * v * v * v)));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::GeluBackward(int64_t n, const float* x, const float* dout,
+                                      float* dx) {
+  // x (N), dout (N), dx (N)
+  if (absl::Status s = CheckRows("GeluBackward", n, 1); !s.ok()) return s;
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = x[i];
+    const float th = std::tanh(kGeluK * (v + kGeluA * v * v * v));
+    const float grad =
+        0.5f * (1 + th) + 0.5f * v * (1 - th * th) * kGeluK * (1 + 3 * kGeluA * v * v);
+    dx[i] = grad * dout[i];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::AttentionForward(int B, int T, int C, int NH, const float* qkv,
+                                          float* out, float* probs) {
+  // qkv (B, T, 3C), out (B, T, C), probs (B, NH, T, T)
+  if (absl::Status s = CheckAttention("AttentionForward", B, T, C, NH); !s.ok()) return s;
+  const int hs = C / NH;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  for (int b = 0; b < B; ++b) {
+    const float* base = qkv + int64_t{b} * T * 3 * C;
+    for (int h = 0; h < NH; ++h) {
+      float* p = probs + (int64_t{b} * NH + h) * T * T;  // (T, T)
+      // scores = scale * Q K^T; Q and K are (T, hs) views with row stride 3C. The upper
+      // triangle is computed and then masked: cheaper than T small products.
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, base + h * hs,
+                  3 * C, base + C + h * hs, 3 * C, 0.0f, p, T);
+      for (int t = 0; t < T; ++t) {
+        float* row = p + int64_t{t} * T;
+        float max_score = row[0];
+        for (int u = 1; u <= t; ++u) max_score = std::max(max_score, row[u]);
+        float sum = 0;
+        for (int u = 0; u <= t; ++u) {
+          row[u] = std::exp(row[u] - max_score);
+          sum += row[u];
+        }
+        const float inv = 1.0f / sum;
+        for (int u = 0; u <= t; ++u) row[u] *= inv;
+        for (int u = t + 1; u < T; ++u) row[u] = 0;
+      }
+      // out_h = P V: (T, hs), row stride C.
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, p, T,
+                  base + 2 * C + h * hs, 3 * C, 0.0f, out + int64_t{b} * T * C + h * hs, C);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::AttentionBackward(int B, int T, int C, int NH, const float* dout,
+                                           const float* qkv, const float* probs,
+                                           float* dqkv) {
+  // dout (B, T, C), qkv (B, T, 3C), probs (B, NH, T, T), dqkv (B, T, 3C)
+  if (absl::Status s = CheckAttention("AttentionBackward", B, T, C, NH); !s.ok()) return s;
+  const int hs = C / NH;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  scratch_.resize(int64_t{T} * T);
+  float* dp = scratch_.data();  // (T, T)
+  for (int b = 0; b < B; ++b) {
+    const float* base = qkv + int64_t{b} * T * 3 * C;
+    float* dbase = dqkv + int64_t{b} * T * 3 * C;
+    const float* dob = dout + int64_t{b} * T * C;
+    for (int h = 0; h < NH; ++h) {
+      const float* p = probs + (int64_t{b} * NH + h) * T * T;  // (T, T)
+      // dP = dO V^T (T, T); dV = P^T dO (T, hs).
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dob + h * hs, C,
+                  base + 2 * C + h * hs, 3 * C, 0.0f, dp, T);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, p, T,
+                  dob + h * hs, C, 0.0f, dbase + 2 * C + h * hs, 3 * C);
+      // Softmax backward in place: dS = P * (dP - rowsum(P * dP)), times the scale.
+      for (int t = 0; t < T; ++t) {
+        const float* pr = p + int64_t{t} * T;
+        float* dr = dp + int64_t{t} * T;
+        float dot = 0;
+        for (int u = 0; u <= t; ++u) dot += pr[u] * dr[u];
+        for (int u = 0; u <= t; ++u) dr[u] = pr[u] * (dr[u] - dot) * scale;
+        for (int u = t + 1; u < T; ++u) dr[u] = 0;
+      }
+      // dQ = dS K (T, hs); dK = dS^T Q (T, hs).
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, dp, T,
+                  base + C + h * hs, 3 * C, 0.0f, dbase + h * hs, 3 * C);
+      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, dp, T,
+                  base + h * hs, 3 * C, 0.0f, dbase + C + h * hs, 3 * C);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::CrossEntropyForward(int rows, int V, const float* logits,
+                                             const int32_t* targets, float* probs,
+                                             float* loss) {
+  // logits (rows, V), targets (rows), probs (rows, V), loss (1)
+  if (absl::Status s = CheckRows("CrossEntropyForward", rows, V); !s.ok()) return s;
+  if (absl::Status s = reference::CheckTokens(rows, V, targets, "targets"); !s.ok()) {
+    return s;
+  }
+  double total = 0;
+  for (int r = 0; r < rows; ++r) {
+    const float* l = logits + int64_t{r} * V;
+    float* p = probs + int64_t{r} * V;
+    float max_logit = l[0];
+    for (int v = 1; v < V; ++v) max_logit = std::max(max_logit, l[v]);
+    const float target_logit = l[targets[r]];  // read before p (which may alias l)
+    float sum = 0;
+    for (int v = 0; v < V; ++v) {
+      p[v] = std::exp(l[v] - max_logit);
+      sum += p[v];
+    }
+    const float inv = 1.0f / sum;
+    for (int v = 0; v < V; ++v) p[v] *= inv;
+    total += std::log(sum) + max_logit - target_logit;
+  }
+  *loss = static_cast<float>(total / rows);
+  return absl::OkStatus();
+}
+
+}  // namespace pipetrain::compute

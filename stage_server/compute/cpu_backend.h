@@ -1,0 +1,53 @@
+// The CPU backend: OpenBLAS sgemm for every matrix product (including the per-head
+// products of attention) and single-pass float loops for the rest. Ops it does not
+// override are the plain loops of HostBackendT, which are already memory-bound.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "stage_server/compute/host_backend.h"
+
+namespace pipetrain::compute {
+
+class CpuBackend : public HostBackendT<float> {
+ public:
+  // `threads` is OpenBLAS's pthread count. OpenBLAS's setting is process-wide, so the
+  // last CpuBackend created decides; the other loops are single-threaded so the total
+  // never exceeds `threads` (no oversubscription).
+  static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(int threads);
+
+  std::string Name() const override { return "cpu"; }
+  int threads() const { return threads_; }
+
+  absl::Status Matmul(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                      const float* a, const float* b, float beta, float* c) override;
+  absl::Status BiasGrad(int rows, int cols, const float* dout, float* dbias) override;
+  absl::Status LayerNormForward(int rows, int C, const float* x, const float* weight,
+                                const float* bias, float* out, float* mean,
+                                float* rstd) override;
+  absl::Status LayerNormBackward(int rows, int C, const float* dout, const float* x,
+                                 const float* weight, const float* mean, const float* rstd,
+                                 float* dx, float* dweight, float* dbias) override;
+  absl::Status GeluForward(int64_t n, const float* x, float* out) override;
+  absl::Status GeluBackward(int64_t n, const float* x, const float* dout,
+                            float* dx) override;
+  absl::Status AttentionForward(int B, int T, int C, int NH, const float* qkv, float* out,
+                                float* probs) override;
+  absl::Status AttentionBackward(int B, int T, int C, int NH, const float* dout,
+                                 const float* qkv, const float* probs,
+                                 float* dqkv) override;
+  absl::Status CrossEntropyForward(int rows, int V, const float* logits,
+                                   const int32_t* targets, float* probs,
+                                   float* loss) override;
+
+ private:
+  explicit CpuBackend(int threads) : threads_(threads) {}
+
+  int threads_;
+  std::vector<float> scratch_;  // (T, T): d probs of one head in attention backward
+};
+
+}  // namespace pipetrain::compute

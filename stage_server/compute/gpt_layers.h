@@ -1,0 +1,128 @@
+// The GPT pipeline layers (embedding, block, head) written against the backend
+// interface. Each layer owns its parameters, gradients and AdamW moments in backend
+// memory; what one micro-batch's forward keeps for its backward lives in a Stash the
+// caller owns, so several micro-batches can be in flight at once.
+//
+// Layer inputs and outputs (all in backend memory, B = micro-batch rows, T = seq_len):
+//   embedding: input tokens (B, T) int32       -> output x (B, T, C)
+//   block:     input x (B, T, C)               -> output x (B, T, C)
+//   head:      input x (B, T, C) + targets     -> output loss (1), the mean over B*T
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "stage_server/compute/backend.h"
+#include "stage_server/compute/backend_buffer.h"
+#include "stage_server/compute/gpt_config.h"
+
+namespace pipetrain::compute {
+
+// What one layer keeps between forward and backward for one micro-batch: a pointer to
+// the layer's input (owned by whoever produced it) and numbered owned buffers.
+template <typename Real>
+class Stash {
+ public:
+  int rows() const { return B_; }
+  const void* input() const { return input_; }
+  void Reset(int B, const void* input) {
+    B_ = B;
+    input_ = input;
+    slots_.clear();
+  }
+  // Allocates slot `slot` with `bytes` bytes (replacing what was there).
+  absl::StatusOr<void*> Allocate(BackendT<Real>* backend, int slot, size_t bytes);
+  Real* get(int slot) const { return slot < (int)slots_.size() ? slots_[slot].data() : nullptr; }
+  int32_t* ints(int slot) const {
+    return slot < (int)slots_.size() ? slots_[slot].ints() : nullptr;
+  }
+  void Release(int slot) {
+    if (slot < (int)slots_.size()) slots_[slot].Reset();
+  }
+  void Clear() { slots_.clear(); }
+  size_t owned_bytes() const;
+
+ private:
+  int B_ = 0;
+  const void* input_ = nullptr;
+  std::vector<BackendBuffer<Real>> slots_;
+};
+
+template <typename Real>
+class PipelineLayer;
+
+// Creates pipeline layer `index` of the model (allocated, not initialised).
+template <typename Real>
+absl::StatusOr<std::unique_ptr<PipelineLayer<Real>>> MakeLayer(const GptConfig& config,
+                                                               int index,
+                                                               BackendT<Real>* backend);
+
+template <typename Real>
+class PipelineLayer {
+ public:
+  virtual ~PipelineLayer() = default;
+
+  const GptConfig& config() const { return config_; }
+  int index() const { return index_; }  // global pipeline-layer index
+  LayerKind kind() const { return KindOfLayer(config_, index_); }
+  const std::vector<ParamSpec>& specs() const { return specs_; }
+  int64_t num_params() const { return num_params_; }
+
+  // Parameter i (LayerParams order) and its gradient, in backend memory.
+  Real* param(int i) const { return params_.data() + offsets_[i]; }
+  Real* grad(int i) const { return grads_.data() + offsets_[i]; }
+  Real* all_params() const { return params_.data(); }  // (num_params)
+  Real* all_grads() const { return grads_.data(); }    // (num_params)
+
+  // Sets the parameters to InitLayerParams(config, index, seed) and zeroes gradients
+  // and optimizer state.
+  absl::Status Initialize(uint64_t seed);
+  absl::Status ZeroGrads();
+
+  // Forward of one micro-batch of B rows. `input` is tokens (int32) for the embedding
+  // and x (Real) otherwise; `targets` (B, T) int32 is used by the head only. Writes
+  // `output` and fills `stash` (the input pointer must stay valid until backward).
+  virtual absl::Status Forward(int B, const void* input, const int32_t* targets,
+                               Real* output, Stash<Real>& stash) = 0;
+  // Gradient w.r.t. the input, written to grad_input (B, T, C) (overwritten; ignored by
+  // the embedding, which may get nullptr). grad_output is (B, T, C), or for the head
+  // ignored in favour of loss_grad, dL/d(loss) (1/M for the mean over M micro-batches).
+  // Keeps in `stash` what BackwardWeight needs and frees what it no longer needs.
+  virtual absl::Status BackwardInput(Stash<Real>& stash, const Real* grad_output,
+                                     Real loss_grad, Real* grad_input) = 0;
+  // Accumulates (+=) the parameter gradients of this micro-batch, then clears `stash`.
+  virtual absl::Status BackwardWeight(Stash<Real>& stash) = 0;
+  // Both halves; the same results as BackwardInput followed by BackwardWeight.
+  absl::Status Backward(Stash<Real>& stash, const Real* grad_output, Real loss_grad,
+                        Real* grad_input);
+
+  // One AdamW step on every parameter, weight decay on matrices only. The gradient is
+  // first multiplied by grad_scale (for global-norm clipping).
+  absl::Status AdamWStep(float lr, float beta1, float beta2, float eps, float weight_decay,
+                         int step, Real grad_scale);
+
+  // Elements of one micro-batch row in this layer's output ((T, C), or 1 for the head).
+  int64_t OutputElementsPerRow() const;
+
+ protected:
+  template <typename R>
+  friend absl::StatusOr<std::unique_ptr<PipelineLayer<R>>> MakeLayer(const GptConfig&, int,
+                                                                     BackendT<R>*);
+  PipelineLayer(const GptConfig& config, int index, BackendT<Real>* backend)
+      : config_(config), index_(index), backend_(backend) {}
+  absl::Status AllocateParams();
+
+  GptConfig config_;
+  int index_;
+  BackendT<Real>* backend_;
+  std::vector<ParamSpec> specs_;
+  std::vector<int64_t> offsets_;
+  int64_t num_params_ = 0;
+  BackendBuffer<Real> params_, grads_, adam_m_, adam_v_;
+};
+
+
+}  // namespace pipetrain::compute

@@ -1,0 +1,24 @@
+// Deterministic GPT-2 style initialisation. Every value depends only on (seed, global
+// pipeline-layer index, parameter index, element index), so any partition of the model
+// into stages produces exactly the weights of the unpartitioned model, on any platform
+// (a splitmix64 counter generator and Box-Muller, no <random> distributions).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "stage_server/compute/gpt_config.h"
+
+namespace pipetrain::compute {
+
+// Standard normal draw number `index` of the stream identified by `key`.
+double NormalAt(uint64_t key, uint64_t index);
+uint64_t InitStreamKey(uint64_t seed, int pipeline_layer, int param_index);
+
+// Initial values of every parameter of one pipeline layer, in LayerParams order:
+// wte, wpe, lm_head, c_attn and c_fc weights ~ N(0, 0.02); attn.c_proj and mlp.c_proj
+// weights ~ N(0, 0.02 / sqrt(2 n_layers)); biases 0; LayerNorm weight 1, bias 0.
+std::vector<std::vector<float>> InitLayerParams(const GptConfig& config,
+                                                int pipeline_layer, uint64_t seed);
+
+}  // namespace pipetrain::compute

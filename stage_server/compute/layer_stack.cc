@@ -1,0 +1,317 @@
+#include "stage_server/compute/layer_stack.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace pipetrain::compute {
+
+template <typename Real>
+absl::StatusOr<std::unique_ptr<LayerStackT<Real>>> LayerStackT<Real>::Create(
+    const GptConfig& config, int begin, int end, BackendT<Real>* backend,
+    StackOptions options) {
+  RETURN_IF_ERROR(ValidateConfig(config));
+  if (begin < 0 || end > config.num_pipeline_layers() || begin >= end) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer range [", begin, ", ", end, ") is empty or outside [0, ",
+                     config.num_pipeline_layers(), ")"));
+  }
+  if (backend == nullptr) return absl::InvalidArgumentError("layer stack: no backend");
+  std::unique_ptr<LayerStackT> stack(new LayerStackT(config, begin, end, backend, options));
+  for (int l = begin; l < end; ++l) {
+    ASSIGN_OR_RETURN(auto layer, MakeLayer<Real>(config, l, backend));
+    stack->layers_.push_back(std::move(layer));
+  }
+  return stack;
+}
+
+template <typename Real>
+int64_t LayerStackT<Real>::OutputElements(int B) const {
+  return has_head() ? 1 : int64_t{B} * config_.seq_len * config_.d_model;
+}
+
+template <typename Real>
+int64_t LayerStackT<Real>::InputBytes(int B) const {
+  const int64_t tokens = int64_t{B} * config_.seq_len;
+  return has_embedding() ? tokens * sizeof(int32_t)
+                         : tokens * config_.d_model * sizeof(Real);
+}
+
+template <typename Real>
+absl::Status LayerStackT<Real>::Initialize(uint64_t seed) {
+  for (auto& layer : layers_) RETURN_IF_ERROR(layer->Initialize(seed));
+  step_ = 0;
+  return absl::OkStatus();
+}
+
+// ---- Micro-batches ------------------------------------------------------------------
+
+template <typename Real>
+size_t LayerStackT<Real>::MicroBatch::Bytes() const {
+  size_t total = input.bytes() + targets.bytes();
+  for (const auto& o : outputs) total += o.bytes();
+  for (const auto& s : stashes) total += s.owned_bytes();
+  return total;
+}
+
+template <typename Real>
+size_t LayerStackT<Real>::ActivationBytes() const {
+  size_t total = 0;
+  for (const auto& [id, mb] : micro_batches_) total += mb.Bytes();
+  return total;
+}
+
+template <typename Real>
+void LayerStackT<Real>::NotePeak() {
+  peak_bytes_ = std::max(peak_bytes_, ActivationBytes());
+}
+
+template <typename Real>
+absl::StatusOr<typename LayerStackT<Real>::MicroBatch*> LayerStackT<Real>::Find(
+    int mb, const char* what) {
+  auto it = micro_batches_.find(mb);
+  if (it == micro_batches_.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " of micro-batch ", mb, " on layers [", begin_, ", ", end_,
+        "): it has not been forwarded (or its backward already ran)"));
+  }
+  return &it->second;
+}
+
+template <typename Real>
+absl::Status LayerStackT<Real>::RunForward(MicroBatch& mb, Real* output) {
+  const int n = static_cast<int>(layers_.size());
+  const int64_t x_elements = int64_t{mb.rows} * config_.seq_len * config_.d_model;
+  mb.stashes.clear();
+  mb.stashes.resize(n);
+  mb.outputs.clear();
+  for (int i = 0; i < n; ++i) {
+    const void* in = i == 0 ? mb.input.raw() : mb.outputs[i - 1].raw();
+    Real* out = output;
+    if (i + 1 < n) {
+      ASSIGN_OR_RETURN(auto buffer,
+                       BackendBuffer<Real>::Allocate(backend_, x_elements * sizeof(Real)));
+      mb.outputs.push_back(std::move(buffer));
+      out = mb.outputs.back().data();
+    }
+    const int32_t* targets = mb.targets.empty() ? nullptr : mb.targets.ints();
+    RETURN_IF_ERROR(layers_[i]->Forward(mb.rows, in, targets, out, mb.stashes[i]));
+  }
+  return absl::OkStatus();
+}
+
+template <typename Real>
+absl::Status LayerStackT<Real>::Forward(int mb_id, int B, const void* input,
+                                        const int32_t* targets, Real* output) {
+  const std::string where = absl::StrCat("forward of micro-batch ", mb_id, " on layers [",
+                                         begin_, ", ", end_, ")");
+  if (micro_batches_.count(mb_id) > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(where, ": already in flight"));
+  }
+  if (B <= 0) return absl::InvalidArgumentError(absl::StrCat(where, ": rows ", B, " <= 0"));
+  if (input == nullptr || output == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": null input or output"));
+  }
+  if (has_head() && targets == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": the head needs targets"));
+  }
+  MicroBatch mb;
+  mb.rows = B;
+  ASSIGN_OR_RETURN(mb.input, BackendBuffer<Real>::Allocate(backend_, InputBytes(B)));
+  RETURN_IF_ERROR(backend_->Copy(mb.input.raw(), input, InputBytes(B)));
+  if (has_head()) {
+    // Targets are an input of the whole stack, so they travel with the micro-batch.
+    const size_t bytes = int64_t{B} * config_.seq_len * sizeof(int32_t);
+    ASSIGN_OR_RETURN(mb.targets, BackendBuffer<Real>::Allocate(backend_, bytes));
+    RETURN_IF_ERROR(backend_->Copy(mb.targets.raw(), targets, bytes));
+  }
+  RETURN_IF_ERROR(RunForward(mb, output));
+  auto [it, inserted] = micro_batches_.emplace(mb_id, std::move(mb));
+  NotePeak();
+  if (options_.recompute) {
+    it->second.stashes.clear();
+    it->second.outputs.clear();
+  } else {
+    it->second.targets.Reset();  // the head's stash holds its own copy
+  }
+  return absl::OkStatus();
+}
+
+template <typename Real>
+absl::Status LayerStackT<Real>::RunBackwardInput(MicroBatch& mb, const Real* grad_output,
+                                                 Real* grad_input, Real loss_grad,
+                                                 bool fused) {
+  if (options_.recompute) {
+    // Rebuild the stashes with exactly the forward's ops, hence bit-identical results.
+    ASSIGN_OR_RETURN(auto scratch, BackendBuffer<Real>::Allocate(
+                                       backend_, OutputElements(mb.rows) * sizeof(Real)));
+    RETURN_IF_ERROR(RunForward(mb, scratch.data()));
+    NotePeak();
+  }
+  if (!has_head() && grad_output == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("backward on layers [", begin_, ", ",
+                                                   end_, "): grad_output is null"));
+  }
+  if (!has_embedding() && grad_input == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("backward on layers [", begin_, ", ",
+                                                   end_, "): grad_input is null"));
+  }
+  const int64_t x_elements = int64_t{mb.rows} * config_.seq_len * config_.d_model;
+  const Real* g = grad_output;
+  BackendBuffer<Real> g_buffer;  // the gradient flowing between two layers
+  for (int i = static_cast<int>(layers_.size()) - 1; i >= 0; --i) {
+    BackendBuffer<Real> next;
+    Real* gi = grad_input;
+    if (i > 0) {
+      ASSIGN_OR_RETURN(next, BackendBuffer<Real>::Allocate(backend_, x_elements * sizeof(Real)));
+      gi = next.data();
+    }
+    if (fused) {
+      RETURN_IF_ERROR(layers_[i]->Backward(mb.stashes[i], g, loss_grad, gi));
+    } else {
+      RETURN_IF_ERROR(layers_[i]->BackwardInput(mb.stashes[i], g, loss_grad, gi));
+    }
+    g_buffer = std::move(next);  // layers copy what they keep of their grad_output
+    g = g_buffer.data();
+  }
+  return absl::OkStatus();
+}
+
+template <typename Real>
+absl::Status LayerStackT<Real>::Backward(int mb_id, const Real* grad_output,
+                                         Real* grad_input, Real loss_grad) {
+  ASSIGN_OR_RETURN(MicroBatch * mb, Find(mb_id, "backward"));
+  if (mb->input_done) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "backward of micro-batch ", mb_id, ": its input half already ran; call BackwardWeight"));
+  }
+  absl::Status s = RunBackwardInput(*mb, grad_output, grad_input, loss_grad, true);
+  micro_batches_.erase(mb_id);
+  return s;
+}
+
+template <typename Real>
+absl::Status LayerStackT<Real>::BackwardInput(int mb_id, const Real* grad_output,
+                                              Real* grad_input, Real loss_grad) {
+  ASSIGN_OR_RETURN(MicroBatch * mb, Find(mb_id, "backward-input"));
+  if (mb->input_done) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("backward-input of micro-batch ", mb_id, " already ran"));
+  }
+  RETURN_IF_ERROR(RunBackwardInput(*mb, grad_output, grad_input, loss_grad, false));
+  mb->input_done = true;
+  NotePeak();
+  return absl::OkStatus();
+}
+
+template <typename Real>
+absl::Status LayerStackT<Real>::BackwardWeight(int mb_id) {
+  ASSIGN_OR_RETURN(MicroBatch * mb, Find(mb_id, "backward-weight"));
+  if (!mb->input_done) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "backward-weight of micro-batch ", mb_id, " before its backward-input"));
+  }
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    RETURN_IF_ERROR(layers_[i]->BackwardWeight(mb->stashes[i]));
+  }
+  micro_batches_.erase(mb_id);
+  return absl::OkStatus();
+}
+
+// ---- Parameters ---------------------------------------------------------------------
+
+template <typename Real>
+std::vector<ParamSpec> LayerStackT<Real>::Params() const {
+  return RangeParams(config_, begin_, end_);
+}
+
+template <typename Real>
+int64_t LayerStackT<Real>::NumParams() const {
+  int64_t n = 0;
+  for (const auto& layer : layers_) n += layer->num_params();
+  return n;
+}
+
+template <typename Real>
+absl::StatusOr<std::pair<PipelineLayer<Real>*, int>> LayerStackT<Real>::FindParam(
+    absl::string_view name) const {
+  for (const auto& layer : layers_) {
+    for (size_t i = 0; i < layer->specs().size(); ++i) {
+      if (layer->specs()[i].name == name) {
+        return std::pair<PipelineLayer<Real>*, int>{layer.get(), static_cast<int>(i)};
+      }
+    }
+  }
+  return absl::NotFoundError(absl::StrCat("parameter \"", name, "\" is not in layers [",
+                                          begin_, ", ", end_, ")"));
+}
+
+template <typename Real>
+absl::StatusOr<std::vector<Real>> LayerStackT<Real>::CopyOut(absl::string_view name,
+                                                             bool grad) const {
+  ASSIGN_OR_RETURN(auto found, FindParam(name));
+  auto [layer, i] = found;
+  std::vector<Real> out(layer->specs()[i].num_elements());
+  RETURN_IF_ERROR(backend_->CopyToHost(out.data(), grad ? layer->grad(i) : layer->param(i),
+                                       out.size() * sizeof(Real)));
+  return out;
+}
+
+template <typename Real>
+absl::Status LayerStackT<Real>::SetParam(absl::string_view name,
+                                         const std::vector<Real>& values) {
+  ASSIGN_OR_RETURN(auto found, FindParam(name));
+  const ParamSpec& spec = found.first->specs()[found.second];
+  if (static_cast<int64_t>(values.size()) != spec.num_elements()) {
+    return absl::InvalidArgumentError(absl::StrCat("parameter \"", name, "\" has ",
+                                                   spec.num_elements(), " elements, got ",
+                                                   values.size()));
+  }
+  return backend_->CopyFromHost(found.first->param(found.second), values.data(),
+                                values.size() * sizeof(Real));
+}
+
+template <typename Real>
+absl::Status LayerStackT<Real>::ZeroGrads() {
+  for (auto& layer : layers_) RETURN_IF_ERROR(layer->ZeroGrads());
+  return absl::OkStatus();
+}
+
+template <typename Real>
+absl::StatusOr<double> LayerStackT<Real>::GradSquaredNorm() {
+  double total = 0;
+  for (auto& layer : layers_) {
+    ASSIGN_OR_RETURN(double s, backend_->SumOfSquares(layer->num_params(), layer->all_grads()));
+    total += s;
+  }
+  return total;
+}
+
+template <typename Real>
+absl::StatusOr<double> LayerStackT<Real>::OptimizerStep(const AdamWOptions& o,
+                                                        std::optional<double> global_norm) {
+  double norm = global_norm.value_or(0.0);
+  Real scale = 1;
+  if (o.max_grad_norm > 0) {
+    if (!global_norm.has_value()) {
+      ASSIGN_OR_RETURN(double sq, GradSquaredNorm());
+      norm = std::sqrt(sq);
+    }
+    // As torch.nn.utils.clip_grad_norm_: scale by max / (norm + 1e-6) when below 1.
+    const double coef = o.max_grad_norm / (norm + 1e-6);
+    if (coef < 1) scale = static_cast<Real>(coef);
+  }
+  ++step_;
+  for (auto& layer : layers_) {
+    RETURN_IF_ERROR(
+        layer->AdamWStep(o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, step_, scale));
+  }
+  return norm;
+}
+
+template class LayerStackT<float>;
+template class LayerStackT<double>;
+
+}  // namespace pipetrain::compute

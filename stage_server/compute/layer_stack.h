@@ -1,0 +1,160 @@
+// LayerStack: the pipeline layers [begin, end) of a model on one backend, as a stage
+// server's executor drives them: forward and backward of numbered micro-batches (several
+// in flight, in any order a schedule picks), the split backward of zero-bubble
+// schedules, optional activation recomputation, gradient accumulation and AdamW.
+//
+// All tensors passed in and out live in the backend's memory (B = micro-batch rows):
+//   input:       tokens (B, T) int32 if the stack holds the embedding, else x (B, T, C)
+//   targets:     (B, T) int32, required iff the stack holds the head, else nullptr
+//   output:      x (B, T, C), or the micro-batch's mean loss (1) if it holds the head
+//   grad_output: dL/d output (B, T, C); nullptr for a stack holding the head, whose
+//                starting gradient is loss_grad (1/M when the step's loss is the mean
+//                over M micro-batches)
+//   grad_input:  dL/d input (B, T, C); nullptr allowed when the stack holds the embedding
+// Inputs are copied, so callers may reuse their buffers as soon as a call returns.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "stage_server/compute/backend.h"
+#include "stage_server/compute/backend_buffer.h"
+#include "stage_server/compute/gpt_config.h"
+#include "stage_server/compute/gpt_layers.h"
+
+namespace pipetrain::compute {
+
+struct StackOptions {
+  // Keep only each micro-batch's stack input between forward and backward, and run the
+  // forward again before backward. Results are bit-identical; memory is lower.
+  bool recompute = false;
+};
+
+struct AdamWOptions {
+  float lr = 3e-4f;
+  float beta1 = 0.9f;
+  float beta2 = 0.999f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;  // decoupled, applied to matrices only (ParamSpec::is_matrix)
+  // Clip gradients to this global L2 norm (as torch.nn.utils.clip_grad_norm_); 0 = off.
+  float max_grad_norm = 0.0f;
+};
+
+template <typename Real>
+class LayerStackT {
+ public:
+  static absl::StatusOr<std::unique_ptr<LayerStackT>> Create(const GptConfig& config,
+                                                             int begin, int end,
+                                                             BackendT<Real>* backend,
+                                                             StackOptions options = {});
+
+  const GptConfig& config() const { return config_; }
+  int begin() const { return begin_; }
+  int end() const { return end_; }
+  bool has_embedding() const { return begin_ == 0; }
+  bool has_head() const { return end_ == config_.num_pipeline_layers(); }
+  const StackOptions& options() const { return options_; }
+  BackendT<Real>* backend() const { return backend_; }
+  // Elements of the output of a micro-batch of B rows: B*T*C, or 1 with the head.
+  int64_t OutputElements(int B) const;
+  int64_t InputBytes(int B) const;  // bytes of the input of a micro-batch of B rows
+
+  // Deterministic initialisation (see init.h); the same weights for any partition.
+  absl::Status Initialize(uint64_t seed);
+
+  // ---- Micro-batches ----------------------------------------------------------------
+  // Fails with FailedPrecondition if `mb` is already in flight.
+  absl::Status Forward(int mb, int B, const void* input, const int32_t* targets,
+                       Real* output);
+  // Full backward (input and weight halves) of a forwarded micro-batch; its gradients
+  // add to the parameter gradients and its activations are freed.
+  absl::Status Backward(int mb, const Real* grad_output, Real* grad_input,
+                        Real loss_grad = 1);
+  // The split backward: BackwardInput produces grad_input and keeps what the weight
+  // half needs; BackwardWeight (later, any order among micro-batches) accumulates the
+  // parameter gradients and frees the micro-batch. Together they equal Backward.
+  absl::Status BackwardInput(int mb, const Real* grad_output, Real* grad_input,
+                             Real loss_grad = 1);
+  absl::Status BackwardWeight(int mb);
+  int in_flight() const { return static_cast<int>(micro_batches_.size()); }
+  // Drops every in-flight micro-batch (after a failed step).
+  void Abandon() { micro_batches_.clear(); }
+
+  // Bytes of activations held now for every in-flight micro-batch, and the most held
+  // at any point since creation or the last ResetPeak (recomputation's transient
+  // stashes included).
+  size_t ActivationBytes() const;
+  size_t PeakActivationBytes() const { return peak_bytes_; }
+  void ResetPeak() { peak_bytes_ = ActivationBytes(); }
+
+  // ---- Parameters and gradients -------------------------------------------------------
+  std::vector<ParamSpec> Params() const;  // RangeParams(config, begin, end)
+  int64_t NumParams() const;
+  // Host copies, by Hugging Face name; NotFound names the stack's range.
+  absl::StatusOr<std::vector<Real>> GetParam(absl::string_view name) const {
+    return CopyOut(name, /*grad=*/false);
+  }
+  absl::StatusOr<std::vector<Real>> GetGrad(absl::string_view name) const {
+    return CopyOut(name, /*grad=*/true);
+  }
+  absl::Status SetParam(absl::string_view name, const std::vector<Real>& values);
+  absl::Status ZeroGrads();
+  // Sum of squares of every gradient in this stack (add across stages, then sqrt, for
+  // the global norm).
+  absl::StatusOr<double> GradSquaredNorm();
+
+  // One AdamW step (the step counter starts at 1). With max_grad_norm > 0 the gradients
+  // are clipped by `global_grad_norm`, or by this stack's own norm if not given (right
+  // for a single stage; a pipeline passes the norm over all stages). Does not zero the
+  // gradients. Returns the gradient norm used (0 when clipping is off and none given).
+  absl::StatusOr<double> OptimizerStep(const AdamWOptions& options,
+                                       std::optional<double> global_grad_norm = {});
+  int step() const { return step_; }
+
+  PipelineLayer<Real>& layer(int global_index) { return *layers_[global_index - begin_]; }
+
+ private:
+  struct MicroBatch {
+    int rows = 0;
+    bool input_done = false;          // BackwardInput has run
+    BackendBuffer<Real> input;        // copy of the stack input
+    BackendBuffer<Real> targets;      // copy of the targets (head stacks)
+    std::vector<BackendBuffer<Real>> outputs;  // outputs of layers but the last
+    std::vector<Stash<Real>> stashes;  // one per layer
+    size_t Bytes() const;
+  };
+
+  LayerStackT(const GptConfig& config, int begin, int end, BackendT<Real>* backend,
+              StackOptions options)
+      : config_(config), begin_(begin), end_(end), backend_(backend), options_(options) {}
+
+  // Runs every layer's forward, filling mbs's stashes and outputs; the last output goes
+  // to `output`.
+  absl::Status RunForward(MicroBatch& mb, Real* output);
+  absl::Status RunBackwardInput(MicroBatch& mb, const Real* grad_output, Real* grad_input,
+                                Real loss_grad, bool fused);
+  absl::StatusOr<MicroBatch*> Find(int mb, const char* what);
+  absl::StatusOr<std::pair<PipelineLayer<Real>*, int>> FindParam(absl::string_view name) const;
+  void NotePeak();
+  absl::StatusOr<std::vector<Real>> CopyOut(absl::string_view name, bool grad) const;
+
+  GptConfig config_;
+  int begin_, end_;
+  BackendT<Real>* backend_;
+  StackOptions options_;
+  std::vector<std::unique_ptr<PipelineLayer<Real>>> layers_;
+  std::map<int, MicroBatch> micro_batches_;
+  size_t peak_bytes_ = 0;
+  int step_ = 0;
+};
+
+using LayerStack = LayerStackT<float>;
+
+}  // namespace pipetrain::compute

@@ -1,0 +1,72 @@
+// Plain-loop versions of every backend op, on host memory, for float and double.
+// They are the definition of each op's semantics (see backend.h for shapes): tests hold
+// the optimised backends to them, and in double they make finite-difference gradient
+// checks meaningful. Written for clarity, not speed; sums accumulate in double.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace pipetrain::compute::reference {
+
+inline constexpr double kLayerNormEps = 1e-5;
+
+template <typename Real>
+void Matmul(bool trans_a, bool trans_b, int m, int n, int k, Real alpha, const Real* a,
+            const Real* b, Real beta, Real* c);
+
+template <typename Real>
+void Add(int64_t n, const Real* a, const Real* b, Real* out);
+template <typename Real>
+void Axpy(int64_t n, Real alpha, const Real* x, Real* y);
+template <typename Real>
+void Scale(int64_t n, Real alpha, Real* x);
+template <typename Real>
+void AddBias(int rows, int cols, const Real* bias, Real* x);
+template <typename Real>
+void BiasGrad(int rows, int cols, const Real* dout, Real* dbias);
+template <typename Real>
+double SumOfSquares(int64_t n, const Real* x);
+
+// InvalidArgument naming the position of the first token outside [0, V).
+absl::Status CheckTokens(int64_t n, int V, const int32_t* tokens, const char* what);
+
+template <typename Real>
+absl::Status EmbeddingForward(int B, int T, int C, int V, const int32_t* tokens,
+                              const Real* wte, const Real* wpe, Real* out);
+template <typename Real>
+absl::Status EmbeddingBackward(int B, int T, int C, int V, const int32_t* tokens,
+                               const Real* dout, Real* dwte, Real* dwpe);
+
+template <typename Real>
+void LayerNormForward(int rows, int C, const Real* x, const Real* weight, const Real* bias,
+                      Real* out, Real* mean, Real* rstd);
+template <typename Real>
+void LayerNormBackward(int rows, int C, const Real* dout, const Real* x, const Real* weight,
+                       const Real* mean, const Real* rstd, Real* dx, Real* dweight,
+                       Real* dbias);
+
+template <typename Real>
+void GeluForward(int64_t n, const Real* x, Real* out);
+template <typename Real>
+void GeluBackward(int64_t n, const Real* x, const Real* dout, Real* dx);
+
+template <typename Real>
+void AttentionForward(int B, int T, int C, int NH, const Real* qkv, Real* out, Real* probs);
+template <typename Real>
+void AttentionBackward(int B, int T, int C, int NH, const Real* dout, const Real* qkv,
+                       const Real* probs, Real* dqkv);
+
+template <typename Real>
+absl::Status CrossEntropyForward(int rows, int V, const Real* logits,
+                                 const int32_t* targets, Real* probs, Real* loss);
+template <typename Real>
+absl::Status CrossEntropyBackward(int rows, int V, const Real* probs,
+                                  const int32_t* targets, Real dloss_scale, Real* dlogits);
+
+template <typename Real>
+void AdamW(int64_t n, Real* param, const Real* grad, Real* m, Real* v, float lr,
+           float beta1, float beta2, float eps, float weight_decay, int step);
+
+}  // namespace pipetrain::compute::reference
