@@ -136,6 +136,17 @@ TEST_F(CudaBackendTest, MemoryRoundTripsZeroAndCopy) {
   ASSERT_THAT(null, IsOk());
   EXPECT_EQ(*null, nullptr);
   EXPECT_THAT(gpu_->Free(nullptr), IsOk());
+  int foreign = 0;
+  EXPECT_THAT(gpu_->Free(&foreign), StatusIs(absl::StatusCode::kInvalidArgument));
+  // A freed block is cached and handed out again for the same size.
+  auto first = gpu_->Allocate(1000);
+  ASSERT_THAT(first, IsOk());
+  ASSERT_THAT(gpu_->Free(*first), IsOk());
+  EXPECT_THAT(gpu_->Free(*first), StatusIs(absl::StatusCode::kInvalidArgument));
+  auto again = gpu_->Allocate(1000);
+  ASSERT_THAT(again, IsOk());
+  EXPECT_EQ(*again, *first);
+  ASSERT_THAT(gpu_->Free(*again), IsOk());
 
   const size_t n = 100003;
   std::vector<float> host = Randn(n);

@@ -130,6 +130,14 @@ CudaBackend::~CudaBackend() {
   // Errors here have nowhere to go; a device that faulted reports them on every call.
   cudaSetDevice(device_);
   if (stream_ != nullptr) cudaStreamSynchronize(S(stream_));
+  {
+    std::lock_guard<std::mutex> lock(alloc_mu_);
+    (void)ReleaseCachedBlocks();
+    // Blocks still live belong to owners that outlived the backend; free them too so
+    // the device memory is not lost (their owners must not use them any more).
+    for (auto& [p, size] : live_) cudaFree(p);
+    live_.clear();
+  }
   cudaFree(bad_index_);
   cudaFree(reduce_);
   cudaFree(row_loss_);
@@ -182,17 +190,56 @@ absl::Status CudaBackend::CheckBadIndex(const std::string& op, const int32_t* id
 absl::StatusOr<void*> CudaBackend::Allocate(size_t bytes) {
   if (bytes == 0) return nullptr;
   RETURN_IF_ERROR(Activate("Allocate"));
+  // Round up so that blocks of nearly the same size are shared; 256 bytes is
+  // cudaMalloc's own alignment, so every block stays aligned for any element type.
+  const size_t rounded = (bytes + 255) / 256 * 256;
+  std::lock_guard<std::mutex> lock(alloc_mu_);
+  // The smallest cached block that fits, if it wastes at most a quarter of itself.
+  if (auto it = cached_.lower_bound(rounded);
+      it != cached_.end() && it->first - rounded <= it->first / 4) {
+    void* p = it->second;
+    live_[p] = it->first;
+    cached_bytes_ -= it->first;
+    cached_.erase(it);
+    return p;
+  }
   void* p = nullptr;
-  // cudaMalloc aligns to at least 256 bytes.
-  CUDA_CHECK(cudaMalloc(&p, bytes), "Allocate(", bytes, " bytes)");
+  cudaError_t e = cudaMalloc(&p, rounded);
+  if (e == cudaErrorMemoryAllocation && cached_bytes_ > 0) {
+    cudaGetLastError();  // clear it, give the cache back, and try once more
+    RETURN_IF_ERROR(ReleaseCachedBlocks());
+    e = cudaMalloc(&p, rounded);
+  }
+  CUDA_CHECK(e, "Allocate(", bytes, " bytes)");
+  live_[p] = rounded;
   return p;
 }
 
 absl::Status CudaBackend::Free(void* ptr) {
   if (ptr == nullptr) return absl::OkStatus();
-  RETURN_IF_ERROR(Activate("Free"));
-  CUDA_CHECK(cudaFree(ptr), "Free");
+  std::lock_guard<std::mutex> lock(alloc_mu_);
+  auto it = live_.find(ptr);
+  if (it == live_.end()) {
+    return absl::InvalidArgumentError(
+        "cuda backend: Free of a pointer this backend did not allocate (or freed twice)");
+  }
+  cached_.emplace(it->second, ptr);
+  cached_bytes_ += it->second;
+  live_.erase(it);
   return absl::OkStatus();
+}
+
+absl::Status CudaBackend::ReleaseCachedBlocks() {
+  // Called with alloc_mu_ held. cudaFree waits for the device, so no op still uses them.
+  absl::Status status;
+  for (auto& [size, p] : cached_) {
+    if (cudaError_t e = cudaFree(p); e != cudaSuccess && status.ok()) {
+      status = CudaStatus(e, absl::StrCat("cudaFree of a cached block of ", size, " bytes"));
+    }
+  }
+  cached_.clear();
+  cached_bytes_ = 0;
+  return status;
 }
 
 absl::Status CudaBackend::Zero(void* ptr, size_t bytes) {

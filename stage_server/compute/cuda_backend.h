@@ -5,8 +5,11 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -98,6 +101,8 @@ class CudaBackend final : public Backend {
  private:
   CudaBackend(int device, CudaBackendOptions options) : device_(device), options_(options) {}
 
+  // Returns every cached free block to the driver (when cudaMalloc runs out).
+  absl::Status ReleaseCachedBlocks();
   // Makes device_ current for the calling thread (ops may come from any thread).
   absl::Status Activate(const char* op);
   // After an op's launches: with check_every_op, waits and reports faults as `op`.
@@ -125,6 +130,15 @@ class CudaBackend final : public Backend {
   size_t row_loss_bytes_ = 0;
   void* attn_scratch_ = nullptr;  // (NH, T, T) float: d probs of one batch row
   size_t attn_scratch_bytes_ = 0;
+
+  // A caching allocator: layers allocate and free their activations every micro-batch,
+  // and cudaFree waits for the whole device. Freed blocks are kept by size and handed
+  // out again; that is safe because every op runs in order on stream_, so work still
+  // reading a freed block finishes before any later op can write it.
+  std::mutex alloc_mu_;
+  std::unordered_map<void*, size_t> live_;  // allocated block -> its size
+  std::multimap<size_t, void*> cached_;     // free blocks by size
+  size_t cached_bytes_ = 0;
 };
 
 }  // namespace pipetrain::compute
