@@ -123,8 +123,16 @@ class CudaBackendTest : public ::testing::Test {
   }
   std::vector<float> Down(const float* p, size_t n) { return Down(gpu_.get(), p, n); }
 
+  // A further backend (e.g. TF32) owned by the fixture, so that it outlives the
+  // buffers uploaded to it even when an assertion leaves the test early.
+  Backend* MakeOwned(bool tf32) {
+    others_.push_back(Make(tf32));
+    return others_.back().get();
+  }
+
   std::unique_ptr<Backend> gpu_;
-  // Declared after gpu_, so destroyed first (they free through the backend).
+  std::vector<std::unique_ptr<Backend>> others_;
+  // Declared after the backends, so destroyed first (they free through them).
   std::vector<BackendBuffer<float>> buffers_;
 };
 
@@ -182,19 +190,18 @@ TEST_F(CudaBackendTest, MatmulFp32AndTf32AllTransposesAndShapes) {
   const int shapes[][3] = {{1, 1, 1}, {7, 5, 9}, {33, 65, 17}, {1, 50, 3}, {128, 96, 257},
                            {200, 31, 64}};
   for (bool tf32 : {false, true}) {
-    std::unique_ptr<Backend> be = Make(tf32);
+    Backend* be = MakeOwned(tf32);
     ASSERT_NE(be, nullptr);
     for (const auto& s : shapes) {
       for (bool ta : {false, true}) {
         for (bool tb : {false, true}) {
           for (float beta : {0.0f, 0.5f, 1.0f}) {
-            CheckMatmul(this, be.get(), tf32 ? kTf32Budget : kFp32Budget, ta, tb, s[0],
-                        s[1], s[2], beta);
+            CheckMatmul(this, be, tf32 ? kTf32Budget : kFp32Budget, ta, tb, s[0], s[1],
+                        s[2], beta);
           }
         }
       }
     }
-    buffers_.clear();  // before `be` goes
   }
 }
 
@@ -417,7 +424,7 @@ TEST_F(CudaBackendTest, AttentionForwardAndBackwardFp32AndTf32) {
   const int shapes[][4] = {{1, 1, 8, 2}, {2, 7, 12, 3}, {3, 33, 64, 4}, {1, 65, 48, 1},
                            {2, 128, 96, 2}, {1, 200, 40, 5}};
   for (bool tf32 : {false, true}) {
-    std::unique_ptr<Backend> be = Make(tf32);
+    Backend* be = MakeOwned(tf32);
     ASSERT_NE(be, nullptr);
     const double budget = tf32 ? kTf32Budget : kFp32Budget;
     for (const auto& s : shapes) {
@@ -430,26 +437,25 @@ TEST_F(CudaBackendTest, AttentionForwardAndBackwardFp32AndTf32) {
       std::vector<double> out(nout), probs(nprobs);
       reference::AttentionForward<double>(B, T, C, NH, D(qkv).data(), out.data(),
                                           probs.data());
-      const float* dqkv_in = Up(be.get(), qkv);
-      float* gout = Poisoned(be.get(), nout);
-      float* gprobs = Poisoned(be.get(), nprobs);
+      const float* dqkv_in = Up(be, qkv);
+      float* gout = Poisoned(be, nout);
+      float* gprobs = Poisoned(be, nprobs);
       ASSERT_THAT(be->AttentionForward(B, T, C, NH, dqkv_in, gout, gprobs), IsOk()) << what;
-      ExpectRel(Down(be.get(), gout, nout), out, budget, "AttentionForward out " + what);
-      ExpectRel(Down(be.get(), gprobs, nprobs), probs, budget,
+      ExpectRel(Down(be, gout, nout), out, budget, "AttentionForward out " + what);
+      ExpectRel(Down(be, gprobs, nprobs), probs, budget,
                 "AttentionForward probs " + what);
 
       std::vector<float> probsf = F(probs), dout = Randn(nout);
       std::vector<double> dqkv(nqkv);
       reference::AttentionBackward<double>(B, T, C, NH, D(dout).data(), D(qkv).data(),
                                            D(probsf).data(), dqkv.data());
-      float* gdqkv = Poisoned(be.get(), nqkv);
-      ASSERT_THAT(be->AttentionBackward(B, T, C, NH, Up(be.get(), dout), dqkv_in,
-                                        Up(be.get(), probsf), gdqkv),
+      float* gdqkv = Poisoned(be, nqkv);
+      ASSERT_THAT(be->AttentionBackward(B, T, C, NH, Up(be, dout), dqkv_in,
+                                        Up(be, probsf), gdqkv),
                   IsOk())
           << what;
-      ExpectRel(Down(be.get(), gdqkv, nqkv), dqkv, budget, "AttentionBackward " + what);
+      ExpectRel(Down(be, gdqkv, nqkv), dqkv, budget, "AttentionBackward " + what);
     }
-    buffers_.clear();  // before `be` goes
   }
 }
 
