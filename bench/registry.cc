@@ -2,6 +2,7 @@
 
 #include "bench/benchmark.h"
 #include "bench/codec_bench.h"
+#include "bench/compute_bench.h"
 #include "bench/cuda_bench.h"
 
 namespace pipetrain::bench {
@@ -12,6 +13,10 @@ const std::vector<Benchmark>& AllBenchmarks() {
        "tensor codec: encode + reassemble a 64 MiB tensor vs one memcpy (ratio, lower is "
        "better, 1.0 = memcpy speed)",
        RunCodecBench},
+      {"compute",
+       "cpu backend: training tokens/s of d_model 256, 8 layers, seq 128, batch 32 on 1 "
+       "and 2 threads, achieved GFLOP/s vs sgemm GFLOP/s",
+       RunComputeBench},
       {"cuda",
        "cuda backend: forward + backward of one GPT block (d_model 768, seq 1024) in fp32 "
        "and TF32, TFLOP/s against a cuBLAS product of its MLP shape in the same run",

@@ -72,9 +72,16 @@ TEST_F(CpuBackendTest, MatmulAllTransposesAndBeta) {
   // beta = 0 overwrites garbage.
   std::vector<float> a = Randn(m * k, 4), b = Randn(k * n, 5), c(m * n, NAN);
   std::vector<double> cd(m * n, 0);
-  reference::Matmul<double>(false, false, m, n, k, 1, D(a).data(), D(b).data(), 0, cd.data());
-  ASSERT_THAT(cpu_->Matmul(false, false, m, n, k, 1, a.data(), b.data(), 0, c.data()), IsOk());
+  reference::Matmul<double>(false, false, m, n, k, 1, D(a).data(), D(b).data(), 0,
+                            cd.data());
+  ASSERT_THAT(cpu_->Matmul(false, false, m, n, k, 1, a.data(), b.data(), 0, c.data()),
+              IsOk());
   ExpectClose(c, cd);
+  // An empty inner dimension still honours beta = 0 (BLAS would skip c).
+  std::fill(c.begin(), c.end(), NAN);
+  ASSERT_THAT(cpu_->Matmul(false, false, m, n, 0, 1, a.data(), b.data(), 0, c.data()),
+              IsOk());
+  EXPECT_EQ(c, std::vector<float>(m * n, 0.0f));
   EXPECT_THAT(cpu_->Matmul(false, false, -1, n, k, 1, a.data(), b.data(), 0, c.data()),
               StatusIs(absl::StatusCode::kInvalidArgument));
 }
@@ -124,8 +131,8 @@ TEST_F(CpuBackendTest, Embedding) {
   ASSERT_THAT(cpu_->EmbeddingForward(B, T, C, V, tokens.data(), wte.data(), wpe.data(),
                                      out.data()),
               IsOk());
-  ASSERT_THAT(reference::EmbeddingForward<double>(B, T, C, V, tokens.data(), D(wte).data(),
-                                                  D(wpe).data(), want.data()),
+  ASSERT_THAT(reference::EmbeddingForward<double>(
+                  B, T, C, V, tokens.data(), D(wte).data(), D(wpe).data(), want.data()),
               IsOk());
   ExpectClose(out, want);
   auto dwte = Randn(V * C, 24), dwpe = Randn(T * C, 25);
@@ -133,15 +140,17 @@ TEST_F(CpuBackendTest, Embedding) {
   ASSERT_THAT(cpu_->EmbeddingBackward(B, T, C, V, tokens.data(), dout.data(), dwte.data(),
                                       dwpe.data()),
               IsOk());
-  ASSERT_THAT(reference::EmbeddingBackward<double>(B, T, C, V, tokens.data(), D(dout).data(),
-                                                   dwte_d.data(), dwpe_d.data()),
-              IsOk());
+  ASSERT_THAT(
+      reference::EmbeddingBackward<double>(B, T, C, V, tokens.data(), D(dout).data(),
+                                           dwte_d.data(), dwpe_d.data()),
+      IsOk());
   ExpectClose(dwte, dwte_d);
   ExpectClose(dwpe, dwpe_d);
   tokens[3] = V;
-  EXPECT_THAT(cpu_->EmbeddingForward(B, T, C, V, tokens.data(), wte.data(), wpe.data(),
-                                     out.data()),
-              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("tokens[3]")));
+  EXPECT_THAT(
+      cpu_->EmbeddingForward(B, T, C, V, tokens.data(), wte.data(), wpe.data(),
+                             out.data()),
+      StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("tokens[3]")));
 }
 
 TEST_F(CpuBackendTest, LayerNorm) {
@@ -160,9 +169,10 @@ TEST_F(CpuBackendTest, LayerNorm) {
   ExpectClose(rstd, rstd_d);
   auto dx = Randn(rows * C, 34), dw = Randn(C, 35), db = Randn(C, 36);
   auto dx_d = D(dx), dw_d = D(dw), db_d = D(db);
-  ASSERT_THAT(cpu_->LayerNormBackward(rows, C, dout.data(), x.data(), w.data(), mean.data(),
-                                      rstd.data(), dx.data(), dw.data(), db.data()),
-              IsOk());
+  ASSERT_THAT(
+      cpu_->LayerNormBackward(rows, C, dout.data(), x.data(), w.data(), mean.data(),
+                              rstd.data(), dx.data(), dw.data(), db.data()),
+      IsOk());
   reference::LayerNormBackward<double>(rows, C, D(dout).data(), D(x).data(), D(w).data(),
                                        mean_d.data(), rstd_d.data(), dx_d.data(),
                                        dw_d.data(), db_d.data());
@@ -214,18 +224,17 @@ TEST_F(CpuBackendTest, CrossEntropy) {
   ASSERT_THAT(cpu_->CrossEntropyForward(rows, V, logits.data(), targets.data(),
                                         probs.data(), loss.data()),
               IsOk());
-  ASSERT_THAT(reference::CrossEntropyForward<double>(rows, V, D(logits).data(),
-                                                     targets.data(), probs_d.data(),
-                                                     loss_d.data()),
-              IsOk());
+  ASSERT_THAT(
+      reference::CrossEntropyForward<double>(rows, V, D(logits).data(), targets.data(),
+                                             probs_d.data(), loss_d.data()),
+      IsOk());
   ExpectClose(probs, probs_d);
   ExpectClose(loss, loss_d);
   ASSERT_THAT(cpu_->CrossEntropyBackward(rows, V, probs.data(), targets.data(), 0.5f,
                                          dlogits.data()),
               IsOk());
-  ASSERT_THAT(reference::CrossEntropyBackward<double>(rows, V, probs_d.data(),
-                                                      targets.data(), 0.5,
-                                                      dlogits_d.data()),
+  ASSERT_THAT(reference::CrossEntropyBackward<double>(
+                  rows, V, probs_d.data(), targets.data(), 0.5, dlogits_d.data()),
               IsOk());
   ExpectClose(dlogits, dlogits_d);
   // In place (probs aliasing logits) gives the same loss.
@@ -236,9 +245,10 @@ TEST_F(CpuBackendTest, CrossEntropy) {
               IsOk());
   EXPECT_FLOAT_EQ(loss2[0], loss[0]);
   targets[2] = -1;
-  EXPECT_THAT(cpu_->CrossEntropyForward(rows, V, logits.data(), targets.data(),
-                                        probs.data(), loss.data()),
-              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("targets[2]")));
+  EXPECT_THAT(
+      cpu_->CrossEntropyForward(rows, V, logits.data(), targets.data(), probs.data(),
+                                loss.data()),
+      StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("targets[2]")));
 }
 
 TEST_F(CpuBackendTest, AdamW) {

@@ -51,6 +51,8 @@ TEST(GptConfigTest, ParameterCountsMatchGpt2Formulas) {
   EXPECT_EQ(CostOfLayer(c, 0).params, V * C + T * C);
   EXPECT_EQ(CostOfLayer(c, 1).params, 12 * C * C + 13 * C);
   EXPECT_EQ(CostOfLayer(c, 4).params, 2 * C + V * C);
+  // The head keeps x, ln_f out, mean, rstd, the probabilities and the int32 target.
+  EXPECT_EQ(CostOfLayer(c, 4).activation_bytes, (2 * C + 2 + V + 1) * 4);
   // GPT-2 small (124M with a tied head): blocks + embeddings + an untied head.
   const GptConfig gpt2{50257, 1024, 768, 12, 12};
   int64_t total = 0;

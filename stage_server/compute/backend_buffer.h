@@ -29,7 +29,8 @@ class BackendBuffer {
   }
 
   BackendBuffer(BackendBuffer&& o) noexcept
-      : backend_(o.backend_), ptr_(std::exchange(o.ptr_, nullptr)),
+      : backend_(o.backend_),
+        ptr_(std::exchange(o.ptr_, nullptr)),
         bytes_(std::exchange(o.bytes_, 0)) {}
   BackendBuffer& operator=(BackendBuffer&& o) noexcept {
     if (this != &o) {

@@ -3,7 +3,9 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "stage_server/compute/reference_ops.h"
@@ -13,8 +15,8 @@ namespace pipetrain::compute {
 namespace {
 absl::Status CheckAttention(const char* op, int B, int T, int C, int NH) {
   if (B < 0 || T < 0 || C < 0 || NH <= 0 || C % NH != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": bad shape B=", B, " T=", T,
-                                                   " C=", C, " heads=", NH));
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": bad shape B=", B, " T=", T, " C=", C, " heads=", NH));
   }
   return absl::OkStatus();
 }
@@ -27,17 +29,77 @@ absl::Status CheckRows(const char* op, int64_t rows, int64_t cols) {
   return absl::OkStatus();
 }
 
+// exp(x) in float, about 2 ulp, written without calls or branches so that the compiler
+// vectorises the loops using it (libm's expf/tanhf took a quarter of a training step).
+// Cephes' polynomial on x - n ln2, then 2^n through the exponent bits.
+inline float FastExp(float x) {
+  x = std::min(88.0f, std::max(-87.0f, x));
+  // Round x / ln2 to the nearest integer with the 1.5 * 2^23 trick (no conversions).
+  constexpr float kMagic = 12582912.0f;
+  const float t = x * 1.44269504088896341f + kMagic;
+  const float n = t - kMagic;
+  const int32_t ni = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(kMagic);
+  const float r = (x - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float e = p * r * r + r + 1.0f;
+  return e * std::bit_cast<float>((ni + 127) << 23);
+}
+// tanh through exp; the absolute error (~1e-7) is what GELU's 0.5 x (1 + tanh) feels.
+inline float FastTanh(float x) { return 1.0f - 2.0f / (FastExp(2.0f * x) + 1.0f); }
+
 constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluA = 0.044715f;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(int threads) {
   if (threads < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("cpu backend: threads must be >= 1 (got ",
-                                                   threads, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cpu backend: threads must be >= 1 (got ", threads, ")"));
   }
   openblas_set_num_threads(threads);
   return std::unique_ptr<CpuBackend>(new CpuBackend(threads));
+}
+
+CpuBackend::~CpuBackend() {
+  for (auto& [bytes, blocks] : free_blocks_) {
+    for (void* p : blocks) std::free(p);
+  }
+}
+
+absl::StatusOr<void*> CpuBackend::Allocate(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  std::vector<void*>& cached = free_blocks_[rounded];
+  void* p = nullptr;
+  if (!cached.empty()) {
+    p = cached.back();
+    cached.pop_back();
+  } else {
+    p = std::aligned_alloc(64, rounded);
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cpu backend: cannot allocate ", bytes, " bytes"));
+    }
+  }
+  block_bytes_[p] = rounded;
+  return p;
+}
+
+absl::Status CpuBackend::Free(void* ptr) {
+  if (ptr == nullptr) return absl::OkStatus();
+  auto it = block_bytes_.find(ptr);
+  if (it == block_bytes_.end()) {
+    return absl::InvalidArgumentError(
+        "cpu backend: Free of a pointer it did not allocate");
+  }
+  free_blocks_[it->second].push_back(ptr);
+  block_bytes_.erase(it);
+  return absl::OkStatus();
 }
 
 absl::Status CpuBackend::Matmul(bool trans_a, bool trans_b, int m, int n, int k,
@@ -49,8 +111,9 @@ absl::Status CpuBackend::Matmul(bool trans_a, bool trans_b, int m, int n, int k,
         absl::StrCat("Matmul: negative shape m=", m, " n=", n, " k=", k));
   }
   if (m == 0 || n == 0) return absl::OkStatus();
-  if (k == 0) {  // BLAS leaves c untouched; the contract says c = beta * c.
-    return Scale(int64_t{m} * n, beta == 0 ? 0.0f : beta, c);
+  if (k == 0) {  // BLAS may leave c untouched; the contract says c = beta * c.
+    if (beta == 0) return Zero(c, int64_t{m} * n * sizeof(float));  // even over NaN
+    return Scale(int64_t{m} * n, beta, c);
   }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, trans_a ? m : k, b,
@@ -81,7 +144,8 @@ absl::Status CpuBackend::LayerNormForward(int rows, int C, const float* x,
     const float mu = sum / C;
     float var = 0;
     for (int c = 0; c < C; ++c) var += (xr[c] - mu) * (xr[c] - mu);
-    const float rs = 1.0f / std::sqrt(var / C + static_cast<float>(reference::kLayerNormEps));
+    const float rs =
+        1.0f / std::sqrt(var / C + static_cast<float>(reference::kLayerNormEps));
     for (int c = 0; c < C; ++c) o[c] = (xr[c] - mu) * rs * weight[c] + bias[c];
     mean[r] = mu;
     rstd[r] = rs;
@@ -91,8 +155,8 @@ absl::Status CpuBackend::LayerNormForward(int rows, int C, const float* x,
 
 absl::Status CpuBackend::LayerNormBackward(int rows, int C, const float* dout,
                                            const float* x, const float* weight,
-                                           const float* mean, const float* rstd, float* dx,
-                                           float* dweight, float* dbias) {
+                                           const float* mean, const float* rstd,
+                                           float* dx, float* dweight, float* dbias) {
   // dout (rows, C), x (rows, C), weight (C), mean (rows), rstd (rows),
   // dx (rows, C) +=, dweight (C) +=, dbias (C) +=
   if (absl::Status s = CheckRows("LayerNormBackward", rows, C); !s.ok()) return s;
@@ -130,7 +194,7 @@ absl::Status CpuBackend::GeluForward(int64_t n, const float* x, float* out) {
   if (absl::Status s = CheckRows("GeluForward", n, 1); !s.ok()) return s;
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
-    out[i] = 0.5f * v * (1.0f + std::tanh(kGeluK * (v + kGeluA * v * v * v)));
+    out[i] = 0.5f * v * (1.0f + FastTanh(kGeluK * (v + kGeluA * v * v * v)));
   }
   return absl::OkStatus();
 }
@@ -141,7 +205,7 @@ absl::Status CpuBackend::GeluBackward(int64_t n, const float* x, const float* do
   if (absl::Status s = CheckRows("GeluBackward", n, 1); !s.ok()) return s;
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
-    const float th = std::tanh(kGeluK * (v + kGeluA * v * v * v));
+    const float th = FastTanh(kGeluK * (v + kGeluA * v * v * v));
     const float grad =
         0.5f * (1 + th) + 0.5f * v * (1 - th * th) * kGeluK * (1 + 3 * kGeluA * v * v);
     dx[i] = grad * dout[i];
@@ -169,7 +233,7 @@ absl::Status CpuBackend::AttentionForward(int B, int T, int C, int NH, const flo
         for (int u = 1; u <= t; ++u) max_score = std::max(max_score, row[u]);
         float sum = 0;
         for (int u = 0; u <= t; ++u) {
-          row[u] = std::exp(row[u] - max_score);
+          row[u] = FastExp(row[u] - max_score);
           sum += row[u];
         }
         const float inv = 1.0f / sum;
@@ -178,7 +242,8 @@ absl::Status CpuBackend::AttentionForward(int B, int T, int C, int NH, const flo
       }
       // out_h = P V: (T, hs), row stride C.
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, p, T,
-                  base + 2 * C + h * hs, 3 * C, 0.0f, out + int64_t{b} * T * C + h * hs, C);
+                  base + 2 * C + h * hs, 3 * C, 0.0f, out + int64_t{b} * T * C + h * hs,
+                  C);
     }
   }
   return absl::OkStatus();
@@ -188,7 +253,8 @@ absl::Status CpuBackend::AttentionBackward(int B, int T, int C, int NH, const fl
                                            const float* qkv, const float* probs,
                                            float* dqkv) {
   // dout (B, T, C), qkv (B, T, 3C), probs (B, NH, T, T), dqkv (B, T, 3C)
-  if (absl::Status s = CheckAttention("AttentionBackward", B, T, C, NH); !s.ok()) return s;
+  if (absl::Status s = CheckAttention("AttentionBackward", B, T, C, NH); !s.ok())
+    return s;
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   scratch_.resize(int64_t{T} * T);
@@ -200,8 +266,8 @@ absl::Status CpuBackend::AttentionBackward(int B, int T, int C, int NH, const fl
     for (int h = 0; h < NH; ++h) {
       const float* p = probs + (int64_t{b} * NH + h) * T * T;  // (T, T)
       // dP = dO V^T (T, T); dV = P^T dO (T, hs).
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dob + h * hs, C,
-                  base + 2 * C + h * hs, 3 * C, 0.0f, dp, T);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dob + h * hs,
+                  C, base + 2 * C + h * hs, 3 * C, 0.0f, dp, T);
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, p, T,
                   dob + h * hs, C, 0.0f, dbase + 2 * C + h * hs, 3 * C);
       // Softmax backward in place: dS = P * (dP - rowsum(P * dP)), times the scale.
@@ -240,7 +306,7 @@ absl::Status CpuBackend::CrossEntropyForward(int rows, int V, const float* logit
     const float target_logit = l[targets[r]];  // read before p (which may alias l)
     float sum = 0;
     for (int v = 0; v < V; ++v) {
-      p[v] = std::exp(l[v] - max_logit);
+      p[v] = FastExp(l[v] - max_logit);
       sum += p[v];
     }
     const float inv = 1.0f / sum;

@@ -3,7 +3,9 @@
 // override are the plain loops of HostBackendT, which are already memory-bound.
 #pragma once
 
+#include <map>
 #include <memory>
+#include <unordered_map>
 #include <string>
 #include <vector>
 
@@ -19,7 +21,14 @@ class CpuBackend : public HostBackendT<float> {
   // never exceeds `threads` (no oversubscription).
   static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(int threads);
 
+  ~CpuBackend() override;
   std::string Name() const override { return "cpu"; }
+
+  // Freed blocks are kept for reuse by size: a training step allocates the same shapes
+  // every time, so pages are first touched in the first step only. Not thread-safe
+  // (neither is the backend as a whole: one executor thread drives it).
+  absl::StatusOr<void*> Allocate(size_t bytes) override;
+  absl::Status Free(void* ptr) override;
   int threads() const { return threads_; }
 
   absl::Status Matmul(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
@@ -29,8 +38,9 @@ class CpuBackend : public HostBackendT<float> {
                                 const float* bias, float* out, float* mean,
                                 float* rstd) override;
   absl::Status LayerNormBackward(int rows, int C, const float* dout, const float* x,
-                                 const float* weight, const float* mean, const float* rstd,
-                                 float* dx, float* dweight, float* dbias) override;
+                                 const float* weight, const float* mean,
+                                 const float* rstd, float* dx, float* dweight,
+                                 float* dbias) override;
   absl::Status GeluForward(int64_t n, const float* x, float* out) override;
   absl::Status GeluBackward(int64_t n, const float* x, const float* dout,
                             float* dx) override;
@@ -48,6 +58,8 @@ class CpuBackend : public HostBackendT<float> {
 
   int threads_;
   std::vector<float> scratch_;  // (T, T): d probs of one head in attention backward
+  std::map<size_t, std::vector<void*>> free_blocks_;  // rounded size -> cached blocks
+  std::unordered_map<void*, size_t> block_bytes_;     // live block -> rounded size
 };
 
 }  // namespace pipetrain::compute

@@ -35,7 +35,9 @@ class Stash {
   }
   // Allocates slot `slot` with `bytes` bytes (replacing what was there).
   absl::StatusOr<void*> Allocate(BackendT<Real>* backend, int slot, size_t bytes);
-  Real* get(int slot) const { return slot < (int)slots_.size() ? slots_[slot].data() : nullptr; }
+  Real* get(int slot) const {
+    return slot < (int)slots_.size() ? slots_[slot].data() : nullptr;
+  }
   int32_t* ints(int slot) const {
     return slot < (int)slots_.size() ? slots_[slot].ints() : nullptr;
   }
@@ -101,16 +103,16 @@ class PipelineLayer {
 
   // One AdamW step on every parameter, weight decay on matrices only. The gradient is
   // first multiplied by grad_scale (for global-norm clipping).
-  absl::Status AdamWStep(float lr, float beta1, float beta2, float eps, float weight_decay,
-                         int step, Real grad_scale);
+  absl::Status AdamWStep(float lr, float beta1, float beta2, float eps,
+                         float weight_decay, int step, Real grad_scale);
 
   // Elements of one micro-batch row in this layer's output ((T, C), or 1 for the head).
   int64_t OutputElementsPerRow() const;
 
  protected:
   template <typename R>
-  friend absl::StatusOr<std::unique_ptr<PipelineLayer<R>>> MakeLayer(const GptConfig&, int,
-                                                                     BackendT<R>*);
+  friend absl::StatusOr<std::unique_ptr<PipelineLayer<R>>> MakeLayer(const GptConfig&,
+                                                                     int, BackendT<R>*);
   PipelineLayer(const GptConfig& config, int index, BackendT<Real>* backend)
       : config_(config), index_(index), backend_(backend) {}
   absl::Status AllocateParams();
@@ -123,6 +125,5 @@ class PipelineLayer {
   int64_t num_params_ = 0;
   BackendBuffer<Real> params_, grads_, adam_m_, adam_v_;
 };
-
 
 }  // namespace pipetrain::compute

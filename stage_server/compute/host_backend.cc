@@ -127,8 +127,9 @@ absl::Status HostBackendT<Real>::EmbeddingForward(int B, int T, int C, int V,
 
 template <typename Real>
 absl::Status HostBackendT<Real>::EmbeddingBackward(int B, int T, int C, int V,
-                                                   const int32_t* tokens, const Real* dout,
-                                                   Real* dwte, Real* dwpe) {
+                                                   const int32_t* tokens,
+                                                   const Real* dout, Real* dwte,
+                                                   Real* dwpe) {
   if (absl::Status s = CheckSizes("EmbeddingBackward", {B, T, C, V}); !s.ok()) return s;
   return reference::EmbeddingBackward(B, T, C, V, tokens, dout, dwte, dwpe);
 }
@@ -169,7 +170,8 @@ absl::Status HostBackendT<Real>::GeluBackward(int64_t n, const Real* x, const Re
 
 template <typename Real>
 absl::Status HostBackendT<Real>::AttentionForward(int B, int T, int C, int NH,
-                                                  const Real* qkv, Real* out, Real* probs) {
+                                                  const Real* qkv, Real* out,
+                                                  Real* probs) {
   if (absl::Status s = CheckSizes("AttentionForward", {B, T, C, NH}); !s.ok()) return s;
   if (NH == 0 || C % NH != 0) {
     return absl::InvalidArgumentError(
@@ -213,7 +215,8 @@ absl::Status HostBackendT<Real>::AdamW(int64_t n, Real* param, const Real* grad,
                                        Real* v, float lr, float beta1, float beta2,
                                        float eps, float weight_decay, int step) {
   if (absl::Status s = CheckSizes("AdamW", {n}); !s.ok()) return s;
-  if (step < 1) return absl::InvalidArgumentError(absl::StrCat("AdamW: step ", step, " < 1"));
+  if (step < 1)
+    return absl::InvalidArgumentError(absl::StrCat("AdamW: step ", step, " < 1"));
   reference::AdamW(n, param, grad, m, v, lr, beta1, beta2, eps, weight_decay, step);
   return absl::OkStatus();
 }

@@ -42,7 +42,8 @@ class HostBackendT : public BackendT<Real> {
                                  const Real* weight, const Real* mean, const Real* rstd,
                                  Real* dx, Real* dweight, Real* dbias) override;
   absl::Status GeluForward(int64_t n, const Real* x, Real* out) override;
-  absl::Status GeluBackward(int64_t n, const Real* x, const Real* dout, Real* dx) override;
+  absl::Status GeluBackward(int64_t n, const Real* x, const Real* dout,
+                            Real* dx) override;
   absl::Status AttentionForward(int B, int T, int C, int NH, const Real* qkv, Real* out,
                                 Real* probs) override;
   absl::Status AttentionBackward(int B, int T, int C, int NH, const Real* dout,

@@ -14,12 +14,13 @@ absl::StatusOr<std::unique_ptr<LayerStackT<Real>>> LayerStackT<Real>::Create(
     StackOptions options) {
   RETURN_IF_ERROR(ValidateConfig(config));
   if (begin < 0 || end > config.num_pipeline_layers() || begin >= end) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("layer range [", begin, ", ", end, ") is empty or outside [0, ",
-                     config.num_pipeline_layers(), ")"));
+    return absl::InvalidArgumentError(absl::StrCat("layer range [", begin, ", ", end,
+                                                   ") is empty or outside [0, ",
+                                                   config.num_pipeline_layers(), ")"));
   }
   if (backend == nullptr) return absl::InvalidArgumentError("layer stack: no backend");
-  std::unique_ptr<LayerStackT> stack(new LayerStackT(config, begin, end, backend, options));
+  std::unique_ptr<LayerStackT> stack(
+      new LayerStackT(config, begin, end, backend, options));
   for (int l = begin; l < end; ++l) {
     ASSIGN_OR_RETURN(auto layer, MakeLayer<Real>(config, l, backend));
     stack->layers_.push_back(std::move(layer));
@@ -73,9 +74,9 @@ absl::StatusOr<typename LayerStackT<Real>::MicroBatch*> LayerStackT<Real>::Find(
     int mb, const char* what) {
   auto it = micro_batches_.find(mb);
   if (it == micro_batches_.end()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, " of micro-batch ", mb, " on layers [", begin_, ", ", end_,
-        "): it has not been forwarded (or its backward already ran)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " of micro-batch ", mb, " on layers [", begin_, ", ", end_,
+                     "): it has not been forwarded (or its backward already ran)"));
   }
   return &it->second;
 }
@@ -91,8 +92,8 @@ absl::Status LayerStackT<Real>::RunForward(MicroBatch& mb, Real* output) {
     const void* in = i == 0 ? mb.input.raw() : mb.outputs[i - 1].raw();
     Real* out = output;
     if (i + 1 < n) {
-      ASSIGN_OR_RETURN(auto buffer,
-                       BackendBuffer<Real>::Allocate(backend_, x_elements * sizeof(Real)));
+      ASSIGN_OR_RETURN(auto buffer, BackendBuffer<Real>::Allocate(
+                                        backend_, x_elements * sizeof(Real)));
       mb.outputs.push_back(std::move(buffer));
       out = mb.outputs.back().data();
     }
@@ -110,7 +111,8 @@ absl::Status LayerStackT<Real>::Forward(int mb_id, int B, const void* input,
   if (micro_batches_.count(mb_id) > 0) {
     return absl::FailedPreconditionError(absl::StrCat(where, ": already in flight"));
   }
-  if (B <= 0) return absl::InvalidArgumentError(absl::StrCat(where, ": rows ", B, " <= 0"));
+  if (B <= 0)
+    return absl::InvalidArgumentError(absl::StrCat(where, ": rows ", B, " <= 0"));
   if (input == nullptr || output == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": null input or output"));
   }
@@ -165,7 +167,8 @@ absl::Status LayerStackT<Real>::RunBackwardInput(MicroBatch& mb, const Real* gra
     BackendBuffer<Real> next;
     Real* gi = grad_input;
     if (i > 0) {
-      ASSIGN_OR_RETURN(next, BackendBuffer<Real>::Allocate(backend_, x_elements * sizeof(Real)));
+      ASSIGN_OR_RETURN(
+          next, BackendBuffer<Real>::Allocate(backend_, x_elements * sizeof(Real)));
       gi = next.data();
     }
     if (fused) {
@@ -184,8 +187,9 @@ absl::Status LayerStackT<Real>::Backward(int mb_id, const Real* grad_output,
                                          Real* grad_input, Real loss_grad) {
   ASSIGN_OR_RETURN(MicroBatch * mb, Find(mb_id, "backward"));
   if (mb->input_done) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "backward of micro-batch ", mb_id, ": its input half already ran; call BackwardWeight"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("backward of micro-batch ", mb_id,
+                     ": its input half already ran; call BackwardWeight"));
   }
   absl::Status s = RunBackwardInput(*mb, grad_output, grad_input, loss_grad, true);
   micro_batches_.erase(mb_id);
@@ -254,8 +258,8 @@ absl::StatusOr<std::vector<Real>> LayerStackT<Real>::CopyOut(absl::string_view n
   ASSIGN_OR_RETURN(auto found, FindParam(name));
   auto [layer, i] = found;
   std::vector<Real> out(layer->specs()[i].num_elements());
-  RETURN_IF_ERROR(backend_->CopyToHost(out.data(), grad ? layer->grad(i) : layer->param(i),
-                                       out.size() * sizeof(Real)));
+  RETURN_IF_ERROR(backend_->CopyToHost(
+      out.data(), grad ? layer->grad(i) : layer->param(i), out.size() * sizeof(Real)));
   return out;
 }
 
@@ -283,15 +287,16 @@ template <typename Real>
 absl::StatusOr<double> LayerStackT<Real>::GradSquaredNorm() {
   double total = 0;
   for (auto& layer : layers_) {
-    ASSIGN_OR_RETURN(double s, backend_->SumOfSquares(layer->num_params(), layer->all_grads()));
+    ASSIGN_OR_RETURN(double s,
+                     backend_->SumOfSquares(layer->num_params(), layer->all_grads()));
     total += s;
   }
   return total;
 }
 
 template <typename Real>
-absl::StatusOr<double> LayerStackT<Real>::OptimizerStep(const AdamWOptions& o,
-                                                        std::optional<double> global_norm) {
+absl::StatusOr<double> LayerStackT<Real>::OptimizerStep(
+    const AdamWOptions& o, std::optional<double> global_norm) {
   double norm = global_norm.value_or(0.0);
   Real scale = 1;
   if (o.max_grad_norm > 0) {

@@ -42,11 +42,14 @@ struct AdamWOptions {
   float beta1 = 0.9f;
   float beta2 = 0.999f;
   float eps = 1e-8f;
-  float weight_decay = 0.0f;  // decoupled, applied to matrices only (ParamSpec::is_matrix)
+  float weight_decay =
+      0.0f;  // decoupled, applied to matrices only (ParamSpec::is_matrix)
   // Clip gradients to this global L2 norm (as torch.nn.utils.clip_grad_norm_); 0 = off.
   float max_grad_norm = 0.0f;
 };
 
+// Not thread-safe: one executor thread drives a stack (and its backend). LayerStack
+// (float) is what stage servers use; LayerStackT<double> exists for gradient checks.
 template <typename Real>
 class LayerStackT {
  public:
@@ -123,11 +126,11 @@ class LayerStackT {
  private:
   struct MicroBatch {
     int rows = 0;
-    bool input_done = false;          // BackwardInput has run
-    BackendBuffer<Real> input;        // copy of the stack input
-    BackendBuffer<Real> targets;      // copy of the targets (head stacks)
+    bool input_done = false;                   // BackwardInput has run
+    BackendBuffer<Real> input;                 // copy of the stack input
+    BackendBuffer<Real> targets;               // copy of the targets (head stacks)
     std::vector<BackendBuffer<Real>> outputs;  // outputs of layers but the last
-    std::vector<Stash<Real>> stashes;  // one per layer
+    std::vector<Stash<Real>> stashes;          // one per layer
     size_t Bytes() const;
   };
 
@@ -141,7 +144,8 @@ class LayerStackT {
   absl::Status RunBackwardInput(MicroBatch& mb, const Real* grad_output, Real* grad_input,
                                 Real loss_grad, bool fused);
   absl::StatusOr<MicroBatch*> Find(int mb, const char* what);
-  absl::StatusOr<std::pair<PipelineLayer<Real>*, int>> FindParam(absl::string_view name) const;
+  absl::StatusOr<std::pair<PipelineLayer<Real>*, int>> FindParam(
+      absl::string_view name) const;
   void NotePeak();
   absl::StatusOr<std::vector<Real>> CopyOut(absl::string_view name, bool grad) const;
 

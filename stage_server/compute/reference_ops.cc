@@ -70,9 +70,8 @@ double SumOfSquares(int64_t n, const Real* x) {
 absl::Status CheckTokens(int64_t n, int V, const int32_t* tokens, const char* what) {
   for (int64_t i = 0; i < n; ++i) {
     if (tokens[i] < 0 || tokens[i] >= V) {
-      return absl::InvalidArgumentError(absl::StrCat(what, "[", i, "] = ", tokens[i],
-                                                     " is outside the vocabulary [0, ", V,
-                                                     ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, "[", i, "] = ", tokens[i], " is outside the vocabulary [0, ", V, ")"));
     }
   }
   return absl::OkStatus();
@@ -82,7 +81,8 @@ template <typename Real>
 absl::Status EmbeddingForward(int B, int T, int C, int V, const int32_t* tokens,
                               const Real* wte, const Real* wpe, Real* out) {
   // tokens (B, T), wte (V, C), wpe (>= T, C), out (B, T, C)
-  if (absl::Status s = CheckTokens(int64_t{B} * T, V, tokens, "tokens"); !s.ok()) return s;
+  if (absl::Status s = CheckTokens(int64_t{B} * T, V, tokens, "tokens"); !s.ok())
+    return s;
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {
       const int64_t bt = int64_t{b} * T + t;
@@ -98,7 +98,8 @@ template <typename Real>
 absl::Status EmbeddingBackward(int B, int T, int C, int V, const int32_t* tokens,
                                const Real* dout, Real* dwte, Real* dwpe) {
   // tokens (B, T), dout (B, T, C), dwte (V, C) +=, dwpe (>= T, C) +=
-  if (absl::Status s = CheckTokens(int64_t{B} * T, V, tokens, "tokens"); !s.ok()) return s;
+  if (absl::Status s = CheckTokens(int64_t{B} * T, V, tokens, "tokens"); !s.ok())
+    return s;
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {
       const int64_t bt = int64_t{b} * T + t;
@@ -112,8 +113,8 @@ absl::Status EmbeddingBackward(int B, int T, int C, int V, const int32_t* tokens
 }
 
 template <typename Real>
-void LayerNormForward(int rows, int C, const Real* x, const Real* weight, const Real* bias,
-                      Real* out, Real* mean, Real* rstd) {
+void LayerNormForward(int rows, int C, const Real* x, const Real* weight,
+                      const Real* bias, Real* out, Real* mean, Real* rstd) {
   // x (rows, C), weight (C), bias (C), out (rows, C), mean (rows), rstd (rows)
   for (int r = 0; r < rows; ++r) {
     const Real* xr = x + int64_t{r} * C;
@@ -125,7 +126,8 @@ void LayerNormForward(int rows, int C, const Real* x, const Real* weight, const 
     var /= C;  // biased, as torch.nn.LayerNorm
     const double rs = 1.0 / std::sqrt(var + kLayerNormEps);
     for (int c = 0; c < C; ++c) {
-      out[int64_t{r} * C + c] = static_cast<Real>((xr[c] - mu) * rs * weight[c] + bias[c]);
+      out[int64_t{r} * C + c] =
+          static_cast<Real>((xr[c] - mu) * rs * weight[c] + bias[c]);
     }
     mean[r] = static_cast<Real>(mu);
     rstd[r] = static_cast<Real>(rs);
@@ -133,9 +135,9 @@ void LayerNormForward(int rows, int C, const Real* x, const Real* weight, const 
 }
 
 template <typename Real>
-void LayerNormBackward(int rows, int C, const Real* dout, const Real* x, const Real* weight,
-                       const Real* mean, const Real* rstd, Real* dx, Real* dweight,
-                       Real* dbias) {
+void LayerNormBackward(int rows, int C, const Real* dout, const Real* x,
+                       const Real* weight, const Real* mean, const Real* rstd, Real* dx,
+                       Real* dweight, Real* dbias) {
   // dout (rows, C), x (rows, C), weight (C), mean (rows), rstd (rows),
   // dx (rows, C) +=, dweight (C) +=, dbias (C) +=
   for (int r = 0; r < rows; ++r) {
@@ -174,7 +176,8 @@ template <typename Real>
 void GeluForward(int64_t n, const Real* x, Real* out) {
   for (int64_t i = 0; i < n; ++i) {
     const double v = x[i];
-    out[i] = static_cast<Real>(0.5 * v * (1 + std::tanh(kGeluK * (v + kGeluA * v * v * v))));
+    out[i] =
+        static_cast<Real>(0.5 * v * (1 + std::tanh(kGeluK * (v + kGeluA * v * v * v))));
   }
 }
 
@@ -291,7 +294,8 @@ absl::Status CrossEntropyForward(int rows, int V, const Real* logits,
     // log-sum-exp form keeps the loss exact even where the target's probability
     // underflows.
     total += std::log(sum) + max_logit - l[targets[r]];
-    for (int v = 0; v < V; ++v) p[v] = static_cast<Real>(std::exp(l[v] - max_logit) / sum);
+    for (int v = 0; v < V; ++v)
+      p[v] = static_cast<Real>(std::exp(l[v] - max_logit) / sum);
   }
   *loss = static_cast<Real>(total / rows);
   return absl::OkStatus();
@@ -299,7 +303,8 @@ absl::Status CrossEntropyForward(int rows, int V, const Real* logits,
 
 template <typename Real>
 absl::Status CrossEntropyBackward(int rows, int V, const Real* probs,
-                                  const int32_t* targets, Real dloss_scale, Real* dlogits) {
+                                  const int32_t* targets, Real dloss_scale,
+                                  Real* dlogits) {
   // probs (rows, V), targets (rows), dlogits (rows, V)
   if (absl::Status s = CheckTokens(rows, V, targets, "targets"); !s.ok()) return s;
   for (int r = 0; r < rows; ++r) {
@@ -330,33 +335,33 @@ void AdamW(int64_t n, Real* param, const Real* grad, Real* m, Real* v, float lr,
   }
 }
 
-#define PIPETRAIN_INSTANTIATE_REFERENCE_OPS(Real)                                          \
-  template void Matmul<Real>(bool, bool, int, int, int, Real, const Real*, const Real*,   \
-                             Real, Real*);                                                 \
-  template void Add<Real>(int64_t, const Real*, const Real*, Real*);                       \
-  template void Axpy<Real>(int64_t, Real, const Real*, Real*);                             \
-  template void Scale<Real>(int64_t, Real, Real*);                                         \
-  template void AddBias<Real>(int, int, const Real*, Real*);                               \
-  template void BiasGrad<Real>(int, int, const Real*, Real*);                              \
-  template double SumOfSquares<Real>(int64_t, const Real*);                                \
-  template absl::Status EmbeddingForward<Real>(int, int, int, int, const int32_t*,         \
-                                               const Real*, const Real*, Real*);           \
-  template absl::Status EmbeddingBackward<Real>(int, int, int, int, const int32_t*,        \
-                                                const Real*, Real*, Real*);                \
-  template void LayerNormForward<Real>(int, int, const Real*, const Real*, const Real*,    \
-                                       Real*, Real*, Real*);                               \
-  template void LayerNormBackward<Real>(int, int, const Real*, const Real*, const Real*,   \
-                                        const Real*, const Real*, Real*, Real*, Real*);    \
-  template void GeluForward<Real>(int64_t, const Real*, Real*);                            \
-  template void GeluBackward<Real>(int64_t, const Real*, const Real*, Real*);              \
-  template void AttentionForward<Real>(int, int, int, int, const Real*, Real*, Real*);     \
-  template void AttentionBackward<Real>(int, int, int, int, const Real*, const Real*,      \
-                                        const Real*, Real*);                               \
-  template absl::Status CrossEntropyForward<Real>(int, int, const Real*, const int32_t*,   \
-                                                  Real*, Real*);                           \
-  template absl::Status CrossEntropyBackward<Real>(int, int, const Real*, const int32_t*,  \
-                                                   Real, Real*);                           \
-  template void AdamW<Real>(int64_t, Real*, const Real*, Real*, Real*, float, float,       \
+#define PIPETRAIN_INSTANTIATE_REFERENCE_OPS(Real)                                        \
+  template void Matmul<Real>(bool, bool, int, int, int, Real, const Real*, const Real*,  \
+                             Real, Real*);                                               \
+  template void Add<Real>(int64_t, const Real*, const Real*, Real*);                     \
+  template void Axpy<Real>(int64_t, Real, const Real*, Real*);                           \
+  template void Scale<Real>(int64_t, Real, Real*);                                       \
+  template void AddBias<Real>(int, int, const Real*, Real*);                             \
+  template void BiasGrad<Real>(int, int, const Real*, Real*);                            \
+  template double SumOfSquares<Real>(int64_t, const Real*);                              \
+  template absl::Status EmbeddingForward<Real>(int, int, int, int, const int32_t*,       \
+                                               const Real*, const Real*, Real*);         \
+  template absl::Status EmbeddingBackward<Real>(int, int, int, int, const int32_t*,      \
+                                                const Real*, Real*, Real*);              \
+  template void LayerNormForward<Real>(int, int, const Real*, const Real*, const Real*,  \
+                                       Real*, Real*, Real*);                             \
+  template void LayerNormBackward<Real>(int, int, const Real*, const Real*, const Real*, \
+                                        const Real*, const Real*, Real*, Real*, Real*);  \
+  template void GeluForward<Real>(int64_t, const Real*, Real*);                          \
+  template void GeluBackward<Real>(int64_t, const Real*, const Real*, Real*);            \
+  template void AttentionForward<Real>(int, int, int, int, const Real*, Real*, Real*);   \
+  template void AttentionBackward<Real>(int, int, int, int, const Real*, const Real*,    \
+                                        const Real*, Real*);                             \
+  template absl::Status CrossEntropyForward<Real>(int, int, const Real*, const int32_t*, \
+                                                  Real*, Real*);                         \
+  template absl::Status CrossEntropyBackward<Real>(int, int, const Real*,                \
+                                                   const int32_t*, Real, Real*);         \
+  template void AdamW<Real>(int64_t, Real*, const Real*, Real*, Real*, float, float,     \
                             float, float, float, int);
 
 PIPETRAIN_INSTANTIATE_REFERENCE_OPS(float)

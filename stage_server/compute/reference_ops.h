@@ -40,12 +40,12 @@ absl::Status EmbeddingBackward(int B, int T, int C, int V, const int32_t* tokens
                                const Real* dout, Real* dwte, Real* dwpe);
 
 template <typename Real>
-void LayerNormForward(int rows, int C, const Real* x, const Real* weight, const Real* bias,
-                      Real* out, Real* mean, Real* rstd);
+void LayerNormForward(int rows, int C, const Real* x, const Real* weight,
+                      const Real* bias, Real* out, Real* mean, Real* rstd);
 template <typename Real>
-void LayerNormBackward(int rows, int C, const Real* dout, const Real* x, const Real* weight,
-                       const Real* mean, const Real* rstd, Real* dx, Real* dweight,
-                       Real* dbias);
+void LayerNormBackward(int rows, int C, const Real* dout, const Real* x,
+                       const Real* weight, const Real* mean, const Real* rstd, Real* dx,
+                       Real* dweight, Real* dbias);
 
 template <typename Real>
 void GeluForward(int64_t n, const Real* x, Real* out);
@@ -53,7 +53,8 @@ template <typename Real>
 void GeluBackward(int64_t n, const Real* x, const Real* dout, Real* dx);
 
 template <typename Real>
-void AttentionForward(int B, int T, int C, int NH, const Real* qkv, Real* out, Real* probs);
+void AttentionForward(int B, int T, int C, int NH, const Real* qkv, Real* out,
+                      Real* probs);
 template <typename Real>
 void AttentionBackward(int B, int T, int C, int NH, const Real* dout, const Real* qkv,
                        const Real* probs, Real* dqkv);
@@ -63,7 +64,8 @@ absl::Status CrossEntropyForward(int rows, int V, const Real* logits,
                                  const int32_t* targets, Real* probs, Real* loss);
 template <typename Real>
 absl::Status CrossEntropyBackward(int rows, int V, const Real* probs,
-                                  const int32_t* targets, Real dloss_scale, Real* dlogits);
+                                  const int32_t* targets, Real dloss_scale,
+                                  Real* dlogits);
 
 template <typename Real>
 void AdamW(int64_t n, Real* param, const Real* grad, Real* m, Real* v, float lr,

@@ -1,0 +1,95 @@
+#include "bench/compute_bench.h"
+
+#include <cblas.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "stage_server/compute/trainer.h"
+
+namespace pipetrain::bench {
+namespace {
+
+using compute::GptConfig;
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// Bytes of a pseudo-random English-like text; the throughput does not depend on it.
+std::string Text() {
+  const char* words[] = {"pipeline ", "stage ", "gradient ", "the ",
+                         "of ",       "a ",     "micro ",    "batch. ",
+                         "model ",    "and ",   "weights ",  "loss "};
+  std::string text;
+  uint32_t state = 1;
+  while (text.size() < (1 << 20)) {
+    state = state * 1664525u + 1013904223u;
+    text += words[(state >> 16) % 12];
+  }
+  return text;
+}
+
+// Median GFLOP/s of the model's largest product (the MLP up-projection of one step:
+// (B*T, C) x (C, 4C)) at the current OpenBLAS thread count.
+double SgemmGflops(int m, int n, int k, int reps) {
+  std::vector<float> a(int64_t{m} * k, 0.5f), b(int64_t{k} * n, 0.25f), c(int64_t{m} * n);
+  std::vector<double> times;
+  for (int r = 0; r <= reps; ++r) {
+    const auto t0 = Clock::now();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a.data(), k,
+                b.data(), n, 0.0f, c.data(), n);
+    if (r > 0) times.push_back(Seconds(t0, Clock::now()));  // the first call warms up
+  }
+  return 2.0 * m * n * k / Median(times) / 1e9;
+}
+
+}  // namespace
+
+absl::StatusOr<BenchResult> RunComputeBench(const BenchOptions& options) {
+  const int reps = options.repetitions > 0 ? options.repetitions : 3;
+  compute::TrainOptions o;
+  o.model = GptConfig{
+      .vocab_size = 256, .seq_len = 128, .d_model = 256, .n_heads = 4, .n_layers = 8};
+  o.batch = 32;
+  o.optimizer = {.lr = 3e-4f};
+  const double tokens = static_cast<double>(o.batch) * o.model.seq_len;
+  double flops_per_token = 0;
+  for (int l = 0; l < o.model.num_pipeline_layers(); ++l) {
+    const compute::LayerCost cost = compute::CostOfLayer(o.model, l);
+    flops_per_token +=
+        cost.forward_flops + cost.backward_input_flops + cost.backward_weight_flops;
+  }
+  BenchResult result;
+  result.Label("model", "vocab 256, seq 128, d_model 256, 4 heads, 8 layers; batch 32");
+  result.Label("pytorch", "not measured (no torch on this machine)");
+  result.Add("gflop_per_step", flops_per_token * tokens / 1e9);
+  const std::string text = Text();
+  for (int threads : {1, 2}) {
+    o.threads = threads;
+    ASSIGN_OR_RETURN(auto trainer, compute::Trainer::Create(o, text));
+    RETURN_IF_ERROR(trainer->Step().status());  // warm-up: first touch of every buffer
+    std::vector<double> times;
+    for (int r = 0; r < reps; ++r) {
+      ASSIGN_OR_RETURN(compute::StepStats s, trainer->Step());
+      times.push_back(s.seconds);
+    }
+    const double step_s = Median(times);
+    const double gflops = flops_per_token * tokens / step_s / 1e9;
+    const double sgemm =
+        SgemmGflops(o.batch * o.model.seq_len, o.model.mlp_dim(), o.model.d_model, reps);
+    const std::string t = absl::StrCat("threads", threads, "_");
+    result.Add(t + "step_seconds", step_s);
+    result.Add(t + "tokens_per_s", tokens / step_s);
+    result.Add(t + "achieved_gflop_per_s", gflops);
+    result.Add(t + "sgemm_gflop_per_s", sgemm);
+    result.Add(t + "fraction_of_sgemm", gflops / sgemm);
+  }
+  return result;
+}
+
+}  // namespace pipetrain::bench

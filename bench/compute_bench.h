@@ -1,0 +1,10 @@
+// `pipetrain-bench compute`: training throughput of the CPU backend on the issue's
+// config (d_model 256, 8 layers, 4 heads, seq 128, batch 32) at 1 and 2 threads, with
+// the achieved GFLOP/s beside the sgemm GFLOP/s measured in the same run.
+#pragma once
+
+#include "bench/benchmark.h"
+
+namespace pipetrain::bench {
+absl::StatusOr<BenchResult> RunComputeBench(const BenchOptions& options);
+}

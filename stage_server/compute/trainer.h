@@ -1,0 +1,87 @@
+// The single-process trainer: the whole model on one CPU backend, trained on a byte-level
+// text. It is the reference every pipeline test compares against and the baseline of
+// `pipetrain train-local`; `pipetrain eval` uses LossAndGrads on a fixed batch.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "stage_server/compute/cpu_backend.h"
+#include "stage_server/compute/gpt_config.h"
+#include "stage_server/compute/layer_stack.h"
+
+namespace pipetrain::compute {
+
+// B rows of T + 1 bytes of a text: inputs = row[0:T], targets = row[1:T+1], each (B, T).
+struct TokenBatch {
+  int rows = 0;
+  std::vector<int32_t> inputs;
+  std::vector<int32_t> targets;
+};
+
+// Rows start at offsets drawn by a counter PRNG from (seed, step, row), uniform over
+// [0, size - T - 1]: the same batches on every machine. Fails if the text is shorter
+// than T + 1 bytes or a byte is outside the vocabulary.
+absl::StatusOr<TokenBatch> SampleBatch(absl::string_view text, const GptConfig& config,
+                                       int rows, uint64_t seed, int step);
+// The first rows * (T + 1) bytes as consecutive rows (what `pipetrain eval` reads).
+absl::StatusOr<TokenBatch> LeadingBatch(absl::string_view text, const GptConfig& config,
+                                        int rows);
+
+// Runs forward and backward of `batch` as `micro_batches` equal micro-batches on a
+// stack holding the whole model, accumulating gradients (+=, the caller zeroes them)
+// of the mean loss over all rows; returns that mean loss.
+absl::StatusOr<double> LossAndGrads(LayerStack& model, const TokenBatch& batch,
+                                    int micro_batches = 1);
+
+struct TrainOptions {
+  GptConfig model;
+  int steps = 10;
+  int batch = 8;          // rows per step
+  int micro_batches = 1;  // gradient accumulation; must divide batch
+  uint64_t seed = 0;      // initialisation and batch sampling
+  AdamWOptions optimizer;
+  int threads = 1;  // OpenBLAS threads
+  bool recompute = false;
+};
+
+struct StepStats {
+  int step = 0;  // from 1
+  double loss = 0;
+  double seconds = 0;
+  double tokens_per_second = 0;
+  double grad_norm = 0;  // before clipping; 0 when clipping is off
+};
+
+class Trainer {
+ public:
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainOptions& options,
+                                                         std::string text);
+  // One optimizer step on a fresh batch.
+  absl::StatusOr<StepStats> Step();
+  LayerStack& model() { return *model_; }
+  const TrainOptions& options() const { return options_; }
+
+ private:
+  Trainer(TrainOptions options, std::string text)
+      : options_(std::move(options)), text_(std::move(text)) {}
+
+  TrainOptions options_;
+  std::string text_;
+  std::unique_ptr<CpuBackend> backend_;
+  std::unique_ptr<LayerStack> model_;
+  int step_ = 0;
+};
+
+// Trains for options.steps steps, calling on_step (if set) after each; returns every
+// step's figures. This is what `pipetrain train-local` calls.
+absl::StatusOr<std::vector<StepStats>> TrainLocal(
+    const TrainOptions& options, std::string text,
+    const std::function<void(const StepStats&)>& on_step = nullptr);
+
+}  // namespace pipetrain::compute

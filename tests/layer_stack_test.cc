@@ -1,0 +1,362 @@
+// LayerStack: whole-model gradients against finite differences (double), any split into
+// stages equals the whole model, recomputation is bit-identical, the split backward of
+// zero-bubble schedules, activation accounting, deterministic init, AdamW and errors.
+// The backends here keep tensors in host memory, so tests pass host pointers directly.
+#include "stage_server/compute/layer_stack.h"
+
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "stage_server/compute/cpu_backend.h"
+#include "stage_server/compute/host_backend.h"
+#include "stage_server/compute/init.h"
+
+namespace pipetrain::compute {
+namespace {
+
+using ::pipetrain::testing::IsOk;
+using ::pipetrain::testing::StatusIs;
+using ::testing::HasSubstr;
+
+GptConfig Tiny() {
+  return {.vocab_size = 11, .seq_len = 5, .d_model = 8, .n_heads = 2, .n_layers = 3};
+}
+
+template <typename Real>
+using Stages = std::vector<std::unique_ptr<LayerStackT<Real>>>;
+
+// Stages cut at `cuts` (e.g. {2} gives [0, 2) and [2, L + 2)), initialised with seed 5.
+template <typename Real>
+Stages<Real> MakeStages(BackendT<Real>* backend, const GptConfig& c,
+                        std::vector<int> cuts, StackOptions options = {}) {
+  cuts.insert(cuts.begin(), 0);
+  cuts.push_back(c.num_pipeline_layers());
+  Stages<Real> stages;
+  for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+    auto s = LayerStackT<Real>::Create(c, cuts[i], cuts[i + 1], backend, options);
+    EXPECT_THAT(s, IsOk());
+    EXPECT_THAT((*s)->Initialize(5), IsOk());
+    stages.push_back(std::move(*s));
+  }
+  return stages;
+}
+
+struct Batch {
+  int rows;
+  std::vector<int32_t> tokens, targets;  // (rows, T)
+};
+Batch MakeBatch(const GptConfig& c, int rows) {
+  Batch b{rows, {}, {}};
+  for (int i = 0; i < rows * c.seq_len; ++i) {
+    b.tokens.push_back((i * 5 + 3 + i * i / 3) % c.vocab_size);
+    b.targets.push_back((i * 7 + 1) % c.vocab_size);
+  }
+  return b;
+}
+
+enum class Mode { kFused, kSplit, kSplitWeightsReversed };
+
+// One GPipe-ordered step: every micro-batch forward through every stage, then backward
+// in reverse order. Returns the mean loss; gradients accumulate in the stages.
+template <typename Real>
+double RunStep(Stages<Real>& stages, const Batch& batch, int M,
+               Mode mode = Mode::kFused) {
+  const GptConfig& c = stages[0]->config();
+  const int rows = batch.rows / M;
+  const int64_t tokens = int64_t{rows} * c.seq_len;
+  double loss = 0;
+  for (int mb = 0; mb < M; ++mb) {
+    const void* in = batch.tokens.data() + mb * tokens;
+    std::vector<Real> out;
+    for (auto& s : stages) {
+      std::vector<Real> next(s->OutputElements(rows));
+      const int32_t* targets =
+          s->has_head() ? batch.targets.data() + mb * tokens : nullptr;
+      EXPECT_THAT(s->Forward(mb, rows, in, targets, next.data()), IsOk());
+      out = std::move(next);
+      in = out.data();
+    }
+    loss += out[0];
+  }
+  for (int mb = M - 1; mb >= 0; --mb) {
+    std::vector<Real> grad;
+    for (int i = static_cast<int>(stages.size()) - 1; i >= 0; --i) {
+      std::vector<Real> grad_input(stages[i]->has_embedding() ? 0 : tokens * c.d_model);
+      Real* gi = grad_input.empty() ? nullptr : grad_input.data();
+      const Real* go = stages[i]->has_head() ? nullptr : grad.data();
+      if (mode == Mode::kFused) {
+        EXPECT_THAT(stages[i]->Backward(mb, go, gi, Real{1} / M), IsOk());
+      } else {
+        EXPECT_THAT(stages[i]->BackwardInput(mb, go, gi, Real{1} / M), IsOk());
+      }
+      grad = std::move(grad_input);
+    }
+  }
+  if (mode != Mode::kFused) {
+    for (int k = 0; k < M; ++k) {
+      const int mb = mode == Mode::kSplit ? M - 1 - k : k;
+      for (auto& s : stages) EXPECT_THAT(s->BackwardWeight(mb), IsOk());
+    }
+  }
+  return loss / M;
+}
+
+template <typename Real>
+std::map<std::string, std::vector<Real>> Collect(Stages<Real>& stages, bool grads) {
+  std::map<std::string, std::vector<Real>> out;
+  for (auto& s : stages) {
+    for (const ParamSpec& p : s->Params()) {
+      auto v = grads ? s->GetGrad(p.name) : s->GetParam(p.name);
+      EXPECT_THAT(v, IsOk());
+      out[p.name] = *v;
+    }
+  }
+  return out;
+}
+
+TEST(LayerStackTest, WholeModelGradientMatchesFiniteDifferences) {
+  HostBackendDouble backend;
+  const GptConfig c = Tiny();
+  Stages<double> model = MakeStages<double>(&backend, c, {});
+  LayerStackT<double>& m = *model[0];
+  // Move every parameter off its init (LayerNorm weights off 1, biases off 0).
+  for (int l = 0; l < c.num_pipeline_layers(); ++l) {
+    PipelineLayer<double>& layer = m.layer(l);
+    const uint64_t key = InitStreamKey(77, l, 0);
+    for (int64_t i = 0; i < layer.num_params(); ++i) {
+      layer.all_params()[i] += 0.2 * NormalAt(key, i);
+    }
+  }
+  const Batch batch = MakeBatch(c, 2);
+  ASSERT_THAT(m.ZeroGrads(), IsOk());
+  RunStep(model, batch, 1);
+  auto loss_of = [&] {
+    double loss = 0;
+    EXPECT_THAT(
+        m.Forward(0, batch.rows, batch.tokens.data(), batch.targets.data(), &loss),
+        IsOk());
+    m.Abandon();
+    return loss;
+  };
+  constexpr double kEps = 1e-5;
+  for (int l = 0; l < c.num_pipeline_layers(); ++l) {
+    PipelineLayer<double>& layer = m.layer(l);
+    double max_diff = 0, max_ref = 0;
+    for (int64_t i = 0; i < layer.num_params(); ++i) {
+      double& w = layer.all_params()[i];
+      const double saved = w;
+      w = saved + kEps;
+      const double plus = loss_of();
+      w = saved - kEps;
+      const double minus = loss_of();
+      w = saved;
+      const double numeric = (plus - minus) / (2 * kEps);
+      max_ref = std::max(max_ref, std::fabs(numeric));
+      max_diff = std::max(max_diff, std::fabs(numeric - layer.all_grads()[i]));
+    }
+    EXPECT_GT(max_ref, 1e-6) << LayerName(c, l);
+    EXPECT_LE(max_diff, 1e-7 * std::max(1.0, max_ref)) << LayerName(c, l);
+  }
+}
+
+TEST(LayerStackTest, SplittingAtEveryPointMatchesTheWholeModel) {
+  auto cpu = CpuBackend::Create(1);
+  ASSERT_THAT(cpu, IsOk());
+  const GptConfig c = Tiny();
+  const Batch batch = MakeBatch(c, 4);
+  Stages<float> whole = MakeStages<float>(cpu->get(), c, {});
+  const double loss = RunStep(whole, batch, 2);
+  const auto grads = Collect(whole, true);
+  for (int cut = 1; cut < c.num_pipeline_layers(); ++cut) {
+    SCOPED_TRACE(::testing::Message() << "cut at " << cut);
+    Stages<float> split = MakeStages<float>(cpu->get(), c, {cut});
+    EXPECT_EQ(RunStep(split, batch, 2), loss);
+    EXPECT_EQ(Collect(split, true), grads);
+  }
+  // One stage per layer, with the zero-bubble split backward.
+  Stages<float> each = MakeStages<float>(cpu->get(), c, {1, 2, 3, 4});
+  EXPECT_EQ(RunStep(each, batch, 2, Mode::kSplit), loss);
+  EXPECT_EQ(Collect(each, true), grads);
+}
+
+TEST(LayerStackTest, SplitBackwardInAnyOrderMatchesFused) {
+  auto cpu = CpuBackend::Create(1);
+  ASSERT_THAT(cpu, IsOk());
+  const GptConfig c = Tiny();
+  const Batch batch = MakeBatch(c, 4);
+  Stages<float> fused = MakeStages<float>(cpu->get(), c, {2});
+  Stages<float> split = MakeStages<float>(cpu->get(), c, {2});
+  EXPECT_EQ(RunStep(fused, batch, 4),
+            RunStep(split, batch, 4, Mode::kSplitWeightsReversed));
+  const auto a = Collect(fused, true), b = Collect(split, true);
+  for (const auto& [name, g] : a) {
+    // Weight gradients are summed over micro-batches in another order: equal up to
+    // float rounding.
+    for (size_t i = 0; i < g.size(); ++i) {
+      ASSERT_NEAR(b.at(name)[i], g[i], 1e-6 + 1e-5 * std::fabs(g[i])) << name;
+    }
+  }
+}
+
+TEST(LayerStackTest, RecomputeIsBitIdenticalAndKeepsOnlyInputs) {
+  auto cpu = CpuBackend::Create(1);
+  ASSERT_THAT(cpu, IsOk());
+  const GptConfig c = Tiny();
+  const Batch batch = MakeBatch(c, 4);
+  Stages<float> plain = MakeStages<float>(cpu->get(), c, {2});
+  Stages<float> recompute = MakeStages<float>(cpu->get(), c, {2}, {.recompute = true});
+  for (int step = 0; step < 3; ++step) {
+    for (auto* stages : {&plain, &recompute}) {
+      for (auto& s : *stages) ASSERT_THAT(s->ZeroGrads(), IsOk());
+    }
+    EXPECT_EQ(RunStep(plain, batch, 2, Mode::kSplit),
+              RunStep(recompute, batch, 2, Mode::kSplit));
+    EXPECT_EQ(Collect(plain, true), Collect(recompute, true));
+    for (auto* stages : {&plain, &recompute}) {
+      for (auto& s : *stages) ASSERT_THAT(s->OptimizerStep({.lr = 1e-2f}), IsOk());
+    }
+  }
+  EXPECT_EQ(Collect(plain, false), Collect(recompute, false));
+  // With the fused backward a recomputed micro-batch's stash lives only during its own
+  // backward, so the peak drops (with the split backward every stash lives until its
+  // weight half, so it would not).
+  for (auto* stages : {&plain, &recompute}) (*stages)[0]->ResetPeak();
+  EXPECT_EQ(RunStep(plain, batch, 2), RunStep(recompute, batch, 2));
+  EXPECT_LT(recompute[0]->PeakActivationBytes(), plain[0]->PeakActivationBytes());
+}
+
+TEST(LayerStackTest, ActivationBytesFollowTheCostModel) {
+  HostBackend backend;
+  const GptConfig c = Tiny();
+  const Batch batch = MakeBatch(c, 6);
+  const int M = 3, rows = 2;
+  const double tokens = rows * c.seq_len;
+  double per_mb = 0;
+  for (int l = 0; l < c.num_pipeline_layers(); ++l) {
+    per_mb += CostOfLayer(c, l).activation_bytes * tokens;
+  }
+  for (bool recompute : {false, true}) {
+    Stages<float> model = MakeStages<float>(&backend, c, {}, {.recompute = recompute});
+    LayerStack& m = *model[0];
+    float loss;
+    for (int mb = 0; mb < M; ++mb) {
+      ASSERT_THAT(m.Forward(mb, rows, batch.tokens.data() + mb * rows * c.seq_len,
+                            batch.targets.data() + mb * rows * c.seq_len, &loss),
+                  IsOk());
+    }
+    EXPECT_EQ(m.in_flight(), M);
+    // With recomputation only the tokens and targets stay (4 bytes each per token).
+    EXPECT_EQ(m.ActivationBytes(), recompute ? M * tokens * 8 : M * per_mb);
+    EXPECT_GE(m.PeakActivationBytes(), recompute ? per_mb : M * per_mb);
+    for (int mb = 0; mb < M; ++mb) ASSERT_THAT(m.Backward(mb, nullptr, nullptr), IsOk());
+    EXPECT_EQ(m.ActivationBytes(), 0u);
+    EXPECT_EQ(m.in_flight(), 0);
+  }
+}
+
+TEST(LayerStackTest, InitIsDeterministicAcrossPartitions) {
+  HostBackend backend;
+  const GptConfig c{
+      .vocab_size = 64, .seq_len = 8, .d_model = 64, .n_heads = 4, .n_layers = 2};
+  Stages<float> whole = MakeStages<float>(&backend, c, {});
+  Stages<float> split = MakeStages<float>(&backend, c, {1, 3});
+  const auto params = Collect(whole, false);
+  EXPECT_EQ(params, Collect(split, false));
+  EXPECT_EQ(params.size(), RangeParams(c, 0, c.num_pipeline_layers()).size());
+  auto stddev = [](const std::vector<float>& v) {
+    double s = 0, s2 = 0;
+    for (float x : v) {
+      s += x;
+      s2 += double{x} * x;
+    }
+    return std::sqrt(s2 / v.size() - (s / v.size()) * (s / v.size()));
+  };
+  EXPECT_NEAR(stddev(params.at("transformer.h.0.mlp.c_fc.weight")), 0.02, 0.001);
+  EXPECT_NEAR(stddev(params.at("transformer.h.1.mlp.c_proj.weight")), 0.01, 0.0005);
+  EXPECT_NEAR(stddev(params.at("transformer.h.1.attn.c_proj.weight")), 0.01, 0.001);
+  EXPECT_EQ(params.at("transformer.h.0.ln_1.weight"), std::vector<float>(64, 1.0f));
+  EXPECT_EQ(params.at("transformer.h.0.attn.c_attn.bias"), std::vector<float>(192, 0.0f));
+  // Every matrix draws its own stream.
+  EXPECT_NE(params.at("transformer.h.0.mlp.c_fc.weight"),
+            params.at("transformer.h.1.mlp.c_fc.weight"));
+  auto other = LayerStack::Create(c, 0, 1, &backend);
+  ASSERT_THAT(other, IsOk());
+  ASSERT_THAT((*other)->Initialize(6), IsOk());
+  EXPECT_NE(*(*other)->GetParam("transformer.wte.weight"),
+            params.at("transformer.wte.weight"));
+}
+
+TEST(LayerStackTest, AdamWDecaysMatricesOnlyAndClipsByTheGivenNorm) {
+  HostBackend backend;
+  const GptConfig c = Tiny();
+  Stages<float> a = MakeStages<float>(&backend, c, {});
+  const auto before = Collect(a, false);
+  // Zero gradients: Adam moves nothing, only decoupled decay acts.
+  ASSERT_THAT(a[0]->OptimizerStep({.lr = 0.1f, .weight_decay = 0.5f}), IsOk());
+  for (const ParamSpec& p : a[0]->Params()) {
+    const std::vector<float> after = *a[0]->GetParam(p.name);
+    for (size_t i = 0; i < after.size(); ++i) {
+      const float want =
+          p.is_matrix ? before.at(p.name)[i] * (1 - 0.1f * 0.5f) : before.at(p.name)[i];
+      ASSERT_FLOAT_EQ(after[i], want) << p.name;
+    }
+  }
+  // Clipping to half the supplied global norm equals halving the gradients (eps = 1
+  // makes Adam sensitive to the gradient's scale).
+  const Batch batch = MakeBatch(c, 2);
+  Stages<float> x = MakeStages<float>(&backend, c, {});
+  Stages<float> y = MakeStages<float>(&backend, c, {});
+  RunStep(x, batch, 1);
+  RunStep(y, batch, 1);
+  const double norm = std::sqrt(*x[0]->GradSquaredNorm());
+  EXPECT_GT(norm, 0);
+  auto used = x[0]->OptimizerStep({.lr = 0.1f, .eps = 1.0f, .max_grad_norm = 1.0f}, 2.0);
+  ASSERT_THAT(used, IsOk());
+  EXPECT_EQ(*used, 2.0);
+  for (int l = 0; l < c.num_pipeline_layers(); ++l) {
+    PipelineLayer<float>& layer = y[0]->layer(l);
+    ASSERT_THAT(backend.Scale(layer.num_params(), 0.5f, layer.all_grads()), IsOk());
+  }
+  ASSERT_THAT(y[0]->OptimizerStep({.lr = 0.1f, .eps = 1.0f}), IsOk());
+  const auto px = Collect(x, false), py = Collect(y, false);
+  for (const auto& [name, v] : px) {
+    for (size_t i = 0; i < v.size(); ++i) ASSERT_NEAR(v[i], py.at(name)[i], 1e-6) << name;
+  }
+  EXPECT_NE(px, before);
+}
+
+TEST(LayerStackTest, MisuseIsAnErrorNamingTheMicroBatch) {
+  HostBackend backend;
+  const GptConfig c = Tiny();
+  EXPECT_THAT(LayerStack::Create(c, 2, 2, &backend),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[2, 2)")));
+  EXPECT_THAT(LayerStack::Create(c, 0, 9, &backend),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  Stages<float> s = MakeStages<float>(&backend, c, {2});
+  const Batch batch = MakeBatch(c, 1);
+  std::vector<float> out(c.seq_len * c.d_model);
+  ASSERT_THAT(s[0]->Forward(4, 1, batch.tokens.data(), nullptr, out.data()), IsOk());
+  EXPECT_THAT(
+      s[0]->Forward(4, 1, batch.tokens.data(), nullptr, out.data()),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("micro-batch 4")));
+  EXPECT_THAT(s[0]->BackwardWeight(4), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                                HasSubstr("backward-input")));
+  EXPECT_THAT(
+      s[0]->Backward(5, out.data(), nullptr),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("micro-batch 5")));
+  float loss;
+  EXPECT_THAT(s[1]->Forward(0, 1, out.data(), nullptr, &loss),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("targets")));
+  EXPECT_THAT(s[1]->GetParam("transformer.wte.weight"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("layers [2, 5)")));
+  EXPECT_THAT(s[1]->SetParam("lm_head.weight", {1.0f}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("88 elements")));
+}
+
+}  // namespace
+}  // namespace pipetrain::compute
