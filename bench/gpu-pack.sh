@@ -8,7 +8,8 @@
 #        bash bench/gpu-pack.sh
 #      configures a CUDA build in build-gpu/, builds every test labelled `gpu` and
 #      pipetrain-bench, and copies them with every shared library they need (except the
-#      CUDA toolkit's and the C/C++ runtime) into .gpu/ (git-ignored).
+#      CUDA toolkit's and the C/C++ runtime) into .gpu/gpu-pack.tar.gz (git-ignored;
+#      compressed because OpenBLAS alone is 36 MiB and the tool carries at most 64 MiB).
 #   2. the device tool's run, with carry [".gpu"] and command `bash bench/gpu.sh`.
 #
 # Environment: JOBS (parallel build jobs, default 2), PACK_DIR (default .gpu).
@@ -18,6 +19,7 @@ cd "$(dirname "$0")/.."
 jobs=${JOBS:-2}
 pack=${PACK_DIR:-.gpu}
 build=build-gpu
+stage="$build/pack"  # bin/ and lib/ before compression
 
 # Every pipetrain_test(...) call in tests/CMakeLists.txt whose LABELS include gpu.
 gpu_tests=$(awk '
@@ -39,12 +41,12 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DPIPETRAIN_WITH_CUDA=ON
 # shellcheck disable=SC2086
 cmake --build "$build" -j "$jobs" --target pipetrain-bench $gpu_tests
 
-rm -rf "$pack"
-mkdir -p "$pack/bin" "$pack/lib"
+rm -rf "$stage" "$pack"
+mkdir -p "$stage/bin" "$stage/lib" "$pack"
 bins=()
 for t in $gpu_tests pipetrain-bench; do
-  cp "$build/bin/$t" "$pack/bin/"
-  bins+=("$pack/bin/$t")
+  cp "$build/bin/$t" "$stage/bin/"
+  bins+=("$stage/bin/$t")
 done
 
 # Shared libraries from ldd (it lists the transitive ones too), minus what the GPU
@@ -68,17 +70,18 @@ while read -r name arrow path _; do
   fi
   [[ "$arrow" == "=>" && -f "$path" ]] || continue
   is_system_lib "$path" && continue
-  cp -L "$path" "$pack/lib/$name"
+  cp -L "$path" "$stage/lib/$name"
 done < <(ldd "${bins[@]}" | grep '=>' | sort -u)
 [[ $missing == 0 ]] || exit 1
 
 # Symbols are not needed to run; they are most of the size.
-strip --strip-unneeded "$pack"/bin/* "$pack"/lib/* 2>/dev/null || true
+strip --strip-unneeded "$stage"/bin/* "$stage"/lib/* 2>/dev/null || true
+tar -C "$stage" -czf "$pack/gpu-pack.tar.gz" bin lib
 
-echo "gpu-pack: binaries: $(ls "$pack/bin" | tr '\n' ' ')"
-echo "gpu-pack: libraries: $(ls "$pack/lib" | wc -l) in $pack/lib"
+echo "gpu-pack: binaries: $(ls "$stage/bin" | tr '\n' ' ')"
+echo "gpu-pack: libraries: $(ls "$stage/lib" | wc -l), $(du -sm "$stage" | cut -f1) MiB unpacked"
 size_mib=$(du -sm "$pack" | cut -f1)
-echo "gpu-pack: $pack is ${size_mib} MiB (the device tool carries at most 64 MiB with the tree)"
+echo "gpu-pack: $pack/gpu-pack.tar.gz makes $pack ${size_mib} MiB (the device tool carries at most 64 MiB with the tree)"
 if (( size_mib > 60 )); then
   echo "gpu-pack: $pack is over 60 MiB; the device tool may refuse it" >&2
   exit 1

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs the GPU tests and `pipetrain-bench cuda` on a lent GPU machine. Runs THERE, from
-# the repository root, with the .gpu/ folder made by bench/gpu-pack.sh carried along.
+# the repository root, with the .gpu/ folder made by bench/gpu-pack.sh carried along;
+# it unpacks .gpu/gpu-pack.tar.gz under /tmp and runs from there.
 #
 # Two steps (see docs/GPU.md):
-#   1. here: bash bench/gpu-pack.sh          (builds and packs into .gpu/)
+#   1. here: bash bench/gpu-pack.sh          (builds and packs into .gpu/gpu-pack.tar.gz)
 #   2. the device tool's run, with carry [".gpu"] and command `bash bench/gpu.sh`
 #
 # Writes into $OUT (the device tool brings it back; at most 8 files): one gtest XML per
@@ -20,15 +21,20 @@ log="$OUT/gpu.log"
 : >"$log"
 say() { echo "$@" | tee -a "$log"; }
 
+if [[ -f "$pack/gpu-pack.tar.gz" ]]; then
+  unpacked=$(mktemp -d /tmp/pipetrain-gpu.XXXXXX)
+  tar -C "$unpacked" -xzf "$pack/gpu-pack.tar.gz" || { say "gpu.sh: cannot unpack"; exit 1; }
+  pack=$unpacked
+fi
 if [[ ! -d "$pack/bin" ]]; then
-  say "gpu.sh: $pack/bin is missing: run bench/gpu-pack.sh here first and carry $pack"
+  say "gpu.sh: no $pack/gpu-pack.tar.gz: run bench/gpu-pack.sh here first and carry .gpu"
   exit 1
 fi
 cuda_dirs=""
 for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
   [[ -d "$d" ]] && cuda_dirs="$cuda_dirs:$d"
 done
-export LD_LIBRARY_PATH="$PWD/$pack/lib$cuda_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH="$(cd "$pack" && pwd)/lib$cuda_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # If the toolkit there lacks cuBLAS, PyTorch's pip packages carry the same major version.
 if ldd "$pack/bin/pipetrain-bench" 2>&1 | grep -q "libcu.*not found"; then
   for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13; do
