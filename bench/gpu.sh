@@ -10,7 +10,7 @@
 # Writes into $OUT (the device tool brings it back; at most 8 files): one gtest XML per
 # test binary, gpu.log (everything printed) and cuda_bench.json. Prints a summary table
 # last. Exit status: 1 if any test failed or did not run, 2 if only the bench failed,
-# 0 otherwise.
+# 0 otherwise. SANITIZE=1 bash bench/gpu.sh adds a compute-sanitizer memcheck run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -72,6 +72,25 @@ for t in "$pack"/bin/*_test; do
   fi
   rows+=("$(printf '%-28s %-18s %6s %6s %7s' "$name" "$status" "$passed" "$fails" "$skipped")")
 done
+
+# SANITIZE=1: also run the backend tests under compute-sanitizer's memcheck (out-of-
+# bounds and misaligned accesses in kernels; many times slower).
+if [[ "${SANITIZE:-0}" == 1 ]]; then
+  sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer \
+    /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n 1)
+  say "== compute-sanitizer memcheck: cuda_backend_test"
+  if [[ -n "$sanitizer" ]]; then
+    timeout 400 "$sanitizer" --tool memcheck --error-exitcode 9 \
+      "$pack/bin/cuda_backend_test" --gtest_brief=1 2>&1 | tee "$tlog" >>"$log"
+    rc=${PIPESTATUS[0]}
+    tail -n 20 "$tlog"
+    status=ok
+    if [[ $rc != 0 ]]; then status="FAILED (exit $rc)"; failed=1; fi
+    rows+=("$(printf '%-28s %-18s' "memcheck cuda_backend_test" "$status")")
+  else
+    rows+=("$(printf '%-28s %-18s' "memcheck cuda_backend_test" "no compute-sanitizer")")
+  fi
+fi
 
 say "== pipetrain-bench cuda"
 timeout 300 "$pack/bin/pipetrain-bench" cuda --json >"$OUT/cuda_bench.json" 2>>"$log"
