@@ -550,8 +550,10 @@ TEST_F(CudaBackendTest, AdamWThreeSteps) {
 
 // Two micro-batches through the whole tiny model (embedding, 2 blocks, head), gradients
 // accumulated, clipped AdamW step: loss, every gradient and every updated parameter of
-// the cuda backend against the same step in double on the host backend.
-void CheckTrainingStep(Backend* gpu, double budget) {
+// the cuda backend against the same step in double on the host backend. The first
+// micro-batch runs the fused backward, the second the split one (backward-input, then
+// backward-weight: the ops' nullptr outputs), as zero-bubble schedules do.
+void CheckTrainingStep(Backend* gpu, double budget, StackOptions gpu_options) {
   GptConfig config;
   config.vocab_size = 67;
   config.seq_len = 13;
@@ -578,7 +580,7 @@ void CheckTrainingStep(Backend* gpu, double budget) {
   HostBackendDouble host;
   auto ref = LayerStackT<double>::Create(config, 0, L, &host);
   ASSERT_THAT(ref, IsOk());
-  auto dev = LayerStack::Create(config, 0, L, gpu);
+  auto dev = LayerStack::Create(config, 0, L, gpu, gpu_options);
   ASSERT_THAT(dev, IsOk());
   ASSERT_THAT((*ref)->Initialize(seed), IsOk());
   ASSERT_THAT((*dev)->Initialize(seed), IsOk());
@@ -601,8 +603,15 @@ void CheckTrainingStep(Backend* gpu, double budget) {
     ASSERT_THAT(gpu->CopyFromHost(dy->raw(), targets[mb].data(), nt * 4), IsOk());
     ASSERT_THAT((*ref)->Forward(mb, B, ht->raw(), hy->ints(), hl->data()), IsOk());
     ASSERT_THAT((*dev)->Forward(mb, B, dt->raw(), dy->ints(), dl->data()), IsOk());
-    ASSERT_THAT((*ref)->Backward(mb, nullptr, nullptr, 1.0 / M), IsOk());
-    ASSERT_THAT((*dev)->Backward(mb, nullptr, nullptr, 1.0f / M), IsOk());
+    if (mb == 0) {
+      ASSERT_THAT((*ref)->Backward(mb, nullptr, nullptr, 1.0 / M), IsOk());
+      ASSERT_THAT((*dev)->Backward(mb, nullptr, nullptr, 1.0f / M), IsOk());
+    } else {
+      ASSERT_THAT((*ref)->BackwardInput(mb, nullptr, nullptr, 1.0 / M), IsOk());
+      ASSERT_THAT((*dev)->BackwardInput(mb, nullptr, nullptr, 1.0f / M), IsOk());
+      ASSERT_THAT((*ref)->BackwardWeight(mb), IsOk());
+      ASSERT_THAT((*dev)->BackwardWeight(mb), IsOk());
+    }
     ASSERT_THAT(host.CopyToHost(&ref_loss[mb], hl->raw(), sizeof(double)), IsOk());
     ASSERT_THAT(gpu->CopyToHost(&dev_loss[mb], dl->raw(), sizeof(float)), IsOk());
     ASSERT_THAT(gpu->Synchronize(), IsOk());
@@ -633,16 +642,19 @@ void CheckTrainingStep(Backend* gpu, double budget) {
 }
 
 TEST_F(CudaBackendTest, TrainingStepMatchesDoublePrecisionHostFp32) {
-  CheckTrainingStep(gpu_.get(), kFp32Budget);
+  CheckTrainingStep(gpu_.get(), kFp32Budget, {});
 }
 
 TEST_F(CudaBackendTest, TrainingStepMatchesDoublePrecisionHostTf32) {
-  // The same step without check_every_op, so ops overlap as they do in training.
+  // The same step without check_every_op, so ops overlap as they do in training, and
+  // with recomputation (which must change nothing).
   auto be = CreateCudaBackend(0, {.tf32 = true});
   ASSERT_THAT(be, IsOk());
   // About ten matrix products lie between the loss and the embedding's gradients, each
   // adding TF32's ~3e-4 relative error; hence a wider budget than for one op.
-  CheckTrainingStep(be->get(), 5 * kTf32Budget);
+  StackOptions recompute;
+  recompute.recompute = true;
+  CheckTrainingStep(be->get(), 5 * kTf32Budget, recompute);
 }
 
 // ---- Without a GPU ------------------------------------------------------------------------
