@@ -4,6 +4,7 @@
 #include "bench/codec_bench.h"
 #include "bench/link_bench.h"
 #include "bench/compute_bench.h"
+#include "bench/cuda_bench.h"
 
 namespace pipetrain::bench {
 
@@ -21,6 +22,10 @@ const std::vector<Benchmark>& AllBenchmarks() {
        "cpu backend: training tokens/s of d_model 256, 8 layers, seq 128, batch 32 on 1 "
        "and 2 threads, achieved GFLOP/s vs sgemm GFLOP/s",
        RunComputeBench},
+      {"cuda",
+       "cuda backend: forward + backward of one GPT block (d_model 768, seq 1024) in fp32 "
+       "and TF32, TFLOP/s against a cuBLAS product of its MLP shape in the same run",
+       RunCudaBench},
   };
   return all;
 }

@@ -1,0 +1,149 @@
+// CUDA build of `pipetrain-bench cuda` (cuda_bench.h). Times with CUDA events on the
+// backend's stream after a warm-up, median of the repetitions; FLOPs of the block are
+// the model's analytic count (CostOfLayer), so the causal half of attention that the
+// backend computes and throws away does not count as work.
+#include "bench/cuda_bench.h"
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/cuda_probe.h"
+#include "common/status_macros.h"
+#include "stage_server/compute/backend_buffer.h"
+#include "stage_server/compute/cuda_backend.h"
+#include "stage_server/compute/gpt_config.h"
+#include "stage_server/compute/gpt_layers.h"
+#include "stage_server/compute/init.h"
+
+namespace pipetrain::bench {
+namespace {
+
+using compute::BackendBuffer;
+using compute::CudaBackend;
+
+absl::Status EventStatus(cudaError_t e, const char* what) {
+  if (e == cudaSuccess) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("cuda bench: ", what, ": ", cudaGetErrorName(e),
+                                          " (", cudaGetErrorString(e), ")"));
+}
+
+// Two CUDA events, destroyed with the object.
+struct EventPair {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  ~EventPair() {
+    if (start != nullptr) cudaEventDestroy(start);
+    if (stop != nullptr) cudaEventDestroy(stop);
+  }
+};
+
+// Median seconds of `fn` over `reps` runs after `warmup` untimed ones.
+absl::StatusOr<double> MedianSeconds(CudaBackend& be, int warmup, int reps,
+                                     const std::function<absl::Status()>& fn) {
+  EventPair ev;
+  RETURN_IF_ERROR(EventStatus(cudaEventCreate(&ev.start), "cudaEventCreate"));
+  RETURN_IF_ERROR(EventStatus(cudaEventCreate(&ev.stop), "cudaEventCreate"));
+  for (int i = 0; i < warmup; ++i) RETURN_IF_ERROR(fn());
+  RETURN_IF_ERROR(be.Synchronize());
+  std::vector<double> samples;
+  for (int i = 0; i < reps; ++i) {
+    RETURN_IF_ERROR(EventStatus(cudaEventRecord(ev.start, be.stream()), "cudaEventRecord"));
+    RETURN_IF_ERROR(fn());
+    RETURN_IF_ERROR(EventStatus(cudaEventRecord(ev.stop, be.stream()), "cudaEventRecord"));
+    RETURN_IF_ERROR(EventStatus(cudaEventSynchronize(ev.stop), "cudaEventSynchronize"));
+    float ms = 0;
+    RETURN_IF_ERROR(
+        EventStatus(cudaEventElapsedTime(&ms, ev.start, ev.stop), "cudaEventElapsedTime"));
+    samples.push_back(ms / 1e3);
+  }
+  RETURN_IF_ERROR(be.Synchronize());
+  return Median(samples);
+}
+
+// A device buffer of n floats of N(0, scale^2) (never zeros: they run faster and hide
+// indexing errors).
+absl::StatusOr<BackendBuffer<float>> RandomBuffer(compute::Backend* be, int64_t n,
+                                                  uint64_t stream, double scale) {
+  std::vector<float> host(n);
+  const uint64_t key = compute::InitStreamKey(99, 5000, static_cast<int>(stream));
+  for (int64_t i = 0; i < n; ++i) host[i] = static_cast<float>(scale * compute::NormalAt(key, i));
+  ASSIGN_OR_RETURN(auto buf, BackendBuffer<float>::Allocate(be, n * sizeof(float)));
+  RETURN_IF_ERROR(be->CopyFromHost(buf.raw(), host.data(), n * sizeof(float)));
+  return buf;
+}
+
+}  // namespace
+
+absl::StatusOr<BenchResult> RunCudaBench(const BenchOptions& options) {
+  const common::CudaProbe& probe = common::ProbeCuda();
+  if (probe.devices.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat("no usable GPU: ", probe.reason));
+  }
+  const int reps = options.repetitions > 0 ? options.repetitions : 20;
+  const int warmup = 3;
+  // GPT-2 small's block at its full context; B * T = 8192 rows.
+  compute::GptConfig config;
+  config.vocab_size = 256;
+  config.seq_len = 1024;
+  config.d_model = 768;
+  config.n_heads = 12;
+  config.n_layers = 1;
+  const int B = 8, T = config.seq_len, C = config.d_model;
+  const int64_t rows = int64_t{B} * T;
+  const compute::LayerCost cost = compute::CostOfLayer(config, /*pipeline_layer=*/1);
+  const double block_flops =
+      (cost.forward_flops + cost.backward_input_flops + cost.backward_weight_flops) * rows;
+  // The MLP's first product, (B*T, C) @ (C, 4C): the block's largest matmul shape.
+  const int m = static_cast<int>(rows), n = 4 * C, k = C;
+  const double matmul_flops = 2.0 * m * n * k;
+
+  BenchResult result;
+  result.Label("device", probe.devices[0].name);
+  result.Label("block", absl::StrCat("d_model ", C, ", heads ", config.n_heads, ", seq ", T,
+                                     ", batch ", B, " (forward + backward)"));
+  result.Label("matmul", absl::StrCat(m, " x ", n, " x ", k, " (the block's c_fc product)"));
+  for (bool tf32 : {false, true}) {
+    const std::string mode = tf32 ? "tf32" : "fp32";
+    double matmul_tflops = 0;
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> be, CudaBackend::Create(0, {.tf32 = tf32}));
+    {
+      ASSIGN_OR_RETURN(auto a, RandomBuffer(be.get(), int64_t{m} * k, 1, 1.0));
+      ASSIGN_OR_RETURN(auto b, RandomBuffer(be.get(), int64_t{k} * n, 2, 1.0));
+      ASSIGN_OR_RETURN(auto c, BackendBuffer<float>::Allocate(be.get(),
+                                                              int64_t{m} * n * sizeof(float)));
+      ASSIGN_OR_RETURN(double t, MedianSeconds(*be, warmup, reps, [&] {
+                         return be->Matmul(false, false, m, n, k, 1.0f, a.data(), b.data(),
+                                           0.0f, c.data());
+                       }));
+      matmul_tflops = matmul_flops / t / 1e12;
+      result.Add(mode + "_matmul_tflops", matmul_tflops);
+    }
+    {
+      ASSIGN_OR_RETURN(auto layer, compute::MakeLayer<float>(config, 1, be.get()));
+      RETURN_IF_ERROR(layer->Initialize(/*seed=*/7));
+      ASSIGN_OR_RETURN(auto x, RandomBuffer(be.get(), rows * C, 3, 1.0));
+      ASSIGN_OR_RETURN(auto dout, RandomBuffer(be.get(), rows * C, 4, 1e-3));
+      ASSIGN_OR_RETURN(auto out,
+                       BackendBuffer<float>::Allocate(be.get(), rows * C * sizeof(float)));
+      ASSIGN_OR_RETURN(auto dx,
+                       BackendBuffer<float>::Allocate(be.get(), rows * C * sizeof(float)));
+      compute::Stash<float> stash;
+      ASSIGN_OR_RETURN(double t, MedianSeconds(*be, warmup, reps, [&]() -> absl::Status {
+                         RETURN_IF_ERROR(layer->Forward(B, x.data(), nullptr, out.data(), stash));
+                         return layer->Backward(stash, dout.data(), 1.0f, dx.data());
+                       }));
+      result.Add(mode + "_block_ms", t * 1e3);
+      const double block_tflops = block_flops / t / 1e12;
+      result.Add(mode + "_block_tflops", block_tflops);
+      // The fraction of the measured matmul rate the whole block achieves.
+      result.Add(mode + "_block_vs_matmul", block_tflops / matmul_tflops);
+    }
+  }
+  return result;
+}
+
+}  // namespace pipetrain::bench

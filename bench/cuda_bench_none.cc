@@ -1,0 +1,13 @@
+// `pipetrain-bench cuda` in a build without CUDA: there is nothing to measure.
+#include "absl/strings/str_cat.h"
+#include "bench/cuda_bench.h"
+#include "common/cuda_probe.h"
+
+namespace pipetrain::bench {
+
+absl::StatusOr<BenchResult> RunCudaBench(const BenchOptions& options) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("no usable GPU: ", common::ProbeCuda().reason));
+}
+
+}  // namespace pipetrain::bench

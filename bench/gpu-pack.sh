@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# Packs the GPU tests and pipetrain-bench for a lent GPU machine. Runs HERE (the build
+# machine), because the GPU machine has CUDA, cmake and ninja but none of the gRPC,
+# protobuf, Abseil or OpenBLAS libraries, and nothing can be installed there.
+#
+# Two steps (see docs/GPU.md):
+#   1. here, in the repository root of the checkout that will call the device tool:
+#        bash bench/gpu-pack.sh
+#      configures a CUDA build in build-gpu/, builds every test labelled `gpu` and
+#      pipetrain-bench, and copies them with every shared library they need (except the
+#      CUDA toolkit's and the C/C++ runtime) into .gpu/gpu-pack.tar.gz (git-ignored;
+#      compressed because OpenBLAS alone is 36 MiB and the tool carries at most 64 MiB).
+#   2. the device tool's run, with carry [".gpu"] and command `bash bench/gpu.sh`.
+#
+# Environment: JOBS (parallel build jobs, default 2), PACK_DIR (default .gpu).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+jobs=${JOBS:-2}
+pack=${PACK_DIR:-.gpu}
+build=build-gpu
+stage="$build/pack"  # bin/ and lib/ before compression
+
+# Every pipetrain_test(...) call in tests/CMakeLists.txt whose LABELS include gpu.
+gpu_tests=$(awk '
+  /pipetrain_test\(/ { call = ""; inside = 1 }
+  inside { call = call " " $0 }
+  inside && /\)/ {
+    inside = 0
+    if (call ~ /LABELS[^)]*[ ]gpu([ )]|$)/) {
+      sub(/.*pipetrain_test\([ ]*/, "", call); split(call, w, /[ ]+/); print w[1]
+    }
+  }' tests/CMakeLists.txt)
+if [[ -z "$gpu_tests" ]]; then
+  echo "gpu-pack: found no test labelled gpu in tests/CMakeLists.txt" >&2
+  exit 1
+fi
+echo "gpu-pack: gpu tests: $(echo $gpu_tests)"
+
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DPIPETRAIN_WITH_CUDA=ON
+# shellcheck disable=SC2086
+cmake --build "$build" -j "$jobs" --target pipetrain-bench $gpu_tests
+
+rm -rf "$stage" "$pack"
+mkdir -p "$stage/bin" "$stage/lib" "$pack"
+bins=()
+for t in $gpu_tests pipetrain-bench; do
+  cp "$build/bin/$t" "$stage/bin/"
+  bins+=("$stage/bin/$t")
+done
+
+# Shared libraries from ldd (it lists the transitive ones too), minus what the GPU
+# machine brings itself: the CUDA toolkit (same version there) and the C/C++ runtime.
+is_system_lib() {
+  case "$(basename "$1")" in
+    linux-vdso.so*|ld-linux*.so*|libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*| \
+    libstdc++.so*|libgcc_s.so*|libcuda.so*) return 0 ;;
+  esac
+  case "$1" in
+    /usr/local/cuda*|*/cuda/*|*/cuda-[0-9]*) return 0 ;;
+  esac
+  return 1
+}
+missing=0
+while read -r name arrow path _; do
+  if [[ "$arrow" == "=>" && "$path" == "not" ]]; then
+    echo "gpu-pack: $name is not found here" >&2
+    missing=1
+    continue
+  fi
+  [[ "$arrow" == "=>" && -f "$path" ]] || continue
+  is_system_lib "$path" && continue
+  cp -L "$path" "$stage/lib/$name"
+done < <(ldd "${bins[@]}" | grep '=>' | sort -u)
+[[ $missing == 0 ]] || exit 1
+
+# Symbols are not needed to run; they are most of the size.
+strip --strip-unneeded "$stage"/bin/* "$stage"/lib/* 2>/dev/null || true
+tar -C "$stage" -czf "$pack/gpu-pack.tar.gz" bin lib
+
+echo "gpu-pack: binaries: $(ls "$stage/bin" | tr '\n' ' ')"
+echo "gpu-pack: libraries: $(ls "$stage/lib" | wc -l), $(du -sm "$stage" | cut -f1) MiB unpacked"
+size_mib=$(du -sm "$pack" | cut -f1)
+echo "gpu-pack: $pack/gpu-pack.tar.gz makes $pack ${size_mib} MiB (the device tool carries at most 64 MiB with the tree)"
+if (( size_mib > 60 )); then
+  echo "gpu-pack: $pack is over 60 MiB; the device tool may refuse it" >&2
+  exit 1
+fi
+echo "gpu-pack: next: the device tool's run with carry [\"$pack\"] and command 'bash bench/gpu.sh'"

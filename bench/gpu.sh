@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# Runs the GPU tests and `pipetrain-bench cuda` on a lent GPU machine. Runs THERE, from
+# the repository root, with the .gpu/ folder made by bench/gpu-pack.sh carried along;
+# it unpacks .gpu/gpu-pack.tar.gz under /tmp and runs from there.
+#
+# Two steps (see docs/GPU.md):
+#   1. here: bash bench/gpu-pack.sh          (builds and packs into .gpu/gpu-pack.tar.gz)
+#   2. the device tool's run, with carry [".gpu"] and command `bash bench/gpu.sh`
+#
+# Writes into $OUT (the device tool brings it back; at most 8 files): one gtest XML per
+# test binary, gpu.log (everything printed) and cuda_bench.json. Prints a summary table
+# last. Exit status: 1 if any test failed or did not run, 2 if only the bench failed,
+# 0 otherwise. SANITIZE=1 bash bench/gpu.sh adds a compute-sanitizer memcheck run.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+pack=${PACK_DIR:-.gpu}
+OUT=${OUT:-/tmp/pipetrain-gpu-out}
+mkdir -p "$OUT"
+log="$OUT/gpu.log"
+: >"$log"
+say() { echo "$@" | tee -a "$log"; }
+
+if [[ -f "$pack/gpu-pack.tar.gz" ]]; then
+  unpacked=$(mktemp -d /tmp/pipetrain-gpu.XXXXXX)
+  tar -C "$unpacked" -xzf "$pack/gpu-pack.tar.gz" || { say "gpu.sh: cannot unpack"; exit 1; }
+  pack=$unpacked
+fi
+if [[ ! -d "$pack/bin" ]]; then
+  say "gpu.sh: no $pack/gpu-pack.tar.gz: run bench/gpu-pack.sh here first and carry .gpu"
+  exit 1
+fi
+cuda_dirs=""
+for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
+  [[ -d "$d" ]] && cuda_dirs="$cuda_dirs:$d"
+done
+export LD_LIBRARY_PATH="$(cd "$pack" && pwd)/lib$cuda_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# If the toolkit there lacks cuBLAS, PyTorch's pip packages carry the same major version.
+if ldd "$pack/bin/pipetrain-bench" 2>&1 | grep -q "libcu.*not found"; then
+  for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13; do
+    found=$(find / -xdev -name "$lib" -path "*nvidia*" 2>/dev/null | head -n 1)
+    [[ -n "$found" ]] && LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$found")"
+  done
+  export LD_LIBRARY_PATH
+fi
+
+say "== nvidia-smi"
+nvidia-smi 2>&1 | tee -a "$log" || say "nvidia-smi failed"
+
+say "== libraries"
+if ldd "$pack"/bin/* 2>&1 | grep -q "not found"; then
+  ldd "$pack"/bin/* 2>&1 | grep "not found" | sort -u | tee -a "$log"
+  say "gpu.sh: some shared libraries are missing (see above)"
+fi
+
+declare -a rows=()
+failed=0
+tlog=$(mktemp)
+for t in "$pack"/bin/*_test; do
+  name=$(basename "$t")
+  say "== $name"
+  timeout 300 "$t" --gtest_output="xml:$OUT/$name.xml" 2>&1 | tee "$tlog" >>"$log"
+  rc=${PIPESTATUS[0]}
+  tail -n 40 "$tlog"
+  passed=$(grep -c '^\[       OK \]' "$tlog")
+  fails=$(grep -c '^\[  FAILED  \] .*(' "$tlog")
+  skipped=$(grep -c '^\[  SKIPPED \] .*(' "$tlog")
+  status=ok
+  if [[ $rc != 0 ]]; then
+    status="FAILED (exit $rc)"
+    failed=1
+  fi
+  rows+=("$(printf '%-28s %-18s %6s %6s %7s' "$name" "$status" "$passed" "$fails" "$skipped")")
+done
+
+# SANITIZE=1: also run the backend tests under compute-sanitizer's memcheck (out-of-
+# bounds and misaligned accesses in kernels; many times slower).
+if [[ "${SANITIZE:-0}" == 1 ]]; then
+  sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer \
+    /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n 1)
+  say "== compute-sanitizer memcheck: cuda_backend_test"
+  if [[ -n "$sanitizer" ]]; then
+    timeout 400 "$sanitizer" --tool memcheck --error-exitcode 9 \
+      "$pack/bin/cuda_backend_test" --gtest_brief=1 2>&1 | tee "$tlog" >>"$log"
+    rc=${PIPESTATUS[0]}
+    tail -n 20 "$tlog"
+    status=ok
+    if [[ $rc != 0 ]]; then status="FAILED (exit $rc)"; failed=1; fi
+    rows+=("$(printf '%-28s %-18s' "memcheck cuda_backend_test" "$status")")
+  else
+    rows+=("$(printf '%-28s %-18s' "memcheck cuda_backend_test" "no compute-sanitizer")")
+  fi
+fi
+
+say "== pipetrain-bench cuda"
+timeout 300 "$pack/bin/pipetrain-bench" cuda --json >"$OUT/cuda_bench.json" 2>>"$log"
+bench_rc=$?
+cat "$OUT/cuda_bench.json" >>"$log"
+
+echo
+say "== summary"
+say "$(printf '%-28s %-18s %6s %6s %7s' test-binary status passed failed skipped)"
+for r in "${rows[@]}"; do say "$r"; done
+if [[ $bench_rc == 0 ]]; then
+  # One figure a line: "name value".
+  sed -e 's/[{}]//g' -e 's/","/"\n"/g' -e 's/,"/\n"/g' "$OUT/cuda_bench.json" |
+    sed -e 's/"//g' -e 's/:/  /' | tee -a "$log"
+else
+  say "pipetrain-bench cuda FAILED (exit $bench_rc); see gpu.log"
+fi
+if [[ $failed != 0 ]]; then exit 1; fi
+if [[ $bench_rc != 0 ]]; then exit 2; fi
+exit 0

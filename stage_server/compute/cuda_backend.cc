@@ -1,0 +1,661 @@
+// CUDA build of the `cuda` backend (cuda_backend.h): argument checks, cuBLAS calls and
+// the launchers of cuda_kernels.h, every CUDA and cuBLAS result turned into an
+// absl::Status that names the op and its shapes.
+#include "stage_server/compute/cuda_backend.h"
+
+#include <climits>
+#include <cmath>
+#include <utility>
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/cuda_probe.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "stage_server/compute/cuda_kernels.h"
+
+namespace pipetrain::compute {
+namespace {
+
+namespace ck = cuda_kernels;
+
+absl::Status CudaStatus(cudaError_t e, const std::string& what) {
+  std::string msg = absl::StrCat("cuda backend: ", what, ": ", cudaGetErrorName(e), " (",
+                                 cudaGetErrorString(e), ")");
+  if (e == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(msg);
+  return absl::InternalError(msg);
+}
+
+absl::Status CublasStatus(cublasStatus_t s, const std::string& what) {
+  std::string msg = absl::StrCat("cuda backend: ", what, ": ", cublasGetStatusName(s), " (",
+                                 cublasGetStatusString(s), ")");
+  if (s == CUBLAS_STATUS_ALLOC_FAILED) return absl::ResourceExhaustedError(msg);
+  return absl::InternalError(msg);
+}
+
+// CUDA_CHECK(expr, describe...): returns a Status naming the op (the StrCat of the
+// remaining arguments, built only on failure) if expr is not cudaSuccess.
+#define CUDA_CHECK(expr, ...)                                      \
+  do {                                                             \
+    if (cudaError_t _pt_e = (expr); _pt_e != cudaSuccess) {        \
+      return CudaStatus(_pt_e, absl::StrCat(__VA_ARGS__));         \
+    }                                                              \
+  } while (false)
+
+#define CUBLAS_CHECK(expr, ...)                                          \
+  do {                                                                   \
+    if (cublasStatus_t _pt_s = (expr); _pt_s != CUBLAS_STATUS_SUCCESS) { \
+      return CublasStatus(_pt_s, absl::StrCat(__VA_ARGS__));             \
+    }                                                                    \
+  } while (false)
+
+// InvalidArgument unless every size is >= 0.
+absl::Status CheckSizes(const std::string& op,
+                        std::initializer_list<std::pair<const char*, int64_t>> sizes) {
+  for (const auto& [name, value] : sizes) {
+    if (value < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cuda backend: ", op, ": ", name, " = ", value, " is negative"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// InvalidArgument if a pointer the op needs is null (only checked when there is work).
+absl::Status CheckPointers(const std::string& op,
+                           std::initializer_list<std::pair<const char*, const void*>> ptrs) {
+  for (const auto& [name, p] : ptrs) {
+    if (p == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cuda backend: ", op, ": ", name, " is null"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+cudaStream_t S(CUstream_st* s) { return s; }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device,
+                                                           CudaBackendOptions options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend,
+                   CudaBackend::Create(device, options));
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
+                                                                 CudaBackendOptions options) {
+  const common::CudaProbe& probe = common::ProbeCuda();
+  if (probe.devices.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no usable GPU: ", probe.reason, "; use --device cpu"));
+  }
+  if (device < 0 || device >= static_cast<int>(probe.devices.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("cuda backend: device ", device,
+                                                   " does not exist (", probe.devices.size(),
+                                                   " GPU(s) found)"));
+  }
+  // The constructor is private, so no make_unique; the destructor frees whatever was
+  // created if a later step fails.
+  std::unique_ptr<CudaBackend> b(new CudaBackend(device, options));
+  CUDA_CHECK(cudaSetDevice(device), "cudaSetDevice(", device, ")");
+  cudaStream_t stream = nullptr;
+  // A blocking stream (not cudaStreamNonBlocking): work on the legacy default stream,
+  // e.g. cudaMemcpy by other code, stays ordered with it.
+  CUDA_CHECK(cudaStreamCreate(&stream), "cudaStreamCreate on device ", device);
+  b->stream_ = stream;
+  cublasHandle_t handle = nullptr;
+  CUBLAS_CHECK(cublasCreate(&handle), "cublasCreate on device ", device);
+  b->cublas_ = handle;
+  CUBLAS_CHECK(cublasSetStream(handle, stream), "cublasSetStream");
+  CUBLAS_CHECK(cublasSetMathMode(handle, options.tf32 ? CUBLAS_TF32_TENSOR_OP_MATH
+                                                      : CUBLAS_DEFAULT_MATH),
+               "cublasSetMathMode(", options.tf32 ? "TF32" : "default", ")");
+  void* p = nullptr;
+  CUDA_CHECK(cudaMalloc(&p, sizeof(int32_t)), "cudaMalloc(bad index)");
+  b->bad_index_ = static_cast<int32_t*>(p);
+  CUDA_CHECK(cudaMalloc(&p, (ck::kReducePartials + 1) * sizeof(double)),
+             "cudaMalloc(reduction scratch)");
+  b->reduce_ = static_cast<double*>(p);
+  common::LogInfo("cuda", absl::StrCat("backend on device ", device, " (",
+                                       probe.devices[device].name, "), matmul ",
+                                       options.tf32 ? "tf32" : "fp32"));
+  return b;
+}
+
+CudaBackend::~CudaBackend() {
+  // Errors here have nowhere to go; a device that faulted reports them on every call.
+  cudaSetDevice(device_);
+  if (stream_ != nullptr) cudaStreamSynchronize(S(stream_));
+  {
+    std::lock_guard<std::mutex> lock(alloc_mu_);
+    (void)ReleaseCachedBlocks();
+    // Blocks still live belong to owners that outlived the backend; free them too so
+    // the device memory is not lost (their owners must not use them any more).
+    for (auto& [p, size] : live_) cudaFree(p);
+    live_.clear();
+  }
+  cudaFree(bad_index_);
+  cudaFree(reduce_);
+  cudaFree(row_loss_);
+  cudaFree(attn_scratch_);
+  if (cublas_ != nullptr) cublasDestroy(cublas_);
+  if (stream_ != nullptr) cudaStreamDestroy(S(stream_));
+}
+
+absl::Status CudaBackend::Activate(const char* op) {
+  CUDA_CHECK(cudaSetDevice(device_), op, ": cudaSetDevice(", device_, ")");
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Finish(const std::string& op) {
+  if (!options_.check_every_op) return absl::OkStatus();
+  CUDA_CHECK(cudaStreamSynchronize(S(stream_)), op, " (checked after the op)");
+  CUDA_CHECK(cudaGetLastError(), op, " (checked after the op)");
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::EnsureScratch(void** ptr, size_t* capacity, size_t bytes,
+                                        const char* what) {
+  if (*capacity >= bytes) return absl::OkStatus();
+  // cudaFree waits for the device, so work still using the old buffer completes first.
+  CUDA_CHECK(cudaFree(*ptr), "cudaFree(", what, ")");
+  *ptr = nullptr;
+  *capacity = 0;
+  CUDA_CHECK(cudaMalloc(ptr, bytes), "cudaMalloc(", what, ", ", bytes, " bytes)");
+  *capacity = bytes;
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CheckBadIndex(const std::string& op, const int32_t* ids, int V,
+                                        const char* what) {
+  int32_t bad = 0;
+  CUDA_CHECK(cudaMemcpyAsync(&bad, bad_index_, sizeof(bad), cudaMemcpyDeviceToHost,
+                             S(stream_)),
+             op, ": reading the id check");
+  CUDA_CHECK(cudaStreamSynchronize(S(stream_)), op);
+  if (bad == INT_MAX) return absl::OkStatus();
+  int32_t id = 0;
+  CUDA_CHECK(cudaMemcpy(&id, ids + bad, sizeof(id), cudaMemcpyDeviceToHost),
+             op, ": reading the bad id");
+  return absl::InvalidArgumentError(absl::StrCat("cuda backend: ", op, ": ", what, "[", bad,
+                                                 "] = ", id, " is outside [0, ", V, ")"));
+}
+
+// ---- Memory -----------------------------------------------------------------------------
+
+absl::StatusOr<void*> CudaBackend::Allocate(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  RETURN_IF_ERROR(Activate("Allocate"));
+  // Round up so that blocks of nearly the same size are shared; 256 bytes is
+  // cudaMalloc's own alignment, so every block stays aligned for any element type.
+  const size_t rounded = (bytes + 255) / 256 * 256;
+  std::lock_guard<std::mutex> lock(alloc_mu_);
+  // The smallest cached block that fits, if it wastes at most a quarter of itself.
+  if (auto it = cached_.lower_bound(rounded);
+      it != cached_.end() && it->first - rounded <= it->first / 4) {
+    void* p = it->second;
+    live_[p] = it->first;
+    cached_bytes_ -= it->first;
+    cached_.erase(it);
+    return p;
+  }
+  void* p = nullptr;
+  cudaError_t e = cudaMalloc(&p, rounded);
+  if (e == cudaErrorMemoryAllocation && cached_bytes_ > 0) {
+    cudaGetLastError();  // clear it, give the cache back, and try once more
+    RETURN_IF_ERROR(ReleaseCachedBlocks());
+    e = cudaMalloc(&p, rounded);
+  }
+  CUDA_CHECK(e, "Allocate(", bytes, " bytes)");
+  live_[p] = rounded;
+  return p;
+}
+
+absl::Status CudaBackend::Free(void* ptr) {
+  if (ptr == nullptr) return absl::OkStatus();
+  std::lock_guard<std::mutex> lock(alloc_mu_);
+  auto it = live_.find(ptr);
+  if (it == live_.end()) {
+    return absl::InvalidArgumentError(
+        "cuda backend: Free of a pointer this backend did not allocate (or freed twice)");
+  }
+  cached_.emplace(it->second, ptr);
+  cached_bytes_ += it->second;
+  live_.erase(it);
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::ReleaseCachedBlocks() {
+  // Called with alloc_mu_ held. cudaFree waits for the device, so no op still uses them.
+  absl::Status status;
+  for (auto& [size, p] : cached_) {
+    if (cudaError_t e = cudaFree(p); e != cudaSuccess && status.ok()) {
+      status = CudaStatus(e, absl::StrCat("cudaFree of a cached block of ", size, " bytes"));
+    }
+  }
+  cached_.clear();
+  cached_bytes_ = 0;
+  return status;
+}
+
+absl::Status CudaBackend::Zero(void* ptr, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(Activate("Zero"));
+  CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, S(stream_)), "Zero(", bytes, " bytes)");
+  return Finish("Zero");
+}
+
+absl::Status CudaBackend::CopyFromHost(void* dst, const void* host_src, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(Activate("CopyFromHost"));
+  CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, S(stream_)),
+             "CopyFromHost(", bytes, " bytes)");
+  // The caller may reuse host_src as soon as we return; from pinned memory the copy is
+  // truly asynchronous, so wait for it.
+  CUDA_CHECK(cudaStreamSynchronize(S(stream_)), "CopyFromHost(", bytes, " bytes)");
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CopyToHost(void* host_dst, const void* src, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(Activate("CopyToHost"));
+  CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, S(stream_)),
+             "CopyToHost(", bytes, " bytes)");
+  CUDA_CHECK(cudaStreamSynchronize(S(stream_)), "CopyToHost(", bytes, " bytes)");
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Copy(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(Activate("Copy"));
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, S(stream_)),
+             "Copy(", bytes, " bytes)");
+  return Finish("Copy");
+}
+
+absl::Status CudaBackend::Synchronize() {
+  RETURN_IF_ERROR(Activate("Synchronize"));
+  CUDA_CHECK(cudaStreamSynchronize(S(stream_)), "Synchronize (a fault in an earlier op)");
+  return absl::OkStatus();
+}
+
+// ---- Matrix products --------------------------------------------------------------------
+
+absl::Status CudaBackend::Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                               const float* a, int lda, int64_t stride_a, const float* b,
+                               int ldb, int64_t stride_b, float beta, float* c, int ldc,
+                               int64_t stride_c, int batch, const std::string& op) {
+  // cuBLAS is column-major. A row-major (m, n) matrix is the column-major (n, m) matrix
+  // with the same leading dimension, so c^T = op(b)^T op(a)^T is computed with the
+  // operands swapped and the transposes kept.
+  const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  if (batch == 1) {
+    CUBLAS_CHECK(cublasSgemm(cublas_, op_b, op_a, n, m, k, &alpha, b, ldb, a, lda, &beta, c,
+                             ldc),
+                 op, ": cublasSgemm(m=", m, " n=", n, " k=", k, " trans_a=", trans_a,
+                 " trans_b=", trans_b, " lda=", lda, " ldb=", ldb, " ldc=", ldc, ")");
+  } else {
+    CUBLAS_CHECK(cublasSgemmStridedBatched(cublas_, op_b, op_a, n, m, k, &alpha, b, ldb,
+                                           stride_b, a, lda, stride_a, &beta, c, ldc,
+                                           stride_c, batch),
+                 op, ": cublasSgemmStridedBatched(m=", m, " n=", n, " k=", k,
+                 " trans_a=", trans_a, " trans_b=", trans_b, " lda=", lda, " ldb=", ldb,
+                 " ldc=", ldc, " batch=", batch, ")");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Matmul(bool trans_a, bool trans_b, int m, int n, int k,
+                                 float alpha, const float* a, const float* b, float beta,
+                                 float* c) {
+  const std::string op = absl::StrCat("Matmul(m=", m, " n=", n, " k=", k, ")");
+  RETURN_IF_ERROR(CheckSizes(op, {{"m", m}, {"n", n}, {"k", k}}));
+  if (m == 0 || n == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckPointers(op, {{"c", c}}));
+  RETURN_IF_ERROR(Activate("Matmul"));
+  if (k == 0) {  // c = beta * c; beta = 0 must overwrite garbage (NaN * 0 is NaN)
+    const int64_t count = int64_t{m} * n;
+    if (beta == 0.0f) {
+      CUDA_CHECK(ck::Fill(count, 0.0f, c, S(stream_)), op, ": fill");
+    } else {
+      CUDA_CHECK(ck::Scale(count, beta, c, S(stream_)), op, ": scale");
+    }
+    return Finish(op);
+  }
+  RETURN_IF_ERROR(CheckPointers(op, {{"a", a}, {"b", b}}));
+  // Row-major leading dimensions: the row length of each stored matrix.
+  const int lda = trans_a ? m : k;  // a is (k, m) or (m, k)
+  const int ldb = trans_b ? k : n;  // b is (n, k) or (k, n)
+  RETURN_IF_ERROR(Gemm(trans_a, trans_b, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, n,
+                       0, 1, op));
+  return Finish(op);
+}
+
+// ---- Elementwise ------------------------------------------------------------------------
+
+absl::Status CudaBackend::Add(int64_t n, const float* a, const float* b, float* out) {
+  const std::string op = absl::StrCat("Add(n=", n, ")");
+  RETURN_IF_ERROR(CheckSizes(op, {{"n", n}}));
+  if (n == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckPointers(op, {{"a", a}, {"b", b}, {"out", out}}));
+  RETURN_IF_ERROR(Activate("Add"));
+  CUDA_CHECK(ck::Add(n, a, b, out, S(stream_)), op);
+  return Finish(op);
+}
+
+absl::Status CudaBackend::Axpy(int64_t n, float alpha, const float* x, float* y) {
+  const std::string op = absl::StrCat("Axpy(n=", n, ")");
+  RETURN_IF_ERROR(CheckSizes(op, {{"n", n}}));
+  if (n == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckPointers(op, {{"x", x}, {"y", y}}));
+  RETURN_IF_ERROR(Activate("Axpy"));
+  CUDA_CHECK(ck::Axpy(n, alpha, x, y, S(stream_)), op);
+  return Finish(op);
+}
+
+absl::Status CudaBackend::Scale(int64_t n, float alpha, float* x) {
+  const std::string op = absl::StrCat("Scale(n=", n, ")");
+  RETURN_IF_ERROR(CheckSizes(op, {{"n", n}}));
+  if (n == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckPointers(op, {{"x", x}}));
+  RETURN_IF_ERROR(Activate("Scale"));
+  CUDA_CHECK(ck::Scale(n, alpha, x, S(stream_)), op);
+  return Finish(op);
+}
+
+absl::Status CudaBackend::AddBias(int rows, int cols, const float* bias, float* x) {
+  const std::string op = absl::StrCat("AddBias(rows=", rows, " cols=", cols, ")");
+  RETURN_IF_ERROR(CheckSizes(op, {{"rows", rows}, {"cols", cols}}));
+  if (rows == 0 || cols == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckPointers(op, {{"bias", bias}, {"x", x}}));
+  RETURN_IF_ERROR(Activate("AddBias"));
+  CUDA_CHECK(ck::AddBias(rows, cols, bias, x, S(stream_)), op);
+  return Finish(op);
+}
+
+absl::Status CudaBackend::BiasGrad(int rows, int cols, const float* dout, float* dbias) {
+  const std::string op = absl::StrCat("BiasGrad(rows=", rows, " cols=", cols, ")");
+  RETURN_IF_ERROR(CheckSizes(op, {{"rows", rows}, {"cols", cols}}));
+  if (rows == 0 || cols == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckPointers(op, {{"dout", dout}, {"dbias", dbias}}));
+  RETURN_IF_ERROR(Activate("BiasGrad"));
+  CUDA_CHECK(ck::ColumnSum(rows, cols, cols, dout, dbias, S(stream_)), op);
+  return Finish(op);
+}
+
+absl::StatusOr<double> CudaBackend::SumOfSquares(int64_t n, const float* x) {
+  const std::string op = absl::StrCat("SumOfSquares(n=", n, ")");
+  RETURN_IF_ERROR(CheckSizes(op, {{"n", n}}));
+  if (n == 0) return 0.0;
+  RETURN_IF_ERROR(CheckPointers(op, {{"x", x}}));
+  RETURN_IF_ERROR(Activate("SumOfSquares"));
+  double* total = reduce_ + ck::kReducePartials;
+  CUDA_CHECK(ck::SumOfSquares(n, x, reduce_, total, S(stream_)), op);
+  double result = 0;
+  CUDA_CHECK(cudaMemcpyAsync(&result, total, sizeof(result), cudaMemcpyDeviceToHost,
+                             S(stream_)),
+             op, ": reading the result");
+  CUDA_CHECK(cudaStreamSynchronize(S(stream_)), op);
+  return result;
+}
+
+// ---- Embedding --------------------------------------------------------------------------
+
+absl::Status CudaBackend::EmbeddingForward(int B, int T, int C, int V, const int32_t* tokens,
+                                           const float* wte, const float* wpe, float* out) {
+  const std::string op =
+      absl::StrCat("EmbeddingForward(B=", B, " T=", T, " C=", C, " V=", V, ")");
+  RETURN_IF_ERROR(CheckSizes(op, {{"B", B}, {"T", T}, {"C", C}, {"V", V}}));
+  if (int64_t{B} * T * C == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckPointers(
+      op, {{"tokens", tokens}, {"wte", wte}, {"wpe", wpe}, {"out", out}}));
+  RETURN_IF_ERROR(Activate("EmbeddingForward"));
+  CUDA_CHECK(ck::ResetBadIndex(bad_index_, S(stream_)), op, ": reset id check");
+  CUDA_CHECK(ck::EmbeddingForward(B, T, C, V, tokens, wte, wpe, out, bad_index_, S(stream_)),
+             op);
+  // Synchronizes: a bad token must fail this call, as the interface promises.
+  return CheckBadIndex(op, tokens, V, "tokens");
+}
+
+absl::Status CudaBackend::EmbeddingBackward(int B, int T, int C, int V,
+                                            const int32_t* tokens, const float* dout,
+                                            float* dwte, float* dwpe) {
+  const std::string op =
+      absl::StrCat("EmbeddingBackward(B=", B, " T=", T, " C=", C, " V=", V, ")");
+  RETURN_IF_ERROR(CheckSizes(op, {{"B", B}, {"T", T}, {"C", C}, {"V", V}}));
+  if (int64_t{B} * T * C == 0 || (dwte == nullptr && dwpe == nullptr)) {
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(CheckPointers(op, {{"tokens", tokens}, {"dout", dout}}));
+  RETURN_IF_ERROR(Activate("EmbeddingBackward"));
+  if (dwpe != nullptr) {
+    // dwpe[t, c] += sum_b dout[b, t, c]: a column sum over B rows of length T*C.
+    const int64_t cols = int64_t{T} * C;
+    CUDA_CHECK(ck::ColumnSum(B, cols, cols, dout, dwpe, S(stream_)), op, ": dwpe");
+  }
+  if (dwte != nullptr) {
+    CUDA_CHECK(ck::ResetBadIndex(bad_index_, S(stream_)), op, ": reset id check");
+    CUDA_CHECK(ck::EmbeddingBackwardWte(B, T, C, V, tokens, dout, dwte, bad_index_,
+                                        S(stream_)),
+               op, ": dwte");
+    return CheckBadIndex(op, tokens, V, "tokens");
+  }
+  return Finish(op);
+}
+
+// ---- LayerNorm --------------------------------------------------------------------------
+
+absl::Status CudaBackend::LayerNormForward(int rows, int C, const float* x,
+                                           const float* weight, const float* bias,
+                                           float* out, float* mean, float* rstd) {
+  const std::string op = absl::StrCat("LayerNormForward(rows=", rows, " C=", C, ")");
+  RETURN_IF_ERROR(CheckSizes(op, {{"rows", rows}, {"C", C}}));
+  if (rows == 0 || C == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(
+      CheckPointers(op, {{"x", x}, {"weight", weight}, {"bias", bias}, {"out", out}}));
+  RETURN_IF_ERROR(Activate("LayerNormForward"));
+  CUDA_CHECK(ck::LayerNormForward(rows, C, x, weight, bias, out, mean, rstd, S(stream_)),
+             op);
+  return Finish(op);
+}
+
+absl::Status CudaBackend::LayerNormBackward(int rows, int C, const float* dout,
+                                            const float* x, const float* weight,
+                                            const float* mean, const float* rstd, float* dx,
+                                            float* dweight, float* dbias) {
+  const std::string op = absl::StrCat("LayerNormBackward(rows=", rows, " C=", C, ")");
+  RETURN_IF_ERROR(CheckSizes(op, {{"rows", rows}, {"C", C}}));
+  if (rows == 0 || C == 0) return absl::OkStatus();
+  if (dx == nullptr && dweight == nullptr && dbias == nullptr) return absl::OkStatus();
+  RETURN_IF_ERROR(
+      CheckPointers(op, {{"dout", dout}, {"x", x}, {"mean", mean}, {"rstd", rstd}}));
+  if (dx != nullptr) RETURN_IF_ERROR(CheckPointers(op, {{"weight", weight}}));
+  RETURN_IF_ERROR(Activate("LayerNormBackward"));
+  CUDA_CHECK(
+      ck::LayerNormBackwardInput(rows, C, dout, x, weight, mean, rstd, dx, S(stream_)),
+      op, ": dx");
+  CUDA_CHECK(ck::LayerNormBackwardParams(rows, C, dout, x, mean, rstd, dweight, dbias,
+                                         S(stream_)),
+             op, ": dweight/dbias");
+  return Finish(op);
+}
+
+// ---- GELU -------------------------------------------------------------------------------
+
+absl::Status CudaBackend::GeluForward(int64_t n, const float* x, float* out) {
+  const std::string op = absl::StrCat("GeluForward(n=", n, ")");
+  RETURN_IF_ERROR(CheckSizes(op, {{"n", n}}));
+  if (n == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckPointers(op, {{"x", x}, {"out", out}}));
+  RETURN_IF_ERROR(Activate("GeluForward"));
+  CUDA_CHECK(ck::GeluForward(n, x, out, S(stream_)), op);
+  return Finish(op);
+}
+
+absl::Status CudaBackend::GeluBackward(int64_t n, const float* x, const float* dout,
+                                       float* dx) {
+  const std::string op = absl::StrCat("GeluBackward(n=", n, ")");
+  RETURN_IF_ERROR(CheckSizes(op, {{"n", n}}));
+  if (n == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckPointers(op, {{"x", x}, {"dout", dout}, {"dx", dx}}));
+  RETURN_IF_ERROR(Activate("GeluBackward"));
+  CUDA_CHECK(ck::GeluBackward(n, x, dout, dx, S(stream_)), op);
+  return Finish(op);
+}
+
+// ---- Attention --------------------------------------------------------------------------
+// Per batch row b, with q, k, v the (T, hs) slices of head h (row stride 3C) and the
+// heads as the batch of a strided-batched product (head h starts h*hs further along):
+//   forward:  probs = causal_softmax(q k^T / sqrt(hs));  out = probs v
+//   backward: dP = dout v^T;  dS = probs * (dP - rowsum(probs * dP)) / sqrt(hs);
+//             dq = dS k;  dk = dS^T q;  dv = probs^T dout
+// The products run over the full (T, T) matrices; probs is zero above the diagonal, so
+// the result is exact, at twice the arithmetic of a causal-aware kernel.
+
+absl::Status CudaBackend::AttentionForward(int B, int T, int C, int NH, const float* qkv,
+                                           float* out, float* probs) {
+  const std::string op =
+      absl::StrCat("AttentionForward(B=", B, " T=", T, " C=", C, " NH=", NH, ")");
+  RETURN_IF_ERROR(CheckSizes(op, {{"B", B}, {"T", T}, {"C", C}, {"NH", NH}}));
+  if (NH == 0 || C % NH != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda backend: ", op, ": C must be a positive multiple of NH"));
+  }
+  if (int64_t{B} * T * C == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckPointers(op, {{"qkv", qkv}, {"out", out}, {"probs", probs}}));
+  RETURN_IF_ERROR(Activate("AttentionForward"));
+  const int hs = C / NH;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs)));
+  const int64_t tt = int64_t{T} * T;
+  for (int b = 0; b < B; ++b) {
+    const float* q = qkv + int64_t{b} * T * 3 * C;  // (T, 3C) rows of batch row b
+    const float* k = q + C;
+    float* p = probs + int64_t{b} * NH * tt;  // (NH, T, T)
+    RETURN_IF_ERROR(Gemm(false, true, T, T, hs, scale, q, 3 * C, hs, k, 3 * C, hs, 0.0f, p,
+                         T, tt, NH, absl::StrCat(op, " scores b=", b)));
+  }
+  CUDA_CHECK(ck::CausalSoftmaxForward(int64_t{B} * NH * T, T, probs, S(stream_)), op,
+             ": causal softmax");
+  for (int b = 0; b < B; ++b) {
+    const float* v = qkv + int64_t{b} * T * 3 * C + 2 * C;
+    const float* p = probs + int64_t{b} * NH * tt;
+    float* o = out + int64_t{b} * T * C;  // (T, C) rows of batch row b
+    RETURN_IF_ERROR(Gemm(false, false, T, hs, T, 1.0f, p, T, tt, v, 3 * C, hs, 0.0f, o, C,
+                         hs, NH, absl::StrCat(op, " probs@v b=", b)));
+  }
+  return Finish(op);
+}
+
+absl::Status CudaBackend::AttentionBackward(int B, int T, int C, int NH, const float* dout,
+                                            const float* qkv, const float* probs,
+                                            float* dqkv) {
+  const std::string op =
+      absl::StrCat("AttentionBackward(B=", B, " T=", T, " C=", C, " NH=", NH, ")");
+  RETURN_IF_ERROR(CheckSizes(op, {{"B", B}, {"T", T}, {"C", C}, {"NH", NH}}));
+  if (NH == 0 || C % NH != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda backend: ", op, ": C must be a positive multiple of NH"));
+  }
+  if (int64_t{B} * T * C == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckPointers(
+      op, {{"dout", dout}, {"qkv", qkv}, {"probs", probs}, {"dqkv", dqkv}}));
+  RETURN_IF_ERROR(Activate("AttentionBackward"));
+  const int hs = C / NH;
+  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs)));
+  const int64_t tt = int64_t{T} * T;
+  RETURN_IF_ERROR(EnsureScratch(&attn_scratch_, &attn_scratch_bytes_,
+                                NH * tt * sizeof(float), "attention scratch"));
+  float* dp = static_cast<float*>(attn_scratch_);  // (NH, T, T), reused for every b
+  for (int b = 0; b < B; ++b) {
+    const std::string where = absl::StrCat(op, " b=", b);
+    const float* q = qkv + int64_t{b} * T * 3 * C;
+    const float* k = q + C;
+    const float* v = q + 2 * C;
+    const float* p = probs + int64_t{b} * NH * tt;
+    const float* d_o = dout + int64_t{b} * T * C;
+    float* dq = dqkv + int64_t{b} * T * 3 * C;
+    float* dk = dq + C;
+    float* dv = dq + 2 * C;
+    RETURN_IF_ERROR(Gemm(false, true, T, T, hs, 1.0f, d_o, C, hs, v, 3 * C, hs, 0.0f, dp, T,
+                         tt, NH, absl::StrCat(where, " dout@v^T")));
+    CUDA_CHECK(ck::CausalSoftmaxBackward(int64_t{NH} * T, T, p, dp, scale, S(stream_)),
+               where, ": causal softmax backward");
+    RETURN_IF_ERROR(Gemm(false, false, T, hs, T, 1.0f, dp, T, tt, k, 3 * C, hs, 0.0f, dq,
+                         3 * C, hs, NH, absl::StrCat(where, " dq")));
+    RETURN_IF_ERROR(Gemm(true, false, T, hs, T, 1.0f, dp, T, tt, q, 3 * C, hs, 0.0f, dk,
+                         3 * C, hs, NH, absl::StrCat(where, " dk")));
+    RETURN_IF_ERROR(Gemm(true, false, T, hs, T, 1.0f, p, T, tt, d_o, C, hs, 0.0f, dv, 3 * C,
+                         hs, NH, absl::StrCat(where, " dv")));
+  }
+  return Finish(op);
+}
+
+// ---- Cross-entropy ----------------------------------------------------------------------
+
+absl::Status CudaBackend::CrossEntropyForward(int rows, int V, const float* logits,
+                                              const int32_t* targets, float* probs,
+                                              float* loss) {
+  const std::string op = absl::StrCat("CrossEntropyForward(rows=", rows, " V=", V, ")");
+  RETURN_IF_ERROR(CheckSizes(op, {{"rows", rows}, {"V", V}}));
+  if (rows == 0 || V == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda backend: ", op, ": the mean loss needs rows > 0 and V > 0"));
+  }
+  RETURN_IF_ERROR(CheckPointers(
+      op, {{"logits", logits}, {"targets", targets}, {"probs", probs}, {"loss", loss}}));
+  RETURN_IF_ERROR(Activate("CrossEntropyForward"));
+  RETURN_IF_ERROR(EnsureScratch(&row_loss_, &row_loss_bytes_, rows * sizeof(double),
+                                "cross-entropy row losses"));
+  CUDA_CHECK(ck::ResetBadIndex(bad_index_, S(stream_)), op, ": reset id check");
+  CUDA_CHECK(ck::CrossEntropyForward(rows, V, logits, targets, probs,
+                                     static_cast<double*>(row_loss_), loss, bad_index_,
+                                     S(stream_)),
+             op);
+  return CheckBadIndex(op, targets, V, "targets");
+}
+
+absl::Status CudaBackend::CrossEntropyBackward(int rows, int V, const float* probs,
+                                               const int32_t* targets, float dloss_scale,
+                                               float* dlogits) {
+  const std::string op = absl::StrCat("CrossEntropyBackward(rows=", rows, " V=", V, ")");
+  RETURN_IF_ERROR(CheckSizes(op, {{"rows", rows}, {"V", V}}));
+  if (rows == 0 || V == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(
+      CheckPointers(op, {{"probs", probs}, {"targets", targets}, {"dlogits", dlogits}}));
+  RETURN_IF_ERROR(Activate("CrossEntropyBackward"));
+  CUDA_CHECK(ck::ResetBadIndex(bad_index_, S(stream_)), op, ": reset id check");
+  CUDA_CHECK(ck::CrossEntropyBackward(rows, V, probs, targets, dloss_scale, dlogits,
+                                      bad_index_, S(stream_)),
+             op);
+  return CheckBadIndex(op, targets, V, "targets");
+}
+
+// ---- Optimizer --------------------------------------------------------------------------
+
+absl::Status CudaBackend::AdamW(int64_t n, float* param, const float* grad, float* m,
+                                float* v, float lr, float beta1, float beta2, float eps,
+                                float weight_decay, int step) {
+  const std::string op = absl::StrCat("AdamW(n=", n, " step=", step, ")");
+  RETURN_IF_ERROR(CheckSizes(op, {{"n", n}}));
+  if (step < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuda backend: ", op, ": step counts from 1"));
+  }
+  if (n == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(
+      CheckPointers(op, {{"param", param}, {"grad", grad}, {"m", m}, {"v", v}}));
+  RETURN_IF_ERROR(Activate("AdamW"));
+  const double bc1 = 1 - std::pow(double{beta1}, step);
+  const double bc2 = 1 - std::pow(double{beta2}, step);
+  CUDA_CHECK(ck::AdamW(n, param, grad, m, v, lr, beta1, beta2, eps, weight_decay, bc1, bc2,
+                       S(stream_)),
+             op);
+  return Finish(op);
+}
+
+}  // namespace pipetrain::compute

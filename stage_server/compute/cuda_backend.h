@@ -1,0 +1,144 @@
+// The `cuda` compute backend: tensors in device memory, cuBLAS for matrix products
+// (full fp32 by default, TF32 tensor-op math on request) and plain kernels for the rest.
+// CreateCudaBackend exists in every build; without CUDA (or without a GPU) it fails with
+// a message that says so, so callers need no #ifdefs.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "stage_server/compute/backend.h"
+
+// The CUDA runtime's and cuBLAS's handle types, declared here so that this header needs
+// no CUDA include (cudaStream_t is CUstream_st*, cublasHandle_t is cublasContext*).
+struct CUstream_st;
+struct cublasContext;
+
+namespace pipetrain::compute {
+
+struct CudaBackendOptions {
+  // cuBLAS TF32 tensor-op math for every matrix product (about 10 bits of mantissa in
+  // the products: relative errors near 1e-4 instead of 1e-6). Off: full fp32.
+  bool tf32 = false;
+  // Synchronize after every op and check for errors, so that a fault in a kernel is
+  // reported by the op that caused it rather than a later one. For tests and debugging;
+  // it removes all overlap between the host and the device.
+  bool check_every_op = false;
+};
+
+// The backend on GPU `device`. FailedPrecondition "no usable GPU: <reason>; use --device
+// cpu" when there is none (or the build has no CUDA); InvalidArgument for a device index
+// that does not exist.
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device,
+                                                           CudaBackendOptions options = {});
+
+// Defined only in builds with CUDA (cuda_backend.cc); everything outside CUDA-only code
+// should go through CreateCudaBackend and the Backend interface.
+class CudaBackend final : public Backend {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(int device,
+                                                             CudaBackendOptions options);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  std::string Name() const override { return "cuda"; }
+  int device() const { return device_; }
+  bool tf32() const { return options_.tf32; }
+  // The stream every op is issued on (a cudaStream_t), for timing with CUDA events.
+  CUstream_st* stream() const { return stream_; }
+
+  absl::StatusOr<void*> Allocate(size_t bytes) override;
+  absl::Status Free(void* ptr) override;
+  absl::Status Zero(void* ptr, size_t bytes) override;
+  absl::Status CopyFromHost(void* dst, const void* host_src, size_t bytes) override;
+  absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes) override;
+  absl::Status Copy(void* dst, const void* src, size_t bytes) override;
+  absl::Status Synchronize() override;
+
+  absl::Status Matmul(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                      const float* a, const float* b, float beta, float* c) override;
+  absl::Status Add(int64_t n, const float* a, const float* b, float* out) override;
+  absl::Status Axpy(int64_t n, float alpha, const float* x, float* y) override;
+  absl::Status Scale(int64_t n, float alpha, float* x) override;
+  absl::Status AddBias(int rows, int cols, const float* bias, float* x) override;
+  absl::Status BiasGrad(int rows, int cols, const float* dout, float* dbias) override;
+  absl::StatusOr<double> SumOfSquares(int64_t n, const float* x) override;
+  absl::Status EmbeddingForward(int B, int T, int C, int V, const int32_t* tokens,
+                                const float* wte, const float* wpe, float* out) override;
+  absl::Status EmbeddingBackward(int B, int T, int C, int V, const int32_t* tokens,
+                                 const float* dout, float* dwte, float* dwpe) override;
+  absl::Status LayerNormForward(int rows, int C, const float* x, const float* weight,
+                                const float* bias, float* out, float* mean,
+                                float* rstd) override;
+  absl::Status LayerNormBackward(int rows, int C, const float* dout, const float* x,
+                                 const float* weight, const float* mean, const float* rstd,
+                                 float* dx, float* dweight, float* dbias) override;
+  absl::Status GeluForward(int64_t n, const float* x, float* out) override;
+  absl::Status GeluBackward(int64_t n, const float* x, const float* dout,
+                            float* dx) override;
+  absl::Status AttentionForward(int B, int T, int C, int NH, const float* qkv, float* out,
+                                float* probs) override;
+  absl::Status AttentionBackward(int B, int T, int C, int NH, const float* dout,
+                                 const float* qkv, const float* probs,
+                                 float* dqkv) override;
+  absl::Status CrossEntropyForward(int rows, int V, const float* logits,
+                                   const int32_t* targets, float* probs,
+                                   float* loss) override;
+  absl::Status CrossEntropyBackward(int rows, int V, const float* probs,
+                                    const int32_t* targets, float dloss_scale,
+                                    float* dlogits) override;
+  absl::Status AdamW(int64_t n, float* param, const float* grad, float* m, float* v,
+                     float lr, float beta1, float beta2, float eps, float weight_decay,
+                     int step) override;
+
+ private:
+  CudaBackend(int device, CudaBackendOptions options) : device_(device), options_(options) {}
+
+  // Returns every cached free block to the driver (when cudaMalloc runs out).
+  absl::Status ReleaseCachedBlocks();
+  // Makes device_ current for the calling thread (ops may come from any thread).
+  absl::Status Activate(const char* op);
+  // After an op's launches: with check_every_op, waits and reports faults as `op`.
+  absl::Status Finish(const std::string& op);
+  // Grows a scratch allocation to at least `bytes` (contents are not kept).
+  absl::Status EnsureScratch(void** ptr, size_t* capacity, size_t bytes, const char* what);
+  // Reads bad_index_ (synchronizing); InvalidArgument naming the first id outside
+  // [0, V) if a kernel recorded one. `ids` is the device array the kernel checked.
+  absl::Status CheckBadIndex(const std::string& op, const int32_t* ids, int V,
+                             const char* what);
+  // Row-major strided-batched product, like Matmul with leading dimensions (the row
+  // strides of a, b, c) and per-batch element strides; batch 1 is a plain sgemm.
+  absl::Status Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                    const float* a, int lda, int64_t stride_a, const float* b, int ldb,
+                    int64_t stride_b, float beta, float* c, int ldc, int64_t stride_c,
+                    int batch, const std::string& op);
+
+  int device_;
+  CudaBackendOptions options_;
+  CUstream_st* stream_ = nullptr;
+  cublasContext* cublas_ = nullptr;
+  int32_t* bad_index_ = nullptr;  // (1) first position of an id outside [0, V)
+  double* reduce_ = nullptr;      // (kReducePartials + 1): partial sums, then the total
+  void* row_loss_ = nullptr;      // (rows) double: cross-entropy per row
+  size_t row_loss_bytes_ = 0;
+  void* attn_scratch_ = nullptr;  // (NH, T, T) float: d probs of one batch row
+  size_t attn_scratch_bytes_ = 0;
+
+  // A caching allocator: layers allocate and free their activations every micro-batch,
+  // and cudaFree waits for the whole device. Freed blocks are kept by size and handed
+  // out again; that is safe because every op runs in order on stream_, so work still
+  // reading a freed block finishes before any later op can write it.
+  std::mutex alloc_mu_;
+  std::unordered_map<void*, size_t> live_;  // allocated block -> its size
+  std::multimap<size_t, void*> cached_;     // free blocks by size
+  size_t cached_bytes_ = 0;
+};
+
+}  // namespace pipetrain::compute
