@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
     std::cerr << "pipetrain-coordinator: " << server.status().message() << "\n";
     return 1;
   }
-  common::WaitForTerminationSignal(server->server.get(), absl::Seconds(5));
+  common::WaitForTerminationSignal(server->server.get(), absl::Seconds(2));
   common::LogInfo("coordinator", "stopped");
   return 0;
 }

@@ -9,31 +9,51 @@
 #include "common/server_runner.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "stage_server/device_spec.h"
+#include "stage_server/emulated_shard.h"
+#include "stage_server/registration.h"
+#include "stage_server/stage_runtime.h"
 #include "stage_server/stage_service.h"
 
 int main(int argc, char** argv) {
   using namespace pipetrain;
   common::BlockTerminationSignals();
 
-  std::string listen = "127.0.0.1:0";
-  std::string device = "cpu";
+  std::string listen = "127.0.0.1:0", device = "cpu", coordinator, advertise;
+  int64_t threads = 1, memory_limit = 0;
   bool help = false, version = false;
   common::FlagSet flags(
-      "pipetrain-stage", "[--listen HOST:PORT] [--device cpu|cuda:N|emulated:NAME]",
+      "pipetrain-stage",
+      "[--coordinator HOST:PORT] [--listen HOST:PORT] [--device cpu|cuda:N|emulated:NAME]",
       "Serves one pipeline stage (gRPC service pipetrain.v1.Stage, gRPC health and\n"
-      "reflection) on one device. Runs until SIGINT or SIGTERM. This build checks the\n"
-      "device and serves the API surface only: stage RPCs answer UNIMPLEMENTED until\n"
-      "the executor lands.");
+      "reflection): the coordinator configures it with a shard of the model and drives\n"
+      "its steps; neighbouring stages stream activations and gradients to it directly.\n"
+      "Health of service pipetrain.v1.Stage is NOT_SERVING until a job is configured.\n"
+      "Runs until SIGINT or SIGTERM; without --coordinator it only waits to be driven.");
   flags.AddString("listen", &listen, "address to serve on; port 0 picks a free port",
                   "HOST:PORT");
-  flags.AddString("device", &device, "compute device: cpu, cuda:N or emulated:NAME",
+  flags.AddString("coordinator", &coordinator,
+                  "register with and heartbeat to this coordinator", "HOST:PORT");
+  flags.AddString("advertise", &advertise,
+                  "address other processes use to reach this stage (default: the listen "
+                  "address with the bound port)",
+                  "HOST:PORT");
+  flags.AddString("device", &device,
+                  "compute device: cpu, cuda:N, or emulated:NAME (h100, h200, a100 or a "
+                  "FLOP rate such as 2e12: no arithmetic, each action takes its modelled time)",
                   "DEVICE");
+  flags.AddInt("threads", &threads, "CPU compute threads (OpenBLAS)");
+  flags.AddInt("memory-limit", &memory_limit,
+               "refuse jobs whose weights and optimizer state exceed this many bytes (0: no limit)",
+               "BYTES");
   flags.AddBool("help", &help, "print this help and exit");
   flags.AddBool("version", &version, "print the version and exit");
   auto positionals = flags.Parse(common::Args(argc, argv));
   absl::Status parse_status = positionals.status();
   if (parse_status.ok() && !positionals->empty()) {
     parse_status = absl::InvalidArgumentError("unexpected argument '" + (*positionals)[0] + "'");
+  }
+  if (parse_status.ok() && (threads < 1 || memory_limit < 0)) {
+    parse_status = absl::InvalidArgumentError("--threads must be >= 1 and --memory-limit >= 0");
   }
   if (auto code = common::HandleStandardFlags(flags, parse_status, help, version)) return *code;
 
@@ -47,21 +67,43 @@ int main(int argc, char** argv) {
     std::cerr << "pipetrain-stage: " << spec.status().message() << "\n";
     return 2;
   }
+  pipetrain::v1::DeviceInfo info;
+  info.set_kind(spec->kind == stage_server::DeviceSpec::Kind::kCpu    ? "cpu"
+                : spec->kind == stage_server::DeviceSpec::Kind::kCuda ? "cuda"
+                                                                      : "emulated");
+  info.set_name(spec->ToString());
+  info.set_threads(static_cast<int>(threads));
+  info.set_memory_bytes(memory_limit);
   if (spec->kind == stage_server::DeviceSpec::Kind::kCuda) {
     const common::CudaProbe& probe = common::ProbeCuda();
     if (spec->cuda_index >= static_cast<int>(probe.devices.size())) {
-      std::cerr << "pipetrain-stage: --device " << spec->ToString()
-                << " is not available ("
+      std::cerr << "pipetrain-stage: --device " << spec->ToString() << " is not available ("
                 << (probe.devices.empty() ? probe.reason
                                           : absl::StrCat(probe.devices.size(), " GPU(s) found"))
                 << "); use --device cpu or emulated:NAME on this machine\n";
       return 2;
     }
+    info.set_name(probe.devices[spec->cuda_index].name);
+    if (memory_limit == 0) info.set_memory_bytes(probe.devices[spec->cuda_index].total_memory_bytes);
+  }
+  if (spec->kind == stage_server::DeviceSpec::Kind::kEmulated) {
+    auto emulated = stage_server::EmulatedDeviceByName(spec->emulated);
+    if (!emulated.ok()) {
+      std::cerr << "pipetrain-stage: " << emulated.status().message() << "\n";
+      return 2;
+    }
+    info.set_peak_flops(emulated->flops);
   }
   common::LogInfo("stage", "device " + spec->ToString());
 
+  stage_server::RuntimeOptions options;
+  options.device = *spec;
+  options.threads = static_cast<int>(threads);
+  options.memory_limit_bytes = static_cast<uint64_t>(memory_limit);
+  stage_server::StageRuntime runtime(options);
+  stage_server::StageService service(&runtime);
+
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  stage_server::StageService service;
   grpc::ServerBuilder builder;
   builder.RegisterService(&service);
   auto server = common::StartServer(builder, *address, "stage");
@@ -69,7 +111,18 @@ int main(int argc, char** argv) {
     std::cerr << "pipetrain-stage: " << server.status().message() << "\n";
     return 1;
   }
-  common::WaitForTerminationSignal(server->server.get(), absl::Seconds(5));
+  service.SetServer(server->server.get());
+
+  std::unique_ptr<stage_server::Registration> registration;
+  if (!coordinator.empty()) {
+    pipetrain::v1::RegisterStageRequest request;
+    request.set_address(advertise.empty() ? server->address.ToString() : advertise);
+    *request.mutable_device() = info;
+    registration = std::make_unique<stage_server::Registration>(
+        coordinator, request, [&runtime] { return runtime.Stats().job_id; });
+  }
+  common::WaitForTerminationSignal(server->server.get(), absl::Seconds(2));
+  registration.reset();
   common::LogInfo("stage", "stopped");
   return 0;
 }

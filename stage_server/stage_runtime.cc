@@ -4,7 +4,9 @@
 #include "common/status_macros.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "stage_server/compute/checkpoint.h"
 #include "stage_server/compute/cpu_backend.h"
+#include "stage_server/compute/cuda_backend.h"
 #include "stage_server/emulated_shard.h"
 #include "stage_server/stack_shard.h"
 
@@ -105,11 +107,10 @@ absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config)
     }
   } else {
     if (options_.device.kind == DeviceSpec::Kind::kCuda) {
-      return absl::UnimplementedError(
-          "this stage server runs the cpu and emulated devices; the cuda device is not wired "
-          "into the stage server yet");
+      ASSIGN_OR_RETURN(job->backend, compute::CreateCudaBackend(options_.device.cuda_index));
+    } else {
+      ASSIGN_OR_RETURN(job->backend, compute::CpuBackend::Create(options_.threads));
     }
-    ASSIGN_OR_RETURN(job->backend, compute::CpuBackend::Create(options_.threads));
     for (const auto& [begin, end] : config.chunks) {
       compute::StackOptions so;
       so.recompute = config.recompute;
@@ -241,6 +242,39 @@ absl::StatusOr<std::vector<float>> StageRuntime::GetParam(const std::string& nam
   }
   return absl::NotFoundError(absl::StrCat("parameter ", name, " is not on stage ",
                                           job_->config.stage));
+}
+
+}  // namespace pipetrain::stage_server
+
+namespace pipetrain::stage_server {
+
+absl::StatusOr<std::string> StageRuntime::ExportChunk(const std::string& job_id, int chunk) const {
+  absl::MutexLock lock(&mu_);
+  if (!job_ || job_->config.job_id != job_id) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "export of job '", job_id, "': this stage is configured for ",
+        job_ ? absl::StrCat("job '", job_->config.job_id, "'") : std::string("no job")));
+  }
+  if (job_->emulated) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("export of job '", job_id, "': an emulated stage has no weights"));
+  }
+  if (chunk < 0 || chunk >= static_cast<int>(job_->stacks.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("export of job '", job_id, "': field chunk ",
+                                                   chunk, " is not in [0, ", job_->stacks.size(), ")"));
+  }
+  const compute::LayerStack& stack = job_->stacks[chunk]->stack();
+  compute::Checkpoint ckpt;
+  ckpt.config = stack.config();
+  ckpt.layer_begin = stack.begin();
+  ckpt.layer_end = stack.end();
+  for (const compute::ParamSpec& p : stack.Params()) {
+    ASSIGN_OR_RETURN(std::vector<float> values, stack.GetParam(p.name));
+    ASSIGN_OR_RETURN(common::Tensor t, common::Tensor::Create(common::DType::kF32, p.shape));
+    std::copy(values.begin(), values.end(), t.data<float>().begin());
+    ckpt.params.emplace(p.name, std::move(t));
+  }
+  return compute::SerializeCheckpoint(ckpt);
 }
 
 }  // namespace pipetrain::stage_server

@@ -87,6 +87,8 @@ class StageRuntime {
 
   // Parameters of the configured job by Hugging Face name, for checkpoints and tests.
   absl::StatusOr<std::vector<float>> GetParam(const std::string& name) const;
+  // The weights of model chunk `chunk` as a safetensors checkpoint file's bytes.
+  absl::StatusOr<std::string> ExportChunk(const std::string& job_id, int chunk) const;
 
   LinkAcceptor& acceptor() { return acceptor_; }
   const RuntimeOptions& options() const { return options_; }

@@ -1,12 +1,44 @@
-// The Stage gRPC service. It only translates between proto messages and the stage's
-// domain code; until the executor and peer links exist (issue "Stage server"), every
-// RPC answers UNIMPLEMENTED.
+// The Stage gRPC service: translates proto messages to and from StageRuntime calls
+// and maps statuses; Exchange streams go to the runtime's link acceptor. Health
+// (service "pipetrain.v1.Stage") is NOT_SERVING until a job is configured.
 #pragma once
 
+#include "grpcpp/server.h"
 #include "pipetrain/v1/stage.grpc.pb.h"
+#include "stage_server/stage_runtime.h"
 
 namespace pipetrain::stage_server {
 
-class StageService final : public pipetrain::v1::Stage::Service {};
+class StageService final
+    : public pipetrain::v1::Stage::WithRawCallbackMethod_Exchange<pipetrain::v1::Stage::Service> {
+ public:
+  explicit StageService(StageRuntime* runtime) : runtime_(runtime) {}
+  // Where to report health; set once the server is built.
+  void SetServer(grpc::Server* server);
+
+  grpc::Status Configure(grpc::ServerContext* context,
+                         const pipetrain::v1::ConfigureRequest* request,
+                         pipetrain::v1::ConfigureResponse* response) override;
+  grpc::Status RunStep(grpc::ServerContext* context, const pipetrain::v1::RunStepRequest* request,
+                       pipetrain::v1::RunStepResponse* response) override;
+  grpc::Status ExportShard(grpc::ServerContext* context,
+                           const pipetrain::v1::ExportShardRequest* request,
+                           grpc::ServerWriter<pipetrain::v1::ShardChunk>* writer) override;
+  grpc::Status GetStats(grpc::ServerContext* context, const pipetrain::v1::GetStatsRequest* request,
+                        pipetrain::v1::StageStats* response) override;
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Exchange(
+      grpc::CallbackServerContext* context) override;
+
+  static constexpr char kHealthService[] = "pipetrain.v1.Stage";
+
+ private:
+  StageRuntime* runtime_;
+  grpc::Server* server_ = nullptr;
+};
+
+// Proto -> runtime translation (exposed for tests). Errors name the field.
+absl::StatusOr<JobConfig> JobConfigFromProto(const pipetrain::v1::ConfigureRequest& request);
+absl::StatusOr<StepRequest> StepRequestFromProto(const pipetrain::v1::RunStepRequest& request);
+void StepReportToProto(const StepReport& report, pipetrain::v1::RunStepResponse* response);
 
 }  // namespace pipetrain::stage_server

@@ -1,0 +1,75 @@
+#include "stage_server/registration.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+
+namespace pipetrain::stage_server {
+
+Registration::Registration(std::string coordinator, pipetrain::v1::RegisterStageRequest request,
+                           std::function<std::string()> job_id)
+    : coordinator_(std::move(coordinator)), request_(std::move(request)),
+      job_id_(std::move(job_id)) {
+  stub_ = pipetrain::v1::Coordinator::NewStub(
+      grpc::CreateChannel(coordinator_, grpc::InsecureChannelCredentials()));
+  thread_ = std::thread([this] { Run(); });
+}
+
+Registration::~Registration() {
+  stop_.Notify();
+  thread_.join();
+}
+
+std::string Registration::stage_id() const {
+  absl::MutexLock lock(&mu_);
+  return stage_id_;
+}
+
+void Registration::Run() {
+  absl::Duration interval = absl::Seconds(2);
+  std::string last_problem;
+  auto problem = [&](const std::string& p) {
+    if (p != last_problem) common::LogWarning("stage", p);
+    last_problem = p;
+  };
+  while (!stop_.HasBeenNotified()) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    const std::string id = stage_id();
+    if (id.empty()) {
+      pipetrain::v1::RegisterStageResponse resp;
+      grpc::Status s = stub_->RegisterStage(&ctx, request_, &resp);
+      if (s.ok()) {
+        absl::MutexLock lock(&mu_);
+        stage_id_ = resp.stage_id();
+        if (resp.heartbeat_interval_ms() > 0) {
+          interval = absl::Milliseconds(resp.heartbeat_interval_ms());
+        }
+        common::LogInfo("stage", absl::StrCat("registered with ", coordinator_, " as ",
+                                              resp.stage_id()));
+        last_problem.clear();
+      } else {
+        problem(absl::StrCat("cannot register with the coordinator at ", coordinator_, ": ",
+                             s.error_message(), " (retrying)"));
+      }
+    } else {
+      pipetrain::v1::HeartbeatRequest req;
+      req.set_stage_id(id);
+      req.set_job_id(job_id_());
+      pipetrain::v1::HeartbeatResponse resp;
+      grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
+      if (s.ok() && !resp.known()) {
+        absl::MutexLock lock(&mu_);
+        stage_id_.clear();  // the coordinator restarted or dropped us: register again
+      } else if (!s.ok()) {
+        problem(absl::StrCat("heartbeat to ", coordinator_, " failed: ", s.error_message()));
+      } else {
+        last_problem.clear();
+      }
+    }
+    stop_.WaitForNotificationWithTimeout(interval);
+  }
+}
+
+}  // namespace pipetrain::stage_server

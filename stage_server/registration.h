@@ -1,0 +1,38 @@
+// Keeps a stage server registered with its coordinator: registers (again whenever the
+// coordinator has forgotten it) and heartbeats on a background thread until stopped.
+// Failures are logged when the state changes, not on every attempt.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+#include "pipetrain/v1/coordinator.grpc.pb.h"
+
+namespace pipetrain::stage_server {
+
+class Registration {
+ public:
+  // `job_id` returns the job currently configured (sent with each heartbeat).
+  Registration(std::string coordinator, pipetrain::v1::RegisterStageRequest request,
+               std::function<std::string()> job_id);
+  ~Registration();  // stops the thread
+
+  std::string stage_id() const;
+
+ private:
+  void Run();
+
+  std::string coordinator_;
+  pipetrain::v1::RegisterStageRequest request_;
+  std::function<std::string()> job_id_;
+  std::unique_ptr<pipetrain::v1::Coordinator::Stub> stub_;
+  absl::Notification stop_;
+  mutable absl::Mutex mu_;
+  std::string stage_id_ ABSL_GUARDED_BY(mu_);
+  std::thread thread_;
+};
+
+}  // namespace pipetrain::stage_server

@@ -1,0 +1,171 @@
+#include "stage_server/stage_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/frame_proto.h"
+#include "common/grpc_status.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "grpcpp/health_check_service_interface.h"
+
+namespace pipetrain::stage_server {
+
+namespace pb = ::pipetrain::v1;
+
+absl::StatusOr<JobConfig> JobConfigFromProto(const pb::ConfigureRequest& r) {
+  JobConfig c;
+  c.job_id = r.job_id();
+  c.stage = r.stage();
+  c.num_stages = r.num_stages();
+  ASSIGN_OR_RETURN(c.model, compute::ConfigFromProto(r.model()));
+  std::vector<pb::LayerRange> ranges(r.layers().begin(), r.layers().end());
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    if (ranges[i].chunk() != i) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "field layers[", i, "].chunk is ", ranges[i].chunk(), "; chunks must be listed 0, 1, ..."));
+    }
+    c.chunks.push_back({ranges[i].begin_layer(), ranges[i].end_layer()});
+  }
+  c.seed = r.seed();
+  const pb::OptimizerConfig& o = r.optimizer();
+  c.optimizer.lr = o.lr();
+  // Zero is no sensible value for these, so it means "default" (proto3 has no unset).
+  c.optimizer.beta1 = o.beta1() > 0 ? o.beta1() : 0.9f;
+  c.optimizer.beta2 = o.beta2() > 0 ? o.beta2() : 0.95f;
+  c.optimizer.eps = o.eps() > 0 ? o.eps() : 1e-8f;
+  c.optimizer.weight_decay = o.weight_decay();
+  c.optimizer.grad_clip_norm = o.grad_clip_norm();
+  c.upstream_address = r.upstream_address();
+  c.downstream_address = r.downstream_address();
+  c.recompute = r.recompute() == pb::RECOMPUTE_ALWAYS ||
+                (r.recompute() == pb::RECOMPUTE_EXCEPT_LAST && r.stage() != r.num_stages() - 1);
+  if (r.frame_bytes() > 0) c.frame_bytes = r.frame_bytes();
+  c.micro_batch_size = r.micro_batch_size();
+  c.peer_secret = r.peer_secret();
+  if (r.recv_deadline_ms() > 0) c.recv_timeout = absl::Milliseconds(r.recv_deadline_ms());
+  return c;
+}
+
+absl::StatusOr<StepRequest> StepRequestFromProto(const pb::RunStepRequest& r) {
+  StepRequest s;
+  s.job_id = r.job_id();
+  if (r.step() < 0) return absl::InvalidArgumentError("field step must be >= 0");
+  s.step = r.step();
+  ASSIGN_OR_RETURN(s.program, schedule::FromProto(r.program()));
+  for (int i = 0; i < r.tokens_size(); ++i) {
+    ASSIGN_OR_RETURN(common::Tensor t, common::TensorFromProto(r.tokens(i), absl::StrCat("tokens[", i, "]")));
+    s.inputs.tokens.push_back(std::move(t));
+  }
+  for (int i = 0; i < r.targets_size(); ++i) {
+    ASSIGN_OR_RETURN(common::Tensor t,
+                     common::TensorFromProto(r.targets(i), absl::StrCat("targets[", i, "]")));
+    s.inputs.targets.push_back(std::move(t));
+  }
+  if (r.lr() > 0) s.inputs.lr = r.lr();
+  return s;
+}
+
+void StepReportToProto(const StepReport& report, pb::RunStepResponse* out) {
+  const StepResult& r = report.result;
+  for (float l : r.losses) out->add_losses(l);
+  for (const ActionTiming& t : r.timings) {
+    pb::ActionTiming* p = out->add_timings();
+    *p->mutable_action() = schedule::ActionToProto(t.action);
+    p->set_lane(t.link ? "link" : "compute");
+    p->set_start_us(t.start_us);
+    p->set_end_us(t.end_us);
+    p->set_bytes(t.bytes);
+  }
+  out->set_peak_activation_bytes(r.peak_activation_bytes);
+  out->set_peak_memory_bytes(report.peak_memory_bytes);
+  out->set_bytes_sent(r.bytes_sent);
+  out->set_bytes_received(r.bytes_received);
+  out->set_grad_norm_sq(r.grad_norm_sq);
+  out->set_emulated(report.emulated);
+}
+
+void StageService::SetServer(grpc::Server* server) {
+  server_ = server;
+  if (auto* health = server_->GetHealthCheckService()) {
+    health->SetServingStatus(kHealthService, runtime_->configured());
+  }
+}
+
+grpc::Status StageService::Configure(grpc::ServerContext*, const pb::ConfigureRequest* request,
+                                     pb::ConfigureResponse* response) {
+  auto config = JobConfigFromProto(*request);
+  if (!config.ok()) {
+    return common::ToGrpcStatus(absl::Status(
+        config.status().code(), absl::StrCat("configure job '", request->job_id(), "' stage ",
+                                             request->stage(), ": ", config.status().message())));
+  }
+  auto result = runtime_->Configure(*config);
+  if (server_ && server_->GetHealthCheckService()) {
+    server_->GetHealthCheckService()->SetServingStatus(kHealthService, runtime_->configured());
+  }
+  if (!result.ok()) {
+    common::LogWarning("stage", std::string(result.status().message()));
+    return common::ToGrpcStatus(result.status());
+  }
+  common::LogInfo("stage", absl::StrCat("configured job '", config->job_id, "' stage ",
+                                        config->stage, " of ", config->num_stages));
+  response->set_weight_bytes(result->weight_bytes);
+  response->set_optimizer_bytes(result->optimizer_bytes);
+  return grpc::Status::OK;
+}
+
+grpc::Status StageService::RunStep(grpc::ServerContext*, const pb::RunStepRequest* request,
+                                   pb::RunStepResponse* response) {
+  auto step = StepRequestFromProto(*request);
+  if (!step.ok()) {
+    return common::ToGrpcStatus(absl::Status(
+        step.status().code(), absl::StrCat("step ", request->step(), " of job '",
+                                           request->job_id(), "': ", step.status().message())));
+  }
+  auto report = runtime_->RunStep(std::move(*step));
+  if (!report.ok()) {
+    common::LogWarning("stage", std::string(report.status().message()));
+    return common::ToGrpcStatus(report.status());
+  }
+  response->set_job_id(request->job_id());
+  response->set_step(request->step());
+  StepReportToProto(*report, response);
+  return grpc::Status::OK;
+}
+
+grpc::Status StageService::ExportShard(grpc::ServerContext*, const pb::ExportShardRequest* request,
+                                       grpc::ServerWriter<pb::ShardChunk>* writer) {
+  auto bytes = runtime_->ExportChunk(request->job_id(), static_cast<int>(request->chunk()));
+  if (!bytes.ok()) return common::ToGrpcStatus(bytes.status());
+  constexpr size_t kPiece = size_t{4} << 20;
+  for (size_t offset = 0; offset == 0 || offset < bytes->size(); offset += kPiece) {
+    pb::ShardChunk piece;
+    piece.set_job_id(request->job_id());
+    piece.set_chunk(request->chunk());
+    piece.set_offset(offset);
+    piece.set_total_bytes(bytes->size());
+    piece.set_data(bytes->substr(offset, kPiece));
+    if (!writer->Write(piece)) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the reader went away");
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status StageService::GetStats(grpc::ServerContext*, const pb::GetStatsRequest*,
+                                    pb::StageStats* response) {
+  const RuntimeStats s = runtime_->Stats();
+  response->set_job_id(s.job_id);
+  response->set_memory_used_bytes(s.memory_used_bytes);
+  response->set_memory_limit_bytes(s.memory_limit_bytes);
+  response->set_bytes_sent(s.bytes_sent);
+  response->set_bytes_received(s.bytes_received);
+  response->set_steps_run(s.steps_run);
+  return grpc::Status::OK;
+}
+
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StageService::Exchange(
+    grpc::CallbackServerContext* context) {
+  return runtime_->acceptor().Accept(context);
+}
+
+}  // namespace pipetrain::stage_server

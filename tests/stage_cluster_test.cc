@@ -1,0 +1,308 @@
+// Integration: real pipetrain-stage processes on 127.0.0.1 (port 0), configured from a
+// plan and driven over gRPC without a coordinator. For K = 1, 2, 4, every schedule and
+// every recompute mode, 5 steps give the losses and final weights of the single-stage
+// reference. Faults: a neighbour killed mid-step fails the step with UNAVAILABLE naming
+// it, within the deadline, and the survivor serves the next job; a job over the memory
+// limit is refused before anything is allocated.
+#include <signal.h>
+
+#include <chrono>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/frame_proto.h"
+#include "common/testing/status_matchers.h"
+#include "coordinator/planner/planner.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "pipetrain/v1/stage.grpc.pb.h"
+#include "stage_server/compute/checkpoint.h"
+#include "tests/testing/reference_training.h"
+#include "tests/testing/subprocess.h"
+
+namespace pipetrain {
+namespace {
+
+using ::pipetrain::testing::kBatch;
+using ::pipetrain::testing::kMicroBatches;
+using ::pipetrain::testing::Subprocess;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+namespace pb = ::pipetrain::v1;
+
+constexpr int kSteps = 5;
+
+struct Stage {
+  std::unique_ptr<Subprocess> process;
+  std::string address;
+  std::unique_ptr<pb::Stage::Stub> stub;
+};
+
+Stage StartStage(std::vector<std::string> extra = {}) {
+  std::vector<std::string> argv = {std::string(PIPETRAIN_BIN_DIR) + "/pipetrain-stage",
+                                   "--listen", "127.0.0.1:0", "--device", "cpu"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  Stage s;
+  auto p = Subprocess::Start(argv);
+  EXPECT_TRUE(p.ok()) << p.status();
+  s.process = std::make_unique<Subprocess>(std::move(*p));
+  auto line = s.process->WaitForLine("stage listening on ", 30s);
+  EXPECT_TRUE(line.ok()) << line.status();
+  s.address = line->substr(line->rfind(' ') + 1);
+  s.stub = pb::Stage::NewStub(grpc::CreateChannel(s.address, grpc::InsecureChannelCredentials()));
+  return s;
+}
+
+template <typename Request, typename Response, typename Call>
+grpc::Status Call3(Call call, const Request& req, Response* resp,
+                   std::chrono::seconds deadline = 60s) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + deadline);
+  return call(&ctx, req, resp);
+}
+
+planner::Plan MakeTestPlan(planner::ScheduleKind kind, int K, int v, pb::RecomputeMode mode) {
+  planner::PlanOptions po;
+  po.model = testing::TinyModel();
+  po.stages = K;
+  po.micro_batches = kMicroBatches;
+  po.chunks = v;
+  po.schedule = kind;
+  po.recompute = mode;
+  po.batch_size = kBatch;
+  auto plan = planner::MakePlan(po);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  return *plan;
+}
+
+pb::ConfigureRequest ConfigureFor(const planner::Plan& plan, const std::string& job, int s,
+                                  const std::vector<Stage>& stages) {
+  const int K = plan.options.stages;
+  pb::ConfigureRequest r;
+  r.set_job_id(job);
+  r.set_stage(s);
+  r.set_num_stages(K);
+  *r.mutable_model() = compute::ConfigToProto(plan.options.model);
+  for (size_t c = 0; c < plan.stages[s].layers.size(); ++c) {
+    pb::LayerRange* range = r.add_layers();
+    range->set_chunk(c);
+    range->set_begin_layer(plan.stages[s].layers[c].first);
+    range->set_end_layer(plan.stages[s].layers[c].second);
+  }
+  r.set_seed(testing::kSeed);
+  const stage_server::OptimizerSettings adam = testing::TestAdam();
+  r.mutable_optimizer()->set_lr(adam.lr);
+  r.mutable_optimizer()->set_beta1(adam.beta1);
+  r.mutable_optimizer()->set_beta2(adam.beta2);
+  r.mutable_optimizer()->set_eps(adam.eps);
+  r.mutable_optimizer()->set_weight_decay(adam.weight_decay);
+  if (K > 1) {
+    r.set_upstream_address(stages[(s + K - 1) % K].address);
+    r.set_downstream_address(stages[(s + 1) % K].address);
+  }
+  r.set_recompute(plan.options.recompute);
+  r.set_micro_batch_size(kBatch / kMicroBatches);
+  r.set_peer_secret("secret-" + job);
+  r.set_recv_deadline_ms(20000);
+  r.set_frame_bytes(1000);  // several frames per tensor
+  return r;
+}
+
+// Runs one step on stages [0, K) at once; returns each stage's response status.
+std::vector<grpc::Status> RunStep(const planner::Plan& plan, const std::string& job, int step,
+                                  std::vector<Stage>& stages, std::vector<pb::RunStepResponse>& out) {
+  const int K = plan.options.stages, rows = kBatch / kMicroBatches;
+  const compute::TokenBatch batch = testing::RandomBatch(step);
+  std::vector<grpc::Status> status(K);
+  out.assign(K, {});
+  std::vector<std::thread> threads;
+  for (int s = 0; s < K; ++s) {
+    threads.emplace_back([&, s] {
+      pb::RunStepRequest req;
+      req.set_job_id(job);
+      req.set_step(step);
+      *req.mutable_program() = schedule::ToProto(plan.programs[s]);
+      for (int mb = 0; mb < kMicroBatches; ++mb) {
+        if (s == 0) common::TensorToProto(testing::Rows(batch.inputs, mb, rows), req.add_tokens());
+        if (s == K - 1) common::TensorToProto(testing::Rows(batch.targets, mb, rows), req.add_targets());
+      }
+      status[s] = Call3([&](grpc::ClientContext* c, const pb::RunStepRequest& q, pb::RunStepResponse* r) {
+        return stages[s].stub->RunStep(c, q, r);
+      }, req, &out[s]);
+    });
+  }
+  for (auto& t : threads) t.join();
+  return status;
+}
+
+class StageClusterTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    stages_ = new std::vector<Stage>();
+    for (int i = 0; i < 4; ++i) stages_->push_back(StartStage());
+  }
+  static void TearDownTestSuite() {
+    for (Stage& s : *stages_) {
+      s.process->Signal(SIGTERM);
+      EXPECT_TRUE(s.process->Wait(20s).ok());
+    }
+    delete stages_;
+  }
+  static std::vector<Stage>* stages_;
+};
+std::vector<Stage>* StageClusterTest::stages_ = nullptr;
+
+TEST_F(StageClusterTest, EverySchedulePlanAndRecomputeModeMatchesTheReference) {
+  const testing::Reference& ref = testing::SharedReference(kSteps);
+  const pb::RecomputeMode modes[] = {pb::RECOMPUTE_NEVER, pb::RECOMPUTE_ALWAYS,
+                                     pb::RECOMPUTE_EXCEPT_LAST};
+  int job_number = 0;
+  for (pb::RecomputeMode mode : modes) {
+    for (int K : {1, 2, 4}) {
+      for (auto kind : {planner::ScheduleKind::kGpipe, planner::ScheduleKind::kOneFOneB,
+                        planner::ScheduleKind::kInterleaved, planner::ScheduleKind::kZbH1}) {
+        const int v = kind == planner::ScheduleKind::kInterleaved ? 2 : 1;
+        if (v > 1 && K == 1) continue;
+        const std::string job = absl::StrCat("job-", ++job_number);
+        SCOPED_TRACE(absl::StrCat(job, " ", planner::ScheduleName(kind), " K=", K,
+                                  " recompute=", planner::RecomputeName(mode)));
+        const planner::Plan plan = MakeTestPlan(kind, K, v, mode);
+        for (int s = 0; s < K; ++s) {
+          pb::ConfigureResponse resp;
+          grpc::Status st = Call3([&](grpc::ClientContext* c, const pb::ConfigureRequest& q,
+                                      pb::ConfigureResponse* r) {
+            return (*stages_)[s].stub->Configure(c, q, r);
+          }, ConfigureFor(plan, job, s, *stages_), &resp);
+          ASSERT_TRUE(st.ok()) << st.error_message();
+        }
+        for (int step = 0; step < kSteps; ++step) {
+          std::vector<pb::RunStepResponse> out;
+          auto status = RunStep(plan, job, step, *stages_, out);
+          for (int s = 0; s < K; ++s) ASSERT_TRUE(status[s].ok()) << "stage " << s << ": " << status[s].error_message();
+          double loss = 0;
+          for (float l : out[K - 1].losses()) loss += l;
+          loss /= kMicroBatches;
+          EXPECT_NEAR(loss, ref.losses[step], 1e-5 * ref.losses[step]) << "step " << step;
+          for (int s = 0; s < K; ++s) {
+            EXPECT_EQ(static_cast<double>(out[s].peak_activation_bytes()),
+                      plan.stages[s].peak_activation_bytes) << "stage " << s;
+          }
+        }
+        // Final weights, pulled from every chunk of every stage.
+        int tensors = 0;
+        for (int s = 0; s < K; ++s) {
+          for (size_t c = 0; c < plan.stages[s].layers.size(); ++c) {
+            grpc::ClientContext ctx;
+            pb::ExportShardRequest req;
+            req.set_job_id(job);
+            req.set_chunk(c);
+            auto reader = (*stages_)[s].stub->ExportShard(&ctx, req);
+            std::string bytes;
+            pb::ShardChunk piece;
+            while (reader->Read(&piece)) bytes += piece.data();
+            grpc::Status st = reader->Finish();
+            ASSERT_TRUE(st.ok()) << st.error_message();
+            auto ckpt = compute::ParseCheckpoint(bytes, absl::StrCat("stage ", s, " chunk ", c));
+            ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+            for (const auto& [name, tensor] : ckpt->params) {
+              auto want = ref.model->GetParam(name);
+              ASSERT_TRUE(want.ok()) << name;
+              auto got = tensor.data<float>();
+              EXPECT_LE(testing::RelativeParamError({got.begin(), got.end()}, *want), 1e-5) << name;
+              ++tensors;
+            }
+          }
+        }
+        EXPECT_EQ(tensors, 2 + 12 * testing::TinyModel().n_layers + 3);
+      }
+    }
+  }
+}
+
+TEST(StageFaultTest, AKilledNeighbourFailsTheStepWithUnavailableNotAHang) {
+  std::vector<Stage> stages;
+  stages.push_back(StartStage());
+  stages.push_back(StartStage());
+  const planner::Plan plan = MakeTestPlan(planner::ScheduleKind::kOneFOneB, 2, 1, pb::RECOMPUTE_NEVER);
+  for (int s = 0; s < 2; ++s) {
+    pb::ConfigureResponse resp;
+    grpc::Status st = Call3([&](grpc::ClientContext* c, const pb::ConfigureRequest& q,
+                                pb::ConfigureResponse* r) { return stages[s].stub->Configure(c, q, r); },
+                            ConfigureFor(plan, "fault", s, stages), &resp);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+  }
+  std::vector<pb::RunStepResponse> out;
+  for (const grpc::Status& st : RunStep(plan, "fault", 0, stages, out)) ASSERT_TRUE(st.ok()) << st.error_message();
+
+  // Step 1: stage 1 dies while stage 0 runs its program.
+  pb::RunStepRequest req;
+  req.set_job_id("fault");
+  req.set_step(1);
+  *req.mutable_program() = schedule::ToProto(plan.programs[0]);
+  const compute::TokenBatch batch = testing::RandomBatch(1);
+  for (int mb = 0; mb < kMicroBatches; ++mb) {
+    common::TensorToProto(testing::Rows(batch.inputs, mb, kBatch / kMicroBatches), req.add_tokens());
+  }
+  std::thread killer([&] {
+    std::this_thread::sleep_for(300ms);
+    stages[1].process->Signal(SIGKILL);
+  });
+  const auto start = std::chrono::steady_clock::now();
+  pb::RunStepResponse resp;
+  grpc::Status st = Call3([&](grpc::ClientContext* c, const pb::RunStepRequest& q, pb::RunStepResponse* r) {
+    return stages[0].stub->RunStep(c, q, r);
+  }, req, &resp);
+  killer.join();
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::UNAVAILABLE) << st.error_message();
+  EXPECT_THAT(st.error_message(), AllOf(HasSubstr("stage 1"), HasSubstr("step 1"), HasSubstr("micro-batch")));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 15s) << "failed well within the 20 s deadline";
+
+  // The survivor stays healthy and runs the next job alone.
+  const planner::Plan solo = MakeTestPlan(planner::ScheduleKind::kOneFOneB, 1, 1, pb::RECOMPUTE_NEVER);
+  pb::ConfigureResponse cresp;
+  st = Call3([&](grpc::ClientContext* c, const pb::ConfigureRequest& q, pb::ConfigureResponse* r) {
+    return stages[0].stub->Configure(c, q, r);
+  }, ConfigureFor(solo, "after-fault", 0, stages), &cresp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  std::vector<Stage> one;
+  one.push_back(std::move(stages[0]));
+  for (const grpc::Status& s : RunStep(solo, "after-fault", 0, one, out)) EXPECT_TRUE(s.ok()) << s.error_message();
+  one[0].process->Signal(SIGTERM);
+  EXPECT_TRUE(one[0].process->Wait(20s).ok());
+}
+
+TEST(StageFaultTest, ConfigureOverTheMemoryLimitIsRefusedBeforeAllocation) {
+  Stage stage = StartStage({"--memory-limit", "100000"});
+  const planner::Plan plan = MakeTestPlan(planner::ScheduleKind::kOneFOneB, 1, 1, pb::RECOMPUTE_NEVER);
+  pb::ConfigureResponse resp;
+  std::vector<Stage> stages;
+  stages.push_back(std::move(stage));
+  grpc::Status st = Call3([&](grpc::ClientContext* c, const pb::ConfigureRequest& q, pb::ConfigureResponse* r) {
+    return stages[0].stub->Configure(c, q, r);
+  }, ConfigureFor(plan, "too-big", 0, stages), &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(st.error_message(), AllOf(HasSubstr("needs"), HasSubstr("100000"), HasSubstr("--memory-limit")));
+  // Nothing was configured: a step is refused, and stats show no job.
+  pb::StageStats stats;
+  st = Call3([&](grpc::ClientContext* c, const pb::GetStatsRequest& q, pb::StageStats* r) {
+    return stages[0].stub->GetStats(c, q, r);
+  }, pb::GetStatsRequest(), &stats);
+  ASSERT_TRUE(st.ok());
+  EXPECT_EQ(stats.job_id(), "");
+  // Bad input changes nothing and the server keeps serving: a malformed configure.
+  pb::ConfigureRequest bad = ConfigureFor(plan, "bad", 0, stages);
+  bad.mutable_layers(0)->set_end_layer(99);
+  st = Call3([&](grpc::ClientContext* c, const pb::ConfigureRequest& q, pb::ConfigureResponse* r) {
+    return stages[0].stub->Configure(c, q, r);
+  }, bad, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(st.error_message(), HasSubstr("layers[0]"));
+  stages[0].process->Signal(SIGTERM);
+  EXPECT_TRUE(stages[0].process->Wait(20s).ok());
+}
+
+}  // namespace
+}  // namespace pipetrain

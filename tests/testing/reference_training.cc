@@ -1,0 +1,86 @@
+#include "tests/testing/reference_training.h"
+
+#include <cmath>
+#include <map>
+#include <random>
+
+#include "gtest/gtest.h"
+
+namespace pipetrain::testing {
+
+compute::GptConfig TinyModel() { return {64, 8, 16, 2, 6}; }
+
+stage_server::OptimizerSettings TestAdam() {
+  stage_server::OptimizerSettings o;
+  o.lr = 1e-2f;
+  o.beta1 = 0.9f;
+  o.beta2 = 0.95f;
+  o.eps = 1e-8f;
+  o.weight_decay = 0.1f;
+  return o;
+}
+
+compute::TokenBatch RandomBatch(int step) {
+  std::mt19937 rng(1000 + step);
+  compute::TokenBatch b;
+  b.rows = kBatch;
+  for (int i = 0; i < kBatch * TinyModel().seq_len; ++i) {
+    b.inputs.push_back(rng() % TinyModel().vocab_size);
+    b.targets.push_back(rng() % TinyModel().vocab_size);
+  }
+  return b;
+}
+
+common::Tensor Rows(const std::vector<int32_t>& all, int mb, int rows) {
+  const int T = TinyModel().seq_len;
+  common::Tensor t = *common::Tensor::Create(common::DType::kI32, {rows, T});
+  std::copy(all.begin() + mb * rows * T, all.begin() + (mb + 1) * rows * T,
+            t.data<int32_t>().begin());
+  return t;
+}
+
+namespace {
+
+Reference Train(int steps) {
+  Reference r;
+  r.backend = *compute::CpuBackend::Create(1);
+  r.model = *compute::LayerStack::Create(TinyModel(), 0, TinyModel().num_pipeline_layers(),
+                                         r.backend.get());
+  EXPECT_TRUE(r.model->Initialize(kSeed).ok());
+  const stage_server::OptimizerSettings o = TestAdam();
+  compute::AdamWOptions adam;
+  adam.lr = o.lr;
+  adam.beta1 = o.beta1;
+  adam.beta2 = o.beta2;
+  adam.eps = o.eps;
+  adam.weight_decay = o.weight_decay;
+  for (int step = 0; step < steps; ++step) {
+    EXPECT_TRUE(r.model->ZeroGrads().ok());
+    auto loss = compute::LossAndGrads(*r.model, RandomBatch(step), kMicroBatches);
+    EXPECT_TRUE(loss.ok()) << loss.status();
+    r.losses.push_back(*loss);
+    EXPECT_TRUE(r.model->OptimizerStep(adam).ok());
+  }
+  return r;
+}
+
+}  // namespace
+
+const Reference& SharedReference(int steps) {
+  static auto* by_steps = new std::map<int, Reference>();
+  auto it = by_steps->find(steps);
+  if (it == by_steps->end()) it = by_steps->emplace(steps, Train(steps)).first;
+  return it->second;
+}
+
+double RelativeParamError(const std::vector<float>& got, const std::vector<float>& want) {
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    diff += std::pow(double{got[i]} - want[i], 2);
+    norm += std::pow(double{want[i]}, 2);
+  }
+  if (got.size() != want.size()) return INFINITY;
+  return std::sqrt(diff) / (std::sqrt(norm) + 1e-30);
+}
+
+}  // namespace pipetrain::testing

@@ -1,0 +1,37 @@
+// The single-stage reference every pipeline test compares against: a tiny GPT, its
+// deterministic random batches, and the whole model trained on one layer stack with
+// the same AdamW settings the pipelines use.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "common/tensor.h"
+#include "stage_server/compute/cpu_backend.h"
+#include "stage_server/compute/layer_stack.h"
+#include "stage_server/compute/trainer.h"
+#include "stage_server/shard_compute.h"
+
+namespace pipetrain::testing {
+
+inline constexpr int kBatch = 8, kMicroBatches = 4;
+inline constexpr uint64_t kSeed = 17;
+
+compute::GptConfig TinyModel();  // 8 pipeline layers
+stage_server::OptimizerSettings TestAdam();
+compute::TokenBatch RandomBatch(int step);  // kBatch rows of random tokens
+// Rows [mb * rows, (mb + 1) * rows) of a (kBatch, T) token array as a (rows, T) tensor.
+common::Tensor Rows(const std::vector<int32_t>& all, int mb, int rows);
+
+struct Reference {
+  std::unique_ptr<compute::CpuBackend> backend;
+  std::unique_ptr<compute::LayerStack> model;
+  std::vector<double> losses;  // per step
+};
+// Trained once per process for `steps` steps, kMicroBatches micro-batches each.
+const Reference& SharedReference(int steps);
+
+// Relative L2 distance between a stack's parameter and the reference's.
+double RelativeParamError(const std::vector<float>& got, const std::vector<float>& want);
+
+}  // namespace pipetrain::testing
