@@ -2,6 +2,7 @@
 
 #include "bench/benchmark.h"
 #include "bench/codec_bench.h"
+#include "bench/executor_bench.h"
 #include "bench/link_bench.h"
 #include "bench/compute_bench.h"
 #include "bench/cuda_bench.h"
@@ -14,6 +15,10 @@ const std::vector<Benchmark>& AllBenchmarks() {
        "tensor codec: encode + reassemble a 64 MiB tensor vs one memcpy (ratio, lower is "
        "better, 1.0 = memcpy speed)",
        RunCodecBench},
+      {"executor",
+       "executor overhead: 4 emulated stages over real links, 1F1B step time vs the "
+       "planner's simulated step (ratio, lower is better, 1.0 = no overhead)",
+       RunExecutorBench},
       {"link",
        "peer link: 16 MiB activations stage to stage over gRPC on loopback vs raw TCP "
        "(ratio, higher is better, 1.0 = raw TCP speed)",
