@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "pipetrain/v1/stage.grpc.pb.h"
 #include "stage_server/compute/checkpoint.h"
 #include "tests/testing/reference_training.h"
@@ -272,6 +273,34 @@ TEST(StageFaultTest, AKilledNeighbourFailsTheStepWithUnavailableNotAHang) {
   for (const grpc::Status& s : RunStep(solo, "after-fault", 0, one, out)) EXPECT_TRUE(s.ok()) << s.error_message();
   one[0].process->Signal(SIGTERM);
   EXPECT_TRUE(one[0].process->Wait(20s).ok());
+}
+
+grpc::health::v1::HealthCheckResponse::ServingStatus Health(const Stage& stage) {
+  auto stub = grpc::health::v1::Health::NewStub(
+      grpc::CreateChannel(stage.address, grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+  grpc::health::v1::HealthCheckRequest req;
+  req.set_service("pipetrain.v1.Stage");
+  grpc::health::v1::HealthCheckResponse resp;
+  grpc::Status st = stub->Check(&ctx, req, &resp);
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  return resp.status();
+}
+
+TEST(StageFaultTest, HealthIsNotServingUntilConfigured) {
+  std::vector<Stage> stages;
+  stages.push_back(StartStage());
+  EXPECT_EQ(Health(stages[0]), grpc::health::v1::HealthCheckResponse::NOT_SERVING);
+  const planner::Plan plan = MakeTestPlan(planner::ScheduleKind::kGpipe, 1, 1, pb::RECOMPUTE_NEVER);
+  pb::ConfigureResponse resp;
+  grpc::Status st = Call3([&](grpc::ClientContext* c, const pb::ConfigureRequest& q, pb::ConfigureResponse* r) {
+    return stages[0].stub->Configure(c, q, r);
+  }, ConfigureFor(plan, "healthy", 0, stages), &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(Health(stages[0]), grpc::health::v1::HealthCheckResponse::SERVING);
+  stages[0].process->Signal(SIGTERM);
+  EXPECT_TRUE(stages[0].process->Wait(20s).ok());
 }
 
 TEST(StageFaultTest, ConfigureOverTheMemoryLimitIsRefusedBeforeAllocation) {
