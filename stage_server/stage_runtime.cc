@@ -6,6 +6,7 @@
 #include "grpcpp/security/credentials.h"
 #include "stage_server/compute/checkpoint.h"
 #include "stage_server/compute/cpu_backend.h"
+#include "stage_server/compute/stack_checkpoint.h"
 #include "stage_server/compute/cuda_backend.h"
 #include "stage_server/emulated_shard.h"
 #include "stage_server/stack_shard.h"
@@ -248,33 +249,42 @@ absl::StatusOr<std::vector<float>> StageRuntime::GetParam(const std::string& nam
 
 namespace pipetrain::stage_server {
 
-absl::StatusOr<std::string> StageRuntime::ExportChunk(const std::string& job_id, int chunk) const {
-  absl::MutexLock lock(&mu_);
+absl::StatusOr<StackShard*> StageRuntime::ChunkOf(const std::string& job_id, int chunk,
+                                                  const char* what) const {
   if (!job_ || job_->config.job_id != job_id) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "export of job '", job_id, "': this stage is configured for ",
+        what, " of job '", job_id, "': this stage is configured for ",
         job_ ? absl::StrCat("job '", job_->config.job_id, "'") : std::string("no job")));
   }
   if (job_->emulated) {
     return absl::FailedPreconditionError(
-        absl::StrCat("export of job '", job_id, "': an emulated stage has no weights"));
+        absl::StrCat(what, " of job '", job_id, "': an emulated stage has no weights"));
   }
   if (chunk < 0 || chunk >= static_cast<int>(job_->stacks.size())) {
-    return absl::InvalidArgumentError(absl::StrCat("export of job '", job_id, "': field chunk ",
+    return absl::InvalidArgumentError(absl::StrCat(what, " of job '", job_id, "': field chunk ",
                                                    chunk, " is not in [0, ", job_->stacks.size(), ")"));
   }
-  const compute::LayerStack& stack = job_->stacks[chunk]->stack();
-  compute::Checkpoint ckpt;
-  ckpt.config = stack.config();
-  ckpt.layer_begin = stack.begin();
-  ckpt.layer_end = stack.end();
-  for (const compute::ParamSpec& p : stack.Params()) {
-    ASSIGN_OR_RETURN(std::vector<float> values, stack.GetParam(p.name));
-    ASSIGN_OR_RETURN(common::Tensor t, common::Tensor::Create(common::DType::kF32, p.shape));
-    std::copy(values.begin(), values.end(), t.data<float>().begin());
-    ckpt.params.emplace(p.name, std::move(t));
-  }
+  return job_->stacks[chunk];
+}
+
+absl::StatusOr<std::string> StageRuntime::ExportChunk(const std::string& job_id, int chunk) const {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(StackShard * shard, ChunkOf(job_id, chunk, "export"));
+  ASSIGN_OR_RETURN(compute::Checkpoint ckpt,
+                   compute::CheckpointOfStack(shard->stack(), /*with_optimizer=*/true));
   return compute::SerializeCheckpoint(ckpt);
 }
+
+absl::Status StageRuntime::ImportChunk(const std::string& job_id, int chunk,
+                                       const std::string& bytes) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(StackShard * shard, ChunkOf(job_id, chunk, "import"));
+  const std::string source = absl::StrCat("shard of job '", job_id, "' chunk ", chunk);
+  ASSIGN_OR_RETURN(compute::Checkpoint ckpt, compute::ParseCheckpoint(bytes, source));
+  absl::Status s = compute::RestoreStack(ckpt, shard->stack());
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat(source, ": ", s.message()));
+  return absl::OkStatus();
+}
+
 
 }  // namespace pipetrain::stage_server

@@ -19,6 +19,7 @@
 #include "stage_server/device_spec.h"
 #include "stage_server/executor.h"
 #include "stage_server/peer_link.h"
+#include "stage_server/stack_shard.h"
 
 namespace pipetrain::stage_server {
 
@@ -87,8 +88,10 @@ class StageRuntime {
 
   // Parameters of the configured job by Hugging Face name, for checkpoints and tests.
   absl::StatusOr<std::vector<float>> GetParam(const std::string& name) const;
-  // The weights of model chunk `chunk` as a safetensors checkpoint file's bytes.
+  // Model chunk `chunk` (weights, AdamW moments and step) as a safetensors checkpoint
+  // file's bytes, and back. Import checks names, shapes and the layer range first.
   absl::StatusOr<std::string> ExportChunk(const std::string& job_id, int chunk) const;
+  absl::Status ImportChunk(const std::string& job_id, int chunk, const std::string& bytes);
 
   LinkAcceptor& acceptor() { return acceptor_; }
   const RuntimeOptions& options() const { return options_; }
@@ -100,6 +103,8 @@ class StageRuntime {
   struct Job;
   absl::Status ValidateConfig(const JobConfig& config) const;
   absl::Status EnsureLinks(Job& job);
+  absl::StatusOr<StackShard*> ChunkOf(const std::string& job_id, int chunk, const char* what) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const RuntimeOptions options_;
   LinkAcceptor acceptor_;

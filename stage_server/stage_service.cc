@@ -151,6 +151,48 @@ grpc::Status StageService::ExportShard(grpc::ServerContext*, const pb::ExportSha
   return grpc::Status::OK;
 }
 
+grpc::Status StageService::ImportShard(grpc::ServerContext*,
+                                       grpc::ServerReader<pb::ShardChunk>* reader,
+                                       pb::ImportShardResponse* response) {
+  pb::ShardChunk piece;
+  std::string bytes, job_id;
+  uint32_t chunk = 0;
+  uint64_t total = 0;
+  bool first = true;
+  while (reader->Read(&piece)) {
+    if (first) {
+      job_id = piece.job_id();
+      chunk = piece.chunk();
+      total = piece.total_bytes();
+      // Refused before buffering: a shard can be no larger than what a stage may hold.
+      if (total > (uint64_t{64} << 30)) {
+        return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                            absl::StrCat("import: field total_bytes ", total, " is too large"));
+      }
+      bytes.reserve(total);
+      first = false;
+    }
+    if (piece.job_id() != job_id || piece.chunk() != chunk || piece.total_bytes() != total ||
+        piece.offset() != bytes.size() || bytes.size() + piece.data().size() > total) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("import of job '", job_id, "' chunk ", chunk,
+                                       ": piece at offset ", piece.offset(),
+                                       " does not continue the shard (expected offset ",
+                                       bytes.size(), " of ", total, " bytes, same job and chunk)"));
+    }
+    bytes += piece.data();
+  }
+  if (first || bytes.size() != total) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("import of job '", job_id, "': the stream ended after ",
+                                     bytes.size(), " of ", total, " bytes"));
+  }
+  absl::Status s = runtime_->ImportChunk(job_id, static_cast<int>(chunk), bytes);
+  if (!s.ok()) return common::ToGrpcStatus(s);
+  response->set_bytes(bytes.size());
+  return grpc::Status::OK;
+}
+
 grpc::Status StageService::GetStats(grpc::ServerContext*, const pb::GetStatsRequest*,
                                     pb::StageStats* response) {
   const RuntimeStats s = runtime_->Stats();

@@ -24,6 +24,9 @@ class StageService final
   grpc::Status ExportShard(grpc::ServerContext* context,
                            const pipetrain::v1::ExportShardRequest* request,
                            grpc::ServerWriter<pipetrain::v1::ShardChunk>* writer) override;
+  grpc::Status ImportShard(grpc::ServerContext* context,
+                           grpc::ServerReader<pipetrain::v1::ShardChunk>* reader,
+                           pipetrain::v1::ImportShardResponse* response) override;
   grpc::Status GetStats(grpc::ServerContext* context, const pipetrain::v1::GetStatsRequest* request,
                         pipetrain::v1::StageStats* response) override;
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Exchange(

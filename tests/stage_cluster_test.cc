@@ -139,6 +139,38 @@ std::vector<grpc::Status> RunStep(const planner::Plan& plan, const std::string& 
   return status;
 }
 
+std::string Export(Stage& stage, const std::string& job, int chunk) {
+  grpc::ClientContext ctx;
+  pb::ExportShardRequest req;
+  req.set_job_id(job);
+  req.set_chunk(chunk);
+  auto reader = stage.stub->ExportShard(&ctx, req);
+  std::string bytes;
+  pb::ShardChunk piece;
+  while (reader->Read(&piece)) bytes += piece.data();
+  grpc::Status st = reader->Finish();
+  EXPECT_TRUE(st.ok()) << st.error_message();
+  return bytes;
+}
+
+grpc::Status Import(Stage& stage, const std::string& job, int chunk, const std::string& bytes) {
+  grpc::ClientContext ctx;
+  pb::ImportShardResponse resp;
+  auto writer = stage.stub->ImportShard(&ctx, &resp);
+  constexpr size_t kPiece = 10000;  // several pieces
+  for (size_t at = 0; at < bytes.size(); at += kPiece) {
+    pb::ShardChunk piece;
+    piece.set_job_id(job);
+    piece.set_chunk(chunk);
+    piece.set_offset(at);
+    piece.set_total_bytes(bytes.size());
+    piece.set_data(bytes.substr(at, kPiece));
+    if (!writer->Write(piece)) break;
+  }
+  writer->WritesDone();
+  return writer->Finish();
+}
+
 class StageClusterTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -196,16 +228,7 @@ TEST_F(StageClusterTest, EverySchedulePlanAndRecomputeModeMatchesTheReference) {
         int tensors = 0;
         for (int s = 0; s < K; ++s) {
           for (size_t c = 0; c < plan.stages[s].layers.size(); ++c) {
-            grpc::ClientContext ctx;
-            pb::ExportShardRequest req;
-            req.set_job_id(job);
-            req.set_chunk(c);
-            auto reader = (*stages_)[s].stub->ExportShard(&ctx, req);
-            std::string bytes;
-            pb::ShardChunk piece;
-            while (reader->Read(&piece)) bytes += piece.data();
-            grpc::Status st = reader->Finish();
-            ASSERT_TRUE(st.ok()) << st.error_message();
+            const std::string bytes = Export((*stages_)[s], job, c);
             auto ckpt = compute::ParseCheckpoint(bytes, absl::StrCat("stage ", s, " chunk ", c));
             ASSERT_TRUE(ckpt.ok()) << ckpt.status();
             for (const auto& [name, tensor] : ckpt->params) {
@@ -273,6 +296,49 @@ TEST(StageFaultTest, AKilledNeighbourFailsTheStepWithUnavailableNotAHang) {
   for (const grpc::Status& s : RunStep(solo, "after-fault", 0, one, out)) EXPECT_TRUE(s.ok()) << s.error_message();
   one[0].process->Signal(SIGTERM);
   EXPECT_TRUE(one[0].process->Wait(20s).ok());
+}
+
+TEST(StageFaultTest, ShardsExportAndImportWithOptimizerStateToResumeExactly) {
+  std::vector<Stage> stages;
+  stages.push_back(StartStage());
+  stages.push_back(StartStage());
+  const planner::Plan plan = MakeTestPlan(planner::ScheduleKind::kOneFOneB, 2, 1, pb::RECOMPUTE_NEVER);
+  auto configure = [&](const std::string& job, uint64_t seed) {
+    for (int s = 0; s < 2; ++s) {
+      pb::ConfigureRequest req = ConfigureFor(plan, job, s, stages);
+      req.set_seed(seed);
+      pb::ConfigureResponse resp;
+      grpc::Status st = Call3([&](grpc::ClientContext* c, const pb::ConfigureRequest& q,
+                                  pb::ConfigureResponse* r) { return stages[s].stub->Configure(c, q, r); },
+                              req, &resp);
+      ASSERT_TRUE(st.ok()) << st.error_message();
+    }
+  };
+  configure("first", testing::kSeed);
+  std::vector<pb::RunStepResponse> out;
+  for (int step = 0; step < 2; ++step) {
+    for (const grpc::Status& st : RunStep(plan, "first", step, stages, out)) ASSERT_TRUE(st.ok());
+  }
+  const std::string shard0 = Export(stages[0], "first", 0), shard1 = Export(stages[1], "first", 0);
+  ASSERT_FALSE(shard0.empty());
+
+  // A fresh job with other weights takes the shards and continues where the first left.
+  configure("resumed", 999);
+  EXPECT_EQ(Import(stages[1], "resumed", 0, shard0).error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+      << "stage 0's layers do not fit stage 1";
+  grpc::Status imported = Import(stages[0], "resumed", 0, shard0);
+  ASSERT_TRUE(imported.ok()) << imported.error_message() << stages[0].process->stderr_text();
+  ASSERT_TRUE(Import(stages[1], "resumed", 0, shard1).ok());
+  for (const grpc::Status& st : RunStep(plan, "resumed", 2, stages, out)) ASSERT_TRUE(st.ok()) << st.error_message();
+  double loss = 0;
+  for (float l : out[1].losses()) loss += l;
+  loss /= kMicroBatches;
+  const testing::Reference& ref = testing::SharedReference(kSteps);
+  EXPECT_NEAR(loss, ref.losses[2], 1e-5 * ref.losses[2]) << "the third step after a restore";
+  for (Stage& s : stages) {
+    s.process->Signal(SIGTERM);
+    EXPECT_TRUE(s.process->Wait(20s).ok());
+  }
 }
 
 grpc::health::v1::HealthCheckResponse::ServingStatus Health(const Stage& stage) {

@@ -62,13 +62,18 @@ absl::Status PipelineLayer<Real>::Backward(Stash<Real>& stash, const Real* grad_
 }
 
 template <typename Real>
+absl::Status PipelineLayer<Real>::EnsureOptimizerState() {
+  if (!adam_m_.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(adam_m_, BackendBuffer<Real>::Zeros(backend_, num_params_));
+  ASSIGN_OR_RETURN(adam_v_, BackendBuffer<Real>::Zeros(backend_, num_params_));
+  return absl::OkStatus();
+}
+
+template <typename Real>
 absl::Status PipelineLayer<Real>::AdamWStep(float lr, float beta1, float beta2, float eps,
                                             float weight_decay, int step,
                                             Real grad_scale) {
-  if (adam_m_.empty()) {
-    ASSIGN_OR_RETURN(adam_m_, BackendBuffer<Real>::Zeros(backend_, num_params_));
-    ASSIGN_OR_RETURN(adam_v_, BackendBuffer<Real>::Zeros(backend_, num_params_));
-  }
+  RETURN_IF_ERROR(EnsureOptimizerState());
   if (grad_scale != Real{1}) {
     RETURN_IF_ERROR(backend_->Scale(num_params_, grad_scale, grads_.data()));
   }

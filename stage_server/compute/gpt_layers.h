@@ -78,6 +78,12 @@ class PipelineLayer {
   Real* grad(int i) const { return grads_.data() + offsets_[i]; }
   Real* all_params() const { return params_.data(); }  // (num_params)
   Real* all_grads() const { return grads_.data(); }    // (num_params)
+  // AdamW's first and second moments of parameter i (checkpoints carry them). They
+  // exist from the first optimizer step on, or after EnsureOptimizerState.
+  bool has_optimizer_state() const { return !adam_m_.empty(); }
+  absl::Status EnsureOptimizerState();  // zeroed moments if there are none yet
+  Real* adam_m(int i) const { return adam_m_.data() + offsets_[i]; }
+  Real* adam_v(int i) const { return adam_v_.data() + offsets_[i]; }
 
   // Sets the parameters to InitLayerParams(config, index, seed) and zeroes gradients
   // and optimizer state.

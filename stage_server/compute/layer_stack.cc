@@ -254,27 +254,43 @@ absl::StatusOr<std::pair<PipelineLayer<Real>*, int>> LayerStackT<Real>::FindPara
 }
 
 template <typename Real>
+Real* LayerStackT<Real>::Address(const PipelineLayer<Real>& layer, int i, Field field) {
+  switch (field) {
+    case Field::kParam: return layer.param(i);
+    case Field::kGrad: return layer.grad(i);
+    case Field::kAdamM: return layer.adam_m(i);
+    case Field::kAdamV: return layer.adam_v(i);
+  }
+  return nullptr;
+}
+
+template <typename Real>
 absl::StatusOr<std::vector<Real>> LayerStackT<Real>::CopyOut(absl::string_view name,
-                                                             bool grad) const {
+                                                             Field field) const {
   ASSIGN_OR_RETURN(auto found, FindParam(name));
   auto [layer, i] = found;
   std::vector<Real> out(layer->specs()[i].num_elements());
-  RETURN_IF_ERROR(backend_->CopyToHost(
-      out.data(), grad ? layer->grad(i) : layer->param(i), out.size() * sizeof(Real)));
+  const bool moment = field == Field::kAdamM || field == Field::kAdamV;
+  if (moment && !layer->has_optimizer_state()) return out;  // no step yet: zeros
+  RETURN_IF_ERROR(backend_->CopyToHost(out.data(), Address(*layer, i, field),
+                                       out.size() * sizeof(Real)));
   return out;
 }
 
 template <typename Real>
-absl::Status LayerStackT<Real>::SetParam(absl::string_view name,
-                                         const std::vector<Real>& values) {
+absl::Status LayerStackT<Real>::CopyIn(absl::string_view name, Field field,
+                                       const std::vector<Real>& values) {
   ASSIGN_OR_RETURN(auto found, FindParam(name));
   const ParamSpec& spec = found.first->specs()[found.second];
+  if (field == Field::kAdamM || field == Field::kAdamV) {
+    RETURN_IF_ERROR(found.first->EnsureOptimizerState());
+  }
   if (static_cast<int64_t>(values.size()) != spec.num_elements()) {
     return absl::InvalidArgumentError(absl::StrCat("parameter \"", name, "\" has ",
                                                    spec.num_elements(), " elements, got ",
                                                    values.size()));
   }
-  return backend_->CopyFromHost(found.first->param(found.second), values.data(),
+  return backend_->CopyFromHost(Address(*found.first, found.second, field), values.data(),
                                 values.size() * sizeof(Real));
 }
 

@@ -105,13 +105,26 @@ class LayerStackT {
   std::vector<ParamSpec> Params() const;  // RangeParams(config, begin, end)
   int64_t NumParams() const;
   // Host copies, by Hugging Face name; NotFound names the stack's range.
+  enum class Field { kParam, kGrad, kAdamM, kAdamV };
   absl::StatusOr<std::vector<Real>> GetParam(absl::string_view name) const {
-    return CopyOut(name, /*grad=*/false);
+    return CopyOut(name, Field::kParam);
   }
   absl::StatusOr<std::vector<Real>> GetGrad(absl::string_view name) const {
-    return CopyOut(name, /*grad=*/true);
+    return CopyOut(name, Field::kGrad);
   }
-  absl::Status SetParam(absl::string_view name, const std::vector<Real>& values);
+  absl::Status SetParam(absl::string_view name, const std::vector<Real>& values) {
+    return CopyIn(name, Field::kParam, values);
+  }
+  // AdamW state, for checkpoints: the two moments of a parameter and the step count.
+  absl::StatusOr<std::vector<Real>> GetOptimizerMoment(absl::string_view name,
+                                                       bool second) const {
+    return CopyOut(name, second ? Field::kAdamV : Field::kAdamM);
+  }
+  absl::Status SetOptimizerMoment(absl::string_view name, bool second,
+                                  const std::vector<Real>& values) {
+    return CopyIn(name, second ? Field::kAdamV : Field::kAdamM, values);
+  }
+  void set_step(int step) { step_ = step; }
   absl::Status ZeroGrads();
   // Sum of squares of every gradient in this stack (add across stages, then sqrt, for
   // the global norm).
@@ -151,7 +164,9 @@ class LayerStackT {
   absl::StatusOr<std::pair<PipelineLayer<Real>*, int>> FindParam(
       absl::string_view name) const;
   void NotePeak();
-  absl::StatusOr<std::vector<Real>> CopyOut(absl::string_view name, bool grad) const;
+  absl::StatusOr<std::vector<Real>> CopyOut(absl::string_view name, Field field) const;
+  absl::Status CopyIn(absl::string_view name, Field field, const std::vector<Real>& values);
+  static Real* Address(const PipelineLayer<Real>& layer, int i, Field field);
 
   GptConfig config_;
   int begin_, end_;

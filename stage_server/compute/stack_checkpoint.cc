@@ -1,0 +1,61 @@
+#include "stage_server/compute/stack_checkpoint.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace pipetrain::compute {
+namespace {
+
+absl::StatusOr<common::Tensor> ToTensor(const ParamSpec& spec, const std::vector<float>& v) {
+  ASSIGN_OR_RETURN(common::Tensor t, common::Tensor::Create(common::DType::kF32, spec.shape));
+  std::copy(v.begin(), v.end(), t.data<float>().begin());
+  return t;
+}
+
+std::vector<float> Values(const common::Tensor& t) {
+  auto d = t.data<float>();
+  return {d.begin(), d.end()};
+}
+
+}  // namespace
+
+absl::StatusOr<Checkpoint> CheckpointOfStack(const LayerStack& stack, bool with_optimizer) {
+  Checkpoint c;
+  c.config = stack.config();
+  c.layer_begin = stack.begin();
+  c.layer_end = stack.end();
+  if (with_optimizer) c.optimizer.emplace().step = stack.step();
+  for (const ParamSpec& p : stack.Params()) {
+    ASSIGN_OR_RETURN(std::vector<float> v, stack.GetParam(p.name));
+    ASSIGN_OR_RETURN(c.params[p.name], ToTensor(p, v));
+    if (!with_optimizer) continue;
+    ASSIGN_OR_RETURN(std::vector<float> m, stack.GetOptimizerMoment(p.name, false));
+    ASSIGN_OR_RETURN(c.optimizer->m[p.name], ToTensor(p, m));
+    ASSIGN_OR_RETURN(std::vector<float> s, stack.GetOptimizerMoment(p.name, true));
+    ASSIGN_OR_RETURN(c.optimizer->v[p.name], ToTensor(p, s));
+  }
+  return c;
+}
+
+absl::Status RestoreStack(const Checkpoint& c, LayerStack& stack) {
+  if (!(c.config == stack.config()) || c.layer_begin != stack.begin() ||
+      c.layer_end != stack.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the checkpoint holds pipeline layers [", c.layer_begin, ", ", c.layer_end,
+        ") of its model, this stage layers [", stack.begin(), ", ", stack.end(),
+        ") of the configured one"));
+  }
+  RETURN_IF_ERROR(ValidateParams(c.config, c.layer_begin, c.layer_end, c.params, "checkpoint"));
+  for (const ParamSpec& p : stack.Params()) {
+    RETURN_IF_ERROR(stack.SetParam(p.name, Values(c.params.at(p.name))));
+    if (!c.optimizer) continue;
+    RETURN_IF_ERROR(stack.SetOptimizerMoment(p.name, false, Values(c.optimizer->m.at(p.name))));
+    RETURN_IF_ERROR(stack.SetOptimizerMoment(p.name, true, Values(c.optimizer->v.at(p.name))));
+  }
+  if (c.optimizer) stack.set_step(static_cast<int>(c.optimizer->step));
+  return absl::OkStatus();
+}
+
+}  // namespace pipetrain::compute

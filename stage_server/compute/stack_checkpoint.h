@@ -1,0 +1,16 @@
+// Moves a layer stack's state in and out of checkpoints: its parameters, and
+// optionally AdamW's moments and step count, by Hugging Face name.
+#pragma once
+
+#include "absl/status/statusor.h"
+#include "stage_server/compute/checkpoint.h"
+#include "stage_server/compute/layer_stack.h"
+
+namespace pipetrain::compute {
+
+absl::StatusOr<Checkpoint> CheckpointOfStack(const LayerStack& stack, bool with_optimizer);
+// The checkpoint must hold exactly the stack's layer range of the same model; its
+// optimizer state, when present, replaces the stack's.
+absl::Status RestoreStack(const Checkpoint& checkpoint, LayerStack& stack);
+
+}  // namespace pipetrain::compute
