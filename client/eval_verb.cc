@@ -15,6 +15,9 @@
 namespace pipetrain::client {
 namespace {
 
+// Far more rows than one in-process batch can hold; refused before anything is read.
+constexpr int64_t kMaxBatch = int64_t{1} << 20;
+
 // What a run computed.
 struct EvalResult {
   double loss = 0;
@@ -34,7 +37,8 @@ int RunEval(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       "B * (T + 1) bytes of a text, read as B rows of T + 1 bytes (T = the checkpoint's\n"
       "seq_len): inputs = row[0:T], targets = row[1:T+1]. With --grads-out, also writes\n"
       "the gradient of that loss for every parameter, under the parameter's name, as a\n"
-      "safetensors file in the checkpoint format. Runs in-process on the cpu backend.\n"
+      "safetensors file in the checkpoint format. Optimizer state in the checkpoint is\n"
+      "ignored. Runs in-process on the cpu backend.\n"
       "Exit codes: 0 done, 1 the computation or writing --grads-out failed, 2 usage\n"
       "error or an unreadable or invalid checkpoint or text.");
   flags.AddString("checkpoint", &checkpoint_path,
@@ -60,6 +64,9 @@ int RunEval(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     return usage(absl::StrCat("--batch B is required and must be >= 1 (got ", batch, ")"));
   }
   if (threads < 1) return usage(absl::StrCat("--threads must be >= 1 (got ", threads, ")"));
+  if (batch > kMaxBatch) {
+    return usage(absl::StrCat("--batch ", batch, " is more than ", kMaxBatch, " rows"));
+  }
 
   auto checkpoint = compute::LoadCheckpoint(checkpoint_path);
   if (!checkpoint.ok()) {

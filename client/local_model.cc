@@ -125,6 +125,11 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, int64_t max_bytes)
     all << in.rdbuf();
     contents = all.str();
   } else {
+    // Never more than the file holds, however large max_bytes is.
+    const std::uintmax_t size = std::filesystem::file_size(path, ec);
+    if (!ec && size < static_cast<std::uintmax_t>(max_bytes)) {
+      max_bytes = static_cast<int64_t>(size);
+    }
     contents.resize(static_cast<size_t>(max_bytes));
     in.read(contents.data(), max_bytes);
     contents.resize(static_cast<size_t>(in.gcount()));

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -59,8 +60,10 @@ int RunTrainLocal(const std::vector<std::string>& args, std::ostream& out, std::
     return usage(absl::StrCat("--lr must be a finite number > 0 (got ", lr, ")"));
   }
   if (threads < 1) return usage(absl::StrCat("--threads must be >= 1 (got ", threads, ")"));
-  if (steps > (int64_t{1} << 30) || batch > (int64_t{1} << 20) || threads > 1024) {
-    return usage("--steps, --batch or --threads is implausibly large");
+  for (const auto& [flag, value, most] : {std::tuple{"--steps", steps, int64_t{1} << 30},
+                                          {"--batch", batch, int64_t{1} << 20},
+                                          {"--threads", threads, int64_t{1024}}}) {
+    if (value > most) return usage(absl::StrCat(flag, " ", value, " is more than ", most));
   }
   auto config = ParseModelArg(model_arg);
   if (!config.ok()) {

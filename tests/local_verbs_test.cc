@@ -223,6 +223,25 @@ TEST(EvalVerbTest, BadInputsExitTwoNamingThePathOrFlag) {
        "--threads must be >= 1"},
   };
   ExpectUsageErrors("eval", cases);
+  // A stage's share of a model is not enough.
+  const std::string whole = dir.File("whole.safetensors");
+  ASSERT_EQ(Cli({"init", "--model", kTinyModel, "--out", whole}).code, kExitOk);
+  auto ckpt = compute::LoadCheckpoint(whole);
+  ASSERT_THAT(ckpt.status(), IsOk());
+  compute::Checkpoint share;
+  share.config = ckpt->config;
+  share.layer_begin = 0;
+  share.layer_end = 2;
+  for (const compute::ParamSpec& p : compute::RangeParams(share.config, 0, 2)) {
+    share.params.emplace(p.name, ckpt->params.at(p.name).Clone());
+  }
+  const std::string part = dir.File("part.safetensors");
+  ASSERT_THAT(compute::SaveCheckpoint(part, share), IsOk());
+  ExpectUsageErrors("eval", {{{"--checkpoint", part, "--text", text, "--batch", "1"},
+                              "holds pipeline layers [0, 2) of 3; eval needs the whole model"},
+                             {{"--checkpoint", whole, "--text", text, "--batch", "2000000"},
+                              "--batch 2000000 is more than 1048576 rows"}});
+
   const std::string unwritable = dir.File("no/such/folder/g.safetensors");
   CliRun r = Cli(
       {"eval", "--checkpoint", weights, "--text", text, "--batch", "2", "--grads-out", unwritable});
@@ -298,6 +317,8 @@ TEST(TrainLocalVerbTest, BadInputsExitTwoNamingTheFieldFlagOrPath) {
       {with({"--steps", "2", "--batch", "2", "--lr", "fast"}), "--lr"},
       {with({"--steps", "2", "--batch", "2", "--threads", "0"}), "--threads must be >= 1"},
       {with({"--steps", "2", "--batch", "2", "--seed", "-3"}), "--seed must be >= 0"},
+      {with({"--steps", "2", "--batch", "2", "--threads", "5000"}),
+       "--threads 5000 is more than 1024"},
       {{"--model", kTinyModel, "--text", short_text, "--steps", "1", "--batch", "1"},
        short_text + " has 10 bytes; a row of seq_len 16 + 1 bytes needs at least 17"},
       {{"--model", kTinyModel, "--text", dir.File("nope.txt"), "--steps", "1", "--batch", "1"},
