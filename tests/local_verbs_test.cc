@@ -18,6 +18,7 @@
 #include "stage_server/compute/checkpoint.h"
 #include "stage_server/compute/cpu_backend.h"
 #include "stage_server/compute/layer_stack.h"
+#include "stage_server/compute/trainer.h"
 #include "tests/testing/temp_files.h"
 
 namespace pipetrain::client {
@@ -282,6 +283,41 @@ TEST(TrainLocalVerbTest, JsonStepsFallAndTheSavedModelScoresTheLastLoss) {
   const double scored = nlohmann::json::parse(r.out)["loss"].get<double>();
   EXPECT_NEAR(scored, losses.back(), 0.15 * losses.back());
   EXPECT_LT(scored, losses.front() - 0.5);
+}
+
+// The verb is compute::TrainLocal with the flags passed through: the same losses, bit
+// for bit, and another seed or learning rate changes them.
+TEST(TrainLocalVerbTest, LossesAreThoseOfTheReferenceTrainerWithTheGivenFlags) {
+  TempDir dir;
+  const std::string text = dir.File("text.txt");
+  WriteFileOrDie(text, RepetitiveText());
+  auto losses_of = [&](const std::string& seed, const std::string& lr) {
+    CliRun r = Cli({"train-local", "--model", kTinyModel, "--text", text, "--steps", "3",
+                    "--batch", "2", "--seed", seed, "--lr", lr, "--json"});
+    EXPECT_EQ(r.code, kExitOk) << r.err;
+    std::vector<double> losses;
+    std::istringstream lines(r.out);
+    for (std::string line; std::getline(lines, line);) {
+      losses.push_back(nlohmann::json::parse(line)["loss"].get<double>());
+    }
+    return losses;
+  };
+  compute::TrainOptions options;
+  options.model = compute::GptConfig{256, 16, 32, 4, 1};
+  options.steps = 3;
+  options.batch = 2;
+  options.seed = 9;
+  options.optimizer.lr = 2e-3f;
+  auto reference = compute::TrainLocal(options, RepetitiveText());
+  ASSERT_THAT(reference.status(), IsOk());
+  std::vector<double> want;
+  for (const compute::StepStats& s : *reference) want.push_back(s.loss);
+  EXPECT_EQ(losses_of("9", "2e-3"), want);
+  EXPECT_NE(losses_of("10", "2e-3"), want);
+  const std::vector<double> other_lr = losses_of("9", "1e-2");
+  ASSERT_EQ(other_lr.size(), 3u);
+  EXPECT_EQ(other_lr[0], want[0]);  // the same weights and batch before the first update
+  EXPECT_NE(other_lr[2], want[2]);
 }
 
 TEST(TrainLocalVerbTest, ReadableOutputHasAStepLineEachAndASummary) {
