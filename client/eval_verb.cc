@@ -21,7 +21,6 @@ constexpr int64_t kMaxBatch = int64_t{1} << 20;
 // What a run computed.
 struct EvalResult {
   double loss = 0;
-  compute::GptConfig config;
   int64_t tokens = 0;
 };
 
@@ -77,7 +76,7 @@ int RunEval(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   if (checkpoint->layer_begin != 0 || checkpoint->layer_end != config.num_pipeline_layers()) {
     err << absl::StrFormat(
         "pipetrain eval: --checkpoint: %s holds pipeline layers [%d, %d) of %d; eval needs the "
-        "whole model (merge the stage files first)\n",
+        "whole model (a stage's checkpoint holds only its own layers)\n",
         checkpoint_path, checkpoint->layer_begin, checkpoint->layer_end,
         config.num_pipeline_layers());
     return kExitUsage;
@@ -108,7 +107,6 @@ int RunEval(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     RETURN_IF_ERROR(LoadStackParams(*stack, checkpoint->params, checkpoint_path));
     RETURN_IF_ERROR(stack->ZeroGrads());
     EvalResult r;
-    r.config = config;
     r.tokens = int64_t{tokens->rows} * config.seq_len;
     ASSIGN_OR_RETURN(r.loss, compute::LossAndGrads(*stack, *tokens));
     if (!grads_out.empty()) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -64,6 +65,16 @@ int RunTrainLocal(const std::vector<std::string>& args, std::ostream& out, std::
                                           {"--batch", batch, int64_t{1} << 20},
                                           {"--threads", threads, int64_t{1024}}}) {
     if (value > most) return usage(absl::StrCat(flag, " ", value, " is more than ", most));
+  }
+  if (!save_path.empty()) {
+    // Found out now rather than after the training.
+    const std::filesystem::path folder =
+        std::filesystem::absolute(std::filesystem::path(save_path)).parent_path();
+    std::error_code ec;
+    if (!std::filesystem::is_directory(folder, ec)) {
+      return usage(
+          absl::StrCat("--save ", save_path, ": the folder ", folder.string(), " does not exist"));
+    }
   }
   auto config = ParseModelArg(model_arg);
   if (!config.ok()) {

@@ -292,8 +292,8 @@ TEST(TrainLocalVerbTest, LossesAreThoseOfTheReferenceTrainerWithTheGivenFlags) {
   const std::string text = dir.File("text.txt");
   WriteFileOrDie(text, RepetitiveText());
   auto losses_of = [&](const std::string& seed, const std::string& lr) {
-    CliRun r = Cli({"train-local", "--model", kTinyModel, "--text", text, "--steps", "3",
-                    "--batch", "2", "--seed", seed, "--lr", lr, "--json"});
+    CliRun r = Cli({"train-local", "--model", kTinyModel, "--text", text, "--steps", "3", "--batch",
+                    "2", "--seed", seed, "--lr", lr, "--json"});
     EXPECT_EQ(r.code, kExitOk) << r.err;
     std::vector<double> losses;
     std::istringstream lines(r.out);
@@ -369,12 +369,17 @@ TEST(TrainLocalVerbTest, BadInputsExitTwoNamingTheFieldFlagOrPath) {
        "is outside the vocabulary (model.vocab_size 64)"},
   };
   ExpectUsageErrors("train-local", cases);
-  const std::string unwritable = dir.File("no/such/folder/t.safetensors");
-  std::vector<std::string> args = with({"--steps", "1", "--batch", "1", "--save", unwritable});
+  // A --save into a missing folder is refused before training, not after.
+  const std::string missing_folder = dir.File("no/such/folder/t.safetensors");
+  ExpectUsageErrors("train-local",
+                    {{with({"--steps", "1", "--batch", "1", "--save", missing_folder}),
+                      "--save " + missing_folder + ": the folder"}});
+  // A path that cannot be written for another reason (here, a folder) fails the run.
+  std::vector<std::string> args = with({"--steps", "1", "--batch", "1", "--save", dir.path()});
   args.insert(args.begin(), "train-local");
   CliRun r = Cli(args);
   EXPECT_EQ(r.code, kExitJobFailed);
-  EXPECT_THAT(r.err, HasSubstr(unwritable));
+  EXPECT_THAT(r.err, HasSubstr("--save: cannot write " + dir.path()));
 }
 
 TEST(LocalVerbsTest, HelpTellsEachVerbsFlagsAndTheTopLevelListsThem) {
