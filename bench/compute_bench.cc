@@ -3,11 +3,15 @@
 #include <cblas.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "nlohmann/json.hpp"
 #include "stage_server/compute/trainer.h"
 
 namespace pipetrain::bench {
@@ -48,6 +52,46 @@ double SgemmGflops(int m, int n, int k, int reps) {
   return 2.0 * m * n * k / Median(times) / 1e9;
 }
 
+// The interpreter that runs the PyTorch side: Debian's, which sees python3-torch
+// (PIPETRAIN_PYTHON overrides it).
+std::string PythonPath() {
+  const char* env = std::getenv("PIPETRAIN_PYTHON");
+  return env != nullptr && *env != '\0' ? env : "/usr/bin/python3";
+}
+
+// Trains the same model with PyTorch on the CPU (bench/torch_compute_bench.py) at
+// `threads` threads for one warm-up and `steps` timed steps. Returns the script's JSON
+// object, which has "error" instead of figures when torch is not importable.
+absl::StatusOr<nlohmann::json> RunPyTorch(const compute::TrainOptions& o, int threads,
+                                          int steps) {
+  const std::string command = absl::StrFormat(
+      "'%s' '%s/torch_compute_bench.py' --threads %d --steps %d --vocab %d --seq %d "
+      "--d-model %d --heads %d --layers %d --batch %d 2>&1",
+      PythonPath(), PIPETRAIN_BENCH_DIR, threads, steps, o.model.vocab_size, o.model.seq_len,
+      o.model.d_model, o.model.n_heads, o.model.n_layers, o.batch);
+  FILE* pipe = popen(command.c_str(), "r");
+  if (pipe == nullptr) return absl::InternalError(absl::StrCat("cannot run ", command));
+  std::string output;
+  char chunk[4096];
+  while (size_t n = fread(chunk, 1, sizeof(chunk), pipe)) output.append(chunk, n);
+  const int status = pclose(pipe);
+  // The JSON object is the last line; anything before it is the interpreter's warnings.
+  const size_t end = output.find_last_not_of('\n');
+  const size_t begin = end == std::string::npos ? std::string::npos : output.rfind('\n', end);
+  const std::string last_line =
+      end == std::string::npos
+          ? ""
+          : output.substr(begin == std::string::npos ? 0 : begin + 1,
+                          end - (begin == std::string::npos ? 0 : begin + 1) + 1);
+  const nlohmann::json j = nlohmann::json::parse(last_line, nullptr, /*allow_exceptions=*/false);
+  if (status != 0 || !j.is_object()) {
+    return absl::InternalError(absl::StrCat(
+        command, " failed (status ", status,
+        "): ", output.substr(output.size() > 400 ? output.size() - 400 : 0)));
+  }
+  return j;
+}
+
 }  // namespace
 
 absl::StatusOr<BenchResult> RunComputeBench(const BenchOptions& options) {
@@ -66,9 +110,9 @@ absl::StatusOr<BenchResult> RunComputeBench(const BenchOptions& options) {
   }
   BenchResult result;
   result.Label("model", "vocab 256, seq 128, d_model 256, 4 heads, 8 layers; batch 32");
-  result.Label("pytorch", "not measured (no torch on this machine)");
   result.Add("gflop_per_step", flops_per_token * tokens / 1e9);
   const std::string text = Text();
+  std::string pytorch_label;
   for (int threads : {1, 2}) {
     o.threads = threads;
     ASSIGN_OR_RETURN(auto trainer, compute::Trainer::Create(o, text));
@@ -88,7 +132,25 @@ absl::StatusOr<BenchResult> RunComputeBench(const BenchOptions& options) {
     result.Add(t + "achieved_gflop_per_s", gflops);
     result.Add(t + "sgemm_gflop_per_s", sgemm);
     result.Add(t + "fraction_of_sgemm", gflops / sgemm);
+    // PyTorch on the same model and thread count, right after ours.
+    auto torch = RunPyTorch(o, threads, reps);
+    if (!torch.ok()) {
+      pytorch_label = absl::StrCat("failed: ", torch.status().message());
+    } else if (torch->contains("error")) {
+      pytorch_label = absl::StrCat("skipped: ", torch->at("error").get<std::string>());
+    } else {
+      const double torch_tokens = torch->at("tokens_per_s").get<double>();
+      pytorch_label = absl::StrCat("torch ", torch->at("torch_version").get<std::string>(),
+                                   " float32 on the CPU, ",
+                                   torch->at("attention").get<std::string>(),
+                                   " attention (bench/torch_compute_bench.py under ",
+                                   PythonPath(), ")");
+      result.Add(t + "pytorch_step_seconds", torch->at("step_seconds").get<double>());
+      result.Add(t + "pytorch_tokens_per_s", torch_tokens);
+      result.Add(t + "ours_over_pytorch", tokens / step_s / torch_tokens);
+    }
   }
+  result.Label("pytorch", pytorch_label);
   return result;
 }
 

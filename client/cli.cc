@@ -1,7 +1,11 @@
 #include "client/cli.h"
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "client/eval_verb.h"
+#include "client/init_verb.h"
 #include "client/plan_verb.h"
+#include "client/train_local_verb.h"
 #include "common/flags.h"
 #include "common/version.h"
 
@@ -35,16 +39,45 @@ std::string TopHelp() {
   s += "\nFlags:\n  --help        print this help and exit\n"
        "  --version     print the version and exit\n\n"
        "Run 'pipetrain VERB --help' for a verb's flags.\n"
-       "Exit codes: 0 success, 1 the job failed or was cancelled, 2 usage error or\n"
-       "invalid spec, 3 cannot reach the coordinator.\n";
+       "Exit codes: 0 success, 1 the job (or an in-process run) failed or was cancelled,\n"
+       "2 usage error or invalid spec or input, 3 cannot reach the coordinator.\n";
   return s;
 }
 
 }  // namespace
 
+std::optional<int> ParseVerbFlags(common::FlagSet& flags, const std::vector<std::string>& args,
+                                  const bool& help, std::ostream& out, std::ostream& err,
+                                  std::vector<std::string>* positionals) {
+  auto parsed = flags.Parse(args);
+  if (!parsed.ok()) return UsageError(flags, parsed.status().message(), err);
+  if (help) {
+    out << flags.Help();
+    return kExitOk;
+  }
+  if (positionals != nullptr) {
+    *positionals = *std::move(parsed);
+  } else if (!parsed->empty()) {
+    return UsageError(flags, absl::StrCat("takes no positional arguments (got '",
+                                          parsed->front(), "')"),
+                      err);
+  }
+  return std::nullopt;
+}
+
+int UsageError(const common::FlagSet& flags, absl::string_view message, std::ostream& err) {
+  err << flags.program() << ": " << message << "\nRun '" << flags.program()
+      << " --help' for usage.\n";
+  return kExitUsage;
+}
+
 const std::vector<Verb>& Verbs() {
   static const std::vector<Verb> verbs = {
       {"plan", "plan a job offline: partition, schedule picture, predicted bubble", RunPlan},
+      {"init", "write a freshly initialised model checkpoint (in-process)", RunInit},
+      {"eval", "loss (and gradients) of a checkpoint on a text (in-process)", RunEval},
+      {"train-local", "train the whole model in this process: the single-device baseline",
+       RunTrainLocal},
       {"version", "print the version and build features", RunVersion},
   };
   return verbs;

@@ -46,6 +46,12 @@ void FlagSet::AddRepeated(std::string name, std::vector<std::string>* target,
                     std::move(value_name), ""});
 }
 
+void FlagSet::MarkRequired(const std::string& name) {
+  for (Flag& f : flags_) {
+    if (f.name == name) f.required = true;
+  }
+}
+
 const FlagSet::Flag* FlagSet::Find(const std::string& name) const {
   for (const Flag& f : flags_) {
     if (f.name == name) return &f;
@@ -131,7 +137,11 @@ std::string FlagSet::Help() const {
     std::string lhs = absl::StrCat("--", f.name);
     if (f.type != Type::kBool) absl::StrAppend(&lhs, " ", f.value_name);
     std::string line = absl::StrFormat("  %-28s %s", lhs, f.help);
-    if (!f.default_text.empty()) absl::StrAppend(&line, " (default ", f.default_text, ")");
+    if (f.required) {
+      absl::StrAppend(&line, " (required)");
+    } else if (!f.default_text.empty()) {
+      absl::StrAppend(&line, " (default ", f.default_text, ")");
+    }
     if (f.type == Type::kRepeated) absl::StrAppend(&line, " (repeatable)");
     absl::StrAppend(&out, line, "\n");
   }

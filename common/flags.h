@@ -29,6 +29,10 @@ class FlagSet {
   void AddRepeated(std::string name, std::vector<std::string>* target, std::string help,
                    std::string value_name = "VALUE");
 
+  // Help shows "(required)" for this flag instead of its default. Parse does not check
+  // it: the caller says what is missing, as only it knows what the flag is for.
+  void MarkRequired(const std::string& name);
+
   // Parses args (without the program name); returns the positional arguments. An
   // unknown flag, a missing or malformed value is an error naming the flag.
   absl::StatusOr<std::vector<std::string>> Parse(const std::vector<std::string>& args);
@@ -46,6 +50,7 @@ class FlagSet {
     std::string help;
     std::string value_name;
     std::string default_text;
+    bool required = false;
   };
   const Flag* Find(const std::string& name) const;
   absl::Status Set(const Flag& flag, const std::string& value);

@@ -76,6 +76,15 @@ TEST(FlagsTest, HelpListsFlagsAndDefaults) {
   EXPECT_THAT(help, HasSubstr("(repeatable)"));
 }
 
+TEST(FlagsTest, RequiredFlagsSayRequiredInsteadOfTheirDefault) {
+  Fixture f;
+  f.flags.MarkRequired("steps");
+  const std::string help = f.flags.Help();
+  EXPECT_THAT(help, HasSubstr("how many (required)"));
+  EXPECT_THAT(help, ::testing::Not(HasSubstr("(default 10)")));
+  EXPECT_THAT(help, HasSubstr("(default \"127.0.0.1:7400\")"));
+}
+
 TEST(FlagsTest, StandardFlagsExitCodes) {
   Fixture f;
   EXPECT_EQ(HandleStandardFlags(f.flags, absl::OkStatus(), false, false), std::nullopt);

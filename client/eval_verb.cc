@@ -1,0 +1,145 @@
+#include "client/eval_verb.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/cli.h"
+#include "client/local_model.h"
+#include "common/flags.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "stage_server/compute/checkpoint.h"
+#include "stage_server/compute/cpu_backend.h"
+#include "stage_server/compute/layer_stack.h"
+#include "stage_server/compute/trainer.h"
+
+namespace pipetrain::client {
+namespace {
+
+// Far more rows than one in-process batch can hold; refused before anything is read.
+constexpr int64_t kMaxBatch = int64_t{1} << 20;
+
+// What a run computed.
+struct EvalResult {
+  double loss = 0;
+  int64_t tokens = 0;
+};
+
+}  // namespace
+
+int RunEval(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  std::string checkpoint_path, text_path, grads_out;
+  int64_t batch = 0, threads = 1;
+  bool json = false, help = false;
+  common::FlagSet flags(
+      "pipetrain eval", "--checkpoint FILE --text FILE --batch B [flags]",
+      "Prints the mean cross-entropy loss of a whole-model checkpoint on the first\n"
+      "B * (T + 1) bytes of a text, read as B rows of T + 1 bytes (T = the checkpoint's\n"
+      "seq_len): inputs = row[0:T], targets = row[1:T+1]. With --grads-out, also writes\n"
+      "the gradient of that loss for every parameter, under the parameter's name, as a\n"
+      "safetensors file in the checkpoint format. Optimizer state in the checkpoint is\n"
+      "ignored. Runs in-process on the cpu backend.\n"
+      "Exit codes: 0 done, 1 the computation or writing --grads-out failed, 2 usage\n"
+      "error or an unreadable or invalid checkpoint or text.");
+  flags.AddString("checkpoint", &checkpoint_path,
+                  "whole-model safetensors checkpoint (from pipetrain init, train-local --save)",
+                  "FILE");
+  flags.AddString("text", &text_path, "the text; its bytes are the tokens", "FILE");
+  flags.AddInt("batch", &batch, "B, rows of seq_len + 1 bytes", "B");
+  flags.AddString("grads-out", &grads_out,
+                  "write the gradient of the loss for every parameter here", "FILE");
+  flags.AddInt("threads", &threads, "OpenBLAS threads", "N");
+  flags.AddBool("json", &json,
+                "print one JSON object: loss, tokens, rows, seq_len, checkpoint, text "
+                "(and grads_out)");
+  flags.AddBool("help", &help, "print this help and exit");
+  flags.MarkRequired("checkpoint");
+  flags.MarkRequired("text");
+  flags.MarkRequired("batch");
+  if (auto exit = ParseVerbFlags(flags, args, help, out, err)) return *exit;
+  auto usage = [&](absl::string_view message) { return UsageError(flags, message, err); };
+  if (checkpoint_path.empty()) return usage("--checkpoint FILE is required");
+  if (text_path.empty()) return usage("--text FILE is required");
+  if (batch < 1) {
+    return usage(absl::StrCat("--batch B is required and must be >= 1 (got ", batch, ")"));
+  }
+  if (threads < 1) return usage(absl::StrCat("--threads must be >= 1 (got ", threads, ")"));
+  if (batch > kMaxBatch) {
+    return usage(absl::StrCat("--batch ", batch, " is more than ", kMaxBatch, " rows"));
+  }
+
+  auto checkpoint = compute::LoadCheckpoint(checkpoint_path);
+  if (!checkpoint.ok()) {
+    err << "pipetrain eval: --checkpoint: " << checkpoint.status().message() << "\n";
+    return kExitUsage;
+  }
+  const compute::GptConfig config = checkpoint->config;
+  if (checkpoint->layer_begin != 0 || checkpoint->layer_end != config.num_pipeline_layers()) {
+    err << absl::StrFormat(
+        "pipetrain eval: --checkpoint: %s holds pipeline layers [%d, %d) of %d; eval needs the "
+        "whole model (a stage's checkpoint holds only its own layers)\n",
+        checkpoint_path, checkpoint->layer_begin, checkpoint->layer_end,
+        config.num_pipeline_layers());
+    return kExitUsage;
+  }
+  const int64_t needed = batch * (int64_t{config.seq_len} + 1);
+  auto text = ReadFile(text_path, needed);
+  if (!text.ok()) {
+    err << "pipetrain eval: --text: " << text.status().message() << "\n";
+    return kExitUsage;
+  }
+  if (static_cast<int64_t>(text->size()) < needed) {
+    err << absl::StrFormat(
+        "pipetrain eval: --text: %s has %d bytes; --batch %d rows of seq_len %d + 1 bytes need "
+        "%d (give a longer text or a smaller --batch)\n",
+        text_path, text->size(), batch, config.seq_len, needed);
+    return kExitUsage;
+  }
+  auto tokens = compute::LeadingBatch(*text, config, static_cast<int>(batch));
+  if (!tokens.ok()) {
+    err << "pipetrain eval: --text: " << text_path << ": " << tokens.status().message() << "\n";
+    return kExitUsage;
+  }
+
+  auto result = [&]() -> absl::StatusOr<EvalResult> {
+    ASSIGN_OR_RETURN(auto backend, compute::CpuBackend::Create(static_cast<int>(threads)));
+    ASSIGN_OR_RETURN(auto stack, compute::LayerStack::Create(
+                                     config, 0, config.num_pipeline_layers(), backend.get()));
+    RETURN_IF_ERROR(LoadStackParams(*stack, checkpoint->params, checkpoint_path));
+    RETURN_IF_ERROR(stack->ZeroGrads());
+    EvalResult r;
+    r.tokens = int64_t{tokens->rows} * config.seq_len;
+    ASSIGN_OR_RETURN(r.loss, compute::LossAndGrads(*stack, *tokens));
+    if (!grads_out.empty()) {
+      ASSIGN_OR_RETURN(compute::ParamMap grads, StackTensors(*stack, /*grads=*/true));
+      if (absl::Status s =
+              compute::SaveCheckpoint(grads_out, WholeModelCheckpoint(config, std::move(grads)));
+          !s.ok()) {
+        return absl::Status(
+            s.code(), absl::StrCat("--grads-out: cannot write ", grads_out, ": ", s.message()));
+      }
+    }
+    return r;
+  }();
+  if (!result.ok()) {
+    err << "pipetrain eval: " << result.status().message() << "\n";
+    return kExitJobFailed;
+  }
+  if (json) {
+    nlohmann::ordered_json j = {
+        {"loss", result->loss},      {"tokens", result->tokens},      {"rows", batch},
+        {"seq_len", config.seq_len}, {"checkpoint", checkpoint_path}, {"text", text_path}};
+    if (!grads_out.empty()) j["grads_out"] = grads_out;
+    out << j.dump() << "\n";
+  } else {
+    out << absl::StrFormat("loss %.9g: mean over %d tokens (%d rows of %d) of %s, checkpoint %s\n",
+                           result->loss, result->tokens, batch, config.seq_len, text_path,
+                           checkpoint_path);
+    if (!grads_out.empty()) {
+      out << absl::StrFormat("wrote the gradients of %d parameter tensors to %s\n",
+                             checkpoint->params.size(), grads_out);
+    }
+  }
+  return kExitOk;
+}
+
+}  // namespace pipetrain::client

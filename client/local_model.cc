@@ -1,0 +1,179 @@
+#include "client/local_model.h"
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "google/protobuf/util/json_util.h"
+#include "nlohmann/json.hpp"
+#include "pipetrain/v1/model.pb.h"
+
+namespace pipetrain::client {
+namespace {
+
+constexpr const char* kRequiredFields[] = {"seq_len", "d_model", "n_heads", "n_layers"};
+constexpr const char* kAllFields[] = {"vocab_size", "seq_len", "d_model", "n_heads", "n_layers"};
+constexpr char kExample[] = R"({"seq_len":64,"d_model":64,"n_heads":4,"n_layers":2})";
+
+absl::Status Invalid(const std::string& source, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("--model ", source, ": ", what));
+}
+
+// Why `text` is not JSON, in protobuf's words (nlohmann's parser reports nothing
+// without exceptions).
+std::string JsonSyntaxError(const std::string& text) {
+  pipetrain::v1::ModelConfig ignored;
+  const auto status = google::protobuf::util::JsonStringToMessage(text, &ignored);
+  if (status.ok()) return "not valid JSON";
+  // Its first line; the rest is a picture of where the error is.
+  absl::string_view message(status.message().data(), status.message().size());
+  return absl::StrCat("not valid JSON: ", message.substr(0, message.find('\n')));
+}
+
+}  // namespace
+
+void AddModelFlag(common::FlagSet& flags, std::string* target) {
+  flags.AddString("model", target,
+                  absl::StrCat("a model JSON file or inline JSON: seq_len, d_model, n_heads, "
+                               "n_layers (vocab_size defaults to ",
+                               kDefaultVocabSize, ")"),
+                  "JSON");
+  flags.MarkRequired("model");
+}
+
+absl::StatusOr<compute::GptConfig> ParseModelArg(const std::string& arg) {
+  const size_t first = arg.find_first_not_of(" \t\r\n");
+  const bool inline_json = first != std::string::npos && (arg[first] == '{' || arg[first] == '[');
+  std::string text = arg;
+  std::string source = "(inline JSON)";
+  if (!inline_json) {
+    if (arg.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--model is required: a JSON file or inline JSON like '", kExample, "'"));
+    }
+    source = arg;
+    auto contents = ReadFile(arg);
+    if (!contents.ok()) {
+      return Invalid(
+          source, absl::StrCat(contents.status().message(),
+                               " (give a model JSON file, or inline JSON like '", kExample, "')"));
+    }
+    text = *std::move(contents);
+  }
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Invalid(source, JsonSyntaxError(text));
+  if (!j.is_object()) {
+    return Invalid(source, absl::StrCat("must be a JSON object like ", kExample));
+  }
+  std::vector<std::string> unknown;
+  for (const auto& [key, value] : j.items()) {
+    bool known = false;
+    for (const char* f : kAllFields) known = known || key == f;
+    if (!known) unknown.push_back(absl::StrCat("'", key, "'"));
+  }
+  if (!unknown.empty()) {
+    return Invalid(source, absl::StrCat("unknown field", unknown.size() > 1 ? "s " : " ",
+                                        absl::StrJoin(unknown, ", "), " (the fields are ",
+                                        absl::StrJoin(kAllFields, ", "), ")"));
+  }
+  for (const char* f : kRequiredFields) {
+    if (!j.contains(f)) {
+      return Invalid(source, absl::StrCat("model.", f, " is missing (required: ",
+                                          absl::StrJoin(kRequiredFields, ", "),
+                                          "; vocab_size defaults to ", kDefaultVocabSize, ")"));
+    }
+  }
+  auto field = [&](const char* name, int fallback) -> absl::StatusOr<int> {
+    if (!j.contains(name)) return fallback;
+    const nlohmann::json& v = j.at(name);
+    if (!v.is_number_integer() || v.get<int64_t>() <= 0 ||
+        v.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+      return Invalid(
+          source, absl::StrCat("model.", name, " must be a positive integer (got ", v.dump(), ")"));
+    }
+    return static_cast<int>(v.get<int64_t>());
+  };
+  compute::GptConfig config;
+  ASSIGN_OR_RETURN(config.vocab_size, field("vocab_size", kDefaultVocabSize));
+  ASSIGN_OR_RETURN(config.seq_len, field("seq_len", 0));
+  ASSIGN_OR_RETURN(config.d_model, field("d_model", 0));
+  ASSIGN_OR_RETURN(config.n_heads, field("n_heads", 0));
+  ASSIGN_OR_RETURN(config.n_layers, field("n_layers", 0));
+  if (absl::Status s = compute::ValidateConfig(config); !s.ok()) {
+    return Invalid(source, s.message());
+  }
+  return config;
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path, int64_t max_bytes) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return absl::InvalidArgumentError(absl::StrCat("cannot read ", path, ": it is a folder"));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::string contents;
+  if (max_bytes < 0) {
+    std::stringstream all;
+    all << in.rdbuf();
+    contents = all.str();
+  } else {
+    // Never more than the file holds, however large max_bytes is.
+    const std::uintmax_t size = std::filesystem::file_size(path, ec);
+    if (!ec && size < static_cast<std::uintmax_t>(max_bytes)) {
+      max_bytes = static_cast<int64_t>(size);
+    }
+    contents.resize(static_cast<size_t>(max_bytes));
+    in.read(contents.data(), max_bytes);
+    contents.resize(static_cast<size_t>(in.gcount()));
+  }
+  if (in.bad()) return absl::DataLossError(absl::StrCat("error while reading ", path));
+  return contents;
+}
+
+absl::StatusOr<compute::ParamMap> StackTensors(const compute::LayerStack& stack, bool grads) {
+  compute::ParamMap out;
+  for (const compute::ParamSpec& p : stack.Params()) {
+    ASSIGN_OR_RETURN(std::vector<float> values,
+                     grads ? stack.GetGrad(p.name) : stack.GetParam(p.name));
+    ASSIGN_OR_RETURN(common::Tensor t, common::Tensor::Create(common::DType::kF32, p.shape));
+    auto data = t.data<float>();
+    if (data.size() != values.size()) {
+      return absl::InternalError(
+          absl::StrCat(p.name, " holds ", values.size(), " values; its shape wants ", data.size()));
+    }
+    std::copy(values.begin(), values.end(), data.begin());
+    out.emplace(p.name, std::move(t));
+  }
+  return out;
+}
+
+absl::Status LoadStackParams(compute::LayerStack& stack, const compute::ParamMap& params,
+                             const std::string& source) {
+  RETURN_IF_ERROR(
+      compute::ValidateParams(stack.config(), stack.begin(), stack.end(), params, source));
+  for (const compute::ParamSpec& p : stack.Params()) {
+    auto values = params.at(p.name).data<float>();
+    RETURN_IF_ERROR(stack.SetParam(p.name, std::vector<float>(values.begin(), values.end())));
+  }
+  return absl::OkStatus();
+}
+
+compute::Checkpoint WholeModelCheckpoint(const compute::GptConfig& config,
+                                         compute::ParamMap params) {
+  compute::Checkpoint c;
+  c.config = config;
+  c.layer_begin = 0;
+  c.layer_end = config.num_pipeline_layers();
+  c.params = std::move(params);
+  return c;
+}
+
+}  // namespace pipetrain::client

@@ -1,0 +1,46 @@
+// What the in-process verbs (init, eval, train-local) share: the --model argument (a
+// JSON file or inline JSON of pipetrain.v1.ModelConfig), reading a whole file, and
+// copying a whole-model LayerStack's weights or gradients to and from a ParamMap.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/flags.h"
+#include "stage_server/compute/checkpoint.h"
+#include "stage_server/compute/gpt_config.h"
+#include "stage_server/compute/layer_stack.h"
+
+namespace pipetrain::client {
+
+// The vocabulary a --model JSON gets when it has no vocab_size: byte-level text.
+inline constexpr int kDefaultVocabSize = 256;
+
+// Adds --model JSON (required) to a verb's flags; ParseModelArg reads its value.
+void AddModelFlag(common::FlagSet& flags, std::string* target);
+
+// Parses --model: inline JSON when the argument starts with '{' or '[' (after blanks),
+// else the path of a JSON file. Fields are the proto names (vocab_size, seq_len, d_model, n_heads,
+// n_layers); vocab_size defaults to kDefaultVocabSize, the others are required. Errors
+// (InvalidArgument, or the read error) start with "--model" and the file, and name the
+// field at fault: unknown, missing, not an integer, or out of range.
+absl::StatusOr<compute::GptConfig> ParseModelArg(const std::string& arg);
+
+// The file's first max_bytes bytes (all of it when max_bytes < 0); errors name the path.
+absl::StatusOr<std::string> ReadFile(const std::string& path, int64_t max_bytes = -1);
+
+// The parameters (or, with grads, their gradients) of a stack, by Hugging Face name,
+// as F32 tensors of the shapes gpt_config.h gives.
+absl::StatusOr<compute::ParamMap> StackTensors(const compute::LayerStack& stack, bool grads);
+// Sets every parameter of the stack from `params`, which must hold exactly the stack's
+// parameters (compute::ValidateParams); the error starts with `source`.
+absl::Status LoadStackParams(compute::LayerStack& stack, const compute::ParamMap& params,
+                             const std::string& source);
+
+// A checkpoint of the whole model holding `params` (weights or gradients).
+compute::Checkpoint WholeModelCheckpoint(const compute::GptConfig& config,
+                                         compute::ParamMap params);
+
+}  // namespace pipetrain::client
