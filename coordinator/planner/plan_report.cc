@@ -89,7 +89,7 @@ std::string RenderPlanText(const Plan& plan) {
         "transfer); times below are in units of one stage forward\n";
   } else {
     out += absl::StrFormat(
-        "Costs: analytic FLOPs at %.1f TFLOP/s per device (--device-flops), links at %.1f GB/s "
+        "Costs: analytic FLOPs at %g TFLOP/s per device (--device-flops), links at %g GB/s "
         "(--link-gbps), optimizer step not counted\n",
         o.device_flops / 1e12, o.link_bytes_per_s / 1e9);
   }
