@@ -16,6 +16,7 @@
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "pipetrain/v1/stage.grpc.pb.h"
+#include "stage_server/exchange_service.h"
 #include "stage_server/peer_link.h"
 
 namespace pipetrain::bench {
@@ -77,18 +78,6 @@ absl::StatusOr<double> RawTcpOnce(const std::vector<char>& src, std::vector<char
   return Seconds(start, end);
 }
 
-class ExchangeOnlyService final
-    : public pipetrain::v1::Stage::WithRawCallbackMethod_Exchange<pipetrain::v1::Stage::Service> {
- public:
-  explicit ExchangeOnlyService(stage_server::LinkAcceptor* a) : acceptor_(a) {}
-  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Exchange(
-      grpc::CallbackServerContext* context) override {
-    return acceptor_->Accept(context);
-  }
-
- private:
-  stage_server::LinkAcceptor* acceptor_;
-};
 
 // One rep through an established link: kTensorsPerRep activations of one step.
 absl::StatusOr<double> LinkOnce(stage_server::PeerLink& up, stage_server::PeerLink& down,
@@ -127,7 +116,7 @@ absl::StatusOr<BenchResult> RunLinkBench(const BenchOptions& options) {
   }
 
   stage_server::LinkAcceptor acceptor;
-  ExchangeOnlyService service(&acceptor);
+  stage_server::ExchangeService service(&acceptor);
   grpc::ServerBuilder builder;
   builder.RegisterService(&service);
   ASSIGN_OR_RETURN(common::RunningServer server,

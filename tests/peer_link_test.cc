@@ -1,6 +1,7 @@
 // Integration: two ends of a real peer link over gRPC on 127.0.0.1 (port 0), in one
 // process: tensors arrive intact in any order, and every kind of bad frame, bad peer
 // or lost peer ends in the documented status, never a hang.
+#include "stage_server/exchange_service.h"
 #include "stage_server/peer_link.h"
 
 #include <cstring>
@@ -24,18 +25,6 @@ using common::FrameTag;
 using common::Tensor;
 using common::TensorKind;
 
-class ExchangeOnlyService final
-    : public pipetrain::v1::Stage::WithRawCallbackMethod_Exchange<pipetrain::v1::Stage::Service> {
- public:
-  explicit ExchangeOnlyService(LinkAcceptor* acceptor) : acceptor_(acceptor) {}
-  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Exchange(
-      grpc::CallbackServerContext* context) override {
-    return acceptor_->Accept(context);
-  }
-
- private:
-  LinkAcceptor* acceptor_;
-};
 
 std::shared_ptr<const Tensor> RandomTensor(std::vector<int64_t> shape, std::mt19937& rng) {
   auto t = std::make_shared<Tensor>(*Tensor::Create(common::DType::kF32, std::move(shape)));
@@ -54,7 +43,7 @@ class PeerLinkTest : public ::testing::Test {
  protected:
   void SetUp() override {
     acceptor_ = std::make_unique<LinkAcceptor>();
-    service_ = std::make_unique<ExchangeOnlyService>(acceptor_.get());
+    service_ = std::make_unique<ExchangeService>(acceptor_.get());
     grpc::ServerBuilder builder;
     builder.RegisterService(service_.get());
     auto running = common::StartServer(builder, {"127.0.0.1", 0}, "test-stage");
@@ -95,7 +84,7 @@ class PeerLinkTest : public ::testing::Test {
   }
 
   std::unique_ptr<LinkAcceptor> acceptor_;
-  std::unique_ptr<ExchangeOnlyService> service_;
+  std::unique_ptr<ExchangeService> service_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
   std::unique_ptr<PeerLink> up_, down_;
