@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
     request.set_address(advertise.empty() ? server->address.ToString() : advertise);
     *request.mutable_device() = info;
     registration = std::make_unique<stage_server::Registration>(
-        coordinator, request, [&runtime] { return runtime.Stats().job_id; });
+        coordinator, request, [&runtime] { return runtime.current_job_id(); });
   }
   common::WaitForTerminationSignal(server->server.get(), absl::Seconds(2));
   registration.reset();

@@ -88,6 +88,10 @@ absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config)
   absl::MutexLock lock(&mu_);
   if (job_) acceptor_.Forget(job_->config.job_id);
   job_.reset();  // frees the previous job's memory before allocating the new one
+  {
+    absl::MutexLock id_lock(&job_id_mu_);
+    job_id_.clear();
+  }
 
   auto job = std::make_unique<Job>();
   job->config = config;
@@ -144,6 +148,10 @@ absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config)
   job->executor = std::make_unique<Executor>(ec, std::move(chunks), nullptr, nullptr, job->pool);
   job_ = std::move(job);
   steps_run_ = 0;
+  {
+    absl::MutexLock id_lock(&job_id_mu_);
+    job_id_ = config.job_id;
+  }
   ConfigureResult r;
   r.weight_bytes = state / 4;
   r.optimizer_bytes = state / 2;
@@ -227,6 +235,11 @@ RuntimeStats StageRuntime::Stats() const {
     }
   }
   return s;
+}
+
+std::string StageRuntime::current_job_id() const {
+  absl::MutexLock lock(&job_id_mu_);
+  return job_id_;
 }
 
 bool StageRuntime::configured() const {

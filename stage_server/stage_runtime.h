@@ -83,8 +83,10 @@ class StageRuntime {
   // refused before anything is allocated.
   absl::StatusOr<ConfigureResult> Configure(const JobConfig& config);
   absl::StatusOr<StepReport> RunStep(StepRequest request);
-  RuntimeStats Stats() const;
+  RuntimeStats Stats() const;  // waits for a running step to finish
   bool configured() const;
+  // The configured job, without waiting for a running step (heartbeats use it).
+  std::string current_job_id() const;
 
   // Parameters of the configured job by Hugging Face name, for checkpoints and tests.
   absl::StatusOr<std::vector<float>> GetParam(const std::string& name) const;
@@ -111,6 +113,8 @@ class StageRuntime {
   mutable absl::Mutex mu_;  // held for a whole step: one step at a time
   std::unique_ptr<Job> job_ ABSL_GUARDED_BY(mu_);
   int64_t steps_run_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable absl::Mutex job_id_mu_;  // never held across a step
+  std::string job_id_ ABSL_GUARDED_BY(job_id_mu_);
 };
 
 }  // namespace pipetrain::stage_server
