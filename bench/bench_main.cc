@@ -4,10 +4,12 @@
 #include "absl/strings/str_format.h"
 #include "bench/benchmark.h"
 #include "common/flags.h"
+#include "common/malloc_tuning.h"
 #include "nlohmann/json.hpp"
 
 int main(int argc, char** argv) {
   using namespace pipetrain;
+  common::KeepFreedMemoryForReuse();
   bool help = false, version = false, json = false, list = false;
   int64_t reps = 0;
   common::FlagSet flags("pipetrain-bench", "NAME [--json] [--repetitions N] | --list",

@@ -3,6 +3,7 @@
 
 #include "common/address.h"
 #include "common/flags.h"
+#include "common/malloc_tuning.h"
 #include "common/logging.h"
 #include "common/server_runner.h"
 #include "coordinator/coordinator_service.h"
@@ -15,6 +16,7 @@ constexpr int kDefaultPort = 7400;
 int main(int argc, char** argv) {
   using namespace pipetrain;
   common::BlockTerminationSignals();
+  common::KeepFreedMemoryForReuse();
 
   std::string listen = "127.0.0.1:7400";
   bool help = false, version = false;

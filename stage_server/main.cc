@@ -5,6 +5,7 @@
 #include "common/address.h"
 #include "common/cuda_probe.h"
 #include "common/flags.h"
+#include "common/malloc_tuning.h"
 #include "common/logging.h"
 #include "common/server_runner.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -17,6 +18,7 @@
 int main(int argc, char** argv) {
   using namespace pipetrain;
   common::BlockTerminationSignals();
+  common::KeepFreedMemoryForReuse();
 
   std::string listen = "127.0.0.1:0", device = "cpu", coordinator, advertise;
   int64_t threads = 1, memory_limit = 0;
