@@ -4,6 +4,7 @@
 #include "absl/strings/str_format.h"
 #include "client/cli.h"
 #include "client/local_model.h"
+#include "stage_server/compute/stack_checkpoint.h"
 #include "common/flags.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -104,16 +105,16 @@ int RunEval(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     ASSIGN_OR_RETURN(auto backend, compute::CpuBackend::Create(static_cast<int>(threads)));
     ASSIGN_OR_RETURN(auto stack, compute::LayerStack::Create(
                                      config, 0, config.num_pipeline_layers(), backend.get()));
-    RETURN_IF_ERROR(LoadStackParams(*stack, checkpoint->params, checkpoint_path));
+    if (absl::Status s = compute::RestoreStack(*checkpoint, *stack); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(checkpoint_path, ": ", s.message()));
+    }
     RETURN_IF_ERROR(stack->ZeroGrads());
     EvalResult r;
     r.tokens = int64_t{tokens->rows} * config.seq_len;
     ASSIGN_OR_RETURN(r.loss, compute::LossAndGrads(*stack, *tokens));
     if (!grads_out.empty()) {
-      ASSIGN_OR_RETURN(compute::ParamMap grads, StackTensors(*stack, /*grads=*/true));
-      if (absl::Status s =
-              compute::SaveCheckpoint(grads_out, WholeModelCheckpoint(config, std::move(grads)));
-          !s.ok()) {
+      ASSIGN_OR_RETURN(compute::Checkpoint grads, compute::GradientsOfStack(*stack));
+      if (absl::Status s = compute::SaveCheckpoint(grads_out, grads); !s.ok()) {
         return absl::Status(
             s.code(), absl::StrCat("--grads-out: cannot write ", grads_out, ": ", s.message()));
       }

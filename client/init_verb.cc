@@ -4,6 +4,7 @@
 #include "absl/strings/str_format.h"
 #include "client/cli.h"
 #include "client/local_model.h"
+#include "stage_server/compute/stack_checkpoint.h"
 #include "common/flags.h"
 #include "common/status_macros.h"
 #include "stage_server/compute/checkpoint.h"
@@ -42,8 +43,7 @@ int RunInit(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     ASSIGN_OR_RETURN(auto stack, compute::LayerStack::Create(
                                      *config, 0, config->num_pipeline_layers(), backend.get()));
     RETURN_IF_ERROR(stack->Initialize(static_cast<uint64_t>(seed)));
-    ASSIGN_OR_RETURN(compute::ParamMap params, StackTensors(*stack, /*grads=*/false));
-    return WholeModelCheckpoint(*config, std::move(params));
+    return compute::CheckpointOfStack(*stack, /*with_optimizer=*/false);
   }();
   if (!checkpoint.ok()) {
     err << "pipetrain init: " << checkpoint.status().message() << "\n";

@@ -138,42 +138,4 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, int64_t max_bytes)
   return contents;
 }
 
-absl::StatusOr<compute::ParamMap> StackTensors(const compute::LayerStack& stack, bool grads) {
-  compute::ParamMap out;
-  for (const compute::ParamSpec& p : stack.Params()) {
-    ASSIGN_OR_RETURN(std::vector<float> values,
-                     grads ? stack.GetGrad(p.name) : stack.GetParam(p.name));
-    ASSIGN_OR_RETURN(common::Tensor t, common::Tensor::Create(common::DType::kF32, p.shape));
-    auto data = t.data<float>();
-    if (data.size() != values.size()) {
-      return absl::InternalError(
-          absl::StrCat(p.name, " holds ", values.size(), " values; its shape wants ", data.size()));
-    }
-    std::copy(values.begin(), values.end(), data.begin());
-    out.emplace(p.name, std::move(t));
-  }
-  return out;
-}
-
-absl::Status LoadStackParams(compute::LayerStack& stack, const compute::ParamMap& params,
-                             const std::string& source) {
-  RETURN_IF_ERROR(
-      compute::ValidateParams(stack.config(), stack.begin(), stack.end(), params, source));
-  for (const compute::ParamSpec& p : stack.Params()) {
-    auto values = params.at(p.name).data<float>();
-    RETURN_IF_ERROR(stack.SetParam(p.name, std::vector<float>(values.begin(), values.end())));
-  }
-  return absl::OkStatus();
-}
-
-compute::Checkpoint WholeModelCheckpoint(const compute::GptConfig& config,
-                                         compute::ParamMap params) {
-  compute::Checkpoint c;
-  c.config = config;
-  c.layer_begin = 0;
-  c.layer_end = config.num_pipeline_layers();
-  c.params = std::move(params);
-  return c;
-}
-
 }  // namespace pipetrain::client

@@ -1,6 +1,6 @@
 // What the in-process verbs (init, eval, train-local) share: the --model argument (a
-// JSON file or inline JSON of pipetrain.v1.ModelConfig), reading a whole file, and
-// copying a whole-model LayerStack's weights or gradients to and from a ParamMap.
+// JSON file or inline JSON of pipetrain.v1.ModelConfig) and reading a file. Stacks go
+// to and from checkpoints through stage_server/compute/stack_checkpoint.h.
 #pragma once
 
 #include <cstdint>
@@ -30,17 +30,5 @@ absl::StatusOr<compute::GptConfig> ParseModelArg(const std::string& arg);
 
 // The file's first max_bytes bytes (all of it when max_bytes < 0); errors name the path.
 absl::StatusOr<std::string> ReadFile(const std::string& path, int64_t max_bytes = -1);
-
-// The parameters (or, with grads, their gradients) of a stack, by Hugging Face name,
-// as F32 tensors of the shapes gpt_config.h gives.
-absl::StatusOr<compute::ParamMap> StackTensors(const compute::LayerStack& stack, bool grads);
-// Sets every parameter of the stack from `params`, which must hold exactly the stack's
-// parameters (compute::ValidateParams); the error starts with `source`.
-absl::Status LoadStackParams(compute::LayerStack& stack, const compute::ParamMap& params,
-                             const std::string& source);
-
-// A checkpoint of the whole model holding `params` (weights or gradients).
-compute::Checkpoint WholeModelCheckpoint(const compute::GptConfig& config,
-                                         compute::ParamMap params);
 
 }  // namespace pipetrain::client

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "client/cli.h"
 #include "client/local_model.h"
+#include "stage_server/compute/stack_checkpoint.h"
 #include "common/flags.h"
 #include "nlohmann/json.hpp"
 #include "stage_server/compute/checkpoint.h"
@@ -163,10 +164,8 @@ int RunTrainLocal(const std::vector<std::string>& args, std::ostream& out, std::
         static_cast<double>(steps) * batch * config->seq_len / std::max(total_seconds, 1e-9));
   }
   if (!save_path.empty()) {
-    auto params = StackTensors((*trainer)->model(), /*grads=*/false);
-    absl::Status s = params.ok() ? compute::SaveCheckpoint(
-                                       save_path, WholeModelCheckpoint(*config, *std::move(params)))
-                                 : params.status();
+    auto trained = compute::CheckpointOfStack((*trainer)->model(), /*with_optimizer=*/false);
+    absl::Status s = trained.ok() ? compute::SaveCheckpoint(save_path, *trained) : trained.status();
     if (!s.ok()) {
       err << "pipetrain train-local: --save: cannot write " << save_path << ": " << s.message()
           << "\n";

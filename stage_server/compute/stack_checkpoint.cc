@@ -19,13 +19,27 @@ std::vector<float> Values(const common::Tensor& t) {
   return {d.begin(), d.end()};
 }
 
-}  // namespace
-
-absl::StatusOr<Checkpoint> CheckpointOfStack(const LayerStack& stack, bool with_optimizer) {
+Checkpoint EmptyCheckpointOf(const LayerStack& stack) {
   Checkpoint c;
   c.config = stack.config();
   c.layer_begin = stack.begin();
   c.layer_end = stack.end();
+  return c;
+}
+
+}  // namespace
+
+absl::StatusOr<Checkpoint> GradientsOfStack(const LayerStack& stack) {
+  Checkpoint c = EmptyCheckpointOf(stack);
+  for (const ParamSpec& p : stack.Params()) {
+    ASSIGN_OR_RETURN(std::vector<float> g, stack.GetGrad(p.name));
+    ASSIGN_OR_RETURN(c.params[p.name], ToTensor(p, g));
+  }
+  return c;
+}
+
+absl::StatusOr<Checkpoint> CheckpointOfStack(const LayerStack& stack, bool with_optimizer) {
+  Checkpoint c = EmptyCheckpointOf(stack);
   if (with_optimizer) c.optimizer.emplace().step = stack.step();
   for (const ParamSpec& p : stack.Params()) {
     ASSIGN_OR_RETURN(std::vector<float> v, stack.GetParam(p.name));

@@ -9,6 +9,9 @@
 namespace pipetrain::compute {
 
 absl::StatusOr<Checkpoint> CheckpointOfStack(const LayerStack& stack, bool with_optimizer);
+// The stack's gradients in checkpoint form (each under its parameter's name), as
+// `pipetrain eval --grads-out` writes them.
+absl::StatusOr<Checkpoint> GradientsOfStack(const LayerStack& stack);
 // The checkpoint must hold exactly the stack's layer range of the same model; its
 // optimizer state, when present, replaces the stack's.
 absl::Status RestoreStack(const Checkpoint& checkpoint, LayerStack& stack);
