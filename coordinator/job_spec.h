@@ -1,0 +1,45 @@
+// Job specs as users write them: JSON in the protobuf JSON mapping of JobSpec with
+// snake_case names. Parsing names unknown fields by their path, `--set a.b=VALUE`
+// overrides any field, defaults are filled in one place, and Validate checks everything
+// that can be checked without a cluster, each error naming its field.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "pipetrain/v1/job.pb.h"
+
+namespace pipetrain::coordinator {
+
+// Applies overrides "PATH=VALUE" (PATH a dotted field path such as pipeline.stages or
+// training.lr) to a JSON object text, creating intermediate objects as needed. VALUE is
+// taken as JSON when it parses as a number, true, false, null or a quoted string, and
+// as a plain string otherwise (--set pipeline.schedule=gpipe). Errors name the override.
+absl::StatusOr<std::string> ApplyOverrides(absl::string_view json,
+                                           const std::vector<std::string>& overrides);
+
+// Parses a spec. INVALID_ARGUMENT for malformed JSON (with line and column), unknown
+// fields ("unknown field 'pipeline.stagse'", every one of them), and values of the
+// wrong type (naming the field).
+absl::StatusOr<pipetrain::v1::JobSpec> ParseJobSpec(absl::string_view json);
+
+// The spec with every unset field given its default: pipeline.schedule "1f1b",
+// pipeline.chunks 1 (2 for interleaved), pipeline.recompute "never",
+// pipeline.micro_batches = stages, training.beta1 0.9, beta2 0.95, weight_decay 0.1,
+// data.validation_fraction 0.05, name = the corpus file's name.
+pipetrain::v1::JobSpec WithDefaults(pipetrain::v1::JobSpec spec);
+
+// Checks a spec (after WithDefaults) without looking at the cluster or the corpus:
+// model shape, pipeline (schedule and recompute names, chunks, stages <= pipeline layers,
+// micro-batches dividing the batch), training (steps > 0, lr > 0, betas in [0, 1),
+// grad_clip_norm only on one stage), data (corpus given, validation_fraction in [0, 1)),
+// checkpoint (every_steps >= 0). The first error, naming its field, e.g.
+// "training.batch_size: 10 is not divisible by pipeline.micro_batches 4".
+absl::Status ValidateJobSpec(const pipetrain::v1::JobSpec& spec);
+
+// The spec as pretty JSON (snake_case names, defaults included), for `status --json`.
+std::string JobSpecToJson(const pipetrain::v1::JobSpec& spec);
+
+}  // namespace pipetrain::coordinator

@@ -1,0 +1,73 @@
+// Which stage servers the coordinator knows: they register and heartbeat; one that
+// misses heartbeats for longer than the timeout is LOST until it heartbeats or
+// registers again. Jobs take idle stages and give them back. Pure and thread-safe; the
+// clock is injected so tests control time.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "pipetrain/v1/coordinator.pb.h"
+
+namespace pipetrain::coordinator {
+
+struct StageRecord {
+  std::string stage_id;  // "stage-1", "stage-2", ... in registration order
+  std::string address;
+  pipetrain::v1::DeviceInfo device;
+  absl::Time registered;
+  absl::Time last_heartbeat;
+  std::string job_id;  // the job holding it, "" when free
+  bool lost = false;
+};
+
+class StageRegistry {
+ public:
+  explicit StageRegistry(absl::Duration heartbeat_timeout,
+                         std::function<absl::Time()> now = [] { return absl::Now(); });
+
+  // A stage registering again from an address already known keeps its id (and any
+  // job holding it); otherwise it gets a new id. INVALID_ARGUMENT if address is empty.
+  absl::StatusOr<std::string> Register(const std::string& address,
+                                       const pipetrain::v1::DeviceInfo& device);
+  // False if the id is unknown (the stage should register again). A lost stage that
+  // heartbeats is no longer lost.
+  bool Heartbeat(const std::string& stage_id);
+
+  // Marks stages whose last heartbeat is older than the timeout as lost; returns the
+  // ids newly marked. Called by Snapshot/Acquire and by the coordinator's timer.
+  std::vector<std::string> Sweep();
+
+  // Takes `count` stages that are free and not lost for `job_id`, oldest registration
+  // first, each with at least `min_memory_bytes` (0 = any). nullopt if there are not
+  // enough; nothing is taken then.
+  std::optional<std::vector<StageRecord>> Acquire(const std::string& job_id, int count,
+                                                  uint64_t min_memory_bytes = 0);
+  // Frees every stage held by `job_id`.
+  void Release(const std::string& job_id);
+  // Marks one stage lost now (the step driver found it unreachable).
+  void MarkLost(const std::string& stage_id);
+
+  // Stages that are free and not lost, and how many there are in all (not lost).
+  int FreeCount(uint64_t min_memory_bytes = 0);
+  int LiveCount();
+  std::optional<StageRecord> Find(const std::string& stage_id);
+  // Every stage in registration order as the API shows it (state IDLE, BUSY or LOST).
+  std::vector<pipetrain::v1::StageInfo> Snapshot();
+
+ private:
+  void SweepLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const absl::Duration timeout_;
+  const std::function<absl::Time()> now_;
+  absl::Mutex mu_;
+  std::vector<StageRecord> stages_ ABSL_GUARDED_BY(mu_);
+  int next_id_ ABSL_GUARDED_BY(mu_) = 1;
+};
+
+}  // namespace pipetrain::coordinator
