@@ -83,11 +83,16 @@ absl::StatusOr<RunningServer> StartServer(grpc::ServerBuilder& builder,
   return out;
 }
 
-void WaitForTerminationSignal(grpc::Server* server, absl::Duration grace) {
+int WaitForTerminationSignal() {
   sigset_t set = TerminationSignals();
   int sig = 0;
   sigwait(&set, &sig);
   LogInfo("server", absl::StrCat("received signal ", sig, ", shutting down"));
+  return sig;
+}
+
+void WaitForTerminationSignal(grpc::Server* server, absl::Duration grace) {
+  WaitForTerminationSignal();
   server->Shutdown(std::chrono::system_clock::now() + absl::ToChronoSeconds(grace));
 }
 

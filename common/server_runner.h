@@ -42,5 +42,8 @@ absl::StatusOr<RunningServer> StartServer(grpc::ServerBuilder& builder,
 // Blocks until SIGINT or SIGTERM, then shuts the server down, letting calls in
 // flight finish for at most `grace`.
 void WaitForTerminationSignal(grpc::Server* server, absl::Duration grace);
+// Blocks until SIGINT or SIGTERM; returns the signal. For servers with work to wind
+// down before the gRPC server shuts down.
+int WaitForTerminationSignal();
 
 }  // namespace pipetrain::common

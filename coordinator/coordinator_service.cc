@@ -1,1 +1,80 @@
 #include "coordinator/coordinator_service.h"
+
+#include "common/grpc_status.h"
+
+namespace pipetrain::coordinator {
+
+namespace pb = ::pipetrain::v1;
+using common::ToGrpcStatus;
+
+namespace {
+
+// Copies an OK result into `out`, or returns its error as a gRPC status.
+template <typename T>
+grpc::Status Answer(absl::StatusOr<T> result, T* out) {
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  *out = *std::move(result);
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext*, const pb::SubmitJobRequest* req,
+                                           pb::SubmitJobResponse* resp) {
+  absl::StatusOr<std::string> id = manager_->Submit(req->spec());
+  if (!id.ok()) return ToGrpcStatus(id.status());
+  resp->set_job_id(*id);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::GetJob(grpc::ServerContext*, const pb::GetJobRequest* req,
+                                        pb::JobStatus* resp) {
+  return Answer(manager_->Get(req->job_id(), req->include_history()), resp);
+}
+
+grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*, const pb::ListJobsRequest* req,
+                                          pb::ListJobsResponse* resp) {
+  absl::StatusOr<std::vector<pb::JobStatus>> jobs = manager_->List(req->limit());
+  if (!jobs.ok()) return ToGrpcStatus(jobs.status());
+  for (pb::JobStatus& j : *jobs) *resp->add_jobs() = std::move(j);
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::CancelJob(grpc::ServerContext*, const pb::CancelJobRequest* req,
+                                           pb::JobStatus* resp) {
+  return Answer(manager_->Cancel(req->job_id()), resp);
+}
+
+grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* ctx, const pb::WatchJobRequest* req,
+                                          grpc::ServerWriter<pb::JobEvent>* writer) {
+  return ToGrpcStatus(manager_->Watch(
+      req->job_id(), req->from_step(), req->no_follow(),
+      [&](const pb::JobEvent& e) { return !ctx->IsCancelled() && writer->Write(e); },
+      [&] { return !ctx->IsCancelled(); }));
+}
+
+grpc::Status CoordinatorService::GetTimeline(grpc::ServerContext*,
+                                             const pb::GetTimelineRequest* req,
+                                             pb::Timeline* resp) {
+  return Answer(manager_->Timeline(req->job_id(), req->last_steps()), resp);
+}
+
+grpc::Status CoordinatorService::GetCluster(grpc::ServerContext*, const pb::GetClusterRequest*,
+                                            pb::ClusterStatus* resp) {
+  *resp = manager_->Cluster();
+  return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::RegisterStage(grpc::ServerContext*,
+                                               const pb::RegisterStageRequest* req,
+                                               pb::RegisterStageResponse* resp) {
+  return Answer(manager_->RegisterStage(*req), resp);
+}
+
+grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*, const pb::HeartbeatRequest* req,
+                                           pb::HeartbeatResponse* resp) {
+  *resp = manager_->Heartbeat(*req);
+  return grpc::Status::OK;
+}
+
+}  // namespace pipetrain::coordinator

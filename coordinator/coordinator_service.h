@@ -1,12 +1,37 @@
-// The Coordinator gRPC service. It only translates between proto messages and the
-// coordinator's domain code; until the job store, registry and step driver exist
-// (issue "Coordinator, CLI and a local cluster"), every RPC answers UNIMPLEMENTED.
+// The Coordinator gRPC service: translates between proto messages and the JobManager,
+// and absl statuses into gRPC ones. No logic of its own.
 #pragma once
 
+#include "coordinator/job_manager.h"
 #include "pipetrain/v1/coordinator.grpc.pb.h"
 
 namespace pipetrain::coordinator {
 
-class CoordinatorService final : public pipetrain::v1::Coordinator::Service {};
+class CoordinatorService final : public pipetrain::v1::Coordinator::Service {
+ public:
+  explicit CoordinatorService(JobManager* manager) : manager_(manager) {}
+
+  grpc::Status SubmitJob(grpc::ServerContext*, const pipetrain::v1::SubmitJobRequest*,
+                         pipetrain::v1::SubmitJobResponse*) override;
+  grpc::Status GetJob(grpc::ServerContext*, const pipetrain::v1::GetJobRequest*,
+                      pipetrain::v1::JobStatus*) override;
+  grpc::Status ListJobs(grpc::ServerContext*, const pipetrain::v1::ListJobsRequest*,
+                        pipetrain::v1::ListJobsResponse*) override;
+  grpc::Status CancelJob(grpc::ServerContext*, const pipetrain::v1::CancelJobRequest*,
+                         pipetrain::v1::JobStatus*) override;
+  grpc::Status WatchJob(grpc::ServerContext*, const pipetrain::v1::WatchJobRequest*,
+                        grpc::ServerWriter<pipetrain::v1::JobEvent>*) override;
+  grpc::Status GetTimeline(grpc::ServerContext*, const pipetrain::v1::GetTimelineRequest*,
+                           pipetrain::v1::Timeline*) override;
+  grpc::Status GetCluster(grpc::ServerContext*, const pipetrain::v1::GetClusterRequest*,
+                          pipetrain::v1::ClusterStatus*) override;
+  grpc::Status RegisterStage(grpc::ServerContext*, const pipetrain::v1::RegisterStageRequest*,
+                             pipetrain::v1::RegisterStageResponse*) override;
+  grpc::Status Heartbeat(grpc::ServerContext*, const pipetrain::v1::HeartbeatRequest*,
+                         pipetrain::v1::HeartbeatResponse*) override;
+
+ private:
+  JobManager* manager_;
+};
 
 }  // namespace pipetrain::coordinator

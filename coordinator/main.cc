@@ -1,35 +1,50 @@
 // pipetrain-coordinator: plans jobs, drives their steps and serves the API.
 #include <iostream>
 
+#include "absl/strings/str_cat.h"
 #include "common/address.h"
 #include "common/flags.h"
-#include "common/malloc_tuning.h"
 #include "common/logging.h"
+#include "common/malloc_tuning.h"
 #include "common/server_runner.h"
 #include "coordinator/coordinator_service.h"
+#include "coordinator/http_api.h"
+#include "coordinator/job_manager.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
 
 namespace {
 constexpr int kDefaultPort = 7400;
-}
+constexpr int kDefaultHttpPort = 7401;
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace pipetrain;
   common::BlockTerminationSignals();
   common::KeepFreedMemoryForReuse();
 
-  std::string listen = "127.0.0.1:7400";
+  std::string listen = "127.0.0.1:7400", state_dir, http;
+  double heartbeat_timeout = 5;
   bool help = false, version = false;
   common::FlagSet flags(
-      "pipetrain-coordinator", "[--listen HOST:PORT]",
-      "Plans pipeline-parallel training jobs over the registered stage servers and\n"
-      "serves the pipetrain API (gRPC service pipetrain.v1.Coordinator, gRPC health and\n"
-      "reflection). Runs until SIGINT or SIGTERM. This build serves the API surface\n"
-      "only: job and stage RPCs answer UNIMPLEMENTED until the job store lands.");
-  flags.AddString("listen", &listen, "address to serve on; port 0 picks a free port",
+      "pipetrain-coordinator", "--state-dir DIR [--listen HOST:PORT] [--http HOST:PORT]",
+      "Plans pipeline-parallel training jobs over the registered stage servers, drives\n"
+      "them step by step, checkpoints them, and serves the pipetrain API (gRPC service\n"
+      "pipetrain.v1.Coordinator, gRPC health and reflection; JSON over HTTP with --http).\n"
+      "Jobs, their step history and logs are kept in DIR/jobs.db (SQLite), checkpoints in\n"
+      "DIR/checkpoints/JOB/step-N/. Runs until SIGINT or SIGTERM; a job running then\n"
+      "stops after its current step and is recorded as FAILED, naming its last checkpoint.");
+  flags.AddString("listen", &listen, "gRPC address to serve on; port 0 picks a free port",
                   "HOST:PORT");
+  flags.AddString("state-dir", &state_dir, "folder for the job store and checkpoints (created)",
+                  "DIR");
+  flags.AddString("http", &http, "also serve the JSON API (/api/jobs, /api/cluster) here",
+                  "HOST:PORT");
+  flags.AddDouble("heartbeat-timeout", &heartbeat_timeout,
+                  "seconds without a heartbeat after which a stage is marked lost", "S");
   flags.AddBool("help", &help, "print this help and exit");
   flags.AddBool("version", &version, "print the version and exit");
+  flags.MarkRequired("state-dir");
   auto positionals = flags.Parse(common::Args(argc, argv));
   absl::Status parse_status = positionals.status();
   if (parse_status.ok() && !positionals->empty()) {
@@ -42,8 +57,45 @@ int main(int argc, char** argv) {
     std::cerr << "pipetrain-coordinator: " << address.status().message() << "\n";
     return 2;
   }
+  std::optional<common::HostPort> http_address;
+  if (!http.empty()) {
+    auto a = common::ParseHostPort(http, kDefaultHttpPort, "--http");
+    if (!a.ok()) {
+      std::cerr << "pipetrain-coordinator: " << a.status().message() << "\n";
+      return 2;
+    }
+    http_address = *a;
+  }
+  if (!(heartbeat_timeout > 0)) {
+    std::cerr << "pipetrain-coordinator: --heartbeat-timeout must be > 0 seconds\n";
+    return 2;
+  }
+
+  coordinator::ManagerOptions options;
+  options.state_dir = state_dir;
+  options.heartbeat_timeout = absl::Seconds(heartbeat_timeout);
+  options.heartbeat_interval = std::min(absl::Seconds(1), options.heartbeat_timeout / 3);
+  auto manager = coordinator::JobManager::Create(options);
+  if (!manager.ok()) {
+    std::cerr << "pipetrain-coordinator: " << manager.status().message() << "\n";
+    return 1;
+  }
+  std::unique_ptr<coordinator::HttpApi> api;
+  if (http_address) {
+    auto started = coordinator::HttpApi::Start(manager->get(), http_address->host,
+                                               http_address->port);
+    if (!started.ok()) {
+      std::cerr << "pipetrain-coordinator: " << started.status().message() << "\n";
+      return 1;
+    }
+    api = *std::move(started);
+    std::cout << "coordinator http listening on " << http_address->host << ":" << api->port()
+              << std::endl;
+  }
+
+  grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  coordinator::CoordinatorService service;
+  coordinator::CoordinatorService service(manager->get());
   grpc::ServerBuilder builder;
   builder.RegisterService(&service);
   auto server = common::StartServer(builder, *address, "coordinator");
@@ -51,7 +103,13 @@ int main(int argc, char** argv) {
     std::cerr << "pipetrain-coordinator: " << server.status().message() << "\n";
     return 1;
   }
-  common::WaitForTerminationSignal(server->server.get(), absl::Seconds(2));
+  common::LogInfo("coordinator", absl::StrCat("state in ", state_dir));
+  common::WaitForTerminationSignal();
+  // Jobs stop first (each finishes its current step and is recorded), so that the
+  // watchers' streams end with the jobs' last state; then the servers stop.
+  (*manager)->Shutdown();
+  server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  api.reset();
   common::LogInfo("coordinator", "stopped");
   return 0;
 }

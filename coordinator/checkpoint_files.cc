@@ -1,0 +1,112 @@
+#include "coordinator/checkpoint_files.h"
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/atomic_file.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace pipetrain::coordinator {
+
+namespace fs = std::filesystem;
+
+std::string ShardFileName(int stage, int chunk, int num_chunks) {
+  if (num_chunks <= 1) return absl::StrCat("stage-", stage, ".safetensors");
+  return absl::StrCat("stage-", stage, "-chunk-", chunk, ".safetensors");
+}
+
+absl::Status WriteCheckpointFolder(const std::string& dir, const std::vector<ShardFile>& shards,
+                                   int num_chunks) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("checkpoint folder ", dir, ": ", ec.message()));
+  std::vector<std::string> paths;
+  for (const ShardFile& s : shards) {
+    const std::string path = (fs::path(dir) / ShardFileName(s.stage, s.chunk, num_chunks)).string();
+    RETURN_IF_ERROR(common::WriteFileAtomically(path, s.bytes));
+    paths.push_back(path);
+  }
+  return compute::WriteCheckpointIndex(
+      (fs::path(dir) / compute::kCheckpointIndexFileName).string(), paths);
+}
+
+absl::StatusOr<compute::Checkpoint> LoadWholeCheckpoint(const std::string& path,
+                                                        const std::string& field) {
+  std::error_code ec;
+  auto bad = [&](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
+  };
+  if (!fs::is_directory(path, ec)) {
+    if (!fs::exists(path, ec)) {
+      return bad(absl::StrCat("'", path, "' does not exist on the coordinator's machine"));
+    }
+    absl::StatusOr<compute::Checkpoint> one = compute::LoadCheckpoint(path);
+    if (!one.ok()) return bad(std::string(one.status().message()));
+    return one;
+  }
+  const fs::path index = fs::path(path) / compute::kCheckpointIndexFileName;
+  std::ifstream in(index);
+  if (!in) {
+    return bad(absl::StrCat("'", path, "' has no ", compute::kCheckpointIndexFileName,
+                            "; give a checkpoint folder the coordinator wrote (its index is "
+                            "written last, so a folder without one is incomplete) or one "
+                            ".safetensors file"));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  const nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") ||
+      !j["weight_map"].is_object()) {
+    return bad(absl::StrCat(index.string(), " is not a Hugging Face index (no weight_map)"));
+  }
+  std::set<std::string> files;
+  for (const auto& [name, file] : j["weight_map"].items()) {
+    if (!file.is_string()) return bad(absl::StrCat(index.string(), ": weight_map['", name, "'] is not a string"));
+    files.insert(file.get<std::string>());
+  }
+  std::vector<compute::Checkpoint> parts;
+  for (const std::string& f : files) {
+    absl::StatusOr<compute::Checkpoint> part = compute::LoadCheckpoint((fs::path(path) / f).string());
+    if (!part.ok()) return bad(std::string(part.status().message()));
+    parts.push_back(*std::move(part));
+  }
+  absl::StatusOr<compute::Checkpoint> whole = compute::MergeCheckpoints(std::move(parts));
+  if (!whole.ok()) return bad(absl::StrCat(path, ": ", whole.status().message()));
+  return whole;
+}
+
+absl::StatusOr<compute::Checkpoint> SliceCheckpoint(const compute::Checkpoint& whole, int begin,
+                                                    int end) {
+  if (begin < whole.layer_begin || end > whole.layer_end || begin >= end) {
+    return absl::InvalidArgumentError(absl::StrCat("layers [", begin, ", ", end,
+                                                   ") are not inside the checkpoint's [",
+                                                   whole.layer_begin, ", ", whole.layer_end, ")"));
+  }
+  compute::Checkpoint part;
+  part.config = whole.config;
+  part.layer_begin = begin;
+  part.layer_end = end;
+  if (whole.optimizer) part.optimizer.emplace().step = whole.optimizer->step;
+  for (const compute::ParamSpec& p : compute::RangeParams(whole.config, begin, end)) {
+    auto take = [&](const compute::ParamMap& from, compute::ParamMap& to) -> absl::Status {
+      auto it = from.find(p.name);
+      if (it == from.end()) {
+        return absl::InvalidArgumentError(absl::StrCat("checkpoint has no tensor '", p.name, "'"));
+      }
+      to.emplace(p.name, it->second.Clone());
+      return absl::OkStatus();
+    };
+    RETURN_IF_ERROR(take(whole.params, part.params));
+    if (whole.optimizer) {
+      RETURN_IF_ERROR(take(whole.optimizer->m, part.optimizer->m));
+      RETURN_IF_ERROR(take(whole.optimizer->v, part.optimizer->v));
+    }
+  }
+  return part;
+}
+
+}  // namespace pipetrain::coordinator

@@ -1,0 +1,35 @@
+// The monitoring API as JSON over HTTP (`pipetrain-coordinator --http`), for dashboards
+// and curl: GET /api/jobs, /api/jobs/ID (with every step), /api/jobs/ID/timeline
+// (?steps=N), /api/cluster. The bodies are the gRPC messages in the protobuf JSON
+// mapping with snake_case names. Read-only; translation only.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "coordinator/job_manager.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace pipetrain::coordinator {
+
+class HttpApi {
+ public:
+  // Binds host:port (port 0 picks one) and serves on a background thread.
+  static absl::StatusOr<std::unique_ptr<HttpApi>> Start(JobManager* manager,
+                                                        const std::string& host, int port);
+  ~HttpApi();  // stops serving
+  int port() const { return port_; }
+
+ private:
+  HttpApi() = default;
+  std::unique_ptr<httplib::Server> server_;
+  std::thread thread_;
+  int port_ = 0;
+};
+
+}  // namespace pipetrain::coordinator

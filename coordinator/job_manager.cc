@@ -1,0 +1,406 @@
+#include "coordinator/job_manager.h"
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "coordinator/corpus.h"
+#include "coordinator/job_spec.h"
+#include "coordinator/planner/planner.h"
+
+namespace pipetrain::coordinator {
+
+namespace pb = ::pipetrain::v1;
+
+struct JobManager::LiveJob {
+  pb::JobStatus status;  // guarded by JobManager::mu_
+  JobEvents events;
+  std::atomic<bool> cancel{false};
+  std::thread thread;
+};
+
+namespace {
+
+void SetNow(google::protobuf::Timestamp* t) {
+  const absl::Duration since = absl::Now() - absl::UnixEpoch();
+  const int64_t us = absl::ToInt64Microseconds(since);
+  t->set_seconds(us / 1000000);
+  t->set_nanos(static_cast<int32_t>(us % 1000000) * 1000);
+}
+
+bool Ended(pb::JobStatus::State s) {
+  return s == pb::JobStatus::SUCCEEDED || s == pb::JobStatus::FAILED ||
+         s == pb::JobStatus::CANCELLED;
+}
+
+pb::JobEvent StateEvent(const pb::JobStatus& status) {
+  pb::JobEvent e;
+  *e.mutable_state_change() = status;
+  e.mutable_state_change()->clear_history();
+  return e;
+}
+
+std::string MiB(double bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(ManagerOptions options) {
+  std::error_code ec;
+  std::filesystem::create_directories(options.state_dir, ec);
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--state-dir ", options.state_dir, ": ", ec.message()));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<JobStore> store,
+                   JobStore::Open(options.state_dir + "/jobs.db"));
+  std::unique_ptr<JobManager> m(new JobManager(std::move(options), std::move(store)));
+  ASSIGN_OR_RETURN(std::vector<pb::JobStatus> jobs, m->store_->List(0));
+  {
+    absl::MutexLock lock(&m->mu_);
+    for (auto it = jobs.rbegin(); it != jobs.rend(); ++it) {  // oldest first
+      pb::JobStatus& job = *it;
+      if (job.state() == pb::JobStatus::QUEUED) {
+        m->Enqueue(job);
+      } else if (job.state() == pb::JobStatus::RUNNING) {
+        job.set_state(pb::JobStatus::FAILED);
+        job.set_reason(absl::StrCat(
+            "the coordinator stopped while the job was running (after step ", job.steps_done(),
+            ")", job.checkpoint_dir().empty()
+                     ? std::string()
+                     : absl::StrCat("; resubmit with --init-from ", job.checkpoint_dir())));
+        SetNow(job.mutable_finished());
+        RETURN_IF_ERROR(m->store_->Update(job));
+      }
+    }
+  }
+  m->scheduler_ = std::thread([p = m.get()] { p->SchedulerLoop(); });
+  return m;
+}
+
+JobManager::JobManager(ManagerOptions options, std::unique_ptr<JobStore> store)
+    : options_(std::move(options)), store_(std::move(store)),
+      registry_(options_.heartbeat_timeout) {}
+
+JobManager::~JobManager() { Shutdown(); }
+
+void JobManager::Shutdown() {
+  shutting_down_ = true;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    wake_.SignalAll();
+  }
+  if (scheduler_.joinable()) scheduler_.join();
+  std::vector<std::thread*> threads;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, job] : live_) threads.push_back(&job->thread);
+  }
+  for (std::thread* t : threads) if (t->joinable()) t->join();
+}
+
+absl::Status JobManager::CheckFits(const pb::JobSpec& spec) {
+  ASSIGN_OR_RETURN(planner::PlanOptions po, planner::OptionsFromJobSpec(spec));
+  ASSIGN_OR_RETURN(planner::Plan plan, planner::MakePlan(po));
+  double need = 0;
+  for (const planner::StagePlan& s : plan.stages) {
+    need = std::max(need, s.state_bytes + s.peak_activation_bytes);
+  }
+  int enough = 0, live = 0;
+  for (const pb::StageInfo& s : registry_.Snapshot()) {
+    if (s.state() == pb::StageInfo::LOST) continue;
+    ++live;
+    if (s.device().memory_bytes() == 0 || s.device().memory_bytes() >= need) ++enough;
+  }
+  const int k = spec.pipeline().stages();
+  if (live >= k && enough < k) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model: does not fit the stages' memory: each of the ", k, " stages needs ", MiB(need),
+        " (weights, gradients, AdamW state and activations) but only ", enough, " of the ", live,
+        " registered stages have that much; use more stages (pipeline.stages), recompute "
+        "(pipeline.recompute=always), more micro-batches or a smaller model"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> JobManager::Submit(pb::JobSpec spec) {
+  spec = WithDefaults(std::move(spec));
+  RETURN_IF_ERROR(ValidateJobSpec(spec));
+  RETURN_IF_ERROR(LoadCorpus(spec).status());
+  if (!spec.init_from().empty() && !std::filesystem::exists(spec.init_from())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "init_from: '", spec.init_from(), "' does not exist on the coordinator's machine"));
+  }
+  RETURN_IF_ERROR(CheckFits(spec));
+  ASSIGN_OR_RETURN(std::string id, store_->NextJobId());
+  pb::JobStatus status;
+  status.set_job_id(id);
+  *status.mutable_spec() = spec;
+  status.set_state(pb::JobStatus::QUEUED);
+  SetNow(status.mutable_created());
+  RETURN_IF_ERROR(store_->Insert(status));
+  LiveJob* job = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("the coordinator is stopping; submit again later");
+    Enqueue(status);
+    job = live_[id].get();
+  }
+  const int free = registry_.FreeCount(), k = spec.pipeline().stages();
+  if (free < k) {
+    Log(job, absl::StrCat("queued: needs ", k, " free stages, ", free, " free of ",
+                          registry_.LiveCount(), " registered"));
+  }
+  return id;
+}
+
+void JobManager::Enqueue(pb::JobStatus status) {
+  auto job = std::make_unique<LiveJob>();
+  job->status = status;
+  job->events.Append(StateEvent(status));
+  queue_.push_back(status.job_id());
+  live_[status.job_id()] = std::move(job);
+  wake_.SignalAll();
+}
+
+JobManager::LiveJob* JobManager::FindLive(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = live_.find(job_id);
+  return it == live_.end() ? nullptr : it->second.get();
+}
+
+void JobManager::SchedulerLoop() {
+  absl::MutexLock lock(&mu_);
+  while (!stopping_) {
+    mu_.Unlock();
+    for (const std::string& id : registry_.Sweep()) {
+      common::LogWarning("coordinator", absl::StrCat(id, " missed its heartbeats: lost"));
+    }
+    mu_.Lock();
+    for (auto it = queue_.begin(); it != queue_.end() && !stopping_;) {
+      LiveJob* job = live_[*it].get();
+      const int k = job->status.spec().pipeline().stages();
+      std::optional<std::vector<StageRecord>> stages = registry_.Acquire(*it, k);
+      if (!stages) {
+        ++it;
+        continue;
+      }
+      it = queue_.erase(it);
+      job->thread = std::thread([this, job, s = *std::move(stages)] { Drive(job, s); });
+    }
+    wake_.WaitWithTimeout(&mu_, options_.heartbeat_interval);
+  }
+}
+
+void JobManager::Log(LiveJob* job, const std::string& text) {
+  pb::LogLine line;
+  SetNow(line.mutable_time());
+  line.set_text(text);
+  std::string id;
+  {
+    absl::MutexLock lock(&mu_);
+    id = job->status.job_id();
+  }
+  common::LogInfo("coordinator", absl::StrCat(id, ": ", text));
+  if (absl::Status s = store_->AppendLog(id, line); !s.ok()) {
+    common::LogWarning("coordinator", std::string(s.message()));
+  }
+  pb::JobEvent e;
+  *e.mutable_log() = line;
+  job->events.Append(std::move(e));
+}
+
+void JobManager::SetState(LiveJob* job, pb::JobStatus::State state, const std::string& reason) {
+  pb::JobStatus copy;
+  {
+    absl::MutexLock lock(&mu_);
+    job->status.set_state(state);
+    job->status.set_reason(reason);
+    if (state == pb::JobStatus::RUNNING) SetNow(job->status.mutable_started());
+    if (Ended(state)) SetNow(job->status.mutable_finished());
+    copy = job->status;
+  }
+  if (absl::Status s = store_->Update(copy); !s.ok()) {
+    common::LogWarning("coordinator", std::string(s.message()));
+  }
+  job->events.Append(StateEvent(copy));
+  if (Ended(state)) job->events.End();
+}
+
+void JobManager::Drive(LiveJob* job, std::vector<StageRecord> stages) {
+  std::string id;
+  pb::JobSpec spec;
+  {
+    absl::MutexLock lock(&mu_);
+    id = job->status.job_id();
+    spec = job->status.spec();
+    for (const StageRecord& s : stages) job->status.add_stage_ids(s.stage_id);
+  }
+  SetState(job, pb::JobStatus::RUNNING, "");
+  std::vector<RunnerStage> runner_stages;
+  for (const StageRecord& s : stages) runner_stages.push_back({s.stage_id, s.address, s.device});
+  RunnerOptions options = options_.runner;
+  options.checkpoint_root = absl::StrCat(options_.state_dir, "/checkpoints/", id);
+  RunnerHooks hooks;
+  hooks.log = [&](const std::string& text) { Log(job, text); };
+  hooks.running = [&](double) {};
+  hooks.step = [&](const pb::StepRecord& record, std::vector<pb::TimelineEvent> timeline) {
+    pb::JobStatus copy;
+    {
+      absl::MutexLock lock(&mu_);
+      job->status.set_steps_done(record.step());
+      copy = job->status;
+    }
+    if (absl::Status s = store_->AppendStep(id, record); !s.ok()) {
+      common::LogWarning("coordinator", std::string(s.message()));
+    }
+    if (absl::Status s = store_->Update(copy); !s.ok()) {
+      common::LogWarning("coordinator", std::string(s.message()));
+    }
+    job->events.AddTimeline(record.step(), std::move(timeline));
+    pb::JobEvent e;
+    *e.mutable_step() = record;
+    job->events.Append(std::move(e));
+  };
+  hooks.checkpoint = [&](const std::string& dir, int64_t step) {
+    {
+      absl::MutexLock lock(&mu_);
+      job->status.set_checkpoint_dir(dir);
+    }
+    Log(job, absl::StrCat("checkpoint of step ", step, " written to ", dir));
+  };
+  hooks.cancelled = [&] { return job->cancel.load() || shutting_down_.load(); };
+  RunOutcome out = RunJob(id, spec, runner_stages, options, hooks);
+  if (out.state == pb::JobStatus::CANCELLED && !job->cancel.load()) {
+    std::string dir;
+    {
+      absl::MutexLock lock(&mu_);
+      dir = job->status.checkpoint_dir();
+    }
+    out.state = pb::JobStatus::FAILED;
+    out.reason = absl::StrCat("the coordinator stopped while the job was running (", out.reason,
+                              ")", dir.empty() ? "" : absl::StrCat("; resubmit with --init-from ", dir));
+  }
+  for (const std::string& lost : out.lost_stage_ids) registry_.MarkLost(lost);
+  registry_.Release(id);
+  if (!out.reason.empty()) Log(job, out.reason);
+  SetState(job, out.state, out.reason);
+  absl::MutexLock lock(&mu_);
+  wake_.SignalAll();
+}
+
+absl::StatusOr<pb::JobStatus> JobManager::Get(const std::string& job_id, bool history) {
+  return store_->Get(job_id, history);
+}
+
+absl::StatusOr<std::vector<pb::JobStatus>> JobManager::List(int limit) {
+  return store_->List(limit);
+}
+
+absl::StatusOr<pb::JobStatus> JobManager::Cancel(const std::string& job_id) {
+  LiveJob* queued = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = live_.find(job_id);
+    if (it != live_.end() && !Ended(it->second->status.state())) {
+      LiveJob* job = it->second.get();
+      job->cancel = true;
+      auto q = std::find(queue_.begin(), queue_.end(), job_id);
+      if (q != queue_.end()) {
+        queue_.erase(q);
+        queued = job;
+      }
+    }
+  }
+  if (queued != nullptr) {
+    Log(queued, "cancelled while queued");
+    SetState(queued, pb::JobStatus::CANCELLED, "cancelled while queued");
+  } else if (LiveJob* job = FindLive(job_id); job != nullptr && job->cancel) {
+    Log(job, "cancel requested: stopping after the current step");
+  }
+  return store_->Get(job_id, false);
+}
+
+absl::Status JobManager::Watch(const std::string& job_id, int64_t from_step, bool no_follow,
+                               const std::function<bool(const pb::JobEvent&)>& sink,
+                               const std::function<bool()>& still_wanted) {
+  auto wanted = [&](const pb::JobEvent& e) { return !e.has_step() || e.step().step() >= from_step; };
+  if (LiveJob* job = FindLive(job_id)) {
+    size_t next = 0;
+    for (;;) {
+      bool ended = false;
+      std::vector<pb::JobEvent> events =
+          job->events.Read(next, no_follow ? absl::ZeroDuration() : absl::Seconds(1), &ended);
+      next += events.size();
+      for (const pb::JobEvent& e : events) {
+        if (wanted(e) && !sink(e)) return absl::CancelledError("the watcher went away");
+      }
+      if (no_follow || (ended && events.empty())) return absl::OkStatus();
+      if (events.empty() && !still_wanted()) return absl::CancelledError("the watcher went away");
+      if (shutting_down_ && events.empty()) {
+        return absl::UnavailableError("the coordinator is stopping");
+      }
+    }
+  }
+  // A job from before this coordinator started: it has ended; replay the record.
+  ASSIGN_OR_RETURN(pb::JobStatus status, store_->Get(job_id, false));
+  ASSIGN_OR_RETURN(std::vector<pb::LogLine> logs, store_->Logs(job_id));
+  for (const pb::LogLine& line : logs) {
+    pb::JobEvent e;
+    *e.mutable_log() = line;
+    if (!sink(e)) return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(std::vector<pb::StepRecord> steps, store_->Steps(job_id, from_step));
+  for (const pb::StepRecord& step : steps) {
+    pb::JobEvent e;
+    *e.mutable_step() = step;
+    if (!sink(e)) return absl::OkStatus();
+  }
+  sink(StateEvent(status));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<pb::Timeline> JobManager::Timeline(const std::string& job_id, int last_steps) {
+  RETURN_IF_ERROR(store_->Get(job_id, false).status());
+  LiveJob* job = FindLive(job_id);
+  if (job == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job_id, "' ran before this coordinator started; timelines are kept in "
+        "memory only, for the latest 20 steps of jobs run since the coordinator started"));
+  }
+  pb::Timeline t;
+  t.set_job_id(job_id);
+  for (pb::TimelineEvent& e : job->events.Timeline(last_steps)) *t.add_events() = std::move(e);
+  return t;
+}
+
+absl::StatusOr<pb::RegisterStageResponse> JobManager::RegisterStage(
+    const pb::RegisterStageRequest& request) {
+  ASSIGN_OR_RETURN(std::string id, registry_.Register(request.address(), request.device()));
+  common::LogInfo("coordinator", absl::StrCat(id, " registered from ", request.address(), " (",
+                                              request.device().name(), ")"));
+  pb::RegisterStageResponse response;
+  response.set_stage_id(id);
+  response.set_heartbeat_interval_ms(
+      static_cast<int32_t>(absl::ToInt64Milliseconds(options_.heartbeat_interval)));
+  absl::MutexLock lock(&mu_);
+  wake_.SignalAll();
+  return response;
+}
+
+pb::HeartbeatResponse JobManager::Heartbeat(const pb::HeartbeatRequest& request) {
+  pb::HeartbeatResponse response;
+  response.set_known(registry_.Heartbeat(request.stage_id()));
+  return response;
+}
+
+pb::ClusterStatus JobManager::Cluster() {
+  pb::ClusterStatus c;
+  for (pb::StageInfo& s : registry_.Snapshot()) *c.add_stages() = std::move(s);
+  return c;
+}
+
+}  // namespace pipetrain::coordinator

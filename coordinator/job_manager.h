@@ -1,0 +1,93 @@
+// The coordinator's domain: jobs and stages. Submitted jobs are validated, recorded in
+// the job store and queued; a scheduler thread starts each queued job as soon as enough
+// free stages are registered (jobs run one after another on the same stages, or side by
+// side on disjoint ones), and one thread per running job drives it (job_runner.h). The
+// gRPC service and the HTTP API only translate to and from this class.
+#pragma once
+
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "coordinator/job_events.h"
+#include "coordinator/job_runner.h"
+#include "coordinator/job_store.h"
+#include "coordinator/stage_registry.h"
+#include "pipetrain/v1/coordinator.pb.h"
+
+namespace pipetrain::coordinator {
+
+struct ManagerOptions {
+  std::string state_dir;  // jobs.db and checkpoints/JOB/step-N/
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  absl::Duration heartbeat_timeout = absl::Seconds(5);
+  RunnerOptions runner;  // checkpoint_root is set per job
+};
+
+class JobManager {
+ public:
+  // Opens the store; jobs a previous coordinator left RUNNING are marked FAILED (their
+  // stages were lost with it), jobs left QUEUED are queued again.
+  static absl::StatusOr<std::unique_ptr<JobManager>> Create(ManagerOptions options);
+  ~JobManager();  // Shutdown()
+  // Running jobs stop after their current step and end FAILED, naming their latest
+  // checkpoint; waits for their threads.
+  void Shutdown();
+
+  // INVALID_ARGUMENT naming the field for a bad spec, a corpus the coordinator cannot
+  // read, or a model that does not fit the registered stages' memory.
+  absl::StatusOr<std::string> Submit(pipetrain::v1::JobSpec spec);
+  absl::StatusOr<pipetrain::v1::JobStatus> Get(const std::string& job_id, bool history);
+  absl::StatusOr<std::vector<pipetrain::v1::JobStatus>> List(int limit);
+  // A queued job ends at once; a running one after its current step (with a checkpoint).
+  // An ended job is returned as it is.
+  absl::StatusOr<pipetrain::v1::JobStatus> Cancel(const std::string& job_id);
+  // Calls `sink` with the job's events from the start (steps from `from_step`), then
+  // with new ones until the job ends (or at once with no_follow). Stops early when
+  // `sink` returns false or `wanted` (asked about once a second) false: the client
+  // went away.
+  absl::Status Watch(const std::string& job_id, int64_t from_step, bool no_follow,
+                     const std::function<bool(const pipetrain::v1::JobEvent&)>& sink,
+                     const std::function<bool()>& wanted = [] { return true; });
+  absl::StatusOr<pipetrain::v1::Timeline> Timeline(const std::string& job_id, int last_steps);
+
+  absl::StatusOr<pipetrain::v1::RegisterStageResponse> RegisterStage(
+      const pipetrain::v1::RegisterStageRequest& request);
+  pipetrain::v1::HeartbeatResponse Heartbeat(const pipetrain::v1::HeartbeatRequest& request);
+  pipetrain::v1::ClusterStatus Cluster();
+
+ private:
+  struct LiveJob;
+  JobManager(ManagerOptions options, std::unique_ptr<JobStore> store);
+
+  absl::Status CheckFits(const pipetrain::v1::JobSpec& spec);
+  void Enqueue(pipetrain::v1::JobStatus status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SchedulerLoop();
+  void Drive(LiveJob* job, std::vector<StageRecord> stages);
+  // Records a new state (store, events); the last one also ends the event stream.
+  void SetState(LiveJob* job, pipetrain::v1::JobStatus::State state, const std::string& reason);
+  void Log(LiveJob* job, const std::string& text);
+  LiveJob* FindLive(const std::string& job_id);
+
+  const ManagerOptions options_;
+  std::unique_ptr<JobStore> store_;
+  StageRegistry registry_;
+
+  absl::Mutex mu_;
+  absl::CondVar wake_;  // a job was queued, a stage came or went, a job ended
+  std::map<std::string, std::unique_ptr<LiveJob>> live_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> shutting_down_{false};
+  std::thread scheduler_;
+};
+
+}  // namespace pipetrain::coordinator

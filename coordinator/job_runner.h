@@ -1,0 +1,51 @@
+// Drives one job on the stages it was given: plans it, configures every stage (and
+// loads the starting checkpoint), runs the steps (stage 0 gets the token micro-batches,
+// the last stage the targets, all stages run at once), measures a validation loss,
+// writes checkpoints, and says how it ended. It knows nothing of the job store or the
+// registry: it reports through hooks, which the job manager turns into records.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "pipetrain/v1/coordinator.pb.h"
+#include "pipetrain/v1/job.pb.h"
+
+namespace pipetrain::coordinator {
+
+struct RunnerStage {
+  std::string stage_id;
+  std::string address;
+  pipetrain::v1::DeviceInfo device;
+};
+
+struct RunnerOptions {
+  std::string checkpoint_root;                  // checkpoints go to ROOT/step-N/
+  absl::Duration step_deadline = absl::Minutes(10);
+  absl::Duration rpc_deadline = absl::Minutes(2);  // Configure, export, import
+  int recv_deadline_ms = 30000;                 // a stage's longest wait for a peer
+};
+
+struct RunnerHooks {
+  std::function<void(const std::string&)> log;
+  std::function<void(double predicted_bubble)> running;  // configured; steps begin
+  std::function<void(const pipetrain::v1::StepRecord&,
+                     std::vector<pipetrain::v1::TimelineEvent>)> step;
+  std::function<void(const std::string& dir, int64_t step)> checkpoint;
+  std::function<bool()> cancelled;
+};
+
+struct RunOutcome {
+  pipetrain::v1::JobStatus::State state = pipetrain::v1::JobStatus::FAILED;
+  std::string reason;
+  std::vector<std::string> lost_stage_ids;  // stages that stopped answering
+};
+
+// `spec` must have passed ValidateJobSpec (with defaults filled in).
+RunOutcome RunJob(const std::string& job_id, const pipetrain::v1::JobSpec& spec,
+                  const std::vector<RunnerStage>& stages, const RunnerOptions& options,
+                  const RunnerHooks& hooks);
+
+}  // namespace pipetrain::coordinator

@@ -1,0 +1,119 @@
+#include "coordinator/stage_client.h"
+
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "common/grpc_status.h"
+#include "grpcpp/grpcpp.h"
+
+namespace pipetrain::coordinator {
+
+namespace pb = ::pipetrain::v1;
+
+namespace {
+
+void SetDeadline(grpc::ClientContext& ctx, absl::Duration deadline) {
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+}
+
+}  // namespace
+
+StageClient::StageClient(std::string address) : address_(std::move(address)) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  auto channel = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
+  stub_ = pb::Stage::NewStub(channel);
+  health_ = grpc::health::v1::Health::NewStub(channel);
+}
+
+absl::Status StageClient::Annotate(const grpc::Status& status, const char* call) const {
+  if (status.ok()) return absl::OkStatus();
+  absl::Status s = common::FromGrpcStatus(status);
+  return absl::Status(s.code(), absl::StrCat(call, " on ", address_, ": ", s.message()));
+}
+
+absl::StatusOr<pb::ConfigureResponse> StageClient::Configure(const pb::ConfigureRequest& request,
+                                                             absl::Duration deadline) {
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, deadline);
+  pb::ConfigureResponse response;
+  if (absl::Status s = Annotate(stub_->Configure(&ctx, request, &response), "Configure"); !s.ok()) {
+    return s;
+  }
+  return response;
+}
+
+absl::StatusOr<pb::RunStepResponse> StageClient::RunStep(grpc::ClientContext& ctx,
+                                                         const pb::RunStepRequest& request) {
+  pb::RunStepResponse response;
+  if (absl::Status s = Annotate(stub_->RunStep(&ctx, request, &response), "RunStep"); !s.ok()) {
+    return s;
+  }
+  return response;
+}
+
+absl::StatusOr<std::string> StageClient::ExportShard(const std::string& job_id, int chunk,
+                                                     absl::Duration deadline) {
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, deadline);
+  pb::ExportShardRequest request;
+  request.set_job_id(job_id);
+  request.set_chunk(chunk);
+  auto reader = stub_->ExportShard(&ctx, request);
+  std::string bytes;
+  pb::ShardChunk piece;
+  while (reader->Read(&piece)) {
+    if (piece.offset() != bytes.size()) {
+      ctx.TryCancel();
+      reader->Finish();
+      return absl::DataLossError(absl::StrCat("ExportShard on ", address_, ": piece at offset ",
+                                              piece.offset(), ", expected ", bytes.size()));
+    }
+    if (bytes.empty()) bytes.reserve(piece.total_bytes());
+    bytes += piece.data();
+  }
+  if (absl::Status s = Annotate(reader->Finish(), "ExportShard"); !s.ok()) return s;
+  return bytes;
+}
+
+absl::Status StageClient::ImportShard(const std::string& job_id, int chunk,
+                                      const std::string& bytes, absl::Duration deadline) {
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, deadline);
+  pb::ImportShardResponse response;
+  auto writer = stub_->ImportShard(&ctx, &response);
+  constexpr size_t kPiece = size_t{4} << 20;
+  for (size_t at = 0; at == 0 || at < bytes.size(); at += kPiece) {
+    pb::ShardChunk piece;
+    piece.set_job_id(job_id);
+    piece.set_chunk(chunk);
+    piece.set_offset(at);
+    piece.set_total_bytes(bytes.size());
+    piece.set_data(bytes.substr(at, kPiece));
+    if (!writer->Write(piece)) break;  // Finish says why
+  }
+  writer->WritesDone();
+  return Annotate(writer->Finish(), "ImportShard");
+}
+
+absl::StatusOr<pb::StageStats> StageClient::GetStats(absl::Duration deadline) {
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, deadline);
+  pb::StageStats stats;
+  if (absl::Status s = Annotate(stub_->GetStats(&ctx, pb::GetStatsRequest(), &stats), "GetStats");
+      !s.ok()) {
+    return s;
+  }
+  return stats;
+}
+
+absl::Status StageClient::Ping(absl::Duration deadline) {
+  grpc::ClientContext ctx;
+  SetDeadline(ctx, deadline);
+  grpc::health::v1::HealthCheckRequest request;  // the server as a whole
+  grpc::health::v1::HealthCheckResponse response;
+  return Annotate(health_->Check(&ctx, request, &response), "health check");
+}
+
+}  // namespace pipetrain::coordinator

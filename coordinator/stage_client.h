@@ -1,0 +1,43 @@
+// The coordinator's side of one stage server's API: each call has a deadline and
+// returns absl::Status, with the stage's address in every error so the job's reason
+// names the stage. Translation only.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "pipetrain/v1/stage.grpc.pb.h"
+
+namespace pipetrain::coordinator {
+
+class StageClient {
+ public:
+  explicit StageClient(std::string address);
+
+  const std::string& address() const { return address_; }
+  absl::StatusOr<pipetrain::v1::ConfigureResponse> Configure(
+      const pipetrain::v1::ConfigureRequest& request, absl::Duration deadline);
+  // `ctx` carries the deadline and lets another thread cancel the call.
+  absl::StatusOr<pipetrain::v1::RunStepResponse> RunStep(
+      grpc::ClientContext& ctx, const pipetrain::v1::RunStepRequest& request);
+  // One model chunk's checkpoint file, reassembled from its pieces.
+  absl::StatusOr<std::string> ExportShard(const std::string& job_id, int chunk,
+                                          absl::Duration deadline);
+  absl::Status ImportShard(const std::string& job_id, int chunk, const std::string& bytes,
+                           absl::Duration deadline);
+  absl::StatusOr<pipetrain::v1::StageStats> GetStats(absl::Duration deadline);
+  // Whether the server answers at all (gRPC health), without waiting for a running step.
+  absl::Status Ping(absl::Duration deadline);
+
+ private:
+  absl::Status Annotate(const grpc::Status& status, const char* call) const;
+
+  std::string address_;
+  std::unique_ptr<pipetrain::v1::Stage::Stub> stub_;
+  std::unique_ptr<grpc::health::v1::Health::Stub> health_;
+};
+
+}  // namespace pipetrain::coordinator

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# A pipetrain cluster on this machine: one coordinator and K stage servers on 127.0.0.1,
+# their logs and pids in the run folder.
+#   deploy/local/cluster.sh up     [--stages K] [--port P] [--run-dir DIR]
+#   deploy/local/cluster.sh status [--run-dir DIR]
+#   deploy/local/cluster.sh down   [--run-dir DIR]
+# `up` waits until every stage has registered and prints the address to use; `down`
+# stops exactly the processes `up` started (by pid), gracefully, then forcibly.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+usage() {
+  sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+  echo "Options: --stages K (default 4), --port P for the coordinator (default 7400, 0 = any"
+  echo "free port), --threads T compute threads per stage (default: cores / K, at least 1),"
+  echo "--run-dir DIR (default build/local-cluster). Binaries come from \$PIPETRAIN_BIN"
+  echo "(default build/bin)."
+}
+
+cmd=${1:-}
+[ $# -gt 0 ] && shift
+stages=4 port=7400 run_dir=build/local-cluster threads=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --stages) stages=${2:?--stages needs a number}; shift 2 ;;
+    --port) port=${2:?--port needs a number}; shift 2 ;;
+    --threads) threads=${2:?--threads needs a number}; shift 2 ;;
+    --run-dir) run_dir=${2:?--run-dir needs a folder}; shift 2 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "cluster.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
+  esac
+done
+bin=${PIPETRAIN_BIN:-build/bin}
+
+alive() {  # alive PIDFILE: the pid in it runs one of our binaries
+  local pid
+  pid=$(cat "$1" 2>/dev/null) || return 1
+  [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null && tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q pipetrain-
+}
+
+wait_for_line() {  # wait_for_line FILE PATTERN SECONDS: prints the first matching line
+  local i
+  for ((i = 0; i < $3 * 10; i++)); do
+    if grep -m1 "$2" "$1" 2>/dev/null; then return 0; fi
+    sleep 0.1
+  done
+  return 1
+}
+
+down() {
+  local f pid n
+  for f in "$run_dir"/pids/*.pid; do
+    [ -e "$f" ] || continue
+    alive "$f" && kill -TERM "$(cat "$f")" 2>/dev/null || true
+  done
+  for ((n = 0; n < 100; n++)); do
+    local any=0
+    for f in "$run_dir"/pids/*.pid; do [ -e "$f" ] && alive "$f" && any=1; done
+    [ $any = 0 ] && break
+    sleep 0.1
+  done
+  for f in "$run_dir"/pids/*.pid; do
+    [ -e "$f" ] || continue
+    if alive "$f"; then
+      pid=$(cat "$f")
+      echo "cluster.sh: $(basename "$f" .pid) (pid $pid) did not stop in 10 s; killing it" >&2
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+    rm -f "$f"
+  done
+}
+
+case "$cmd" in
+  up)
+    for b in pipetrain pipetrain-coordinator pipetrain-stage; do
+      [ -x "$bin/$b" ] || { echo "cluster.sh: $bin/$b not found; build first (see README.md)" >&2; exit 1; }
+    done
+    if alive "$run_dir/pids/coordinator.pid"; then
+      echo "cluster.sh: already up ($(cat "$run_dir/address")); 'deploy/local/cluster.sh down' first" >&2
+      exit 1
+    fi
+    mkdir -p "$run_dir/pids" "$run_dir/logs"
+    rm -f "$run_dir"/pids/*.pid
+    [ "$threads" -gt 0 ] || threads=$(( $(nproc) / stages )); [ "$threads" -gt 0 ] || threads=1
+    "$bin/pipetrain-coordinator" --listen "127.0.0.1:$port" --state-dir "$run_dir/state" \
+      --http 127.0.0.1:0 > "$run_dir/logs/coordinator.log" 2>&1 &
+    echo $! > "$run_dir/pids/coordinator.pid"
+    if ! line=$(wait_for_line "$run_dir/logs/coordinator.log" "coordinator listening on" 30); then
+      echo "cluster.sh: the coordinator did not start; its log:" >&2
+      cat "$run_dir/logs/coordinator.log" >&2
+      down; exit 1
+    fi
+    address=${line##* }
+    http=$(grep -m1 "http listening on" "$run_dir/logs/coordinator.log" | sed 's/.* //')
+    echo "$address" > "$run_dir/address"
+    for ((i = 0; i < stages; i++)); do
+      "$bin/pipetrain-stage" --listen 127.0.0.1:0 --device cpu --threads "$threads" \
+        --coordinator "$address" > "$run_dir/logs/stage-$i.log" 2>&1 &
+      echo $! > "$run_dir/pids/stage-$i.pid"
+    done
+    for ((n = 0; n < 300; n++)); do
+      idle=$("$bin/pipetrain" cluster --json --address "$address" 2>/dev/null | grep -o '"IDLE"' | wc -l || true)
+      [ "$idle" -ge "$stages" ] && break
+      sleep 0.1
+    done
+    if [ "$idle" -lt "$stages" ]; then
+      echo "cluster.sh: only $idle of $stages stages registered within 30 s; logs in $run_dir/logs" >&2
+      down; exit 1
+    fi
+    echo "pipetrain cluster up: coordinator $address (HTTP API http://$http/api/jobs), $stages stages"
+    echo "  logs and pids in $run_dir; stop it with: deploy/local/cluster.sh down"
+    if [ "$address" != "127.0.0.1:7400" ]; then echo "  export PIPETRAIN_ADDRESS=$address"; fi
+    ;;
+  status)
+    if ! alive "$run_dir/pids/coordinator.pid"; then echo "pipetrain cluster: down"; exit 1; fi
+    echo "pipetrain cluster: coordinator $(cat "$run_dir/address")"
+    "$bin/pipetrain" cluster --address "$(cat "$run_dir/address")"
+    ;;
+  down)
+    down
+    echo "pipetrain cluster: down"
+    ;;
+  *)
+    usage >&2; exit 2 ;;
+esac

@@ -1,0 +1,286 @@
+// End to end: a real coordinator and stage servers on loopback, driven through the
+// `pipetrain` CLI. Pipelines of 4 stages (GPipe, 1F1B) give the losses of 1 stage; a
+// checkpoint resumes exactly; submit/status/list/cancel/timeline/logs and the HTTP API
+// work; bad specs, unknown ids and unreachable coordinators get their exit codes; a
+// restarted coordinator still lists finished jobs; a killed stage fails its job with a
+// reason naming it and the other stages take the next job.
+#include <cmath>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "httplib.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/local_cluster.h"
+#include "tests/testing/temp_files.h"
+
+namespace pipetrain {
+namespace {
+
+using ::pipetrain::testing::LocalCluster;
+using ::pipetrain::testing::RunResult;
+using ::pipetrain::testing::TempDir;
+using ::testing::HasSubstr;
+using json = nlohmann::json;
+using namespace std::chrono_literals;
+
+// A deterministic English-like text, long enough for the batches and a held-out tail.
+std::string MakeCorpus() {
+  const char* words[] = {"the ", "pipeline ", "stage ", "sends ", "a ", "tensor ", "to ",
+                         "its ", "neighbour ", "and ", "waits ", "for ", "gradients. "};
+  std::string text;
+  uint64_t x = 12345;
+  while (text.size() < 60000) {
+    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+    text += words[(x >> 33) % 13];
+  }
+  return text;
+}
+
+class CoordinatorClusterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::WriteFileOrDie(dir_.File("corpus.txt"), MakeCorpus());
+    spec_ = {
+        {"name", "e2e"},
+        {"model", {{"vocab_size", 256}, {"seq_len", 16}, {"d_model", 32}, {"n_heads", 2},
+                   {"n_layers", 2}}},
+        {"pipeline", {{"stages", 1}, {"micro_batches", 4}, {"schedule", "gpipe"}}},
+        {"training", {{"steps", 4}, {"batch_size", 8}, {"seed", 7}, {"lr", 0.01},
+                      {"weight_decay", 0.0}}},
+        {"data", {{"corpus", dir_.File("corpus.txt")}, {"validate_every_steps", 2}}},
+        {"checkpoint", {{"every_steps", 2}}}};
+  }
+
+  std::string WriteSpec(const json& spec, const std::string& name = "job.json") {
+    testing::WriteFileOrDie(dir_.File(name), spec.dump(2));
+    return dir_.File(name);
+  }
+
+  // `pipetrain status ID --json`, parsed.
+  json Status(LocalCluster& c, const std::string& id) {
+    auto r = c.Cli({"status", id, "--json"});
+    EXPECT_TRUE(r.ok() && r->exit_code == 0) << (r.ok() ? r->err : r.status().ToString());
+    json j = json::parse(r.ok() ? r->out : "", nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << (r.ok() ? r->out : "");
+    return j;
+  }
+
+  std::vector<double> Losses(const json& status) {
+    std::vector<double> out;
+    for (const json& h : status["history"]) out.push_back(h["loss"].get<double>());
+    return out;
+  }
+
+  // Submits with the given overrides and follows the job to its end.
+  std::string SubmitAndFollow(LocalCluster& c, const std::vector<std::string>& sets,
+                              int expect_exit = 0) {
+    std::vector<std::string> args = {"submit", WriteSpec(spec_)};
+    for (const std::string& s : sets) {
+      args.push_back("--set");
+      args.push_back(s);
+    }
+    auto r = c.Cli(args);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return "";
+    EXPECT_EQ(r->exit_code, expect_exit) << r->out << r->err;
+    // "submitted job-000001 (...)" is the first line.
+    const std::string first = r->out.substr(0, r->out.find('\n'));
+    EXPECT_THAT(first, HasSubstr("submitted job-")) << r->out;
+    std::vector<std::string> words = absl::StrSplit(first, ' ');
+    return words.size() > 1 ? words[1] : "";
+  }
+
+  std::string SubmitNoWait(LocalCluster& c, const std::vector<std::string>& sets) {
+    std::vector<std::string> args = {"submit", WriteSpec(spec_), "--no-wait"};
+    for (const std::string& s : sets) {
+      args.push_back("--set");
+      args.push_back(s);
+    }
+    auto r = c.Cli(args);
+    EXPECT_TRUE(r.ok() && r->exit_code == 0) << (r.ok() ? r->err : r.status().ToString());
+    return r.ok() ? std::string(absl::StripAsciiWhitespace(r->out)) : "";
+  }
+
+  // Polls status until `pred` holds (deadline 60 s).
+  template <typename Pred>
+  json WaitFor(LocalCluster& c, const std::string& id, Pred pred) {
+    const auto deadline = std::chrono::steady_clock::now() + 60s;
+    json s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      s = Status(c, id);
+      if (pred(s)) return s;
+      std::this_thread::sleep_for(100ms);
+    }
+    ADD_FAILURE() << "job " << id << " never reached the wanted state: " << s.dump();
+    return s;
+  }
+
+  TempDir dir_;
+  json spec_;
+};
+
+void ExpectSameLosses(const std::vector<double>& a, const std::vector<double>& b,
+                      const std::string& what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_LT(std::abs(a[i] - b[i]) / std::abs(b[i]), 1e-5)
+        << what << " step " << i + 1 << ": " << a[i] << " vs " << b[i];
+  }
+}
+
+TEST_F(CoordinatorClusterTest, PipelinesMatchOneStageAndTheCliAndApiWork) {
+  auto cluster = LocalCluster::Start(dir_.File("state"), 4);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+
+  const std::string one = SubmitAndFollow(c, {});
+  const json reference = Status(c, one);
+  EXPECT_EQ(reference["state"], "SUCCEEDED") << reference.dump();
+  const std::vector<double> ref = Losses(reference);
+  ASSERT_EQ(ref.size(), 4u);
+  EXPECT_TRUE(reference["history"][1].contains("val_loss"));
+  for (const char* field : {"step_time_s", "tokens_per_s", "bubble_measured", "bubble_predicted"}) {
+    EXPECT_TRUE(reference["history"][0].contains(field)) << field;
+  }
+
+  for (const char* schedule : {"gpipe", "1f1b"}) {
+    const std::string id = SubmitAndFollow(
+        c, {"pipeline.stages=4", absl::StrCat("pipeline.schedule=", schedule)});
+    const json s = Status(c, id);
+    EXPECT_EQ(s["state"], "SUCCEEDED") << s.dump();
+    EXPECT_EQ(s["stage_ids"].size(), 4u);
+    ExpectSameLosses(Losses(s), ref, schedule);
+    EXPECT_GT(s["history"][3]["bubble_predicted"].get<double>(), 0);
+  }
+
+  // Resume: a job started from the step-2 checkpoint of the first job runs its steps 3
+  // and 4 exactly (weights, AdamW state and data position all carry over).
+  const std::string ckpt = dir_.File("state") + "/checkpoints/" + one + "/step-2";
+  {
+    auto r = c.Cli({"submit", WriteSpec(spec_), "--set", "training.steps=2", "--set",
+                    "pipeline.stages=2", "--init-from", ckpt});
+    ASSERT_TRUE(r.ok());
+    ASSERT_EQ(r->exit_code, 0) << r->out << r->err;
+    std::vector<std::string> words = absl::StrSplit(r->out.substr(0, r->out.find('\n')), ' ');
+    ASSERT_GT(words.size(), 1u);
+    ExpectSameLosses(Losses(Status(c, words[1])), {ref[2], ref[3]}, "resumed");
+  }
+
+  // Timeline of the last 1F1B job: every stage's compute and link lanes.
+  const std::string last = SubmitAndFollow(c, {"pipeline.stages=4", "pipeline.schedule=1f1b"});
+  auto t = c.Cli({"timeline", last, "--out", dir_.File("trace.json")});
+  ASSERT_TRUE(t.ok());
+  ASSERT_EQ(t->exit_code, 0) << t->err;
+  json trace = json::parse(testing::ReadFileOrDie(dir_.File("trace.json")), nullptr, false);
+  ASSERT_FALSE(trace.is_discarded());
+  std::set<int> pids;
+  for (const json& e : trace["traceEvents"]) {
+    if (e["ph"] == "X") pids.insert(e["pid"].get<int>());
+  }
+  EXPECT_EQ(pids, (std::set<int>{0, 1, 2, 3}));
+
+  // Cancel a long job while it runs; list shows it.
+  spec_["training"]["steps"] = 100000;
+  const std::string long_job = SubmitNoWait(c, {"pipeline.stages=2"});
+  WaitFor(c, long_job, [](const json& s) { return s.value("steps_done", "0") != "0"; });
+  auto cancel = c.Cli({"cancel", long_job});
+  ASSERT_TRUE(cancel.ok());
+  EXPECT_EQ(cancel->exit_code, 0) << cancel->err;
+  const json cancelled = WaitFor(c, long_job, [](const json& s) { return s["state"] == "CANCELLED"; });
+  EXPECT_FALSE(cancelled["checkpoint_dir"].get<std::string>().empty()) << "cancel keeps the work";
+  auto logs = c.Cli({"logs", long_job});
+  ASSERT_TRUE(logs.ok());
+  EXPECT_THAT(logs->out, HasSubstr("cancel"));
+  auto list = c.Cli({"list"});
+  ASSERT_TRUE(list.ok());
+  EXPECT_THAT(list->out, HasSubstr(long_job));
+  EXPECT_THAT(list->out, HasSubstr("CANCELLED"));
+
+  // The HTTP API serves the same records.
+  httplib::Client http("127.0.0.1", c.http_port());
+  auto jobs = http.Get("/api/jobs");
+  ASSERT_TRUE(jobs);
+  EXPECT_EQ(jobs->status, 200);
+  EXPECT_THAT(jobs->body, HasSubstr(long_job));
+  auto job = http.Get(("/api/jobs/" + one).c_str());
+  ASSERT_TRUE(job);
+  EXPECT_THAT(job->body, HasSubstr("bubble_measured"));
+  auto cl = http.Get("/api/cluster");
+  ASSERT_TRUE(cl);
+  EXPECT_EQ(json::parse(cl->body)["stages"].size(), 4u);
+  auto missing = http.Get("/api/jobs/job-999999");
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 404);
+
+  // Errors and their exit codes.
+  json bad = spec_;
+  bad["pipeline"]["stagse"] = 2;
+  auto unknown = c.Cli({"submit", WriteSpec(bad, "bad.json")});
+  ASSERT_TRUE(unknown.ok());
+  EXPECT_EQ(unknown->exit_code, 2);
+  EXPECT_THAT(unknown->err, HasSubstr("pipeline.stagse"));
+  auto indivisible = c.Cli({"submit", WriteSpec(spec_), "--set", "training.batch_size=10"});
+  ASSERT_TRUE(indivisible.ok());
+  EXPECT_EQ(indivisible->exit_code, 2);
+  EXPECT_THAT(indivisible->err, HasSubstr("training.batch_size"));
+  auto no_corpus = c.Cli({"submit", WriteSpec(spec_), "--set", "data.corpus=/no/such/file"});
+  ASSERT_TRUE(no_corpus.ok());
+  EXPECT_EQ(no_corpus->exit_code, 2);
+  EXPECT_THAT(no_corpus->err, HasSubstr("data.corpus"));
+  auto unknown_id = c.Cli({"status", "job-999999"});
+  ASSERT_TRUE(unknown_id.ok());
+  EXPECT_EQ(unknown_id->exit_code, 2);
+  EXPECT_THAT(unknown_id->err, HasSubstr("job-999999"));
+
+  // A restarted coordinator still lists the finished jobs.
+  ASSERT_TRUE(c.RestartCoordinator(4).ok());
+  auto after = c.Cli({"list", "--json"});
+  ASSERT_TRUE(after.ok());
+  EXPECT_THAT(after->out, HasSubstr(one));
+  EXPECT_EQ(Status(c, one)["state"], "SUCCEEDED");
+  ExpectSameLosses(Losses(Status(c, one)), ref, "after restart");
+}
+
+TEST_F(CoordinatorClusterTest, UnreachableCoordinatorExitsThree) {
+  auto r = testing::RunCommand({std::string(PIPETRAIN_BIN_DIR) + "/pipetrain", "list",
+                                "--address", "127.0.0.1:1"}, 30s);
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->exit_code, 3);
+  EXPECT_THAT(r->err, HasSubstr("cannot reach the coordinator"));
+}
+
+TEST_F(CoordinatorClusterTest, AKilledStageFailsItsJobAndTheOthersServeTheNext) {
+  auto cluster = LocalCluster::Start(dir_.File("state"), 4);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  spec_["training"]["steps"] = 100000;
+  spec_["data"]["validate_every_steps"] = 0;
+  spec_["checkpoint"]["every_steps"] = 0;
+  const std::string id = SubmitNoWait(c, {"pipeline.stages=4"});
+  const json running = WaitFor(c, id, [](const json& s) { return s.value("steps_done", "0") != "0"; });
+  const std::string victim = running["stage_ids"][2];
+  auto view = c.Cli({"cluster", "--json"});
+  ASSERT_TRUE(view.ok() && view->exit_code == 0);
+  std::string victim_address;
+  for (const json& s : json::parse(view->out)["stages"]) {
+    if (s["stage_id"] == victim) victim_address = s["address"];
+  }
+  ASSERT_TRUE(c.KillStage(victim_address)) << victim_address;
+  const json failed = WaitFor(c, id, [](const json& s) { return s["state"] == "FAILED"; });
+  EXPECT_THAT(failed["reason"].get<std::string>(), HasSubstr(victim)) << failed.dump();
+
+  ASSERT_TRUE(c.WaitForIdleStages(3).ok());
+  spec_["training"]["steps"] = 2;
+  const std::string next = SubmitAndFollow(c, {"pipeline.stages=3"});
+  EXPECT_EQ(Status(c, next)["state"], "SUCCEEDED");
+  auto cluster_view = c.Cli({"cluster"});
+  ASSERT_TRUE(cluster_view.ok());
+  EXPECT_THAT(cluster_view->out, HasSubstr("LOST"));
+}
+
+}  // namespace
+}  // namespace pipetrain

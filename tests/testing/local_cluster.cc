@@ -1,0 +1,116 @@
+#include "tests/testing/local_cluster.h"
+
+#include <signal.h>
+
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "grpcpp/grpcpp.h"
+#include "pipetrain/v1/coordinator.grpc.pb.h"
+
+namespace pipetrain::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+std::string Bin(const std::string& name) { return std::string(PIPETRAIN_BIN_DIR) + "/" + name; }
+
+int PortOf(const std::string& line) {
+  int port = 0;
+  (void)absl::SimpleAtoi(line.substr(line.rfind(':') + 1), &port);
+  return port;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const std::string& state_dir,
+                                                                  int stages) {
+  std::unique_ptr<LocalCluster> c(new LocalCluster());
+  c->state_dir_ = state_dir;
+  if (absl::Status s = c->StartCoordinator("127.0.0.1:0"); !s.ok()) return s;
+  for (int i = 0; i < stages; ++i) {
+    absl::StatusOr<Subprocess> p = Subprocess::Start(
+        {Bin("pipetrain-stage"), "--listen", "127.0.0.1:0", "--device", "cpu", "--coordinator",
+         c->address_});
+    if (!p.ok()) return p.status();
+    c->stages_.push_back(std::make_unique<Subprocess>(*std::move(p)));
+    absl::StatusOr<std::string> line = c->stages_.back()->WaitForLine("stage listening on ", 30s);
+    if (!line.ok()) return line.status();
+    c->stage_addresses_.push_back(line->substr(line->rfind(' ') + 1));
+  }
+  if (absl::Status s = c->WaitForIdleStages(stages); !s.ok()) return s;
+  return c;
+}
+
+absl::Status LocalCluster::StartCoordinator(const std::string& listen) {
+  absl::StatusOr<Subprocess> p =
+      Subprocess::Start({Bin("pipetrain-coordinator"), "--listen", listen, "--state-dir",
+                         state_dir_, "--http", "127.0.0.1:0", "--heartbeat-timeout", "2"});
+  if (!p.ok()) return p.status();
+  coordinator_ = std::make_unique<Subprocess>(*std::move(p));
+  absl::StatusOr<std::string> http = coordinator_->WaitForLine("coordinator http listening on ", 30s);
+  if (!http.ok()) return http.status();
+  http_port_ = PortOf(*http);
+  absl::StatusOr<std::string> line = coordinator_->WaitForLine("coordinator listening on ", 30s);
+  if (!line.ok()) return line.status();
+  address_ = line->substr(line->rfind(' ') + 1);
+  return absl::OkStatus();
+}
+
+LocalCluster::~LocalCluster() {
+  for (auto& s : stages_) s->Signal(SIGTERM);
+  if (coordinator_) coordinator_->Signal(SIGTERM);
+  for (auto& s : stages_) (void)s->Wait(20s);
+  if (coordinator_) (void)coordinator_->Wait(20s);
+}
+
+absl::StatusOr<RunResult> LocalCluster::Cli(std::vector<std::string> args,
+                                            std::chrono::milliseconds deadline) {
+  args.insert(args.begin(), Bin("pipetrain"));
+  args.push_back("--address");
+  args.push_back(address_);
+  return RunCommand(args, deadline);
+}
+
+absl::Status LocalCluster::WaitForIdleStages(int count) {
+  auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  int idle = 0;
+  while (std::chrono::steady_clock::now() < deadline) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+    v1::ClusterStatus cluster;
+    if (stub->GetCluster(&ctx, v1::GetClusterRequest(), &cluster).ok()) {
+      idle = 0;
+      for (const v1::StageInfo& s : cluster.stages()) idle += s.state() == v1::StageInfo::IDLE;
+      if (idle >= count) return absl::OkStatus();
+    }
+    std::this_thread::sleep_for(100ms);
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("only ", idle, " of ", count, " stages became idle within 30 s"));
+}
+
+absl::Status LocalCluster::RestartCoordinator(int stages) {
+  coordinator_->Signal(SIGTERM);
+  absl::StatusOr<int> code = coordinator_->Wait(30s);
+  if (!code.ok()) return code.status();
+  if (*code != 0) {
+    return absl::InternalError(absl::StrCat("coordinator exited with ", *code, ": ",
+                                            coordinator_->stderr_text()));
+  }
+  if (absl::Status s = StartCoordinator(address_); !s.ok()) return s;
+  return WaitForIdleStages(stages);
+}
+
+bool LocalCluster::KillStage(const std::string& address) {
+  for (size_t i = 0; i < stages_.size(); ++i) {
+    if (stage_addresses_[i] != address) continue;
+    stages_[i]->Signal(SIGKILL);
+    return true;
+  }
+  return false;
+}
+
+}  // namespace pipetrain::testing

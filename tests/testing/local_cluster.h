@@ -1,0 +1,50 @@
+// A real coordinator and K stage servers on 127.0.0.1 for end-to-end tests: started
+// from the built binaries on port 0, the stages registered with the coordinator, and
+// the `pipetrain` CLI run against it. Only the processes it started are stopped.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "tests/testing/subprocess.h"
+
+namespace pipetrain::testing {
+
+class LocalCluster {
+ public:
+  // Starts a coordinator (state in `state_dir`, HTTP API on) and `stages` stages, and
+  // waits until every stage is registered and idle.
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const std::string& state_dir,
+                                                             int stages);
+  ~LocalCluster();  // SIGTERM to every process still running
+
+  const std::string& address() const { return address_; }
+  int http_port() const { return http_port_; }
+
+  // Runs `pipetrain ARGS --address ADDRESS` to completion.
+  absl::StatusOr<RunResult> Cli(std::vector<std::string> args,
+                                std::chrono::milliseconds deadline = std::chrono::seconds(120));
+
+  // Stops the coordinator (SIGTERM, expecting exit 0) and starts it again on the same
+  // port and state dir; waits for `stages` registered stages.
+  absl::Status RestartCoordinator(int stages);
+  // SIGKILLs the stage server listening on `address`; false if none of ours does.
+  bool KillStage(const std::string& address);
+  // Polls GetCluster until `count` stages are IDLE (deadline 30 s).
+  absl::Status WaitForIdleStages(int count);
+
+ private:
+  absl::Status StartCoordinator(const std::string& listen);
+
+  std::string state_dir_;
+  std::string address_;
+  int http_port_ = 0;
+  std::unique_ptr<Subprocess> coordinator_;
+  std::vector<std::unique_ptr<Subprocess>> stages_;
+  std::vector<std::string> stage_addresses_;
+};
+
+}  // namespace pipetrain::testing
