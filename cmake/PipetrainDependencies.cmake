@@ -5,6 +5,7 @@ find_package(absl CONFIG REQUIRED)
 find_package(Protobuf REQUIRED)
 find_package(gRPC CONFIG REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
+find_package(SQLite3 REQUIRED)  # the coordinator's job store
 
 # Debian's OpenBLASConfig.cmake only sets variables: wrap them in a target.
 find_package(OpenBLAS CONFIG REQUIRED)

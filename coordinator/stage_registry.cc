@@ -1,0 +1,173 @@
+// The stage registry: a vector of records in registration order under one mutex. Loss is
+// computed lazily (every reader sweeps first), so no timer is needed for correctness.
+#include "coordinator/stage_registry.h"
+
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace pipetrain::coordinator {
+namespace {
+
+// Marks records silent for longer than `timeout` as lost; returns the ids newly marked.
+// A lost stage keeps its job_id: the job still has to notice and release it.
+std::vector<std::string> MarkStale(std::vector<StageRecord>& stages, absl::Time now,
+                                   absl::Duration timeout) {
+  std::vector<std::string> newly_lost;
+  for (StageRecord& stage : stages) {
+    if (!stage.lost && now - stage.last_heartbeat > timeout) {
+      stage.lost = true;
+      newly_lost.push_back(stage.stage_id);
+    }
+  }
+  return newly_lost;
+}
+
+bool IsFree(const StageRecord& stage, uint64_t min_memory_bytes) {
+  return !stage.lost && stage.job_id.empty() && stage.device.memory_bytes() >= min_memory_bytes;
+}
+
+void ToTimestamp(absl::Time t, google::protobuf::Timestamp* out) {
+  int64_t seconds = absl::ToUnixSeconds(t);
+  out->set_seconds(seconds);
+  out->set_nanos(static_cast<int32_t>((t - absl::FromUnixSeconds(seconds)) / absl::Nanoseconds(1)));
+}
+
+}  // namespace
+
+StageRegistry::StageRegistry(absl::Duration heartbeat_timeout, std::function<absl::Time()> now)
+    : timeout_(heartbeat_timeout), now_(std::move(now)) {}
+
+absl::StatusOr<std::string> StageRegistry::Register(const std::string& address,
+                                                    const pipetrain::v1::DeviceInfo& device) {
+  if (address.empty()) {
+    return absl::InvalidArgumentError("register stage: address is empty");
+  }
+  absl::Time now = now_();
+  absl::MutexLock lock(&mu_);
+  for (StageRecord& stage : stages_) {
+    if (stage.address == address) {
+      // The same server restarted (or retried): keep its id, its place in the
+      // oldest-first order and any job holding it, which will find out on its own.
+      stage.device = device;
+      stage.last_heartbeat = now;
+      stage.lost = false;
+      return stage.stage_id;
+    }
+  }
+  StageRecord& stage = stages_.emplace_back();
+  stage.stage_id = absl::StrCat("stage-", next_id_++);
+  stage.address = address;
+  stage.device = device;
+  stage.registered = now;
+  stage.last_heartbeat = now;
+  return stage.stage_id;
+}
+
+bool StageRegistry::Heartbeat(const std::string& stage_id) {
+  absl::Time now = now_();
+  absl::MutexLock lock(&mu_);
+  for (StageRecord& stage : stages_) {
+    if (stage.stage_id == stage_id) {
+      stage.last_heartbeat = now;
+      stage.lost = false;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::vector<std::string> StageRegistry::Sweep() {
+  absl::Time now = now_();
+  absl::MutexLock lock(&mu_);
+  return MarkStale(stages_, now, timeout_);
+}
+
+void StageRegistry::SweepLocked() { MarkStale(stages_, now_(), timeout_); }
+
+std::optional<std::vector<StageRecord>> StageRegistry::Acquire(const std::string& job_id, int count,
+                                                               uint64_t min_memory_bytes) {
+  // An empty job id would take stages that still look free.
+  if (job_id.empty() || count < 0) return std::nullopt;
+  absl::MutexLock lock(&mu_);
+  SweepLocked();
+  // stages_ is in registration order, so the first matches are the oldest.
+  std::vector<size_t> picked;
+  for (size_t i = 0; i < stages_.size() && static_cast<int>(picked.size()) < count; ++i) {
+    if (IsFree(stages_[i], min_memory_bytes)) picked.push_back(i);
+  }
+  if (static_cast<int>(picked.size()) < count) return std::nullopt;
+  std::vector<StageRecord> taken;
+  taken.reserve(picked.size());
+  for (size_t i : picked) {
+    stages_[i].job_id = job_id;
+    taken.push_back(stages_[i]);
+  }
+  return taken;
+}
+
+void StageRegistry::Release(const std::string& job_id) {
+  if (job_id.empty()) return;
+  absl::MutexLock lock(&mu_);
+  for (StageRecord& stage : stages_) {
+    if (stage.job_id == job_id) stage.job_id.clear();
+  }
+}
+
+void StageRegistry::MarkLost(const std::string& stage_id) {
+  absl::MutexLock lock(&mu_);
+  for (StageRecord& stage : stages_) {
+    if (stage.stage_id == stage_id) stage.lost = true;
+  }
+}
+
+int StageRegistry::FreeCount(uint64_t min_memory_bytes) {
+  absl::MutexLock lock(&mu_);
+  SweepLocked();
+  int count = 0;
+  for (const StageRecord& stage : stages_) count += IsFree(stage, min_memory_bytes) ? 1 : 0;
+  return count;
+}
+
+int StageRegistry::LiveCount() {
+  absl::MutexLock lock(&mu_);
+  SweepLocked();
+  int count = 0;
+  for (const StageRecord& stage : stages_) count += stage.lost ? 0 : 1;
+  return count;
+}
+
+std::optional<StageRecord> StageRegistry::Find(const std::string& stage_id) {
+  absl::MutexLock lock(&mu_);
+  SweepLocked();
+  for (const StageRecord& stage : stages_) {
+    if (stage.stage_id == stage_id) return stage;
+  }
+  return std::nullopt;
+}
+
+std::vector<pipetrain::v1::StageInfo> StageRegistry::Snapshot() {
+  absl::MutexLock lock(&mu_);
+  SweepLocked();
+  std::vector<pipetrain::v1::StageInfo> infos;
+  infos.reserve(stages_.size());
+  for (const StageRecord& stage : stages_) {
+    pipetrain::v1::StageInfo& info = infos.emplace_back();
+    info.set_stage_id(stage.stage_id);
+    info.set_address(stage.address);
+    *info.mutable_device() = stage.device;
+    info.set_job_id(stage.job_id);
+    if (stage.lost) {
+      info.set_state(pipetrain::v1::StageInfo::LOST);
+    } else if (!stage.job_id.empty()) {
+      info.set_state(pipetrain::v1::StageInfo::BUSY);
+    } else {
+      info.set_state(pipetrain::v1::StageInfo::IDLE);
+    }
+    ToTimestamp(stage.last_heartbeat, info.mutable_last_heartbeat());
+  }
+  return infos;
+}
+
+}  // namespace pipetrain::coordinator

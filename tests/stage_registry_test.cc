@@ -1,0 +1,191 @@
+// Tests of the stage registry under a fake clock: ids, heartbeats and loss, acquiring
+// and releasing stages for jobs, and the snapshot the API shows.
+#include "coordinator/stage_registry.h"
+
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pipetrain::coordinator {
+namespace {
+
+using ::pipetrain::testing::IsOk;
+using ::pipetrain::testing::StatusIs;
+using pipetrain::v1::DeviceInfo;
+using pipetrain::v1::StageInfo;
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+constexpr absl::Duration kTimeout = absl::Seconds(10);
+constexpr uint64_t kGiB = uint64_t{1} << 30;
+
+DeviceInfo Device(uint64_t memory_bytes, const std::string& name = "cpu0") {
+  DeviceInfo device;
+  device.set_kind("cpu");
+  device.set_name(name);
+  device.set_memory_bytes(memory_bytes);
+  return device;
+}
+
+class StageRegistryTest : public ::testing::Test {
+ protected:
+  std::string RegisterOrDie(const std::string& address, uint64_t memory = kGiB) {
+    auto id = registry_.Register(address, Device(memory));
+    EXPECT_THAT(id, IsOk());
+    return id.value_or("");
+  }
+  static std::vector<std::string> Ids(const std::vector<StageRecord>& stages) {
+    std::vector<std::string> ids;
+    for (const StageRecord& stage : stages) ids.push_back(stage.stage_id);
+    return ids;
+  }
+
+  absl::Time now_ = absl::FromUnixSeconds(1'700'000'000);
+  StageRegistry registry_{kTimeout, [this] { return now_; }};
+};
+
+TEST_F(StageRegistryTest, RegisterGivesIdsAndKeepsThemPerAddress) {
+  EXPECT_EQ(RegisterOrDie("10.0.0.1:5000"), "stage-1");
+  EXPECT_EQ(RegisterOrDie("10.0.0.2:5000"), "stage-2");
+  ASSERT_TRUE(registry_.Acquire("job-1", 1).has_value());
+  now_ += absl::Seconds(3);
+  auto again = registry_.Register("10.0.0.1:5000", Device(2 * kGiB, "cpu-new"));
+  ASSERT_THAT(again, IsOk());
+  EXPECT_EQ(*again, "stage-1");
+  auto found = registry_.Find("stage-1");
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->device.name(), "cpu-new");
+  EXPECT_EQ(found->job_id, "job-1");  // the job holding it keeps it
+  EXPECT_EQ(found->last_heartbeat, now_);
+  EXPECT_EQ(RegisterOrDie("10.0.0.3:5000"), "stage-3");
+  EXPECT_EQ(registry_.LiveCount(), 3);
+  EXPECT_THAT(registry_.Register("", Device(kGiB)), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_FALSE(registry_.Find("stage-9").has_value());
+}
+
+TEST_F(StageRegistryTest, HeartbeatsKeepStagesAliveAndRevive) {
+  const std::string a = RegisterOrDie("a:1");
+  const std::string b = RegisterOrDie("b:1");
+  EXPECT_FALSE(registry_.Heartbeat("stage-99"));
+
+  now_ += absl::Seconds(8);
+  EXPECT_TRUE(registry_.Heartbeat(a));
+  now_ += absl::Seconds(2);  // b is exactly at the timeout: not lost yet
+  EXPECT_THAT(registry_.Sweep(), IsEmpty());
+  now_ += absl::Seconds(1);
+  EXPECT_THAT(registry_.Sweep(), ElementsAre(b));
+  EXPECT_THAT(registry_.Sweep(), IsEmpty());  // only newly lost ones are reported
+  EXPECT_EQ(registry_.LiveCount(), 1);
+  EXPECT_TRUE(registry_.Find(b)->lost);
+
+  EXPECT_TRUE(registry_.Heartbeat(b));
+  EXPECT_FALSE(registry_.Find(b)->lost);
+  EXPECT_EQ(registry_.LiveCount(), 2);
+}
+
+TEST_F(StageRegistryTest, AcquireIsAllOrNothingOldestFirst) {
+  const std::string s1 = RegisterOrDie("a:1");
+  const std::string s2 = RegisterOrDie("b:1");
+  const std::string s3 = RegisterOrDie("c:1");
+  EXPECT_FALSE(registry_.Acquire("job-1", 4).has_value());
+  EXPECT_EQ(registry_.FreeCount(), 3);  // the failed acquire took nothing
+
+  auto taken = registry_.Acquire("job-1", 2);
+  ASSERT_TRUE(taken.has_value());
+  EXPECT_THAT(Ids(*taken), ElementsAre(s1, s2));
+  for (const StageRecord& stage : *taken) EXPECT_EQ(stage.job_id, "job-1");
+  EXPECT_FALSE(registry_.Acquire("job-2", 2).has_value());
+  EXPECT_EQ(registry_.Find(s3)->job_id, "");
+  auto rest = registry_.Acquire("job-2", 1);
+  ASSERT_TRUE(rest.has_value());
+  EXPECT_THAT(Ids(*rest), ElementsAre(s3));
+  EXPECT_EQ(registry_.FreeCount(), 0);
+  EXPECT_FALSE(registry_.Acquire("", 0).has_value());
+
+  registry_.Release("job-1");
+  EXPECT_EQ(registry_.FreeCount(), 2);
+  EXPECT_EQ(registry_.Find(s1)->job_id, "");
+  EXPECT_EQ(registry_.Find(s3)->job_id, "job-2");
+  auto again = registry_.Acquire("job-3", 2);
+  ASSERT_TRUE(again.has_value());
+  EXPECT_THAT(Ids(*again), ElementsAre(s1, s2));
+}
+
+TEST_F(StageRegistryTest, AcquireFiltersByMemory) {
+  const std::string small = RegisterOrDie("a:1", kGiB);
+  const std::string big1 = RegisterOrDie("b:1", 8 * kGiB);
+  const std::string big2 = RegisterOrDie("c:1", 16 * kGiB);
+  EXPECT_EQ(registry_.FreeCount(4 * kGiB), 2);
+  EXPECT_FALSE(registry_.Acquire("job-1", 3, 4 * kGiB).has_value());
+  auto taken = registry_.Acquire("job-1", 2, 8 * kGiB);
+  ASSERT_TRUE(taken.has_value());
+  EXPECT_THAT(Ids(*taken), ElementsAre(big1, big2));
+  EXPECT_EQ(registry_.Find(small)->job_id, "");
+}
+
+TEST_F(StageRegistryTest, AcquireNeverTakesLostStages) {
+  const std::string s1 = RegisterOrDie("a:1");
+  const std::string s2 = RegisterOrDie("b:1");
+  const std::string s3 = RegisterOrDie("c:1");
+  registry_.MarkLost(s1);
+  now_ += absl::Seconds(11);             // s2 and s3 time out too...
+  EXPECT_TRUE(registry_.Heartbeat(s3));  // ...but s3 comes back
+  EXPECT_EQ(registry_.FreeCount(), 1);
+  EXPECT_FALSE(registry_.Acquire("job-1", 2).has_value());
+  auto taken = registry_.Acquire("job-1", 1);
+  ASSERT_TRUE(taken.has_value());
+  EXPECT_THAT(Ids(*taken), ElementsAre(s3));
+  EXPECT_EQ(registry_.Find(s2)->job_id, "");
+}
+
+TEST_F(StageRegistryTest, LostStageStaysHeldUntilReleased) {
+  RegisterOrDie("a:1");
+  const std::string s2 = RegisterOrDie("b:1");
+  ASSERT_TRUE(registry_.Acquire("job-1", 2).has_value());
+  registry_.MarkLost(s2);
+  EXPECT_TRUE(registry_.Find(s2)->lost);
+  EXPECT_EQ(registry_.Find(s2)->job_id, "job-1");
+  EXPECT_EQ(registry_.LiveCount(), 1);
+  registry_.Release("job-1");
+  EXPECT_EQ(registry_.Find(s2)->job_id, "");
+  EXPECT_EQ(registry_.FreeCount(), 1);  // s1 only: s2 is free but lost
+  registry_.MarkLost("stage-99");       // unknown ids are ignored
+  EXPECT_EQ(registry_.LiveCount(), 1);
+  EXPECT_TRUE(registry_.Heartbeat(s2));
+  EXPECT_EQ(registry_.FreeCount(), 2);
+}
+
+TEST_F(StageRegistryTest, SnapshotShowsStatesJobsAndHeartbeats) {
+  RegisterOrDie("a:1");
+  RegisterOrDie("b:1");
+  RegisterOrDie("c:1");
+  ASSERT_TRUE(registry_.Acquire("job-7", 1).has_value());  // stage-1
+  now_ += absl::Milliseconds(1500);
+  ASSERT_TRUE(registry_.Heartbeat("stage-2"));
+  registry_.MarkLost("stage-3");
+
+  std::vector<StageInfo> stages = registry_.Snapshot();
+  ASSERT_EQ(stages.size(), 3u);
+  EXPECT_EQ(stages[0].stage_id(), "stage-1");
+  EXPECT_EQ(stages[0].address(), "a:1");
+  EXPECT_EQ(stages[0].state(), StageInfo::BUSY);
+  EXPECT_EQ(stages[0].job_id(), "job-7");
+  EXPECT_EQ(stages[0].device().memory_bytes(), kGiB);
+  EXPECT_EQ(stages[0].last_heartbeat().seconds(), 1'700'000'000);
+  EXPECT_EQ(stages[0].last_heartbeat().nanos(), 0);
+  EXPECT_EQ(stages[1].state(), StageInfo::IDLE);
+  EXPECT_EQ(stages[1].job_id(), "");
+  EXPECT_EQ(stages[1].last_heartbeat().seconds(), 1'700'000'001);
+  EXPECT_EQ(stages[1].last_heartbeat().nanos(), 500'000'000);
+  EXPECT_EQ(stages[2].state(), StageInfo::LOST);
+
+  // A busy stage that times out shows LOST but still names its job.
+  now_ += absl::Seconds(20);
+  stages = registry_.Snapshot();
+  EXPECT_EQ(stages[0].state(), StageInfo::LOST);
+  EXPECT_EQ(stages[0].job_id(), "job-7");
+  EXPECT_EQ(stages[1].state(), StageInfo::LOST);
+}
+
+}  // namespace
+}  // namespace pipetrain::coordinator
