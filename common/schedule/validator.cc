@@ -129,9 +129,10 @@ class Checker {
       // Evaluation and training programs cannot meet in one step: a training stage
       // would wait forever for gradients an evaluating neighbour never sends.
       if (p.forward_only != forward_only_) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "invalid schedule: program ", s, " has forward_only ", p.forward_only ? "true" : "false",
-            ", program 0 ", forward_only_ ? "true" : "false"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("invalid schedule: program ", s, " has forward_only ",
+                         p.forward_only ? "true" : "false", ", program 0 ",
+                         forward_only_ ? "true" : "false"));
       }
     }
     return absl::OkStatus();
