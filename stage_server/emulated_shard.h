@@ -30,6 +30,8 @@ class EmulatedShard final : public ShardCompute {
   bool has_head() const override { return end_ == config_.num_pipeline_layers(); }
   absl::StatusOr<common::Tensor> Forward(int mb, const common::Tensor& input,
                                          const common::Tensor* targets) override;
+  absl::StatusOr<common::Tensor> Evaluate(const common::Tensor& input,
+                                          const common::Tensor* targets) override;
   absl::StatusOr<common::Tensor> Backward(int mb, const common::Tensor* grad_output,
                                           float loss_grad) override;
   absl::StatusOr<common::Tensor> BackwardInput(int mb, const common::Tensor* grad_output,
@@ -60,6 +62,7 @@ class EmulatedShard final : public ShardCompute {
   std::shared_ptr<common::BufferPool> pool_;
   double forward_s_ = 0, backward_input_s_ = 0, backward_weight_s_ = 0, optimizer_s_ = 0;
   compute::ChunkMemory memory_;  // bytes per micro-batch (not per token), as the planner counts
+  size_t evaluate_bytes_ = 0;     // an evaluation holds one layer's stash at a time: the largest
   void Peak(size_t extra);
   std::map<int, size_t> in_flight_;
   size_t held_ = 0, peak_ = 0;

@@ -24,6 +24,8 @@ bool IsLink(ActionKind k) {
 struct Executor::StepState {
   StepInputs inputs;
   int num_micro_batches = 0;
+  // Evaluation: forwards keep nothing for a backward, and no gradient is touched.
+  bool forward_only = false;
   absl::Time start;
   std::map<Key, Tensor> received_activations;            // RECV_F -> F
   std::map<Key, std::shared_ptr<const Tensor>> outputs;  // F -> SEND_F
@@ -80,9 +82,10 @@ absl::Status Executor::CheckProgram(const schedule::StageProgram& p,
     return bad(absl::StrCat("targets has ", inputs.targets.size(), " micro-batches, the program ",
                             M));
   }
-  // Each (chunk, micro-batch) runs its forward once, then its backward once, either
-  // whole or as input part then weight part.
+  // Each (chunk, micro-batch) runs its forward once, then (unless the program is
+  // forward-only) its backward once, either whole or as input part then weight part.
   std::map<Key, int> phase;  // 0 none, 1 forward, 2 input grad done, 3 done
+  const int done = p.forward_only ? 1 : 3;
   for (size_t i = 0; i < p.actions.size(); ++i) {
     const Action& a = p.actions[i];
     const std::string where = absl::StrCat("action ", i, " (", schedule::ToString(a), ")");
@@ -118,9 +121,9 @@ absl::Status Executor::CheckProgram(const schedule::StageProgram& p,
   for (int c = 0; c < config_.num_chunks; ++c) {
     for (int mb = 0; mb < M; ++mb) {
       auto it = phase.find({c, mb});
-      if (it == phase.end() || it->second != 3) {
-        return bad(absl::StrCat("micro-batch ", mb, " chunk ", c,
-                                " does not finish its forward and backward"));
+      if (it == phase.end() || it->second != done) {
+        return bad(absl::StrCat("micro-batch ", mb, " chunk ", c, " does not finish its forward",
+                                p.forward_only ? "" : " and backward"));
       }
     }
   }
@@ -132,6 +135,7 @@ absl::StatusOr<StepResult> Executor::RunStep(const schedule::StageProgram& progr
   RETURN_IF_ERROR(CheckProgram(program, inputs));
   StepState st;
   st.num_micro_batches = program.num_micro_batches;
+  st.forward_only = program.forward_only;
   st.inputs = std::move(inputs);
   st.losses.assign(st.num_micro_batches, 0.0f);
   st.have_loss.assign(st.num_micro_batches, false);
@@ -142,7 +146,10 @@ absl::StatusOr<StepResult> Executor::RunStep(const schedule::StageProgram& progr
   if (prev_) prev_->BeginStep(st.inputs.step);
 
   StepResult result;
-  for (auto& chunk : chunks_) RETURN_IF_ERROR(chunk->ZeroGrads());
+  // Evaluation leaves the gradients (like the weights and AdamW state) as they are.
+  if (!st.forward_only) {
+    for (auto& chunk : chunks_) RETURN_IF_ERROR(chunk->ZeroGrads());
+  }
   st.start = absl::Now();
   absl::Status failure;
   for (size_t i = 0; i < program.actions.size(); ++i) {
@@ -252,7 +259,8 @@ absl::Status Executor::RunAction(const Action& a, StepState& st, ActionTiming& t
         input = &it->second;
       }
       const Tensor* targets = holds_head ? &st.inputs.targets[a.micro_batch] : nullptr;
-      ASSIGN_OR_RETURN(Tensor out, chunk.Forward(a.micro_batch, *input, targets));
+      ASSIGN_OR_RETURN(Tensor out, st.forward_only ? chunk.Evaluate(*input, targets)
+                                                   : chunk.Forward(a.micro_batch, *input, targets));
       if (!holds_embedding) {
         // The layers keep their own copy of what they need.
         prev_->Recycle(std::move(st.received_activations[key]));

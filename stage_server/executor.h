@@ -2,6 +2,8 @@
 // which schedule made it: forwards and backwards on the stage's model chunks, tensors
 // to and from the neighbours, the optimizer step. It records when every action ran,
 // the losses (on the stage holding the head), peak activation memory and bytes moved.
+// A forward-only (evaluation) program runs its forwards through ShardCompute::Evaluate,
+// which keeps nothing for a backward, and touches no gradient, weight or AdamW state.
 //
 // Topology (as the planner's): chunk c of stage s is virtual stage c*K + s. Activations
 // go to virtual stage + 1 through `next` (stage (s+1) mod K: a ring when chunks > 1)

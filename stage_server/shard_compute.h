@@ -36,6 +36,10 @@ class ShardCompute {
 
   virtual absl::StatusOr<common::Tensor> Forward(int mb, const common::Tensor& input,
                                                  const common::Tensor* targets) = 0;
+  // Evaluation (forward-only steps): Forward's output, bit for bit, keeping nothing
+  // for a backward and leaving no micro-batch in flight.
+  virtual absl::StatusOr<common::Tensor> Evaluate(const common::Tensor& input,
+                                                  const common::Tensor* targets) = 0;
   virtual absl::StatusOr<common::Tensor> Backward(int mb, const common::Tensor* grad_output,
                                                   float loss_grad) = 0;
   virtual absl::StatusOr<common::Tensor> BackwardInput(int mb,

@@ -50,7 +50,7 @@ absl::StatusOr<Tensor> StackShard::HostTensor(std::vector<int64_t> shape, const 
   return t;
 }
 
-absl::StatusOr<Tensor> StackShard::Forward(int mb, const Tensor& input, const Tensor* targets) {
+absl::Status StackShard::StageInputs(const Tensor& input, const Tensor* targets) {
   const compute::GptConfig& c = stack_->config();
   const int64_t B = rows_, T = c.seq_len, C = c.d_model;
   auto* backend = stack_->backend();
@@ -66,10 +66,27 @@ absl::StatusOr<Tensor> StackShard::Forward(int mb, const Tensor& input, const Te
     RETURN_IF_ERROR(
         backend->CopyFromHost(targets_.raw(), targets->bytes().data(), targets->num_bytes()));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> StackShard::OutputTensor() {
+  const compute::GptConfig& c = stack_->config();
+  if (has_head()) return HostTensor({1}, output_.raw());
+  return HostTensor({rows_, c.seq_len, c.d_model}, output_.raw());
+}
+
+absl::StatusOr<Tensor> StackShard::Forward(int mb, const Tensor& input, const Tensor* targets) {
+  RETURN_IF_ERROR(StageInputs(input, targets));
   RETURN_IF_ERROR(stack_->Forward(mb, rows_, input_.raw(),
                                   has_head() ? targets_.ints() : nullptr, output_.data()));
-  if (has_head()) return HostTensor({1}, output_.raw());
-  return HostTensor({B, T, C}, output_.raw());
+  return OutputTensor();
+}
+
+absl::StatusOr<Tensor> StackShard::Evaluate(const Tensor& input, const Tensor* targets) {
+  RETURN_IF_ERROR(StageInputs(input, targets));
+  RETURN_IF_ERROR(stack_->Evaluate(rows_, input_.raw(), has_head() ? targets_.ints() : nullptr,
+                                   output_.data()));
+  return OutputTensor();
 }
 
 absl::StatusOr<Tensor> StackShard::RunBackward(int mb, const Tensor* grad_output,

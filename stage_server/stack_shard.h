@@ -23,6 +23,8 @@ class StackShard final : public ShardCompute {
   bool has_head() const override { return stack_->has_head(); }
   absl::StatusOr<common::Tensor> Forward(int mb, const common::Tensor& input,
                                          const common::Tensor* targets) override;
+  absl::StatusOr<common::Tensor> Evaluate(const common::Tensor& input,
+                                          const common::Tensor* targets) override;
   absl::StatusOr<common::Tensor> Backward(int mb, const common::Tensor* grad_output,
                                           float loss_grad) override;
   absl::StatusOr<common::Tensor> BackwardInput(int mb, const common::Tensor* grad_output,
@@ -45,6 +47,10 @@ class StackShard final : public ShardCompute {
       : stack_(std::move(stack)), rows_(rows), pool_(std::move(pool)) {}
   absl::Status CheckShape(const common::Tensor& t, common::DType dtype,
                           std::vector<int64_t> shape, const char* what) const;
+  // Checks and copies a forward's input and targets into the backend scratch.
+  absl::Status StageInputs(const common::Tensor& input, const common::Tensor* targets);
+  // The forward's output, from the backend scratch into a pooled host tensor.
+  absl::StatusOr<common::Tensor> OutputTensor();
   absl::StatusOr<common::Tensor> RunBackward(int mb, const common::Tensor* grad_output,
                                              float loss_grad, bool split);
   absl::StatusOr<common::Tensor> HostTensor(std::vector<int64_t> shape, const void* src);

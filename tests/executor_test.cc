@@ -1,8 +1,10 @@
 // The executor runs planner programs on K in-process stages joined by local channels,
 // and training through it is the same as training the whole model on one stage:
 // every step's loss and the final weights match the single-stack reference, for every
-// schedule, recompute mode and K in {1, 2, 4}. Also: bad programs are refused, and an
-// emulated stage takes the cost model's time and reports real sizes.
+// schedule, recompute mode and K in {1, 2, 4}. A forward-only (evaluation) step between
+// two training steps gives the reference model's losses on its batch and leaves every
+// weight, gradient and AdamW moment bit for bit as it was. Also: bad programs are
+// refused, and an emulated stage takes the cost model's time and reports real sizes.
 #include "stage_server/executor.h"
 
 #include <cmath>
@@ -11,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/testing/status_matchers.h"
+#include "coordinator/planner/forward_only.h"
 #include "coordinator/planner/planner.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -54,7 +57,32 @@ std::string Name(const Case& c) {
                       " recompute=", planner::RecomputeName(c.recompute));
 }
 
-// Runs the job on K executors in threads; returns per-step losses and the stacks.
+// Every parameter, gradient and AdamW moment of a stage's chunks, and their step
+// counts: what an evaluation must leave exactly as it found.
+using Snapshot = std::vector<std::vector<float>>;
+Snapshot TakeSnapshot(const std::vector<StackShard*>& shards) {
+  Snapshot out;
+  for (StackShard* shard : shards) {
+    compute::LayerStack& stack = shard->stack();
+    out.push_back({static_cast<float>(stack.step())});
+    for (const compute::ParamSpec& p : stack.Params()) {
+      out.push_back(*stack.GetParam(p.name));
+      out.push_back(*stack.GetGrad(p.name));
+      out.push_back(*stack.GetOptimizerMoment(p.name, false));
+      out.push_back(*stack.GetOptimizerMoment(p.name, true));
+    }
+  }
+  return out;
+}
+
+// The evaluation runs between training steps kEvalAfter and kEvalAfter + 1, on a batch
+// no training step uses, under a step number of its own (frames are tagged with it).
+constexpr int kEvalAfter = 0;
+constexpr uint64_t kEvalStep = 1000;
+compute::TokenBatch EvalBatch() { return RandomBatch(77); }
+
+// Runs the job on K executors in threads, with an evaluation after step kEvalAfter,
+// and checks every step's loss and the final weights against the reference.
 void RunPipeline(const Case& c) {
   SCOPED_TRACE(Name(c));
   planner::PlanOptions po;
@@ -106,9 +134,9 @@ void RunPipeline(const Case& c) {
                                                    down[s].get(), pool));
   }
 
-  const Reference& ref = SharedReference();
-  for (int step = 0; step < kSteps; ++step) {
-    const compute::TokenBatch batch = RandomBatch(step);
+  // One step of `programs` on every stage at once.
+  auto run_all = [&](const schedule::Schedule& programs, uint64_t step,
+                     const compute::TokenBatch& batch) {
     std::vector<absl::StatusOr<StepResult>> results(K, absl::UnknownError("not run"));
     std::vector<std::thread> threads;
     for (int s = 0; s < K; ++s) {
@@ -119,10 +147,18 @@ void RunPipeline(const Case& c) {
           if (s == 0) in.tokens.push_back(Rows(batch.inputs, mb, rows));
           if (s == K - 1) in.targets.push_back(Rows(batch.targets, mb, rows));
         }
-        results[s] = executors[s]->RunStep(plan->programs[s], std::move(in));
+        results[s] = executors[s]->RunStep(programs[s], std::move(in));
       });
     }
     for (auto& t : threads) t.join();
+    return results;
+  };
+
+  auto eval_programs = planner::ForwardOnlySchedule(K, kMicroBatches, c.chunks);
+  ASSERT_THAT(eval_programs.status(), IsOk());
+  const Reference& ref = SharedReference();
+  for (int step = 0; step < kSteps; ++step) {
+    const auto results = run_all(plan->programs, step, RandomBatch(step));
     for (int s = 0; s < K; ++s) ASSERT_THAT(results[s].status(), IsOk()) << "stage " << s;
     const std::vector<float>& losses = results[K - 1]->losses;
     ASSERT_EQ(losses.size(), static_cast<size_t>(kMicroBatches));
@@ -135,6 +171,34 @@ void RunPipeline(const Case& c) {
       EXPECT_EQ(static_cast<double>(results[s]->peak_activation_bytes),
                 plan->stages[s].peak_activation_bytes)
           << "stage " << s;
+    }
+    if (step != kEvalAfter) continue;
+
+    SCOPED_TRACE("evaluation");
+    std::vector<Snapshot> before;
+    for (int s = 0; s < K; ++s) before.push_back(TakeSnapshot(shards[s]));
+    const auto eval = run_all(*eval_programs, kEvalStep, EvalBatch());
+    for (int s = 0; s < K; ++s) ASSERT_THAT(eval[s].status(), IsOk()) << "stage " << s;
+    const std::vector<double> want =
+        ::pipetrain::testing::ReferenceEvalLosses(kEvalAfter + 1, EvalBatch());
+    ASSERT_EQ(eval[K - 1]->losses.size(), want.size());
+    for (int mb = 0; mb < kMicroBatches; ++mb) {
+      EXPECT_NEAR(eval[K - 1]->losses[mb], want[mb], 1e-5 * std::abs(want[mb]))
+          << "micro-batch " << mb;
+    }
+    for (int s = 0; s < K; ++s) {
+      EXPECT_TRUE(TakeSnapshot(shards[s]) == before[s])
+          << "stage " << s << ": the evaluation changed a weight, gradient or moment";
+      EXPECT_EQ(eval[s]->grad_norm_sq, 0.0) << "stage " << s;
+      if (s != K - 1) {
+        EXPECT_TRUE(eval[s]->losses.empty()) << "stage " << s;
+      }
+      // One layer's stash at a time: never more than a training step holds.
+      EXPECT_GT(eval[s]->peak_activation_bytes, 0u) << "stage " << s;
+      EXPECT_LE(static_cast<double>(eval[s]->peak_activation_bytes),
+                plan->stages[s].peak_activation_bytes)
+          << "stage " << s;
+      for (StackShard* shard : shards[s]) EXPECT_EQ(shard->stack().in_flight(), 0);
     }
   }
   // Final weights, tensor by tensor.
@@ -257,6 +321,33 @@ TEST(ExecutorTest, RefusesBadProgramsBeforeRunningThem) {
   EXPECT_THAT(s.executor->RunStep(s.program, Inputs(2, true, true)).status(), IsOk());
 }
 
+TEST(ExecutorTest, ForwardOnlyProgramsRunTheirForwardsAndNothingElse) {
+  Single s = MakeSingle();
+  s.program.forward_only = true;
+  s.program.actions = *schedule::ParseActions("F1 F0");
+  auto r = s.executor->RunStep(s.program, Inputs(2, true, true));
+  ASSERT_THAT(r.status(), IsOk());
+  ASSERT_EQ(r->losses.size(), 2u);
+  EXPECT_GT(r->losses[1], 0.0f);
+  EXPECT_EQ(r->timings.size(), 2u);
+  EXPECT_EQ(r->grad_norm_sq, 0.0);
+  // A backward or an optimizer step has no place in it, and every forward must run.
+  s.program.actions = *schedule::ParseActions("F0 F1 B0 B1");
+  EXPECT_THAT(s.executor->RunStep(s.program, Inputs(2, true, true)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("stage 0 step 2 (B0)"), HasSubstr("forward-only"))));
+  s.program.actions = *schedule::ParseActions("F0 F1 OPT");
+  EXPECT_THAT(s.executor->RunStep(s.program, Inputs(2, true, true)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("step 2 (OPT)")));
+  s.program.actions = *schedule::ParseActions("F0");
+  EXPECT_THAT(s.executor->RunStep(s.program, Inputs(2, true, true)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("missing forward F1")));
+  // The same executor goes on training.
+  s.program.forward_only = false;
+  s.program.actions = *schedule::ParseActions("F0 F1 B0 B1 OPT");
+  EXPECT_THAT(s.executor->RunStep(s.program, Inputs(2, true, true)).status(), IsOk());
+}
+
 TEST(ExecutorTest, AMissingNeighbourTensorTimesOutNamingTheAction) {
   auto pool = std::make_shared<common::BufferPool>();
   auto backend = *compute::CpuBackend::Create(1);
@@ -344,6 +435,34 @@ TEST(ExecutorTest, EmulatedStagesFollowTheCostModel) {
   const uint64_t tensor = 2 * Tiny().seq_len * Tiny().d_model * 4;
   EXPECT_EQ(results[0]->bytes_sent, 4 * tensor);
   EXPECT_EQ(results[0]->bytes_received, 4 * tensor);
+
+  // An evaluation: the same forwards, activations down and nothing back up.
+  auto eval = planner::ForwardOnlySchedule(2, 4, 1);
+  ASSERT_THAT(eval.status(), IsOk());
+  std::thread e0([&] {
+    StepInputs in;
+    in.step = 1;
+    for (int mb = 0; mb < 4; ++mb) in.tokens.push_back(Rows(b.inputs, mb, 2));
+    results[0] = ex[0]->RunStep((*eval)[0], std::move(in));
+  });
+  std::thread e1([&] {
+    StepInputs in;
+    in.step = 1;
+    for (int mb = 0; mb < 4; ++mb) in.targets.push_back(Rows(b.targets, mb, 2));
+    results[1] = ex[1]->RunStep((*eval)[1], std::move(in));
+  });
+  e0.join();
+  e1.join();
+  for (int s = 0; s < 2; ++s) {
+    ASSERT_THAT(results[s].status(), IsOk());
+    EXPECT_GT(results[s]->peak_activation_bytes, 0u);
+    EXPECT_LT(static_cast<double>(results[s]->peak_activation_bytes),
+              plan->stages[s].peak_activation_bytes)
+        << "stage " << s;
+  }
+  EXPECT_EQ(results[1]->losses.size(), 4u);
+  EXPECT_EQ(results[0]->bytes_sent, 4 * tensor);
+  EXPECT_EQ(results[0]->bytes_received, 0u);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include "common/schedule/validator.h"
 #include "common/testing/status_matchers.h"
+#include "coordinator/planner/forward_only.h"
 #include "coordinator/planner/lowering.h"
 #include "coordinator/planner/simulator.h"
 #include "gmock/gmock.h"
@@ -209,6 +210,84 @@ TEST(GeneratorsTest, EveryGeneratedScheduleRoundTripsThroughTextAndProto) {
       EXPECT_EQ(*q, p);
     }
   }
+}
+
+// Forward-only (evaluation) schedules over K 1..8, M 1..16, v 1..3: valid as they
+// come (lowered), each program alone too, every forward and transfer there once and
+// nothing else, one activation held at a time. With equal costs and free transfer the
+// pipeline fills once: vM + K - 1 forward slots (of 1/v each) when M is a multiple of
+// K; a short last group of micro-batches may wait, never longer than a full one would.
+TEST(ForwardOnlyScheduleTest, GridIsValidAndFillsThePipelineOnce) {
+  for (int k = 1; k <= 8; ++k) {
+    for (int m = 1; m <= 16; ++m) {
+      for (int v = 1; v <= 3; ++v) {
+        SCOPED_TRACE(absl::StrCat("K=", k, " M=", m, " v=", v));
+        auto eval = ForwardOnlySchedule(k, m, v);
+        ASSERT_THAT(eval, IsOk());
+        ASSERT_EQ(eval->size(), static_cast<size_t>(k));
+        ASSERT_THAT(schedule::Validate(*eval), IsOk());
+        for (int s = 0; s < k; ++s) {
+          const schedule::StageProgram& p = (*eval)[s];
+          EXPECT_TRUE(p.forward_only);
+          EXPECT_EQ(p.schedule, "eval");
+          EXPECT_THAT(schedule::ValidateProgram(p), IsOk());
+          EXPECT_EQ(schedule::PeakInFlight(p), 1);
+          // M*v forwards, and a receive and a send for each but at the two ends.
+          int forwards = 0;
+          for (const schedule::Action& a : p.actions) {
+            forwards += a.kind == schedule::ActionKind::kForward;
+          }
+          EXPECT_EQ(forwards, m * v);
+          const int ends = (s == 0 ? m : 0) + (s == k - 1 ? m : 0);
+          EXPECT_EQ(static_cast<int>(p.actions.size()), 3 * m * v - ends);
+        }
+        auto sim = Simulate(*eval, EqualStageCost(k, v));
+        ASSERT_THAT(sim, IsOk());
+        const double filled = (v * m + k - 1) / static_cast<double>(v);
+        if (m % k == 0) {
+          EXPECT_NEAR(sim->step_time_s, filled, 1e-9);
+        } else {
+          const int full = (m / k + 1) * k;  // as if the last group were full
+          EXPECT_LE(sim->step_time_s, (v * full + k - 1) / static_cast<double>(v) + 1e-9);
+        }
+      }
+    }
+  }
+}
+
+TEST(ForwardOnlyScheduleTest, GroupsOfKMicroBatchesGoThroughEachChunkInTurn) {
+  // K = 2, M = 3, v = 2: micro-batches {0, 1} through chunk 0 then chunk 1, then {2}.
+  auto eval = ForwardOnlySchedule(2, 3, 2);
+  ASSERT_THAT(eval, IsOk());
+  EXPECT_EQ(schedule::ToText(*eval),
+            "schedule eval stages 2 micro_batches 3 chunks 2 forward_only\n"
+            "stage 0 max_in_flight 1: F0 SEND_F0 F1 SEND_F1 RECV_F0@1 F0@1 SEND_F0@1 RECV_F1@1 "
+            "F1@1 SEND_F1@1 F2 SEND_F2 RECV_F2@1 F2@1 SEND_F2@1\n"
+            "stage 1 max_in_flight 1: RECV_F0 F0 SEND_F0 RECV_F1 F1 SEND_F1 RECV_F0@1 F0@1 "
+            "RECV_F1@1 F1@1 RECV_F2 F2 SEND_F2 RECV_F2@1 F2@1\n");
+  auto one = ForwardOnlySchedule(1, 2, 1);
+  ASSERT_THAT(one, IsOk());
+  EXPECT_EQ(ToString((*one)[0].actions), "F0 F1");
+  // Round trips, as every program a stage receives must.
+  auto back = schedule::ParseScheduleText(schedule::ToText(*eval));
+  ASSERT_THAT(back, IsOk());
+  EXPECT_EQ(*back, *eval);
+  for (const schedule::StageProgram& p : *eval) {
+    auto q = schedule::FromProto(schedule::ToProto(p));
+    ASSERT_THAT(q, IsOk());
+    EXPECT_EQ(*q, p);
+  }
+}
+
+TEST(ForwardOnlyScheduleTest, InvalidShapesAreRejectedNamingTheField) {
+  EXPECT_THAT(ForwardOnlySchedule(0, 4, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pipeline.stages")));
+  EXPECT_THAT(ForwardOnlySchedule(2, 0, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pipeline.micro_batches")));
+  EXPECT_THAT(ForwardOnlySchedule(2, 4, 0),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pipeline.chunks")));
+  EXPECT_THAT(ForwardOnlySchedule(2, 4, 1000),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pipeline.chunks")));
 }
 
 }  // namespace

@@ -330,6 +330,44 @@ TEST(LayerStackTest, AdamWDecaysMatricesOnlyAndClipsByTheGivenNorm) {
   EXPECT_NE(px, before);
 }
 
+// Evaluation runs the forward's arithmetic, so its output is Forward's bit for bit,
+// but keeps nothing: no micro-batch in flight after it, and a lower peak than a
+// forward that keeps its stashes for the backward.
+TEST(LayerStackTest, EvaluateIsForwardBitForBitAndKeepsNothing) {
+  auto cpu = CpuBackend::Create(1);
+  ASSERT_THAT(cpu, IsOk());
+  const GptConfig c = Tiny();
+  const Batch batch = MakeBatch(c, 2);
+  for (bool recompute : {false, true}) {
+    SCOPED_TRACE(recompute ? "recompute" : "no recompute");
+    Stages<float> s = MakeStages<float>(cpu->get(), c, {2}, {.recompute = recompute});
+    std::vector<float> x(2 * c.seq_len * c.d_model), y(x.size());
+    float loss = 0, eval_loss = 0;
+    ASSERT_THAT(s[0]->Forward(0, 2, batch.tokens.data(), nullptr, x.data()), IsOk());
+    ASSERT_THAT(s[1]->Forward(0, 2, x.data(), batch.targets.data(), &loss), IsOk());
+    for (auto& stage : s) stage->ResetPeak();
+    const size_t held = s[0]->ActivationBytes();
+    ASSERT_THAT(s[0]->Evaluate(2, batch.tokens.data(), nullptr, y.data()), IsOk());
+    ASSERT_THAT(s[1]->Evaluate(2, y.data(), batch.targets.data(), &eval_loss), IsOk());
+    EXPECT_EQ(x, y);
+    EXPECT_EQ(loss, eval_loss);
+    // What the training forward keeps is untouched; the evaluation added nothing.
+    EXPECT_EQ(s[0]->in_flight(), 1);
+    EXPECT_EQ(s[0]->ActivationBytes(), held);
+    EXPECT_GT(s[0]->PeakActivationBytes(), held);
+    if (!recompute) {
+      // A whole forward's stashes outweigh one layer's at a time.
+      Stages<float> fresh = MakeStages<float>(cpu->get(), c, {2});
+      ASSERT_THAT(fresh[1]->Evaluate(2, y.data(), batch.targets.data(), &eval_loss), IsOk());
+      const size_t evaluate_peak = fresh[1]->PeakActivationBytes();
+      ASSERT_THAT(fresh[1]->Forward(0, 2, y.data(), batch.targets.data(), &loss), IsOk());
+      EXPECT_LT(evaluate_peak, fresh[1]->PeakActivationBytes());
+    }
+    EXPECT_THAT(s[1]->Evaluate(2, y.data(), nullptr, &eval_loss),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("targets")));
+  }
+}
+
 TEST(LayerStackTest, MisuseIsAnErrorNamingTheMicroBatch) {
   HostBackend backend;
   const GptConfig c = Tiny();

@@ -1,9 +1,10 @@
 // Integration: real pipetrain-stage processes on 127.0.0.1 (port 0), configured from a
 // plan and driven over gRPC without a coordinator. For K = 1, 2, 4, every schedule and
 // every recompute mode, 5 steps give the losses and final weights of the single-stage
-// reference. Faults: a neighbour killed mid-step fails the step with UNAVAILABLE naming
-// it, within the deadline, and the survivor serves the next job; a job over the memory
-// limit is refused before anything is allocated.
+// reference, and an evaluation (forward-only step) between training steps reports the
+// reference's losses and changes nothing. Faults: a neighbour killed mid-step fails the
+// step with UNAVAILABLE naming it, within the deadline, and the survivor serves the
+// next job; a job over the memory limit is refused before anything is allocated.
 #include <signal.h>
 
 #include <chrono>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/frame_proto.h"
 #include "common/testing/status_matchers.h"
+#include "coordinator/planner/forward_only.h"
 #include "coordinator/planner/planner.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -112,11 +114,13 @@ pb::ConfigureRequest ConfigureFor(const planner::Plan& plan, const std::string& 
   return r;
 }
 
-// Runs one step on stages [0, K) at once; returns each stage's response status.
-std::vector<grpc::Status> RunStep(const planner::Plan& plan, const std::string& job, int step,
-                                  std::vector<Stage>& stages, std::vector<pb::RunStepResponse>& out) {
-  const int K = plan.options.stages, rows = kBatch / kMicroBatches;
-  const compute::TokenBatch batch = testing::RandomBatch(step);
+// Runs one step of `programs` on `batch` on stages [0, K) at once; returns each
+// stage's response status.
+std::vector<grpc::Status> RunStep(const schedule::Schedule& programs, const std::string& job,
+                                  int step, const compute::TokenBatch& batch,
+                                  std::vector<Stage>& stages,
+                                  std::vector<pb::RunStepResponse>& out) {
+  const int K = static_cast<int>(programs.size()), rows = kBatch / kMicroBatches;
   std::vector<grpc::Status> status(K);
   out.assign(K, {});
   std::vector<std::thread> threads;
@@ -125,7 +129,7 @@ std::vector<grpc::Status> RunStep(const planner::Plan& plan, const std::string& 
       pb::RunStepRequest req;
       req.set_job_id(job);
       req.set_step(step);
-      *req.mutable_program() = schedule::ToProto(plan.programs[s]);
+      *req.mutable_program() = schedule::ToProto(programs[s]);
       for (int mb = 0; mb < kMicroBatches; ++mb) {
         if (s == 0) common::TensorToProto(testing::Rows(batch.inputs, mb, rows), req.add_tokens());
         if (s == K - 1) common::TensorToProto(testing::Rows(batch.targets, mb, rows), req.add_targets());
@@ -137,6 +141,19 @@ std::vector<grpc::Status> RunStep(const planner::Plan& plan, const std::string& 
   }
   for (auto& t : threads) t.join();
   return status;
+}
+
+// A training step of the plan, on the step's own batch.
+std::vector<grpc::Status> RunStep(const planner::Plan& plan, const std::string& job, int step,
+                                  std::vector<Stage>& stages,
+                                  std::vector<pb::RunStepResponse>& out) {
+  return RunStep(plan.programs, job, step, testing::RandomBatch(step), stages, out);
+}
+
+double MeanLoss(const pb::RunStepResponse& head) {
+  double loss = 0;
+  for (float l : head.losses()) loss += l;
+  return loss / kMicroBatches;
 }
 
 std::string Export(Stage& stage, const std::string& job, int chunk) {
@@ -243,6 +260,59 @@ TEST_F(StageClusterTest, EverySchedulePlanAndRecomputeModeMatchesTheReference) {
         EXPECT_EQ(tensors, 2 + 12 * testing::TinyModel().n_layers + 3);
       }
     }
+  }
+}
+
+// Real processes carry the forward_only flag from the proto to the executor: K = 2,
+// interleaved (the ring link too), an evaluation between training steps 0 and 1.
+TEST_F(StageClusterTest, AnEvaluationBetweenStepsReportsTheReferenceLossAndChangesNothing) {
+  const testing::Reference& ref = testing::SharedReference(kSteps);
+  const planner::Plan plan = MakeTestPlan(planner::ScheduleKind::kInterleaved, 2, 2,
+                                          pb::RECOMPUTE_NEVER);
+  auto eval = planner::ForwardOnlySchedule(2, kMicroBatches, 2);
+  ASSERT_TRUE(eval.ok()) << eval.status();
+  const std::string job = "eval-job";
+  for (int s = 0; s < 2; ++s) {
+    pb::ConfigureResponse resp;
+    grpc::Status st = Call3([&](grpc::ClientContext* c, const pb::ConfigureRequest& q,
+                                pb::ConfigureResponse* r) {
+      return (*stages_)[s].stub->Configure(c, q, r);
+    }, ConfigureFor(plan, job, s, *stages_), &resp);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+  }
+  // Step numbers increase across training and evaluation; the batches are training
+  // steps 0, 1, 2's and one of the evaluation's own.
+  std::vector<pb::RunStepResponse> out;
+  auto check_ok = [&](const std::vector<grpc::Status>& status) {
+    for (int s = 0; s < 2; ++s) {
+      ASSERT_TRUE(status[s].ok()) << "stage " << s << ": " << status[s].error_message();
+    }
+  };
+  check_ok(RunStep(plan.programs, job, 0, testing::RandomBatch(0), *stages_, out));
+  EXPECT_NEAR(MeanLoss(out[1]), ref.losses[0], 1e-5 * ref.losses[0]);
+  auto shards = [&] {
+    std::string all;
+    for (int s = 0; s < 2; ++s) {
+      all += Export((*stages_)[s], job, 0) + Export((*stages_)[s], job, 1);
+    }
+    return all;
+  };
+  const std::string before = shards();
+
+  const compute::TokenBatch held_out = testing::RandomBatch(77);
+  check_ok(RunStep(*eval, job, 1, held_out, *stages_, out));
+  const std::vector<double> want = testing::ReferenceEvalLosses(1, held_out);
+  ASSERT_EQ(out[1].losses_size(), kMicroBatches);
+  for (int mb = 0; mb < kMicroBatches; ++mb) {
+    EXPECT_NEAR(out[1].losses(mb), want[mb], 1e-5 * want[mb]) << "micro-batch " << mb;
+  }
+  EXPECT_EQ(out[0].losses_size(), 0);
+  // The shards (weights, AdamW moments and step) are byte for byte what they were.
+  EXPECT_TRUE(shards() == before);
+
+  for (int step = 1; step < 3; ++step) {
+    check_ok(RunStep(plan.programs, job, step + 1, testing::RandomBatch(step), *stages_, out));
+    EXPECT_NEAR(MeanLoss(out[1]), ref.losses[step], 1e-5 * ref.losses[step]) << "step " << step;
   }
 }
 

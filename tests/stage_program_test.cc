@@ -56,6 +56,29 @@ TEST(StageProgramTest, TextRoundTrip) {
   EXPECT_EQ(*back, s);
 }
 
+TEST(StageProgramTest, ForwardOnlyRoundTripsThroughProtoAndText) {
+  StageProgram p{0, 2, 1, 1, "eval", {Forward(0), {ActionKind::kSendActivation, 0, 0}}, 1};
+  p.forward_only = true;
+  EXPECT_TRUE(ToProto(p).forward_only());
+  auto back = FromProto(ToProto(p));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, p);
+  StageProgram q{1, 2, 1, 1, "eval", {{ActionKind::kRecvActivation, 0, 0}, Forward(0)}, 1};
+  q.forward_only = true;
+  const std::string text = ToText({p, q});
+  EXPECT_EQ(text,
+            "schedule eval stages 2 micro_batches 1 chunks 1 forward_only\n"
+            "stage 0 max_in_flight 1: F0 SEND_F0\n"
+            "stage 1 max_in_flight 1: RECV_F0 F0\n");
+  auto parsed = ParseScheduleText(text);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(*parsed, (Schedule{p, q}));
+  // Training schedules keep their eight-word header; a stray ninth word is an error.
+  EXPECT_THAT(ToText(TwoStages()), ::testing::Not(HasSubstr("forward_only")));
+  EXPECT_THAT(ParseScheduleText("schedule x stages 1 micro_batches 1 chunks 1 backward_only\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("line 1")));
+}
+
 TEST(StageProgramTest, TextErrorsNameTheLine) {
   EXPECT_THAT(ParseScheduleText(""), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(ParseScheduleText("schedule x stages 2\n"),

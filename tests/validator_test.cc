@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -226,6 +227,86 @@ TEST(ValidatorTest, OneProgramAloneAsAStageServerSeesIt) {
   p.num_stages = 1 << 30;
   EXPECT_THAT(ValidateProgram(p),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("num_stages")));
+}
+
+// Evaluation on K = 2 stages with M = 2 micro-batches: forwards and their transfers only.
+constexpr char kForwardOnly[] =
+    "schedule eval stages 2 micro_batches 2 chunks 1 forward_only\n"
+    "stage 0 max_in_flight 1: F0 SEND_F0 F1 SEND_F1\n"
+    "stage 1 max_in_flight 1: RECV_F0 F0 RECV_F1 F1\n";
+
+TEST(ValidatorTest, ForwardOnlySchedulesNeedNoBackward) {
+  const Schedule s = Parse(kForwardOnly);
+  EXPECT_THAT(Validate(s), IsOk());
+  for (const StageProgram& p : s) {
+    EXPECT_THAT(ValidateProgram(p), IsOk());
+    // A forward frees its activations as it ends: one micro-batch at a time.
+    EXPECT_EQ(PeakInFlight(p), 1);
+  }
+  // Without the flag the same programs are training programs missing their backward.
+  Schedule training = s;
+  for (StageProgram& p : training) p.forward_only = false;
+  EXPECT_THAT(Validate(training),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("missing backward")));
+}
+
+TEST(ValidatorTest, ForwardOnlyRefusesBackwardAndOptimizerNamingTheAction) {
+  Schedule s = Parse(kForwardOnly);
+  s[1].actions.push_back(Backward(0));
+  EXPECT_THAT(Validate(s), StatusIs(absl::StatusCode::kInvalidArgument,
+                                    AllOf(HasSubstr("stage 1 step 4 (B0): not allowed in a "
+                                                    "forward-only program"),
+                                          HasTableMarking("B0"))));
+  EXPECT_THAT(ValidateProgram(s[1]), StatusIs(absl::StatusCode::kInvalidArgument,
+                                              HasSubstr("stage 1 step 4 (B0): not allowed")));
+  s = Parse(kForwardOnly);
+  s[0].actions.push_back(OptimizerStep());
+  EXPECT_THAT(Validate(s), StatusIs(absl::StatusCode::kInvalidArgument,
+                                    HasSubstr("stage 0 step 4 (OPT): not allowed in a "
+                                              "forward-only program")));
+  for (const char* action : {"I1", "W1", "SEND_B1", "RECV_B0"}) {
+    s = Parse(kForwardOnly);
+    s[0].actions.push_back(*ParseAction(action));
+    EXPECT_THAT(Validate(s),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(absl::StrCat("stage 0 step 4 (", action, "): not allowed"))));
+  }
+}
+
+TEST(ValidatorTest, ForwardOnlyStillChecksForwardsTransfersAndDeadlock) {
+  Schedule s = Parse(kForwardOnly);
+  Erase(s, 1, "F1");
+  EXPECT_THAT(Validate(s), StatusIs(absl::StatusCode::kInvalidArgument,
+                                    HasSubstr("stage 1: missing forward F1 of micro-batch 1")));
+  s = Parse(kForwardOnly);
+  s[0].actions.push_back(Forward(1));
+  EXPECT_THAT(Validate(s), StatusIs(absl::StatusCode::kInvalidArgument,
+                                    HasSubstr("stage 0 step 4 (F1): duplicate forward")));
+  s = Parse(kForwardOnly);
+  Erase(s, 1, "RECV_F1");
+  EXPECT_THAT(Validate(s), StatusIs(absl::StatusCode::kInvalidArgument,
+                                    HasSubstr("(SEND_F1): no matching RECV_F1 on stage 1")));
+  // Stage 1 receives micro-batch 1 first; stage 0 sends it second: fine (sends do not
+  // block). Stage 0 waiting on stage 1 cannot happen without chunks, so wrap with v = 2.
+  s = Parse(kForwardOnly);
+  MoveBefore(s, 1, "RECV_F1", "RECV_F0");
+  EXPECT_THAT(Validate(s), IsOk());
+  Schedule ring = Parse(
+      "schedule eval stages 2 micro_batches 1 chunks 2 forward_only\n"
+      "stage 0 max_in_flight 1: RECV_F0@1 F0@1 SEND_F0@1 F0 SEND_F0\n"
+      "stage 1 max_in_flight 1: RECV_F0 F0 SEND_F0 RECV_F0@1 F0@1\n");
+  EXPECT_THAT(Validate(ring),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("deadlock"), HasSubstr("stage 0 step 0 (RECV_F0@1)"),
+                             HasSubstr("stage 1 step 0 (RECV_F0)"))));
+  // Chunk 0 first on stage 0 is the order that runs.
+  ring[0].actions = *ParseActions("F0 SEND_F0 RECV_F0@1 F0@1 SEND_F0@1");
+  EXPECT_THAT(Validate(ring), IsOk());
+  // Every program of a step is forward-only, or none is.
+  s = Parse(kForwardOnly);
+  s[1].forward_only = false;
+  EXPECT_THAT(Validate(s), StatusIs(absl::StatusCode::kInvalidArgument,
+                                    HasSubstr("program 1 has forward_only false")));
 }
 
 TEST(ValidatorTest, LongProgramsShowAWindowAroundTheOffendingCell) {

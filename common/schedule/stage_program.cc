@@ -97,6 +97,7 @@ pb::StageProgram ToProto(const StageProgram& p) {
   out.set_num_chunks(p.num_chunks);
   out.set_schedule(p.schedule);
   out.set_max_in_flight(p.max_in_flight);
+  out.set_forward_only(p.forward_only);
   for (const Action& a : p.actions) {
     pb::Action* pa = out.add_actions();
     pa->set_kind(KindToProto(a.kind));
@@ -122,6 +123,7 @@ absl::StatusOr<StageProgram> FromProto(const pb::StageProgram& proto) {
   p.num_chunks = *v == 0 ? 1 : *v;  // proto3 default: not interleaved
   p.max_in_flight = *f;
   p.schedule = proto.schedule();
+  p.forward_only = proto.forward_only();
   for (int i = 0; i < proto.actions_size(); ++i) {
     const pb::Action& pa = proto.actions(i);
     auto kind = KindFromProto(pa.kind(), i);
@@ -142,7 +144,8 @@ std::string ToText(const Schedule& schedule) {
   const StageProgram& first = schedule.front();
   std::string out = absl::StrCat("schedule ", first.schedule.empty() ? "-" : first.schedule,
                                  " stages ", first.num_stages, " micro_batches ",
-                                 first.num_micro_batches, " chunks ", first.num_chunks, "\n");
+                                 first.num_micro_batches, " chunks ", first.num_chunks,
+                                 first.forward_only ? " forward_only" : "", "\n");
   for (const StageProgram& p : schedule) {
     absl::StrAppend(&out, "stage ", p.stage, " max_in_flight ", p.max_in_flight, ": ",
                     ToString(p.actions), "\n");
@@ -161,10 +164,15 @@ absl::StatusOr<Schedule> ParseScheduleText(absl::string_view text) {
     if (line.empty() || line[0] == '#') continue;
     if (!have_header) {
       std::vector<absl::string_view> w = absl::StrSplit(line, ' ', absl::SkipEmpty());
-      if (w.size() != 8 || w[0] != "schedule") {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "line ", line_no, ": expected 'schedule NAME stages K micro_batches M chunks V'"));
+      // The optional ninth word marks a forward-only (evaluation) schedule.
+      const bool flag = w.size() == 9 && w[8] == "forward_only";
+      if ((w.size() != 8 && !flag) || w[0] != "schedule") {
+        return absl::InvalidArgumentError(
+            absl::StrCat("line ", line_no,
+                         ": expected 'schedule NAME stages K micro_batches M chunks V"
+                         " [forward_only]'"));
       }
+      header.forward_only = flag;
       header.schedule = w[1] == "-" ? "" : std::string(w[1]);
       if (auto s = ReadNamedInt(w, 2, "stages", &header.num_stages, line_no); !s.ok()) return s;
       if (auto s = ReadNamedInt(w, 4, "micro_batches", &header.num_micro_batches, line_no);

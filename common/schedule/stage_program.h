@@ -23,6 +23,9 @@ struct StageProgram {
   // Most micro-batch activations (counted per chunk) this stage may hold at once, from
   // a forward until its backward (or its weight-gradient part) is done; 0 = unchecked.
   int max_in_flight = 0;
+  // Evaluation: forwards with their sends and receives only (no backward, gradient or
+  // optimizer action); the weights stay as they are and the head reports the losses.
+  bool forward_only = false;
 
   bool operator==(const StageProgram&) const = default;
 };
@@ -45,7 +48,9 @@ absl::StatusOr<StageProgram> FromProto(const pipetrain::v1::StageProgram& proto)
 //   schedule 1f1b stages 2 micro_batches 3 chunks 1
 //   stage 0 max_in_flight 2: F0 F1 B0 F2 B1 B2 OPT
 //   stage 1 max_in_flight 1: F0 B0 F1 B1 F2 B2 OPT
-// Lines starting with '#' and blank lines are ignored. Parse(ToText(s)) == s.
+// A forward-only schedule ends its header line with the word `forward_only` (every
+// program of a schedule shares the header). Lines starting with '#' and blank lines
+// are ignored. Parse(ToText(s)) == s.
 std::string ToText(const Schedule& schedule);
 absl::StatusOr<Schedule> ParseScheduleText(absl::string_view text);
 

@@ -13,6 +13,22 @@ constexpr int64_t kMaxSlots = int64_t{1} << 24;
 constexpr size_t kMaxTableSteps = 120;
 constexpr int kMaxStages = 4096;
 
+// The actions a forward-only program may contain: forwards and the activations they move.
+bool AllowedForwardOnly(ActionKind k) {
+  return k == ActionKind::kForward || k == ActionKind::kSendActivation ||
+         k == ActionKind::kRecvActivation;
+}
+
+// Counts the activations a program holds across action `k`: `during` while it runs,
+// `held` (in: before it) after it. Training keeps a forward's activations until its
+// backward (or weight part); a forward-only program frees them as the forward ends.
+void Hold(const StageProgram& p, ActionKind k, int& held, int& during) {
+  if (k == ActionKind::kForward) ++held;
+  if (k == ActionKind::kBackward || k == ActionKind::kBackwardWeight) --held;
+  during = held;
+  if (p.forward_only && k == ActionKind::kForward) --held;
+}
+
 // Where each action of one (micro-batch, chunk) sits in its stage's program; -1 = absent.
 struct Slot {
   int f = -1, b = -1, i = -1, w = -1;
@@ -92,6 +108,7 @@ class Checker {
     }
     m_ = s_[0].num_micro_batches;
     v_ = s_[0].num_chunks;
+    forward_only_ = s_[0].forward_only;
     if (m_ < 1) return absl::InvalidArgumentError("invalid schedule: num_micro_batches < 1");
     if (v_ < 1) return absl::InvalidArgumentError("invalid schedule: num_chunks < 1");
     // The checker keeps a slot per (stage, micro-batch, chunk): refuse shapes no real
@@ -109,6 +126,14 @@ class Checker {
             " with ", p.num_micro_batches, " micro-batches and ", p.num_chunks,
             " chunks; expected stage ", s, " of ", k_, " with ", m_, " and ", v_));
       }
+      // Evaluation and training programs cannot meet in one step: a training stage
+      // would wait forever for gradients an evaluating neighbour never sends.
+      if (p.forward_only != forward_only_) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("invalid schedule: program ", s, " has forward_only ",
+                         p.forward_only ? "true" : "false", ", program 0 ",
+                         forward_only_ ? "true" : "false"));
+      }
     }
     return absl::OkStatus();
   }
@@ -120,6 +145,9 @@ class Checker {
     for (int i = 0; i < static_cast<int>(actions.size()); ++i) {
       const Action& a = actions[i];
       const Cell here{s, i};
+      if (forward_only_ && !AllowedForwardOnly(a.kind)) {
+        return FailAt(here, "not allowed in a forward-only program (only F, SEND_F and RECV_F)");
+      }
       if (a.kind == ActionKind::kOptimizerStep) {
         if (opt >= 0)
           return Fail({{s, opt}, here}, absl::StrCat(Name(here), ": second optimizer step"));
@@ -243,7 +271,8 @@ class Checker {
             return Fail({}, absl::StrCat(where, "missing forward ", ToString(Forward(m, c)), " of ",
                                          Mb(m, c)));
           }
-          if (sl.backward() < 0) {
+          // ScanStage let no backward into a forward-only program.
+          if (!forward_only_ && sl.backward() < 0) {
             return Fail({}, absl::StrCat(where, "missing backward ", ToString(Backward(m, c)),
                                          " of ", Mb(m, c)));
           }
@@ -258,6 +287,7 @@ class Checker {
             return FailAt({s, sl.f}, "its input is never received (missing RECV_F)");
           if (j < last && sl.send_f < 0)
             return FailAt({s, sl.f}, "its output is never sent (missing SEND_F)");
+          if (forward_only_) continue;
           if (j < last && sl.recv_b < 0)
             return FailAt({s, sl.backward()},
                           "its output gradient is never received (missing RECV_B)");
@@ -327,14 +357,12 @@ class Checker {
     for (int s = 0; s < static_cast<int>(s_.size()); ++s) {
       const StageProgram& p = s_[s];
       if (p.max_in_flight <= 0) continue;
-      int held = 0;
+      int held = 0, now = 0;
       for (int i = 0; i < static_cast<int>(p.actions.size()); ++i) {
-        const ActionKind k = p.actions[i].kind;
-        if (k == ActionKind::kForward) ++held;
-        if (k == ActionKind::kBackward || k == ActionKind::kBackwardWeight) --held;
-        if (held > p.max_in_flight) {
+        Hold(p, p.actions[i].kind, held, now);
+        if (now > p.max_in_flight) {
           return FailAt({s, i},
-                        absl::StrCat(held, " activations in flight, above this stage's bound of ",
+                        absl::StrCat(now, " activations in flight, above this stage's bound of ",
                                      p.max_in_flight));
         }
       }
@@ -346,6 +374,7 @@ class Checker {
   ValidateOptions options_;
   bool whole_;
   int k_ = 0, m_ = 0, v_ = 0;
+  bool forward_only_ = false;
   std::vector<std::vector<Slot>> slots_;  // [stage][micro_batch * v + chunk]
 };
 
@@ -361,11 +390,10 @@ absl::Status ValidateProgram(const StageProgram& program, const ValidateOptions&
 }
 
 int PeakInFlight(const StageProgram& program) {
-  int held = 0, peak = 0;
+  int held = 0, now = 0, peak = 0;
   for (const Action& a : program.actions) {
-    if (a.kind == ActionKind::kForward) ++held;
-    if (a.kind == ActionKind::kBackward || a.kind == ActionKind::kBackwardWeight) --held;
-    peak = std::max(peak, held);
+    Hold(program, a.kind, held, now);
+    peak = std::max(peak, now);
   }
   return peak;
 }

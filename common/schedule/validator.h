@@ -1,7 +1,9 @@
 // Proves a schedule is runnable before any stage runs it: each (stage, micro-batch,
 // chunk) does its forward once and its backward once after it, every send has exactly
 // one matching receive, no deadlock, and the in-flight activations stay in bound.
-// The stage server runs this on every program set it is handed.
+// Forward-only (evaluation) programs do each forward once and nothing but forwards and
+// their activation sends and receives. The stage server runs this on every program it
+// is handed.
 #pragma once
 
 #include <string>
@@ -40,7 +42,8 @@ absl::Status ValidateProgram(const StageProgram& program, const ValidateOptions&
 std::string RenderTable(const Schedule& schedule, const std::vector<Cell>& marked = {});
 
 // Most activations stage `stage`'s program holds at once (forward done, backward or its
-// weight part not yet), counting each chunk separately.
+// weight part not yet), counting each chunk separately. A forward-only program keeps
+// nothing past a forward, so it holds one (the micro-batch being forwarded) at most.
 int PeakInFlight(const StageProgram& program);
 
 }  // namespace pipetrain::schedule

@@ -83,6 +83,9 @@ absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
         // Recomputing, the forward's whole stash exists until the forward ends.
         r.peak_activation_bytes[s] =
             std::max(r.peak_activation_bytes[s], held[s] + c->backward_extra_bytes);
+        // An evaluation keeps nothing past its forward (the peak above bounds what it
+        // holds meanwhile: it frees each layer's stash as the next one runs).
+        if (programs[s].forward_only) held[s] -= c->stored_bytes;
         break;
       case ActionKind::kBackward:
       case ActionKind::kBackwardInput:

@@ -143,6 +143,39 @@ absl::Status LayerStackT<Real>::Forward(int mb_id, int B, const void* input,
 }
 
 template <typename Real>
+absl::Status LayerStackT<Real>::Evaluate(int B, const void* input, const int32_t* targets,
+                                         Real* output) {
+  const std::string where =
+      absl::StrCat("evaluation forward on layers [", begin_, ", ", end_, ")");
+  if (B <= 0) return absl::InvalidArgumentError(absl::StrCat(where, ": rows ", B, " <= 0"));
+  if (input == nullptr || output == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": null input or output"));
+  }
+  if (has_head() && targets == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": the head needs targets"));
+  }
+  const size_t x_bytes = size_t{sizeof(Real)} * B * config_.seq_len * config_.d_model;
+  const size_t others = ActivationBytes();  // micro-batches of a step in flight, if any
+  const int n = static_cast<int>(layers_.size());
+  BackendBuffer<Real> in_buffer, out_buffer;  // between layers; the caller owns input
+  const void* in = input;
+  for (int i = 0; i < n; ++i) {
+    Real* out = output;
+    if (i + 1 < n) {
+      ASSIGN_OR_RETURN(out_buffer, BackendBuffer<Real>::Allocate(backend_, x_bytes));
+      out = out_buffer.data();
+    }
+    Stash<Real> stash;  // freed at the end of this iteration: no backward will read it
+    RETURN_IF_ERROR(layers_[i]->Forward(B, in, targets, out, stash));
+    peak_bytes_ = std::max(peak_bytes_, others + in_buffer.bytes() + out_buffer.bytes() +
+                                            stash.owned_bytes());
+    in_buffer = std::move(out_buffer);  // frees this layer's input
+    in = in_buffer.raw();
+  }
+  return absl::OkStatus();
+}
+
+template <typename Real>
 absl::Status LayerStackT<Real>::RunBackwardInput(MicroBatch& mb, const Real* grad_output,
                                                  Real* grad_input, Real loss_grad,
                                                  bool fused) {

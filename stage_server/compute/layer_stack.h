@@ -80,6 +80,11 @@ class LayerStackT {
   // Fails with FailedPrecondition if `mb` is already in flight.
   absl::Status Forward(int mb, int B, const void* input, const int32_t* targets,
                        Real* output);
+  // Evaluation: the same arithmetic as Forward, so the same output bit for bit, but
+  // nothing is kept for a backward: each layer's stash and input go as soon as the
+  // layer has run, and no micro-batch is left in flight. The peak counts what one
+  // layer holds at once.
+  absl::Status Evaluate(int B, const void* input, const int32_t* targets, Real* output);
   // Full backward (input and weight halves) of a forwarded micro-batch; its gradients
   // add to the parameter gradients and its activations are freed.
   absl::Status Backward(int mb, const Real* grad_output, Real* grad_input,

@@ -73,6 +73,21 @@ const Reference& SharedReference(int steps) {
   return it->second;
 }
 
+std::vector<double> ReferenceEvalLosses(int steps, const compute::TokenBatch& batch) {
+  compute::LayerStack& model = *SharedReference(steps).model;
+  const int rows = batch.rows / kMicroBatches, T = TinyModel().seq_len;
+  std::vector<double> losses;
+  for (int mb = 0; mb < kMicroBatches; ++mb) {
+    float loss = 0;
+    absl::Status s = model.Forward(mb, rows, batch.inputs.data() + mb * rows * T,
+                                   batch.targets.data() + mb * rows * T, &loss);
+    EXPECT_TRUE(s.ok()) << s;
+    losses.push_back(loss);
+  }
+  model.Abandon();
+  return losses;
+}
+
 double RelativeParamError(const std::vector<float>& got, const std::vector<float>& want) {
   double diff = 0, norm = 0;
   for (size_t i = 0; i < got.size() && i < want.size(); ++i) {

@@ -30,6 +30,10 @@ struct Reference {
 };
 // Trained once per process for `steps` steps, kMicroBatches micro-batches each.
 const Reference& SharedReference(int steps);
+// Per micro-batch losses of SharedReference(steps)'s model on `batch` (kMicroBatches
+// micro-batches), through the training forward, then dropped: what a pipeline's
+// evaluation after `steps` training steps must report. Changes no weight or gradient.
+std::vector<double> ReferenceEvalLosses(int steps, const compute::TokenBatch& batch);
 
 // Relative L2 distance between a stack's parameter and the reference's.
 double RelativeParamError(const std::vector<float>& got, const std::vector<float>& want);
