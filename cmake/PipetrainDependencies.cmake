@@ -6,6 +6,10 @@ find_package(Protobuf REQUIRED)
 find_package(gRPC CONFIG REQUIRED)
 find_package(nlohmann_json 3.10 REQUIRED)
 find_package(SQLite3 REQUIRED)  # the coordinator's job store
+# The coordinator's HTTP API. Debian builds libcpp-httplib with TLS, zlib and brotli on;
+# pkg-config gives the matching defines, without which the class layouts differ.
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 
 # Debian's OpenBLASConfig.cmake only sets variables: wrap them in a target.
 find_package(OpenBLAS CONFIG REQUIRED)

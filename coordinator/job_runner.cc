@@ -14,7 +14,7 @@
 #include "common/status_macros.h"
 #include "coordinator/checkpoint_files.h"
 #include "coordinator/corpus.h"
-#include "coordinator/planner/lowering.h"
+#include "coordinator/planner/forward_only.h"
 #include "coordinator/planner/planner.h"
 #include "coordinator/stage_client.h"
 #include "coordinator/step_metrics.h"

@@ -193,10 +193,13 @@ absl::StatusOr<StepReport> StageRuntime::RunStep(StepRequest request) {
         "step ", request.step, " of job '", request.job_id, "': this stage is configured for job '",
         job.config.job_id, "' (field job_id)"));
   }
-  if (job.last_step && request.step <= *job.last_step) {
+  // An evaluation (forward-only program) may share the number of the training step it
+  // follows: that step's frames have all been consumed by then.
+  if (job.last_step && (request.step < *job.last_step ||
+                        (request.step == *job.last_step && !request.program.forward_only))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "step ", request.step, " of job '", request.job_id, "': step ", *job.last_step,
-        " already ran; steps must increase (field step)"));
+        " already ran; steps must increase, except an evaluation after its step (field step)"));
   }
   // A failed link is rebuilt at the next step rather than leaving the stage stuck.
   if (job.next && !job.next->status().ok()) job.next.reset();
