@@ -1,0 +1,133 @@
+// WithDefaults and ValidateJobSpec (declared in job_spec.h): the one place where a spec's
+// defaults are filled in, and every check that needs neither the cluster nor the corpus.
+// The model and pipeline shape are the planner's to judge; this adds the rest.
+#include <cmath>
+#include <filesystem>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "coordinator/job_spec.h"
+#include "coordinator/planner/planner.h"
+
+namespace pipetrain::coordinator {
+namespace {
+
+namespace pb = ::pipetrain::v1;
+
+constexpr float kDefaultBeta1 = 0.9f;
+constexpr float kDefaultBeta2 = 0.95f;
+constexpr float kDefaultWeightDecay = 0.1f;
+constexpr float kDefaultValidationFraction = 0.05f;
+
+absl::Status Invalid(absl::string_view field, absl::string_view problem) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", problem));
+}
+
+absl::Status CheckUnitInterval(absl::string_view field, float v, absl::string_view hint) {
+  if (v >= 0 && v < 1) return absl::OkStatus();  // false for NaN as well
+  return Invalid(field, absl::StrCat("must be in [0, 1) (got ", v, "); ", hint));
+}
+
+absl::Status CheckNonNegative(absl::string_view field, double v, absl::string_view hint) {
+  if (v >= 0 && std::isfinite(v)) return absl::OkStatus();
+  return Invalid(field, absl::StrCat("must be >= 0 (got ", v, "); ", hint));
+}
+
+absl::Status ValidateTraining(const pb::TrainingSpec& t, int stages) {
+  if (t.steps() <= 0) {
+    return Invalid("training.steps", absl::StrCat("must be > 0 (got ", t.steps(),
+                                                  "); it is the number of optimizer steps"));
+  }
+  if (!(t.lr() > 0) || !std::isfinite(t.lr())) {
+    return Invalid("training.lr", absl::StrCat("must be > 0 and finite (got ", t.lr(),
+                                               "); a typical value is 3e-4"));
+  }
+  if (t.has_beta1()) {
+    RETURN_IF_ERROR(CheckUnitInterval("training.beta1", t.beta1(), "the usual value is 0.9"));
+  }
+  if (t.has_beta2()) {
+    RETURN_IF_ERROR(CheckUnitInterval("training.beta2", t.beta2(), "the usual value is 0.95"));
+  }
+  if (t.has_weight_decay()) {
+    RETURN_IF_ERROR(
+        CheckNonNegative("training.weight_decay", t.weight_decay(), "0 turns decay off"));
+  }
+  RETURN_IF_ERROR(
+      CheckNonNegative("training.grad_clip_norm", t.grad_clip_norm(), "0 turns clipping off"));
+  if (t.grad_clip_norm() > 0 && stages > 1) {
+    return Invalid("training.grad_clip_norm",
+                   "global-norm clipping across stages is not supported yet; set it to 0 or "
+                   "use pipeline.stages=1");
+  }
+  if (t.warmup_steps() < 0) {
+    return Invalid("training.warmup_steps",
+                   absl::StrCat("must be >= 0 (got ", t.warmup_steps(), "); 0 means no warm-up"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateData(const pb::DataSpec& d) {
+  if (d.corpus().empty()) {
+    return Invalid("data.corpus", "missing; give the path of a text file the coordinator can read");
+  }
+  if (d.has_validation_fraction()) {
+    RETURN_IF_ERROR(CheckUnitInterval("data.validation_fraction", d.validation_fraction(),
+                                      "it is the held-out share of the corpus, e.g. 0.05"));
+  }
+  if (d.validate_every_steps() < 0) {
+    return Invalid("data.validate_every_steps",
+                   absl::StrCat("must be >= 0 (got ", d.validate_every_steps(),
+                                "); 0 means never"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+pb::JobSpec WithDefaults(pb::JobSpec spec) {
+  pb::PipelineSpec* p = spec.mutable_pipeline();
+  if (p->schedule().empty()) p->set_schedule("1f1b");
+  if (p->chunks() == 0) p->set_chunks(p->schedule() == "interleaved" ? 2 : 1);
+  if (p->recompute().empty()) p->set_recompute("never");
+  if (p->micro_batches() == 0) p->set_micro_batches(p->stages());
+  pb::TrainingSpec* t = spec.mutable_training();
+  if (!t->has_beta1()) t->set_beta1(kDefaultBeta1);
+  if (!t->has_beta2()) t->set_beta2(kDefaultBeta2);
+  if (!t->has_weight_decay()) t->set_weight_decay(kDefaultWeightDecay);
+  pb::DataSpec* d = spec.mutable_data();
+  if (!d->has_validation_fraction()) d->set_validation_fraction(kDefaultValidationFraction);
+  if (spec.name().empty() && !d->corpus().empty()) {
+    spec.set_name(std::filesystem::path(d->corpus()).filename().string());
+  }
+  return spec;
+}
+
+absl::Status ValidateJobSpec(const pb::JobSpec& spec) {
+  if (!spec.has_model()) {
+    return Invalid("model", "missing; give vocab_size, seq_len, d_model, n_heads and n_layers "
+                            "(see examples/tiny-gpt.json)");
+  }
+  // Model shape, schedule and recompute names, (K, M, v) and the batch's divisibility.
+  ASSIGN_OR_RETURN(const planner::PlanOptions options, planner::OptionsFromJobSpec(spec));
+  const int layers = options.model.num_pipeline_layers();
+  const int parts = options.stages * options.chunks;
+  if (parts > layers) {
+    return Invalid(options.chunks > 1 ? "pipeline.stages x pipeline.chunks" : "pipeline.stages",
+                   absl::StrCat(parts, " is more than the model's ", layers,
+                                " pipeline layers (embedding, ", options.model.n_layers,
+                                " blocks, head); every stage needs at least one layer, so lower "
+                                "it or raise model.n_layers"));
+  }
+  RETURN_IF_ERROR(ValidateTraining(spec.training(), options.stages));
+  RETURN_IF_ERROR(ValidateData(spec.data()));
+  if (spec.checkpoint().every_steps() < 0) {
+    return Invalid("checkpoint.every_steps",
+                   absl::StrCat("must be >= 0 (got ", spec.checkpoint().every_steps(),
+                                "); 0 writes one checkpoint at the end"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pipetrain::coordinator

@@ -1,0 +1,237 @@
+#include "coordinator/job_spec.h"
+
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <sstream>
+
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace pipetrain::coordinator {
+namespace {
+
+namespace pb = ::pipetrain::v1;
+using ::pipetrain::testing::IsOk;
+using ::pipetrain::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
+
+std::string ReadExample() {
+  std::ifstream in(std::string(PIPETRAIN_EXAMPLES_DIR) + "/tiny-gpt.json");
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+pb::JobSpec Example() {
+  auto spec = ParseJobSpec(ReadExample());
+  EXPECT_THAT(spec, IsOk());
+  return WithDefaults(*spec);
+}
+
+TEST(JobSpecTest, ExampleParsesAndValidates) {
+  auto spec = ParseJobSpec(ReadExample());
+  ASSERT_THAT(spec, IsOk());
+  EXPECT_EQ(spec->name(), "tiny-gpt on the King James Bible");
+  EXPECT_EQ(spec->model().n_layers(), 4);
+  EXPECT_EQ(spec->pipeline().stages(), 4);
+  EXPECT_EQ(spec->pipeline().schedule(), "1f1b");
+  EXPECT_FLOAT_EQ(spec->training().lr(), 0.003f);
+  EXPECT_TRUE(spec->data().has_validation_fraction());
+  EXPECT_EQ(spec->checkpoint().every_steps(), 100);
+  EXPECT_THAT(ValidateJobSpec(WithDefaults(*spec)), IsOk());
+}
+
+TEST(JobSpecTest, AcceptsLowerCamelNames) {
+  auto spec = ParseJobSpec(R"({"pipeline": {"microBatches": 3}, "initFrom": "ckpt"})");
+  ASSERT_THAT(spec, IsOk());
+  EXPECT_EQ(spec->pipeline().micro_batches(), 3);
+  EXPECT_EQ(spec->init_from(), "ckpt");
+}
+
+TEST(JobSpecTest, NamesEveryUnknownFieldByPath) {
+  auto spec = ParseJobSpec(
+      R"({"nmae": "x", "pipeline": {"stagse": 4, "micro_batches": 2},
+          "training": {"lr": 0.1, "momentum": 0.9}})");
+  EXPECT_THAT(spec, StatusIs(kInvalid, AllOf(HasSubstr("unknown field 'nmae'"),
+                                             HasSubstr("did you mean 'name'?"),
+                                             HasSubstr("unknown field 'pipeline.stagse' (known: "
+                                                       "stages, micro_batches, schedule"),
+                                             HasSubstr("did you mean 'stages'?"),
+                                             HasSubstr("unknown field 'training.momentum'"))));
+}
+
+TEST(JobSpecTest, TypeErrorsNameTheField) {
+  EXPECT_THAT(ParseJobSpec(R"({"pipeline": {"stages": "four"}})"),
+              StatusIs(kInvalid, HasSubstr("pipeline.stages: expected a whole number, got "
+                                           "string \"four\"")));
+  EXPECT_THAT(ParseJobSpec(R"({"name": 42, "training": {"lr": true}})"),
+              StatusIs(kInvalid, AllOf(HasSubstr("name: expected a string"),
+                                       HasSubstr("training.lr: expected a number"))));
+  EXPECT_THAT(ParseJobSpec(R"({"model": 3})"),
+              StatusIs(kInvalid, HasSubstr("model: expected an object")));
+  // Quoted numbers are the proto JSON mapping's form for 64-bit integers.
+  EXPECT_THAT(ParseJobSpec(R"({"training": {"seed": "7"}})"), IsOk());
+  EXPECT_THAT(ParseJobSpec(R"({"pipeline": {"stages": 2.5}})"),
+              StatusIs(kInvalid, HasSubstr("pipeline.stages: expected a whole number")));
+  EXPECT_THAT(ParseJobSpec(R"({"training": {"seed": -1}})"),
+              StatusIs(kInvalid, HasSubstr("training.seed: expected a whole number >= 0")));
+  // Out of range is left to protobuf; its message is reworded to start with the field.
+  EXPECT_THAT(ParseJobSpec(R"({"pipeline": {"stages": 1e20}})"),
+              StatusIs(kInvalid, HasSubstr("pipeline.stages: invalid value")));
+}
+
+TEST(JobSpecTest, MalformedJsonSaysWhere) {
+  EXPECT_THAT(ParseJobSpec("{\n  \"name\": \"x\",\n  oops\n}"),
+              StatusIs(kInvalid, AllOf(HasSubstr("malformed JSON at line 3"),
+                                       HasSubstr("(byte "))));
+  EXPECT_THAT(ParseJobSpec("[1, 2]"), StatusIs(kInvalid, HasSubstr("one JSON object")));
+  EXPECT_THAT(ParseJobSpec(" \n"), StatusIs(kInvalid, HasSubstr("the job spec is empty")));
+}
+
+TEST(JobSpecTest, OverridesSetNumbersStringsAndCreateObjects) {
+  auto text = ApplyOverrides(R"({"pipeline": {"stages": 4}, "name": "a"})",
+                             {"pipeline.stages=2", "pipeline.schedule=gpipe",
+                              "training.lr=0.5", "checkpoint.every_steps=7", "name=2024",
+                              "data.corpus=\"quoted.txt\"", "pipeline.recompute=always"});
+  ASSERT_THAT(text, IsOk());
+  auto spec = ParseJobSpec(*text);
+  ASSERT_THAT(spec, IsOk()) << *text;
+  EXPECT_EQ(spec->pipeline().stages(), 2);
+  EXPECT_EQ(spec->pipeline().schedule(), "gpipe");
+  EXPECT_EQ(spec->pipeline().recompute(), "always");
+  EXPECT_FLOAT_EQ(spec->training().lr(), 0.5f);
+  EXPECT_EQ(spec->checkpoint().every_steps(), 7);
+  EXPECT_EQ(spec->name(), "2024");  // a string field keeps the text as typed
+  EXPECT_EQ(spec->data().corpus(), "quoted.txt");
+}
+
+TEST(JobSpecTest, OverrideErrorsNameTheOverride) {
+  EXPECT_THAT(ApplyOverrides("{}", {"pipeline.stages"}),
+              StatusIs(kInvalid, AllOf(HasSubstr("--set 'pipeline.stages'"),
+                                       HasSubstr("no '='"))));
+  EXPECT_THAT(ApplyOverrides("{}", {"pipeline..stages=2"}),
+              StatusIs(kInvalid, HasSubstr("not a field path")));
+  EXPECT_THAT(ApplyOverrides(R"({"training": {"lr": 0.1}})", {"training.lr.x=1"}),
+              StatusIs(kInvalid, HasSubstr("training.lr is a number, not an object")));
+  EXPECT_THAT(ApplyOverrides("{oops", {"a=1"}), StatusIs(kInvalid, HasSubstr("malformed JSON")));
+}
+
+TEST(JobSpecTest, OverrideIntoUnknownFieldIsReportedByTheParse) {
+  auto text = ApplyOverrides("{}", {"pipeline.stagse=2"});
+  ASSERT_THAT(text, IsOk());
+  EXPECT_THAT(ParseJobSpec(*text), StatusIs(kInvalid, HasSubstr("'pipeline.stagse'")));
+}
+
+TEST(JobSpecTest, DefaultsFillOnlyWhatIsUnset) {
+  pb::JobSpec spec;
+  spec.mutable_pipeline()->set_stages(3);
+  spec.mutable_data()->set_corpus("/data/books/kjv.txt");
+  pb::JobSpec d = WithDefaults(spec);
+  EXPECT_EQ(d.pipeline().schedule(), "1f1b");
+  EXPECT_EQ(d.pipeline().chunks(), 1);
+  EXPECT_EQ(d.pipeline().recompute(), "never");
+  EXPECT_EQ(d.pipeline().micro_batches(), 3);
+  EXPECT_FLOAT_EQ(d.training().beta1(), 0.9f);
+  EXPECT_FLOAT_EQ(d.training().beta2(), 0.95f);
+  EXPECT_FLOAT_EQ(d.training().weight_decay(), 0.1f);
+  EXPECT_FLOAT_EQ(d.data().validation_fraction(), 0.05f);
+  EXPECT_EQ(d.name(), "kjv.txt");
+
+  spec.mutable_pipeline()->set_schedule("interleaved");
+  spec.mutable_training()->set_weight_decay(0);  // explicit 0 stays 0
+  spec.mutable_data()->set_validation_fraction(0);
+  spec.set_name("mine");
+  d = WithDefaults(spec);
+  EXPECT_EQ(d.pipeline().chunks(), 2);
+  EXPECT_FLOAT_EQ(d.training().weight_decay(), 0);
+  EXPECT_FLOAT_EQ(d.data().validation_fraction(), 0);
+  EXPECT_EQ(d.name(), "mine");
+}
+
+struct Rule {
+  std::string name;
+  std::function<void(pb::JobSpec&)> mutate;
+  std::string expected;  // part of the message, naming the field
+};
+
+TEST(JobSpecTest, EveryValidationRuleNamesItsField) {
+  const std::vector<Rule> rules = {
+      {"model missing", [](pb::JobSpec& s) { s.clear_model(); }, "model: missing"},
+      {"model shape", [](pb::JobSpec& s) { s.mutable_model()->set_n_heads(3); }, "model.n_heads"},
+      {"schedule", [](pb::JobSpec& s) { s.mutable_pipeline()->set_schedule("zigzag"); },
+       "pipeline.schedule: unknown schedule 'zigzag'"},
+      {"recompute", [](pb::JobSpec& s) { s.mutable_pipeline()->set_recompute("sometimes"); },
+       "pipeline.recompute"},
+      {"stages zero", [](pb::JobSpec& s) { s.mutable_pipeline()->set_stages(0); },
+       "pipeline.stages"},
+      {"stages > layers",
+       [](pb::JobSpec& s) {
+         s.mutable_pipeline()->set_stages(8);
+         s.mutable_pipeline()->set_micro_batches(8);
+       },
+       "pipeline.stages: 8 is more than the model's 6 pipeline layers"},
+      {"batch not divisible", [](pb::JobSpec& s) { s.mutable_training()->set_batch_size(10); },
+       "pipeline.micro_batches"},
+      {"batch zero", [](pb::JobSpec& s) { s.mutable_training()->set_batch_size(0); },
+       "training.batch_size"},
+      {"steps", [](pb::JobSpec& s) { s.mutable_training()->set_steps(0); },
+       "training.steps: must be > 0"},
+      {"lr zero", [](pb::JobSpec& s) { s.mutable_training()->set_lr(0); }, "training.lr"},
+      {"lr inf", [](pb::JobSpec& s) { s.mutable_training()->set_lr(INFINITY); }, "training.lr"},
+      {"beta1", [](pb::JobSpec& s) { s.mutable_training()->set_beta1(1); },
+       "training.beta1: must be in [0, 1)"},
+      {"beta2", [](pb::JobSpec& s) { s.mutable_training()->set_beta2(-0.1f); },
+       "training.beta2"},
+      {"weight decay", [](pb::JobSpec& s) { s.mutable_training()->set_weight_decay(-1); },
+       "training.weight_decay: must be >= 0"},
+      {"clip negative", [](pb::JobSpec& s) { s.mutable_training()->set_grad_clip_norm(-1); },
+       "training.grad_clip_norm: must be >= 0"},
+      {"clip on many stages", [](pb::JobSpec& s) { s.mutable_training()->set_grad_clip_norm(1); },
+       "training.grad_clip_norm: global-norm clipping across stages is not supported yet; set "
+       "it to 0 or use pipeline.stages=1"},
+      {"warmup", [](pb::JobSpec& s) { s.mutable_training()->set_warmup_steps(-5); },
+       "training.warmup_steps"},
+      {"corpus", [](pb::JobSpec& s) { s.mutable_data()->clear_corpus(); },
+       "data.corpus: missing; give the path of a text file the coordinator can read"},
+      {"validation fraction", [](pb::JobSpec& s) { s.mutable_data()->set_validation_fraction(1); },
+       "data.validation_fraction"},
+      {"validate every", [](pb::JobSpec& s) { s.mutable_data()->set_validate_every_steps(-1); },
+       "data.validate_every_steps"},
+      {"checkpoint", [](pb::JobSpec& s) { s.mutable_checkpoint()->set_every_steps(-1); },
+       "checkpoint.every_steps"},
+  };
+  for (const Rule& rule : rules) {
+    pb::JobSpec spec = Example();
+    rule.mutate(spec);
+    EXPECT_THAT(ValidateJobSpec(spec), StatusIs(kInvalid, HasSubstr(rule.expected))) << rule.name;
+  }
+}
+
+TEST(JobSpecTest, ClippingIsFineOnOneStage) {
+  pb::JobSpec spec = Example();
+  spec.mutable_pipeline()->set_stages(1);
+  spec.mutable_pipeline()->set_micro_batches(4);
+  spec.mutable_training()->set_grad_clip_norm(1);
+  EXPECT_THAT(ValidateJobSpec(spec), IsOk());
+}
+
+TEST(JobSpecTest, ToJsonUsesSnakeCaseAndRoundTrips) {
+  pb::JobSpec spec = Example();
+  const std::string text = JobSpecToJson(spec);
+  EXPECT_THAT(text, HasSubstr("\"micro_batches\": 8"));
+  EXPECT_THAT(text, HasSubstr("\"grad_clip_norm\": 0"));  // zero values are printed
+  EXPECT_THAT(text, Not(HasSubstr("microBatches")));
+  auto back = ParseJobSpec(text);
+  ASSERT_THAT(back, IsOk());
+  EXPECT_EQ(back->SerializeAsString(), spec.SerializeAsString());
+}
+
+}  // namespace
+}  // namespace pipetrain::coordinator
