@@ -5,6 +5,7 @@
 #include "client/eval_verb.h"
 #include "client/init_verb.h"
 #include "client/plan_verb.h"
+#include "client/remote_verbs.h"
 #include "client/train_local_verb.h"
 #include "common/flags.h"
 #include "common/version.h"
@@ -73,6 +74,14 @@ int UsageError(const common::FlagSet& flags, absl::string_view message, std::ost
 
 const std::vector<Verb>& Verbs() {
   static const std::vector<Verb> verbs = {
+      {"submit", "submit a job spec and follow it to the end (--no-wait to detach)", RunSubmit},
+      {"status", "a job's state, steps, loss and bubble (--json with the step history)",
+       RunStatus},
+      {"logs", "a job's log lines (-f to follow until it ends)", RunLogs},
+      {"list", "the coordinator's jobs, most recent first", RunList},
+      {"cancel", "cancel a queued or running job", RunCancel},
+      {"timeline", "write a job's measured timeline as a Chrome trace (Perfetto)", RunTimeline},
+      {"cluster", "the stage servers: devices, memory, state, heartbeats", RunCluster},
       {"plan", "plan a job offline: partition, schedule picture, predicted bubble", RunPlan},
       {"init", "write a freshly initialised model checkpoint (in-process)", RunInit},
       {"eval", "loss (and gradients) of a checkpoint on a text (in-process)", RunEval},

@@ -52,6 +52,19 @@ void FlagSet::MarkRequired(const std::string& name) {
   }
 }
 
+void FlagSet::AddShort(char letter, const std::string& name) {
+  for (Flag& f : flags_) {
+    if (f.name == name) f.short_name = letter;
+  }
+}
+
+const FlagSet::Flag* FlagSet::FindShort(char letter) const {
+  for (const Flag& f : flags_) {
+    if (f.short_name == letter) return &f;
+  }
+  return nullptr;
+}
+
 const FlagSet::Flag* FlagSet::Find(const std::string& name) const {
   for (const Flag& f : flags_) {
     if (f.name == name) return &f;
@@ -102,16 +115,21 @@ absl::StatusOr<std::vector<std::string>> FlagSet::Parse(
       positionals.push_back(arg);
       continue;
     }
-    std::string body = arg.substr(arg[1] == '-' ? 2 : 1);
+    const bool one_dash = arg[1] != '-';
+    std::string body = arg.substr(one_dash ? 1 : 2);
     std::optional<std::string> value;
     if (size_t eq = body.find('='); eq != std::string::npos) {
       value = body.substr(eq + 1);
       body = body.substr(0, eq);
     }
-    const Flag* flag = Find(body);
+    const Flag* flag = nullptr;
+    if (one_dash && body.size() == 1) flag = FindShort(body[0]);
+    if (flag == nullptr) flag = Find(body);
     if (flag == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", body));
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown flag ", one_dash && body.size() == 1 ? "-" : "--", body));
     }
+    body = flag->name;  // messages name the flag by its long form
     if (flag->type == Type::kBool && !value) {
       *static_cast<bool*>(flag->target) = true;
       continue;
@@ -135,6 +153,7 @@ std::string FlagSet::Help() const {
   absl::StrAppend(&out, "Flags:\n");
   for (const Flag& f : flags_) {
     std::string lhs = absl::StrCat("--", f.name);
+    if (f.short_name != 0) lhs = absl::StrCat("-", std::string(1, f.short_name), ", ", lhs);
     if (f.type != Type::kBool) absl::StrAppend(&lhs, " ", f.value_name);
     std::string line = absl::StrFormat("  %-28s %s", lhs, f.help);
     if (f.required) {

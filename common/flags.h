@@ -1,5 +1,6 @@
 // A small command-line parser shared by every binary: --name VALUE, --name=VALUE,
-// boolean --name, repeatable flags, positionals anywhere, "--" ends the flags.
+// boolean --name, one-letter aliases (-f), repeatable flags, positionals anywhere,
+// "--" ends the flags.
 // Written here rather than taken from absl::flags so that --help exits 0, verbs can
 // have their own flag sets, and errors are statuses instead of process exits.
 #pragma once
@@ -29,6 +30,10 @@ class FlagSet {
   void AddRepeated(std::string name, std::vector<std::string>* target, std::string help,
                    std::string value_name = "VALUE");
 
+  // Gives an added flag a one-letter alias used with one dash: AddShort('f', "follow")
+  // makes -f mean --follow (and -f=VALUE / -f VALUE for flags with values).
+  void AddShort(char letter, const std::string& name);
+
   // Help shows "(required)" for this flag instead of its default. Parse does not check
   // it: the caller says what is missing, as only it knows what the flag is for.
   void MarkRequired(const std::string& name);
@@ -51,8 +56,10 @@ class FlagSet {
     std::string value_name;
     std::string default_text;
     bool required = false;
+    char short_name = 0;
   };
   const Flag* Find(const std::string& name) const;
+  const Flag* FindShort(char letter) const;
   absl::Status Set(const Flag& flag, const std::string& value);
 
   std::string program_;

@@ -266,7 +266,8 @@ absl::StatusOr<pb::JobSpec> ParseJobSpec(absl::string_view json) {
       !st.ok()) {
     // protobuf says "(pipeline.stages): invalid value ..."; say it like every other error.
     std::string message(st.message());
-    if (size_t close = message.find("): "); message.starts_with('(') && close != std::string::npos) {
+    const size_t close = message.find("): ");
+    if (message.starts_with('(') && close != std::string::npos) {
       message = absl::StrCat(message.substr(1, close - 1), ": ", message.substr(close + 3));
     }
     return absl::InvalidArgumentError(message);

@@ -16,7 +16,8 @@ namespace pipetrain::coordinator {
 // Applies overrides "PATH=VALUE" (PATH a dotted field path such as pipeline.stages or
 // training.lr) to a JSON object text, creating intermediate objects as needed. VALUE is
 // taken as JSON when it parses as a number, true, false, null or a quoted string, and
-// as a plain string otherwise (--set pipeline.schedule=gpipe). Errors name the override.
+// as a plain string otherwise (--set pipeline.schedule=gpipe); a string field of JobSpec
+// takes an unquoted value as typed (--set name=2024). Errors name the override.
 absl::StatusOr<std::string> ApplyOverrides(absl::string_view json,
                                            const std::vector<std::string>& overrides);
 

@@ -85,6 +85,30 @@ TEST(FlagsTest, RequiredFlagsSayRequiredInsteadOfTheirDefault) {
   EXPECT_THAT(help, HasSubstr("(default \"127.0.0.1:7400\")"));
 }
 
+TEST(FlagsTest, ShortAliasesWithOneDash) {
+  bool follow = false;
+  std::string out;
+  FlagSet flags("prog", "", "");
+  flags.AddBool("follow", &follow, "keep following");
+  flags.AddString("out", &out, "where", "FILE");
+  flags.AddShort('f', "follow");
+  flags.AddShort('o', "out");
+  auto pos = flags.Parse({"job-1", "-f", "-o", "t.json"});
+  ASSERT_THAT(pos, IsOk());
+  EXPECT_THAT(*pos, ElementsAre("job-1"));
+  EXPECT_TRUE(follow);
+  EXPECT_EQ(out, "t.json");
+  ASSERT_THAT(flags.Parse({"-o=u.json", "--follow=false"}), IsOk());
+  EXPECT_EQ(out, "u.json");
+  EXPECT_FALSE(follow);
+  EXPECT_THAT(flags.Parse({"-x"}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown flag -x")));
+  EXPECT_THAT(flags.Parse({"-o"}), StatusIs(absl::StatusCode::kInvalidArgument,
+                                            HasSubstr("--out needs a value (FILE)")));
+  EXPECT_THAT(flags.Help(), HasSubstr("-f, --follow"));
+  EXPECT_THAT(flags.Help(), HasSubstr("-o, --out FILE"));
+}
+
 TEST(FlagsTest, StandardFlagsExitCodes) {
   Fixture f;
   EXPECT_EQ(HandleStandardFlags(f.flags, absl::OkStatus(), false, false), std::nullopt);

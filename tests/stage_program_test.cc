@@ -35,6 +35,16 @@ TEST(StageProgramTest, FromProtoRejectsUnknownKindsNamingTheAction) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("actions[2].kind")));
 }
 
+TEST(StageProgramTest, ActionFromProtoRoundTripsAndNamesItsField) {
+  const Action a{ActionKind::kSendGradient, 3, 1};
+  auto back = ActionFromProto(ActionToProto(a));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, a);
+  pipetrain::v1::Action bad;
+  EXPECT_THAT(ActionFromProto(bad, "events[4].action"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("events[4].action.kind")));
+}
+
 TEST(StageProgramTest, FromProtoTreatsZeroChunksAsOne) {
   pipetrain::v1::StageProgram proto;
   proto.set_num_stages(1);

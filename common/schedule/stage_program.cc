@@ -37,7 +37,7 @@ pb::ActionKind KindToProto(ActionKind k) {
   return pb::ACTION_KIND_UNSPECIFIED;
 }
 
-absl::StatusOr<ActionKind> KindFromProto(pb::ActionKind k, int index) {
+absl::StatusOr<ActionKind> KindFromProto(pb::ActionKind k, absl::string_view field) {
   switch (k) {
     case pb::FORWARD:
       return ActionKind::kForward;
@@ -61,7 +61,7 @@ absl::StatusOr<ActionKind> KindFromProto(pb::ActionKind k, int index) {
       break;
   }
   return absl::InvalidArgumentError(
-      absl::StrCat("actions[", index, "].kind: unknown action kind ", static_cast<int>(k)));
+      absl::StrCat(field, ".kind: unknown action kind ", static_cast<int>(k)));
 }
 
 absl::StatusOr<int> ToInt(uint32_t v, absl::string_view field) {
@@ -87,6 +87,17 @@ pb::Action ActionToProto(const Action& a) {
   out.set_micro_batch(a.micro_batch);
   out.set_chunk(a.chunk);
   return out;
+}
+
+absl::StatusOr<Action> ActionFromProto(const pb::Action& pa, absl::string_view field) {
+  auto kind = KindFromProto(pa.kind(), field);
+  if (!kind.ok()) return kind.status();
+  auto mb = ToInt(pa.micro_batch(), absl::StrCat(field, ".micro_batch"));
+  auto chunk = ToInt(pa.chunk(), absl::StrCat(field, ".chunk"));
+  if (!mb.ok()) return mb.status();
+  if (!chunk.ok()) return chunk.status();
+  if (*kind == ActionKind::kOptimizerStep) return OptimizerStep();
+  return Action{*kind, *mb, *chunk};
 }
 
 pb::StageProgram ToProto(const StageProgram& p) {
@@ -125,16 +136,9 @@ absl::StatusOr<StageProgram> FromProto(const pb::StageProgram& proto) {
   p.schedule = proto.schedule();
   p.forward_only = proto.forward_only();
   for (int i = 0; i < proto.actions_size(); ++i) {
-    const pb::Action& pa = proto.actions(i);
-    auto kind = KindFromProto(pa.kind(), i);
-    if (!kind.ok()) return kind.status();
-    auto mb = ToInt(pa.micro_batch(), absl::StrCat("actions[", i, "].micro_batch"));
-    auto chunk = ToInt(pa.chunk(), absl::StrCat("actions[", i, "].chunk"));
-    if (!mb.ok()) return mb.status();
-    if (!chunk.ok()) return chunk.status();
-    Action a{*kind, *mb, *chunk};
-    if (a.kind == ActionKind::kOptimizerStep) a = OptimizerStep();
-    p.actions.push_back(a);
+    auto a = ActionFromProto(proto.actions(i), absl::StrCat("actions[", i, "]"));
+    if (!a.ok()) return a.status();
+    p.actions.push_back(*a);
   }
   return p;
 }

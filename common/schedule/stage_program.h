@@ -41,6 +41,9 @@ inline int ChunkOfVirtual(int virtual_stage, int num_stages) { return virtual_st
 
 pipetrain::v1::StageProgram ToProto(const StageProgram& program);
 pipetrain::v1::Action ActionToProto(const Action& action);
+// Rejects unknown kinds and out-of-range numbers; errors start with `field`.
+absl::StatusOr<Action> ActionFromProto(const pipetrain::v1::Action& proto,
+                                       absl::string_view field = "action");
 // Rejects unknown action kinds and fields that do not fit in an int.
 absl::StatusOr<StageProgram> FromProto(const pipetrain::v1::StageProgram& proto);
 

@@ -1,0 +1,61 @@
+// `pipetrain cluster`: the stage servers the coordinator knows, with their devices,
+// memory, state, job and the age of their last heartbeat.
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "client/cli.h"
+#include "client/output.h"
+#include "client/remote.h"
+#include "client/remote_verbs.h"
+
+namespace pipetrain::client {
+
+namespace pb = ::pipetrain::v1;
+
+int RunCluster(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  std::string address;
+  bool json = false, help = false;
+  common::FlagSet flags("pipetrain cluster", "[flags]",
+                        "Lists the stage servers registered with the coordinator: address, "
+                        "device, memory,\nstate (IDLE, BUSY, LOST), job and last heartbeat.\n\n" +
+                            RemoteExitCodes("a coordinator error"));
+  flags.AddBool("json", &json, "print the ClusterStatus as JSON");
+  AddAddressFlag(flags, &address);
+  flags.AddBool("help", &help, "print this help and exit");
+  if (auto code = ParseVerbFlags(flags, args, help, out, err)) return *code;
+  if (!CheckAddress(flags, address, err)) return kExitUsage;
+  Remote remote("cluster", address);
+  grpc::ClientContext context;
+  remote.PrepareUnary(context);
+  pb::ClusterStatus cluster;
+  if (grpc::Status st = remote.stub().GetCluster(&context, pb::GetClusterRequest(), &cluster);
+      !st.ok()) {
+    return remote.Fail(st, err);
+  }
+  if (json) {
+    out << ProtoToJson(cluster);
+    return kExitOk;
+  }
+  if (cluster.stages_size() == 0) {
+    out << "no stage servers registered with " << remote.address()
+        << "; start some with 'deploy/local/cluster.sh up' or pipetrain-stage --coordinator\n";
+    return kExitOk;
+  }
+  const absl::Time now = absl::Now();
+  std::vector<std::vector<std::string>> rows;
+  for (const pb::StageInfo& s : cluster.stages()) {
+    const pb::DeviceInfo& d = s.device();
+    std::string device = d.name().empty() ? d.kind() : d.name();
+    if (!d.name().empty() && !d.kind().empty() && d.name().find(d.kind()) == std::string::npos) {
+      device = absl::StrCat(d.kind(), " ", d.name());
+    }
+    rows.push_back({s.stage_id(), s.address(), device,
+                    d.memory_bytes() > 0 ? HumanBytes(d.memory_bytes()) : "-",
+                    pb::StageInfo::State_Name(s.state()), s.job_id().empty() ? "-" : s.job_id(),
+                    AgeText(s.last_heartbeat(), now)});
+  }
+  out << RenderTable({"ID", "ADDRESS", "DEVICE", "MEMORY", "STATE", "JOB", "LAST HEARTBEAT"},
+                     rows);
+  return kExitOk;
+}
+
+}  // namespace pipetrain::client

@@ -1,0 +1,170 @@
+// `pipetrain status ID`, `pipetrain list` and `pipetrain cancel ID`: one unary RPC each,
+// printed for people (a summary, a table) or as JSON for scripts.
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "client/cli.h"
+#include "client/output.h"
+#include "client/remote.h"
+#include "client/remote_verbs.h"
+
+namespace pipetrain::client {
+namespace {
+
+namespace pb = ::pipetrain::v1;
+
+std::string StateName(pb::JobStatus::State s) { return pb::JobStatus::State_Name(s); }
+
+std::string StepsText(const pb::JobStatus& job) {
+  return absl::StrCat(job.steps_done(), "/", job.spec().training().steps());
+}
+
+std::string StatusText(const pb::JobStatus& job) {
+  std::vector<std::pair<std::string, std::string>> rows = {
+      {"job", job.job_id()}, {"name", job.spec().name()}, {"state", StateName(job.state())}};
+  if (!job.reason().empty()) rows.push_back({"reason", job.reason()});
+  rows.push_back({"steps", StepsText(job)});
+  if (job.history_size() > 0) {
+    const pb::StepRecord& last = job.history(job.history_size() - 1);
+    rows.push_back({"loss", absl::StrFormat("%.4f (step %d)", last.loss(), last.step())});
+    for (int i = job.history_size() - 1; i >= 0; --i) {
+      if (job.history(i).has_val_loss()) {
+        rows.push_back({"val loss", absl::StrFormat("%.4f (step %d)", job.history(i).val_loss(),
+                                                    job.history(i).step())});
+        break;
+      }
+    }
+    rows.push_back({"throughput", absl::StrCat(WithThousands(std::llround(last.tokens_per_s())),
+                                               " tok/s (last step)")});
+    rows.push_back({"bubble", absl::StrFormat("%.2f measured, %.2f predicted (last step)",
+                                              last.bubble_measured(), last.bubble_predicted())});
+  }
+  const auto& p = job.spec().pipeline();
+  rows.push_back({"pipeline", absl::StrCat(p.schedule(), ", ", p.stages(), " stages, ",
+                                           p.micro_batches(), " micro-batches")});
+  if (job.stage_ids_size() > 0) rows.push_back({"stages", absl::StrJoin(job.stage_ids(), ", ")});
+  if (!job.checkpoint_dir().empty()) rows.push_back({"checkpoint", job.checkpoint_dir()});
+  rows.push_back({"created", TimeText(job.created())});
+  if (IsSet(job.started())) rows.push_back({"started", TimeText(job.started())});
+  if (IsSet(job.finished())) rows.push_back({"finished", TimeText(job.finished())});
+  std::string out;
+  for (const auto& [key, value] : rows) {
+    absl::StrAppend(&out, absl::StrFormat("%-11s %s\n", key, value));
+  }
+  return out;
+}
+
+// Parses flags and the one job id of status and cancel; nullopt: go on.
+std::optional<int> ParseJobIdVerb(common::FlagSet& flags, const std::vector<std::string>& args,
+                                  const bool& help, const std::string& address,
+                                  std::ostream& out, std::ostream& err, std::string* job_id) {
+  std::vector<std::string> positionals;
+  if (auto code = ParseVerbFlags(flags, args, help, out, err, &positionals)) return code;
+  if (positionals.size() != 1) {
+    return UsageError(flags, "takes one job id (see 'pipetrain list')", err);
+  }
+  if (!CheckAddress(flags, address, err)) return kExitUsage;
+  *job_id = positionals[0];
+  return std::nullopt;
+}
+
+}  // namespace
+
+int RunStatus(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  std::string address, job_id;
+  bool json = false, help = false;
+  common::FlagSet flags("pipetrain status", "ID [flags]",
+                        "Shows a job: state (and why it failed), steps done, last loss and "
+                        "bubble, stages,\ncheckpoint and times. It reports whatever the job's "
+                        "state; it does not judge it.\n\n" +
+                            RemoteExitCodes("a coordinator error",
+                                            "the job was found, whatever its state"));
+  flags.AddBool("json", &json,
+                "print the job with its step history (history[]: step, loss, step_time_s, ...)");
+  AddAddressFlag(flags, &address);
+  flags.AddBool("help", &help, "print this help and exit");
+  if (auto code = ParseJobIdVerb(flags, args, help, address, out, err, &job_id)) return *code;
+  Remote remote("status", address);
+  grpc::ClientContext context;
+  remote.PrepareUnary(context);
+  pb::GetJobRequest request;
+  request.set_job_id(job_id);
+  request.set_include_history(true);  // the last loss, and --json's history
+  pb::JobStatus job;
+  if (grpc::Status st = remote.stub().GetJob(&context, request, &job); !st.ok()) {
+    return remote.Fail(st, err);
+  }
+  out << (json ? ProtoToJson(job) : StatusText(job));
+  return kExitOk;
+}
+
+int RunList(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  std::string address;
+  int64_t limit = 0;
+  bool json = false, help = false;
+  common::FlagSet flags("pipetrain list", "[flags]",
+                        "Lists the coordinator's jobs, most recent first.\n\n" +
+                            RemoteExitCodes("a coordinator error"));
+  flags.AddInt("limit", &limit, "show at most N jobs (0 = all)");
+  flags.AddBool("json", &json, "print the ListJobsResponse as JSON");
+  AddAddressFlag(flags, &address);
+  flags.AddBool("help", &help, "print this help and exit");
+  if (auto code = ParseVerbFlags(flags, args, help, out, err)) return *code;
+  if (limit < 0) return UsageError(flags, "--limit must be >= 0", err);
+  if (!CheckAddress(flags, address, err)) return kExitUsage;
+  Remote remote("list", address);
+  grpc::ClientContext context;
+  remote.PrepareUnary(context);
+  pb::ListJobsRequest request;
+  request.set_limit(static_cast<int>(std::min<int64_t>(limit, 1 << 30)));
+  pb::ListJobsResponse response;
+  if (grpc::Status st = remote.stub().ListJobs(&context, request, &response); !st.ok()) {
+    return remote.Fail(st, err);
+  }
+  if (json) {
+    out << ProtoToJson(response);
+    return kExitOk;
+  }
+  if (response.jobs_size() == 0) {
+    out << "no jobs yet; submit one with 'pipetrain submit JOB.json'\n";
+    return kExitOk;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const pb::JobStatus& job : response.jobs()) {
+    // The list carries no history unless the coordinator adds it; then LOSS stays blank.
+    const std::string loss =
+        job.history_size() > 0
+            ? absl::StrFormat("%.4f", job.history(job.history_size() - 1).loss())
+            : "";
+    rows.push_back({job.job_id(), StateName(job.state()), job.spec().name(), StepsText(job), loss,
+                    TimeText(job.created())});
+  }
+  out << RenderTable({"ID", "STATE", "NAME", "STEPS", "LOSS", "CREATED"}, rows);
+  return kExitOk;
+}
+
+int RunCancel(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  std::string address, job_id;
+  bool help = false;
+  common::FlagSet flags("pipetrain cancel", "ID [flags]",
+                        "Cancels a queued or running job and prints its new state.\n\n" +
+                            RemoteExitCodes("the coordinator refused (e.g. the job had ended)"));
+  AddAddressFlag(flags, &address);
+  flags.AddBool("help", &help, "print this help and exit");
+  if (auto code = ParseJobIdVerb(flags, args, help, address, out, err, &job_id)) return *code;
+  Remote remote("cancel", address);
+  grpc::ClientContext context;
+  remote.PrepareUnary(context);
+  pb::CancelJobRequest request;
+  request.set_job_id(job_id);
+  pb::JobStatus job;
+  if (grpc::Status st = remote.stub().CancelJob(&context, request, &job); !st.ok()) {
+    return remote.Fail(st, err);
+  }
+  out << job.job_id() << ": " << StateName(job.state());
+  if (!job.reason().empty()) out << " (" << job.reason() << ")";
+  out << "\n";
+  return kExitOk;
+}
+
+}  // namespace pipetrain::client

@@ -1,0 +1,20 @@
+// The verbs that talk to a running coordinator, each one RPC (submit also follows the
+// job's event stream): submit, status, logs, list, cancel, cluster, timeline. They share
+// the --address flag and the exit codes of client/remote.h.
+#pragma once
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+namespace pipetrain::client {
+
+int RunSubmit(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+int RunStatus(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+int RunLogs(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+int RunList(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+int RunCancel(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+int RunCluster(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+int RunTimeline(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+
+}  // namespace pipetrain::client

@@ -1,0 +1,168 @@
+// `pipetrain submit JOB.json`: checks the spec here (so a typo costs no round trip),
+// submits it, and follows the job to its end with a progress bar and a summary.
+#include <sys/ioctl.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "client/cli.h"
+#include "client/output.h"
+#include "client/progress.h"
+#include "client/remote.h"
+#include "client/remote_verbs.h"
+#include "coordinator/job_spec.h"
+
+namespace pipetrain::client {
+namespace {
+
+namespace pb = ::pipetrain::v1;
+
+bool IsTerminal(pb::JobStatus::State s) {
+  return s == pb::JobStatus::SUCCEEDED || s == pb::JobStatus::FAILED ||
+         s == pb::JobStatus::CANCELLED;
+}
+
+bool IsConnectionLoss(grpc::StatusCode code) {
+  return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED ||
+         code == grpc::StatusCode::CANCELLED || code == grpc::StatusCode::UNKNOWN;
+}
+
+// Follows job_id's events until it ends; returns the exit code. `spec` is what was
+// submitted, with defaults, for the step count until the coordinator tells its own.
+int Follow(Remote& remote, const std::string& job_id, const pb::JobSpec& spec, bool json,
+           std::ostream& out, std::ostream& err) {
+  const bool tty = !json && &out == &std::cout && isatty(STDOUT_FILENO);
+  winsize size{};
+  const int width = tty && ioctl(STDOUT_FILENO, TIOCGWINSZ, &size) == 0 ? size.ws_col : 0;
+  ProgressPrinter progress(spec.training().steps(), tty, out, width);
+  std::optional<pb::JobStatus> final_status;
+  grpc::ClientContext context;
+  if (grpc::Status st = remote.PrepareStream(context); !st.ok()) {
+    return remote.LostWhileFollowing(st, job_id, err);
+  }
+  pb::WatchJobRequest request;
+  request.set_job_id(job_id);
+  auto reader = remote.stub().WatchJob(&context, request);
+  pb::JobEvent event;
+  while (reader->Read(&event)) {
+    if (json) out << ProtoToJson(event, /*pretty=*/false) << std::flush;
+    switch (event.event_case()) {
+      case pb::JobEvent::kStep:
+        if (!json) progress.Step(event.step());
+        break;
+      case pb::JobEvent::kLog:
+        if (!json) progress.Log(event.log());
+        break;
+      case pb::JobEvent::kStateChange:
+        if (event.state_change().spec().training().steps() > 0) {
+          progress.SetTotal(event.state_change().spec().training().steps());
+        }
+        if (IsTerminal(event.state_change().state())) final_status = event.state_change();
+        break;
+      default:
+        break;
+    }
+  }
+  const grpc::Status status = reader->Finish();
+  progress.Finish();
+  if (!status.ok()) {
+    return IsConnectionLoss(status.error_code()) ? remote.LostWhileFollowing(status, job_id, err)
+                                                 : remote.Fail(status, err);
+  }
+  if (!final_status) {  // the stream ended early; ask how the job stands
+    grpc::ClientContext get_context;
+    remote.PrepareUnary(get_context);
+    pb::GetJobRequest get;
+    get.set_job_id(job_id);
+    pb::JobStatus job;
+    const grpc::Status got = remote.stub().GetJob(&get_context, get, &job);
+    if (!got.ok() || !IsTerminal(job.state())) {
+      return remote.LostWhileFollowing(
+          got.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                                  "the event stream ended before the job did")
+                   : got,
+          job_id, err);
+    }
+    final_status = job;
+    if (json) {
+      pb::JobEvent last;
+      *last.mutable_state_change() = job;
+      out << ProtoToJson(last, /*pretty=*/false);
+    }
+  }
+  if (!final_status->has_spec()) *final_status->mutable_spec() = spec;
+  if (!json) out << JobSummary(*final_status, progress.totals());
+  return final_status->state() == pb::JobStatus::SUCCEEDED ? kExitOk : kExitJobFailed;
+}
+
+}  // namespace
+
+int RunSubmit(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  std::vector<std::string> sets;
+  std::string init_from, address;
+  bool no_wait = false, json = false, help = false;
+  common::FlagSet flags(
+      "pipetrain submit", "JOB.json [flags]",
+      "Submits a job spec (JSON, see examples/tiny-gpt.json) to the coordinator and follows\n"
+      "the job until it ends: a progress bar on a terminal, a line every 5% of the steps\n"
+      "otherwise, log lines, and a summary. The spec is checked here first. Ctrl-C stops\n"
+      "following; the job keeps running ('pipetrain status ID', 'pipetrain cancel ID').\n\n" +
+          RemoteExitCodes("the job failed or was cancelled"));
+  flags.AddRepeated("set", &sets, "override a spec field, e.g. --set pipeline.stages=2",
+                    "FIELD=VALUE");
+  flags.AddString("init-from", &init_from,
+                  "start from this checkpoint folder (on the coordinator) instead of fresh weights",
+                  "DIR");
+  flags.AddBool("no-wait", &no_wait, "print only the job id and return at once");
+  flags.AddBool("json", &json, "print the job id (--no-wait) or every event as one JSON line");
+  AddAddressFlag(flags, &address);
+  flags.AddBool("help", &help, "print this help and exit");
+  std::vector<std::string> positionals;
+  if (auto code = ParseVerbFlags(flags, args, help, out, err, &positionals)) return *code;
+  if (positionals.size() != 1) return UsageError(flags, "takes one job spec file (JOB.json)", err);
+  if (!CheckAddress(flags, address, err)) return kExitUsage;
+  const std::string& path = positionals[0];
+  std::ifstream in(path);
+  if (!in) {
+    err << "pipetrain submit: cannot read " << path << "; give the path of a job spec (JSON)\n";
+    return kExitUsage;
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  auto overridden = coordinator::ApplyOverrides(text.str(), sets);
+  if (!overridden.ok()) {
+    err << "pipetrain submit: " << path << ": " << overridden.status().message() << "\n";
+    return kExitUsage;
+  }
+  auto spec = coordinator::ParseJobSpec(*overridden);
+  if (spec.ok() && !init_from.empty()) spec->set_init_from(init_from);
+  absl::Status valid =
+      spec.ok() ? coordinator::ValidateJobSpec(coordinator::WithDefaults(*spec)) : spec.status();
+  if (!valid.ok()) {
+    err << "pipetrain submit: " << path << ": invalid job spec: " << valid.message() << "\n";
+    return kExitUsage;
+  }
+
+  Remote remote("submit", address);
+  grpc::ClientContext context;
+  remote.PrepareUnary(context);
+  pb::SubmitJobRequest request;
+  *request.mutable_spec() = *spec;
+  pb::SubmitJobResponse response;
+  if (grpc::Status st = remote.stub().SubmitJob(&context, request, &response); !st.ok()) {
+    return remote.Fail(st, err, "invalid job spec: ");
+  }
+  if (no_wait) {
+    out << (json ? ProtoToJson(response, /*pretty=*/false) : response.job_id() + "\n");
+    return kExitOk;
+  }
+  const pb::JobSpec filled = coordinator::WithDefaults(*spec);
+  if (!json) out << "submitted " << response.job_id() << " (" << filled.name() << ")\n";
+  return Follow(remote, response.job_id(), filled, json, out, err);
+}
+
+}  // namespace pipetrain::client
