@@ -297,7 +297,14 @@ absl::StatusOr<pb::JobStatus> JobManager::Get(const std::string& job_id, bool hi
 }
 
 absl::StatusOr<std::vector<pb::JobStatus>> JobManager::List(int limit) {
-  return store_->List(limit);
+  ASSIGN_OR_RETURN(std::vector<pb::JobStatus> jobs, store_->List(limit));
+  // Each with its latest step as its history, so a listing can show the last loss.
+  for (pb::JobStatus& job : jobs) {
+    if (job.steps_done() == 0) continue;
+    absl::StatusOr<std::vector<pb::StepRecord>> last = store_->Steps(job.job_id(), job.steps_done());
+    if (last.ok() && !last->empty()) *job.add_history() = last->back();
+  }
+  return jobs;
 }
 
 absl::StatusOr<pb::JobStatus> JobManager::Cancel(const std::string& job_id) {

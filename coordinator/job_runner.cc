@@ -295,7 +295,9 @@ class Runner {
     for (int s = 0; s < K(); ++s) {
       if (clients_[s]->Ping(absl::Seconds(3)).ok()) continue;
       lost_.push_back(stages_[s].stage_id);
-      const absl::Status& own = st[s].ok() ? st[first] : st[s];
+      // Its own call was most likely cancelled by us; a neighbour's error says more.
+      const absl::Status& own =
+          st[s].ok() || absl::IsCancelled(st[s]) ? st[first] : st[s];
       return absl::UnavailableError(absl::StrCat(
           StageName(s), " stopped answering", when, " (", own.message(),
           "); the job's other stages are free again"));

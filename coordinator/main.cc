@@ -50,6 +50,10 @@ int main(int argc, char** argv) {
   if (parse_status.ok() && !positionals->empty()) {
     parse_status = absl::InvalidArgumentError("unexpected argument '" + (*positionals)[0] + "'");
   }
+  if (parse_status.ok() && !help && !version && state_dir.empty()) {
+    parse_status = absl::InvalidArgumentError(
+        "--state-dir DIR is required: the folder that keeps the job store and checkpoints");
+  }
   if (auto code = common::HandleStandardFlags(flags, parse_status, help, version)) return *code;
 
   auto address = common::ParseHostPort(listen, kDefaultPort, "--listen");

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "grpcpp/create_channel.h"
+#include "grpcpp/support/channel_arguments.h"
 #include "grpcpp/security/credentials.h"
 
 namespace pipetrain::stage_server {
@@ -11,8 +12,14 @@ Registration::Registration(std::string coordinator, pipetrain::v1::RegisterStage
                            std::function<std::string()> job_id)
     : coordinator_(std::move(coordinator)), request_(std::move(request)),
       job_id_(std::move(job_id)) {
+  // A restarted coordinator should see its stages back within a few heartbeats, not
+  // after gRPC's default reconnect backoff (which grows to two minutes).
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 500);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 500);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   stub_ = pipetrain::v1::Coordinator::NewStub(
-      grpc::CreateChannel(coordinator_, grpc::InsecureChannelCredentials()));
+      grpc::CreateCustomChannel(coordinator_, grpc::InsecureChannelCredentials(), args));
   thread_ = std::thread([this] { Run(); });
 }
 

@@ -237,7 +237,8 @@ TEST_F(CoordinatorClusterTest, PipelinesMatchOneStageAndTheCliAndApiWork) {
   EXPECT_THAT(unknown_id->err, HasSubstr("job-999999"));
 
   // A restarted coordinator still lists the finished jobs.
-  ASSERT_TRUE(c.RestartCoordinator(4).ok());
+  absl::Status restarted = c.RestartCoordinator(4);
+  ASSERT_TRUE(restarted.ok()) << restarted;
   auto after = c.Cli({"list", "--json"});
   ASSERT_TRUE(after.ok());
   EXPECT_THAT(after->out, HasSubstr(one));
@@ -266,14 +267,16 @@ TEST_F(CoordinatorClusterTest, AKilledStageFailsItsJobAndTheOthersServeTheNext) 
   auto view = c.Cli({"cluster", "--json"});
   ASSERT_TRUE(view.ok() && view->exit_code == 0);
   std::string victim_address;
-  for (const json& s : json::parse(view->out)["stages"]) {
+  const json stages = json::parse(view->out);
+  for (const json& s : stages["stages"]) {
     if (s["stage_id"] == victim) victim_address = s["address"];
   }
-  ASSERT_TRUE(c.KillStage(victim_address)) << victim_address;
+  ASSERT_TRUE(c.KillStage(victim_address)) << victim << " in " << view->out;
   const json failed = WaitFor(c, id, [](const json& s) { return s["state"] == "FAILED"; });
   EXPECT_THAT(failed["reason"].get<std::string>(), HasSubstr(victim)) << failed.dump();
 
-  ASSERT_TRUE(c.WaitForIdleStages(3).ok());
+  absl::Status idle = c.WaitForIdleStages(3);
+  ASSERT_TRUE(idle.ok()) << idle;
   spec_["training"]["steps"] = 2;
   const std::string next = SubmitAndFollow(c, {"pipeline.stages=3"});
   EXPECT_EQ(Status(c, next)["state"], "SUCCEEDED");

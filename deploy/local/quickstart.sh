@@ -37,7 +37,7 @@ echo
 echo "== Loss every 25 steps (random bytes would score ln 256 = 5.545)"
 build/bin/pipetrain status "$id" --json | awk '
   /"step":/ { gsub(/[^0-9]/, "", $2); step = $2 }
-  /"loss":/ && step % 25 == 0 { printf "step %4d  loss %s\n", step, $2 }' | tr -d ','
+  /^ *"loss":/ && step % 25 == 0 { printf "step %4d  loss %s\n", step, $2 }' | tr -d ','
 build/bin/pipetrain timeline "$id" --out build/tiny-gpt-trace.json --steps 3
 echo
 echo "Job $id: 'build/bin/pipetrain status $id' (the coordinator runs until this script ends)."
