@@ -147,8 +147,10 @@ int RunCancel(const std::vector<std::string>& args, std::ostream& out, std::ostr
   std::string address, job_id;
   bool help = false;
   common::FlagSet flags("pipetrain cancel", "ID [flags]",
-                        "Cancels a queued or running job and prints its new state.\n\n" +
-                            RemoteExitCodes("the coordinator refused (e.g. the job had ended)"));
+                        "Cancels a queued or running job and prints its new state. A queued job\n"
+                        "ends at once; a running one after its current step, with a checkpoint.\n"
+                        "Cancelling an ended job changes nothing and shows its state.\n\n" +
+                            RemoteExitCodes("a coordinator error"));
   AddAddressFlag(flags, &address);
   flags.AddBool("help", &help, "print this help and exit");
   if (auto code = ParseJobIdVerb(flags, args, help, address, out, err, &job_id)) return *code;

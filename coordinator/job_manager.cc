@@ -327,6 +327,11 @@ absl::StatusOr<pb::JobStatus> JobManager::Cancel(const std::string& job_id) {
     SetState(queued, pb::JobStatus::CANCELLED, "cancelled while queued");
   } else if (LiveJob* job = FindLive(job_id); job != nullptr && job->cancel) {
     Log(job, "cancel requested: stopping after the current step");
+    ASSIGN_OR_RETURN(pb::JobStatus status, store_->Get(job_id, false));
+    if (status.state() == pb::JobStatus::RUNNING) {
+      status.set_reason("cancelling: stops after the current step, with a checkpoint");
+    }
+    return status;
   }
   return store_->Get(job_id, false);
 }

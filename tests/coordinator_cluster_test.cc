@@ -285,5 +285,47 @@ TEST_F(CoordinatorClusterTest, AKilledStageFailsItsJobAndTheOthersServeTheNext) 
   EXPECT_THAT(cluster_view->out, HasSubstr("LOST"));
 }
 
+TEST_F(CoordinatorClusterTest, JobsShareTheClusterSideBySideAndQueueForFreeStages) {
+  auto cluster = LocalCluster::Start(dir_.File("state"), 4);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  spec_["training"]["steps"] = 100000;
+  spec_["data"]["validate_every_steps"] = 0;
+  auto running = [](const json& s) { return s["state"] == "RUNNING"; };
+  const std::string a = SubmitNoWait(c, {"pipeline.stages=2"});
+  const std::string b = SubmitNoWait(c, {"pipeline.stages=2"});
+  const json sa = WaitFor(c, a, running), sb = WaitFor(c, b, running);
+  std::set<std::string> ids;
+  for (const json& id : sa["stage_ids"]) ids.insert(id);
+  for (const json& id : sb["stage_ids"]) ids.insert(id);
+  EXPECT_EQ(ids.size(), 4u) << "two jobs side by side on disjoint stages";
+
+  // Every stage is busy: the next job waits, and starts when one of them ends.
+  const std::string queued = SubmitNoWait(c, {"pipeline.stages=1"});
+  EXPECT_EQ(Status(c, queued)["state"], "QUEUED");
+  ASSERT_EQ(c.Cli({"cancel", a})->exit_code, 0);
+  WaitFor(c, queued, running);
+  for (const std::string& id : {b, queued}) ASSERT_EQ(c.Cli({"cancel", id})->exit_code, 0);
+  for (const std::string& id : {a, b, queued}) {
+    WaitFor(c, id, [](const json& s) { return s["state"] == "CANCELLED"; });
+  }
+  // A spec the cluster can never run is refused up front, naming the field.
+  auto follow = c.Cli({"submit", WriteSpec(spec_), "--set", "training.steps=1", "--set",
+                       "pipeline.stages=5"});
+  ASSERT_TRUE(follow.ok());
+  EXPECT_EQ(follow->exit_code, 2) << "5 stages of a 4-layer pipeline: " << follow->err;
+  EXPECT_THAT(follow->err, HasSubstr("pipeline.stages"));
+}
+
+TEST_F(CoordinatorClusterTest, AModelTooBigForTheStagesIsRefusedNamingTheMemory) {
+  auto cluster = LocalCluster::Start(dir_.File("state"), 2, {"--memory-limit", "100000"});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto r = (*cluster)->Cli({"submit", WriteSpec(spec_), "--set", "pipeline.stages=2"});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->exit_code, 2) << r->out;
+  EXPECT_THAT(r->err, HasSubstr("does not fit the stages' memory"));
+  EXPECT_THAT(r->err, HasSubstr("pipeline.recompute"));
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -37,9 +37,10 @@ echo
 echo "== Loss every 25 steps (random bytes would score ln 256 = 5.545)"
 build/bin/pipetrain status "$id" --json | awk '
   /"step":/ { gsub(/[^0-9]/, "", $2); step = $2 }
-  /^ *"loss":/ && step % 25 == 0 { printf "step %4d  loss %s\n", step, $2 }' | tr -d ','
+  /^ *"loss":/ && step % 25 == 0 { sub(/,/, "", $2); printf "step %4d  loss %.3f\n", step, $2 }'
 build/bin/pipetrain timeline "$id" --out build/tiny-gpt-trace.json --steps 3
 echo
-echo "Job $id: 'build/bin/pipetrain status $id' (the coordinator runs until this script ends)."
-echo "Checkpoints: $run_dir/state/checkpoints/$id/ (Hugging Face GPT-2 names)."
+echo "Job records stay in $run_dir/state (jobs.db) after the cluster stops; checkpoints in"
+echo "$run_dir/state/checkpoints/$id/ (safetensors, Hugging Face GPT-2 names). The timeline"
+echo "of the last steps is build/tiny-gpt-trace.json (open it in https://ui.perfetto.dev)."
 echo "Next: docs/USAGE.md, or deploy/local/cluster.sh up and build/bin/pipetrain --help"

@@ -24,15 +24,16 @@ int PortOf(const std::string& line) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const std::string& state_dir,
-                                                                  int stages) {
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
+    const std::string& state_dir, int stages, const std::vector<std::string>& stage_args) {
   std::unique_ptr<LocalCluster> c(new LocalCluster());
   c->state_dir_ = state_dir;
   if (absl::Status s = c->StartCoordinator("127.0.0.1:0"); !s.ok()) return s;
   for (int i = 0; i < stages; ++i) {
-    absl::StatusOr<Subprocess> p = Subprocess::Start(
-        {Bin("pipetrain-stage"), "--listen", "127.0.0.1:0", "--device", "cpu", "--coordinator",
-         c->address_});
+    std::vector<std::string> argv = {Bin("pipetrain-stage"), "--listen", "127.0.0.1:0", "--device",
+                                     "cpu", "--coordinator", c->address_};
+    argv.insert(argv.end(), stage_args.begin(), stage_args.end());
+    absl::StatusOr<Subprocess> p = Subprocess::Start(argv);
     if (!p.ok()) return p.status();
     c->stages_.push_back(std::make_unique<Subprocess>(*std::move(p)));
     absl::StatusOr<std::string> line = c->stages_.back()->WaitForLine("stage listening on ", 30s);

@@ -17,8 +17,9 @@ class LocalCluster {
  public:
   // Starts a coordinator (state in `state_dir`, HTTP API on) and `stages` stages, and
   // waits until every stage is registered and idle.
-  static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const std::string& state_dir,
-                                                             int stages);
+  // `stage_args` are extra flags for every stage server.
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(
+      const std::string& state_dir, int stages, const std::vector<std::string>& stage_args = {});
   ~LocalCluster();  // SIGTERM to every process still running
 
   const std::string& address() const { return address_; }
