@@ -44,8 +44,9 @@ common::FrameView RandomFrame(std::mt19937& rng, std::vector<std::byte>& storage
   storage.resize(rng() % 300);
   for (std::byte& b : storage) b = static_cast<std::byte>(rng());
   common::FrameView f;
-  f.header.tag = {"job-" + std::to_string(rng() % 100), rng() % 1000000, rng() % 64,
-                  rng() % 4, common::TensorKind::kGradient};
+  f.header.tag = {"job-" + std::to_string(rng() % 100), rng() % 1000000,
+                  static_cast<uint32_t>(rng() % 64), static_cast<uint32_t>(rng() % 4),
+                  common::TensorKind::kGradient};
   f.header.dtype = static_cast<int>(common::DType::kU8);
   f.header.shape = {static_cast<int64_t>(storage.size())};
   f.header.offset = rng() % 1000;

@@ -123,7 +123,7 @@ TEST(PlannerTest, RecomputationChangesMemoryNotOrder) {
     EXPECT_LT(b->stages[s].peak_activation_bytes, a->stages[s].peak_activation_bytes) << s;
     EXPECT_DOUBLE_EQ(c->stages[s].peak_activation_bytes, b->stages[s].peak_activation_bytes);
   }
-  const double tokens = double{never->batch_size} / never->micro_batches * never->model.seq_len;
+  const double tokens = static_cast<double>(never->batch_size) / never->micro_batches * never->model.seq_len;
   EXPECT_DOUBLE_EQ(b->stages[3].peak_activation_bytes,
                    a->stages[3].peak_activation_bytes + 4 * tokens);
   EXPECT_DOUBLE_EQ(c->stages[3].peak_activation_bytes, a->stages[3].peak_activation_bytes);
