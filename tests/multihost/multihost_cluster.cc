@@ -78,14 +78,30 @@ absl::StatusOr<std::unique_ptr<MultiHostCluster>> MultiHostCluster::Start(
 }
 
 MultiHostCluster::~MultiHostCluster() {
-  // All at once, so a stage stuck behind a downed link costs one deadline, not one each.
-  for (auto& s : stages_) s->Signal(SIGTERM);
-  if (coordinator_) coordinator_->Signal(SIGTERM);
-  for (auto& s : stages_) (void)s->Wait(10s);  // kills at the deadline
-  if (coordinator_) (void)coordinator_->Wait(10s);
-  stages_.clear();
-  coordinator_.reset();
+  (void)Stop();
   network_.reset();  // after every process of ours in it has ended
+}
+
+absl::Status MultiHostCluster::Stop() {
+  std::vector<std::pair<std::string, std::unique_ptr<Subprocess>>> all;
+  for (size_t i = 0; i < stages_.size(); ++i) {
+    all.emplace_back(absl::StrCat("the stage on host s", i), std::move(stages_[i]));
+  }
+  if (coordinator_) all.emplace_back("the coordinator", std::move(coordinator_));
+  stages_.clear();
+  // All at once, so a stage stuck behind a downed link costs one deadline, not one each.
+  for (auto& [name, p] : all) p->Signal(SIGTERM);
+  std::string problems;
+  for (auto& [name, p] : all) {
+    absl::StatusOr<int> code = p->Wait(15s);  // kills at the deadline
+    if (!code.ok()) {
+      absl::StrAppend(&problems, name, " did not stop within 15 s of SIGTERM; ");
+    } else if (*code != 0) {
+      absl::StrAppend(&problems, name, " exited with ", *code, ": ", p->stderr_text(), "; ");
+    }
+  }
+  if (problems.empty()) return absl::OkStatus();
+  return absl::InternalError(problems);
 }
 
 std::vector<std::string> MultiHostCluster::ExtraArgs(Role role,

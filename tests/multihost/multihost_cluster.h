@@ -49,6 +49,9 @@ class MultiHostCluster {
   absl::StatusOr<std::pair<int, std::string>> HttpGet(const std::string& path);
   // Pulls the cable of the stage host serving `stage_address` (HOST:PORT).
   absl::Status TakeStageLinkDown(const std::string& stage_address);
+  // Stops every process (SIGTERM, all at once) and waits for each, 15 s at most; an
+  // error names any that had to be killed or exited other than 0. Idempotent.
+  absl::Status Stop();
   // Polls `pipetrain cluster --json` until `count` stages are IDLE (deadline 30 s).
   absl::Status WaitForIdleStages(int count);
 

@@ -183,6 +183,9 @@ TEST_F(MultiHostTest, APipelineAcrossHostsTrainsLikeOneStage) {
   const json view = json::parse(api->second, nullptr, false);
   ASSERT_FALSE(view.is_discarded()) << api->second;
   EXPECT_EQ(view["stages"].size(), 4u);
+
+  absl::Status stopped = c.Stop();
+  EXPECT_TRUE(stopped.ok()) << stopped;
 }
 
 TEST_F(MultiHostTest, AStageHostWhoseLinkGoesDownFailsTheJobInBoundedTime) {
@@ -229,6 +232,10 @@ TEST_F(MultiHostTest, AStageHostWhoseLinkGoesDownFailsTheJobInBoundedTime) {
   auto view = c.Cli({"cluster"});
   ASSERT_TRUE(view.ok());
   EXPECT_THAT(view->out, HasSubstr("LOST"));
+
+  // Nothing hangs: every server, the cut-off one too, stops on SIGTERM.
+  absl::Status stopped = c.Stop();
+  EXPECT_TRUE(stopped.ok()) << stopped;
 }
 
 }  // namespace
