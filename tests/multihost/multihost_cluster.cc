@@ -51,7 +51,8 @@ absl::StatusOr<std::unique_ptr<MultiHostCluster>> MultiHostCluster::Start(
   absl::StatusOr<Subprocess> coordinator = Subprocess::Start(c->network_->InHost("coord", argv));
   if (!coordinator.ok()) return coordinator.status();
   c->coordinator_ = std::make_unique<Subprocess>(*std::move(coordinator));
-  if (absl::Status s = WaitListening(*c->coordinator_, "coordinator listening on ", "the coordinator");
+  if (absl::Status s =
+          WaitListening(*c->coordinator_, "coordinator listening on ", "the coordinator");
       !s.ok()) {
     return s;
   }
