@@ -288,8 +288,12 @@ class Runner {
   // The error to report for a stage operation: a stage that no longer answers is the
   // cause (its neighbours only report the broken link), else the first failure.
   absl::Status FirstError(const std::vector<absl::Status>& st, int64_t step, const char* what) {
+    // The first failure that is not our own cancellation of the others' calls.
     int first = -1;
-    for (int s = 0; s < K(); ++s) if (!st[s].ok() && first < 0) first = s;
+    for (int s = 0; s < K(); ++s) {
+      if (st[s].ok()) continue;
+      if (first < 0 || (absl::IsCancelled(st[first]) && !absl::IsCancelled(st[s]))) first = s;
+    }
     if (first < 0) return absl::OkStatus();
     const std::string when = step > 0 ? absl::StrCat(" at step ", step) : "";
     for (int s = 0; s < K(); ++s) {

@@ -24,7 +24,7 @@ int main(int argc, char** argv) {
   common::KeepFreedMemoryForReuse();
 
   std::string listen = "127.0.0.1:7400", state_dir, http;
-  double heartbeat_timeout = 5;
+  double heartbeat_timeout = 5, stage_deadline = 30;
   bool help = false, version = false;
   common::FlagSet flags(
       "pipetrain-coordinator", "--state-dir DIR [--listen HOST:PORT] [--http HOST:PORT]",
@@ -42,6 +42,11 @@ int main(int argc, char** argv) {
                   "HOST:PORT");
   flags.AddDouble("heartbeat-timeout", &heartbeat_timeout,
                   "seconds without a heartbeat after which a stage is marked lost", "S");
+  flags.AddDouble("stage-deadline", &stage_deadline,
+                  "seconds a stage waits for a neighbour's tensor before its step fails; a "
+                  "job whose stage dies or drops off the network fails within about S + 3 s, "
+                  "naming it (keep S above one micro-batch's pass on the slowest stage)",
+                  "S");
   flags.AddBool("help", &help, "print this help and exit");
   flags.AddBool("version", &version, "print the version and exit");
   flags.MarkRequired("state-dir");
@@ -74,11 +79,17 @@ int main(int argc, char** argv) {
     std::cerr << "pipetrain-coordinator: --heartbeat-timeout must be > 0 seconds\n";
     return 2;
   }
+  if (!(stage_deadline >= 1 && stage_deadline <= 86400)) {
+    std::cerr << "pipetrain-coordinator: --stage-deadline must be between 1 and 86400 "
+                 "seconds (default 30)\n";
+    return 2;
+  }
 
   coordinator::ManagerOptions options;
   options.state_dir = state_dir;
   options.heartbeat_timeout = absl::Seconds(heartbeat_timeout);
   options.heartbeat_interval = std::min(absl::Seconds(1), options.heartbeat_timeout / 3);
+  options.runner.recv_deadline_ms = static_cast<int>(stage_deadline * 1000);
   auto manager = coordinator::JobManager::Create(options);
   if (!manager.ok()) {
     std::cerr << "pipetrain-coordinator: " << manager.status().message() << "\n";
