@@ -24,6 +24,7 @@ packages=(
   libabsl-dev libopenblas-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev
   libsqlite3-dev libcpp-httplib-dev
+  openssl     # deploy/certs/make-dev-certs.sh (TLS certificates; the tests make theirs)
   bible-kjv   # the demo corpus (King James Bible, `bible` command)
 )
 if [ "$with_torch" -eq 1 ]; then
