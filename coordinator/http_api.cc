@@ -47,9 +47,11 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(JobManager* m, const std
   httplib::Server& s = *api->server_;
   if (!token.empty()) {
     s.set_pre_routing_handler([token](const httplib::Request& req, httplib::Response& res) {
-      std::optional<absl::string_view> authorization;
-      if (req.has_header("Authorization")) authorization = req.get_header_value("Authorization");
-      absl::Status allowed = common::CheckBearerToken(authorization, token);
+      const std::string header = req.get_header_value("Authorization");  // a copy
+      absl::Status allowed = common::CheckBearerToken(
+          req.has_header("Authorization") ? std::optional<absl::string_view>(header)
+                                          : std::nullopt,
+          token);
       if (allowed.ok()) return httplib::Server::HandlerResponse::Unhandled;
       if (allowed.code() == absl::StatusCode::kUnauthenticated) {
         allowed = absl::UnauthenticatedError(
