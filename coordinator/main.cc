@@ -113,6 +113,14 @@ int main(int argc, char** argv) {
       return 1;
     }
     api = *std::move(started);
+    if (!common::IsLoopbackHost(http_address->host)) {
+      common::LogWarning(
+          "coordinator",
+          absl::StrCat("the HTTP API on ", http_address->host, ":", api->port(),
+                       " is plain HTTP: anyone who can reach it can read jobs and the cluster",
+                       security->token().empty() ? "" : ", and see the bearer token clients send",
+                       "; keep --http on 127.0.0.1 or put it behind a TLS proxy"));
+    }
     std::cout << "coordinator http listening on " << http_address->host << ":" << api->port()
               << std::endl;
   }
