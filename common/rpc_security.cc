@@ -53,7 +53,7 @@ void AddSecurityFlags(FlagSet& flags, SecurityFlags* out, const std::string& tok
   flags.AddString("tls-key", &out->tls_key, "the private key of --tls-cert (PEM)", "FILE");
   flags.AddString("tls-ca", &out->tls_ca,
                   "the CA (PEM) that every peer's certificate must be signed by", "FILE");
-  flags.AddString("token-file", &out->token_file, token_help, "FILE");
+  if (!token_help.empty()) flags.AddString("token-file", &out->token_file, token_help, "FILE");
 }
 
 absl::Status CheckBearerToken(std::optional<absl::string_view> authorization,

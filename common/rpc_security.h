@@ -27,7 +27,7 @@ struct SecurityFlags {
 };
 
 // Adds --tls-cert, --tls-key, --tls-ca and --token-file to `flags`. `token_help` says
-// what the token is for in this binary.
+// what the token is for in this binary; empty: no --token-file (benchmarks).
 void AddSecurityFlags(FlagSet& flags, SecurityFlags* out, const std::string& token_help);
 
 inline constexpr char kAuthorizationKey[] = "authorization";
