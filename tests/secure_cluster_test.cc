@@ -2,7 +2,10 @@
 // from deploy/certs/make-dev-certs.sh) and a bearer token train a job through the CLI
 // with the losses of a plaintext cluster; clients with a foreign CA, without TLS, or
 // without the right token are refused with their exit codes, over gRPC and HTTP, and a
-// stage refuses control calls that lack the token without changing its state.
+// stage refuses control calls that lack the token without changing its state. A
+// plaintext server off loopback warns.
+#include <signal.h>
+
 #include <chrono>
 
 #include "absl/strings/str_split.h"
@@ -261,6 +264,29 @@ TEST_F(SecureClusterTest, BinariesRefusePartialTlsAndEmptyTokens) {
     ASSERT_TRUE(r.ok()) << r.status();
     EXPECT_EQ(r->exit_code, 2) << bin << ": " << r->err;
     EXPECT_THAT(r->err, HasSubstr("--token-file")) << bin;
+  }
+}
+
+TEST_F(SecureClusterTest, APlaintextServerOffLoopbackWarnsAndATlsOneDoesNot) {
+  for (bool tls : {false, true}) {
+    std::vector<std::string> argv = {Bin("pipetrain-stage"), "--listen", "0.0.0.0:0"};
+    if (tls) {
+      for (const std::string& a : Tls("127.0.0.1")) argv.push_back(a);
+    }
+    auto p = testing::Subprocess::Start(argv);
+    ASSERT_TRUE(p.ok()) << p.status();
+    auto line = p->WaitForLine("stage listening on ", 30s);
+    EXPECT_TRUE(line.ok()) << line.status();
+    p->Signal(SIGTERM);
+    auto code = p->Wait(20s);
+    EXPECT_TRUE(code.ok() && *code == 0);
+    const std::string warning = "without TLS: anyone who can reach this port can drive this stage";
+    if (tls) {
+      EXPECT_THAT(p->stderr_text(), ::testing::Not(HasSubstr(warning)));
+    } else {
+      EXPECT_THAT(p->stderr_text(), HasSubstr(warning));
+      EXPECT_THAT(p->stderr_text(), HasSubstr("pass --tls-cert/--tls-key/--tls-ca"));
+    }
   }
 }
 
