@@ -33,6 +33,13 @@ void SetBulkArgs(Sink&& set) {
   set(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, kReadChunkBytes);
 }
 
+pthread_t main_thread;
+
+// Threads that libraries start before main() (OpenBLAS's pool) do not block the
+// signals; one that receives SIGTERM would kill the process with the default action.
+// This hands the signal to the main thread, whose sigwait() takes it.
+void ForwardToMainThread(int sig) { pthread_kill(main_thread, sig); }
+
 }  // namespace
 
 void ApplyBulkTransferArgs(grpc::ServerBuilder& builder) {
@@ -49,6 +56,12 @@ void ApplyBulkTransferArgs(grpc::ChannelArguments& args) {
 }
 
 void BlockTerminationSignals() {
+  main_thread = pthread_self();
+  struct sigaction action = {};
+  action.sa_handler = ForwardToMainThread;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
   sigset_t set = TerminationSignals();
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }

@@ -279,7 +279,8 @@ TEST_F(SecureClusterTest, APlaintextServerOffLoopbackWarnsAndATlsOneDoesNot) {
     EXPECT_TRUE(line.ok()) << line.status();
     p->Signal(SIGTERM);
     auto code = p->Wait(20s);
-    EXPECT_TRUE(code.ok() && *code == 0);
+    EXPECT_TRUE(code.ok() && *code == 0)
+        << (code.ok() ? std::to_string(*code) : code.status().ToString()) << p->stderr_text();
     const std::string warning = "without TLS: anyone who can reach this port can drive this stage";
     if (tls) {
       EXPECT_THAT(p->stderr_text(), ::testing::Not(HasSubstr(warning)));
