@@ -5,6 +5,7 @@
 #include "bench/benchmark.h"
 #include "common/flags.h"
 #include "common/malloc_tuning.h"
+#include "common/rpc_security.h"
 #include "nlohmann/json.hpp"
 
 int main(int argc, char** argv) {
@@ -12,12 +13,14 @@ int main(int argc, char** argv) {
   common::KeepFreedMemoryForReuse();
   bool help = false, version = false, json = false, list = false;
   int64_t reps = 0;
+  common::SecurityFlags security_flags;
   common::FlagSet flags("pipetrain-bench", "NAME [--json] [--repetitions N] | --list",
                         "Runs benchmark NAME and prints its figures. Each benchmark "
                         "measures its own\nbaseline in the same run; ratios are what to "
                         "compare across machines.");
   flags.AddBool("json", &json, "print the figures as one JSON object");
   flags.AddInt("repetitions", &reps, "timed repetitions (0: the benchmark's default)");
+  common::AddSecurityFlags(flags, &security_flags, "");  // link: mutual TLS instead of plaintext
   flags.AddBool("list", &list, "list the benchmarks and exit");
   flags.AddBool("help", &help, "print this help and exit");
   flags.AddBool("version", &version, "print the version and exit");
@@ -32,6 +35,11 @@ int main(int argc, char** argv) {
       std::cout << absl::StrFormat("  %-10s %s\n", b.name, b.description);
     return 0;
   }
+  absl::StatusOr<common::RpcSecurity> security = common::RpcSecurity();
+  if (st.ok() && !list && !version) {
+    security = common::RpcSecurity::Load(security_flags);
+    st = security.status();
+  }
   if (auto code = common::HandleStandardFlags(flags, st, help, version)) return *code;
   if (list) {
     for (const auto& b : bench::AllBenchmarks())
@@ -41,7 +49,7 @@ int main(int argc, char** argv) {
   const std::string& name = (*positionals)[0];
   for (const auto& b : bench::AllBenchmarks()) {
     if (b.name != name) continue;
-    auto result = b.run({static_cast<int>(reps)});
+    auto result = b.run({static_cast<int>(reps), *security});
     if (!result.ok()) {
       std::cerr << "pipetrain-bench " << name << ": " << result.status() << "\n";
       return 1;

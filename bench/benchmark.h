@@ -9,11 +9,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/rpc_security.h"
 
 namespace pipetrain::bench {
 
 struct BenchOptions {
   int repetitions = 0;  // 0: the benchmark's own default
+  common::RpcSecurity security;  // links over mutual TLS when it has certificates
 };
 
 struct BenchResult {

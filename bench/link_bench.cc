@@ -120,7 +120,8 @@ absl::StatusOr<BenchResult> RunLinkBench(const BenchOptions& options) {
   grpc::ServerBuilder builder;
   builder.RegisterService(&service);
   ASSIGN_OR_RETURN(common::RunningServer server,
-                   common::StartServer(builder, {"127.0.0.1", 0}, "bench-stage"));
+                   common::StartServer(builder, {"127.0.0.1", 0}, "bench-stage",
+                                       options.security));
   stage_server::PeerLinkOptions opts;
   opts.job_id = "bench";
   opts.local_stage = 1;
@@ -130,7 +131,7 @@ absl::StatusOr<BenchResult> RunLinkBench(const BenchOptions& options) {
   opts.peer_stage = 1;
   opts.peer_address = server.address.ToString();
   auto channel = grpc::CreateCustomChannel(server.address.ToString(),
-                                           grpc::InsecureChannelCredentials(),
+                                           options.security.ChannelCredentials(),
                                            stage_server::PeerChannelArguments());
   ASSIGN_OR_RETURN(auto up, stage_server::ConnectPeerLink(channel, opts, "s",
                                                           absl::Now() + absl::Seconds(10)));
@@ -154,6 +155,7 @@ absl::StatusOr<BenchResult> RunLinkBench(const BenchOptions& options) {
   const double tcp_s = Median(t_tcp), link_s = Median(t_link);
   BenchResult result;
   result.Label("transfer", "16 x 16 MiB activations per repetition, loopback, one process");
+  result.Label("peer_link_transport", options.security.tls() ? "mutual TLS" : "plaintext");
   result.Add("repetitions", reps);
   result.Add("raw_tcp_gb_per_s", gb / tcp_s);
   result.Add("peer_link_gb_per_s", gb / link_s);

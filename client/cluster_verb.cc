@@ -12,18 +12,18 @@ namespace pipetrain::client {
 namespace pb = ::pipetrain::v1;
 
 int RunCluster(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  std::string address;
+  RemoteFlags connection;
   bool json = false, help = false;
   common::FlagSet flags("pipetrain cluster", "[flags]",
                         "Lists the stage servers registered with the coordinator: address, "
                         "device, memory,\nstate (IDLE, BUSY, LOST), job and last heartbeat.\n\n" +
                             RemoteExitCodes("a coordinator error"));
   flags.AddBool("json", &json, "print the ClusterStatus as JSON");
-  AddAddressFlag(flags, &address);
+  AddRemoteFlags(flags, &connection);
   flags.AddBool("help", &help, "print this help and exit");
   if (auto code = ParseVerbFlags(flags, args, help, out, err)) return *code;
-  if (!CheckAddress(flags, address, err)) return kExitUsage;
-  Remote remote("cluster", address);
+  if (!CheckRemoteFlags(flags, &connection, err)) return kExitUsage;
+  Remote remote("cluster", connection);
   grpc::ClientContext context;
   remote.PrepareUnary(context);
   pb::ClusterStatus cluster;

@@ -56,14 +56,14 @@ std::string StatusText(const pb::JobStatus& job) {
 
 // Parses flags and the one job id of status and cancel; nullopt: go on.
 std::optional<int> ParseJobIdVerb(common::FlagSet& flags, const std::vector<std::string>& args,
-                                  const bool& help, const std::string& address,
+                                  const bool& help, RemoteFlags* connection,
                                   std::ostream& out, std::ostream& err, std::string* job_id) {
   std::vector<std::string> positionals;
   if (auto code = ParseVerbFlags(flags, args, help, out, err, &positionals)) return code;
   if (positionals.size() != 1) {
     return UsageError(flags, "takes one job id (see 'pipetrain list')", err);
   }
-  if (!CheckAddress(flags, address, err)) return kExitUsage;
+  if (!CheckRemoteFlags(flags, connection, err)) return kExitUsage;
   *job_id = positionals[0];
   return std::nullopt;
 }
@@ -71,7 +71,8 @@ std::optional<int> ParseJobIdVerb(common::FlagSet& flags, const std::vector<std:
 }  // namespace
 
 int RunStatus(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  std::string address, job_id;
+  RemoteFlags connection;
+  std::string job_id;
   bool json = false, help = false;
   common::FlagSet flags("pipetrain status", "ID [flags]",
                         "Shows a job: state (and why it failed), steps done, last loss and "
@@ -81,10 +82,10 @@ int RunStatus(const std::vector<std::string>& args, std::ostream& out, std::ostr
                                             "the job was found, whatever its state"));
   flags.AddBool("json", &json,
                 "print the job with its step history (history[]: step, loss, step_time_s, ...)");
-  AddAddressFlag(flags, &address);
+  AddRemoteFlags(flags, &connection);
   flags.AddBool("help", &help, "print this help and exit");
-  if (auto code = ParseJobIdVerb(flags, args, help, address, out, err, &job_id)) return *code;
-  Remote remote("status", address);
+  if (auto code = ParseJobIdVerb(flags, args, help, &connection, out, err, &job_id)) return *code;
+  Remote remote("status", connection);
   grpc::ClientContext context;
   remote.PrepareUnary(context);
   pb::GetJobRequest request;
@@ -99,7 +100,7 @@ int RunStatus(const std::vector<std::string>& args, std::ostream& out, std::ostr
 }
 
 int RunList(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  std::string address;
+  RemoteFlags connection;
   int64_t limit = 0;
   bool json = false, help = false;
   common::FlagSet flags("pipetrain list", "[flags]",
@@ -107,12 +108,12 @@ int RunList(const std::vector<std::string>& args, std::ostream& out, std::ostrea
                             RemoteExitCodes("a coordinator error"));
   flags.AddInt("limit", &limit, "show at most N jobs (0 = all)");
   flags.AddBool("json", &json, "print the ListJobsResponse as JSON");
-  AddAddressFlag(flags, &address);
+  AddRemoteFlags(flags, &connection);
   flags.AddBool("help", &help, "print this help and exit");
   if (auto code = ParseVerbFlags(flags, args, help, out, err)) return *code;
   if (limit < 0) return UsageError(flags, "--limit must be >= 0", err);
-  if (!CheckAddress(flags, address, err)) return kExitUsage;
-  Remote remote("list", address);
+  if (!CheckRemoteFlags(flags, &connection, err)) return kExitUsage;
+  Remote remote("list", connection);
   grpc::ClientContext context;
   remote.PrepareUnary(context);
   pb::ListJobsRequest request;
@@ -144,17 +145,18 @@ int RunList(const std::vector<std::string>& args, std::ostream& out, std::ostrea
 }
 
 int RunCancel(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  std::string address, job_id;
+  RemoteFlags connection;
+  std::string job_id;
   bool help = false;
   common::FlagSet flags("pipetrain cancel", "ID [flags]",
                         "Cancels a queued or running job and prints its new state. A queued job\n"
                         "ends at once; a running one after its current step, with a checkpoint.\n"
                         "Cancelling an ended job changes nothing and shows its state.\n\n" +
                             RemoteExitCodes("a coordinator error"));
-  AddAddressFlag(flags, &address);
+  AddRemoteFlags(flags, &connection);
   flags.AddBool("help", &help, "print this help and exit");
-  if (auto code = ParseJobIdVerb(flags, args, help, address, out, err, &job_id)) return *code;
-  Remote remote("cancel", address);
+  if (auto code = ParseJobIdVerb(flags, args, help, &connection, out, err, &job_id)) return *code;
+  Remote remote("cancel", connection);
   grpc::ClientContext context;
   remote.PrepareUnary(context);
   pb::CancelJobRequest request;

@@ -9,7 +9,7 @@ namespace pipetrain::client {
 namespace pb = ::pipetrain::v1;
 
 int RunLogs(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  std::string address;
+  RemoteFlags connection;
   bool follow = false, help = false;
   common::FlagSet flags("pipetrain logs", "ID [flags]",
                         "Prints a job's log lines as \"TIME  TEXT\" (UTC), and with -f keeps "
@@ -17,16 +17,16 @@ int RunLogs(const std::vector<std::string>& args, std::ostream& out, std::ostrea
                             RemoteExitCodes("a coordinator error"));
   flags.AddBool("follow", &follow, "keep following until the job ends");
   flags.AddShort('f', "follow");
-  AddAddressFlag(flags, &address);
+  AddRemoteFlags(flags, &connection);
   flags.AddBool("help", &help, "print this help and exit");
   std::vector<std::string> positionals;
   if (auto code = ParseVerbFlags(flags, args, help, out, err, &positionals)) return *code;
   if (positionals.size() != 1) {
     return UsageError(flags, "takes one job id (see 'pipetrain list')", err);
   }
-  if (!CheckAddress(flags, address, err)) return kExitUsage;
+  if (!CheckRemoteFlags(flags, &connection, err)) return kExitUsage;
   const std::string& job_id = positionals[0];
-  Remote remote("logs", address);
+  Remote remote("logs", connection);
   grpc::ClientContext context;
   if (grpc::Status st = remote.PrepareStream(context); !st.ok()) return remote.Fail(st, err);
   pb::WatchJobRequest request;

@@ -23,9 +23,22 @@ constexpr int kDefaultPort = 7400;
 constexpr int kKeepaliveMs = 30'000;
 constexpr int kKeepaliveTimeoutMs = 10'000;
 
+std::string EnvOr(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr ? std::string() : std::string(value);
+}
+
 std::string Normalize(const std::string& address) {
   auto hp = common::ParseHostPort(address, kDefaultPort, "--address");
   return hp.ok() ? hp->ToString() : address;
+}
+
+// gRPC reports a failed handshake as UNAVAILABLE with the TLS library's words.
+bool LooksLikeTls(absl::string_view message) {
+  for (absl::string_view word : {"ssl", "SSL", "tls", "TLS", "handshake", "certificate"}) {
+    if (absl::StrContains(message, word)) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -35,43 +48,77 @@ std::string DefaultAddress() {
   return env != nullptr && env[0] != '\0' ? std::string(env) : std::string(kDefaultAddress);
 }
 
-void AddAddressFlag(common::FlagSet& flags, std::string* address) {
-  *address = DefaultAddress();
-  flags.AddString("address", address,
+void AddRemoteFlags(common::FlagSet& flags, RemoteFlags* remote) {
+  remote->address = DefaultAddress();
+  flags.AddString("address", &remote->address,
                   absl::StrCat("the coordinator; $", kAddressEnv, " sets the default"),
                   "HOST:PORT");
+  common::SecurityFlags& s = remote->security_flags;
+  flags.AddString("tls-cert", &s.tls_cert,
+                  absl::StrCat("client certificate (PEM) for a coordinator with mutual TLS; "
+                               "with --tls-key and --tls-ca. Default $", kTlsCertEnv),
+                  "FILE");
+  flags.AddString("tls-key", &s.tls_key,
+                  absl::StrCat("the private key of --tls-cert (PEM); default $", kTlsKeyEnv),
+                  "FILE");
+  flags.AddString("tls-ca", &s.tls_ca,
+                  absl::StrCat("the CA (PEM) the coordinator's certificate is signed by; "
+                               "default $", kTlsCaEnv),
+                  "FILE");
+  flags.AddString("token-file", &s.token_file,
+                  absl::StrCat("send the bearer token in this file; $", kTokenEnv,
+                               " holds the token itself otherwise"),
+                  "FILE");
 }
 
 std::string RemoteExitCodes(absl::string_view exit_one_means, absl::string_view exit_zero_means) {
   return absl::StrCat("Exit codes:\n  0  ", exit_zero_means, "\n  1  ", exit_one_means,
-                      "\n  2  usage error, invalid input (spec, address, file) or unknown job\n"
+                      "\n  2  usage error, invalid input (spec, address, file), unknown job, or a "
+                      "missing or wrong token\n"
                       "  3  cannot reach the coordinator");
 }
 
-bool CheckAddress(const common::FlagSet& flags, const std::string& address, std::ostream& err) {
-  auto hp = common::ParseHostPort(address, kDefaultPort, "--address");
-  if (hp.ok()) return true;
-  UsageError(flags, hp.status().message(), err);
-  return false;
+bool CheckRemoteFlags(const common::FlagSet& flags, RemoteFlags* remote, std::ostream& err) {
+  auto hp = common::ParseHostPort(remote->address, kDefaultPort, "--address");
+  if (!hp.ok()) {
+    UsageError(flags, hp.status().message(), err);
+    return false;
+  }
+  common::SecurityFlags s = remote->security_flags;
+  for (auto [value, env] : {std::pair<std::string*, const char*>{&s.tls_cert, kTlsCertEnv},
+                            {&s.tls_key, kTlsKeyEnv},
+                            {&s.tls_ca, kTlsCaEnv}}) {
+    if (value->empty()) *value = EnvOr(env);
+  }
+  auto security = common::RpcSecurity::Load(s);
+  if (!security.ok()) {
+    UsageError(flags, security.status().message(), err);
+    return false;
+  }
+  remote->security = *std::move(security);
+  if (s.token_file.empty()) remote->security.set_token(EnvOr(kTokenEnv));
+  return true;
 }
 
-Remote::Remote(std::string verb, std::string address)
-    : verb_(std::move(verb)), address_(Normalize(address)) {
+Remote::Remote(std::string verb, const RemoteFlags& remote)
+    : verb_(std::move(verb)), address_(Normalize(remote.address)), security_(remote.security) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(common::kMaxMessageBytes);  // long histories and timelines
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveMs);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
-  channel_ = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
+  channel_ = grpc::CreateCustomChannel(address_, security_.ChannelCredentials(), args);
   stub_ = pipetrain::v1::Coordinator::NewStub(channel_);
 }
 
 void Remote::PrepareUnary(grpc::ClientContext& context) const {
+  security_.AddToken(context);
   context.set_wait_for_ready(false);
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::seconds(kUnaryDeadlineSeconds));
 }
 
 grpc::Status Remote::PrepareStream(grpc::ClientContext& context) const {
+  security_.AddToken(context);
   context.set_wait_for_ready(false);
   const auto deadline =
       std::chrono::system_clock::now() + std::chrono::seconds(kUnaryDeadlineSeconds);
@@ -91,12 +138,36 @@ int Remote::Fail(const grpc::Status& status, std::ostream& err,
                  absl::string_view invalid_prefix) const {
   const std::string prefix = absl::StrCat("pipetrain ", verb_, ": ");
   switch (status.error_code()) {
+    case grpc::StatusCode::UNAUTHENTICATED:  // the message says to pass a token
+      err << prefix << "the coordinator at " << address_ << " refused the call: "
+          << status.error_message() << " (UNAUTHENTICATED)\n";
+      return kExitUsage;
+    case grpc::StatusCode::PERMISSION_DENIED:
+      err << prefix << "the coordinator at " << address_ << " refused the call: "
+          << status.error_message() << " (PERMISSION_DENIED). --token-file or " << kTokenEnv
+          << " must hold the token in the coordinator's --token-file.\n";
+      return kExitUsage;
     case grpc::StatusCode::UNAVAILABLE:
     case grpc::StatusCode::DEADLINE_EXCEEDED:
+      if (LooksLikeTls(status.error_message())) {
+        err << prefix << "cannot reach the coordinator at " << address_
+            << ": the TLS handshake failed (" << status.error_message() << "). "
+            << (security_.tls()
+                    ? "Check that --tls-ca is the CA that signed the coordinator's certificate, "
+                      "that the certificate names this host, and that the coordinator "
+                      "trusts the CA of --tls-cert."
+                    : "The coordinator may require mutual TLS: pass --tls-cert, --tls-key and "
+                      "--tls-ca (or PIPETRAIN_TLS_CERT/KEY/CA).")
+            << "\n";
+        return kExitUnreachable;
+      }
       err << prefix << "cannot reach the coordinator at " << address_ << " ("
           << status.error_message()
           << "). Start a local cluster with 'deploy/local/cluster.sh up', or point --address / "
-          << kAddressEnv << " at a running coordinator.\n";
+          << kAddressEnv << " at a running coordinator."
+          << (security_.tls() ? " If it is running, check that it trusts the CA of --tls-cert."
+                              : " If it requires TLS, pass --tls-cert, --tls-key and --tls-ca.")
+          << "\n";
       return kExitUnreachable;
     case grpc::StatusCode::INVALID_ARGUMENT:
       err << prefix << invalid_prefix << status.error_message() << "\n";

@@ -1,6 +1,7 @@
 // What every verb that talks to the coordinator shares: the --address flag (falling back
-// to $PIPETRAIN_ADDRESS, then 127.0.0.1:7400), a stub on a channel that fails fast when
-// nobody listens, deadlines, and one mapping from an RPC's status to message and exit code.
+// to $PIPETRAIN_ADDRESS, then 127.0.0.1:7400), the TLS and token flags (falling back to
+// $PIPETRAIN_TLS_CERT/KEY/CA and $PIPETRAIN_TOKEN), a stub on a channel that fails fast
+// when nobody listens, deadlines, and one mapping from an RPC's status to exit code.
 #pragma once
 
 #include <memory>
@@ -9,6 +10,7 @@
 
 #include "absl/strings/string_view.h"
 #include "common/flags.h"
+#include "common/rpc_security.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/support/status.h"
@@ -18,13 +20,30 @@ namespace pipetrain::client {
 
 inline constexpr char kDefaultAddress[] = "127.0.0.1:7400";
 inline constexpr char kAddressEnv[] = "PIPETRAIN_ADDRESS";
+inline constexpr char kTlsCertEnv[] = "PIPETRAIN_TLS_CERT";
+inline constexpr char kTlsKeyEnv[] = "PIPETRAIN_TLS_KEY";
+inline constexpr char kTlsCaEnv[] = "PIPETRAIN_TLS_CA";
+inline constexpr char kTokenEnv[] = "PIPETRAIN_TOKEN";  // the token itself
 inline constexpr int kUnaryDeadlineSeconds = 10;
 
 // $PIPETRAIN_ADDRESS when set and not empty, else 127.0.0.1:7400.
 std::string DefaultAddress();
 
-// Adds --address HOST:PORT to a verb's flags, starting *address at DefaultAddress().
-void AddAddressFlag(common::FlagSet& flags, std::string* address);
+// How a verb reaches the coordinator: the flags as given, then what they load.
+struct RemoteFlags {
+  std::string address;
+  common::SecurityFlags security_flags;
+  common::RpcSecurity security;  // filled by CheckRemoteFlags
+};
+
+// Adds --address HOST:PORT (starting at DefaultAddress()), --tls-cert, --tls-key,
+// --tls-ca and --token-file to a verb's flags.
+void AddRemoteFlags(common::FlagSet& flags, RemoteFlags* remote);
+
+// Checks the address and loads TLS files and the token, each flag falling back to its
+// environment variable; a partial TLS set, an unreadable file or an empty token file
+// prints a usage error naming the flag and returns false.
+bool CheckRemoteFlags(const common::FlagSet& flags, RemoteFlags* remote, std::ostream& err);
 
 // The help text's exit-code paragraph of remote verbs.
 std::string RemoteExitCodes(absl::string_view exit_one_means,
@@ -33,16 +52,19 @@ std::string RemoteExitCodes(absl::string_view exit_one_means,
 // One verb's connection to the coordinator.
 class Remote {
  public:
-  // `verb` names the verb in messages ("status" -> "pipetrain status: ...").
-  Remote(std::string verb, std::string address);
+  // `verb` names the verb in messages ("status" -> "pipetrain status: ..."); `remote`
+  // has passed CheckRemoteFlags.
+  Remote(std::string verb, const RemoteFlags& remote);
 
   pipetrain::v1::Coordinator::Stub& stub() { return *stub_; }
   const std::string& address() const { return address_; }
 
-  // A unary call's context: 10 s deadline, and no waiting for a channel that is down.
+  // A unary call's context: 10 s deadline, no waiting for a channel that is down, and
+  // the bearer token when there is one.
   void PrepareUnary(grpc::ClientContext& context) const;
   // A stream's context: no deadline (it lasts as long as the job), no waiting either.
-  // Since nothing bounds the stream, first waits up to 10 s for the connection; a refused
+  // Carries the token. Since nothing bounds the stream, first waits up to 10 s for the
+  // connection; a refused
   // connection returns OK at once and lets the call itself fail with the details.
   grpc::Status PrepareStream(grpc::ClientContext& context) const;
 
@@ -50,7 +72,8 @@ class Remote {
   // UNAVAILABLE or DEADLINE_EXCEEDED -> 3 (cannot reach the coordinator; also when
   // something other than a gRPC server answers), INVALID_ARGUMENT
   // -> 2 (message after `invalid_prefix`), NOT_FOUND -> 2 (and where the jobs are listed),
-  // anything else -> 1.
+  // UNAUTHENTICATED or PERMISSION_DENIED -> 2 (and how to pass the token), anything
+  // else -> 1.
   int Fail(const grpc::Status& status, std::ostream& err,
            absl::string_view invalid_prefix = "") const;
 
@@ -61,11 +84,9 @@ class Remote {
  private:
   std::string verb_;
   std::string address_;
+  common::RpcSecurity security_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pipetrain::v1::Coordinator::Stub> stub_;
 };
-
-// Checks an --address value; on error prints a usage error and returns false.
-bool CheckAddress(const common::FlagSet& flags, const std::string& address, std::ostream& err);
 
 }  // namespace pipetrain::client

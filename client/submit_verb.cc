@@ -103,7 +103,8 @@ int Follow(Remote& remote, const std::string& job_id, const pb::JobSpec& spec, b
 
 int RunSubmit(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   std::vector<std::string> sets;
-  std::string init_from, address;
+  RemoteFlags connection;
+  std::string init_from;
   bool no_wait = false, json = false, help = false;
   common::FlagSet flags(
       "pipetrain submit", "JOB.json [flags]",
@@ -119,12 +120,12 @@ int RunSubmit(const std::vector<std::string>& args, std::ostream& out, std::ostr
                   "DIR");
   flags.AddBool("no-wait", &no_wait, "print only the job id and return at once");
   flags.AddBool("json", &json, "print the job id (--no-wait) or every event as one JSON line");
-  AddAddressFlag(flags, &address);
+  AddRemoteFlags(flags, &connection);
   flags.AddBool("help", &help, "print this help and exit");
   std::vector<std::string> positionals;
   if (auto code = ParseVerbFlags(flags, args, help, out, err, &positionals)) return *code;
   if (positionals.size() != 1) return UsageError(flags, "takes one job spec file (JOB.json)", err);
-  if (!CheckAddress(flags, address, err)) return kExitUsage;
+  if (!CheckRemoteFlags(flags, &connection, err)) return kExitUsage;
   const std::string& path = positionals[0];
   std::ifstream in(path);
   if (!in) {
@@ -147,7 +148,7 @@ int RunSubmit(const std::vector<std::string>& args, std::ostream& out, std::ostr
     return kExitUsage;
   }
 
-  Remote remote("submit", address);
+  Remote remote("submit", connection);
   grpc::ClientContext context;
   remote.PrepareUnary(context);
   pb::SubmitJobRequest request;

@@ -12,7 +12,8 @@ namespace pipetrain::client {
 namespace pb = ::pipetrain::v1;
 
 int RunTimeline(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  std::string address, out_path;
+  RemoteFlags connection;
+  std::string out_path;
   int64_t steps = 1;
   bool help = false;
   common::FlagSet flags(
@@ -23,7 +24,7 @@ int RunTimeline(const std::vector<std::string>& args, std::ostream& out, std::os
   flags.AddString("out", &out_path, "the trace file to write", "FILE");
   flags.MarkRequired("out");
   flags.AddInt("steps", &steps, "how many of the latest steps to include", "N");
-  AddAddressFlag(flags, &address);
+  AddRemoteFlags(flags, &connection);
   flags.AddBool("help", &help, "print this help and exit");
   std::vector<std::string> positionals;
   if (auto code = ParseVerbFlags(flags, args, help, out, err, &positionals)) return *code;
@@ -32,9 +33,9 @@ int RunTimeline(const std::vector<std::string>& args, std::ostream& out, std::os
   }
   if (out_path.empty()) return UsageError(flags, "--out FILE is required", err);
   if (steps < 1 || steps > (1 << 20)) return UsageError(flags, "--steps must be >= 1", err);
-  if (!CheckAddress(flags, address, err)) return kExitUsage;
+  if (!CheckRemoteFlags(flags, &connection, err)) return kExitUsage;
   const std::string& job_id = positionals[0];
-  Remote remote("timeline", address);
+  Remote remote("timeline", connection);
   grpc::ClientContext context;
   remote.PrepareUnary(context);
   pb::GetTimelineRequest request;

@@ -8,7 +8,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "grpcpp/health_check_service_interface.h"
-#include "grpcpp/security/server_credentials.h"
 
 namespace pipetrain::common {
 namespace {
@@ -34,6 +33,13 @@ void SetBulkArgs(Sink&& set) {
   set(GRPC_ARG_TCP_MAX_READ_CHUNK_SIZE, kReadChunkBytes);
 }
 
+pthread_t main_thread;
+
+// Threads that libraries start before main() (OpenBLAS's pool) do not block the
+// signals; one that receives SIGTERM would kill the process with the default action.
+// This hands the signal to the main thread, whose sigwait() takes it.
+void ForwardToMainThread(int sig) { pthread_kill(main_thread, sig); }
+
 }  // namespace
 
 void ApplyBulkTransferArgs(grpc::ServerBuilder& builder) {
@@ -50,17 +56,24 @@ void ApplyBulkTransferArgs(grpc::ChannelArguments& args) {
 }
 
 void BlockTerminationSignals() {
+  main_thread = pthread_self();
+  struct sigaction action = {};
+  action.sa_handler = ForwardToMainThread;
+  sigemptyset(&action.sa_mask);
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
   sigset_t set = TerminationSignals();
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
 absl::StatusOr<RunningServer> StartServer(grpc::ServerBuilder& builder,
                                           const HostPort& listen,
-                                          const std::string& name) {
+                                          const std::string& name,
+                                          const RpcSecurity& security,
+                                          const std::string& exposure) {
   grpc::EnableDefaultHealthCheckService(true);
   int bound_port = 0;
-  builder.AddListeningPort(listen.ToString(), grpc::InsecureServerCredentials(),
-                           &bound_port);
+  builder.AddListeningPort(listen.ToString(), security.ServerCredentials(), &bound_port);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
   ApplyBulkTransferArgs(builder);
@@ -73,10 +86,10 @@ absl::StatusOr<RunningServer> StartServer(grpc::ServerBuilder& builder,
   }
   out.address = listen;
   out.address.port = bound_port;
-  if (!IsLoopbackHost(listen.host)) {
+  if (!IsLoopbackHost(listen.host) && !security.tls()) {
     LogWarning(name, absl::StrCat("listening on ", out.address.ToString(),
-                                  " without TLS: anyone who can reach this address can "
-                                  "call the API; keep it on a trusted network"));
+                                  " without TLS: anyone who can reach this port can ", exposure,
+                                  "; pass --tls-cert/--tls-key/--tls-ca"));
   }
   // The one line scripts and tests read to learn the port.
   std::cout << name << " listening on " << out.address.ToString() << std::endl;

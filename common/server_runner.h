@@ -8,6 +8,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/address.h"
+#include "common/rpc_security.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "grpcpp/support/channel_arguments.h"
@@ -33,11 +34,15 @@ struct RunningServer {
   HostPort address;  // with the port actually bound
 };
 
-// Adds the listening port (insecure for now), health checking and message limits to
-// `builder`, builds and starts it. `name` is used in messages ("coordinator").
+// Adds the listening port (mutual TLS when `security` has it, else plaintext), health
+// checking and message limits to `builder`, builds and starts it. `name` is used in
+// messages ("coordinator"); `exposure` says what anyone who reaches a plaintext server
+// on a non-loopback address can do ("submit jobs"), in the warning printed then.
 absl::StatusOr<RunningServer> StartServer(grpc::ServerBuilder& builder,
                                           const HostPort& listen,
-                                          const std::string& name);
+                                          const std::string& name,
+                                          const RpcSecurity& security = RpcSecurity(),
+                                          const std::string& exposure = "call its API");
 
 // Blocks until SIGINT or SIGTERM, then shuts the server down, letting calls in
 // flight finish for at most `grace`.

@@ -19,60 +19,69 @@ grpc::Status Answer(absl::StatusOr<T> result, T* out) {
 
 }  // namespace
 
-grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext*, const pb::SubmitJobRequest* req,
+grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext* ctx, const pb::SubmitJobRequest* req,
                                            pb::SubmitJobResponse* resp) {
+  if (grpc::Status denied = security_.Authorize(*ctx); !denied.ok()) return denied;
   absl::StatusOr<std::string> id = manager_->Submit(req->spec());
   if (!id.ok()) return ToGrpcStatus(id.status());
   resp->set_job_id(*id);
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::GetJob(grpc::ServerContext*, const pb::GetJobRequest* req,
+grpc::Status CoordinatorService::GetJob(grpc::ServerContext* ctx, const pb::GetJobRequest* req,
                                         pb::JobStatus* resp) {
+  if (grpc::Status denied = security_.Authorize(*ctx); !denied.ok()) return denied;
   return Answer(manager_->Get(req->job_id(), req->include_history()), resp);
 }
 
-grpc::Status CoordinatorService::ListJobs(grpc::ServerContext*, const pb::ListJobsRequest* req,
+grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx, const pb::ListJobsRequest* req,
                                           pb::ListJobsResponse* resp) {
+  if (grpc::Status denied = security_.Authorize(*ctx); !denied.ok()) return denied;
   absl::StatusOr<std::vector<pb::JobStatus>> jobs = manager_->List(req->limit());
   if (!jobs.ok()) return ToGrpcStatus(jobs.status());
   for (pb::JobStatus& j : *jobs) *resp->add_jobs() = std::move(j);
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::CancelJob(grpc::ServerContext*, const pb::CancelJobRequest* req,
+grpc::Status CoordinatorService::CancelJob(grpc::ServerContext* ctx, const pb::CancelJobRequest* req,
                                            pb::JobStatus* resp) {
+  if (grpc::Status denied = security_.Authorize(*ctx); !denied.ok()) return denied;
   return Answer(manager_->Cancel(req->job_id()), resp);
 }
 
 grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* ctx, const pb::WatchJobRequest* req,
                                           grpc::ServerWriter<pb::JobEvent>* writer) {
+  if (grpc::Status denied = security_.Authorize(*ctx); !denied.ok()) return denied;
   return ToGrpcStatus(manager_->Watch(
       req->job_id(), req->from_step(), req->no_follow(),
       [&](const pb::JobEvent& e) { return !ctx->IsCancelled() && writer->Write(e); },
       [&] { return !ctx->IsCancelled(); }));
 }
 
-grpc::Status CoordinatorService::GetTimeline(grpc::ServerContext*,
+grpc::Status CoordinatorService::GetTimeline(grpc::ServerContext* ctx,
                                              const pb::GetTimelineRequest* req,
                                              pb::Timeline* resp) {
+  if (grpc::Status denied = security_.Authorize(*ctx); !denied.ok()) return denied;
   return Answer(manager_->Timeline(req->job_id(), req->last_steps()), resp);
 }
 
-grpc::Status CoordinatorService::GetCluster(grpc::ServerContext*, const pb::GetClusterRequest*,
+grpc::Status CoordinatorService::GetCluster(grpc::ServerContext* ctx, const pb::GetClusterRequest*,
                                             pb::ClusterStatus* resp) {
+  if (grpc::Status denied = security_.Authorize(*ctx); !denied.ok()) return denied;
   *resp = manager_->Cluster();
   return grpc::Status::OK;
 }
 
-grpc::Status CoordinatorService::RegisterStage(grpc::ServerContext*,
+grpc::Status CoordinatorService::RegisterStage(grpc::ServerContext* ctx,
                                                const pb::RegisterStageRequest* req,
                                                pb::RegisterStageResponse* resp) {
+  if (grpc::Status denied = security_.Authorize(*ctx); !denied.ok()) return denied;
   return Answer(manager_->RegisterStage(*req), resp);
 }
 
-grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext*, const pb::HeartbeatRequest* req,
+grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* ctx, const pb::HeartbeatRequest* req,
                                            pb::HeartbeatResponse* resp) {
+  if (grpc::Status denied = security_.Authorize(*ctx); !denied.ok()) return denied;
   *resp = manager_->Heartbeat(*req);
   return grpc::Status::OK;
 }

@@ -1,7 +1,9 @@
 // The Coordinator gRPC service: translates between proto messages and the JobManager,
-// and absl statuses into gRPC ones. No logic of its own.
+// and absl statuses into gRPC ones. With a token (--token-file), every call must carry
+// it first. No logic of its own.
 #pragma once
 
+#include "common/rpc_security.h"
 #include "coordinator/job_manager.h"
 #include "pipetrain/v1/coordinator.grpc.pb.h"
 
@@ -9,7 +11,10 @@ namespace pipetrain::coordinator {
 
 class CoordinatorService final : public pipetrain::v1::Coordinator::Service {
  public:
-  explicit CoordinatorService(JobManager* manager) : manager_(manager) {}
+  // `security.token()`, when set, is required on every call.
+  explicit CoordinatorService(JobManager* manager,
+                              common::RpcSecurity security = common::RpcSecurity())
+      : manager_(manager), security_(std::move(security)) {}
 
   grpc::Status SubmitJob(grpc::ServerContext*, const pipetrain::v1::SubmitJobRequest*,
                          pipetrain::v1::SubmitJobResponse*) override;
@@ -32,6 +37,7 @@ class CoordinatorService final : public pipetrain::v1::Coordinator::Service {
 
  private:
   JobManager* manager_;
+  const common::RpcSecurity security_;
 };
 
 }  // namespace pipetrain::coordinator

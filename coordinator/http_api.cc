@@ -2,6 +2,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/rpc_security.h"
 #include "google/protobuf/util/json_util.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
@@ -40,10 +41,29 @@ void Reply(httplib::Response& res, const absl::StatusOr<T>& result) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(JobManager* m, const std::string& host,
-                                                        int port) {
+                                                        int port, const std::string& token) {
   std::unique_ptr<HttpApi> api(new HttpApi());
   api->server_ = std::make_unique<httplib::Server>();
   httplib::Server& s = *api->server_;
+  if (!token.empty()) {
+    s.set_pre_routing_handler([token](const httplib::Request& req, httplib::Response& res) {
+      const std::string header = req.get_header_value("Authorization");  // a copy
+      absl::Status allowed = common::CheckBearerToken(
+          req.has_header("Authorization") ? std::optional<absl::string_view>(header)
+                                          : std::nullopt,
+          token);
+      if (allowed.ok()) return httplib::Server::HandlerResponse::Unhandled;
+      if (allowed.code() == absl::StatusCode::kUnauthenticated) {
+        allowed = absl::UnauthenticatedError(
+            "missing bearer token: send the header 'Authorization: Bearer <token>' with the "
+            "token in the coordinator's --token-file");
+      }
+      Error(res, allowed);
+      res.status = 401;  // RFC 6750: a missing and a wrong token alike
+      res.set_header("WWW-Authenticate", "Bearer");
+      return httplib::Server::HandlerResponse::Handled;
+    });
+  }
   s.Get("/", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(
         "pipetrain coordinator API (JSON):\n  GET /api/jobs\n  GET /api/jobs/ID\n"

@@ -1,7 +1,8 @@
 // The monitoring API as JSON over HTTP (`pipetrain-coordinator --http`), for dashboards
 // and curl: GET /api/jobs, /api/jobs/ID (with every step), /api/jobs/ID/timeline
 // (?steps=N), /api/cluster. The bodies are the gRPC messages in the protobuf JSON
-// mapping with snake_case names. Read-only; translation only.
+// mapping with snake_case names. Read-only; translation only. With a token, every
+// request needs "Authorization: Bearer <token>" (401 otherwise).
 #pragma once
 
 #include <memory>
@@ -19,9 +20,11 @@ namespace pipetrain::coordinator {
 
 class HttpApi {
  public:
-  // Binds host:port (port 0 picks one) and serves on a background thread.
+  // Binds host:port (port 0 picks one) and serves on a background thread. A non-empty
+  // `token` is required on every request.
   static absl::StatusOr<std::unique_ptr<HttpApi>> Start(JobManager* manager,
-                                                        const std::string& host, int port);
+                                                        const std::string& host, int port,
+                                                        const std::string& token = "");
   ~HttpApi();  // stops serving
   int port() const { return port_; }
 

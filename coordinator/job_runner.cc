@@ -50,7 +50,9 @@ class Runner {
          const RunnerOptions& options, const RunnerHooks& hooks)
       : job_id_(std::move(job_id)), spec_(spec), stages_(stages), options_(options),
         hooks_(hooks) {
-    for (const RunnerStage& s : stages_) clients_.push_back(std::make_unique<StageClient>(s.address));
+    for (const RunnerStage& s : stages_) {
+      clients_.push_back(std::make_unique<StageClient>(s.address, options_.security));
+    }
   }
 
   RunOutcome Run() {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "common/rpc_security.h"
 #include "pipetrain/v1/coordinator.pb.h"
 #include "pipetrain/v1/job.pb.h"
 
@@ -26,6 +27,7 @@ struct RunnerOptions {
   absl::Duration step_deadline = absl::Minutes(10);
   absl::Duration rpc_deadline = absl::Minutes(2);  // Configure, export, import
   int recv_deadline_ms = 30000;                 // a stage's longest wait for a peer
+  common::RpcSecurity security;                 // TLS and token for calls to the stages
 };
 
 struct RunnerHooks {

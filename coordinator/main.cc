@@ -6,6 +6,7 @@
 #include "common/flags.h"
 #include "common/logging.h"
 #include "common/malloc_tuning.h"
+#include "common/rpc_security.h"
 #include "common/server_runner.h"
 #include "coordinator/coordinator_service.h"
 #include "coordinator/http_api.h"
@@ -26,14 +27,24 @@ int main(int argc, char** argv) {
   std::string listen = "127.0.0.1:7400", state_dir, http;
   double heartbeat_timeout = 5, stage_deadline = 30;
   bool help = false, version = false;
+  common::SecurityFlags security_flags;
   common::FlagSet flags(
-      "pipetrain-coordinator", "--state-dir DIR [--listen HOST:PORT] [--http HOST:PORT]",
+      "pipetrain-coordinator",
+      "--state-dir DIR [--listen HOST:PORT] [--http HOST:PORT]\n"
+      "    [--tls-cert FILE --tls-key FILE --tls-ca FILE] [--token-file FILE]",
       "Plans pipeline-parallel training jobs over the registered stage servers, drives\n"
       "them step by step, checkpoints them, and serves the pipetrain API (gRPC service\n"
       "pipetrain.v1.Coordinator, gRPC health and reflection; JSON over HTTP with --http).\n"
       "Jobs, their step history and logs are kept in DIR/jobs.db (SQLite), checkpoints in\n"
       "DIR/checkpoints/JOB/step-N/. Runs until SIGINT or SIGTERM; a job running then\n"
-      "stops after its current step and is recorded as FAILED, naming its last checkpoint.");
+      "stops after its current step and is recorded as FAILED, naming its last checkpoint.\n"
+      "\n"
+      "Security: with --tls-cert/--tls-key/--tls-ca every gRPC connection (CLI, stages) is\n"
+      "mutual TLS: clients must show a certificate signed by the CA, and the coordinator\n"
+      "shows its own to the stages it calls. With --token-file every call (CLI, HTTP API,\n"
+      "stage registration) must carry \"authorization: Bearer <token>\", and the\n"
+      "coordinator sends the token on its calls to the stages. Certificates for tests and\n"
+      "trials: deploy/certs/make-dev-certs.sh.");
   flags.AddString("listen", &listen, "gRPC address to serve on; port 0 picks a free port",
                   "HOST:PORT");
   flags.AddString("state-dir", &state_dir, "folder for the job store and checkpoints (created)",
@@ -47,6 +58,9 @@ int main(int argc, char** argv) {
                   "job whose stage dies or drops off the network fails within about S + 3 s, "
                   "naming it (keep S above one micro-batch's pass on the slowest stage)",
                   "S");
+  common::AddSecurityFlags(flags, &security_flags,
+                           "require this bearer token (the file's contents, trimmed) on every "
+                           "call and HTTP request, and send it to the stages");
   flags.AddBool("help", &help, "print this help and exit");
   flags.AddBool("version", &version, "print the version and exit");
   flags.MarkRequired("state-dir");
@@ -58,6 +72,11 @@ int main(int argc, char** argv) {
   if (parse_status.ok() && !help && !version && state_dir.empty()) {
     parse_status = absl::InvalidArgumentError(
         "--state-dir DIR is required: the folder that keeps the job store and checkpoints");
+  }
+  absl::StatusOr<common::RpcSecurity> security = common::RpcSecurity();
+  if (parse_status.ok() && !help && !version) {
+    security = common::RpcSecurity::Load(security_flags);
+    parse_status = security.status();
   }
   if (auto code = common::HandleStandardFlags(flags, parse_status, help, version)) return *code;
 
@@ -90,6 +109,7 @@ int main(int argc, char** argv) {
   options.heartbeat_timeout = absl::Seconds(heartbeat_timeout);
   options.heartbeat_interval = std::min(absl::Seconds(1), options.heartbeat_timeout / 3);
   options.runner.recv_deadline_ms = static_cast<int>(stage_deadline * 1000);
+  options.runner.security = *security;
   auto manager = coordinator::JobManager::Create(options);
   if (!manager.ok()) {
     std::cerr << "pipetrain-coordinator: " << manager.status().message() << "\n";
@@ -98,22 +118,30 @@ int main(int argc, char** argv) {
   std::unique_ptr<coordinator::HttpApi> api;
   if (http_address) {
     auto started = coordinator::HttpApi::Start(manager->get(), http_address->host,
-                                               http_address->port);
+                                               http_address->port, security->token());
     if (!started.ok()) {
       std::cerr << "pipetrain-coordinator: " << started.status().message() << "\n";
       return 1;
     }
     api = *std::move(started);
+    if (!common::IsLoopbackHost(http_address->host)) {
+      common::LogWarning(
+          "coordinator",
+          absl::StrCat("the HTTP API on ", http_address->host, ":", api->port(),
+                       " is plain HTTP: anyone who can reach it can read jobs and the cluster",
+                       security->token().empty() ? "" : ", and see the bearer token clients send",
+                       "; keep --http on 127.0.0.1 or put it behind a TLS proxy"));
+    }
     std::cout << "coordinator http listening on " << http_address->host << ":" << api->port()
               << std::endl;
   }
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  coordinator::CoordinatorService service(manager->get());
+  coordinator::CoordinatorService service(manager->get(), *security);
   grpc::ServerBuilder builder;
   builder.RegisterService(&service);
-  auto server = common::StartServer(builder, *address, "coordinator");
+  auto server = common::StartServer(builder, *address, "coordinator", *security, "submit jobs");
   if (!server.ok()) {
     std::cerr << "pipetrain-coordinator: " << server.status().message() << "\n";
     return 1;

@@ -10,15 +10,13 @@ namespace pipetrain::coordinator {
 
 namespace pb = ::pipetrain::v1;
 
-namespace {
-
-void SetDeadline(grpc::ClientContext& ctx, absl::Duration deadline) {
+void StageClient::Prepare(grpc::ClientContext& ctx, absl::Duration deadline) const {
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  security_.AddToken(ctx);
 }
 
-}  // namespace
-
-StageClient::StageClient(std::string address) : address_(std::move(address)) {
+StageClient::StageClient(std::string address, common::RpcSecurity security)
+    : address_(std::move(address)), security_(std::move(security)) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(-1);
   args.SetMaxSendMessageSize(-1);
@@ -28,7 +26,7 @@ StageClient::StageClient(std::string address) : address_(std::move(address)) {
   // The stage servers accept pings this often (common/server_runner.cc).
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
-  auto channel = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
+  auto channel = grpc::CreateCustomChannel(address_, security_.ChannelCredentials(), args);
   stub_ = pb::Stage::NewStub(channel);
   health_ = grpc::health::v1::Health::NewStub(channel);
 }
@@ -42,7 +40,7 @@ absl::Status StageClient::Annotate(const grpc::Status& status, const char* call)
 absl::StatusOr<pb::ConfigureResponse> StageClient::Configure(const pb::ConfigureRequest& request,
                                                              absl::Duration deadline) {
   grpc::ClientContext ctx;
-  SetDeadline(ctx, deadline);
+  Prepare(ctx, deadline);
   pb::ConfigureResponse response;
   if (absl::Status s = Annotate(stub_->Configure(&ctx, request, &response), "Configure"); !s.ok()) {
     return s;
@@ -52,6 +50,7 @@ absl::StatusOr<pb::ConfigureResponse> StageClient::Configure(const pb::Configure
 
 absl::StatusOr<pb::RunStepResponse> StageClient::RunStep(grpc::ClientContext& ctx,
                                                          const pb::RunStepRequest& request) {
+  security_.AddToken(ctx);
   pb::RunStepResponse response;
   if (absl::Status s = Annotate(stub_->RunStep(&ctx, request, &response), "RunStep"); !s.ok()) {
     return s;
@@ -62,7 +61,7 @@ absl::StatusOr<pb::RunStepResponse> StageClient::RunStep(grpc::ClientContext& ct
 absl::StatusOr<std::string> StageClient::ExportShard(const std::string& job_id, int chunk,
                                                      absl::Duration deadline) {
   grpc::ClientContext ctx;
-  SetDeadline(ctx, deadline);
+  Prepare(ctx, deadline);
   pb::ExportShardRequest request;
   request.set_job_id(job_id);
   request.set_chunk(chunk);
@@ -86,7 +85,7 @@ absl::StatusOr<std::string> StageClient::ExportShard(const std::string& job_id, 
 absl::Status StageClient::ImportShard(const std::string& job_id, int chunk,
                                       const std::string& bytes, absl::Duration deadline) {
   grpc::ClientContext ctx;
-  SetDeadline(ctx, deadline);
+  Prepare(ctx, deadline);
   pb::ImportShardResponse response;
   auto writer = stub_->ImportShard(&ctx, &response);
   constexpr size_t kPiece = size_t{4} << 20;
@@ -105,7 +104,7 @@ absl::Status StageClient::ImportShard(const std::string& job_id, int chunk,
 
 absl::StatusOr<pb::StageStats> StageClient::GetStats(absl::Duration deadline) {
   grpc::ClientContext ctx;
-  SetDeadline(ctx, deadline);
+  Prepare(ctx, deadline);
   pb::StageStats stats;
   if (absl::Status s = Annotate(stub_->GetStats(&ctx, pb::GetStatsRequest(), &stats), "GetStats");
       !s.ok()) {
@@ -116,7 +115,7 @@ absl::StatusOr<pb::StageStats> StageClient::GetStats(absl::Duration deadline) {
 
 absl::Status StageClient::Ping(absl::Duration deadline) {
   grpc::ClientContext ctx;
-  SetDeadline(ctx, deadline);
+  Prepare(ctx, deadline);
   grpc::health::v1::HealthCheckRequest request;  // the server as a whole
   grpc::health::v1::HealthCheckResponse response;
   return Annotate(health_->Check(&ctx, request, &response), "health check");

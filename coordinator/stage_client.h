@@ -1,6 +1,7 @@
 // The coordinator's side of one stage server's API: each call has a deadline and
 // returns absl::Status, with the stage's address in every error so the job's reason
-// names the stage. Translation only.
+// names the stage. Every call carries the coordinator's bearer token (the stages
+// require it when they have --token-file) over TLS when configured. Translation only.
 #pragma once
 
 #include <memory>
@@ -8,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/rpc_security.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "pipetrain/v1/stage.grpc.pb.h"
 
@@ -15,7 +17,7 @@ namespace pipetrain::coordinator {
 
 class StageClient {
  public:
-  explicit StageClient(std::string address);
+  StageClient(std::string address, common::RpcSecurity security);
 
   const std::string& address() const { return address_; }
   absl::StatusOr<pipetrain::v1::ConfigureResponse> Configure(
@@ -33,9 +35,12 @@ class StageClient {
   absl::Status Ping(absl::Duration deadline);
 
  private:
+  // Sets the deadline and adds the token.
+  void Prepare(grpc::ClientContext& ctx, absl::Duration deadline) const;
   absl::Status Annotate(const grpc::Status& status, const char* call) const;
 
   std::string address_;
+  const common::RpcSecurity security_;
   std::unique_ptr<pipetrain::v1::Stage::Stub> stub_;
   std::unique_ptr<grpc::health::v1::Health::Stub> health_;
 };

@@ -25,6 +25,7 @@ packages=(
   libgtest-dev libgmock-dev
   libsqlite3-dev libcpp-httplib-dev
   iproute2    # `ip netns`: the multi-host test (tests/multihost) makes network namespaces
+  openssl     # deploy/certs/make-dev-certs.sh (TLS certificates; the tests make theirs)
   bible-kjv   # the demo corpus (King James Bible, `bible` command)
 )
 if [ "$with_torch" -eq 1 ]; then

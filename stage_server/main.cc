@@ -7,6 +7,7 @@
 #include "common/flags.h"
 #include "common/malloc_tuning.h"
 #include "common/logging.h"
+#include "common/rpc_security.h"
 #include "common/server_runner.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "stage_server/device_spec.h"
@@ -23,14 +24,24 @@ int main(int argc, char** argv) {
   std::string listen = "127.0.0.1:0", device = "cpu", coordinator, advertise;
   int64_t threads = 1, memory_limit = 0;
   bool help = false, version = false;
+  common::SecurityFlags security_flags;
   common::FlagSet flags(
       "pipetrain-stage",
-      "[--coordinator HOST:PORT] [--listen HOST:PORT] [--device cpu|cuda:N|emulated:NAME]",
+      "[--coordinator HOST:PORT] [--listen HOST:PORT] [--device cpu|cuda:N|emulated:NAME]\n"
+      "    [--tls-cert FILE --tls-key FILE --tls-ca FILE] [--token-file FILE]",
       "Serves one pipeline stage (gRPC service pipetrain.v1.Stage, gRPC health and\n"
       "reflection): the coordinator configures it with a shard of the model and drives\n"
       "its steps; neighbouring stages stream activations and gradients to it directly.\n"
       "Health of service pipetrain.v1.Stage is NOT_SERVING until a job is configured.\n"
-      "Runs until SIGINT or SIGTERM; without --coordinator it only waits to be driven.");
+      "Runs until SIGINT or SIGTERM; without --coordinator it only waits to be driven.\n"
+      "\n"
+      "Security: with --tls-cert/--tls-key/--tls-ca every connection (coordinator calls,\n"
+      "registration, peer streams to and from neighbouring stages) is mutual TLS against\n"
+      "the CA; the certificate must name the host in --advertise (or --listen). With\n"
+      "--token-file, control calls (Configure, RunStep, ExportShard, ImportShard,\n"
+      "GetStats) need \"authorization: Bearer <token>\", which the coordinator sends when\n"
+      "it has the same --token-file, and registration sends it. Peer streams are admitted\n"
+      "by their job's secret, handed out at Configure.");
   flags.AddString("listen", &listen, "address to serve on; port 0 picks a free port",
                   "HOST:PORT");
   flags.AddString("coordinator", &coordinator,
@@ -47,6 +58,10 @@ int main(int argc, char** argv) {
   flags.AddInt("memory-limit", &memory_limit,
                "refuse jobs whose weights and optimizer state exceed this many bytes (0: no limit)",
                "BYTES");
+  common::AddSecurityFlags(flags, &security_flags,
+                           "require this bearer token (the file's contents, trimmed) on "
+                           "control calls, and send it when registering; the coordinator's "
+                           "--token-file");
   flags.AddBool("help", &help, "print this help and exit");
   flags.AddBool("version", &version, "print the version and exit");
   auto positionals = flags.Parse(common::Args(argc, argv));
@@ -56,6 +71,11 @@ int main(int argc, char** argv) {
   }
   if (parse_status.ok() && (threads < 1 || memory_limit < 0)) {
     parse_status = absl::InvalidArgumentError("--threads must be >= 1 and --memory-limit >= 0");
+  }
+  absl::StatusOr<common::RpcSecurity> security = common::RpcSecurity();
+  if (parse_status.ok() && !help && !version) {
+    security = common::RpcSecurity::Load(security_flags);
+    parse_status = security.status();
   }
   if (auto code = common::HandleStandardFlags(flags, parse_status, help, version)) return *code;
 
@@ -102,13 +122,15 @@ int main(int argc, char** argv) {
   options.device = *spec;
   options.threads = static_cast<int>(threads);
   options.memory_limit_bytes = static_cast<uint64_t>(memory_limit);
+  options.security = *security;
   stage_server::StageRuntime runtime(options);
   stage_server::StageService service(&runtime);
 
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.RegisterService(&service);
-  auto server = common::StartServer(builder, *address, "stage");
+  auto server =
+      common::StartServer(builder, *address, "stage", *security, "drive this stage");
   if (!server.ok()) {
     std::cerr << "pipetrain-stage: " << server.status().message() << "\n";
     return 1;
@@ -121,7 +143,7 @@ int main(int argc, char** argv) {
     request.set_address(advertise.empty() ? server->address.ToString() : advertise);
     *request.mutable_device() = info;
     registration = std::make_unique<stage_server::Registration>(
-        coordinator, request, [&runtime] { return runtime.current_job_id(); });
+        coordinator, request, [&runtime] { return runtime.current_job_id(); }, *security);
   }
   common::WaitForTerminationSignal(server->server.get(), absl::Seconds(2));
   registration.reset();

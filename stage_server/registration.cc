@@ -4,14 +4,13 @@
 #include "common/logging.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/support/channel_arguments.h"
-#include "grpcpp/security/credentials.h"
 
 namespace pipetrain::stage_server {
 
 Registration::Registration(std::string coordinator, pipetrain::v1::RegisterStageRequest request,
-                           std::function<std::string()> job_id)
+                           std::function<std::string()> job_id, common::RpcSecurity security)
     : coordinator_(std::move(coordinator)), request_(std::move(request)),
-      job_id_(std::move(job_id)) {
+      job_id_(std::move(job_id)), security_(std::move(security)) {
   // A restarted coordinator should see its stages back within a few heartbeats, not
   // after gRPC's default reconnect backoff (which grows to two minutes).
   grpc::ChannelArguments args;
@@ -19,7 +18,7 @@ Registration::Registration(std::string coordinator, pipetrain::v1::RegisterStage
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 500);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   stub_ = pipetrain::v1::Coordinator::NewStub(
-      grpc::CreateCustomChannel(coordinator_, grpc::InsecureChannelCredentials(), args));
+      grpc::CreateCustomChannel(coordinator_, security_.ChannelCredentials(), args));
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -43,6 +42,7 @@ void Registration::Run() {
   while (!stop_.HasBeenNotified()) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+    security_.AddToken(ctx);
     const std::string id = stage_id();
     if (id.empty()) {
       pipetrain::v1::RegisterStageResponse resp;

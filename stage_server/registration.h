@@ -1,6 +1,7 @@
 // Keeps a stage server registered with its coordinator: registers (again whenever the
 // coordinator has forgotten it) and heartbeats on a background thread until stopped.
-// Failures are logged when the state changes, not on every attempt.
+// Failures are logged when the state changes, not on every attempt. Calls carry the
+// stage's TLS certificate and bearer token when it has them.
 #pragma once
 
 #include <atomic>
@@ -9,6 +10,7 @@
 #include <thread>
 
 #include "absl/synchronization/notification.h"
+#include "common/rpc_security.h"
 #include "pipetrain/v1/coordinator.grpc.pb.h"
 
 namespace pipetrain::stage_server {
@@ -17,7 +19,7 @@ class Registration {
  public:
   // `job_id` returns the job currently configured (sent with each heartbeat).
   Registration(std::string coordinator, pipetrain::v1::RegisterStageRequest request,
-               std::function<std::string()> job_id);
+               std::function<std::string()> job_id, common::RpcSecurity security);
   ~Registration();  // stops the thread
 
   std::string stage_id() const;
@@ -28,6 +30,7 @@ class Registration {
   std::string coordinator_;
   pipetrain::v1::RegisterStageRequest request_;
   std::function<std::string()> job_id_;
+  const common::RpcSecurity security_;
   std::unique_ptr<pipetrain::v1::Coordinator::Stub> stub_;
   absl::Notification stop_;
   mutable absl::Mutex mu_;

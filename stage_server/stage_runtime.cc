@@ -169,9 +169,8 @@ absl::Status StageRuntime::EnsureLinks(Job& job) {
     o.peer_stage = (c.stage + 1) % K;
     o.peer_address = c.downstream_address;
     o.frame_bytes = c.frame_bytes;
-    auto channel = grpc::CreateCustomChannel(c.downstream_address,
-                                             grpc::InsecureChannelCredentials(),
-                                             PeerChannelArguments());
+    auto channel = grpc::CreateCustomChannel(
+        c.downstream_address, options_.security.ChannelCredentials(), PeerChannelArguments());
     ASSIGN_OR_RETURN(job.next, ConnectPeerLink(channel, o, c.peer_secret, deadline));
   }
   if (job.has_prev && job.prev == nullptr) {

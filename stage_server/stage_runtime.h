@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/rpc_security.h"
 #include "common/schedule/stage_program.h"
 #include "stage_server/compute/backend.h"
 #include "stage_server/compute/gpt_config.h"
@@ -27,6 +28,8 @@ struct RuntimeOptions {
   DeviceSpec device;
   int threads = 1;                // CPU compute threads
   uint64_t memory_limit_bytes = 0;  // 0 = no limit
+  // TLS for the peer links this stage opens, and the token its control calls require.
+  common::RpcSecurity security;
 };
 
 struct JobConfig {

@@ -83,6 +83,15 @@ void StepReportToProto(const StepReport& report, pb::RunStepResponse* out) {
   out->set_emulated(report.emulated);
 }
 
+grpc::Status StageService::Authorize(const grpc::ServerContext& context) const {
+  grpc::Status s = runtime_->options().security.Authorize(context);
+  if (!s.ok()) {
+    common::LogWarning("stage", absl::StrCat("refused a control call from ", context.peer(), ": ",
+                                             s.error_message()));
+  }
+  return s;
+}
+
 void StageService::SetServer(grpc::Server* server) {
   server_ = server;
   if (auto* health = server_->GetHealthCheckService()) {
@@ -90,8 +99,9 @@ void StageService::SetServer(grpc::Server* server) {
   }
 }
 
-grpc::Status StageService::Configure(grpc::ServerContext*, const pb::ConfigureRequest* request,
+grpc::Status StageService::Configure(grpc::ServerContext* context, const pb::ConfigureRequest* request,
                                      pb::ConfigureResponse* response) {
+  if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
   auto config = JobConfigFromProto(*request);
   if (!config.ok()) {
     return common::ToGrpcStatus(absl::Status(
@@ -113,8 +123,9 @@ grpc::Status StageService::Configure(grpc::ServerContext*, const pb::ConfigureRe
   return grpc::Status::OK;
 }
 
-grpc::Status StageService::RunStep(grpc::ServerContext*, const pb::RunStepRequest* request,
+grpc::Status StageService::RunStep(grpc::ServerContext* context, const pb::RunStepRequest* request,
                                    pb::RunStepResponse* response) {
+  if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
   auto step = StepRequestFromProto(*request);
   if (!step.ok()) {
     return common::ToGrpcStatus(absl::Status(
@@ -132,8 +143,9 @@ grpc::Status StageService::RunStep(grpc::ServerContext*, const pb::RunStepReques
   return grpc::Status::OK;
 }
 
-grpc::Status StageService::ExportShard(grpc::ServerContext*, const pb::ExportShardRequest* request,
+grpc::Status StageService::ExportShard(grpc::ServerContext* context, const pb::ExportShardRequest* request,
                                        grpc::ServerWriter<pb::ShardChunk>* writer) {
+  if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
   auto bytes = runtime_->ExportChunk(request->job_id(), static_cast<int>(request->chunk()));
   if (!bytes.ok()) return common::ToGrpcStatus(bytes.status());
   constexpr size_t kPiece = size_t{4} << 20;
@@ -151,9 +163,10 @@ grpc::Status StageService::ExportShard(grpc::ServerContext*, const pb::ExportSha
   return grpc::Status::OK;
 }
 
-grpc::Status StageService::ImportShard(grpc::ServerContext*,
+grpc::Status StageService::ImportShard(grpc::ServerContext* context,
                                        grpc::ServerReader<pb::ShardChunk>* reader,
                                        pb::ImportShardResponse* response) {
+  if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
   pb::ShardChunk piece;
   std::string bytes, job_id;
   uint32_t chunk = 0;
@@ -193,8 +206,9 @@ grpc::Status StageService::ImportShard(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status StageService::GetStats(grpc::ServerContext*, const pb::GetStatsRequest*,
+grpc::Status StageService::GetStats(grpc::ServerContext* context, const pb::GetStatsRequest*,
                                     pb::StageStats* response) {
+  if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
   const RuntimeStats s = runtime_->Stats();
   response->set_job_id(s.job_id);
   response->set_memory_used_bytes(s.memory_used_bytes);

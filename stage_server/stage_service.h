@@ -1,6 +1,8 @@
 // The Stage gRPC service: translates proto messages to and from StageRuntime calls
 // and maps statuses; Exchange streams go to the runtime's link acceptor. Health
-// (service "pipetrain.v1.Stage") is NOT_SERVING until a job is configured.
+// (service "pipetrain.v1.Stage") is NOT_SERVING until a job is configured. Control calls
+// need the runtime's bearer token when it has one; Exchange streams are admitted by
+// their job's peer_secret instead.
 #pragma once
 
 #include "grpcpp/server.h"
@@ -35,6 +37,8 @@ class StageService final
   static constexpr char kHealthService[] = "pipetrain.v1.Stage";
 
  private:
+  grpc::Status Authorize(const grpc::ServerContext& context) const;
+
   StageRuntime* runtime_;
   grpc::Server* server_ = nullptr;
 };

@@ -208,6 +208,23 @@ TEST_F(PeerLinkTest, WrongSecretIsRefused) {
   up_->BeginStep(0);
   auto got = up_->Receive(Tag(0, 0, TensorKind::kGradient), In(absl::Seconds(10)));
   EXPECT_THAT(got.status(), StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("peer_secret")));
+
+  // The foreign peer took nothing: the stage with the job's secret still gets the slot
+  // (no new Expect) and its tensors arrive.
+  auto channel = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(),
+                                           PeerChannelArguments());
+  auto up = ConnectPeerLink(channel, Options(0, 1), "secret", In(absl::Seconds(10)));
+  ASSERT_THAT(up.status(), IsOk());
+  up_ = std::move(*up);
+  Accept();
+  std::mt19937 rng(5);
+  auto act = RandomTensor({2, 3}, rng);
+  up_->BeginStep(0);
+  down_->BeginStep(0);
+  ASSERT_THAT(up_->Send(Tag(0, 0, TensorKind::kActivation), act, In(absl::Seconds(10))), IsOk());
+  auto arrived = down_->Receive(Tag(0, 0, TensorKind::kActivation), In(absl::Seconds(10)));
+  ASSERT_THAT(arrived.status(), IsOk());
+  EXPECT_TRUE(SameBytes(*arrived, *act));
 }
 
 TEST_F(PeerLinkTest, LostPeerIsUnavailableNotAHang) {

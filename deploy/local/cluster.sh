@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A pipetrain cluster on this machine: one coordinator and K stage servers on 127.0.0.1,
 # their logs and pids in the run folder.
-#   deploy/local/cluster.sh up     [--stages K] [--port P] [--run-dir DIR]
+#   deploy/local/cluster.sh up     [--stages K] [--port P] [--run-dir DIR] [--secure]
 #   deploy/local/cluster.sh status [--run-dir DIR]
 #   deploy/local/cluster.sh down   [--run-dir DIR]
 # `up` waits until every stage has registered and prints the address to use; `down`
@@ -13,24 +13,38 @@ usage() {
   sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
   echo "Options: --stages K (default 4), --port P for the coordinator (default 7400, 0 = any"
   echo "free port), --threads T compute threads per stage (default: cores / K, at least 1),"
-  echo "--run-dir DIR (default build/local-cluster). Binaries come from \$PIPETRAIN_BIN"
-  echo "(default build/bin)."
+  echo "--run-dir DIR (default build/local-cluster), --secure: mutual TLS and a bearer token"
+  echo "(certificates and token made in DIR/certs, DIR/token). Binaries come from"
+  echo "\$PIPETRAIN_BIN (default build/bin)."
 }
 
 cmd=${1:-}
 [ $# -gt 0 ] && shift
-stages=4 port=7400 run_dir=build/local-cluster threads=0
+stages=4 port=7400 run_dir=build/local-cluster threads=0 secure=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --stages) stages=${2:?--stages needs a number}; shift 2 ;;
     --port) port=${2:?--port needs a number}; shift 2 ;;
     --threads) threads=${2:?--threads needs a number}; shift 2 ;;
     --run-dir) run_dir=${2:?--run-dir needs a folder}; shift 2 ;;
+    --secure) secure=1; shift ;;
     -h|--help) usage; exit 0 ;;
     *) echo "cluster.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
   esac
 done
 bin=${PIPETRAIN_BIN:-build/bin}
+
+# With --secure: every process gets its certificate and the token; the CLI reads the env.
+server_security=()
+use_security() {
+  local c=$run_dir/certs
+  server_security=(--tls-cert "$c/127.0.0.1.pem" --tls-key "$c/127.0.0.1-key.pem"
+                   --tls-ca "$c/ca.pem" --token-file "$run_dir/token")
+  export PIPETRAIN_TLS_CERT=$c/client.pem PIPETRAIN_TLS_KEY=$c/client-key.pem
+  export PIPETRAIN_TLS_CA=$c/ca.pem
+  PIPETRAIN_TOKEN=$(cat "$run_dir/token")
+  export PIPETRAIN_TOKEN
+}
 
 alive() {  # alive PIDFILE: the pid in it runs one of our binaries
   local pid
@@ -82,8 +96,15 @@ case "$cmd" in
     mkdir -p "$run_dir/pids" "$run_dir/logs"
     rm -f "$run_dir"/pids/*.pid
     [ "$threads" -gt 0 ] || threads=$(( $(nproc) / stages )); [ "$threads" -gt 0 ] || threads=1
+    rm -rf "$run_dir/certs" "$run_dir/token"
+    if [ "$secure" = 1 ]; then
+      deploy/certs/make-dev-certs.sh "$run_dir/certs" 127.0.0.1 > /dev/null
+      (umask 077; head -c 24 /dev/urandom | base64 > "$run_dir/token")
+      use_security
+    fi
     "$bin/pipetrain-coordinator" --listen "127.0.0.1:$port" --state-dir "$run_dir/state" \
-      --http 127.0.0.1:0 > "$run_dir/logs/coordinator.log" 2>&1 &
+      --http 127.0.0.1:0 ${server_security[@]+"${server_security[@]}"} \
+      > "$run_dir/logs/coordinator.log" 2>&1 &
     echo $! > "$run_dir/pids/coordinator.pid"
     if ! line=$(wait_for_line "$run_dir/logs/coordinator.log" "coordinator listening on" 30); then
       echo "cluster.sh: the coordinator did not start; its log:" >&2
@@ -95,7 +116,8 @@ case "$cmd" in
     echo "$address" > "$run_dir/address"
     for ((i = 0; i < stages; i++)); do
       "$bin/pipetrain-stage" --listen 127.0.0.1:0 --device cpu --threads "$threads" \
-        --coordinator "$address" > "$run_dir/logs/stage-$i.log" 2>&1 &
+        --coordinator "$address" ${server_security[@]+"${server_security[@]}"} \
+        > "$run_dir/logs/stage-$i.log" 2>&1 &
       echo $! > "$run_dir/pids/stage-$i.pid"
     done
     for ((n = 0; n < 300; n++)); do
@@ -110,10 +132,16 @@ case "$cmd" in
     echo "pipetrain cluster up: coordinator $address (HTTP API http://$http/api/jobs), $stages stages"
     echo "  logs and pids in $run_dir; stop it with: deploy/local/cluster.sh down"
     if [ "$address" != "127.0.0.1:7400" ]; then echo "  export PIPETRAIN_ADDRESS=$address"; fi
+    if [ "$secure" = 1 ]; then
+      echo "  mutual TLS and a bearer token are on; for the CLI:"
+      echo "  export PIPETRAIN_TLS_CERT=$PIPETRAIN_TLS_CERT PIPETRAIN_TLS_KEY=$PIPETRAIN_TLS_KEY \\"
+      echo "         PIPETRAIN_TLS_CA=$PIPETRAIN_TLS_CA PIPETRAIN_TOKEN=\$(cat $run_dir/token)"
+    fi
     ;;
   status)
     if ! alive "$run_dir/pids/coordinator.pid"; then echo "pipetrain cluster: down"; exit 1; fi
     echo "pipetrain cluster: coordinator $(cat "$run_dir/address")"
+    if [ -f "$run_dir/token" ]; then use_security; fi
     "$bin/pipetrain" cluster --address "$(cat "$run_dir/address")"
     ;;
   down)

@@ -26,8 +26,18 @@ int PortOf(const std::string& line) {
 
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     const std::string& state_dir, int stages, const std::vector<std::string>& stage_args) {
+  LocalClusterOptions options;
+  options.stage_args = stage_args;
+  return Start(state_dir, stages, std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const std::string& state_dir,
+                                                                  int stages,
+                                                                  LocalClusterOptions options) {
   std::unique_ptr<LocalCluster> c(new LocalCluster());
   c->state_dir_ = state_dir;
+  c->options_ = std::move(options);
+  const std::vector<std::string>& stage_args = c->options_.stage_args;
   if (absl::Status s = c->StartCoordinator("127.0.0.1:0"); !s.ok()) return s;
   for (int i = 0; i < stages; ++i) {
     std::vector<std::string> argv = {Bin("pipetrain-stage"), "--listen", "127.0.0.1:0", "--device",
@@ -45,9 +55,10 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
 }
 
 absl::Status LocalCluster::StartCoordinator(const std::string& listen) {
-  absl::StatusOr<Subprocess> p =
-      Subprocess::Start({Bin("pipetrain-coordinator"), "--listen", listen, "--state-dir",
-                         state_dir_, "--http", "127.0.0.1:0", "--heartbeat-timeout", "2"});
+  std::vector<std::string> argv = {Bin("pipetrain-coordinator"), "--listen", listen, "--state-dir",
+                                   state_dir_, "--http", "127.0.0.1:0", "--heartbeat-timeout", "2"};
+  argv.insert(argv.end(), options_.coordinator_args.begin(), options_.coordinator_args.end());
+  absl::StatusOr<Subprocess> p = Subprocess::Start(argv);
   if (!p.ok()) return p.status();
   coordinator_ = std::make_unique<Subprocess>(*std::move(p));
   absl::StatusOr<std::string> http = coordinator_->WaitForLine("coordinator http listening on ", 30s);
@@ -71,16 +82,19 @@ absl::StatusOr<RunResult> LocalCluster::Cli(std::vector<std::string> args,
   args.insert(args.begin(), Bin("pipetrain"));
   args.push_back("--address");
   args.push_back(address_);
+  args.insert(args.end(), options_.cli_args.begin(), options_.cli_args.end());
   return RunCommand(args, deadline);
 }
 
 absl::Status LocalCluster::WaitForIdleStages(int count) {
-  auto stub = v1::Coordinator::NewStub(grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+  auto stub = v1::Coordinator::NewStub(
+      grpc::CreateChannel(address_, options_.security.ChannelCredentials()));
   const auto deadline = std::chrono::steady_clock::now() + 30s;
   int idle = 0;
   while (std::chrono::steady_clock::now() < deadline) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + 5s);
+    options_.security.AddToken(ctx);
     v1::ClusterStatus cluster;
     if (stub->GetCluster(&ctx, v1::GetClusterRequest(), &cluster).ok()) {
       idle = 0;

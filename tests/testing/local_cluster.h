@@ -1,6 +1,7 @@
 // A real coordinator and K stage servers on 127.0.0.1 for end-to-end tests: started
 // from the built binaries on port 0, the stages registered with the coordinator, and
-// the `pipetrain` CLI run against it. Only the processes it started are stopped.
+// the `pipetrain` CLI run against it, each with extra flags (TLS, tokens) when given.
+// Only the processes it started are stopped.
 #pragma once
 
 #include <chrono>
@@ -9,9 +10,17 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/rpc_security.h"
 #include "tests/testing/subprocess.h"
 
 namespace pipetrain::testing {
+
+struct LocalClusterOptions {
+  std::vector<std::string> coordinator_args;  // extra flags for the coordinator
+  std::vector<std::string> stage_args;        // ... for every stage server
+  std::vector<std::string> cli_args;          // ... for every Cli() run
+  common::RpcSecurity security;  // how the cluster itself calls the coordinator
+};
 
 class LocalCluster {
  public:
@@ -20,12 +29,16 @@ class LocalCluster {
   // `stage_args` are extra flags for every stage server.
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(
       const std::string& state_dir, int stages, const std::vector<std::string>& stage_args = {});
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const std::string& state_dir,
+                                                             int stages,
+                                                             LocalClusterOptions options);
   ~LocalCluster();  // SIGTERM to every process still running
 
   const std::string& address() const { return address_; }
   int http_port() const { return http_port_; }
+  const std::vector<std::string>& stage_addresses() const { return stage_addresses_; }
 
-  // Runs `pipetrain ARGS --address ADDRESS` to completion.
+  // Runs `pipetrain ARGS --address ADDRESS CLI_ARGS` to completion.
   absl::StatusOr<RunResult> Cli(std::vector<std::string> args,
                                 std::chrono::milliseconds deadline = std::chrono::seconds(120));
 
@@ -41,6 +54,7 @@ class LocalCluster {
   absl::Status StartCoordinator(const std::string& listen);
 
   std::string state_dir_;
+  LocalClusterOptions options_;
   std::string address_;
   int http_port_ = 0;
   std::unique_ptr<Subprocess> coordinator_;
