@@ -250,7 +250,7 @@ TEST_F(SecureClusterTest, RefusesForeignCasPlaintextAndBadTokens) {
 TEST_F(SecureClusterTest, BinariesRefusePartialTlsAndEmptyTokens) {
   const std::string d = dir_.File("certs") + "/";
   testing::WriteFileOrDie(dir_.File("empty"), "\n");
-  for (const std::string& bin : {"pipetrain-coordinator", "pipetrain-stage"}) {
+  for (const std::string bin : {"pipetrain-coordinator", "pipetrain-stage"}) {
     std::vector<std::string> argv = {Bin(bin), "--listen", "127.0.0.1:0", "--tls-cert",
                                      d + "127.0.0.1.pem", "--tls-ca", d + "ca.pem"};
     if (bin == "pipetrain-coordinator") argv.insert(argv.end(), {"--state-dir", dir_.File("s")});
