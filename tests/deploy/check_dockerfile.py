@@ -187,16 +187,23 @@ def check_runtime_libraries(root, binaries):
                     problems.append(f"{binary}: {match.group(1)} not found")
                 else:
                     libraries[match.group(2)] = match.group(1)
+    # Owners, in one dpkg-query call: a library's path as ldd gives it, its real path,
+    # or the /usr one (Debian 12 merges /lib into /usr/lib).
+    candidates = {}
+    for path in libraries:
+        for candidate in (path, os.path.realpath(path),
+                          "/usr" + path if path.startswith("/lib") else path):
+            candidates.setdefault(candidate, path)
+    owners = {}
+    out = subprocess.run(["dpkg-query", "-S"] + sorted(candidates), capture_output=True,
+                         text=True).stdout
+    for line in out.splitlines():
+        package, _, owned = line.partition(": ")
+        if owned in candidates:
+            owners.setdefault(candidates[owned], package.split(":")[0].split(",")[0].strip())
     unowned = []
     for path, soname in sorted(libraries.items()):
-        real = os.path.realpath(path)
-        owner = None
-        for candidate in (path, real, "/usr" + path if path.startswith("/lib") else path):
-            result = subprocess.run(["dpkg-query", "-S", candidate], capture_output=True,
-                                    text=True)
-            if result.returncode == 0:
-                owner = result.stdout.split(":")[0].strip()
-                break
+        owner = owners.get(path)
         if owner is None:
             if "cuda" in path or soname.startswith(("libcu", "libnv")):
                 continue  # the CUDA toolkit: cuda-cudart-*, libcublas-* in the Dockerfile

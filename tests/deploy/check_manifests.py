@@ -104,10 +104,11 @@ def is_operator(token):
 
 def shell_invocations(script, where, annotations=True):
     """Records the flags of every pipetrain binary that a shell script runs, including
-    inside `bash -c '...'`, and the `--flags` of a statement under `# flags for: BIN`."""
+    inside `bash -c '...'`, and the `--flags` of the statement under a comment
+    `# flags for: BIN[ VERB][, BIN VERB...]` (an array of flags given to those later)."""
     lines = script.split("\n")
     for i, line in enumerate(lines if annotations else []):
-        match = re.match(r"\s*# flags for: (\S+)", line)
+        match = re.match(r"\s*# flags for: (.+)$", line)
         if match:
             statement, depth = "", 0
             for next_line in lines[i + 1:]:
@@ -115,8 +116,12 @@ def shell_invocations(script, where, annotations=True):
                 depth += next_line.count("(") - next_line.count(")")
                 if depth <= 0 and not next_line.rstrip().endswith("\\"):
                     break
-            use_flags(match.group(1), None, re.findall(r"--[a-z0-9][a-z0-9-]*", statement),
-                      f"{where} (flags for {match.group(1)})")
+            # "BIN" or "BIN VERB", several separated by commas.
+            for target in match.group(1).split(","):
+                binary, _, verb = target.strip().partition(" ")
+                use_flags(binary, verb or None,
+                          re.findall(r"--[a-z0-9][a-z0-9-]*", statement),
+                          f"{where} (flags for {target.strip()})")
     code = strip_shell_comments(script)
     lexer = shlex.shlex(code.replace("\\\n", " "), posix=True,
                         punctuation_chars=";&|<>()\n")
@@ -220,7 +225,7 @@ def resolve_port(container, port):
     return None
 
 
-def check_k8s(docs, catalog_uses):
+def check_k8s(docs):
     workloads = [(w, d) for w, d in docs if d.get("kind") in ("Deployment", "StatefulSet")]
     services = [(w, d) for w, d in docs if d.get("kind") == "Service"]
     services_by_name = {d["metadata"]["name"]: d for _, d in services}
@@ -263,8 +268,7 @@ def check_k8s(docs, catalog_uses):
                                   ".NAMESPACE.svc..., POD_NAME from metadata.name (the pod's "
                                   "stable DNS name)")
         for c in pod["spec"]["containers"]:
-            check_container(f"{here} container {c['name']}", c, volumes, services_by_name,
-                            catalog_uses)
+            check_container(f"{here} container {c['name']}", c, volumes, services_by_name)
     for where, s in services:
         here = f"{where}: Service/{s['metadata']['name']}"
         selected = [w for _, w in workloads
@@ -287,14 +291,14 @@ def check_k8s(docs, catalog_uses):
                                   "keep them equal (flags and docs use one number)")
 
 
-def check_container(here, c, volumes, services_by_name, catalog_uses):
+def check_container(here, c, volumes, services_by_name):
     tokens, flags = container_flags(c)
     command = [str(t) for t in c.get("command", [])]
     binary = binary_of(command[0]) if command else None
     if binary is None:
         problem(here, f"command {command!r} does not run a pipetrain binary")
         return
-    catalog_uses(binary, None, [str(t) for t in tokens], here)
+    use_flags(binary, None, [str(t) for t in tokens], here)
     ports = {p["containerPort"] for p in c.get("ports", [])}
     for flag in ("listen", "http", "advertise"):
         if flag in flags:
@@ -389,7 +393,7 @@ def read_unit(path):
     return entries
 
 
-def check_systemd(root, catalog_uses):
+def check_systemd(root):
     folder = os.path.join(root, "deploy", "systemd")
     env_file = os.path.join(folder, "pipetrain.env")
     defined = set()
@@ -447,20 +451,17 @@ def main():
     parser.add_argument("--rendered", help="check this `kubectl kustomize` output instead")
     args = parser.parse_args()
 
-    def record_use(binary, verb, tokens, where):
-        use_flags(binary, verb, tokens, where)
-
-    check_k8s(load_k8s(args.root, args.rendered), record_use)
+    check_k8s(load_k8s(args.root, args.rendered))
     if not args.rendered:
         if not (args.coordinator and args.stage and args.cli):
             parser.error("--coordinator, --stage and --cli are needed without --rendered")
-        check_systemd(args.root, record_use)
+        check_systemd(args.root)
         with open(os.path.join(args.root, "deploy", "slurm", "pipetrain.sbatch")) as f:
             shell_invocations(f.read(), "deploy/slurm/pipetrain.sbatch")
         catalog = FlagCatalog({"pipetrain": args.cli, "pipetrain-coordinator": args.coordinator,
                                "pipetrain-stage": args.stage})
         missing = check_flags(catalog)
-        checked = sorted({(b, v, f) for b, v, f, _ in uses})
+        checked = {(b, v, f) for b, v, f, _ in uses}
         print(f"checked {len(checked)} distinct flags of the pipetrain binaries in "
               "deploy/k8s, deploy/systemd and deploy/slurm")
         if missing:

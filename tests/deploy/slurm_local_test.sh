@@ -7,8 +7,8 @@
 #   slurm_local_test.sh ROOT BIN_DIR
 # Exit 77 (skipped) where this host's name does not resolve (stages advertise it).
 set -euo pipefail
-root=${1:?repository root}
-bin=${2:?folder of the built binaries}
+root=$(cd "${1:?repository root}" && pwd)
+bin=$(cd "${2:?folder of the built binaries}" && pwd)
 
 if ! getent hosts "$(hostname)" >/dev/null; then
   echo "SKIP: this host's name $(hostname) does not resolve; the stages advertise it"
