@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 
 jobs=${JOBS:-2}
 pack=${PACK_DIR:-.gpu}
-build=build-gpu
+build="build-gpu"
 stage="$build/pack"  # bin/ and lib/ before compression
 
 # Every pipetrain_test(...) call in tests/CMakeLists.txt whose LABELS include gpu.
@@ -35,7 +35,7 @@ if [[ -z "$gpu_tests" ]]; then
   echo "gpu-pack: found no test labelled gpu in tests/CMakeLists.txt" >&2
   exit 1
 fi
-echo "gpu-pack: gpu tests: $(echo $gpu_tests)"
+echo "gpu-pack: gpu tests: ${gpu_tests//$'\n'/ }"
 
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DPIPETRAIN_WITH_CUDA=ON
 # shellcheck disable=SC2086
@@ -78,8 +78,8 @@ done < <(ldd "${bins[@]}" | grep '=>' | sort -u)
 strip --strip-unneeded "$stage"/bin/* "$stage"/lib/* 2>/dev/null || true
 tar -C "$stage" -czf "$pack/gpu-pack.tar.gz" bin lib
 
-echo "gpu-pack: binaries: $(ls "$stage/bin" | tr '\n' ' ')"
-echo "gpu-pack: libraries: $(ls "$stage/lib" | wc -l), $(du -sm "$stage" | cut -f1) MiB unpacked"
+echo "gpu-pack: binaries: $(cd "$stage/bin" && echo *)"
+echo "gpu-pack: libraries: $(find "$stage/lib" -mindepth 1 -maxdepth 1 | wc -l), $(du -sm "$stage" | cut -f1) MiB unpacked"
 size_mib=$(du -sm "$pack" | cut -f1)
 echo "gpu-pack: $pack/gpu-pack.tar.gz makes $pack ${size_mib} MiB (the device tool carries at most 64 MiB with the tree)"
 if (( size_mib > 60 )); then

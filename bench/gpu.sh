@@ -12,7 +12,7 @@
 # last. Exit status: 1 if any test failed or did not run, 2 if only the bench failed,
 # 0 otherwise. SANITIZE=1 bash bench/gpu.sh adds a compute-sanitizer memcheck run.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 
 pack=${PACK_DIR:-.gpu}
 OUT=${OUT:-/tmp/pipetrain-gpu-out}
@@ -34,7 +34,8 @@ cuda_dirs=""
 for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_64-linux/lib; do
   [[ -d "$d" ]] && cuda_dirs="$cuda_dirs:$d"
 done
-export LD_LIBRARY_PATH="$(cd "$pack" && pwd)/lib$cuda_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+pack_lib="$(cd "$pack" && pwd)/lib"
+export LD_LIBRARY_PATH="$pack_lib$cuda_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # If the toolkit there lacks cuBLAS, PyTorch's pip packages carry the same major version.
 if ldd "$pack/bin/pipetrain-bench" 2>&1 | grep -q "libcu.*not found"; then
   for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13; do
@@ -76,8 +77,11 @@ done
 # SANITIZE=1: also run the backend tests under compute-sanitizer's memcheck (out-of-
 # bounds and misaligned accesses in kernels; many times slower).
 if [[ "${SANITIZE:-0}" == 1 ]]; then
-  sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer \
-    /usr/local/cuda/compute-sanitizer/compute-sanitizer 2>/dev/null | head -n 1)
+  sanitizer=$(command -v compute-sanitizer)
+  for candidate in /usr/local/cuda/bin/compute-sanitizer \
+      /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
+    [[ -z "$sanitizer" && -x "$candidate" ]] && sanitizer=$candidate
+  done
   say "== compute-sanitizer memcheck: cuda_backend_test"
   if [[ -n "$sanitizer" ]]; then
     timeout 400 "$sanitizer" --tool memcheck --error-exitcode 9 \

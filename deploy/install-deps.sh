@@ -4,30 +4,50 @@
 # The CUDA toolkit is not a Debian package here: the build uses /usr/local/cuda when
 # it exists and builds without the CUDA backend otherwise.
 #
+#   (no option)    what the build and the whole test suite need, including the tools
+#                  the deploy tests run (shellcheck, yamllint, PyYAML, systemd-analyze)
+#   --build-only   only what building the three binaries needs (the Docker build stage)
+#   --runtime      only the shared libraries the built binaries load (the Docker
+#                  runtime stage; tests/deploy/check_dockerfile.py keeps it complete)
 #   --with-torch   also install Debian's PyTorch (python3-torch, CPU), needed only to
 #                  regenerate the golden fixture (tests/testdata/make_gpt_fixture.py);
 #                  the build and the test suite do not need it.
 set -euo pipefail
 
-with_torch=0
+with_torch=0 mode=all
 for arg in "$@"; do
   case "$arg" in
     --with-torch) with_torch=1 ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    --build-only) mode=build ;;
+    --runtime) mode=runtime ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "install-deps.sh: unknown option $arg (try --help)" >&2; exit 2 ;;
   esac
 done
 
-packages=(
+build_packages=(
   build-essential cmake pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libopenblas-dev nlohmann-json3-dev
-  libgtest-dev libgmock-dev
   libsqlite3-dev libcpp-httplib-dev
+)
+test_packages=(
+  libgtest-dev libgmock-dev
+  bible-kjv   # the demo corpus (King James Bible, `bible` command)
+  shellcheck yamllint python3-yaml systemd  # tests/deploy: scripts, manifests, units
   iproute2    # `ip netns`: the multi-host test (tests/multihost) makes network namespaces
   openssl     # deploy/certs/make-dev-certs.sh (TLS certificates; the tests make theirs)
-  bible-kjv   # the demo corpus (King James Bible, `bible` command)
 )
+# What the binaries load at run time: the libraries of the -dev packages above.
+runtime_packages=(
+  libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623 libopenblas0-pthread
+  libsqlite3-0 libcpp-httplib0.11
+)
+case "$mode" in
+  all) packages=("${build_packages[@]}" "${test_packages[@]}") ;;
+  build) packages=("${build_packages[@]}") ;;
+  runtime) packages=("${runtime_packages[@]}") ;;
+esac
 if [ "$with_torch" -eq 1 ]; then
   packages+=(python3-torch)
 fi

@@ -65,7 +65,7 @@ down() {
   local f pid n
   for f in "$run_dir"/pids/*.pid; do
     [ -e "$f" ] || continue
-    alive "$f" && kill -TERM "$(cat "$f")" 2>/dev/null || true
+    if alive "$f"; then kill -TERM "$(cat "$f")" 2>/dev/null || true; fi
   done
   for ((n = 0; n < 100; n++)); do
     local any=0
