@@ -127,7 +127,11 @@ absl::StatusOr<std::pair<int, std::string>> MultiHostCluster::HttpGet(const std:
     httplib::Client http(coordinator_ip_, kHttpPort);
     http.set_connection_timeout(5);
     http.set_read_timeout(10);
-    if (auto r = http.Get(path.c_str())) out = std::make_pair(r->status, r->body);
+    httplib::Headers headers;
+    if (!options_.http_token.empty()) {
+      headers.emplace("Authorization", "Bearer " + options_.http_token);
+    }
+    if (auto r = http.Get(path.c_str(), headers)) out = std::make_pair(r->status, r->body);
   });
   if (!entered.ok()) return entered;
   return out;

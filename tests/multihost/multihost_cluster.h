@@ -24,6 +24,7 @@ struct MultiHostOptions {
   // (--tls-cert/--tls-key/--tls-ca, certificates for each host address) and
   // --token-file get switched on for the whole cluster.
   std::function<std::vector<std::string>(Role role, const std::string& host_address)> extra_args;
+  std::string http_token;  // sent as "Authorization: Bearer" by HttpGet when set
 };
 
 class MultiHostCluster {

@@ -1,7 +1,8 @@
 // Deploy across nodes, in miniature: a coordinator host and 3-4 stage hosts, each its
 // own network namespace with its own address on a private bridge, running the real
-// binaries. A pipeline across hosts trains with the losses of one stage, and a stage
-// host whose link goes down mid-job fails the job in bounded time, naming that stage.
+// binaries with mutual TLS and a bearer token on every connection. A pipeline across
+// hosts trains with the losses of one stage, and a stage host whose link goes down
+// mid-job fails the job in bounded time, naming that stage.
 // Skips where network namespaces cannot be made (not root).
 #include <unistd.h>
 
@@ -25,6 +26,7 @@ namespace {
 
 using ::pipetrain::testing::MultiHostCluster;
 using ::pipetrain::testing::MultiHostOptions;
+using ::pipetrain::testing::Role;
 using ::pipetrain::testing::TempDir;
 using ::testing::HasSubstr;
 using json = nlohmann::json;
@@ -57,13 +59,39 @@ class MultiHostTest : public ::testing::Test {
         {"data", {{"corpus", dir_.File("corpus.txt")}}}};
   }
 
-  // Starts the hosts, or says why this machine cannot have them.
+  // Mutual TLS on every connection and a bearer token, as across real nodes: a CA and
+  // one certificate per host address of the private subnet, from make-dev-certs.sh.
+  absl::Status Secure(MultiHostOptions& options) {
+    std::vector<std::string> argv = {std::string(PIPETRAIN_SOURCE_DIR) +
+                                         "/deploy/certs/make-dev-certs.sh",
+                                     dir_.File("certs")};
+    for (int host = 1; host <= 10; ++host) argv.push_back(absl::StrCat("10.213.0.", host));
+    absl::StatusOr<testing::RunResult> made = testing::RunCommand(argv, 60s);
+    if (!made.ok()) return made.status();
+    if (made->exit_code != 0) return absl::InternalError("make-dev-certs.sh: " + made->err);
+    options.http_token = "multihost-token-42";
+    testing::WriteFileOrDie(dir_.File("token"), options.http_token + "\n");
+    const std::string certs = dir_.File("certs") + "/", token = dir_.File("token");
+    options.extra_args = [certs, token](Role role, const std::string& address) {
+      const std::string name = role == Role::kCli ? "client" : address;
+      return std::vector<std::string>{"--tls-cert", certs + name + ".pem", "--tls-key",
+                                      certs + name + "-key.pem", "--tls-ca", certs + "ca.pem",
+                                      "--token-file", token};
+    };
+    return absl::OkStatus();
+  }
+
+  // Starts the hosts (with mTLS and a token), or says why this machine cannot have them.
   std::unique_ptr<MultiHostCluster> StartOrSkip(MultiHostOptions options) {
     if (geteuid() != 0) {
       skip_ = absl::StrCat("needs root and network namespaces (running as uid ", geteuid(), ")");
       return nullptr;
     }
     testing::VirtualNetwork::RemoveLeftovers();
+    if (absl::Status s = Secure(options); !s.ok()) {
+      ADD_FAILURE() << s;
+      return nullptr;
+    }
     auto c = MultiHostCluster::Start(dir_.File("state"), std::move(options));
     if (absl::IsFailedPrecondition(c.status())) {
       skip_ = absl::StrCat("needs root and network namespaces (", c.status().message(), ")");
