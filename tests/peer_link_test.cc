@@ -124,7 +124,10 @@ TEST_F(PeerLinkTest, ActivationsDownGradientsUpInAnyOrder) {
       up_->pool().Release(got->ReleaseBuffer());
     }
   }
+  // Both sides: a sender counts bytes when its writes complete, which may be after the
+  // receiver already has them.
   ASSERT_THAT(up_->Flush(In(absl::Seconds(10))), IsOk());
+  ASSERT_THAT(down_->Flush(In(absl::Seconds(10))), IsOk());
   uint64_t expected = 0;  // two steps of four (2, 3 + mb, 37) f32 tensors each way
   for (uint32_t mb = 0; mb < 4; ++mb) expected += 2 * 2 * (3 + mb) * 37 * 4;
   EXPECT_EQ(up_->bytes_sent(), expected);
