@@ -96,6 +96,24 @@ absl::StatusOr<RunningServer> StartServer(grpc::ServerBuilder& builder,
   return out;
 }
 
+absl::StatusOr<RunningServer> StartHealthServer(const HostPort& listen, const std::string& name) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int bound_port = 0;
+  builder.AddListeningPort(listen.ToString(), grpc::InsecureServerCredentials(), &bound_port);
+  RunningServer out;
+  out.server = builder.BuildAndStart();
+  if (out.server == nullptr || bound_port == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        name, " could not serve health on ", listen.ToString(),
+        ": the address is in use or not local to this host; choose another --health-listen"));
+  }
+  out.address = listen;
+  out.address.port = bound_port;
+  std::cout << name << " health listening on " << out.address.ToString() << std::endl;
+  return out;
+}
+
 int WaitForTerminationSignal() {
   sigset_t set = TerminationSignals();
   int sig = 0;

@@ -44,6 +44,11 @@ absl::StatusOr<RunningServer> StartServer(grpc::ServerBuilder& builder,
                                           const RpcSecurity& security = RpcSecurity(),
                                           const std::string& exposure = "call its API");
 
+// A second, plaintext server with only the gRPC health service (overall status
+// SERVING while the process runs), for probes that cannot present a client
+// certificate, such as Kubernetes' grpc probes. Prints "NAME health listening on ...".
+absl::StatusOr<RunningServer> StartHealthServer(const HostPort& listen, const std::string& name);
+
 // Blocks until SIGINT or SIGTERM, then shuts the server down, letting calls in
 // flight finish for at most `grace`.
 void WaitForTerminationSignal(grpc::Server* server, absl::Duration grace);

@@ -1,5 +1,6 @@
 // pipetrain-coordinator: plans jobs, drives their steps and serves the API.
 #include <iostream>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/address.h"
@@ -24,7 +25,7 @@ int main(int argc, char** argv) {
   common::BlockTerminationSignals();
   common::KeepFreedMemoryForReuse();
 
-  std::string listen = "127.0.0.1:7400", state_dir, http;
+  std::string listen = "127.0.0.1:7400", state_dir, http, health_listen;
   double heartbeat_timeout = 5, stage_deadline = 30;
   bool help = false, version = false;
   common::SecurityFlags security_flags;
@@ -49,6 +50,10 @@ int main(int argc, char** argv) {
                   "HOST:PORT");
   flags.AddString("state-dir", &state_dir, "folder for the job store and checkpoints (created)",
                   "DIR");
+  flags.AddString("health-listen", &health_listen,
+                  "serve only the gRPC health service here, in plaintext, for probes that cannot "
+                  "present a client certificate (Kubernetes grpc probes)",
+                  "HOST:PORT");
   flags.AddString("http", &http, "also serve the JSON API (/api/jobs, /api/cluster) here",
                   "HOST:PORT");
   flags.AddDouble("heartbeat-timeout", &heartbeat_timeout,
@@ -84,6 +89,15 @@ int main(int argc, char** argv) {
   if (!address.ok()) {
     std::cerr << "pipetrain-coordinator: " << address.status().message() << "\n";
     return 2;
+  }
+  std::optional<common::HostPort> health_address;
+  if (!health_listen.empty()) {
+    auto a = common::ParseHostPort(health_listen, 0, "--health-listen");
+    if (!a.ok()) {
+      std::cerr << "pipetrain-coordinator: " << a.status().message() << "\n";
+      return 2;
+    }
+    health_address = *a;
   }
   std::optional<common::HostPort> http_address;
   if (!http.empty()) {
@@ -146,12 +160,22 @@ int main(int argc, char** argv) {
     std::cerr << "pipetrain-coordinator: " << server.status().message() << "\n";
     return 1;
   }
+  std::optional<common::RunningServer> health;
+  if (health_address) {
+    auto started = common::StartHealthServer(*health_address, "coordinator");
+    if (!started.ok()) {
+      std::cerr << "pipetrain-coordinator: " << started.status().message() << "\n";
+      return 1;
+    }
+    health = *std::move(started);
+  }
   common::LogInfo("coordinator", absl::StrCat("state in ", state_dir));
   common::WaitForTerminationSignal();
   // Jobs stop first (each finishes its current step and is recorded), so that the
   // watchers' streams end with the jobs' last state; then the servers stop.
   (*manager)->Shutdown();
   server->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (health) health->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   api.reset();
   common::LogInfo("coordinator", "stopped");
   return 0;

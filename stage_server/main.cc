@@ -1,5 +1,6 @@
 // pipetrain-stage: holds one pipeline stage on one device and runs its programs.
 #include <iostream>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/address.h"
@@ -21,7 +22,7 @@ int main(int argc, char** argv) {
   common::BlockTerminationSignals();
   common::KeepFreedMemoryForReuse();
 
-  std::string listen = "127.0.0.1:0", device = "cpu", coordinator, advertise;
+  std::string listen = "127.0.0.1:0", device = "cpu", coordinator, advertise, health_listen;
   int64_t threads = 1, memory_limit = 0;
   bool help = false, version = false;
   common::SecurityFlags security_flags;
@@ -46,6 +47,10 @@ int main(int argc, char** argv) {
                   "HOST:PORT");
   flags.AddString("coordinator", &coordinator,
                   "register with and heartbeat to this coordinator", "HOST:PORT");
+  flags.AddString("health-listen", &health_listen,
+                  "serve only the gRPC health service here, in plaintext, for probes that cannot "
+                  "present a client certificate (Kubernetes grpc probes)",
+                  "HOST:PORT");
   flags.AddString("advertise", &advertise,
                   "address other processes use to reach this stage (default: the listen "
                   "address with the bound port)",
@@ -83,6 +88,15 @@ int main(int argc, char** argv) {
   if (!address.ok()) {
     std::cerr << "pipetrain-stage: " << address.status().message() << "\n";
     return 2;
+  }
+  std::optional<common::HostPort> health_address;
+  if (!health_listen.empty()) {
+    auto a = common::ParseHostPort(health_listen, 0, "--health-listen");
+    if (!a.ok()) {
+      std::cerr << "pipetrain-stage: " << a.status().message() << "\n";
+      return 2;
+    }
+    health_address = *a;
   }
   auto spec = stage_server::ParseDeviceSpec(device);
   if (!spec.ok()) {
@@ -135,6 +149,15 @@ int main(int argc, char** argv) {
     std::cerr << "pipetrain-stage: " << server.status().message() << "\n";
     return 1;
   }
+  std::optional<common::RunningServer> health;
+  if (health_address) {
+    auto started = common::StartHealthServer(*health_address, "stage");
+    if (!started.ok()) {
+      std::cerr << "pipetrain-stage: " << started.status().message() << "\n";
+      return 1;
+    }
+    health = *std::move(started);
+  }
   service.SetServer(server->server.get());
 
   std::unique_ptr<stage_server::Registration> registration;
@@ -146,6 +169,7 @@ int main(int argc, char** argv) {
         coordinator, request, [&runtime] { return runtime.current_job_id(); }, *security);
   }
   common::WaitForTerminationSignal(server->server.get(), absl::Seconds(2));
+  if (health) health->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   registration.reset();
   common::LogInfo("stage", "stopped");
   return 0;

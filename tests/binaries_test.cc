@@ -10,6 +10,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "pipetrain/v1/coordinator.grpc.pb.h"
 #include "pipetrain/v1/stage.grpc.pb.h"
 #include "tests/testing/subprocess.h"
@@ -122,6 +123,36 @@ TEST(BinariesTest, StageServesOnAnEphemeralPortAndStopsOnSigterm) {
                  EXPECT_EQ(resp.job_id(), "") << "no job is configured yet";
                  EXPECT_EQ(resp.steps_run(), 0);
                });
+}
+
+// --health-listen: a plaintext port with only gRPC health, for Kubernetes grpc probes.
+TEST(BinariesTest, ServersAnswerHealthOnTheirHealthPort) {
+  testing::TempDir dir;
+  const std::vector<std::vector<std::string>> servers = {
+      {Bin("pipetrain-stage"), "--listen", "127.0.0.1:0", "--health-listen", "127.0.0.1:0"},
+      {Bin("pipetrain-coordinator"), "--listen", "127.0.0.1:0", "--state-dir", dir.path(),
+       "--health-listen", "127.0.0.1:0"}};
+  for (const std::vector<std::string>& argv : servers) {
+    auto p = Subprocess::Start(argv);
+    ASSERT_TRUE(p.ok()) << p.status();
+    auto line = p->WaitForLine(" health listening on 127.0.0.1:", 30s);
+    ASSERT_TRUE(line.ok()) << line.status();
+    // The channel stays open while the server stops, as a prober's might.
+    auto stub = grpc::health::v1::Health::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string(PortOf(*line)), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+    grpc::health::v1::HealthCheckResponse resp;
+    grpc::Status s = stub->Check(&ctx, grpc::health::v1::HealthCheckRequest(), &resp);
+    EXPECT_TRUE(s.ok()) << argv[0] << ": " << s.error_message();
+    EXPECT_EQ(resp.status(), grpc::health::v1::HealthCheckResponse::SERVING) << argv[0];
+    const auto stop = std::chrono::steady_clock::now();
+    p->Signal(SIGTERM);
+    auto code = p->Wait(20s);
+    ASSERT_TRUE(code.ok()) << code.status();
+    EXPECT_EQ(*code, 0) << argv[0] << ": " << p->stderr_text();
+    EXPECT_LT(std::chrono::steady_clock::now() - stop, 5s) << argv[0] << " stops promptly";
+  }
 }
 
 TEST(BinariesTest, BenchListsItsBenchmarks) {

@@ -7,8 +7,9 @@
 
 Kubernetes (deploy/k8s): kustomization.yaml lists every manifest; selectors match their
 pods' labels; every Service port reaches a container port of the pods it selects, and
-that port is the one the container's --listen/--http flag serves; probes point at the
-gRPC port and never at service "pipetrain.v1.Stage" (NOT_SERVING until configured);
+that port is the one the container's --listen/--http flag serves; probes are grpc:
+probes on the plaintext --health-listen port (kubelet cannot present a client
+certificate) and never ask for service "pipetrain.v1.Stage" (NOT_SERVING until configured);
 a StatefulSet's serviceName is a headless Service selecting its pods; --coordinator
 names the coordinator's Service and port; files given to flags lie on mounted volumes;
 $(VAR) references are defined; a cuda stage asks for one nvidia.com/gpu.
@@ -300,7 +301,7 @@ def check_container(here, c, volumes, services_by_name):
         return
     use_flags(binary, None, [str(t) for t in tokens], here)
     ports = {p["containerPort"] for p in c.get("ports", [])}
-    for flag in ("listen", "http", "advertise"):
+    for flag in ("listen", "http", "advertise", "health-listen"):
         if flag in flags:
             port = port_of(flags[flag])
             if port not in ports:
@@ -313,7 +314,12 @@ def check_container(here, c, volumes, services_by_name):
         problem(here, f"--listen {flags['listen']} is not reachable from other pods")
     if "advertise" in flags and port_of(flags["advertise"]) != grpc_port:
         problem(here, "--advertise and --listen name different ports")
-    # The probes: on the gRPC port; a grpc: probe on the overall health (service "").
+    # The probes: grpc: probes on the plaintext health-only port (--health-listen), since
+    # kubelet cannot present a client certificate to the mutual-TLS gRPC port; overall
+    # health (service "").
+    health_port = port_of(flags.get("health-listen", ""))
+    if health_port is None:
+        problem(here, "has no --health-listen HOST:PORT for the kubelet's grpc: probes")
     for probe_name in ("livenessProbe", "readinessProbe", "startupProbe"):
         probe = c.get(probe_name)
         if probe is None:
@@ -321,18 +327,18 @@ def check_container(here, c, volumes, services_by_name):
                 problem(here, f"has no {probe_name}")
             continue
         kind = next((k for k in ("grpc", "tcpSocket", "httpGet", "exec") if k in probe), None)
-        if kind in ("grpc", "tcpSocket"):
+        if kind == "grpc":
             port = resolve_port(c, probe[kind].get("port"))
-            if port != grpc_port:
+            if port != health_port:
                 problem(here, f"{probe_name} checks port {probe[kind].get('port')!r}, not the "
-                              f"gRPC port {grpc_port}")
+                              f"--health-listen port {health_port}")
             if kind == "grpc" and probe["grpc"].get("service", "") != "":
                 problem(here, f"{probe_name} asks for service {probe['grpc']['service']!r}: "
                               "use the overall health (service \"\"); pipetrain.v1.Stage is "
                               "NOT_SERVING until a job configures the stage")
         else:
-            problem(here, f"{probe_name} is {kind}, not a grpc: or tcpSocket: probe on the "
-                          "gRPC port")
+            problem(here, f"{probe_name} is {kind}, not a grpc: probe on the --health-listen "
+                          "port")
     # --coordinator names the coordinator's Service and one of its ports.
     if "coordinator" in flags:
         host = flags["coordinator"].rsplit(":", 1)[0]
