@@ -19,7 +19,9 @@ TEST(CudaProbeTest, SmokeKernelRunsOnEveryDevice) {
 
 TEST(CudaProbeTest, NoDeviceAlwaysComesWithAReason) {
   const CudaProbe& probe = ProbeCuda();
-  if (probe.devices.empty()) EXPECT_FALSE(probe.reason.empty());
+  if (probe.devices.empty()) {
+    EXPECT_FALSE(probe.reason.empty());
+  }
   EXPECT_EQ(HasCudaDevice(), !probe.devices.empty());
 }
 
