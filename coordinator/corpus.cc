@@ -27,8 +27,7 @@ absl::StatusOr<Corpus> LoadCorpus(const pipetrain::v1::JobSpec& spec) {
   Corpus corpus;
   corpus.path = path;
   corpus.train = std::move(text).str();
-  const double fraction =
-      spec.data().has_validation_fraction() ? spec.data().validation_fraction() : 0.05;
+  const double fraction = spec.data().validation_fraction();  // WithDefaults filled it in
   const size_t held = static_cast<size_t>(std::floor(corpus.train.size() * fraction));
   corpus.validation = corpus.train.substr(corpus.train.size() - held);
   corpus.train.resize(corpus.train.size() - held);

@@ -18,7 +18,7 @@ struct Corpus {
   std::string validation;  // its last data.validation_fraction (may be empty)
 };
 
-// Reads data.corpus and splits it. Errors name data.corpus (unreadable, or a part
+// Reads data.corpus and splits it (the spec has been through WithDefaults). Errors name data.corpus (unreadable, or a part
 // shorter than one sequence of seq_len + 1 bytes).
 absl::StatusOr<Corpus> LoadCorpus(const pipetrain::v1::JobSpec& spec);
 

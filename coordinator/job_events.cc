@@ -30,8 +30,7 @@ std::vector<pb::JobEvent> JobEvents::Read(size_t from, absl::Duration wait, bool
   return out;
 }
 
-void JobEvents::AddTimeline(int64_t step, std::vector<pb::TimelineEvent> events) {
-  (void)step;
+void JobEvents::AddTimeline(std::vector<pb::TimelineEvent> events) {
   absl::MutexLock lock(&mu_);
   timeline_.push_back(std::move(events));
   while (static_cast<int>(timeline_.size()) > timeline_steps_) timeline_.pop_front();

@@ -26,7 +26,7 @@ class JobEvents {
   std::vector<pipetrain::v1::JobEvent> Read(size_t from, absl::Duration wait, bool* ended);
 
   // Keeps the timeline of the latest `timeline_steps` steps.
-  void AddTimeline(int64_t step, std::vector<pipetrain::v1::TimelineEvent> events);
+  void AddTimeline(std::vector<pipetrain::v1::TimelineEvent> events);
   // The last `steps` steps' events (at least the latest one), oldest step first.
   std::vector<pipetrain::v1::TimelineEvent> Timeline(int steps);
 

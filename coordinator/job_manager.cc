@@ -246,7 +246,6 @@ void JobManager::Drive(LiveJob* job, std::vector<StageRecord> stages) {
   options.checkpoint_root = absl::StrCat(options_.state_dir, "/checkpoints/", id);
   RunnerHooks hooks;
   hooks.log = [&](const std::string& text) { Log(job, text); };
-  hooks.running = [&](double) {};
   hooks.step = [&](const pb::StepRecord& record, std::vector<pb::TimelineEvent> timeline) {
     pb::JobStatus copy;
     {
@@ -260,7 +259,7 @@ void JobManager::Drive(LiveJob* job, std::vector<StageRecord> stages) {
     if (absl::Status s = store_->Update(copy); !s.ok()) {
       common::LogWarning("coordinator", std::string(s.message()));
     }
-    job->events.AddTimeline(record.step(), std::move(timeline));
+    job->events.AddTimeline(std::move(timeline));
     pb::JobEvent e;
     *e.mutable_step() = record;
     job->events.Append(std::move(e));

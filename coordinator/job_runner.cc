@@ -57,7 +57,6 @@ class Runner {
 
   RunOutcome Run() {
     if (absl::Status s = Prepare(); !s.ok()) return Fail(s);
-    hooks_.running(plan_.simulation.bubble_fraction);
     const int64_t steps = spec_.training().steps();
     const int every = spec_.checkpoint().every_steps();
     const int validate = spec_.data().validate_every_steps();
@@ -135,10 +134,11 @@ class Runner {
     const pb::TrainingSpec& t = spec_.training();
     pb::OptimizerConfig* o = r.mutable_optimizer();
     o->set_lr(t.lr());
-    o->set_beta1(t.has_beta1() ? t.beta1() : 0.9f);
-    o->set_beta2(t.has_beta2() ? t.beta2() : 0.95f);
+    // WithDefaults has filled every optional field (see RunJob's contract).
+    o->set_beta1(t.beta1());
+    o->set_beta2(t.beta2());
     o->set_eps(1e-8f);
-    o->set_weight_decay(t.has_weight_decay() ? t.weight_decay() : 0.1f);
+    o->set_weight_decay(t.weight_decay());
     o->set_grad_clip_norm(t.grad_clip_norm());
     if (K() > 1) {
       r.set_upstream_address(stages_[(s + K() - 1) % K()].address);

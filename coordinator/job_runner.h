@@ -32,7 +32,6 @@ struct RunnerOptions {
 
 struct RunnerHooks {
   std::function<void(const std::string&)> log;
-  std::function<void(double predicted_bubble)> running;  // configured; steps begin
   std::function<void(const pipetrain::v1::StepRecord&,
                      std::vector<pipetrain::v1::TimelineEvent>)> step;
   std::function<void(const std::string& dir, int64_t step)> checkpoint;

@@ -102,17 +102,6 @@ absl::Status StageClient::ImportShard(const std::string& job_id, int chunk,
   return Annotate(writer->Finish(), "ImportShard");
 }
 
-absl::StatusOr<pb::StageStats> StageClient::GetStats(absl::Duration deadline) {
-  grpc::ClientContext ctx;
-  Prepare(ctx, deadline);
-  pb::StageStats stats;
-  if (absl::Status s = Annotate(stub_->GetStats(&ctx, pb::GetStatsRequest(), &stats), "GetStats");
-      !s.ok()) {
-    return s;
-  }
-  return stats;
-}
-
 absl::Status StageClient::Ping(absl::Duration deadline) {
   grpc::ClientContext ctx;
   Prepare(ctx, deadline);

@@ -30,7 +30,6 @@ class StageClient {
                                           absl::Duration deadline);
   absl::Status ImportShard(const std::string& job_id, int chunk, const std::string& bytes,
                            absl::Duration deadline);
-  absl::StatusOr<pipetrain::v1::StageStats> GetStats(absl::Duration deadline);
   // Whether the server answers at all (gRPC health), without waiting for a running step.
   absl::Status Ping(absl::Duration deadline);
 

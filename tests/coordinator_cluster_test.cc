@@ -15,6 +15,7 @@
 #include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/local_cluster.h"
+#include "tests/testing/corpus_text.h"
 #include "tests/testing/temp_files.h"
 
 namespace pipetrain {
@@ -27,23 +28,10 @@ using ::testing::HasSubstr;
 using json = nlohmann::json;
 using namespace std::chrono_literals;
 
-// A deterministic English-like text, long enough for the batches and a held-out tail.
-std::string MakeCorpus() {
-  const char* words[] = {"the ", "pipeline ", "stage ", "sends ", "a ", "tensor ", "to ",
-                         "its ", "neighbour ", "and ", "waits ", "for ", "gradients. "};
-  std::string text;
-  uint64_t x = 12345;
-  while (text.size() < 60000) {
-    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-    text += words[(x >> 33) % 13];
-  }
-  return text;
-}
-
 class CoordinatorClusterTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    testing::WriteFileOrDie(dir_.File("corpus.txt"), MakeCorpus());
+    testing::WriteFileOrDie(dir_.File("corpus.txt"), testing::EnglishLikeCorpus());
     spec_ = {
         {"name", "e2e"},
         {"model", {{"vocab_size", 256}, {"seq_len", 16}, {"d_model", 32}, {"n_heads", 2},

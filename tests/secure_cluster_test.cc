@@ -17,6 +17,7 @@
 #include "nlohmann/json.hpp"
 #include "pipetrain/v1/stage.grpc.pb.h"
 #include "tests/testing/local_cluster.h"
+#include "tests/testing/corpus_text.h"
 #include "tests/testing/temp_files.h"
 
 namespace pipetrain {
@@ -35,17 +36,6 @@ constexpr char kToken[] = "e2e-token-4c1f";
 
 std::string Bin(const std::string& name) { return std::string(PIPETRAIN_BIN_DIR) + "/" + name; }
 
-std::string MakeCorpus() {
-  std::string text;
-  uint64_t x = 99;
-  const char* words[] = {"secure ", "links ", "carry ", "tensors ", "between ", "stages. "};
-  while (text.size() < 20000) {
-    x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-    text += words[(x >> 33) % 6];
-  }
-  return text;
-}
-
 class SecureClusterTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -58,7 +48,7 @@ class SecureClusterTest : public ::testing::Test {
     }
     testing::WriteFileOrDie(dir_.File("token"), std::string(kToken) + "\n");
     testing::WriteFileOrDie(dir_.File("wrong-token"), "not-it\n");
-    testing::WriteFileOrDie(dir_.File("corpus.txt"), MakeCorpus());
+    testing::WriteFileOrDie(dir_.File("corpus.txt"), testing::EnglishLikeCorpus());
     json spec = {
         {"name", "secure"},
         {"model", {{"vocab_size", 256}, {"seq_len", 16}, {"d_model", 32}, {"n_heads", 2},
