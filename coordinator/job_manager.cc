@@ -141,11 +141,13 @@ absl::StatusOr<std::string> JobManager::Submit(pb::JobSpec spec) {
   *status.mutable_spec() = spec;
   status.set_state(pb::JobStatus::QUEUED);
   SetNow(status.mutable_created());
-  RETURN_IF_ERROR(store_->Insert(status));
   LiveJob* job = nullptr;
   {
+    // Checked and recorded under one lock, so a job refused during shutdown is never
+    // stored (it would otherwise be queued again at the next start).
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("the coordinator is stopping; submit again later");
+    RETURN_IF_ERROR(store_->Insert(status));
     Enqueue(status);
     job = live_[id].get();
   }

@@ -22,6 +22,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "absl/status/status.h"
@@ -45,6 +46,19 @@ class BackendT {
   virtual absl::Status Free(void* ptr) = 0;
   virtual absl::Status Zero(void* ptr, size_t bytes) = 0;
   virtual absl::Status CopyFromHost(void* dst, const void* host_src, size_t bytes) = 0;
+  // Copies host pieces, in order, to consecutive bytes starting at dst (a tensor that
+  // arrived from the network in several buffers). The pieces may be reused once this
+  // returns. This default copies piece by piece; a device backend stages them through
+  // pinned memory instead.
+  virtual absl::Status CopyFromHostPieces(void* dst,
+                                          std::span<const std::span<const std::byte>> pieces) {
+    auto* out = static_cast<std::byte*>(dst);
+    for (const auto& piece : pieces) {
+      if (absl::Status s = CopyFromHost(out, piece.data(), piece.size()); !s.ok()) return s;
+      out += piece.size();
+    }
+    return absl::OkStatus();
+  }
   // Waits for pending work on the source, then copies.
   virtual absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes) = 0;
   // Backend to backend (same backend instance).
