@@ -147,12 +147,14 @@ absl::StatusOr<std::optional<ReceivedTensor>> TensorReassembler::Accept(
   return Accept(header, pieces);
 }
 
-absl::StatusOr<std::optional<ReceivedTensor>> TensorReassembler::Accept(
-    const FrameHeader& header, std::span<const std::span<const std::byte>> pieces) {
-  size_t payload_size = 0;
-  for (const auto& piece : pieces) payload_size += piece.size();
+absl::Status TensorReassembler::Check(const FrameHeader& header, size_t payload_size,
+                                      bool keep_pieces) {
   absl::Status status = in_progress_ ? CheckNextFrame(header, payload_size)
                                      : CheckFirstFrame(header, payload_size);
+  if (status.ok() && in_progress_ && keep_pieces != keep_pieces_) {
+    status = absl::InternalError(absl::StrCat(
+        DescribeTag(header.tag), ": a tensor's frames mixed copying and keeping pieces"));
+  }
   if (status.ok() && payload_size > options_.max_frame_bytes) {
     status = absl::ResourceExhaustedError(
         absl::StrCat(DescribeTag(header.tag), ": payload of ", payload_size,
@@ -173,12 +175,23 @@ absl::StatusOr<std::optional<ReceivedTensor>> TensorReassembler::Accept(
     Abandon();
     return status;
   }
-
   if (!in_progress_) {
     in_progress_ = true;
+    keep_pieces_ = keep_pieces;
     current_ = header;
     received_ = 0;
-    // Allocated only now, after the announcement passed every check above.
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<ReceivedTensor>> TensorReassembler::Accept(
+    const FrameHeader& header, std::span<const std::span<const std::byte>> pieces) {
+  size_t payload_size = 0;
+  for (const auto& piece : pieces) payload_size += piece.size();
+  const bool first = !in_progress_;
+  RETURN_IF_ERROR(Check(header, payload_size, /*keep_pieces=*/false));
+  if (first) {
+    // Allocated only now, after the announcement passed every check.
     buffer_ = pool_ ? pool_->Acquire(header.total_bytes) : Buffer(header.total_bytes);
   }
   std::byte* dst = buffer_.data() + header.offset;
@@ -198,6 +211,28 @@ absl::StatusOr<std::optional<ReceivedTensor>> TensorReassembler::Accept(
   return std::optional<ReceivedTensor>(std::move(out));
 }
 
+absl::StatusOr<std::optional<ReceivedPieces>> TensorReassembler::AcceptPieces(
+    const FrameHeader& header, std::span<const std::span<const std::byte>> pieces,
+    std::shared_ptr<const void> holder) {
+  size_t payload_size = 0;
+  for (const auto& piece : pieces) payload_size += piece.size();
+  RETURN_IF_ERROR(Check(header, payload_size, /*keep_pieces=*/true));
+  for (const auto& piece : pieces) {
+    if (!piece.empty()) pieces_.push_back(piece);
+  }
+  if (holder) holders_.push_back(std::move(holder));
+  received_ += payload_size;
+  if (received_ < current_.total_bytes) return std::optional<ReceivedPieces>();
+
+  in_progress_ = false;
+  ReceivedPieces out;
+  out.tag = current_.tag;
+  ASSIGN_OR_RETURN(out.tensor, PiecewiseTensor::FromPieces(
+                                   static_cast<DType>(current_.dtype), current_.shape,
+                                   std::exchange(pieces_, {}), std::exchange(holders_, {})));
+  return std::optional<ReceivedPieces>(std::move(out));
+}
+
 absl::Status TensorReassembler::Finish() {
   if (!in_progress_) return absl::OkStatus();
   const std::string what = absl::StrCat(
@@ -208,8 +243,10 @@ absl::Status TensorReassembler::Finish() {
 }
 
 void TensorReassembler::Abandon() {
-  if (in_progress_ && pool_) pool_->Release(std::move(buffer_));
+  if (in_progress_ && pool_ && buffer_.size() > 0) pool_->Release(std::move(buffer_));
   buffer_ = Buffer();
+  pieces_.clear();
+  holders_.clear();
   in_progress_ = false;
   received_ = 0;
 }

@@ -13,6 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/buffer_pool.h"
+#include "common/piecewise_tensor.h"
 #include "common/tensor.h"
 
 namespace pipetrain::common {
@@ -83,9 +84,15 @@ struct ReceivedTensor {
   Tensor tensor;
 };
 
+struct ReceivedPieces {
+  FrameTag tag;
+  PiecewiseTensor tensor;
+};
+
 // Rebuilds tensors from a stream of frames, one tensor at a time, frames in order.
 // Every rejection is an error naming the offending field; after one, the partial
-// tensor is dropped and the next frame must start a new tensor.
+// tensor is dropped and the next frame must start a new tensor. A stream uses either
+// Accept (copies) or AcceptPieces (no copy) for each whole tensor.
 class TensorReassembler {
  public:
   explicit TensorReassembler(ReassemblerOptions options = {},
@@ -99,6 +106,12 @@ class TensorReassembler {
   // pieces are copied once, in order, straight into the tensor.
   absl::StatusOr<std::optional<ReceivedTensor>> Accept(
       const FrameHeader& header, std::span<const std::span<const std::byte>> pieces);
+  // Checks a frame like Accept but keeps its payload where it is: the pieces are
+  // views that `holder` keeps alive, and the finished tensor holds every frame's
+  // holder. No payload byte is copied.
+  absl::StatusOr<std::optional<ReceivedPieces>> AcceptPieces(
+      const FrameHeader& header, std::span<const std::span<const std::byte>> pieces,
+      std::shared_ptr<const void> holder);
   // The stream has ended: an error if a tensor is incomplete.
   absl::Status Finish();
 
@@ -108,13 +121,19 @@ class TensorReassembler {
  private:
   absl::Status CheckFirstFrame(const FrameHeader& header, size_t payload_size) const;
   absl::Status CheckNextFrame(const FrameHeader& header, size_t payload_size) const;
+  // Every check of one frame; on failure the partial tensor is dropped. On success a
+  // first frame starts a tensor (in_progress_, current_, received_ = 0).
+  absl::Status Check(const FrameHeader& header, size_t payload_size, bool keep_pieces);
   void Abandon();
 
   ReassemblerOptions options_;
   BufferPool* pool_;
   bool in_progress_ = false;
   FrameHeader current_;  // header of the first frame of the tensor in progress
-  Buffer buffer_;
+  Buffer buffer_;                                      // Accept
+  bool keep_pieces_ = false;                           // the tensor in progress is AcceptPieces'
+  std::vector<std::span<const std::byte>> pieces_;     // AcceptPieces
+  std::vector<std::shared_ptr<const void>> holders_;   // AcceptPieces
   uint64_t received_ = 0;
 };
 

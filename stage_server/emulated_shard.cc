@@ -67,7 +67,7 @@ void EmulatedShard::Release(int mb) {
   in_flight_.erase(it);
 }
 
-absl::StatusOr<common::Tensor> EmulatedShard::Forward(int mb, const common::Tensor& input,
+absl::StatusOr<common::Tensor> EmulatedShard::Forward(int mb, const common::PiecewiseTensor& input,
                                                       const common::Tensor* targets) {
   if (in_flight_.count(mb)) {
     return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " is already in flight"));
@@ -83,7 +83,7 @@ absl::StatusOr<common::Tensor> EmulatedShard::Forward(int mb, const common::Tens
   return Output({rows_, config_.seq_len, config_.d_model});
 }
 
-absl::StatusOr<common::Tensor> EmulatedShard::Evaluate(const common::Tensor&,
+absl::StatusOr<common::Tensor> EmulatedShard::Evaluate(const common::PiecewiseTensor&,
                                                        const common::Tensor*) {
   absl::SleepFor(absl::Seconds(forward_s_));
   Peak(evaluate_bytes_);
@@ -95,7 +95,8 @@ absl::StatusOr<common::Tensor> EmulatedShard::Evaluate(const common::Tensor&,
   return Output({rows_, config_.seq_len, config_.d_model});
 }
 
-absl::StatusOr<common::Tensor> EmulatedShard::Backward(int mb, const common::Tensor*, float) {
+absl::StatusOr<common::Tensor> EmulatedShard::Backward(int mb, const common::PiecewiseTensor*,
+                                                       float) {
   if (!in_flight_.count(mb)) {
     return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " has no forward"));
   }
@@ -106,7 +107,8 @@ absl::StatusOr<common::Tensor> EmulatedShard::Backward(int mb, const common::Ten
   return Output({rows_, config_.seq_len, config_.d_model});
 }
 
-absl::StatusOr<common::Tensor> EmulatedShard::BackwardInput(int mb, const common::Tensor*,
+absl::StatusOr<common::Tensor> EmulatedShard::BackwardInput(int mb,
+                                                            const common::PiecewiseTensor*,
                                                             float) {
   if (!in_flight_.count(mb)) {
     return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " has no forward"));

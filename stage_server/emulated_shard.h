@@ -28,13 +28,13 @@ class EmulatedShard final : public ShardCompute {
 
   bool has_embedding() const override { return begin_ == 0; }
   bool has_head() const override { return end_ == config_.num_pipeline_layers(); }
-  absl::StatusOr<common::Tensor> Forward(int mb, const common::Tensor& input,
+  absl::StatusOr<common::Tensor> Forward(int mb, const common::PiecewiseTensor& input,
                                          const common::Tensor* targets) override;
-  absl::StatusOr<common::Tensor> Evaluate(const common::Tensor& input,
+  absl::StatusOr<common::Tensor> Evaluate(const common::PiecewiseTensor& input,
                                           const common::Tensor* targets) override;
-  absl::StatusOr<common::Tensor> Backward(int mb, const common::Tensor* grad_output,
+  absl::StatusOr<common::Tensor> Backward(int mb, const common::PiecewiseTensor* grad_output,
                                           float loss_grad) override;
-  absl::StatusOr<common::Tensor> BackwardInput(int mb, const common::Tensor* grad_output,
+  absl::StatusOr<common::Tensor> BackwardInput(int mb, const common::PiecewiseTensor* grad_output,
                                                float loss_grad) override;
   absl::Status BackwardWeight(int mb) override;
   void Abandon() override;

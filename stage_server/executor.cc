@@ -27,9 +27,10 @@ struct Executor::StepState {
   // Evaluation: forwards keep nothing for a backward, and no gradient is touched.
   bool forward_only = false;
   absl::Time start;
-  std::map<Key, Tensor> received_activations;            // RECV_F -> F
+  // Received tensors stay in the link's network buffers until the chunk copies them.
+  std::map<Key, common::PiecewiseTensor> received_activations;  // RECV_F -> F
   std::map<Key, std::shared_ptr<const Tensor>> outputs;  // F -> SEND_F
-  std::map<Key, Tensor> received_gradients;              // RECV_B -> B / I
+  std::map<Key, common::PiecewiseTensor> received_gradients;    // RECV_B -> B / I
   std::map<Key, std::shared_ptr<const Tensor>> input_grads;  // B / I -> SEND_B
   std::vector<float> losses;
   std::vector<bool> have_loss;
@@ -241,16 +242,18 @@ absl::Status Executor::RunAction(const Action& a, StepState& st, ActionTiming& t
   switch (a.kind) {
     case ActionKind::kRecvActivation: {
       RETURN_IF_ERROR(need(prev_, "upstream"));
-      ASSIGN_OR_RETURN(Tensor t, prev_->Receive(tag(a.chunk, common::TensorKind::kActivation),
-                                                deadline));
+      ASSIGN_OR_RETURN(common::PiecewiseTensor t,
+                       prev_->Receive(tag(a.chunk, common::TensorKind::kActivation), deadline));
       timing.bytes = t.num_bytes();
       st.received_activations[key] = std::move(t);
       return absl::OkStatus();
     }
     case ActionKind::kForward: {
-      const Tensor* input;
+      common::PiecewiseTensor tokens;
+      const common::PiecewiseTensor* input;
       if (holds_embedding) {
-        input = &st.inputs.tokens[a.micro_batch];
+        tokens = common::PiecewiseTensor::View(st.inputs.tokens[a.micro_batch]);
+        input = &tokens;
       } else {
         auto it = st.received_activations.find(key);
         if (it == st.received_activations.end()) {
@@ -261,11 +264,8 @@ absl::Status Executor::RunAction(const Action& a, StepState& st, ActionTiming& t
       const Tensor* targets = holds_head ? &st.inputs.targets[a.micro_batch] : nullptr;
       ASSIGN_OR_RETURN(Tensor out, st.forward_only ? chunk.Evaluate(*input, targets)
                                                    : chunk.Forward(a.micro_batch, *input, targets));
-      if (!holds_embedding) {
-        // The layers keep their own copy of what they need.
-        prev_->Recycle(std::move(st.received_activations[key]));
-        st.received_activations.erase(key);
-      }
+      // The layers keep their own copy of what they need; the network buffers go.
+      if (!holds_embedding) st.received_activations.erase(key);
       if (holds_head) {
         st.losses[a.micro_batch] = out.data<float>()[0];
         st.have_loss[a.micro_batch] = true;
@@ -287,15 +287,15 @@ absl::Status Executor::RunAction(const Action& a, StepState& st, ActionTiming& t
     }
     case ActionKind::kRecvGradient: {
       RETURN_IF_ERROR(need(next_, "downstream"));
-      ASSIGN_OR_RETURN(Tensor t, next_->Receive(tag(a.chunk, common::TensorKind::kGradient),
-                                                deadline));
+      ASSIGN_OR_RETURN(common::PiecewiseTensor t,
+                       next_->Receive(tag(a.chunk, common::TensorKind::kGradient), deadline));
       timing.bytes = t.num_bytes();
       st.received_gradients[key] = std::move(t);
       return absl::OkStatus();
     }
     case ActionKind::kBackward:
     case ActionKind::kBackwardInput: {
-      const Tensor* grad_output = nullptr;
+      const common::PiecewiseTensor* grad_output = nullptr;
       if (!holds_head) {
         auto it = st.received_gradients.find(key);
         if (it == st.received_gradients.end()) {
@@ -307,10 +307,7 @@ absl::Status Executor::RunAction(const Action& a, StepState& st, ActionTiming& t
           a.kind == ActionKind::kBackward ? chunk.Backward(a.micro_batch, grad_output, loss_grad)
                                           : chunk.BackwardInput(a.micro_batch, grad_output, loss_grad);
       if (!grad_input.ok()) return grad_input.status();
-      if (!holds_head) {
-        next_->Recycle(std::move(st.received_gradients[key]));
-        st.received_gradients.erase(key);
-      }
+      if (!holds_head) st.received_gradients.erase(key);
       if (!holds_embedding) st.input_grads[key] = Share(std::move(*grad_input));
       return absl::OkStatus();
     }

@@ -33,13 +33,13 @@ thread_local int tls_io_calls = 0;
 }  // namespace
 
 LinkCore::LinkCore(PeerLinkOptions options)
-    : options_(std::move(options)), reassembler_(options_.limits, &pool_) {}
+    : options_(std::move(options)), reassembler_(options_.limits) {}
 
 LinkCore::~LinkCore() = default;
 
 void LinkCore::SetOptions(PeerLinkOptions options) {
   options_ = std::move(options);
-  reassembler_ = common::TensorReassembler(options_.limits, &pool_);
+  reassembler_ = common::TensorReassembler(options_.limits);
 }
 
 std::string LinkCore::PeerName() const {
@@ -200,13 +200,16 @@ void LinkCore::OnWriteDone(bool ok) {
 }
 
 absl::Status LinkCore::HandleMessage(grpc::ByteBuffer* buffer) {
-  std::vector<grpc::Slice> slices;
-  if (!buffer->Dump(&slices).ok()) {
+  // The message's slices (references, not copies) become the tensor's storage: the
+  // payload is never copied here, only viewed, and the slices live as long as the
+  // received tensor does.
+  auto slices = std::make_shared<std::vector<grpc::Slice>>();
+  if (!buffer->Dump(slices.get()).ok()) {
     return absl::InvalidArgumentError("could not read a message's bytes");
   }
   std::vector<std::span<const std::byte>> pieces;
-  pieces.reserve(slices.size());
-  for (const grpc::Slice& s : slices) {
+  pieces.reserve(slices->size());
+  for (const grpc::Slice& s : *slices) {
     pieces.emplace_back(reinterpret_cast<const std::byte*>(s.begin()), s.size());
   }
   ASSIGN_OR_RETURN(ParsedExchange msg, ParseExchange(pieces));
@@ -234,8 +237,8 @@ absl::Status LinkCore::HandleMessage(grpc::ByteBuffer* buffer) {
                        min_step_, " (field step)"));
     }
   }
-  ASSIGN_OR_RETURN(std::optional<common::ReceivedTensor> done,
-                   reassembler_.Accept(msg.header, msg.payload));
+  ASSIGN_OR_RETURN(std::optional<common::ReceivedPieces> done,
+                   reassembler_.AcceptPieces(msg.header, msg.payload, std::move(slices)));
   absl::MutexLock lock(&mu_);
   for (const auto& p : msg.payload) bytes_received_ += p.size();
   if (done.has_value()) {
@@ -313,12 +316,11 @@ void LinkCore::BeginStep(uint64_t step) {
     common::LogWarning("link", absl::StrCat("dropping an unclaimed tensor of step ",
                                             std::get<0>(it->first), " from ", PeerName(),
                                             " at the start of step ", step));
-    pool_.Release(it->second.ReleaseBuffer());
     it = mailbox_.erase(it);
   }
 }
 
-absl::StatusOr<Tensor> LinkCore::Receive(const FrameTag& tag, absl::Time deadline) {
+absl::StatusOr<common::PiecewiseTensor> LinkCore::Receive(const FrameTag& tag, absl::Time deadline) {
   const absl::Time start = absl::Now();
   absl::MutexLock lock(&mu_);
   const Key key = KeyOf(tag);
@@ -327,7 +329,7 @@ absl::StatusOr<Tensor> LinkCore::Receive(const FrameTag& tag, absl::Time deadlin
   };
   const bool arrived = mu_.AwaitWithDeadline(absl::Condition(&ready), deadline);
   if (auto it = mailbox_.find(key); it != mailbox_.end()) {
-    Tensor t = std::move(it->second);
+    common::PiecewiseTensor t = std::move(it->second);
     mailbox_.erase(it);
     return t;
   }

@@ -1,8 +1,8 @@
 // The state of one peer-link stream end, shared by the gRPC reactors that drive it and
 // the PeerLink handle the executor holds: the send queue (zero-copy frames, byte
-// budget), the receive side (parse, check, reassemble, mailbox by tag) and the
-// stream's health. Reactor I/O is started outside the lock, counted, so that closing
-// waits for no reactor call in flight.
+// budget), the receive side (parse, check, keep the payload in the network's slices
+// without copying, mailbox by tag) and the stream's health. Reactor I/O is started
+// outside the lock, counted, so that closing waits for no reactor call in flight.
 #pragma once
 
 #include <cstdint>
@@ -14,7 +14,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/buffer_pool.h"
+#include "common/piecewise_tensor.h"
 #include "common/tensor.h"
 #include "common/tensor_codec.h"
 #include "grpcpp/support/byte_buffer.h"
@@ -57,13 +57,13 @@ class LinkCore {
   void BeginStep(uint64_t step);
   absl::Status Send(const common::FrameTag& tag, std::shared_ptr<const common::Tensor> tensor,
                     absl::Time deadline);
-  absl::StatusOr<common::Tensor> Receive(const common::FrameTag& tag, absl::Time deadline);
+  absl::StatusOr<common::PiecewiseTensor> Receive(const common::FrameTag& tag,
+                                                  absl::Time deadline);
   absl::Status Flush(absl::Time deadline);
   void Close();
   absl::Status status() const;
   uint64_t bytes_sent() const;
   uint64_t bytes_received() const;
-  common::BufferPool& pool() { return pool_; }
 
   // Keeps `owner` (the client's reactor and stub) alive until the call is done.
   void KeepAlive(std::shared_ptr<void> owner);
@@ -91,7 +91,6 @@ class LinkCore {
 
   PeerLinkOptions options_;
   std::shared_ptr<void> keep_alive_;  // released once the call is done
-  common::BufferPool pool_;
   common::TensorReassembler reassembler_;  // used only by the read reaction
 
   mutable absl::Mutex mu_;
@@ -108,7 +107,7 @@ class LinkCore {
   uint64_t bytes_sent_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_received_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t min_step_ ABSL_GUARDED_BY(mu_) = 0;  // frames of earlier steps are stale
-  std::map<Key, common::Tensor> mailbox_ ABSL_GUARDED_BY(mu_);
+  std::map<Key, common::PiecewiseTensor> mailbox_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pipetrain::stage_server

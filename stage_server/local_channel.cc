@@ -36,8 +36,8 @@ class LocalEnd final : public TensorChannel {
     }
     return absl::OkStatus();
   }
-  absl::StatusOr<common::Tensor> Receive(const common::FrameTag& tag,
-                                         absl::Time deadline) override {
+  absl::StatusOr<common::PiecewiseTensor> Receive(const common::FrameTag& tag,
+                                                  absl::Time deadline) override {
     const Key key = KeyOf(tag);
     absl::MutexLock lock(&in_->mu);
     auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(in_->mu) {
@@ -51,9 +51,8 @@ class LocalEnd final : public TensorChannel {
     common::Tensor t = std::move(it->second);
     in_->tensors.erase(it);
     received_ += t.num_bytes();
-    return t;
+    return common::PiecewiseTensor::FromTensor(std::move(t));
   }
-  void Recycle(common::Tensor) override {}
   absl::Status Flush(absl::Time) override { return absl::OkStatus(); }
   uint64_t bytes_sent() const override { return sent_; }
   uint64_t bytes_received() const override { return received_; }

@@ -150,17 +150,15 @@ absl::Status PeerLink::Send(const common::FrameTag& tag,
                             std::shared_ptr<const common::Tensor> tensor, absl::Time deadline) {
   return core_->Send(tag, std::move(tensor), deadline);
 }
-absl::StatusOr<common::Tensor> PeerLink::Receive(const common::FrameTag& tag,
-                                                 absl::Time deadline) {
+absl::StatusOr<common::PiecewiseTensor> PeerLink::Receive(const common::FrameTag& tag,
+                                                          absl::Time deadline) {
   return core_->Receive(tag, deadline);
 }
 absl::Status PeerLink::Flush(absl::Time deadline) { return core_->Flush(deadline); }
-void PeerLink::Recycle(common::Tensor tensor) { core_->pool().Release(tensor.ReleaseBuffer()); }
 void PeerLink::Close() { core_->Close(); }
 absl::Status PeerLink::status() const { return core_->status(); }
 uint64_t PeerLink::bytes_sent() const { return core_->bytes_sent(); }
 uint64_t PeerLink::bytes_received() const { return core_->bytes_received(); }
-common::BufferPool& PeerLink::pool() { return core_->pool(); }
 
 // ---- Client side ------------------------------------------------------------------
 

@@ -2,8 +2,9 @@
 // opens the Exchange stream to its downstream neighbour; activations flow down and
 // gradients flow up on it. Sends are asynchronous and zero-copy (frames are slices of
 // the tensor's own memory, kept alive until gRPC has written them), bounded by a byte
-// budget for back-pressure; received frames are checked, reassembled into pooled
-// buffers and held until the executor asks for them by tag. Every wait has a deadline
+// budget for back-pressure; received frames are checked and their payloads kept in
+// the network's own buffers (zero-copy on receipt too) until the executor asks for the
+// tensor by tag and copies it into its compute memory. Every wait has a deadline
 // and a lost peer becomes an UNAVAILABLE naming it.
 #pragma once
 
@@ -13,7 +14,6 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/buffer_pool.h"
 #include "common/tensor.h"
 #include "common/tensor_codec.h"
 #include "grpcpp/channel.h"
@@ -54,10 +54,10 @@ class PeerLink final : public TensorChannel {
   // byte budget. The tensor is shared, not copied: do not modify it afterwards.
   absl::Status Send(const common::FrameTag& tag,
                     std::shared_ptr<const common::Tensor> tensor, absl::Time deadline) override;
-  // Waits for the tensor with exactly this tag.
-  absl::StatusOr<common::Tensor> Receive(const common::FrameTag& tag,
-                                         absl::Time deadline) override;
-  void Recycle(common::Tensor tensor) override;
+  // Waits for the tensor with exactly this tag. Its pieces are the received network
+  // buffers themselves (no copy was made).
+  absl::StatusOr<common::PiecewiseTensor> Receive(const common::FrameTag& tag,
+                                                  absl::Time deadline) override;
   // Waits until every queued frame has been handed to the transport.
   absl::Status Flush(absl::Time deadline) override;
   // Ends the stream; pending sends are dropped. Idempotent.
@@ -66,8 +66,6 @@ class PeerLink final : public TensorChannel {
   absl::Status status() const;  // OK while the stream is healthy
   uint64_t bytes_sent() const override;
   uint64_t bytes_received() const override;
-  // Received tensors' buffers come from here; give them back when done with them.
-  common::BufferPool& pool();
 
  private:
   std::shared_ptr<LinkCore> core_;

@@ -1,5 +1,7 @@
 // What the executor needs from the model chunk it runs: forward, backward (full or split)
-// and the optimizer on host tensors, whatever device does the work. StackShard runs
+// and the optimizer on host tensors, whatever device does the work. Inputs that came
+// from a neighbour may lie in several pieces (the network's buffers): a chunk copies
+// them once, straight into the memory it computes on. StackShard runs
 // the real GPT layers on a compute backend; EmulatedShard only takes the time a cost
 // model gives, for measuring the runtime itself.
 //
@@ -14,6 +16,7 @@
 #include <optional>
 
 #include "absl/status/statusor.h"
+#include "common/piecewise_tensor.h"
 #include "common/tensor.h"
 
 namespace pipetrain::stage_server {
@@ -34,17 +37,17 @@ class ShardCompute {
   virtual bool has_embedding() const = 0;
   virtual bool has_head() const = 0;
 
-  virtual absl::StatusOr<common::Tensor> Forward(int mb, const common::Tensor& input,
+  virtual absl::StatusOr<common::Tensor> Forward(int mb, const common::PiecewiseTensor& input,
                                                  const common::Tensor* targets) = 0;
   // Evaluation (forward-only steps): Forward's output, bit for bit, keeping nothing
   // for a backward and leaving no micro-batch in flight.
-  virtual absl::StatusOr<common::Tensor> Evaluate(const common::Tensor& input,
+  virtual absl::StatusOr<common::Tensor> Evaluate(const common::PiecewiseTensor& input,
                                                   const common::Tensor* targets) = 0;
-  virtual absl::StatusOr<common::Tensor> Backward(int mb, const common::Tensor* grad_output,
+  virtual absl::StatusOr<common::Tensor> Backward(int mb,
+                                                  const common::PiecewiseTensor* grad_output,
                                                   float loss_grad) = 0;
-  virtual absl::StatusOr<common::Tensor> BackwardInput(int mb,
-                                                       const common::Tensor* grad_output,
-                                                       float loss_grad) = 0;
+  virtual absl::StatusOr<common::Tensor> BackwardInput(
+      int mb, const common::PiecewiseTensor* grad_output, float loss_grad) = 0;
   virtual absl::Status BackwardWeight(int mb) = 0;
   // Drops in-flight micro-batches after a failed step.
   virtual void Abandon() = 0;

@@ -6,6 +6,7 @@
 namespace pipetrain::stage_server {
 
 using common::DType;
+using common::PiecewiseTensor;
 using common::Tensor;
 using compute::BackendBuffer;
 
@@ -33,11 +34,12 @@ absl::StatusOr<std::unique_ptr<StackShard>> StackShard::Create(
   return s;
 }
 
-absl::Status StackShard::CheckShape(const Tensor& t, DType dtype, std::vector<int64_t> shape,
+absl::Status StackShard::CheckShape(DType got_dtype, const std::vector<int64_t>& got_shape,
+                                    DType dtype, std::vector<int64_t> shape,
                                     const char* what) const {
-  if (t.dtype() == dtype && t.shape() == shape) return absl::OkStatus();
+  if (got_dtype == dtype && got_shape == shape) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
-      what, " is ", common::DTypeName(t.dtype()), " ", common::ShapeString(t.shape()),
+      what, " is ", common::DTypeName(got_dtype), " ", common::ShapeString(got_shape),
       ", expected ", common::DTypeName(dtype), " ", common::ShapeString(shape)));
 }
 
@@ -50,19 +52,21 @@ absl::StatusOr<Tensor> StackShard::HostTensor(std::vector<int64_t> shape, const 
   return t;
 }
 
-absl::Status StackShard::StageInputs(const Tensor& input, const Tensor* targets) {
+absl::Status StackShard::StageInputs(const PiecewiseTensor& input, const Tensor* targets) {
   const compute::GptConfig& c = stack_->config();
   const int64_t B = rows_, T = c.seq_len, C = c.d_model;
   auto* backend = stack_->backend();
   if (has_embedding()) {
-    RETURN_IF_ERROR(CheckShape(input, DType::kI32, {B, T}, "tokens"));
+    RETURN_IF_ERROR(CheckShape(input.dtype(), input.shape(), DType::kI32, {B, T}, "tokens"));
   } else {
-    RETURN_IF_ERROR(CheckShape(input, DType::kF32, {B, T, C}, "activation"));
+    RETURN_IF_ERROR(
+        CheckShape(input.dtype(), input.shape(), DType::kF32, {B, T, C}, "activation"));
   }
-  RETURN_IF_ERROR(backend->CopyFromHost(input_.raw(), input.bytes().data(), input.num_bytes()));
+  RETURN_IF_ERROR(backend->CopyFromHostPieces(input_.raw(), input.pieces()));
   if (has_head()) {
     if (targets == nullptr) return absl::InvalidArgumentError("the head needs targets");
-    RETURN_IF_ERROR(CheckShape(*targets, DType::kI32, {B, T}, "targets"));
+    RETURN_IF_ERROR(
+        CheckShape(targets->dtype(), targets->shape(), DType::kI32, {B, T}, "targets"));
     RETURN_IF_ERROR(
         backend->CopyFromHost(targets_.raw(), targets->bytes().data(), targets->num_bytes()));
   }
@@ -75,30 +79,33 @@ absl::StatusOr<Tensor> StackShard::OutputTensor() {
   return HostTensor({rows_, c.seq_len, c.d_model}, output_.raw());
 }
 
-absl::StatusOr<Tensor> StackShard::Forward(int mb, const Tensor& input, const Tensor* targets) {
+absl::StatusOr<Tensor> StackShard::Forward(int mb, const PiecewiseTensor& input,
+                                           const Tensor* targets) {
   RETURN_IF_ERROR(StageInputs(input, targets));
   RETURN_IF_ERROR(stack_->Forward(mb, rows_, input_.raw(),
                                   has_head() ? targets_.ints() : nullptr, output_.data()));
   return OutputTensor();
 }
 
-absl::StatusOr<Tensor> StackShard::Evaluate(const Tensor& input, const Tensor* targets) {
+absl::StatusOr<Tensor> StackShard::Evaluate(const PiecewiseTensor& input,
+                                            const Tensor* targets) {
   RETURN_IF_ERROR(StageInputs(input, targets));
   RETURN_IF_ERROR(stack_->Evaluate(rows_, input_.raw(), has_head() ? targets_.ints() : nullptr,
                                    output_.data()));
   return OutputTensor();
 }
 
-absl::StatusOr<Tensor> StackShard::RunBackward(int mb, const Tensor* grad_output,
+absl::StatusOr<Tensor> StackShard::RunBackward(int mb, const PiecewiseTensor* grad_output,
                                                float loss_grad, bool split) {
   const compute::GptConfig& c = stack_->config();
   const int64_t B = rows_, T = c.seq_len, C = c.d_model;
   const float* gout = nullptr;
   if (!has_head()) {
     if (grad_output == nullptr) return absl::InvalidArgumentError("backward needs a gradient");
-    RETURN_IF_ERROR(CheckShape(*grad_output, DType::kF32, {B, T, C}, "gradient"));
-    RETURN_IF_ERROR(stack_->backend()->CopyFromHost(grad_output_.raw(), grad_output->bytes().data(),
-                                                    grad_output->num_bytes()));
+    RETURN_IF_ERROR(CheckShape(grad_output->dtype(), grad_output->shape(), DType::kF32,
+                               {B, T, C}, "gradient"));
+    RETURN_IF_ERROR(
+        stack_->backend()->CopyFromHostPieces(grad_output_.raw(), grad_output->pieces()));
     gout = grad_output_.data();
   }
   float* gin = has_embedding() ? nullptr : grad_input_.data();
@@ -111,11 +118,12 @@ absl::StatusOr<Tensor> StackShard::RunBackward(int mb, const Tensor* grad_output
   return HostTensor({B, T, C}, grad_input_.raw());
 }
 
-absl::StatusOr<Tensor> StackShard::Backward(int mb, const Tensor* grad_output, float loss_grad) {
+absl::StatusOr<Tensor> StackShard::Backward(int mb, const PiecewiseTensor* grad_output,
+                                            float loss_grad) {
   return RunBackward(mb, grad_output, loss_grad, /*split=*/false);
 }
 
-absl::StatusOr<Tensor> StackShard::BackwardInput(int mb, const Tensor* grad_output,
+absl::StatusOr<Tensor> StackShard::BackwardInput(int mb, const PiecewiseTensor* grad_output,
                                                  float loss_grad) {
   return RunBackward(mb, grad_output, loss_grad, /*split=*/true);
 }

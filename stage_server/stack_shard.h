@@ -1,6 +1,6 @@
 // ShardCompute over real GPT layers: one compute::LayerStack (a model chunk) on a
-// compute backend. Host tensors are staged into backend memory through scratch
-// buffers sized once, and outputs come back in buffers from a shared pool, so the hot
+// compute backend. Host tensors (received ones in pieces) are copied into backend
+// scratch buffers sized once, and outputs come back in buffers from a shared pool, so the hot
 // path allocates nothing after the first micro-batch.
 #pragma once
 
@@ -21,13 +21,14 @@ class StackShard final : public ShardCompute {
 
   bool has_embedding() const override { return stack_->has_embedding(); }
   bool has_head() const override { return stack_->has_head(); }
-  absl::StatusOr<common::Tensor> Forward(int mb, const common::Tensor& input,
+  absl::StatusOr<common::Tensor> Forward(int mb, const common::PiecewiseTensor& input,
                                          const common::Tensor* targets) override;
-  absl::StatusOr<common::Tensor> Evaluate(const common::Tensor& input,
+  absl::StatusOr<common::Tensor> Evaluate(const common::PiecewiseTensor& input,
                                           const common::Tensor* targets) override;
-  absl::StatusOr<common::Tensor> Backward(int mb, const common::Tensor* grad_output,
+  absl::StatusOr<common::Tensor> Backward(int mb, const common::PiecewiseTensor* grad_output,
                                           float loss_grad) override;
-  absl::StatusOr<common::Tensor> BackwardInput(int mb, const common::Tensor* grad_output,
+  absl::StatusOr<common::Tensor> BackwardInput(int mb,
+                                               const common::PiecewiseTensor* grad_output,
                                                float loss_grad) override;
   absl::Status BackwardWeight(int mb) override { return stack_->BackwardWeight(mb); }
   void Abandon() override { stack_->Abandon(); }
@@ -45,13 +46,14 @@ class StackShard final : public ShardCompute {
   StackShard(std::unique_ptr<compute::LayerStack> stack, int rows,
              std::shared_ptr<common::BufferPool> pool)
       : stack_(std::move(stack)), rows_(rows), pool_(std::move(pool)) {}
-  absl::Status CheckShape(const common::Tensor& t, common::DType dtype,
-                          std::vector<int64_t> shape, const char* what) const;
+  absl::Status CheckShape(common::DType got_dtype, const std::vector<int64_t>& got_shape,
+                          common::DType dtype, std::vector<int64_t> shape,
+                          const char* what) const;
   // Checks and copies a forward's input and targets into the backend scratch.
-  absl::Status StageInputs(const common::Tensor& input, const common::Tensor* targets);
+  absl::Status StageInputs(const common::PiecewiseTensor& input, const common::Tensor* targets);
   // The forward's output, from the backend scratch into a pooled host tensor.
   absl::StatusOr<common::Tensor> OutputTensor();
-  absl::StatusOr<common::Tensor> RunBackward(int mb, const common::Tensor* grad_output,
+  absl::StatusOr<common::Tensor> RunBackward(int mb, const common::PiecewiseTensor* grad_output,
                                              float loss_grad, bool split);
   absl::StatusOr<common::Tensor> HostTensor(std::vector<int64_t> shape, const void* src);
 

@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/piecewise_tensor.h"
 #include "common/tensor.h"
 #include "common/tensor_codec.h"
 
@@ -19,10 +20,10 @@ class TensorChannel {
   virtual absl::Status Send(const common::FrameTag& tag,
                             std::shared_ptr<const common::Tensor> tensor,
                             absl::Time deadline) = 0;
-  virtual absl::StatusOr<common::Tensor> Receive(const common::FrameTag& tag,
-                                                 absl::Time deadline) = 0;
-  // Gives a received tensor's buffer back for reuse (received buffers are pooled).
-  virtual void Recycle(common::Tensor tensor) = 0;
+  // The tensor may lie in several pieces (a peer link hands over the network's own
+  // buffers); they are released when the tensor is dropped.
+  virtual absl::StatusOr<common::PiecewiseTensor> Receive(const common::FrameTag& tag,
+                                                          absl::Time deadline) = 0;
   // Waits until everything sent has left this process.
   virtual absl::Status Flush(absl::Time deadline) = 0;
   virtual uint64_t bytes_sent() const = 0;

@@ -70,6 +70,79 @@ TEST(TensorCodecTest, RoundTripsRandomShapesAndFrameSizes) {
   EXPECT_THAT(re.Finish(), IsOk());
 }
 
+// A holder that counts how many of its kind are alive.
+struct CountedHolder {
+  explicit CountedHolder(int* alive) : alive(alive) { ++*alive; }
+  ~CountedHolder() { --*alive; }
+  int* alive;
+};
+
+TEST(TensorCodecTest, AcceptPiecesKeepsPayloadsWhereTheyAre) {
+  std::mt19937 rng(43);
+  TensorReassembler re;
+  for (int trial = 0; trial < 100; ++trial) {
+    std::vector<int64_t> shape = {1 + static_cast<int64_t>(rng() % 9),
+                                  1 + static_cast<int64_t>(rng() % 17)};
+    Tensor src = RandomTensor(DType::kF32, shape, rng);
+    const size_t frame_bytes = 1 + rng() % (src.num_bytes() + 3);
+    auto enc = TensorEncoder::Create(Tag(trial), src, frame_bytes);
+    ASSERT_THAT(enc, IsOk());
+    int alive = 0;
+    std::optional<ReceivedPieces> out;
+    std::vector<const std::byte*> starts;  // where each frame's payload lies
+    for (size_t i = 0; i < enc->num_frames(); ++i) {
+      FrameView f = enc->frame(i);
+      // Each frame's payload split further into two pieces, as network slices are.
+      const size_t cut = f.payload.size() / 2;
+      const std::span<const std::byte> pieces[] = {f.payload.first(cut),
+                                                   f.payload.subspan(cut)};
+      starts.push_back(f.payload.data());
+      auto r = re.AcceptPieces(f.header, pieces, std::make_shared<CountedHolder>(&alive));
+      ASSERT_THAT(r, IsOk());
+      ASSERT_EQ(r->has_value(), i + 1 == enc->num_frames()) << "frame " << i;
+      if (r->has_value()) out = std::move(**r);
+    }
+    ASSERT_TRUE(out.has_value());
+    EXPECT_EQ(out->tag, Tag(trial));
+    EXPECT_EQ(out->tensor.dtype(), DType::kF32);
+    EXPECT_EQ(out->tensor.shape(), shape);
+    EXPECT_EQ(alive, static_cast<int>(enc->num_frames())) << "the tensor keeps every holder";
+    // Zero copy: the pieces are the frames' own bytes, in order (empty halves dropped).
+    ASSERT_GE(out->tensor.pieces().size(), enc->num_frames());
+    EXPECT_EQ(out->tensor.pieces().front().data(), starts.front());
+    std::vector<std::byte> gathered(out->tensor.num_bytes());
+    out->tensor.CopyTo(gathered);
+    EXPECT_EQ(std::memcmp(gathered.data(), src.bytes().data(), src.num_bytes()), 0)
+        << "trial " << trial;
+    out.reset();
+    EXPECT_EQ(alive, 0) << "dropping the tensor releases the network buffers";
+  }
+}
+
+TEST(TensorCodecTest, AcceptPiecesChecksLikeAccept) {
+  std::mt19937 rng(44);
+  Tensor src = RandomTensor(DType::kF32, {4, 4}, rng);
+  auto enc = TensorEncoder::Create(Tag(), src, 32);
+  ASSERT_THAT(enc, IsOk());
+  TensorReassembler re;
+  int alive = 0;
+  FrameView first = enc->frame(0), second = enc->frame(1);
+  const std::span<const std::byte> p1[] = {first.payload}, p2[] = {second.payload};
+  ASSERT_THAT(re.AcceptPieces(first.header, p1, std::make_shared<CountedHolder>(&alive)),
+              IsOk());
+  EXPECT_EQ(alive, 1);
+  FrameHeader bad = second.header;
+  bad.shape = {2, 8};
+  EXPECT_THAT(re.AcceptPieces(bad, p2, std::make_shared<CountedHolder>(&alive)),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("shape changed")));
+  EXPECT_EQ(alive, 0) << "a rejected tensor lets its buffers go";
+  EXPECT_FALSE(re.in_progress());
+  // A stream must not mix the two modes within one tensor.
+  ASSERT_THAT(re.Accept(first.header, first.payload), IsOk());
+  EXPECT_THAT(re.AcceptPieces(second.header, p2, nullptr),
+              StatusIs(absl::StatusCode::kInternal, HasSubstr("mixed")));
+}
+
 TEST(TensorCodecTest, EncoderMakesViewsWithoutCopying) {
   std::mt19937 rng(1);
   Tensor src = RandomTensor(DType::kF32, {10, 10}, rng);
