@@ -1,9 +1,11 @@
 // CUDA build of `pipetrain-bench cuda` (cuda_bench.h). Times with CUDA events on the
 // backend's stream after a warm-up, median of the repetitions; FLOPs of the block are
 // the model's analytic count (CostOfLayer), so the causal half of attention that the
-// backend computes and throws away does not count as work.
+// backend computes and throws away does not count as work. Host copies are timed by
+// the wall clock, as their callers wait for them.
 #include "bench/cuda_bench.h"
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -76,6 +78,62 @@ absl::StatusOr<BackendBuffer<float>> RandomBuffer(compute::Backend* be, int64_t 
   return buf;
 }
 
+// Median wall seconds of `fn` followed by a device synchronize, over `reps` runs after
+// `warmup` untimed ones: what a caller of a host copy waits, DMA included.
+absl::StatusOr<double> MedianWallSeconds(int warmup, int reps,
+                                         const std::function<absl::Status()>& fn) {
+  for (int i = 0; i < warmup; ++i) RETURN_IF_ERROR(fn());
+  RETURN_IF_ERROR(EventStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
+  std::vector<double> samples;
+  for (int i = 0; i < reps; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    RETURN_IF_ERROR(fn());
+    RETURN_IF_ERROR(EventStatus(cudaDeviceSynchronize(), "cudaDeviceSynchronize"));
+    samples.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  return Median(samples);
+}
+
+// Host copies of a 64 MiB pageable buffer (a big activation as it arrives from or goes
+// to the network): the backend's staged copies against one plain pageable cudaMemcpy,
+// measured in the same run; *_staged_vs_pageable > 1 means staging is faster.
+absl::Status AddHostCopyFigures(int warmup, int reps, BenchResult& result) {
+  constexpr size_t kBytes = size_t{64} << 20;
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> be, CudaBackend::Create(0, {}));
+  std::vector<float> host(kBytes / sizeof(float));
+  const uint64_t key = compute::InitStreamKey(99, 5001, 0);
+  for (size_t i = 0; i < host.size(); ++i) {
+    host[i] = static_cast<float>(compute::NormalAt(key, i));
+  }
+  ASSIGN_OR_RETURN(auto dev, BackendBuffer<float>::Allocate(be.get(), kBytes));
+  result.Label("host copies", "64 MiB pageable, staged through pinned slots vs cudaMemcpy");
+  const auto gbps = [&](double seconds) { return kBytes / seconds / 1e9; };
+  ASSIGN_OR_RETURN(double h2d_staged, MedianWallSeconds(warmup, reps, [&] {
+                     return be->CopyFromHost(dev.raw(), host.data(), kBytes);
+                   }));
+  // One plain cudaMemcpy of the whole buffer: the driver stages pageable memory itself.
+  const auto plain = [&](void* to, const void* from, cudaMemcpyKind kind) {
+    return [=]() { return EventStatus(cudaMemcpy(to, from, kBytes, kind), "cudaMemcpy"); };
+  };
+  ASSIGN_OR_RETURN(double h2d_plain, MedianWallSeconds(warmup, reps,
+                                                       plain(dev.raw(), host.data(),
+                                                             cudaMemcpyHostToDevice)));
+  ASSIGN_OR_RETURN(double d2h_staged, MedianWallSeconds(warmup, reps, [&] {
+                     return be->CopyToHost(host.data(), dev.raw(), kBytes);
+                   }));
+  ASSIGN_OR_RETURN(double d2h_plain, MedianWallSeconds(warmup, reps,
+                                                       plain(host.data(), dev.raw(),
+                                                             cudaMemcpyDeviceToHost)));
+  result.Add("h2d_staged_gbps", gbps(h2d_staged));
+  result.Add("h2d_pageable_gbps", gbps(h2d_plain));
+  result.Add("h2d_staged_vs_pageable", h2d_plain / h2d_staged);
+  result.Add("d2h_staged_gbps", gbps(d2h_staged));
+  result.Add("d2h_pageable_gbps", gbps(d2h_plain));
+  result.Add("d2h_staged_vs_pageable", d2h_plain / d2h_staged);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<BenchResult> RunCudaBench(const BenchOptions& options) {
@@ -143,6 +201,7 @@ absl::StatusOr<BenchResult> RunCudaBench(const BenchOptions& options) {
       result.Add(mode + "_block_vs_matmul", block_tflops / matmul_tflops);
     }
   }
+  RETURN_IF_ERROR(AddHostCopyFigures(warmup, reps, result));
   return result;
 }
 

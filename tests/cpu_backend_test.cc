@@ -2,7 +2,10 @@
 // inputs, plus a few properties the reference itself must have.
 #include "stage_server/compute/cpu_backend.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
+#include <span>
 #include <vector>
 
 #include "common/testing/status_matchers.h"
@@ -273,6 +276,32 @@ TEST_F(CpuBackendTest, AdamW) {
 
 // The reference itself: LayerNorm output rows have mean 0 and variance ~1 with unit
 // weight; softmax rows sum to 1; a hand-computed GELU value.
+// The default CopyFromHostPieces: pieces land back to back, empty ones take no room,
+// and nothing past the last piece is written.
+TEST_F(CpuBackendTest, CopyFromHostPiecesPlacesPiecesConsecutively) {
+  std::vector<std::byte> src(1000);
+  const uint64_t key = InitStreamKey(77, 3000, 0);
+  for (size_t i = 0; i < src.size(); ++i) {
+    src[i] = static_cast<std::byte>(static_cast<uint64_t>(std::fabs(NormalAt(key, i)) * 1e6));
+  }
+  // Lengths 0, 1, 0, 300, 0, 699, 0: empty pieces at both ends and in between.
+  const std::span<const std::byte> all(src);
+  const std::vector<std::span<const std::byte>> pieces = {
+      all.subspan(0, 0),   all.subspan(0, 1),   all.subspan(1, 0), all.subspan(1, 300),
+      all.subspan(301, 0), all.subspan(301, 699), {}};
+  auto buf = cpu_->Allocate(src.size() + 8);
+  ASSERT_THAT(buf, IsOk());
+  auto* dst = static_cast<std::byte*>(*buf);
+  std::fill(dst, dst + src.size() + 8, std::byte{0xEE});
+  ASSERT_THAT(cpu_->CopyFromHostPieces(dst, pieces), IsOk());
+  EXPECT_TRUE(std::equal(src.begin(), src.end(), dst));
+  for (size_t i = src.size(); i < src.size() + 8; ++i) {
+    EXPECT_EQ(dst[i], std::byte{0xEE}) << "byte " << i << " past the pieces was written";
+  }
+  EXPECT_THAT(cpu_->CopyFromHostPieces(dst, {}), IsOk());
+  ASSERT_THAT(cpu_->Free(*buf), IsOk());
+}
+
 TEST(ReferenceOpsTest, Properties) {
   const int rows = 3, C = 16;
   auto x = D(Randn(rows * C, 80, 5.0));

@@ -6,9 +6,13 @@
 // is usable.
 #include "stage_server/compute/cuda_backend.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <limits>
 #include <memory>
+#include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -166,6 +170,106 @@ TEST_F(CudaBackendTest, MemoryRoundTripsZeroAndCopy) {
   ASSERT_THAT(gpu_->Zero(b, n * sizeof(float)), IsOk());
   EXPECT_EQ(Down(b, n), std::vector<float>(n, 0.0f));
   EXPECT_THAT(gpu_->Synchronize(), IsOk());
+}
+
+// ---- Host copies (staged through pinned slots) --------------------------------------------
+
+// n random bytes, never all zeros (a copy that wrote nothing into zeroed memory, or
+// into a slot still holding a previous copy's bytes, must not pass).
+std::vector<std::byte> RandomBytes(size_t n) {
+  std::mt19937_64 rng(NextSeed());
+  std::vector<std::byte> v(n);
+  for (auto& b : v) b = static_cast<std::byte>(rng() % 255 + 1);
+  return v;
+}
+
+// Both without check_every_op (copies to the device return before their last DMA, so
+// the next copy must wait for its slots) and with it.
+std::vector<std::unique_ptr<Backend>> CopyBackends() {
+  std::vector<std::unique_ptr<Backend>> out;
+  for (bool check : {false, true}) {
+    auto b = CreateCudaBackend(0, {.check_every_op = check});
+    EXPECT_THAT(b, IsOk());
+    if (b.ok()) out.push_back(std::move(*b));
+  }
+  return out;
+}
+
+// Sizes around the 64 KiB direct-copy threshold and the 4 MiB slot, and many slots.
+constexpr size_t kMiB = size_t{1} << 20;
+const size_t kCopySizes[] = {1,        (64 << 10) - 1, 64 << 10, 4 * kMiB - 1,
+                             4 * kMiB, 4 * kMiB + 1,   37 * kMiB};
+
+TEST(CudaHostCopyTest, RoundTripsAtSlotBoundaries) {
+  SKIP_WITHOUT_GPU();
+  for (auto& be : CopyBackends()) {
+    for (size_t bytes : kCopySizes) {
+      const std::string what = absl::StrCat(bytes, " bytes");
+      const std::vector<std::byte> src = RandomBytes(bytes);
+      auto dev = BackendBuffer<float>::Allocate(be.get(), bytes);
+      ASSERT_THAT(dev, IsOk()) << what;
+      ASSERT_THAT(be->CopyFromHost(dev->raw(), src.data(), bytes), IsOk()) << what;
+      // One byte in, so the host side is not aligned; the bytes around must stay.
+      std::vector<std::byte> back(bytes + 2, std::byte{0});
+      ASSERT_THAT(be->CopyToHost(back.data() + 1, dev->raw(), bytes), IsOk()) << what;
+      EXPECT_TRUE(std::equal(src.begin(), src.end(), back.begin() + 1)) << what;
+      EXPECT_EQ(back.front(), std::byte{0}) << what;
+      EXPECT_EQ(back.back(), std::byte{0}) << what;
+    }
+  }
+}
+
+TEST(CudaHostCopyTest, BackToBackCopiesDoNotOverwriteEachOther) {
+  SKIP_WITHOUT_GPU();
+  for (auto& be : CopyBackends()) {
+    // Uploads issued without a wait in between reuse the same slots, and each source is
+    // overwritten as soon as its copy returns (the caller may reuse it at once).
+    std::vector<std::vector<std::byte>> expected;
+    std::vector<BackendBuffer<float>> devs;
+    for (size_t bytes : {9 * kMiB + 7, 5 * kMiB, 300 * size_t{1024}, 13 * kMiB + 1}) {
+      expected.push_back(RandomBytes(bytes));
+      std::vector<std::byte> src = expected.back();
+      auto dev = BackendBuffer<float>::Allocate(be.get(), bytes);
+      ASSERT_THAT(dev, IsOk());
+      ASSERT_THAT(be->CopyFromHost(dev->raw(), src.data(), bytes), IsOk());
+      std::fill(src.begin(), src.end(), std::byte{0});
+      devs.push_back(std::move(*dev));
+    }
+    for (size_t i = 0; i < devs.size(); ++i) {
+      std::vector<std::byte> back(devs[i].bytes());
+      ASSERT_THAT(be->CopyToHost(back.data(), devs[i].raw(), back.size()), IsOk());
+      EXPECT_TRUE(back == expected[i]) << "buffer " << i << " of " << back.size() << " bytes";
+    }
+  }
+}
+
+TEST(CudaHostCopyTest, CopyFromHostPiecesWithRandomLayouts) {
+  SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(NextSeed());
+  for (auto& be : CopyBackends()) {
+    for (size_t total : {size_t{1}, size_t{40000}, 4 * kMiB, 11 * kMiB + 333}) {
+      for (int layout = 0; layout < 3; ++layout) {
+        const std::string what = absl::StrCat(total, " bytes, layout ", layout);
+        const std::vector<std::byte> src = RandomBytes(total);
+        const std::span<const std::byte> all(src);
+        // Pieces from empty to 1.5 slots, with empty ones at both ends.
+        std::vector<std::span<const std::byte>> pieces = {{}};
+        const size_t max_piece = layout == 0 ? 64 : layout == 1 ? 100000 : 6 * kMiB;
+        for (size_t at = 0; at < total;) {
+          const size_t n = std::min<size_t>(rng() % (max_piece + 1), total - at);
+          pieces.push_back(all.subspan(at, n));
+          at += n;
+        }
+        pieces.emplace_back();
+        auto dev = BackendBuffer<float>::Allocate(be.get(), total);
+        ASSERT_THAT(dev, IsOk()) << what;
+        ASSERT_THAT(be->CopyFromHostPieces(dev->raw(), pieces), IsOk()) << what;
+        std::vector<std::byte> back(total);
+        ASSERT_THAT(be->CopyToHost(back.data(), dev->raw(), total), IsOk()) << what;
+        EXPECT_TRUE(back == src) << what << " in " << pieces.size() << " pieces";
+      }
+    }
+  }
 }
 
 // ---- Matmul -------------------------------------------------------------------------------

@@ -15,18 +15,13 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "stage_server/compute/cuda_kernels.h"
+#include "stage_server/compute/cuda_staging.h"
+#include "stage_server/compute/cuda_status.h"
 
 namespace pipetrain::compute {
 namespace {
 
 namespace ck = cuda_kernels;
-
-absl::Status CudaStatus(cudaError_t e, const std::string& what) {
-  std::string msg = absl::StrCat("cuda backend: ", what, ": ", cudaGetErrorName(e), " (",
-                                 cudaGetErrorString(e), ")");
-  if (e == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(msg);
-  return absl::InternalError(msg);
-}
 
 absl::Status CublasStatus(cublasStatus_t s, const std::string& what) {
   std::string msg = absl::StrCat("cuda backend: ", what, ": ", cublasGetStatusName(s), " (",
@@ -35,15 +30,7 @@ absl::Status CublasStatus(cublasStatus_t s, const std::string& what) {
   return absl::InternalError(msg);
 }
 
-// CUDA_CHECK(expr, describe...): returns a Status naming the op (the StrCat of the
-// remaining arguments, built only on failure) if expr is not cudaSuccess.
-#define CUDA_CHECK(expr, ...)                                      \
-  do {                                                             \
-    if (cudaError_t _pt_e = (expr); _pt_e != cudaSuccess) {        \
-      return CudaStatus(_pt_e, absl::StrCat(__VA_ARGS__));         \
-    }                                                              \
-  } while (false)
-
+// CUBLAS_CHECK: CUDA_CHECK (cuda_status.h) for cuBLAS results.
 #define CUBLAS_CHECK(expr, ...)                                          \
   do {                                                                   \
     if (cublasStatus_t _pt_s = (expr); _pt_s != CUBLAS_STATUS_SUCCESS) { \
@@ -107,6 +94,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
   // e.g. cudaMemcpy by other code, stays ordered with it.
   CUDA_CHECK(cudaStreamCreate(&stream), "cudaStreamCreate on device ", device);
   b->stream_ = stream;
+  b->staging_ = std::make_unique<CudaStaging>(stream);
   cublasHandle_t handle = nullptr;
   CUBLAS_CHECK(cublasCreate(&handle), "cublasCreate on device ", device);
   b->cublas_ = handle;
@@ -126,10 +114,14 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(int device,
   return b;
 }
 
+CudaBackend::CudaBackend(int device, CudaBackendOptions options)
+    : device_(device), options_(options) {}
+
 CudaBackend::~CudaBackend() {
   // Errors here have nowhere to go; a device that faulted reports them on every call.
   cudaSetDevice(device_);
   if (stream_ != nullptr) cudaStreamSynchronize(S(stream_));
+  staging_.reset();  // its events and pinned slots go before the stream they were used on
   {
     std::lock_guard<std::mutex> lock(alloc_mu_);
     (void)ReleaseCachedBlocks();
@@ -250,23 +242,28 @@ absl::Status CudaBackend::Zero(void* ptr, size_t bytes) {
 }
 
 absl::Status CudaBackend::CopyFromHost(void* dst, const void* host_src, size_t bytes) {
+  const std::span<const std::byte> piece(static_cast<const std::byte*>(host_src), bytes);
+  return CopyFromHostPieces(dst, std::span<const std::span<const std::byte>>(&piece, 1));
+}
+
+absl::Status CudaBackend::CopyFromHostPieces(
+    void* dst, std::span<const std::span<const std::byte>> pieces) {
+  size_t bytes = 0;
+  for (const auto& piece : pieces) bytes += piece.size();
   if (bytes == 0) return absl::OkStatus();
+  const std::string op =
+      pieces.size() == 1
+          ? absl::StrCat("CopyFromHost(", bytes, " bytes)")
+          : absl::StrCat("CopyFromHostPieces(", bytes, " bytes in ", pieces.size(), " pieces)");
   RETURN_IF_ERROR(Activate("CopyFromHost"));
-  CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, S(stream_)),
-             "CopyFromHost(", bytes, " bytes)");
-  // The caller may reuse host_src as soon as we return; from pinned memory the copy is
-  // truly asynchronous, so wait for it.
-  CUDA_CHECK(cudaStreamSynchronize(S(stream_)), "CopyFromHost(", bytes, " bytes)");
-  return absl::OkStatus();
+  RETURN_IF_ERROR(staging_->ToDevice(dst, pieces, op));
+  return Finish(op);
 }
 
 absl::Status CudaBackend::CopyToHost(void* host_dst, const void* src, size_t bytes) {
   if (bytes == 0) return absl::OkStatus();
   RETURN_IF_ERROR(Activate("CopyToHost"));
-  CUDA_CHECK(cudaMemcpyAsync(host_dst, src, bytes, cudaMemcpyDeviceToHost, S(stream_)),
-             "CopyToHost(", bytes, " bytes)");
-  CUDA_CHECK(cudaStreamSynchronize(S(stream_)), "CopyToHost(", bytes, " bytes)");
-  return absl::OkStatus();
+  return staging_->ToHost(host_dst, src, bytes, absl::StrCat("CopyToHost(", bytes, " bytes)"));
 }
 
 absl::Status CudaBackend::Copy(void* dst, const void* src, size_t bytes) {

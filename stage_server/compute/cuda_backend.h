@@ -4,10 +4,12 @@
 // a message that says so, so callers need no #ifdefs.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <unordered_map>
 
@@ -21,6 +23,8 @@ struct CUstream_st;
 struct cublasContext;
 
 namespace pipetrain::compute {
+
+class CudaStaging;
 
 struct CudaBackendOptions {
   // cuBLAS TF32 tensor-op math for every matrix product (about 10 bits of mantissa in
@@ -57,7 +61,11 @@ class CudaBackend final : public Backend {
   absl::StatusOr<void*> Allocate(size_t bytes) override;
   absl::Status Free(void* ptr) override;
   absl::Status Zero(void* ptr, size_t bytes) override;
+  // Host copies of 64 KiB and more from/to pageable memory go through pinned slots
+  // (cuda_staging.h), so the CPU gathers one chunk while the DMA moves the previous one.
   absl::Status CopyFromHost(void* dst, const void* host_src, size_t bytes) override;
+  absl::Status CopyFromHostPieces(void* dst,
+                                  std::span<const std::span<const std::byte>> pieces) override;
   absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes) override;
   absl::Status Copy(void* dst, const void* src, size_t bytes) override;
   absl::Status Synchronize() override;
@@ -99,7 +107,8 @@ class CudaBackend final : public Backend {
                      int step) override;
 
  private:
-  CudaBackend(int device, CudaBackendOptions options) : device_(device), options_(options) {}
+  // Defined in the .cc, where CudaStaging (held by unique_ptr) is a complete type.
+  CudaBackend(int device, CudaBackendOptions options);
 
   // Returns every cached free block to the driver (when cudaMalloc runs out).
   absl::Status ReleaseCachedBlocks();
@@ -130,6 +139,9 @@ class CudaBackend final : public Backend {
   size_t row_loss_bytes_ = 0;
   void* attn_scratch_ = nullptr;  // (NH, T, T) float: d probs of one batch row
   size_t attn_scratch_bytes_ = 0;
+  // Host <-> device copies through pinned slots; it has its own lock, and its slots are
+  // allocated on the first large copy.
+  std::unique_ptr<CudaStaging> staging_;
 
   // A caching allocator: layers allocate and free their activations every micro-batch,
   // and cudaFree waits for the whole device. Freed blocks are kept by size and handed

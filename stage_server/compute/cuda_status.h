@@ -1,0 +1,33 @@
+// CUDA runtime errors as absl::Status, shared by the cuda backend's source files (the
+// backend and its copy staging), so that every message has the same form and names the
+// op that failed. Include only from CUDA-only sources.
+#pragma once
+
+#include <string>
+
+#include <cuda_runtime_api.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace pipetrain::compute {
+
+// "cuda backend: <what>: <error name> (<description>)"; out of memory is
+// ResourceExhausted, anything else Internal.
+inline absl::Status CudaStatus(cudaError_t e, const std::string& what) {
+  std::string msg = absl::StrCat("cuda backend: ", what, ": ", cudaGetErrorName(e), " (",
+                                 cudaGetErrorString(e), ")");
+  if (e == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(msg);
+  return absl::InternalError(msg);
+}
+
+}  // namespace pipetrain::compute
+
+// CUDA_CHECK(expr, describe...): returns a Status naming the op (the StrCat of the
+// remaining arguments, built only on failure) if expr is not cudaSuccess.
+#define CUDA_CHECK(expr, ...)                                                      \
+  do {                                                                             \
+    if (cudaError_t _pt_e = (expr); _pt_e != cudaSuccess) {                        \
+      return ::pipetrain::compute::CudaStatus(_pt_e, absl::StrCat(__VA_ARGS__));   \
+    }                                                                              \
+  } while (false)
