@@ -56,6 +56,8 @@ Reference Train(int steps, float clip) {
   adam.eps = o.eps;
   adam.weight_decay = o.weight_decay;
   adam.max_grad_norm = clip;
+  // Each step is compute::Trainer::Step's (zero, LossAndGrads, OptimizerStep by the
+  // stack's own norm), so the clipped cases also hold the trainer to one stage.
   for (int step = 0; step < steps; ++step) {
     EXPECT_TRUE(r.model->ZeroGrads().ok());
     auto loss = compute::LossAndGrads(*r.model, RandomBatch(step), kMicroBatches);
