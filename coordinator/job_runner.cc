@@ -193,22 +193,40 @@ class Runner {
     return absl::OkStatus();
   }
 
-  // Runs one program set on every stage at once. When a stage fails, the calls still
-  // open are cancelled so the job fails promptly.
-  absl::StatusOr<std::vector<pb::RunStepResponse>> RunOnAll(int64_t step,
-                                                            const schedule::Schedule& programs,
-                                                            const compute::TokenBatch& batch,
-                                                            float lr, const char* what) {
-    const int M = plan_.options.micro_batches, T = plan_.options.model.seq_len;
-    const int rows = batch.rows / M;
+  // Runs call(stage, context) on every stage at once, each context carrying the step
+  // deadline. When a stage fails, the calls still open are cancelled so the job fails
+  // promptly.
+  template <typename F>
+  std::vector<absl::Status> OnEveryStageCancellingOnError(F call) {
     std::vector<std::unique_ptr<grpc::ClientContext>> calls;
     for (int s = 0; s < K(); ++s) {
       calls.push_back(std::make_unique<grpc::ClientContext>());
       calls.back()->set_deadline(absl::ToChronoTime(absl::Now() + options_.step_deadline));
     }
-    std::vector<pb::RunStepResponse> out(K());
     std::once_flag cancel_once;
-    std::vector<absl::Status> st = OnEveryStage(K(), [&](int s) -> absl::Status {
+    return OnEveryStage(K(), [&](int s) -> absl::Status {
+      absl::Status status = call(s, *calls[s]);
+      if (!status.ok()) {
+        std::call_once(cancel_once, [&] {
+          for (int o = 0; o < K(); ++o) if (o != s) calls[o]->TryCancel();
+        });
+      }
+      return status;
+    });
+  }
+
+  // Runs one program set on every stage at once. With defer_optimizer the stages only
+  // report their grad_norm_sq at OPTIMIZER_STEP and wait for ApplyOnAll.
+  absl::StatusOr<std::vector<pb::RunStepResponse>> RunOnAll(int64_t step,
+                                                            const schedule::Schedule& programs,
+                                                            const compute::TokenBatch& batch,
+                                                            float lr, const char* what,
+                                                            bool defer_optimizer = false) {
+    const int M = plan_.options.micro_batches, T = plan_.options.model.seq_len;
+    const int rows = batch.rows / M;
+    std::vector<pb::RunStepResponse> out(K());
+    std::vector<absl::Status> st =
+        OnEveryStageCancellingOnError([&](int s, grpc::ClientContext& ctx) -> absl::Status {
       pb::RunStepRequest req;
       req.set_job_id(job_id_);
       req.set_step(step);
@@ -220,18 +238,34 @@ class Runner {
         }
       }
       req.set_lr(lr);
-      absl::StatusOr<pb::RunStepResponse> r = clients_[s]->RunStep(*calls[s], req);
-      if (!r.ok()) {
-        std::call_once(cancel_once, [&] {
-          for (int o = 0; o < K(); ++o) if (o != s) calls[o]->TryCancel();
-        });
-        return r.status();
-      }
-      out[s] = *std::move(r);
+      req.set_defer_optimizer(defer_optimizer);
+      ASSIGN_OR_RETURN(out[s], clients_[s]->RunStep(ctx, req));
       return absl::OkStatus();
     });
     RETURN_IF_ERROR(FirstError(st, step, what));
     return out;
+  }
+
+  // Phase 2 of a step whose optimizer was deferred: the norm over the whole model from
+  // every stage's share, then every stage's optimizer step clipped by it (as
+  // torch.nn.utils.clip_grad_norm_ on one device). Each optimizer action's timing joins
+  // its stage's response, so the step's record and timeline show it.
+  absl::Status ApplyOnAll(int64_t step, float lr, std::vector<pb::RunStepResponse>& responses) {
+    double sum_sq = 0;
+    for (const pb::RunStepResponse& r : responses) sum_sq += r.grad_norm_sq();
+    const double global_norm = std::sqrt(sum_sq);
+    std::vector<absl::Status> st =
+        OnEveryStageCancellingOnError([&](int s, grpc::ClientContext& ctx) -> absl::Status {
+      pb::ApplyOptimizerRequest req;
+      req.set_job_id(job_id_);
+      req.set_step(step);
+      req.set_global_grad_norm(global_norm);
+      req.set_lr(lr);
+      ASSIGN_OR_RETURN(pb::ApplyOptimizerResponse r, clients_[s]->ApplyOptimizer(ctx, req));
+      *responses[s].add_timings() = r.timing();
+      return absl::OkStatus();
+    });
+    return FirstError(st, step, "applying the optimizer on");
   }
 
   float LearningRate(int64_t step) const {
@@ -248,8 +282,12 @@ class Runner {
                      TrainingBatch(corpus_, plan_.options.model, t.batch_size(), t.seed(),
                                    data_offset_ + step));
     const absl::Time start = absl::Now();
+    const float lr = LearningRate(step);
+    // Clipping needs the norm over the whole model, which no stage has alone: two phases.
+    const bool two_phase = t.grad_clip_norm() > 0 && K() > 1;
     ASSIGN_OR_RETURN(std::vector<pb::RunStepResponse> responses,
-                     RunOnAll(step, plan_.programs, batch, LearningRate(step), "running"));
+                     RunOnAll(step, plan_.programs, batch, lr, "running", two_phase));
+    if (two_phase) RETURN_IF_ERROR(ApplyOnAll(step, lr, responses));
     const double wall = absl::ToDoubleSeconds(absl::Now() - start);
     timeline_ = TimelineOf(step, responses);
     return MakeStepRecord(step, responses, wall,

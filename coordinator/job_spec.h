@@ -35,7 +35,7 @@ pipetrain::v1::JobSpec WithDefaults(pipetrain::v1::JobSpec spec);
 // Checks a spec (after WithDefaults) without looking at the cluster or the corpus:
 // model shape, pipeline (schedule and recompute names, chunks, stages <= pipeline layers,
 // micro-batches dividing the batch), training (steps > 0, lr > 0, betas in [0, 1),
-// grad_clip_norm only on one stage), data (corpus given, validation_fraction in [0, 1)),
+// grad_clip_norm >= 0), data (corpus given, validation_fraction in [0, 1)),
 // checkpoint (every_steps >= 0). The first error, naming its field, e.g.
 // "training.batch_size: 10 is not divisible by pipeline.micro_batches 4".
 absl::Status ValidateJobSpec(const pipetrain::v1::JobSpec& spec);

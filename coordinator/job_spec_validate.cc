@@ -35,7 +35,7 @@ absl::Status CheckNonNegative(absl::string_view field, double v, absl::string_vi
   return Invalid(field, absl::StrCat("must be >= 0 (got ", v, "); ", hint));
 }
 
-absl::Status ValidateTraining(const pb::TrainingSpec& t, int stages) {
+absl::Status ValidateTraining(const pb::TrainingSpec& t) {
   if (t.steps() <= 0) {
     return Invalid("training.steps", absl::StrCat("must be > 0 (got ", t.steps(),
                                                   "); it is the number of optimizer steps"));
@@ -56,11 +56,6 @@ absl::Status ValidateTraining(const pb::TrainingSpec& t, int stages) {
   }
   RETURN_IF_ERROR(
       CheckNonNegative("training.grad_clip_norm", t.grad_clip_norm(), "0 turns clipping off"));
-  if (t.grad_clip_norm() > 0 && stages > 1) {
-    return Invalid("training.grad_clip_norm",
-                   "global-norm clipping across stages is not supported yet; set it to 0 or "
-                   "use pipeline.stages=1");
-  }
   if (t.warmup_steps() < 0) {
     return Invalid("training.warmup_steps",
                    absl::StrCat("must be >= 0 (got ", t.warmup_steps(), "); 0 means no warm-up"));
@@ -120,7 +115,7 @@ absl::Status ValidateJobSpec(const pb::JobSpec& spec) {
                                 " blocks, head); every stage needs at least one layer, so lower "
                                 "it or raise model.n_layers"));
   }
-  RETURN_IF_ERROR(ValidateTraining(spec.training(), options.stages));
+  RETURN_IF_ERROR(ValidateTraining(spec.training()));
   RETURN_IF_ERROR(ValidateData(spec.data()));
   if (spec.checkpoint().every_steps() < 0) {
     return Invalid("checkpoint.every_steps",

@@ -58,6 +58,18 @@ absl::StatusOr<pb::RunStepResponse> StageClient::RunStep(grpc::ClientContext& ct
   return response;
 }
 
+absl::StatusOr<pb::ApplyOptimizerResponse> StageClient::ApplyOptimizer(
+    grpc::ClientContext& ctx, const pb::ApplyOptimizerRequest& request) {
+  security_.AddToken(ctx);
+  pb::ApplyOptimizerResponse response;
+  if (absl::Status s =
+          Annotate(stub_->ApplyOptimizer(&ctx, request, &response), "ApplyOptimizer");
+      !s.ok()) {
+    return s;
+  }
+  return response;
+}
+
 absl::StatusOr<std::string> StageClient::ExportShard(const std::string& job_id, int chunk,
                                                      absl::Duration deadline) {
   grpc::ClientContext ctx;

@@ -25,6 +25,9 @@ class StageClient {
   // `ctx` carries the deadline and lets another thread cancel the call.
   absl::StatusOr<pipetrain::v1::RunStepResponse> RunStep(
       grpc::ClientContext& ctx, const pipetrain::v1::RunStepRequest& request);
+  // Phase 2 of a deferred step; `ctx` as for RunStep.
+  absl::StatusOr<pipetrain::v1::ApplyOptimizerResponse> ApplyOptimizer(
+      grpc::ClientContext& ctx, const pipetrain::v1::ApplyOptimizerRequest& request);
   // One model chunk's checkpoint file, reassembled from its pieces.
   absl::StatusOr<std::string> ExportShard(const std::string& job_id, int chunk,
                                           absl::Duration deadline);

@@ -1,5 +1,6 @@
 #include "stage_server/executor.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
@@ -35,6 +36,7 @@ struct Executor::StepState {
   std::vector<float> losses;
   std::vector<bool> have_loss;
   double grad_norm_sq = 0;  // this stage's, summed when the optimizer step comes
+  std::optional<PendingOptimizer> deferred;  // held back by defer_optimizer
   size_t peak_bytes = 0;    // activations of all chunks together, at their most
 };
 
@@ -133,7 +135,16 @@ absl::Status Executor::CheckProgram(const schedule::StageProgram& p,
 
 absl::StatusOr<StepResult> Executor::RunStep(const schedule::StageProgram& program,
                                              StepInputs inputs) {
+  RETURN_IF_ERROR(CheckNoPendingOptimizer(absl::StrCat("step ", inputs.step)));
   RETURN_IF_ERROR(CheckProgram(program, inputs));
+  if (inputs.defer_optimizer &&
+      std::none_of(program.actions.begin(), program.actions.end(), [](const Action& a) {
+        return a.kind == ActionKind::kOptimizerStep;
+      })) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "job '", config_.job_id, "' stage ", config_.stage, " step ", inputs.step,
+        ": field defer_optimizer is set but the program has no optimizer step"));
+  }
   StepState st;
   st.num_micro_batches = program.num_micro_batches;
   st.forward_only = program.forward_only;
@@ -188,6 +199,8 @@ absl::StatusOr<StepResult> Executor::RunStep(const schedule::StageProgram& progr
                                                     "): ", s.message()));
       break;
     }
+    // A held-back optimizer step reports its timing when ApplyOptimizer runs it.
+    if (a.kind == ActionKind::kOptimizerStep && st.inputs.defer_optimizer) continue;
     result.timings.push_back(t);
   }
   if (failure.ok()) {
@@ -212,6 +225,7 @@ absl::StatusOr<StepResult> Executor::RunStep(const schedule::StageProgram& progr
   const bool holds_head = (LastVirtualStage() % config_.num_stages) == config_.stage;
   if (holds_head) result.losses = st.losses;
   result.grad_norm_sq = st.grad_norm_sq;
+  pending_ = std::move(st.deferred);
   result.bytes_sent =
       (next_ ? next_->bytes_sent() : 0) + (prev_ ? prev_->bytes_sent() : 0) - sent0;
   result.bytes_received =
@@ -327,6 +341,11 @@ absl::Status Executor::RunAction(const Action& a, StepState& st, ActionTiming& t
     case ActionKind::kOptimizerStep: {
       OptimizerSettings settings = config_.optimizer;
       if (st.inputs.lr) settings.lr = *st.inputs.lr;
+      if (st.inputs.defer_optimizer) {
+        // The gradients stay as they are until ApplyOptimizer brings the global norm.
+        st.deferred = PendingOptimizer{st.inputs.step, a, settings, st.start};
+        return absl::OkStatus();
+      }
       std::optional<double> norm = st.inputs.global_grad_norm;
       // Without the global norm, clip by this stage's (all its chunks together).
       if (!norm && settings.grad_clip_norm > 0) norm = std::sqrt(st.grad_norm_sq);
@@ -335,6 +354,50 @@ absl::Status Executor::RunAction(const Action& a, StepState& st, ActionTiming& t
     }
   }
   return absl::InvalidArgumentError("unknown action kind");
+}
+
+std::optional<uint64_t> Executor::pending_optimizer_step() const {
+  if (!pending_) return std::nullopt;
+  return pending_->step;
+}
+
+absl::Status Executor::CheckNoPendingOptimizer(const std::string& what) const {
+  if (!pending_) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      what, " of job '", config_.job_id, "' stage ", config_.stage,
+      ": the optimizer step of step ", pending_->step,
+      " is still pending (its deferred run ended; ApplyOptimizer must come first)"));
+}
+
+absl::StatusOr<ActionTiming> Executor::ApplyOptimizer(uint64_t step, double global_grad_norm,
+                                                      std::optional<float> lr) {
+  const std::string where =
+      absl::StrCat("apply optimizer of job '", config_.job_id, "' stage ", config_.stage,
+                   " step ", step);
+  if (!pending_ || pending_->step != step) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        where, ": no optimizer step is pending for this step",
+        pending_ ? absl::StrCat(" (step ", pending_->step, "'s is)")
+                 : std::string(" (none is: run the step with defer_optimizer first)")));
+  }
+  // NaN passes through, as it does when a stage clips by its own norm.
+  if (global_grad_norm < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": field global_grad_norm is ", global_grad_norm, ", must be >= 0"));
+  }
+  PendingOptimizer p = *std::move(pending_);
+  pending_.reset();  // applied or failed, it is not pending any more
+  if (lr) p.settings.lr = *lr;
+  ActionTiming t;
+  t.action = p.action;
+  t.start_us = absl::ToInt64Microseconds(absl::Now() - p.step_start);
+  for (auto& c : chunks_) {
+    if (absl::Status s = c->OptimizerStep(p.settings, global_grad_norm); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(where, ": ", s.message()));
+    }
+  }
+  t.end_us = absl::ToInt64Microseconds(absl::Now() - p.step_start);
+  return t;
 }
 
 }  // namespace pipetrain::stage_server

@@ -46,6 +46,9 @@ struct StepInputs {
   // Global gradient norm for clipping, when the caller computed it across stages;
   // without it, clipping (if on) uses this stage's own norm.
   std::optional<double> global_grad_norm;
+  // Phase 1 of a two-phase step: OPTIMIZER_STEP only computes grad_norm_sq; the
+  // gradients are kept and the optimizer waits for ApplyOptimizer with the global norm.
+  bool defer_optimizer = false;
 };
 
 struct ActionTiming {
@@ -75,8 +78,21 @@ class Executor {
 
   // Runs the program. On error the step's partial state is dropped and the status
   // names the job, stage, step and action.
+  // While an optimizer step is pending it is FAILED_PRECONDITION naming it.
   absl::StatusOr<StepResult> RunStep(const schedule::StageProgram& program,
                                      StepInputs inputs);
+
+  // Phase 2: applies the optimizer step that `step`'s deferred run held back, clipping
+  // (when on) by `global_grad_norm`; `lr` replaces phase 1's learning rate when given.
+  // Returns the optimizer action's timing on the step's clock. FAILED_PRECONDITION
+  // when no optimizer step of `step` is pending; nothing is pending afterwards.
+  absl::StatusOr<ActionTiming> ApplyOptimizer(uint64_t step, double global_grad_norm,
+                                              std::optional<float> lr);
+  // The step whose optimizer step is pending, if any.
+  std::optional<uint64_t> pending_optimizer_step() const;
+  // OK, or FAILED_PRECONDITION naming the job, stage and pending step and `what` was
+  // refused (a step, a configure, an export): they must wait for ApplyOptimizer.
+  absl::Status CheckNoPendingOptimizer(const std::string& what) const;
 
   const ExecutorConfig& config() const { return config_; }
   // Replaces the neighbour channels (after links are made or remade).
@@ -89,6 +105,13 @@ class Executor {
  private:
   using Key = std::pair<int, int>;  // (chunk, micro-batch)
   struct StepState;
+  // An optimizer step held back by a deferred run, kept until ApplyOptimizer.
+  struct PendingOptimizer {
+    uint64_t step = 0;
+    schedule::Action action;
+    OptimizerSettings settings;  // with the step's learning rate
+    absl::Time step_start;       // the step's clock, for the action's timing
+  };
 
   absl::Status CheckProgram(const schedule::StageProgram& program,
                             const StepInputs& inputs) const;
@@ -103,6 +126,7 @@ class Executor {
   TensorChannel* next_;
   TensorChannel* prev_;
   std::shared_ptr<common::BufferPool> pool_;
+  std::optional<PendingOptimizer> pending_;
 };
 
 }  // namespace pipetrain::stage_server

@@ -86,6 +86,9 @@ absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config)
   }
 
   absl::MutexLock lock(&mu_);
+  if (job_ && job_->config.job_id == config.job_id) {
+    RETURN_IF_ERROR(job_->executor->CheckNoPendingOptimizer("configure"));
+  }
   if (job_) acceptor_.Forget(job_->config.job_id);
   job_.reset();  // frees the previous job's memory before allocating the new one
   {
@@ -200,6 +203,8 @@ absl::StatusOr<StepReport> StageRuntime::RunStep(StepRequest request) {
         "step ", request.step, " of job '", request.job_id, "': step ", *job.last_step,
         " already ran; steps must increase, except an evaluation after its step (field step)"));
   }
+  // Before any link work: the pending optimizer step must be applied first.
+  RETURN_IF_ERROR(job.executor->CheckNoPendingOptimizer(absl::StrCat("step ", request.step)));
   // A failed link is rebuilt at the next step rather than leaving the stage stuck.
   if (job.next && !job.next->status().ok()) job.next.reset();
   if (job.prev && !job.prev->status().ok()) job.prev.reset();
@@ -220,6 +225,12 @@ absl::StatusOr<StepReport> StageRuntime::RunStep(StepRequest request) {
   report.emulated = job.emulated;
   report.result = std::move(result);
   return report;
+}
+
+absl::StatusOr<ActionTiming> StageRuntime::ApplyOptimizer(const ApplyOptimizerRequest& request) {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckJob(request.job_id, absl::StrCat("apply optimizer (step ", request.step, ")")));
+  return job_->executor->ApplyOptimizer(request.step, request.global_grad_norm, request.lr);
 }
 
 RuntimeStats StageRuntime::Stats() const {
@@ -264,13 +275,16 @@ absl::StatusOr<std::vector<float>> StageRuntime::GetParam(const std::string& nam
 
 namespace pipetrain::stage_server {
 
+absl::Status StageRuntime::CheckJob(const std::string& job_id, const std::string& what) const {
+  if (job_ && job_->config.job_id == job_id) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      what, " of job '", job_id, "': this stage is configured for ",
+      job_ ? absl::StrCat("job '", job_->config.job_id, "'") : std::string("no job")));
+}
+
 absl::StatusOr<StackShard*> StageRuntime::ChunkOf(const std::string& job_id, int chunk,
                                                   const char* what) const {
-  if (!job_ || job_->config.job_id != job_id) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, " of job '", job_id, "': this stage is configured for ",
-        job_ ? absl::StrCat("job '", job_->config.job_id, "'") : std::string("no job")));
-  }
+  RETURN_IF_ERROR(CheckJob(job_id, what));
   if (job_->emulated) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, " of job '", job_id, "': an emulated stage has no weights"));
@@ -285,6 +299,7 @@ absl::StatusOr<StackShard*> StageRuntime::ChunkOf(const std::string& job_id, int
 absl::StatusOr<std::string> StageRuntime::ExportChunk(const std::string& job_id, int chunk) const {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(StackShard * shard, ChunkOf(job_id, chunk, "export"));
+  RETURN_IF_ERROR(job_->executor->CheckNoPendingOptimizer("export"));
   ASSIGN_OR_RETURN(compute::Checkpoint ckpt,
                    compute::CheckpointOfStack(shard->stack(), /*with_optimizer=*/true));
   return compute::SerializeCheckpoint(ckpt);
@@ -294,6 +309,7 @@ absl::Status StageRuntime::ImportChunk(const std::string& job_id, int chunk,
                                        const std::string& bytes) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(StackShard * shard, ChunkOf(job_id, chunk, "import"));
+  RETURN_IF_ERROR(job_->executor->CheckNoPendingOptimizer("import"));
   const std::string source = absl::StrCat("shard of job '", job_id, "' chunk ", chunk);
   ASSIGN_OR_RETURN(compute::Checkpoint ckpt, compute::ParseCheckpoint(bytes, source));
   absl::Status s = compute::RestoreStack(ckpt, shard->stack());

@@ -61,6 +61,14 @@ struct StepRequest {
   StepInputs inputs;
 };
 
+// Phase 2 of a deferred step (StepInputs::defer_optimizer).
+struct ApplyOptimizerRequest {
+  std::string job_id;
+  uint64_t step = 0;
+  double global_grad_norm = 0;
+  std::optional<float> lr;  // default: the one the step ran with
+};
+
 struct StepReport {
   StepResult result;
   uint64_t peak_memory_bytes = 0;
@@ -81,11 +89,18 @@ class StageRuntime {
   explicit StageRuntime(RuntimeOptions options);
   ~StageRuntime();
 
-  // Replaces any configured job. Bad fields are INVALID_ARGUMENT naming the field; a
+  // Replaces any configured job; refused (FAILED_PRECONDITION) for the configured job
+  // itself while its optimizer step is pending. Another job replaces it even then:
+  // a coordinator that failed between the phases must not leave the stage unusable.
+  // Bad fields are INVALID_ARGUMENT naming the field; a
   // job over the memory limit is RESOURCE_EXHAUSTED naming bytes needed and available,
   // refused before anything is allocated.
   absl::StatusOr<ConfigureResult> Configure(const JobConfig& config);
+  // FAILED_PRECONDITION while an optimizer step is pending.
   absl::StatusOr<StepReport> RunStep(StepRequest request);
+  // Applies the optimizer step a deferred RunStep held back; returns its timing.
+  // FAILED_PRECONDITION naming job, stage and step when none of that step is pending.
+  absl::StatusOr<ActionTiming> ApplyOptimizer(const ApplyOptimizerRequest& request);
   RuntimeStats Stats() const;  // waits for a running step to finish
   bool configured() const;
   // The configured job, without waiting for a running step (heartbeats use it).
@@ -95,6 +110,8 @@ class StageRuntime {
   absl::StatusOr<std::vector<float>> GetParam(const std::string& name) const;
   // Model chunk `chunk` (weights, AdamW moments and step) as a safetensors checkpoint
   // file's bytes, and back. Import checks names, shapes and the layer range first.
+  // Both are FAILED_PRECONDITION while an optimizer step is pending (the weights are
+  // between two steps).
   absl::StatusOr<std::string> ExportChunk(const std::string& job_id, int chunk) const;
   absl::Status ImportChunk(const std::string& job_id, int chunk, const std::string& bytes);
 
@@ -108,6 +125,9 @@ class StageRuntime {
   struct Job;
   absl::Status ValidateConfig(const JobConfig& config) const;
   absl::Status EnsureLinks(Job& job);
+  // FAILED_PRECONDITION "WHAT of job 'ID': ..." unless `job_id` is the configured job.
+  absl::Status CheckJob(const std::string& job_id, const std::string& what) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<StackShard*> ChunkOf(const std::string& job_id, int chunk, const char* what) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -61,20 +61,33 @@ absl::StatusOr<StepRequest> StepRequestFromProto(const pb::RunStepRequest& r) {
     s.inputs.targets.push_back(std::move(t));
   }
   if (r.lr() > 0) s.inputs.lr = r.lr();
+  s.inputs.defer_optimizer = r.defer_optimizer();
   return s;
+}
+
+absl::StatusOr<ApplyOptimizerRequest> ApplyOptimizerRequestFromProto(
+    const pb::ApplyOptimizerRequest& r) {
+  ApplyOptimizerRequest a;
+  a.job_id = r.job_id();
+  if (r.step() < 0) return absl::InvalidArgumentError("field step must be >= 0");
+  a.step = r.step();
+  a.global_grad_norm = r.global_grad_norm();
+  if (r.lr() > 0) a.lr = r.lr();
+  return a;
+}
+
+void ActionTimingToProto(const ActionTiming& t, pb::ActionTiming* p) {
+  *p->mutable_action() = schedule::ActionToProto(t.action);
+  p->set_lane(t.link ? "link" : "compute");
+  p->set_start_us(t.start_us);
+  p->set_end_us(t.end_us);
+  p->set_bytes(t.bytes);
 }
 
 void StepReportToProto(const StepReport& report, pb::RunStepResponse* out) {
   const StepResult& r = report.result;
   for (float l : r.losses) out->add_losses(l);
-  for (const ActionTiming& t : r.timings) {
-    pb::ActionTiming* p = out->add_timings();
-    *p->mutable_action() = schedule::ActionToProto(t.action);
-    p->set_lane(t.link ? "link" : "compute");
-    p->set_start_us(t.start_us);
-    p->set_end_us(t.end_us);
-    p->set_bytes(t.bytes);
-  }
+  for (const ActionTiming& t : r.timings) ActionTimingToProto(t, out->add_timings());
   out->set_peak_activation_bytes(r.peak_activation_bytes);
   out->set_peak_memory_bytes(report.peak_memory_bytes);
   out->set_bytes_sent(r.bytes_sent);
@@ -140,6 +153,28 @@ grpc::Status StageService::RunStep(grpc::ServerContext* context, const pb::RunSt
   response->set_job_id(request->job_id());
   response->set_step(request->step());
   StepReportToProto(*report, response);
+  return grpc::Status::OK;
+}
+
+grpc::Status StageService::ApplyOptimizer(grpc::ServerContext* context,
+                                          const pb::ApplyOptimizerRequest* request,
+                                          pb::ApplyOptimizerResponse* response) {
+  if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
+  auto apply = ApplyOptimizerRequestFromProto(*request);
+  if (!apply.ok()) {
+    return common::ToGrpcStatus(absl::Status(
+        apply.status().code(), absl::StrCat("apply optimizer of job '", request->job_id(),
+                                            "' step ", request->step(), ": ",
+                                            apply.status().message())));
+  }
+  auto timing = runtime_->ApplyOptimizer(*apply);
+  if (!timing.ok()) {
+    common::LogWarning("stage", std::string(timing.status().message()));
+    return common::ToGrpcStatus(timing.status());
+  }
+  response->set_job_id(request->job_id());
+  response->set_step(request->step());
+  ActionTimingToProto(*timing, response->mutable_timing());
   return grpc::Status::OK;
 }
 

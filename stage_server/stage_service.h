@@ -23,6 +23,9 @@ class StageService final
                          pipetrain::v1::ConfigureResponse* response) override;
   grpc::Status RunStep(grpc::ServerContext* context, const pipetrain::v1::RunStepRequest* request,
                        pipetrain::v1::RunStepResponse* response) override;
+  grpc::Status ApplyOptimizer(grpc::ServerContext* context,
+                              const pipetrain::v1::ApplyOptimizerRequest* request,
+                              pipetrain::v1::ApplyOptimizerResponse* response) override;
   grpc::Status ExportShard(grpc::ServerContext* context,
                            const pipetrain::v1::ExportShardRequest* request,
                            grpc::ServerWriter<pipetrain::v1::ShardChunk>* writer) override;
@@ -47,5 +50,8 @@ class StageService final
 absl::StatusOr<JobConfig> JobConfigFromProto(const pipetrain::v1::ConfigureRequest& request);
 absl::StatusOr<StepRequest> StepRequestFromProto(const pipetrain::v1::RunStepRequest& request);
 void StepReportToProto(const StepReport& report, pipetrain::v1::RunStepResponse* response);
+absl::StatusOr<ApplyOptimizerRequest> ApplyOptimizerRequestFromProto(
+    const pipetrain::v1::ApplyOptimizerRequest& request);
+void ActionTimingToProto(const ActionTiming& timing, pipetrain::v1::ActionTiming* out);
 
 }  // namespace pipetrain::stage_server

@@ -3,8 +3,12 @@
 // every step's loss and the final weights match the single-stack reference, for every
 // schedule, recompute mode and K in {1, 2, 4}. A forward-only (evaluation) step between
 // two training steps gives the reference model's losses on its batch and leaves every
-// weight, gradient and AdamW moment bit for bit as it was. Also: bad programs are
-// refused, and an emulated stage takes the cost model's time and reports real sizes.
+// weight, gradient and AdamW moment bit for bit as it was. With global-norm clipping
+// (every step clips) K > 1 runs each step in two phases, the optimizer deferred until
+// the summed norm comes, and still matches the clipped reference; a deferred step
+// applied later is bit for bit one run with the same norm, and out-of-turn calls are
+// refused. Also: bad programs are refused, and an emulated stage takes the cost
+// model's time and reports real sizes.
 #include "stage_server/executor.h"
 
 #include <cmath>
@@ -43,18 +47,24 @@ using ::pipetrain::testing::Rows;
 constexpr int kSteps = 3;
 compute::GptConfig Tiny() { return ::pipetrain::testing::TinyModel(); }
 OptimizerSettings Adam() { return ::pipetrain::testing::TestAdam(); }
-const Reference& SharedReference() { return ::pipetrain::testing::SharedReference(kSteps); }
+const Reference& SharedReference(float clip) {
+  return ::pipetrain::testing::SharedReference(kSteps, clip);
+}
+// Small enough that every step of the tiny model clips (the tests check that it does).
+constexpr float kClip = 0.05f;
 
 struct Case {
   planner::ScheduleKind schedule;
   int stages;
   int chunks;
   pipetrain::v1::RecomputeMode recompute;
+  float clip = 0;  // global-norm clipping; with K > 1 each step runs in two phases
 };
 
 std::string Name(const Case& c) {
   return absl::StrCat(planner::ScheduleName(c.schedule), " K=", c.stages, " v=", c.chunks,
-                      " recompute=", planner::RecomputeName(c.recompute));
+                      " recompute=", planner::RecomputeName(c.recompute),
+                      c.clip > 0 ? absl::StrCat(" clip=", c.clip) : "");
 }
 
 // Every parameter, gradient and AdamW moment of a stage's chunks, and their step
@@ -130,11 +140,14 @@ void RunPipeline(const Case& c) {
     ec.num_chunks = c.chunks;
     ec.recv_timeout = absl::Seconds(20);
     ec.optimizer = Adam();
+    ec.optimizer.grad_clip_norm = c.clip;
     executors.push_back(std::make_unique<Executor>(ec, std::move(chunks), up[s].get(),
                                                    down[s].get(), pool));
   }
 
-  // One step of `programs` on every stage at once.
+  // One step of `programs` on every stage at once. With clipping on several stages the
+  // optimizer waits (defer_optimizer) for the coordinator's part, done after the join.
+  const bool two_phase = c.clip > 0 && K > 1;
   auto run_all = [&](const schedule::Schedule& programs, uint64_t step,
                      const compute::TokenBatch& batch) {
     std::vector<absl::StatusOr<StepResult>> results(K, absl::UnknownError("not run"));
@@ -147,6 +160,7 @@ void RunPipeline(const Case& c) {
           if (s == 0) in.tokens.push_back(Rows(batch.inputs, mb, rows));
           if (s == K - 1) in.targets.push_back(Rows(batch.targets, mb, rows));
         }
+        in.defer_optimizer = two_phase && !programs[s].forward_only;
         results[s] = executors[s]->RunStep(programs[s], std::move(in));
       });
     }
@@ -156,10 +170,28 @@ void RunPipeline(const Case& c) {
 
   auto eval_programs = planner::ForwardOnlySchedule(K, kMicroBatches, c.chunks);
   ASSERT_THAT(eval_programs.status(), IsOk());
-  const Reference& ref = SharedReference();
+  const Reference& ref = SharedReference(c.clip);
   for (int step = 0; step < kSteps; ++step) {
-    const auto results = run_all(plan->programs, step, RandomBatch(step));
+    auto results = run_all(plan->programs, step, RandomBatch(step));
     for (int s = 0; s < K; ++s) ASSERT_THAT(results[s].status(), IsOk()) << "stage " << s;
+    double sum_sq = 0;
+    for (int s = 0; s < K; ++s) sum_sq += results[s]->grad_norm_sq;
+    if (c.clip > 0) {
+      // The stages' shares add up to the whole model's norm, and it is over the limit.
+      EXPECT_NEAR(std::sqrt(sum_sq), ref.grad_norms[step], 1e-5 * ref.grad_norms[step])
+          << "step " << step;
+      EXPECT_GT(std::sqrt(sum_sq), c.clip) << "step " << step << " should clip";
+    }
+    if (two_phase) {
+      // The coordinator's part: the global norm to every stage, which then steps.
+      for (int s = 0; s < K; ++s) {
+        ASSERT_EQ(executors[s]->pending_optimizer_step(), std::optional<uint64_t>(step));
+        auto timing = executors[s]->ApplyOptimizer(step, std::sqrt(sum_sq), std::nullopt);
+        ASSERT_THAT(timing.status(), IsOk()) << "stage " << s;
+        EXPECT_EQ(timing->action.kind, schedule::ActionKind::kOptimizerStep);
+        EXPECT_GE(timing->start_us, results[s]->timings.back().end_us);
+      }
+    }
     const std::vector<float>& losses = results[K - 1]->losses;
     ASSERT_EQ(losses.size(), static_cast<size_t>(kMicroBatches));
     double loss = 0;
@@ -180,7 +212,7 @@ void RunPipeline(const Case& c) {
     const auto eval = run_all(*eval_programs, kEvalStep, EvalBatch());
     for (int s = 0; s < K; ++s) ASSERT_THAT(eval[s].status(), IsOk()) << "stage " << s;
     const std::vector<double> want =
-        ::pipetrain::testing::ReferenceEvalLosses(kEvalAfter + 1, EvalBatch());
+        ::pipetrain::testing::ReferenceEvalLosses(kEvalAfter + 1, EvalBatch(), c.clip);
     ASSERT_EQ(eval[K - 1]->losses.size(), want.size());
     for (int mb = 0; mb < kMicroBatches; ++mb) {
       EXPECT_NEAR(eval[K - 1]->losses[mb], want[mb], 1e-5 * std::abs(want[mb]))
@@ -234,6 +266,14 @@ std::vector<Case> AllCases() {
       if (K > 1) cases.push_back({planner::ScheduleKind::kInterleaved, K, 2, mode});
     }
   }
+  // Global-norm clipping: one stage clips by its own norm; more stages defer the
+  // optimizer and apply it with the sum of their shares.
+  for (int K : {1, 2, 4}) {
+    cases.push_back({planner::ScheduleKind::kGpipe, K, 1, pipetrain::v1::RECOMPUTE_NEVER, kClip});
+    cases.push_back({planner::ScheduleKind::kOneFOneB, K, 1, pipetrain::v1::RECOMPUTE_NEVER, kClip});
+  }
+  cases.push_back(
+      {planner::ScheduleKind::kInterleaved, 2, 2, pipetrain::v1::RECOMPUTE_NEVER, kClip});
   return cases;
 }
 
@@ -257,7 +297,7 @@ struct Single {
   schedule::StageProgram program;
 };
 
-Single MakeSingle(int stages = 1, int stage = 0) {
+Single MakeSingle(int stages = 1, int stage = 0, OptimizerSettings optimizer = {}) {
   Single s;
   auto pool = std::make_shared<common::BufferPool>();
   auto stack = *compute::LayerStack::Create(Tiny(), 0, Tiny().num_pipeline_layers(), s.backend.get());
@@ -269,6 +309,7 @@ Single MakeSingle(int stages = 1, int stage = 0) {
   ec.stage = stage;
   ec.num_stages = stages;
   ec.recv_timeout = absl::Milliseconds(100);
+  ec.optimizer = optimizer;
   s.executor = std::make_unique<Executor>(ec, std::move(chunks), nullptr, nullptr, pool);
   s.program.stage = stage;
   s.program.num_stages = stages;
@@ -296,6 +337,115 @@ TEST(ExecutorTest, RunsAValidProgram) {
   ASSERT_EQ(r->timings.size(), 5u);
   for (const ActionTiming& t : r->timings) EXPECT_LE(t.start_us, t.end_us);
   EXPECT_GT(r->grad_norm_sq, 0.0);
+}
+
+std::vector<std::vector<float>> Weights(Executor& ex) {
+  std::vector<std::vector<float>> out;
+  compute::LayerStack& stack = static_cast<StackShard&>(ex.chunk(0)).stack();
+  for (const compute::ParamSpec& p : stack.Params()) out.push_back(*stack.GetParam(p.name));
+  return out;
+}
+
+// Phase 1 (defer_optimizer) then phase 2 (ApplyOptimizer) is the same step as one run
+// given the same global norm: bit for bit, over two steps (AdamW's state carries on).
+TEST(ExecutorTest, ADeferredStepAppliedLaterEqualsOneRunWithTheSameNorm) {
+  OptimizerSettings clipped = Adam();
+  clipped.grad_clip_norm = kClip;
+  Single direct = MakeSingle(1, 0, clipped), deferred = MakeSingle(1, 0, clipped);
+  const std::vector<std::vector<float>> initial = Weights(*deferred.executor);
+  for (uint64_t step = 1; step <= 2; ++step) {
+    SCOPED_TRACE(absl::StrCat("step ", step));
+    // A norm unlike the stage's own, so that using it (and not the own) shows.
+    const double norm = 3.0 * step;
+    StepInputs in = Inputs(2, true, true);
+    in.step = step;
+    in.global_grad_norm = norm;
+    in.lr = 0.02f;
+    auto want = direct.executor->RunStep(direct.program, std::move(in));
+    ASSERT_THAT(want.status(), IsOk());
+
+    in = Inputs(2, true, true);
+    in.step = step;
+    in.defer_optimizer = true;
+    in.lr = 0.02f;
+    const std::vector<std::vector<float>> before = Weights(*deferred.executor);
+    auto got = deferred.executor->RunStep(deferred.program, std::move(in));
+    ASSERT_THAT(got.status(), IsOk());
+    EXPECT_EQ(got->grad_norm_sq, want->grad_norm_sq);
+    EXPECT_EQ(got->losses, want->losses);
+    EXPECT_TRUE(Weights(*deferred.executor) == before) << "phase 1 changed a weight";
+    if (step == 1) {
+      EXPECT_TRUE(before == initial);
+    }
+    // Every action but the optimizer's, which phase 2 reports.
+    ASSERT_EQ(got->timings.size(), want->timings.size() - 1);
+    EXPECT_EQ(deferred.executor->pending_optimizer_step(), std::optional<uint64_t>(step));
+
+    auto timing = deferred.executor->ApplyOptimizer(step, norm, std::nullopt);
+    ASSERT_THAT(timing.status(), IsOk());
+    EXPECT_EQ(schedule::ToString(timing->action), "OPT");
+    EXPECT_FALSE(timing->link);
+    EXPECT_GE(timing->start_us, got->timings.back().end_us);
+    EXPECT_LE(timing->start_us, timing->end_us);
+    EXPECT_FALSE(deferred.executor->pending_optimizer_step().has_value());
+    EXPECT_TRUE(Weights(*deferred.executor) == Weights(*direct.executor));
+    EXPECT_FALSE(Weights(*deferred.executor) == before);
+  }
+}
+
+// Out-of-order calls are FAILED_PRECONDITION naming job, stage and step, and change
+// nothing; bad values are INVALID_ARGUMENT naming the field.
+TEST(ExecutorTest, ApplyingTheOptimizerOutOfTurnIsRefused) {
+  Single s = MakeSingle();
+  Executor& ex = *s.executor;
+  EXPECT_THAT(ex.ApplyOptimizer(1, 1.0, std::nullopt).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("job 'job-x' stage 0 step 1"),
+                             HasSubstr("no optimizer step is pending"))));
+  StepInputs in = Inputs(2, true, true);
+  in.step = 1;
+  in.defer_optimizer = true;
+  ASSERT_THAT(ex.RunStep(s.program, std::move(in)).status(), IsOk());
+  const std::vector<std::vector<float>> pending = Weights(ex);
+
+  // Another step, a forward-only one included, waits for the pending optimizer step.
+  for (bool forward_only : {false, true}) {
+    schedule::StageProgram p = s.program;
+    p.forward_only = forward_only;
+    if (forward_only) p.actions = *schedule::ParseActions("F0 F1");
+    in = Inputs(2, true, true);
+    in.step = 2;
+    EXPECT_THAT(ex.RunStep(p, std::move(in)).status(),
+                StatusIs(absl::StatusCode::kFailedPrecondition,
+                         AllOf(HasSubstr("step 2 of job 'job-x' stage 0"),
+                               HasSubstr("optimizer step of step 1 is still pending"))));
+  }
+  EXPECT_THAT(ex.CheckNoPendingOptimizer("export"),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("export of job 'job-x'")));
+  EXPECT_THAT(ex.ApplyOptimizer(2, 1.0, std::nullopt).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("job 'job-x' stage 0 step 2"), HasSubstr("step 1's is"))));
+  EXPECT_THAT(ex.ApplyOptimizer(1, -1.0, std::nullopt).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("field global_grad_norm")));
+  EXPECT_TRUE(Weights(ex) == pending) << "a refused call changed the weights";
+
+  ASSERT_THAT(ex.ApplyOptimizer(1, 1.0, std::nullopt).status(), IsOk());
+  EXPECT_THAT(ex.ApplyOptimizer(1, 1.0, std::nullopt).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no optimizer step")));
+  EXPECT_THAT(ex.CheckNoPendingOptimizer("export"), IsOk());
+
+  // Deferring needs an optimizer step in the program.
+  schedule::StageProgram eval = s.program;
+  eval.forward_only = true;
+  eval.actions = *schedule::ParseActions("F0 F1");
+  in = Inputs(2, true, true);
+  in.step = 2;
+  in.defer_optimizer = true;
+  EXPECT_THAT(ex.RunStep(eval, std::move(in)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("field defer_optimizer")));
+  in = Inputs(2, true, true);
+  in.step = 2;
+  EXPECT_THAT(ex.RunStep(s.program, std::move(in)).status(), IsOk());
 }
 
 TEST(ExecutorTest, RefusesBadProgramsBeforeRunningThem) {
@@ -369,10 +519,15 @@ TEST(ExecutorTest, AMissingNeighbourTensorTimesOutNamingTheAction) {
   p.actions = *schedule::ParseActions("RECV_F0 F0 B0 SEND_B0 OPT");
   StepInputs in = Inputs(1, false, true);
   in.step = 9;
+  in.defer_optimizer = true;
   EXPECT_THAT(ex.RunStep(p, std::move(in)).status(),
               StatusIs(absl::StatusCode::kDeadlineExceeded,
                        AllOf(HasSubstr("job 'job-y' stage 1 step 9 action 0 (RECV_F0)"),
                              HasSubstr("micro-batch 0"))));
+  // A failed deferred step leaves no optimizer step pending.
+  EXPECT_FALSE(ex.pending_optimizer_step().has_value());
+  EXPECT_THAT(ex.ApplyOptimizer(9, 1.0, std::nullopt).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("stage 1 step 9")));
 }
 
 // The emulated device takes the cost model's time, moves real sizes and holds the

@@ -4,7 +4,8 @@
 // reference, and an evaluation (forward-only step) between training steps reports the
 // reference's losses and changes nothing. Faults: a neighbour killed mid-step fails the
 // step with UNAVAILABLE naming it, within the deadline, and the survivor serves the
-// next job; a job over the memory limit is refused before anything is allocated.
+// next job; a job over the memory limit is refused before anything is allocated; a
+// deferred optimizer step waits for ApplyOptimizer and blocks the job's other calls.
 #include <signal.h>
 
 #include <chrono>
@@ -119,7 +120,8 @@ pb::ConfigureRequest ConfigureFor(const planner::Plan& plan, const std::string& 
 std::vector<grpc::Status> RunStep(const schedule::Schedule& programs, const std::string& job,
                                   int step, const compute::TokenBatch& batch,
                                   std::vector<Stage>& stages,
-                                  std::vector<pb::RunStepResponse>& out) {
+                                  std::vector<pb::RunStepResponse>& out,
+                                  bool defer_optimizer = false) {
   const int K = static_cast<int>(programs.size()), rows = kBatch / kMicroBatches;
   std::vector<grpc::Status> status(K);
   out.assign(K, {});
@@ -130,6 +132,7 @@ std::vector<grpc::Status> RunStep(const schedule::Schedule& programs, const std:
       req.set_job_id(job);
       req.set_step(step);
       *req.mutable_program() = schedule::ToProto(programs[s]);
+      req.set_defer_optimizer(defer_optimizer);
       for (int mb = 0; mb < kMicroBatches; ++mb) {
         if (s == 0) common::TensorToProto(testing::Rows(batch.inputs, mb, rows), req.add_tokens());
         if (s == K - 1) common::TensorToProto(testing::Rows(batch.targets, mb, rows), req.add_targets());
@@ -409,6 +412,80 @@ TEST(StageFaultTest, ShardsExportAndImportWithOptimizerStateToResumeExactly) {
     s.process->Signal(SIGTERM);
     EXPECT_TRUE(s.process->Wait(20s).ok());
   }
+}
+
+// Over gRPC: a deferred step holds its optimizer step until ApplyOptimizer, and while
+// it does, steps, exports and a re-configure of the job are FAILED_PRECONDITION naming
+// job, stage and step; another job may still take the stage.
+TEST(StageFaultTest, ADeferredOptimizerStepWaitsForApplyOptimizer) {
+  std::vector<Stage> stages;
+  stages.push_back(StartStage());
+  const planner::Plan plan = MakeTestPlan(planner::ScheduleKind::kGpipe, 1, 1, pb::RECOMPUTE_NEVER);
+  auto configure = [&](const std::string& job) {
+    pb::ConfigureResponse resp;
+    return Call3([&](grpc::ClientContext* c, const pb::ConfigureRequest& q,
+                     pb::ConfigureResponse* r) { return stages[0].stub->Configure(c, q, r); },
+                 ConfigureFor(plan, job, 0, stages), &resp);
+  };
+  auto apply = [&](int step, pb::ApplyOptimizerResponse* resp) {
+    pb::ApplyOptimizerRequest req;
+    req.set_job_id("held");
+    req.set_step(step);
+    req.set_global_grad_norm(1.5);
+    return Call3([&](grpc::ClientContext* c, const pb::ApplyOptimizerRequest& q,
+                     pb::ApplyOptimizerResponse* r) { return stages[0].stub->ApplyOptimizer(c, q, r); },
+                 req, resp);
+  };
+  auto expect_refused = [](const grpc::Status& st, const std::string& what) {
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
+    EXPECT_THAT(st.error_message(), ::testing::HasSubstr(what));
+  };
+  ASSERT_TRUE(configure("held").ok());
+  pb::ApplyOptimizerResponse applied;
+  expect_refused(apply(0, &applied), "job 'held' stage 0 step 0: no optimizer step is pending");
+
+  std::vector<pb::RunStepResponse> out;
+  for (const grpc::Status& st : RunStep(plan.programs, "held", 0, testing::RandomBatch(0), stages,
+                                        out, /*defer_optimizer=*/true)) {
+    ASSERT_TRUE(st.ok()) << st.error_message();
+  }
+  EXPECT_GT(out[0].grad_norm_sq(), 0);
+  for (const pb::ActionTiming& t : out[0].timings()) {
+    EXPECT_NE(t.action().kind(), pb::OPTIMIZER_STEP) << "it has not run yet";
+  }
+  std::vector<pb::RunStepResponse> refused;
+  expect_refused(RunStep(plan, "held", 1, stages, refused)[0],
+                 "step 1 of job 'held' stage 0: the optimizer step of step 0 is still pending");
+  {
+    grpc::ClientContext ctx;
+    pb::ExportShardRequest req;
+    req.set_job_id("held");
+    auto reader = stages[0].stub->ExportShard(&ctx, req);
+    pb::ShardChunk piece;
+    while (reader->Read(&piece)) {}
+    expect_refused(reader->Finish(), "export of job 'held' stage 0");
+  }
+  expect_refused(configure("held"), "configure of job 'held' stage 0");
+  expect_refused(apply(1, &applied), "step 0's is");
+
+  grpc::Status st = apply(0, &applied);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(applied.timing().action().kind(), pb::OPTIMIZER_STEP);
+  EXPECT_EQ(applied.timing().lane(), "compute");
+  ASSERT_GT(out[0].timings_size(), 0);
+  EXPECT_GE(applied.timing().start_us(), out[0].timings(out[0].timings_size() - 1).end_us());
+  expect_refused(apply(0, &applied), "no optimizer step is pending");
+  EXPECT_FALSE(Export(stages[0], "held", 0).empty());
+  for (const grpc::Status& s : RunStep(plan, "held", 1, stages, out)) EXPECT_TRUE(s.ok());
+
+  // A pending step of one job does not keep another job off the stage.
+  for (const grpc::Status& s : RunStep(plan.programs, "held", 2, testing::RandomBatch(2), stages,
+                                       out, /*defer_optimizer=*/true)) {
+    ASSERT_TRUE(s.ok());
+  }
+  EXPECT_TRUE(configure("next").ok());
+  stages[0].process->Signal(SIGTERM);
+  EXPECT_TRUE(stages[0].process->Wait(20s).ok());
 }
 
 grpc::health::v1::HealthCheckResponse::ServingStatus Health(const Stage& stage) {

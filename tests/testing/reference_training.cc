@@ -3,6 +3,7 @@
 #include <cmath>
 #include <map>
 #include <random>
+#include <utility>
 
 #include "gtest/gtest.h"
 
@@ -41,7 +42,7 @@ common::Tensor Rows(const std::vector<int32_t>& all, int mb, int rows) {
 
 namespace {
 
-Reference Train(int steps) {
+Reference Train(int steps, float clip) {
   Reference r;
   r.backend = *compute::CpuBackend::Create(1);
   r.model = *compute::LayerStack::Create(TinyModel(), 0, TinyModel().num_pipeline_layers(),
@@ -54,27 +55,33 @@ Reference Train(int steps) {
   adam.beta2 = o.beta2;
   adam.eps = o.eps;
   adam.weight_decay = o.weight_decay;
+  adam.max_grad_norm = clip;
+  // Each step is compute::Trainer::Step's (zero, LossAndGrads, OptimizerStep by the
+  // stack's own norm), so the clipped cases also hold the trainer to one stage.
   for (int step = 0; step < steps; ++step) {
     EXPECT_TRUE(r.model->ZeroGrads().ok());
     auto loss = compute::LossAndGrads(*r.model, RandomBatch(step), kMicroBatches);
     EXPECT_TRUE(loss.ok()) << loss.status();
     r.losses.push_back(*loss);
-    EXPECT_TRUE(r.model->OptimizerStep(adam).ok());
+    auto norm = r.model->OptimizerStep(adam);
+    EXPECT_TRUE(norm.ok()) << norm.status();
+    r.grad_norms.push_back(norm.value_or(0));
   }
   return r;
 }
 
 }  // namespace
 
-const Reference& SharedReference(int steps) {
-  static auto* by_steps = new std::map<int, Reference>();
-  auto it = by_steps->find(steps);
-  if (it == by_steps->end()) it = by_steps->emplace(steps, Train(steps)).first;
+const Reference& SharedReference(int steps, float clip) {
+  static auto* by_run = new std::map<std::pair<int, float>, Reference>();
+  auto it = by_run->find({steps, clip});
+  if (it == by_run->end()) it = by_run->emplace(std::make_pair(steps, clip), Train(steps, clip)).first;
   return it->second;
 }
 
-std::vector<double> ReferenceEvalLosses(int steps, const compute::TokenBatch& batch) {
-  compute::LayerStack& model = *SharedReference(steps).model;
+std::vector<double> ReferenceEvalLosses(int steps, const compute::TokenBatch& batch,
+                                        float clip) {
+  compute::LayerStack& model = *SharedReference(steps, clip).model;
   const int rows = batch.rows / kMicroBatches, T = TinyModel().seq_len;
   std::vector<double> losses;
   for (int mb = 0; mb < kMicroBatches; ++mb) {

@@ -26,14 +26,17 @@ common::Tensor Rows(const std::vector<int32_t>& all, int mb, int rows);
 struct Reference {
   std::unique_ptr<compute::CpuBackend> backend;
   std::unique_ptr<compute::LayerStack> model;
-  std::vector<double> losses;  // per step
+  std::vector<double> losses;      // per step
+  std::vector<double> grad_norms;  // per step, before clipping (0 when clipping is off)
 };
-// Trained once per process for `steps` steps, kMicroBatches micro-batches each.
-const Reference& SharedReference(int steps);
+// Trained once per process for `steps` steps, kMicroBatches micro-batches each, with
+// the gradients clipped to the global norm `clip` when it is > 0.
+const Reference& SharedReference(int steps, float clip = 0);
 // Per micro-batch losses of SharedReference(steps)'s model on `batch` (kMicroBatches
 // micro-batches), through the training forward, then dropped: what a pipeline's
 // evaluation after `steps` training steps must report. Changes no weight or gradient.
-std::vector<double> ReferenceEvalLosses(int steps, const compute::TokenBatch& batch);
+std::vector<double> ReferenceEvalLosses(int steps, const compute::TokenBatch& batch,
+                                        float clip = 0);
 
 // Relative L2 distance between a stack's parameter and the reference's.
 double RelativeParamError(const std::vector<float>& got, const std::vector<float>& want);
