@@ -3,8 +3,11 @@
 // checkpoint resumes exactly; submit/status/list/cancel/timeline/logs and the HTTP API
 // work; bad specs, unknown ids and unreachable coordinators get their exit codes; a
 // restarted coordinator still lists finished jobs; a killed stage fails its job with a
-// reason naming it and the other stages take the next job; global-norm clipping on 2
-// and 4 stages gives the losses of 1 stage.
+// reason naming it and the other stages take the next job, and so does a frozen one
+// (SIGSTOP) within the stage deadline; global-norm clipping on 2 and 4 stages gives the
+// losses of 1 stage.
+#include <signal.h>
+
 #include <cmath>
 #include <map>
 #include <thread>
@@ -24,6 +27,7 @@ namespace pipetrain {
 namespace {
 
 using ::pipetrain::testing::LocalCluster;
+using ::pipetrain::testing::LocalClusterOptions;
 using ::pipetrain::testing::RunResult;
 using ::pipetrain::testing::TempDir;
 using ::testing::HasSubstr;
@@ -327,6 +331,45 @@ TEST_F(CoordinatorClusterTest, AKilledStageFailsItsJobAndTheOthersServeTheNext) 
   auto cluster_view = c.Cli({"cluster"});
   ASSERT_TRUE(cluster_view.ok());
   EXPECT_THAT(cluster_view->out, HasSubstr("LOST"));
+}
+
+// A stage that stops answering without dying (SIGSTOP: its sockets stay open, as with
+// a hung process or a wedged GPU) must fail its job, naming it, not hang the pipeline.
+TEST_F(CoordinatorClusterTest, AFrozenStageFailsItsJobWithinTheDeadlineNamingIt) {
+  LocalClusterOptions options;
+  options.coordinator_args = {"--stage-deadline", "3"};
+  auto cluster = LocalCluster::Start(dir_.File("state"), 3, options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  spec_["training"]["steps"] = 100000;
+  spec_["data"]["validate_every_steps"] = 0;
+  spec_["checkpoint"]["every_steps"] = 0;
+  const std::string id = SubmitNoWait(c, {"pipeline.stages=3", "pipeline.schedule=1f1b"});
+  const json running = WaitFor(c, id, [](const json& s) { return s.value("steps_done", "0") != "0"; });
+  const std::string victim = running["stage_ids"][1];
+  auto view = c.Cli({"cluster", "--json"});
+  ASSERT_TRUE(view.ok() && view->exit_code == 0);
+  std::string victim_address;
+  const json stages = json::parse(view->out);
+  for (const json& s : stages["stages"]) {
+    if (s["stage_id"] == victim) victim_address = s["address"];
+  }
+  ASSERT_TRUE(c.SignalStage(victim_address, SIGSTOP)) << victim << " in " << view->out;
+  const auto frozen_at = std::chrono::steady_clock::now();
+  const json failed = WaitFor(c, id, [](const json& s) { return s["state"] == "FAILED"; });
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - frozen_at).count();
+  EXPECT_EQ(failed["state"], "FAILED");
+  EXPECT_THAT(failed["reason"].get<std::string>(), HasSubstr(victim)) << failed.dump();
+  // --stage-deadline 3: the neighbours give up after 3 s, then the coordinator finds
+  // which stage stopped answering.
+  EXPECT_LT(took, 20.0) << failed.dump();
+  ASSERT_TRUE(c.KillStage(victim_address));  // a stopped process still takes SIGKILL
+
+  absl::Status idle = c.WaitForIdleStages(2);
+  ASSERT_TRUE(idle.ok()) << idle;
+  spec_["training"]["steps"] = 2;
+  const std::string next = SubmitAndFollow(c, {"pipeline.stages=2"});
+  EXPECT_EQ(Status(c, next)["state"], "SUCCEEDED");
 }
 
 TEST_F(CoordinatorClusterTest, JobsShareTheClusterSideBySideAndQueueForFreeStages) {

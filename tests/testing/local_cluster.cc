@@ -119,13 +119,15 @@ absl::Status LocalCluster::RestartCoordinator(int stages) {
   return WaitForIdleStages(stages);
 }
 
-bool LocalCluster::KillStage(const std::string& address) {
+bool LocalCluster::SignalStage(const std::string& address, int signal) {
   for (size_t i = 0; i < stages_.size(); ++i) {
     if (stage_addresses_[i] != address) continue;
-    stages_[i]->Signal(SIGKILL);
+    stages_[i]->Signal(signal);
     return true;
   }
   return false;
 }
+
+bool LocalCluster::KillStage(const std::string& address) { return SignalStage(address, SIGKILL); }
 
 }  // namespace pipetrain::testing

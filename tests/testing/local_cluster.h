@@ -45,6 +45,9 @@ class LocalCluster {
   // Stops the coordinator (SIGTERM, expecting exit 0) and starts it again on the same
   // port and state dir; waits for `stages` registered stages.
   absl::Status RestartCoordinator(int stages);
+  // Sends `signal` to the stage server listening on `address`; false if none of ours
+  // does.
+  bool SignalStage(const std::string& address, int signal);
   // SIGKILLs the stage server listening on `address`; false if none of ours does.
   bool KillStage(const std::string& address);
   // Polls GetCluster until `count` stages are IDLE (deadline 30 s).
