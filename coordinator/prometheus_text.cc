@@ -1,0 +1,78 @@
+#include "coordinator/prometheus_text.h"
+
+#include <charconv>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace pipetrain::coordinator {
+namespace {
+
+// HELP text escapes backslash and newline only (quotes are literal there).
+std::string EscapeHelp(std::string_view text) {
+  std::string out;
+  for (char c : text) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string EscapeLabelValue(std::string_view value) {
+  std::string out;
+  out.reserve(value.size());
+  for (char c : value) {
+    if (c == '\\') {
+      out += "\\\\";
+    } else if (c == '"') {
+      out += "\\\"";
+    } else if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+std::string FormatSampleValue(double value) {
+  if (std::isnan(value)) return "NaN";
+  if (std::isinf(value)) return value > 0 ? "+Inf" : "-Inf";
+  char buffer[32];
+  auto [end, ec] = std::to_chars(buffer, buffer + sizeof(buffer), value);
+  return ec == std::errc() ? std::string(buffer, end) : absl::StrCat(value);
+}
+
+MetricFamily::MetricFamily(std::string name, std::string help, std::string type)
+    : name_(std::move(name)), help_(std::move(help)), type_(std::move(type)) {}
+
+void MetricFamily::Add(MetricLabels labels, double value) {
+  samples_.emplace_back(std::move(labels), value);
+}
+
+void MetricFamily::AppendTo(std::string& out) const {
+  if (samples_.empty()) return;
+  absl::StrAppend(&out, "# HELP ", name_, " ", EscapeHelp(help_), "\n# TYPE ", name_, " ",
+                  type_, "\n");
+  for (const auto& [labels, value] : samples_) {
+    out += name_;
+    if (!labels.empty()) {
+      out += '{';
+      for (size_t i = 0; i < labels.size(); ++i) {
+        absl::StrAppend(&out, i > 0 ? "," : "", labels[i].first, "=\"",
+                        EscapeLabelValue(labels[i].second), "\"");
+      }
+      out += '}';
+    }
+    absl::StrAppend(&out, " ", FormatSampleValue(value), "\n");
+  }
+}
+
+}  // namespace pipetrain::coordinator
