@@ -3,6 +3,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/rpc_security.h"
+#include "common/version.h"
+#include "coordinator/prometheus_metrics.h"
+#include "coordinator/prometheus_text.h"
 #include "google/protobuf/util/json_util.h"
 #include "httplib.h"
 #include "nlohmann/json.hpp"
@@ -67,7 +70,8 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(JobManager* m, const std
   s.Get("/", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(
         "pipetrain coordinator API (JSON):\n  GET /api/jobs\n  GET /api/jobs/ID\n"
-        "  GET /api/jobs/ID/timeline?steps=N\n  GET /api/cluster\n",
+        "  GET /api/jobs/ID/timeline?steps=N\n  GET /api/cluster\n"
+        "Prometheus metrics (text format 0.0.4):\n  GET /metrics\n",
         "text/plain");
   });
   s.Get("/api/jobs", [m](const httplib::Request&, httplib::Response& res) {
@@ -89,6 +93,21 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(JobManager* m, const std
   });
   s.Get("/api/cluster", [m](const httplib::Request&, httplib::Response& res) {
     res.set_content(ToJson(m->Cluster()), "application/json");
+  });
+  s.Get("/metrics", [m](const httplib::Request&, httplib::Response& res) {
+    absl::StatusOr<std::vector<pb::JobStatus>> jobs = m->List(0);
+    if (!jobs.ok()) return Error(res, jobs.status());
+    MetricsInput input{.jobs = *std::move(jobs), .cluster = m->Cluster(), .now = absl::Now(),
+                       .version = common::ProjectVersion()};
+    for (size_t i : JobsWithSeries(input.jobs)) {
+      pb::JobStatus& job = input.jobs[i];
+      absl::StatusOr<std::vector<pb::StepRecord>> steps =
+          m->Steps(job.job_id(), FirstStepForMetrics(job));
+      if (!steps.ok()) return Error(res, steps.status());
+      job.clear_history();
+      for (pb::StepRecord& step : *steps) *job.add_history() = std::move(step);
+    }
+    res.set_content(PrometheusMetrics(input), kPrometheusContentType);
   });
   s.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (res.status == 404 && res.body.empty()) {

@@ -1,8 +1,9 @@
 // The monitoring API as JSON over HTTP (`pipetrain-coordinator --http`), for dashboards
 // and curl: GET /api/jobs, /api/jobs/ID (with every step), /api/jobs/ID/timeline
 // (?steps=N), /api/cluster. The bodies are the gRPC messages in the protobuf JSON
-// mapping with snake_case names. Read-only; translation only. With a token, every
-// request needs "Authorization: Bearer <token>" (401 otherwise).
+// mapping with snake_case names; GET /metrics is for Prometheus (prometheus_metrics.h).
+// Read-only; translation only. With a token, every request needs
+// "Authorization: Bearer <token>" (401 otherwise).
 #pragma once
 
 #include <memory>

@@ -308,6 +308,11 @@ absl::StatusOr<std::vector<pb::JobStatus>> JobManager::List(int limit) {
   return jobs;
 }
 
+absl::StatusOr<std::vector<pb::StepRecord>> JobManager::Steps(const std::string& job_id,
+                                                             int64_t from_step) {
+  return store_->Steps(job_id, from_step);
+}
+
 absl::StatusOr<pb::JobStatus> JobManager::Cancel(const std::string& job_id) {
   LiveJob* queued = nullptr;
   {

@@ -47,6 +47,10 @@ class JobManager {
   absl::StatusOr<std::string> Submit(pipetrain::v1::JobSpec spec);
   absl::StatusOr<pipetrain::v1::JobStatus> Get(const std::string& job_id, bool history);
   absl::StatusOr<std::vector<pipetrain::v1::JobStatus>> List(int limit);
+  // A job's steps from `from_step` on, in order: what a metrics scrape needs of a long
+  // job without reading its whole history.
+  absl::StatusOr<std::vector<pipetrain::v1::StepRecord>> Steps(const std::string& job_id,
+                                                               int64_t from_step);
   // A queued job ends at once; a running one after its current step (with a checkpoint).
   // An ended job is returned as it is.
   absl::StatusOr<pipetrain::v1::JobStatus> Cancel(const std::string& job_id);

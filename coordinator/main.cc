@@ -35,7 +35,8 @@ int main(int argc, char** argv) {
       "    [--tls-cert FILE --tls-key FILE --tls-ca FILE] [--token-file FILE]",
       "Plans pipeline-parallel training jobs over the registered stage servers, drives\n"
       "them step by step, checkpoints them, and serves the pipetrain API (gRPC service\n"
-      "pipetrain.v1.Coordinator, gRPC health and reflection; JSON over HTTP with --http).\n"
+      "pipetrain.v1.Coordinator, gRPC health and reflection; JSON and /metrics over HTTP\n"
+      "with --http).\n"
       "Jobs, their step history and logs are kept in DIR/jobs.db (SQLite), checkpoints in\n"
       "DIR/checkpoints/JOB/step-N/. Runs until SIGINT or SIGTERM; a job running then\n"
       "stops after its current step and is recorded as FAILED, naming its last checkpoint.\n"
@@ -54,7 +55,9 @@ int main(int argc, char** argv) {
                   "serve only the gRPC health service here, in plaintext, for probes that cannot "
                   "present a client certificate (Kubernetes grpc probes)",
                   "HOST:PORT");
-  flags.AddString("http", &http, "also serve the JSON API (/api/jobs, /api/cluster) here",
+  flags.AddString("http", &http,
+                  "also serve the JSON API (/api/jobs, /api/cluster) and Prometheus metrics "
+                  "(/metrics) here",
                   "HOST:PORT");
   flags.AddDouble("heartbeat-timeout", &heartbeat_timeout,
                   "seconds without a heartbeat after which a stage is marked lost", "S");

@@ -5,13 +5,14 @@
 // restarted coordinator still lists finished jobs; a killed stage fails its job with a
 // reason naming it and the other stages take the next job, and so does a frozen one
 // (SIGSTOP) within the stage deadline; global-norm clipping on 2 and 4 stages gives the
-// losses of 1 stage.
+// losses of 1 stage; GET /metrics agrees with `pipetrain status`.
 #include <signal.h>
 
 #include <cmath>
 #include <map>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -113,6 +114,24 @@ class CoordinatorClusterTest : public ::testing::Test {
     return s;
   }
 
+  // GET /metrics as {"name{labels}": value}, after checking how it is served.
+  std::map<std::string, double> Scrape(LocalCluster& c) {
+    httplib::Client http("127.0.0.1", c.http_port());
+    auto res = http.Get("/metrics");
+    std::map<std::string, double> out;
+    EXPECT_TRUE(res && res->status == 200) << (res ? res->body : "no response");
+    if (!res) return out;
+    EXPECT_EQ(res->get_header_value("Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
+    for (absl::string_view line : absl::StrSplit(res->body, '\n', absl::SkipEmpty())) {
+      if (line[0] == '#') continue;
+      const size_t space = line.rfind(' ');
+      double value = 0;
+      EXPECT_TRUE(absl::SimpleAtod(line.substr(space + 1), &value)) << line;
+      out[std::string(line.substr(0, space))] = value;
+    }
+    return out;
+  }
+
   TempDir dir_;
   json spec_;
 };
@@ -209,6 +228,28 @@ TEST_F(CoordinatorClusterTest, PipelinesMatchOneStageAndTheCliAndApiWork) {
   auto missing = http.Get("/api/jobs/job-999999");
   ASSERT_TRUE(missing);
   EXPECT_EQ(missing->status, 404);
+
+  // GET /metrics says what `pipetrain status` says, and keeps series only for the five
+  // latest finished jobs (the first of six has none).
+  const std::map<std::string, double> metrics = Scrape(c);
+  EXPECT_EQ(metrics.at(R"(pipetrain_jobs{state="SUCCEEDED"})"), 5);
+  EXPECT_EQ(metrics.at(R"(pipetrain_jobs{state="CANCELLED"})"), 1);
+  EXPECT_EQ(metrics.at(R"(pipetrain_jobs{state="RUNNING"})"), 0);
+  EXPECT_EQ(metrics.at(R"(pipetrain_stages{state="IDLE"})"), 4);
+  const json last_status = Status(c, last);
+  const json& last_step = last_status["history"].back();
+  const std::string of_last = absl::StrCat(R"({job_id=")", last, R"(",name="e2e"})");
+  EXPECT_EQ(metrics.at("pipetrain_job_steps_done" + of_last), 4);
+  EXPECT_EQ(metrics.at("pipetrain_job_steps_planned" + of_last), 4);
+  EXPECT_DOUBLE_EQ(metrics.at("pipetrain_job_loss" + of_last), last_step["loss"].get<double>());
+  EXPECT_DOUBLE_EQ(metrics.at("pipetrain_job_validation_loss" + of_last),
+                   last_step["val_loss"].get<double>());
+  const std::string of_cancelled = absl::StrCat(R"({job_id=")", long_job, R"(",name="e2e"})");
+  EXPECT_EQ(metrics.at("pipetrain_job_steps_done" + of_cancelled),
+            std::stod(cancelled["steps_done"].get<std::string>()));
+  EXPECT_EQ(metrics.at("pipetrain_job_steps_planned" + of_cancelled), 100000);
+  EXPECT_FALSE(metrics.count(absl::StrCat(R"(pipetrain_job_steps_done{job_id=")", one,
+                                          R"(",name="e2e"})")));
 
   // Errors and their exit codes.
   json bad = spec_;

@@ -218,12 +218,13 @@ TEST_F(SecureClusterTest, RefusesForeignCasPlaintextAndBadTokens) {
   EXPECT_EQ(r.exit_code, 2) << r.err;
   EXPECT_THAT(r.err, HasSubstr("--tls-key and --tls-ca missing"));
 
-  // HTTP: 401 without the token or with a wrong one, 200 with it.
-  auto get = [&](const std::string& authorization) {
+  // HTTP: 401 without the token or with a wrong one, 200 with it; /metrics alike, as
+  // Prometheus sends the token in its scrape config's `authorization`.
+  auto get = [&](const std::string& authorization, const char* path = "/api/cluster") {
     httplib::Client http("127.0.0.1", c.http_port());
     httplib::Headers headers;
     if (!authorization.empty()) headers.emplace("Authorization", authorization);
-    httplib::Result res = http.Get("/api/cluster", headers);
+    httplib::Result res = http.Get(path, headers);
     EXPECT_TRUE(res) << httplib::to_string(res.error());
     return res ? std::make_pair(res->status, res->body) : std::make_pair(0, std::string());
   };
@@ -235,6 +236,10 @@ TEST_F(SecureClusterTest, RefusesForeignCasPlaintextAndBadTokens) {
   EXPECT_THAT(wrong_body, HasSubstr("wrong bearer token"));
   auto [ok_status, ok_body] = get(std::string("Bearer ") + kToken);
   EXPECT_EQ(ok_status, 200) << ok_body;
+  EXPECT_EQ(get("", "/metrics").first, 401);
+  auto [metrics_status, metrics_body] = get(std::string("Bearer ") + kToken, "/metrics");
+  EXPECT_EQ(metrics_status, 200) << metrics_body;
+  EXPECT_THAT(metrics_body, HasSubstr("pipetrain_stages{state=\"IDLE\"}"));
 }
 
 TEST_F(SecureClusterTest, BinariesRefusePartialTlsAndEmptyTokens) {
