@@ -8,14 +8,18 @@
 namespace pipetrain::coordinator {
 namespace {
 
-// HELP text escapes backslash and newline only (quotes are literal there).
-std::string EscapeHelp(std::string_view text) {
+// The format escapes backslash and newline in HELP text and label values, and double
+// quotes only in label values (they are literal in HELP text).
+std::string Escape(std::string_view text, bool quotes) {
   std::string out;
+  out.reserve(text.size());
   for (char c : text) {
     if (c == '\\') {
       out += "\\\\";
     } else if (c == '\n') {
       out += "\\n";
+    } else if (c == '"' && quotes) {
+      out += "\\\"";
     } else {
       out += c;
     }
@@ -25,22 +29,7 @@ std::string EscapeHelp(std::string_view text) {
 
 }  // namespace
 
-std::string EscapeLabelValue(std::string_view value) {
-  std::string out;
-  out.reserve(value.size());
-  for (char c : value) {
-    if (c == '\\') {
-      out += "\\\\";
-    } else if (c == '"') {
-      out += "\\\"";
-    } else if (c == '\n') {
-      out += "\\n";
-    } else {
-      out += c;
-    }
-  }
-  return out;
-}
+std::string EscapeLabelValue(std::string_view value) { return Escape(value, /*quotes=*/true); }
 
 std::string FormatSampleValue(double value) {
   if (std::isnan(value)) return "NaN";
@@ -59,7 +48,7 @@ void MetricFamily::Add(MetricLabels labels, double value) {
 
 void MetricFamily::AppendTo(std::string& out) const {
   if (samples_.empty()) return;
-  absl::StrAppend(&out, "# HELP ", name_, " ", EscapeHelp(help_), "\n# TYPE ", name_, " ",
+  absl::StrAppend(&out, "# HELP ", name_, " ", Escape(help_, /*quotes=*/false), "\n# TYPE ", name_, " ",
                   type_, "\n");
   for (const auto& [labels, value] : samples_) {
     out += name_;
