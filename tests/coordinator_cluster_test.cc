@@ -231,24 +231,29 @@ TEST_F(CoordinatorClusterTest, PipelinesMatchOneStageAndTheCliAndApiWork) {
 
   // GET /metrics says what `pipetrain status` says, and keeps series only for the five
   // latest finished jobs (the first of six has none).
-  const std::map<std::string, double> metrics = Scrape(c);
-  EXPECT_EQ(metrics.at(R"(pipetrain_jobs{state="SUCCEEDED"})"), 5);
-  EXPECT_EQ(metrics.at(R"(pipetrain_jobs{state="CANCELLED"})"), 1);
-  EXPECT_EQ(metrics.at(R"(pipetrain_jobs{state="RUNNING"})"), 0);
-  EXPECT_EQ(metrics.at(R"(pipetrain_stages{state="IDLE"})"), 4);
+  const std::map<std::string, double> scraped = Scrape(c);
+  auto metric = [&scraped](const std::string& series) {
+    auto it = scraped.find(series);
+    EXPECT_NE(it, scraped.end()) << "no sample " << series;
+    return it == scraped.end() ? -1.0 : it->second;
+  };
+  EXPECT_EQ(metric(R"(pipetrain_jobs{state="SUCCEEDED"})"), 5);
+  EXPECT_EQ(metric(R"(pipetrain_jobs{state="CANCELLED"})"), 1);
+  EXPECT_EQ(metric(R"(pipetrain_jobs{state="RUNNING"})"), 0);
+  EXPECT_EQ(metric(R"(pipetrain_stages{state="IDLE"})"), 4);
   const json last_status = Status(c, last);
   const json& last_step = last_status["history"].back();
   const std::string of_last = absl::StrCat(R"({job_id=")", last, R"(",name="e2e"})");
-  EXPECT_EQ(metrics.at("pipetrain_job_steps_done" + of_last), 4);
-  EXPECT_EQ(metrics.at("pipetrain_job_steps_planned" + of_last), 4);
-  EXPECT_DOUBLE_EQ(metrics.at("pipetrain_job_loss" + of_last), last_step["loss"].get<double>());
-  EXPECT_DOUBLE_EQ(metrics.at("pipetrain_job_validation_loss" + of_last),
+  EXPECT_EQ(metric("pipetrain_job_steps_done" + of_last), 4);
+  EXPECT_EQ(metric("pipetrain_job_steps_planned" + of_last), 4);
+  EXPECT_DOUBLE_EQ(metric("pipetrain_job_loss" + of_last), last_step["loss"].get<double>());
+  EXPECT_DOUBLE_EQ(metric("pipetrain_job_validation_loss" + of_last),
                    last_step["val_loss"].get<double>());
   const std::string of_cancelled = absl::StrCat(R"({job_id=")", long_job, R"(",name="e2e"})");
-  EXPECT_EQ(metrics.at("pipetrain_job_steps_done" + of_cancelled),
+  EXPECT_EQ(metric("pipetrain_job_steps_done" + of_cancelled),
             std::stod(cancelled["steps_done"].get<std::string>()));
-  EXPECT_EQ(metrics.at("pipetrain_job_steps_planned" + of_cancelled), 100000);
-  EXPECT_FALSE(metrics.count(absl::StrCat(R"(pipetrain_job_steps_done{job_id=")", one,
+  EXPECT_EQ(metric("pipetrain_job_steps_planned" + of_cancelled), 100000);
+  EXPECT_FALSE(scraped.count(absl::StrCat(R"(pipetrain_job_steps_done{job_id=")", one,
                                           R"(",name="e2e"})")));
 
   // Errors and their exit codes.
