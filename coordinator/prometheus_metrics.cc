@@ -43,7 +43,8 @@ void AddStages(const pb::ClusterStatus& cluster, absl::Time now, std::string& ou
   for (const pb::StageInfo& stage : cluster.stages()) {
     MetricLabels labels = {{"stage_id", stage.stage_id()}, {"address", stage.address()}};
     if (stage.has_last_heartbeat()) {
-      const absl::Time beat = absl::FromUnixMicros(TimeUtil::TimestampToMicroseconds(stage.last_heartbeat()));
+      const absl::Time beat =
+          absl::FromUnixMicros(TimeUtil::TimestampToMicroseconds(stage.last_heartbeat()));
       age.Add(labels, absl::ToDoubleSeconds(std::max(now - beat, absl::ZeroDuration())));
     }
     if (stage.device().memory_bytes() > 0) {

@@ -29,7 +29,9 @@ std::string Escape(std::string_view text, bool quotes) {
 
 }  // namespace
 
-std::string EscapeLabelValue(std::string_view value) { return Escape(value, /*quotes=*/true); }
+std::string EscapeLabelValue(std::string_view value) {
+  return Escape(value, /*quotes=*/true);
+}
 
 std::string FormatSampleValue(double value) {
   if (std::isnan(value)) return "NaN";
