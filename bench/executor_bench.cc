@@ -58,7 +58,7 @@ absl::StatusOr<BenchResult> RunExecutorBench(const BenchOptions& options) {
     c.model = Model();
     c.chunks = plan.stages[s].layers;
     c.micro_batch_size = kRows;
-    c.peer_secret = "s";
+    c.peer_secret = std::string("s");  // not = "s": GCC 12 warns falsely (-Wrestrict)
     if (s > 0) c.upstream_address = servers[s - 1].address.ToString();
     if (s + 1 < kStages) c.downstream_address = servers[s + 1].address.ToString();
     RETURN_IF_ERROR(runtimes[s]->Configure(c).status());
