@@ -268,8 +268,12 @@ class Runner {
     return FirstError(st, step, "applying the optimizer on");
   }
 
-  float LearningRate(int64_t step) const {
+  // The rate of this job's step `step`. A job started from a checkpoint (init_from)
+  // continues its schedule: the warm-up counts the steps the checkpoint already took,
+  // as the data order and AdamW's step do, so a resumed run equals an unbroken one.
+  float LearningRate(int64_t job_step) const {
     const pb::TrainingSpec& t = spec_.training();
+    const int64_t step = data_offset_ + job_step;
     if (t.warmup_steps() > 0 && step < t.warmup_steps()) {
       return t.lr() * static_cast<float>(step) / static_cast<float>(t.warmup_steps());
     }

@@ -162,6 +162,8 @@ TEST_F(CoordinatorClusterTest, PipelinesMatchOneStageAndTheCliAndApiWork) {
   auto cluster = LocalCluster::Start(dir_.File("state"), 4);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   LocalCluster& c = **cluster;
+  // A warm-up longer than the resumed job's start, so that resuming must continue it.
+  spec_["training"]["warmup_steps"] = 4;
 
   const std::string one = SubmitAndFollow(c, {});
   const json reference = Status(c, one);
@@ -184,7 +186,7 @@ TEST_F(CoordinatorClusterTest, PipelinesMatchOneStageAndTheCliAndApiWork) {
   }
 
   // Resume: a job started from the step-2 checkpoint of the first job runs its steps 3
-  // and 4 exactly (weights, AdamW state and data position all carry over).
+  // and 4 exactly (weights, AdamW state, data position and the warm-up all carry over).
   const std::string ckpt = dir_.File("state") + "/checkpoints/" + one + "/step-2";
   {
     auto r = c.Cli({"submit", WriteSpec(spec_), "--set", "training.steps=2", "--set",
