@@ -80,6 +80,8 @@ const std::vector<Verb>& Verbs() {
       {"logs", "a job's log lines (-f to follow until it ends)", RunLogs},
       {"list", "the coordinator's jobs, most recent first", RunList},
       {"cancel", "cancel a queued or running job", RunCancel},
+      {"resume", "run a failed or cancelled job's remaining steps from its latest checkpoint",
+       RunResume},
       {"timeline", "write a job's measured timeline as a Chrome trace (Perfetto)", RunTimeline},
       {"cluster", "the stage servers: devices, memory, state, heartbeats", RunCluster},
       {"plan", "plan a job offline: partition, schedule picture, predicted bubble", RunPlan},

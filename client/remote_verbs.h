@@ -1,5 +1,6 @@
 // The verbs that talk to a running coordinator, each one RPC (submit also follows the
-// job's event stream): submit, status, logs, list, cancel, cluster, timeline. They share
+// job's event stream; resume reads the job, then submits and follows like submit):
+// submit, status, logs, list, cancel, resume, cluster, timeline. They share
 // the --address flag and the exit codes of client/remote.h.
 #pragma once
 
@@ -14,6 +15,7 @@ int RunStatus(const std::vector<std::string>& args, std::ostream& out, std::ostr
 int RunLogs(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 int RunList(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 int RunCancel(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+int RunResume(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 int RunCluster(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 int RunTimeline(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 

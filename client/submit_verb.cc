@@ -14,6 +14,7 @@
 #include "client/progress.h"
 #include "client/remote.h"
 #include "client/remote_verbs.h"
+#include "client/submit_verb.h"
 #include "coordinator/job_spec.h"
 
 namespace pipetrain::client {
@@ -149,10 +150,15 @@ int RunSubmit(const std::vector<std::string>& args, std::ostream& out, std::ostr
   }
 
   Remote remote("submit", connection);
+  return SubmitAndFollow(remote, *spec, no_wait, json, out, err);
+}
+
+int SubmitAndFollow(Remote& remote, const pb::JobSpec& spec, bool no_wait, bool json,
+                    std::ostream& out, std::ostream& err) {
   grpc::ClientContext context;
   remote.PrepareUnary(context);
   pb::SubmitJobRequest request;
-  *request.mutable_spec() = *spec;
+  *request.mutable_spec() = spec;
   pb::SubmitJobResponse response;
   if (grpc::Status st = remote.stub().SubmitJob(&context, request, &response); !st.ok()) {
     return remote.Fail(st, err, "invalid job spec: ");
@@ -161,7 +167,7 @@ int RunSubmit(const std::vector<std::string>& args, std::ostream& out, std::ostr
     out << (json ? ProtoToJson(response, /*pretty=*/false) : response.job_id() + "\n");
     return kExitOk;
   }
-  const pb::JobSpec filled = coordinator::WithDefaults(*spec);
+  const pb::JobSpec filled = coordinator::WithDefaults(spec);
   if (!json) out << "submitted " << response.job_id() << " (" << filled.name() << ")\n";
   return Follow(remote, response.job_id(), filled, json, out, err);
 }

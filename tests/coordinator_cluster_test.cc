@@ -1,8 +1,8 @@
 // End to end: a real coordinator and stage servers on loopback, driven through the
 // `pipetrain` CLI. Pipelines of 4 stages (GPipe, 1F1B) give the losses of 1 stage; a
-// checkpoint resumes exactly; submit/status/list/cancel/timeline/logs and the HTTP API
-// work; bad specs, unknown ids and unreachable coordinators get their exit codes; a
-// restarted coordinator still lists finished jobs; a killed stage fails its job with a
+// checkpoint resumes exactly; submit/status/list/cancel/resume/timeline/logs and the
+// HTTP API work; bad specs, unknown ids and unreachable coordinators get their exit
+// codes; a restarted coordinator still lists finished jobs; a killed stage fails its job with a
 // reason naming it and the other stages take the next job, and so does a frozen one
 // (SIGSTOP) within the stage deadline; global-norm clipping on 2 and 4 stages gives the
 // losses of 1 stage; GET /metrics agrees with `pipetrain status`.
@@ -270,6 +270,26 @@ TEST_F(CoordinatorClusterTest, PipelinesMatchOneStageAndTheCliAndApiWork) {
   EXPECT_EQ(metric("pipetrain_job_steps_planned" + of_cancelled), 100000);
   EXPECT_FALSE(scraped.count(absl::StrCat(R"(pipetrain_job_steps_done{job_id=")", one,
                                           R"(",name="e2e"})")));
+
+  // `pipetrain resume`: the cancelled job continues from its checkpoint (2 steps here,
+  // not its 100000); a job that succeeded has nothing left.
+  {
+    auto r = c.Cli({"resume", long_job, "--set", "training.steps=2"});
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->exit_code, 0) << r->out << r->err;
+    EXPECT_THAT(r->out, HasSubstr(absl::StrCat("resuming ", long_job, " from ",
+                                               cancelled["checkpoint_dir"].get<std::string>())));
+    const std::string first = r->out.substr(r->out.find("submitted job-"));
+    std::vector<std::string> words = absl::StrSplit(first.substr(0, first.find('\n')), ' ');
+    ASSERT_GT(words.size(), 1u);
+    const json resumed = Status(c, words[1]);
+    EXPECT_EQ(resumed["state"], "SUCCEEDED") << resumed.dump();
+    EXPECT_EQ(resumed["spec"]["init_from"], cancelled["checkpoint_dir"]);
+    auto done = c.Cli({"resume", one});
+    ASSERT_TRUE(done.ok());
+    EXPECT_EQ(done->exit_code, 2);
+    EXPECT_THAT(done->err, HasSubstr("no steps left"));
+  }
 
   // Errors and their exit codes.
   json bad = spec_;

@@ -1,9 +1,12 @@
 // The remote verbs through RunCli against an in-process fake coordinator: what each
 // prints, the exit codes, and what reached the coordinator.
 #include <cstdlib>
+#include <fstream>
 #include <sstream>
 
+#include "absl/strings/str_cat.h"
 #include "client/cli.h"
+#include "coordinator/job_spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -223,8 +226,56 @@ TEST_F(RemoteVerbsTest, AddressComesFromTheEnvironmentWhenNotGiven) {
   EXPECT_THAT(r.err, HasSubstr("--address 'host:notaport' is not HOST:PORT"));
 }
 
+// The example spec as the coordinator stores a job's: parsed, with defaults.
+pb::JobSpec StoredExampleSpec() {
+  std::ifstream in(kExample);
+  std::stringstream text;
+  text << in.rdbuf();
+  auto spec = coordinator::ParseJobSpec(text.str());
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  return coordinator::WithDefaults(spec.ok() ? *spec : pb::JobSpec());
+}
+
+TEST_F(RemoteVerbsTest, ResumeSubmitsTheStepsLeftFromTheCheckpointAndFollows) {
+  fake_.job.set_job_id("job-000001");
+  fake_.job.set_state(pb::JobStatus::FAILED);
+  fake_.job.set_reason("stage 2 stopped answering");
+  *fake_.job.mutable_spec() = StoredExampleSpec();
+  const int planned = fake_.job.spec().training().steps();
+  ASSERT_GT(planned, 40);
+  fake_.job.set_checkpoint_dir("/state/checkpoints/job-000001/step-40");
+  fake_.events = {StateEvent(pb::JobStatus::RUNNING), StepEvent(1, 2.5),
+                  StateEvent(pb::JobStatus::SUCCEEDED)};
+  Result r = Cli({"resume", "job-000001", "--set", "pipeline.stages=3", "--address", addr()});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr(absl::StrCat("resuming job-000001 from "
+                                            "/state/checkpoints/job-000001/step-40: ",
+                                            planned - 40, " steps left")));
+  EXPECT_THAT(r.out, HasSubstr("job-000001 SUCCEEDED"));
+  ASSERT_EQ(fake_.submitted().size(), 1u);
+  const pb::JobSpec sent = fake_.submitted()[0];
+  EXPECT_EQ(sent.init_from(), "/state/checkpoints/job-000001/step-40");
+  EXPECT_EQ(sent.training().steps(), planned - 40);
+  EXPECT_EQ(sent.pipeline().stages(), 3) << "--set applies to the resumed spec";
+  EXPECT_EQ(sent.name(), fake_.job.spec().name());
+  EXPECT_EQ(sent.training().lr(), fake_.job.spec().training().lr());
+  EXPECT_EQ(sent.data().corpus(), fake_.job.spec().data().corpus());
+}
+
+TEST_F(RemoteVerbsTest, ResumeOfARunningJobExitsTwoAndSubmitsNothing) {
+  fake_.job.set_job_id("job-000001");
+  fake_.job.set_state(pb::JobStatus::RUNNING);
+  *fake_.job.mutable_spec() = StoredExampleSpec();
+  fake_.job.set_checkpoint_dir("/state/checkpoints/job-000001/step-40");
+  Result r = Cli({"resume", "job-000001", "--address", addr()});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("pipetrain resume: job-000001 has not stopped"),
+                           HasSubstr("pipetrain cancel job-000001")));
+  EXPECT_TRUE(fake_.submitted().empty());
+}
+
 TEST_F(RemoteVerbsTest, UnknownJobsExitTwoPointingAtList) {
-  for (const std::string verb : {"status", "cancel", "logs"}) {
+  for (const std::string verb : {"status", "cancel", "logs", "resume"}) {
     Result r = Cli({verb, "job-9", "--address", addr()});
     EXPECT_EQ(r.code, kExitUsage) << verb;
     EXPECT_THAT(r.err, AllOf(HasSubstr("job 'job-9' not found"),
