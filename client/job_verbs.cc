@@ -54,20 +54,6 @@ std::string StatusText(const pb::JobStatus& job) {
   return out;
 }
 
-// Parses flags and the one job id of status and cancel; nullopt: go on.
-std::optional<int> ParseJobIdVerb(common::FlagSet& flags, const std::vector<std::string>& args,
-                                  const bool& help, RemoteFlags* connection,
-                                  std::ostream& out, std::ostream& err, std::string* job_id) {
-  std::vector<std::string> positionals;
-  if (auto code = ParseVerbFlags(flags, args, help, out, err, &positionals)) return code;
-  if (positionals.size() != 1) {
-    return UsageError(flags, "takes one job id (see 'pipetrain list')", err);
-  }
-  if (!CheckRemoteFlags(flags, connection, err)) return kExitUsage;
-  *job_id = positionals[0];
-  return std::nullopt;
-}
-
 }  // namespace
 
 int RunStatus(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {

@@ -19,13 +19,8 @@ int RunLogs(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   flags.AddShort('f', "follow");
   AddRemoteFlags(flags, &connection);
   flags.AddBool("help", &help, "print this help and exit");
-  std::vector<std::string> positionals;
-  if (auto code = ParseVerbFlags(flags, args, help, out, err, &positionals)) return *code;
-  if (positionals.size() != 1) {
-    return UsageError(flags, "takes one job id (see 'pipetrain list')", err);
-  }
-  if (!CheckRemoteFlags(flags, &connection, err)) return kExitUsage;
-  const std::string& job_id = positionals[0];
+  std::string job_id;
+  if (auto code = ParseJobIdVerb(flags, args, help, &connection, out, err, &job_id)) return *code;
   Remote remote("logs", connection);
   grpc::ClientContext context;
   if (grpc::Status st = remote.PrepareStream(context); !st.ok()) return remote.Fail(st, err);

@@ -202,4 +202,17 @@ int Remote::LostWhileFollowing(const grpc::Status& status, const std::string& jo
   return kExitUnreachable;
 }
 
+std::optional<int> ParseJobIdVerb(common::FlagSet& flags, const std::vector<std::string>& args,
+                                  const bool& help, RemoteFlags* connection,
+                                  std::ostream& out, std::ostream& err, std::string* job_id) {
+  std::vector<std::string> positionals;
+  if (auto code = ParseVerbFlags(flags, args, help, out, err, &positionals)) return code;
+  if (positionals.size() != 1) {
+    return UsageError(flags, "takes one job id (see 'pipetrain list')", err);
+  }
+  if (!CheckRemoteFlags(flags, connection, err)) return kExitUsage;
+  *job_id = positionals[0];
+  return std::nullopt;
+}
+
 }  // namespace pipetrain::client

@@ -5,8 +5,10 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 #include "common/flags.h"
@@ -44,6 +46,12 @@ void AddRemoteFlags(common::FlagSet& flags, RemoteFlags* remote);
 // environment variable; a partial TLS set, an unreadable file or an empty token file
 // prints a usage error naming the flag and returns false.
 bool CheckRemoteFlags(const common::FlagSet& flags, RemoteFlags* remote, std::ostream& err);
+
+// Parses a verb's flags and its one job id, then CheckRemoteFlags; nullopt: go on,
+// otherwise the exit code (help printed, or a usage error).
+std::optional<int> ParseJobIdVerb(common::FlagSet& flags, const std::vector<std::string>& args,
+                                  const bool& help, RemoteFlags* connection,
+                                  std::ostream& out, std::ostream& err, std::string* job_id);
 
 // The help text's exit-code paragraph of remote verbs.
 std::string RemoteExitCodes(absl::string_view exit_one_means,

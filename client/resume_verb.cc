@@ -34,12 +34,8 @@ int RunResume(const std::vector<std::string>& args, std::ostream& out, std::ostr
   flags.AddBool("json", &json, "print the job id (--no-wait) or every event as one JSON line");
   AddRemoteFlags(flags, &connection);
   flags.AddBool("help", &help, "print this help and exit");
-  std::vector<std::string> positionals;
-  if (auto code = ParseVerbFlags(flags, args, help, out, err, &positionals)) return *code;
-  if (positionals.size() != 1) {
-    return UsageError(flags, "takes one job id (see 'pipetrain list')", err);
-  }
-  if (!CheckRemoteFlags(flags, &connection, err)) return kExitUsage;
+  std::string job_id;
+  if (auto code = ParseJobIdVerb(flags, args, help, &connection, out, err, &job_id)) return *code;
 
   Remote remote("resume", connection);
   pb::JobStatus job;
@@ -47,7 +43,7 @@ int RunResume(const std::vector<std::string>& args, std::ostream& out, std::ostr
     grpc::ClientContext context;
     remote.PrepareUnary(context);
     pb::GetJobRequest request;
-    request.set_job_id(positionals[0]);
+    request.set_job_id(job_id);
     if (grpc::Status st = remote.stub().GetJob(&context, request, &job); !st.ok()) {
       return remote.Fail(st, err);
     }

@@ -26,15 +26,10 @@ int RunTimeline(const std::vector<std::string>& args, std::ostream& out, std::os
   flags.AddInt("steps", &steps, "how many of the latest steps to include", "N");
   AddRemoteFlags(flags, &connection);
   flags.AddBool("help", &help, "print this help and exit");
-  std::vector<std::string> positionals;
-  if (auto code = ParseVerbFlags(flags, args, help, out, err, &positionals)) return *code;
-  if (positionals.size() != 1) {
-    return UsageError(flags, "takes one job id (see 'pipetrain list')", err);
-  }
+  std::string job_id;
+  if (auto code = ParseJobIdVerb(flags, args, help, &connection, out, err, &job_id)) return *code;
   if (out_path.empty()) return UsageError(flags, "--out FILE is required", err);
   if (steps < 1 || steps > (1 << 20)) return UsageError(flags, "--steps must be >= 1", err);
-  if (!CheckRemoteFlags(flags, &connection, err)) return kExitUsage;
-  const std::string& job_id = positionals[0];
   Remote remote("timeline", connection);
   grpc::ClientContext context;
   remote.PrepareUnary(context);
