@@ -62,18 +62,4 @@ void PiecewiseTensor::CopyTo(std::span<std::byte> dst) const {
   }
 }
 
-Tensor PiecewiseTensor::ToTensor(BufferPool* pool) && {
-  if (owned_) {
-    Tensor t = std::move(*owned_);
-    *this = PiecewiseTensor();
-    return t;
-  }
-  Buffer buffer = pool ? pool->Acquire(num_bytes_) : Buffer(num_bytes_);
-  CopyTo(buffer.span());
-  // Cannot fail: dtype and shape were checked when this tensor was made.
-  Tensor t = *Tensor::FromBuffer(dtype_, shape_, std::move(buffer));
-  *this = PiecewiseTensor();
-  return t;
-}
-
 }  // namespace pipetrain::common

@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/buffer_pool.h"
 #include "common/tensor.h"
 
 namespace pipetrain::common {
@@ -41,9 +40,6 @@ class PiecewiseTensor {
 
   // Copies the bytes, in order, into dst, which must be num_bytes() long.
   void CopyTo(std::span<std::byte> dst) const;
-  // A contiguous host tensor: the owned tensor itself when there is one, else a copy
-  // (into a buffer from `pool` if given).
-  Tensor ToTensor(BufferPool* pool = nullptr) &&;
 
  private:
   DType dtype_ = DType::kUnspecified;

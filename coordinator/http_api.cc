@@ -95,7 +95,8 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(JobManager* m, const std
     res.set_content(ToJson(m->Cluster()), "application/json");
   });
   s.Get("/metrics", [m](const httplib::Request&, httplib::Response& res) {
-    absl::StatusOr<std::vector<pb::JobStatus>> jobs = m->List(0);
+    // The jobs with series get their steps below; the others only count by state.
+    absl::StatusOr<std::vector<pb::JobStatus>> jobs = m->List(0, /*latest_step=*/false);
     if (!jobs.ok()) return Error(res, jobs.status());
     MetricsInput input{.jobs = *std::move(jobs), .cluster = m->Cluster(), .now = absl::Now(),
                        .version = common::ProjectVersion()};
@@ -104,7 +105,6 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(JobManager* m, const std
       absl::StatusOr<std::vector<pb::StepRecord>> steps =
           m->Steps(job.job_id(), FirstStepForMetrics(job));
       if (!steps.ok()) return Error(res, steps.status());
-      job.clear_history();
       for (pb::StepRecord& step : *steps) *job.add_history() = std::move(step);
     }
     res.set_content(PrometheusMetrics(input), kPrometheusContentType);

@@ -297,8 +297,9 @@ absl::StatusOr<pb::JobStatus> JobManager::Get(const std::string& job_id, bool hi
   return store_->Get(job_id, history);
 }
 
-absl::StatusOr<std::vector<pb::JobStatus>> JobManager::List(int limit) {
+absl::StatusOr<std::vector<pb::JobStatus>> JobManager::List(int limit, bool latest_step) {
   ASSIGN_OR_RETURN(std::vector<pb::JobStatus> jobs, store_->List(limit));
+  if (!latest_step) return jobs;
   // Each with its latest step as its history, so a listing can show the last loss.
   for (pb::JobStatus& job : jobs) {
     if (job.steps_done() == 0) continue;

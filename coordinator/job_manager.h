@@ -46,7 +46,11 @@ class JobManager {
   // read, or a model that does not fit the registered stages' memory.
   absl::StatusOr<std::string> Submit(pipetrain::v1::JobSpec spec);
   absl::StatusOr<pipetrain::v1::JobStatus> Get(const std::string& job_id, bool history);
-  absl::StatusOr<std::vector<pipetrain::v1::JobStatus>> List(int limit);
+  // The latest `limit` jobs (0 = all), most recent first, each with its latest step as
+  // its history unless `latest_step` is false (one read per job that callers counting
+  // states do not need).
+  absl::StatusOr<std::vector<pipetrain::v1::JobStatus>> List(int limit,
+                                                             bool latest_step = true);
   // A job's steps from `from_step` on, in order: what a metrics scrape needs of a long
   // job without reading its whole history.
   absl::StatusOr<std::vector<pipetrain::v1::StepRecord>> Steps(const std::string& job_id,

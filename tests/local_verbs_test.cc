@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "client/cli.h"
+#include "tests/testing/run_cli.h"
 #include "common/safetensors.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -35,19 +36,8 @@ std::string Fixture(const std::string& name) {
   return std::string(PIPETRAIN_TESTDATA_DIR) + "/gpt_tiny/" + name;
 }
 
-struct CliRun {
-  int code = -1;
-  std::string out, err;
-};
-
-CliRun Cli(const std::vector<std::string>& args) {
-  std::ostringstream o, e;
-  CliRun r;
-  r.code = RunCli(args, o, e);
-  r.out = o.str();
-  r.err = e.str();
-  return r;
-}
+using ::pipetrain::testing::Cli;
+using ::pipetrain::testing::CliRun;
 
 // A bad invocation of a verb and what its error message must say.
 struct UsageCase {

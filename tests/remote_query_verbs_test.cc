@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "client/cli.h"
+#include "tests/testing/run_cli.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -19,19 +20,8 @@ using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-struct Result {
-  int code;
-  std::string out, err;
-};
-
-Result Cli(std::vector<std::string> args) {
-  std::ostringstream o, e;
-  Result r;
-  r.code = RunCli(args, o, e);
-  r.out = o.str();
-  r.err = e.str();
-  return r;
-}
+using Result = ::pipetrain::testing::CliRun;
+using ::pipetrain::testing::Cli;
 
 pb::JobStatus RunningJob() {
   pb::JobStatus j;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/cli.h"
+#include "tests/testing/run_cli.h"
 #include "coordinator/job_spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -25,19 +26,8 @@ using ::testing::Not;
 
 const std::string kExample = std::string(PIPETRAIN_EXAMPLES_DIR) + "/tiny-gpt.json";
 
-struct Result {
-  int code;
-  std::string out, err;
-};
-
-Result Cli(std::vector<std::string> args) {
-  std::ostringstream o, e;
-  Result r;
-  r.code = RunCli(args, o, e);
-  r.out = o.str();
-  r.err = e.str();
-  return r;
-}
+using Result = ::pipetrain::testing::CliRun;
+using ::pipetrain::testing::Cli;
 
 pb::JobEvent StepEvent(int64_t step, double loss, bool val = false) {
   pb::JobEvent e;
