@@ -17,7 +17,7 @@
 namespace pipetrain::bench {
 namespace {
 
-using compute::GptConfig;
+using model::GptConfig;
 using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
@@ -104,7 +104,7 @@ absl::StatusOr<BenchResult> RunComputeBench(const BenchOptions& options) {
   const double tokens = static_cast<double>(o.batch) * o.model.seq_len;
   double flops_per_token = 0;
   for (int l = 0; l < o.model.num_pipeline_layers(); ++l) {
-    const compute::LayerCost cost = compute::CostOfLayer(o.model, l);
+    const model::LayerCost cost = model::CostOfLayer(o.model, l);
     flops_per_token +=
         cost.forward_flops + cost.backward_input_flops + cost.backward_weight_flops;
   }

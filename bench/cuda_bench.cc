@@ -15,12 +15,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_probe.h"
+#include "common/model/gpt_config.h"
+#include "common/model/init.h"
 #include "common/status_macros.h"
 #include "stage_server/compute/backend_buffer.h"
 #include "stage_server/compute/cuda_backend.h"
-#include "stage_server/compute/gpt_config.h"
 #include "stage_server/compute/gpt_layers.h"
-#include "stage_server/compute/init.h"
 
 namespace pipetrain::bench {
 namespace {
@@ -71,8 +71,8 @@ absl::StatusOr<double> MedianSeconds(CudaBackend& be, int warmup, int reps,
 absl::StatusOr<BackendBuffer<float>> RandomBuffer(compute::Backend* be, int64_t n,
                                                   uint64_t stream, double scale) {
   std::vector<float> host(n);
-  const uint64_t key = compute::InitStreamKey(99, 5000, static_cast<int>(stream));
-  for (int64_t i = 0; i < n; ++i) host[i] = static_cast<float>(scale * compute::NormalAt(key, i));
+  const uint64_t key = model::InitStreamKey(99, 5000, static_cast<int>(stream));
+  for (int64_t i = 0; i < n; ++i) host[i] = static_cast<float>(scale * model::NormalAt(key, i));
   ASSIGN_OR_RETURN(auto buf, BackendBuffer<float>::Allocate(be, n * sizeof(float)));
   RETURN_IF_ERROR(be->CopyFromHost(buf.raw(), host.data(), n * sizeof(float)));
   return buf;
@@ -102,9 +102,9 @@ absl::Status AddHostCopyFigures(int warmup, int reps, BenchResult& result) {
   constexpr size_t kBytes = size_t{64} << 20;
   ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> be, CudaBackend::Create(0, {}));
   std::vector<float> host(kBytes / sizeof(float));
-  const uint64_t key = compute::InitStreamKey(99, 5001, 0);
+  const uint64_t key = model::InitStreamKey(99, 5001, 0);
   for (size_t i = 0; i < host.size(); ++i) {
-    host[i] = static_cast<float>(compute::NormalAt(key, i));
+    host[i] = static_cast<float>(model::NormalAt(key, i));
   }
   ASSIGN_OR_RETURN(auto dev, BackendBuffer<float>::Allocate(be.get(), kBytes));
   result.Label("host copies", "64 MiB pageable, staged through pinned slots vs cudaMemcpy");
@@ -144,7 +144,7 @@ absl::StatusOr<BenchResult> RunCudaBench(const BenchOptions& options) {
   const int reps = options.repetitions > 0 ? options.repetitions : 20;
   const int warmup = 3;
   // GPT-2 small's block at its full context; B * T = 8192 rows.
-  compute::GptConfig config;
+  model::GptConfig config;
   config.vocab_size = 256;
   config.seq_len = 1024;
   config.d_model = 768;
@@ -152,7 +152,7 @@ absl::StatusOr<BenchResult> RunCudaBench(const BenchOptions& options) {
   config.n_layers = 1;
   const int B = 8, T = config.seq_len, C = config.d_model;
   const int64_t rows = int64_t{B} * T;
-  const compute::LayerCost cost = compute::CostOfLayer(config, /*pipeline_layer=*/1);
+  const model::LayerCost cost = model::CostOfLayer(config, /*pipeline_layer=*/1);
   const double block_flops =
       (cost.forward_flops + cost.backward_input_flops + cost.backward_weight_flops) * rows;
   // The MLP's first product, (B*T, C) @ (C, 4C): the block's largest matmul shape.

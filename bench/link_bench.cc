@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/channel_args.h"
 #include "common/server_runner.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
@@ -136,7 +137,7 @@ absl::StatusOr<BenchResult> RunLinkBench(const BenchOptions& options) {
   opts.peer_address = server.address.ToString();
   auto channel = grpc::CreateCustomChannel(server.address.ToString(),
                                            options.security.ChannelCredentials(),
-                                           stage_server::PeerChannelArguments());
+                                           common::ChannelArgumentsFor(common::ChannelUse::kPeerLink));
   ASSIGN_OR_RETURN(auto up, stage_server::ConnectPeerLink(channel, opts, "s",
                                                           absl::Now() + absl::Seconds(10)));
   ASSIGN_OR_RETURN(auto down, acceptor.WaitForPeer("bench", 0, absl::Now() + absl::Seconds(10)));

@@ -47,31 +47,6 @@ std::string TopHelp() {
 
 }  // namespace
 
-std::optional<int> ParseVerbFlags(common::FlagSet& flags, const std::vector<std::string>& args,
-                                  const bool& help, std::ostream& out, std::ostream& err,
-                                  std::vector<std::string>* positionals) {
-  auto parsed = flags.Parse(args);
-  if (!parsed.ok()) return UsageError(flags, parsed.status().message(), err);
-  if (help) {
-    out << flags.Help();
-    return kExitOk;
-  }
-  if (positionals != nullptr) {
-    *positionals = *std::move(parsed);
-  } else if (!parsed->empty()) {
-    return UsageError(flags, absl::StrCat("takes no positional arguments (got '",
-                                          parsed->front(), "')"),
-                      err);
-  }
-  return std::nullopt;
-}
-
-int UsageError(const common::FlagSet& flags, absl::string_view message, std::ostream& err) {
-  err << flags.program() << ": " << message << "\nRun '" << flags.program()
-      << " --help' for usage.\n";
-  return kExitUsage;
-}
-
 const std::vector<Verb>& Verbs() {
   static const std::vector<Verb> verbs = {
       {"submit", "submit a job spec and follow it to the end (--no-wait to detach)", RunSubmit},

@@ -4,13 +4,13 @@
 #include "absl/strings/str_format.h"
 #include "client/cli.h"
 #include "client/local_model.h"
-#include "stage_server/compute/stack_checkpoint.h"
 #include "common/flags.h"
+#include "common/model/checkpoint.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
-#include "stage_server/compute/checkpoint.h"
 #include "stage_server/compute/cpu_backend.h"
 #include "stage_server/compute/layer_stack.h"
+#include "stage_server/compute/stack_checkpoint.h"
 #include "stage_server/compute/trainer.h"
 
 namespace pipetrain::client {
@@ -68,12 +68,12 @@ int RunEval(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     return usage(absl::StrCat("--batch ", batch, " is more than ", kMaxBatch, " rows"));
   }
 
-  auto checkpoint = compute::LoadCheckpoint(checkpoint_path);
+  auto checkpoint = model::LoadCheckpoint(checkpoint_path);
   if (!checkpoint.ok()) {
     err << "pipetrain eval: --checkpoint: " << checkpoint.status().message() << "\n";
     return kExitUsage;
   }
-  const compute::GptConfig config = checkpoint->config;
+  const model::GptConfig config = checkpoint->config;
   if (checkpoint->layer_begin != 0 || checkpoint->layer_end != config.num_pipeline_layers()) {
     err << absl::StrFormat(
         "pipetrain eval: --checkpoint: %s holds pipeline layers [%d, %d) of %d; eval needs the "
@@ -95,7 +95,7 @@ int RunEval(const std::vector<std::string>& args, std::ostream& out, std::ostrea
         text_path, text->size(), batch, config.seq_len, needed);
     return kExitUsage;
   }
-  auto tokens = compute::LeadingBatch(*text, config, static_cast<int>(batch));
+  auto tokens = model::LeadingBatch(*text, config, static_cast<int>(batch));
   if (!tokens.ok()) {
     err << "pipetrain eval: --text: " << text_path << ": " << tokens.status().message() << "\n";
     return kExitUsage;
@@ -113,8 +113,8 @@ int RunEval(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     r.tokens = int64_t{tokens->rows} * config.seq_len;
     ASSIGN_OR_RETURN(r.loss, compute::LossAndGrads(*stack, *tokens));
     if (!grads_out.empty()) {
-      ASSIGN_OR_RETURN(compute::Checkpoint grads, compute::GradientsOfStack(*stack));
-      if (absl::Status s = compute::SaveCheckpoint(grads_out, grads); !s.ok()) {
+      ASSIGN_OR_RETURN(model::Checkpoint grads, compute::GradientsOfStack(*stack));
+      if (absl::Status s = model::SaveCheckpoint(grads_out, grads); !s.ok()) {
         return absl::Status(
             s.code(), absl::StrCat("--grads-out: cannot write ", grads_out, ": ", s.message()));
       }

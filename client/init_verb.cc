@@ -4,12 +4,12 @@
 #include "absl/strings/str_format.h"
 #include "client/cli.h"
 #include "client/local_model.h"
-#include "stage_server/compute/stack_checkpoint.h"
 #include "common/flags.h"
+#include "common/model/checkpoint.h"
 #include "common/status_macros.h"
-#include "stage_server/compute/checkpoint.h"
 #include "stage_server/compute/cpu_backend.h"
 #include "stage_server/compute/layer_stack.h"
+#include "stage_server/compute/stack_checkpoint.h"
 
 namespace pipetrain::client {
 
@@ -38,7 +38,7 @@ int RunInit(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     err << "pipetrain init: " << config.status().message() << "\n";
     return kExitUsage;
   }
-  auto checkpoint = [&]() -> absl::StatusOr<compute::Checkpoint> {
+  auto checkpoint = [&]() -> absl::StatusOr<model::Checkpoint> {
     ASSIGN_OR_RETURN(auto backend, compute::CpuBackend::Create(1));
     ASSIGN_OR_RETURN(auto stack, compute::LayerStack::Create(
                                      *config, 0, config->num_pipeline_layers(), backend.get()));
@@ -49,7 +49,7 @@ int RunInit(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     err << "pipetrain init: " << checkpoint.status().message() << "\n";
     return kExitJobFailed;
   }
-  if (absl::Status s = compute::SaveCheckpoint(out_path, *checkpoint); !s.ok()) {
+  if (absl::Status s = model::SaveCheckpoint(out_path, *checkpoint); !s.ok()) {
     err << "pipetrain init: cannot write " << out_path << ": " << s.message() << "\n";
     return kExitJobFailed;
   }

@@ -48,7 +48,7 @@ void AddModelFlag(common::FlagSet& flags, std::string* target) {
   flags.MarkRequired("model");
 }
 
-absl::StatusOr<compute::GptConfig> ParseModelArg(const std::string& arg) {
+absl::StatusOr<model::GptConfig> ParseModelArg(const std::string& arg) {
   const size_t first = arg.find_first_not_of(" \t\r\n");
   const bool inline_json = first != std::string::npos && (arg[first] == '{' || arg[first] == '[');
   std::string text = arg;
@@ -100,13 +100,13 @@ absl::StatusOr<compute::GptConfig> ParseModelArg(const std::string& arg) {
     }
     return static_cast<int>(v.get<int64_t>());
   };
-  compute::GptConfig config;
+  model::GptConfig config;
   ASSIGN_OR_RETURN(config.vocab_size, field("vocab_size", kDefaultVocabSize));
   ASSIGN_OR_RETURN(config.seq_len, field("seq_len", 0));
   ASSIGN_OR_RETURN(config.d_model, field("d_model", 0));
   ASSIGN_OR_RETURN(config.n_heads, field("n_heads", 0));
   ASSIGN_OR_RETURN(config.n_layers, field("n_layers", 0));
-  if (absl::Status s = compute::ValidateConfig(config); !s.ok()) {
+  if (absl::Status s = model::ValidateConfig(config); !s.ok()) {
     return Invalid(source, s.message());
   }
   return config;

@@ -7,21 +7,15 @@
 #include "absl/strings/str_cat.h"
 #include "client/cli.h"
 #include "common/address.h"
+#include "common/channel_args.h"
 #include "common/grpc_status.h"
-#include "common/server_runner.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
-#include "grpcpp/support/channel_arguments.h"
 
 namespace pipetrain::client {
 namespace {
 
 constexpr int kDefaultPort = 7400;
-// A followed job can be quiet for minutes between steps; keepalive pings notice a
-// coordinator whose host vanished without closing the connection. The coordinator's
-// servers accept pings this often (common/server_runner.cc).
-constexpr int kKeepaliveMs = 30'000;
-constexpr int kKeepaliveTimeoutMs = 10'000;
 
 std::string EnvOr(const char* name) {
   const char* value = std::getenv(name);
@@ -102,11 +96,8 @@ bool CheckRemoteFlags(const common::FlagSet& flags, RemoteFlags* remote, std::os
 
 Remote::Remote(std::string verb, const RemoteFlags& remote)
     : verb_(std::move(verb)), address_(Normalize(remote.address)), security_(remote.security) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(common::kMaxMessageBytes);  // long histories and timelines
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, kKeepaliveMs);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, kKeepaliveTimeoutMs);
-  channel_ = grpc::CreateCustomChannel(address_, security_.ChannelCredentials(), args);
+  channel_ = grpc::CreateCustomChannel(address_, security_.ChannelCredentials(),
+                                       common::ChannelArgumentsFor(common::ChannelUse::kCli));
   stub_ = pipetrain::v1::Coordinator::NewStub(channel_);
 }
 

@@ -9,10 +9,10 @@
 #include "absl/strings/str_format.h"
 #include "client/cli.h"
 #include "client/local_model.h"
-#include "stage_server/compute/stack_checkpoint.h"
 #include "common/flags.h"
+#include "common/model/checkpoint.h"
 #include "nlohmann/json.hpp"
-#include "stage_server/compute/checkpoint.h"
+#include "stage_server/compute/stack_checkpoint.h"
 #include "stage_server/compute/trainer.h"
 
 namespace pipetrain::client {
@@ -165,7 +165,7 @@ int RunTrainLocal(const std::vector<std::string>& args, std::ostream& out, std::
   }
   if (!save_path.empty()) {
     auto trained = compute::CheckpointOfStack((*trainer)->model(), /*with_optimizer=*/false);
-    absl::Status s = trained.ok() ? compute::SaveCheckpoint(save_path, *trained) : trained.status();
+    absl::Status s = trained.ok() ? model::SaveCheckpoint(save_path, *trained) : trained.status();
     if (!s.ok()) {
       err << "pipetrain train-local: --save: cannot write " << save_path << ": " << s.message()
           << "\n";

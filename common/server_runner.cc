@@ -44,8 +44,9 @@ void ForwardToMainThread(int sig) { pthread_kill(main_thread, sig); }
 
 void ApplyBulkTransferArgs(grpc::ServerBuilder& builder) {
   SetBulkArgs([&](const char* key, int value) { builder.AddChannelArgument(key, value); });
-  // Peer links ping every 10 s to notice a vanished neighbour (PeerChannelArguments);
-  // without these the server would answer an idle link's pings with GOAWAY.
+  // Peer links and the coordinator ping every 10 s to notice a vanished peer
+  // (common/channel_args.h); without these the server would answer an idle link's
+  // pings with GOAWAY.
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);

@@ -46,14 +46,14 @@ absl::StatusOr<Corpus> LoadCorpus(const pipetrain::v1::JobSpec& spec) {
   return corpus;
 }
 
-absl::StatusOr<compute::TokenBatch> TrainingBatch(const Corpus& corpus,
-                                                  const compute::GptConfig& model, int rows,
+absl::StatusOr<model::TokenBatch> TrainingBatch(const Corpus& corpus,
+                                                  const model::GptConfig& model, int rows,
                                                   uint64_t seed, int64_t step) {
-  return compute::SampleBatch(corpus.train, model, rows, seed, static_cast<int>(step));
+  return model::SampleBatch(corpus.train, model, rows, seed, static_cast<int>(step));
 }
 
-absl::StatusOr<compute::TokenBatch> ValidationBatch(const Corpus& corpus,
-                                                    const compute::GptConfig& model, int rows,
+absl::StatusOr<model::TokenBatch> ValidationBatch(const Corpus& corpus,
+                                                    const model::GptConfig& model, int rows,
                                                     uint64_t seed) {
   if (corpus.validation.size() < static_cast<size_t>(model.seq_len) + 1) {
     return absl::FailedPreconditionError(
@@ -61,7 +61,7 @@ absl::StatusOr<compute::TokenBatch> ValidationBatch(const Corpus& corpus,
                      "' has no held-out tail long enough for one sequence"));
   }
   // Step 0 is never a training step, so this batch is not one the model trains on.
-  return compute::SampleBatch(corpus.validation, model, rows, seed, 0);
+  return model::SampleBatch(corpus.validation, model, rows, seed, 0);
 }
 
 }  // namespace pipetrain::coordinator

@@ -6,9 +6,9 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "common/model/batch.h"
+#include "common/model/gpt_config.h"
 #include "pipetrain/v1/job.pb.h"
-#include "stage_server/compute/gpt_config.h"
-#include "stage_server/compute/trainer.h"
 
 namespace pipetrain::coordinator {
 
@@ -23,13 +23,13 @@ struct Corpus {
 absl::StatusOr<Corpus> LoadCorpus(const pipetrain::v1::JobSpec& spec);
 
 // Training batch of step `step` (from 1): `rows` sequences drawn from the training part.
-absl::StatusOr<compute::TokenBatch> TrainingBatch(const Corpus& corpus,
-                                                  const compute::GptConfig& model, int rows,
+absl::StatusOr<model::TokenBatch> TrainingBatch(const Corpus& corpus,
+                                                  const model::GptConfig& model, int rows,
                                                   uint64_t seed, int64_t step);
 // The validation batch: the same `rows` sequences of the held-out part every time, so
 // validation losses of different steps compare. FAILED_PRECONDITION if there is none.
-absl::StatusOr<compute::TokenBatch> ValidationBatch(const Corpus& corpus,
-                                                    const compute::GptConfig& model, int rows,
+absl::StatusOr<model::TokenBatch> ValidationBatch(const Corpus& corpus,
+                                                    const model::GptConfig& model, int rows,
                                                     uint64_t seed);
 
 }  // namespace pipetrain::coordinator

@@ -30,6 +30,14 @@ void SetNow(google::protobuf::Timestamp* t) {
   t->set_nanos(static_cast<int32_t>(us % 1000000) * 1000);
 }
 
+// What a user does about a job the coordinator's stop interrupted: `pipetrain resume`
+// continues it from its latest checkpoint (nothing to add without one).
+std::string ResumeHint(const std::string& job_id, const std::string& checkpoint_dir) {
+  if (checkpoint_dir.empty()) return "";
+  return absl::StrCat("; continue it with 'pipetrain resume ", job_id, "' (from ",
+                      checkpoint_dir, ")");
+}
+
 bool Ended(pb::JobStatus::State s) {
   return s == pb::JobStatus::SUCCEEDED || s == pb::JobStatus::FAILED ||
          s == pb::JobStatus::CANCELLED;
@@ -67,9 +75,7 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(ManagerOptions op
         job.set_state(pb::JobStatus::FAILED);
         job.set_reason(absl::StrCat(
             "the coordinator stopped while the job was running (after step ", job.steps_done(),
-            ")", job.checkpoint_dir().empty()
-                     ? std::string()
-                     : absl::StrCat("; resubmit with --init-from ", job.checkpoint_dir())));
+            ")", ResumeHint(job.job_id(), job.checkpoint_dir())));
         SetNow(job.mutable_finished());
         RETURN_IF_ERROR(m->store_->Update(job));
       }
@@ -283,7 +289,7 @@ void JobManager::Drive(LiveJob* job, std::vector<StageRecord> stages) {
     }
     out.state = pb::JobStatus::FAILED;
     out.reason = absl::StrCat("the coordinator stopped while the job was running (", out.reason,
-                              ")", dir.empty() ? "" : absl::StrCat("; resubmit with --init-from ", dir));
+                              ")", ResumeHint(id, dir));
   }
   for (const std::string& lost : out.lost_stage_ids) registry_.MarkLost(lost);
   registry_.Release(id);

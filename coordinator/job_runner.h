@@ -1,8 +1,10 @@
 // Drives one job on the stages it was given: plans it, configures every stage (and
 // loads the starting checkpoint), runs the steps (stage 0 gets the token micro-batches,
 // the last stage the targets, all stages run at once), measures a validation loss,
-// writes checkpoints, and says how it ended. It knows nothing of the job store or the
-// registry: it reports through hooks, which the job manager turns into records.
+// writes checkpoints, and says how it ended. The calls to the stages go through a
+// StageGroup; the requests come from stage_configure.h. It knows nothing of the job
+// store or the registry: it reports through hooks, which the job manager turns into
+// records.
 #pragma once
 
 #include <functional>
@@ -11,16 +13,11 @@
 
 #include "absl/time/time.h"
 #include "common/rpc_security.h"
+#include "coordinator/stage_group.h"
 #include "pipetrain/v1/coordinator.pb.h"
 #include "pipetrain/v1/job.pb.h"
 
 namespace pipetrain::coordinator {
-
-struct RunnerStage {
-  std::string stage_id;
-  std::string address;
-  pipetrain::v1::DeviceInfo device;
-};
 
 struct RunnerOptions {
   std::string checkpoint_root;                  // checkpoints go to ROOT/step-N/

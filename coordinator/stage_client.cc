@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "common/channel_args.h"
 #include "common/grpc_status.h"
 #include "grpcpp/grpcpp.h"
 
@@ -17,16 +18,9 @@ void StageClient::Prepare(grpc::ClientContext& ctx, absl::Duration deadline) con
 
 StageClient::StageClient(std::string address, common::RpcSecurity security)
     : address_(std::move(address)), security_(std::move(security)) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(-1);
-  args.SetMaxSendMessageSize(-1);
-  // A stage whose host drops off the network never resets the connection: without
-  // pings a RunStep in flight would wait for its step deadline (minutes). With them
-  // the call fails within ~15 s even when no neighbour notices first (one stage).
-  // The stage servers accept pings this often (common/server_runner.cc).
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
-  auto channel = grpc::CreateCustomChannel(address_, security_.ChannelCredentials(), args);
+  auto channel = grpc::CreateCustomChannel(
+      address_, security_.ChannelCredentials(),
+      common::ChannelArgumentsFor(common::ChannelUse::kStageControl));
   stub_ = pb::Stage::NewStub(channel);
   health_ = grpc::health::v1::Health::NewStub(channel);
 }

@@ -17,7 +17,7 @@ absl::StatusOr<EmulatedDevice> EmulatedDeviceByName(const std::string& name) {
       "emulated device '", name, "' is unknown: use h100, h200, a100 or a FLOP rate such as 2e12"));
 }
 
-EmulatedShard::EmulatedShard(const compute::GptConfig& config, int begin, int end, int rows,
+EmulatedShard::EmulatedShard(const model::GptConfig& config, int begin, int end, int rows,
                              EmulatedDevice device, bool recompute,
                              std::shared_ptr<common::BufferPool> pool)
     : config_(config), begin_(begin), end_(end), rows_(rows), device_(std::move(device)),
@@ -25,17 +25,17 @@ EmulatedShard::EmulatedShard(const compute::GptConfig& config, int begin, int en
   const double tokens = static_cast<double>(rows) * config.seq_len;
   double params = 0;
   for (int l = begin; l < end; ++l) {
-    const compute::LayerCost c = compute::CostOfLayer(config, l);
+    const model::LayerCost c = model::CostOfLayer(config, l);
     forward_s_ += c.forward_flops * tokens / device_.flops;
     backward_input_s_ += c.backward_input_flops * tokens / device_.flops;
     backward_weight_s_ += c.backward_weight_flops * tokens / device_.flops;
     params += c.params;
   }
   for (int l = begin; l < end; ++l) {
-    const double layer = compute::ChunkActivationBytes(config, l, l + 1, false).stored * tokens;
+    const double layer = model::ChunkActivationBytes(config, l, l + 1, false).stored * tokens;
     evaluate_bytes_ = std::max(evaluate_bytes_, static_cast<size_t>(layer));
   }
-  memory_ = compute::ChunkActivationBytes(config, begin, end, recompute);
+  memory_ = model::ChunkActivationBytes(config, begin, end, recompute);
   memory_.stored *= tokens;
   memory_.backward_extra *= tokens;
   memory_.weight_grad *= tokens;

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "common/buffer_pool.h"
-#include "stage_server/compute/gpt_config.h"
+#include "common/model/gpt_config.h"
 #include "stage_server/shard_compute.h"
 
 namespace pipetrain::stage_server {
@@ -23,7 +23,7 @@ absl::StatusOr<EmulatedDevice> EmulatedDeviceByName(const std::string& name);
 
 class EmulatedShard final : public ShardCompute {
  public:
-  EmulatedShard(const compute::GptConfig& config, int begin, int end, int rows,
+  EmulatedShard(const model::GptConfig& config, int begin, int end, int rows,
                 EmulatedDevice device, bool recompute, std::shared_ptr<common::BufferPool> pool);
 
   bool has_embedding() const override { return begin_ == 0; }
@@ -55,13 +55,13 @@ class EmulatedShard final : public ShardCompute {
   void Hold(int mb, size_t bytes);  // adds to what micro-batch mb holds
   void Release(int mb);
 
-  compute::GptConfig config_;
+  model::GptConfig config_;
   int begin_, end_, rows_;
   EmulatedDevice device_;
   bool recompute_;
   std::shared_ptr<common::BufferPool> pool_;
   double forward_s_ = 0, backward_input_s_ = 0, backward_weight_s_ = 0, optimizer_s_ = 0;
-  compute::ChunkMemory memory_;  // bytes per micro-batch (not per token), as the planner counts
+  model::ChunkMemory memory_;  // bytes per micro-batch (not per token), as the planner counts
   size_t evaluate_bytes_ = 0;     // an evaluation holds one layer's stash at a time: the largest
   void Peak(size_t extra);
   std::map<int, size_t> in_flight_;

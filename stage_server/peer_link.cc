@@ -7,7 +7,6 @@
 #include "absl/synchronization/mutex.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
-#include "common/server_runner.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "stage_server/frame_wire.h"
 #include "stage_server/link_core.h"
@@ -161,17 +160,6 @@ uint64_t PeerLink::bytes_sent() const { return core_->bytes_sent(); }
 uint64_t PeerLink::bytes_received() const { return core_->bytes_received(); }
 
 // ---- Client side ------------------------------------------------------------------
-
-grpc::ChannelArguments PeerChannelArguments() {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(common::kMaxMessageBytes);
-  args.SetMaxSendMessageSize(common::kMaxMessageBytes);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  common::ApplyBulkTransferArgs(args);
-  return args;
-}
 
 absl::StatusOr<std::unique_ptr<PeerLink>> ConnectPeerLink(
     std::shared_ptr<grpc::Channel> channel, const PeerLinkOptions& options,

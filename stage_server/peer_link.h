@@ -17,8 +17,8 @@
 #include "common/tensor.h"
 #include "common/tensor_codec.h"
 #include "grpcpp/channel.h"
-#include "grpcpp/support/channel_arguments.h"
 #include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/channel_arguments.h"
 #include "grpcpp/support/server_callback.h"
 #include "stage_server/tensor_channel.h"
 
@@ -76,10 +76,6 @@ class PeerLink final : public TensorChannel {
 absl::StatusOr<std::unique_ptr<PeerLink>> ConnectPeerLink(
     std::shared_ptr<grpc::Channel> channel, const PeerLinkOptions& options,
     const std::string& peer_secret, absl::Time deadline);
-
-// Channel arguments for links: message limits that fit a frame, keepalive so that a
-// vanished peer is noticed.
-grpc::ChannelArguments PeerChannelArguments();
 
 // The downstream side: admits streams whose hello matches an expected peer.
 class LinkAcceptor {

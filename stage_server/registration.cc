@@ -1,9 +1,9 @@
 #include "stage_server/registration.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/channel_args.h"
 #include "common/logging.h"
 #include "grpcpp/create_channel.h"
-#include "grpcpp/support/channel_arguments.h"
 
 namespace pipetrain::stage_server {
 
@@ -11,14 +11,10 @@ Registration::Registration(std::string coordinator, pipetrain::v1::RegisterStage
                            std::function<std::string()> job_id, common::RpcSecurity security)
     : coordinator_(std::move(coordinator)), request_(std::move(request)),
       job_id_(std::move(job_id)), security_(std::move(security)) {
-  // A restarted coordinator should see its stages back within a few heartbeats, not
-  // after gRPC's default reconnect backoff (which grows to two minutes).
-  grpc::ChannelArguments args;
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 500);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 500);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
-  stub_ = pipetrain::v1::Coordinator::NewStub(
-      grpc::CreateCustomChannel(coordinator_, security_.ChannelCredentials(), args));
+  // A restarted coordinator should see its stages back within a few heartbeats.
+  stub_ = pipetrain::v1::Coordinator::NewStub(grpc::CreateCustomChannel(
+      coordinator_, security_.ChannelCredentials(),
+      common::ChannelArgumentsFor(common::ChannelUse::kRegistration)));
   thread_ = std::thread([this] { Run(); });
 }
 

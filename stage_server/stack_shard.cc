@@ -15,7 +15,7 @@ absl::StatusOr<std::unique_ptr<StackShard>> StackShard::Create(
     std::shared_ptr<common::BufferPool> pool) {
   if (rows <= 0) return absl::InvalidArgumentError("micro-batch rows must be > 0");
   auto* backend = stack->backend();
-  const compute::GptConfig& c = stack->config();
+  const model::GptConfig& c = stack->config();
   const size_t act = size_t{4} * rows * c.seq_len * c.d_model;
   const size_t ids = size_t{4} * rows * c.seq_len;
   std::unique_ptr<StackShard> s(new StackShard(std::move(stack), rows, std::move(pool)));
@@ -53,7 +53,7 @@ absl::StatusOr<Tensor> StackShard::HostTensor(std::vector<int64_t> shape, const 
 }
 
 absl::Status StackShard::StageInputs(const PiecewiseTensor& input, const Tensor* targets) {
-  const compute::GptConfig& c = stack_->config();
+  const model::GptConfig& c = stack_->config();
   const int64_t B = rows_, T = c.seq_len, C = c.d_model;
   auto* backend = stack_->backend();
   if (has_embedding()) {
@@ -74,7 +74,7 @@ absl::Status StackShard::StageInputs(const PiecewiseTensor& input, const Tensor*
 }
 
 absl::StatusOr<Tensor> StackShard::OutputTensor() {
-  const compute::GptConfig& c = stack_->config();
+  const model::GptConfig& c = stack_->config();
   if (has_head()) return HostTensor({1}, output_.raw());
   return HostTensor({rows_, c.seq_len, c.d_model}, output_.raw());
 }
@@ -97,7 +97,7 @@ absl::StatusOr<Tensor> StackShard::Evaluate(const PiecewiseTensor& input,
 
 absl::StatusOr<Tensor> StackShard::RunBackward(int mb, const PiecewiseTensor* grad_output,
                                                float loss_grad, bool split) {
-  const compute::GptConfig& c = stack_->config();
+  const model::GptConfig& c = stack_->config();
   const int64_t B = rows_, T = c.seq_len, C = c.d_model;
   const float* gout = nullptr;
   if (!has_head()) {

@@ -1,13 +1,14 @@
 #include "stage_server/stage_runtime.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/channel_args.h"
+#include "common/model/checkpoint.h"
 #include "common/status_macros.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
-#include "stage_server/compute/checkpoint.h"
 #include "stage_server/compute/cpu_backend.h"
-#include "stage_server/compute/stack_checkpoint.h"
 #include "stage_server/compute/cuda_backend.h"
+#include "stage_server/compute/stack_checkpoint.h"
 #include "stage_server/emulated_shard.h"
 #include "stage_server/stack_shard.h"
 
@@ -37,7 +38,7 @@ StageRuntime::~StageRuntime() {
 uint64_t StageRuntime::StateBytes(const JobConfig& config) {
   uint64_t params = 0;
   for (const auto& [begin, end] : config.chunks) {
-    for (int l = begin; l < end; ++l) params += compute::CostOfLayer(config.model, l).params;
+    for (int l = begin; l < end; ++l) params += model::CostOfLayer(config.model, l).params;
   }
   return params * 16;  // f32 weight, gradient, AdamW m and v
 }
@@ -48,7 +49,7 @@ absl::Status StageRuntime::ValidateConfig(const JobConfig& c) const {
                                                    c.stage, ": ", what));
   };
   if (c.job_id.empty()) return absl::InvalidArgumentError("configure: field job_id is empty");
-  RETURN_IF_ERROR(compute::ValidateConfig(c.model));
+  RETURN_IF_ERROR(model::ValidateConfig(c.model));
   if (c.num_stages < 1) return bad("field num_stages must be >= 1");
   if (c.stage < 0 || c.stage >= c.num_stages) {
     return bad(absl::StrCat("field stage must be in [0, ", c.num_stages, ")"));
@@ -173,7 +174,7 @@ absl::Status StageRuntime::EnsureLinks(Job& job) {
     o.peer_address = c.downstream_address;
     o.frame_bytes = c.frame_bytes;
     auto channel = grpc::CreateCustomChannel(
-        c.downstream_address, options_.security.ChannelCredentials(), PeerChannelArguments());
+        c.downstream_address, options_.security.ChannelCredentials(), common::ChannelArgumentsFor(common::ChannelUse::kPeerLink));
     ASSIGN_OR_RETURN(job.next, ConnectPeerLink(channel, o, c.peer_secret, deadline));
   }
   if (job.has_prev && job.prev == nullptr) {
@@ -300,9 +301,9 @@ absl::StatusOr<std::string> StageRuntime::ExportChunk(const std::string& job_id,
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(StackShard * shard, ChunkOf(job_id, chunk, "export"));
   RETURN_IF_ERROR(job_->executor->CheckNoPendingOptimizer("export"));
-  ASSIGN_OR_RETURN(compute::Checkpoint ckpt,
+  ASSIGN_OR_RETURN(model::Checkpoint ckpt,
                    compute::CheckpointOfStack(shard->stack(), /*with_optimizer=*/true));
-  return compute::SerializeCheckpoint(ckpt);
+  return model::SerializeCheckpoint(ckpt);
 }
 
 absl::Status StageRuntime::ImportChunk(const std::string& job_id, int chunk,
@@ -311,7 +312,7 @@ absl::Status StageRuntime::ImportChunk(const std::string& job_id, int chunk,
   ASSIGN_OR_RETURN(StackShard * shard, ChunkOf(job_id, chunk, "import"));
   RETURN_IF_ERROR(job_->executor->CheckNoPendingOptimizer("import"));
   const std::string source = absl::StrCat("shard of job '", job_id, "' chunk ", chunk);
-  ASSIGN_OR_RETURN(compute::Checkpoint ckpt, compute::ParseCheckpoint(bytes, source));
+  ASSIGN_OR_RETURN(model::Checkpoint ckpt, model::ParseCheckpoint(bytes, source));
   absl::Status s = compute::RestoreStack(ckpt, shard->stack());
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat(source, ": ", s.message()));
   return absl::OkStatus();

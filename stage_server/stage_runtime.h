@@ -13,10 +13,10 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/model/gpt_config.h"
 #include "common/rpc_security.h"
 #include "common/schedule/stage_program.h"
 #include "stage_server/compute/backend.h"
-#include "stage_server/compute/gpt_config.h"
 #include "stage_server/device_spec.h"
 #include "stage_server/executor.h"
 #include "stage_server/peer_link.h"
@@ -36,7 +36,7 @@ struct JobConfig {
   std::string job_id;
   int stage = 0;
   int num_stages = 1;
-  compute::GptConfig model;
+  model::GptConfig model;
   std::vector<std::pair<int, int>> chunks;  // pipeline layers [begin, end) per chunk
   uint64_t seed = 0;
   OptimizerSettings optimizer;

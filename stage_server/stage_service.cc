@@ -16,7 +16,7 @@ absl::StatusOr<JobConfig> JobConfigFromProto(const pb::ConfigureRequest& r) {
   c.job_id = r.job_id();
   c.stage = r.stage();
   c.num_stages = r.num_stages();
-  ASSIGN_OR_RETURN(c.model, compute::ConfigFromProto(r.model()));
+  ASSIGN_OR_RETURN(c.model, model::ConfigFromProto(r.model()));
   std::vector<pb::LayerRange> ranges(r.layers().begin(), r.layers().end());
   for (size_t i = 0; i < ranges.size(); ++i) {
     if (ranges[i].chunk() != i) {

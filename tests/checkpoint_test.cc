@@ -1,4 +1,4 @@
-#include "stage_server/compute/checkpoint.h"
+#include "common/model/checkpoint.h"
 
 #include <algorithm>
 #include <cstring>
@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/model/checkpoint_folder.h"
 #include "common/safetensors.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -14,7 +15,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/testing/temp_files.h"
 
-namespace pipetrain::compute {
+namespace pipetrain::model {
 namespace {
 
 using ::pipetrain::common::DType;
@@ -146,9 +147,9 @@ TEST(CheckpointTest, FileCarriesConfigAndNamesInHuggingFaceForm) {
   EXPECT_EQ(raw->tensors[4].name, "transformer.h.0.attn.c_attn.weight");
   EXPECT_EQ(raw->tensors[4].tensor.shape(), (std::vector<int64_t>{32, 96}));
   EXPECT_EQ(raw->tensors.back().name, "lm_head.weight");
-  auto config = ReadCheckpointConfig(path);
-  ASSERT_THAT(config, IsOk());
-  EXPECT_EQ(*config, Tiny());
+  auto info = ReadCheckpointInfo(path);
+  ASSERT_THAT(info, IsOk());
+  EXPECT_EQ(info->config, Tiny());
 }
 
 TEST(CheckpointTest, OptimizerStateRoundTripsUnderItsPrefixes) {
@@ -201,7 +202,16 @@ TEST(CheckpointTest, MergedStageFilesEqualTheWholeModelFile) {
     stage_files.push_back(dir.File(absl::StrCat("stage_", begin, ".safetensors")));
     ASSERT_THAT(SaveCheckpoint(stage_files.back(), part), IsOk());
   }
-  ASSERT_THAT(MergeCheckpointFiles(stage_files, dir.File("merged.safetensors")), IsOk());
+  // The stages' files, read back and merged, saved as one file.
+  std::vector<Checkpoint> parts;
+  for (const std::string& file : stage_files) {
+    auto part = LoadCheckpoint(file);
+    ASSERT_THAT(part, IsOk());
+    parts.push_back(*std::move(part));
+  }
+  auto joined = MergeCheckpoints(std::move(parts));
+  ASSERT_THAT(joined, IsOk());
+  ASSERT_THAT(SaveCheckpoint(dir.File("merged.safetensors"), *joined), IsOk());
   // Byte for byte: same tensors, same order, same metadata.
   EXPECT_EQ(ReadFileOrDie(dir.File("merged.safetensors")),
             ReadFileOrDie(dir.File("whole.safetensors")));
@@ -366,13 +376,16 @@ TEST(CheckpointTest, LoaderValidatesTheMetadata) {
               StatusIs(kInvalid, HasSubstr("checkpoint of pipeline layers [0, 4): missing 26")));
 }
 
-TEST(CheckpointTest, LoadLayersTakesAStageShareOfAWholeModelFile) {
+// A stage's share of a whole-model file: what init_from hands each stage.
+TEST(CheckpointTest, ASliceOfAWholeModelFileIsAStageShare) {
   TempDir dir;
   const GptConfig c = Tiny();
   const Checkpoint whole = RandomCheckpoint(c, 0, 4, true, 5);
   const std::string path = dir.File("whole.safetensors");
   ASSERT_THAT(SaveCheckpoint(path, whole), IsOk());
-  auto share = LoadCheckpointLayers(path, c, 2, 4);
+  auto loaded = LoadCheckpoint(path);
+  ASSERT_THAT(loaded, IsOk());
+  auto share = SliceCheckpoint(*loaded, 2, 4);
   ASSERT_THAT(share, IsOk());
   EXPECT_EQ(share->layer_begin, 2);
   EXPECT_EQ(share->layer_end, 4);
@@ -386,15 +399,15 @@ TEST(CheckpointTest, LoadLayersTakesAStageShareOfAWholeModelFile) {
     EXPECT_EQ(share->optimizer->v.at(p.name).shape(), p.shape);
   }
 
-  GptConfig other = c;
-  other.d_model = 64;
-  EXPECT_THAT(LoadCheckpointLayers(path, other, 2, 4),
-              StatusIs(kInvalid, HasSubstr("model.d_model is 32 in the checkpoint but 64")));
-  const std::string part = dir.File("part.safetensors");
-  ASSERT_THAT(SaveCheckpoint(part, RandomCheckpoint(c, 1, 3, false)), IsOk());
-  EXPECT_THAT(LoadCheckpointLayers(part, c, 2, 4),
-              StatusIs(kInvalid, HasSubstr("holds pipeline layers [1, 3), not all of the requested [2, 4)")));
-  EXPECT_THAT(LoadCheckpointLayers(part, c, 2, 2), StatusIs(kInvalid, HasSubstr("not a range")));
+  auto part = LoadCheckpoint([&] {
+    const std::string f = dir.File("part.safetensors");
+    EXPECT_THAT(SaveCheckpoint(f, RandomCheckpoint(c, 1, 3, false)), IsOk());
+    return f;
+  }());
+  ASSERT_THAT(part, IsOk());
+  EXPECT_THAT(SliceCheckpoint(*part, 2, 4),
+              StatusIs(kInvalid, HasSubstr("layers [2, 4) are not inside the checkpoint's [1, 3)")));
+  EXPECT_THAT(SliceCheckpoint(*part, 2, 2), StatusIs(kInvalid, HasSubstr("not inside")));
 }
 
 TEST(CheckpointTest, CorruptFilesAreRejectedWithTheFileName) {
@@ -445,9 +458,9 @@ TEST(CheckpointTest, LoadsThePyTorchFixture) {
   const nlohmann::json& cj = expected.at("config");
   const GptConfig want{cj.at("vocab_size"), cj.at("seq_len"), cj.at("d_model"),
                        cj.at("n_heads"), cj.at("n_layers")};
-  auto config = ReadCheckpointConfig(dir + "weights.safetensors");
-  ASSERT_THAT(config, IsOk());
-  EXPECT_EQ(*config, want);
+  auto info = ReadCheckpointInfo(dir + "weights.safetensors");
+  ASSERT_THAT(info, IsOk());
+  EXPECT_EQ(info->config, want);
   for (const char* file : {"weights.safetensors", "grads.safetensors"}) {
     auto ckpt = LoadCheckpoint(dir + file);
     ASSERT_THAT(ckpt, IsOk());
@@ -470,4 +483,4 @@ TEST(CheckpointTest, LoadsThePyTorchFixture) {
 }
 
 }  // namespace
-}  // namespace pipetrain::compute
+}  // namespace pipetrain::model

@@ -8,10 +8,10 @@
 #include <span>
 #include <vector>
 
+#include "common/model/init.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "stage_server/compute/init.h"
 #include "stage_server/compute/reference_ops.h"
 
 namespace pipetrain::compute {
@@ -22,16 +22,16 @@ using ::pipetrain::testing::StatusIs;
 
 std::vector<float> Randn(size_t n, uint64_t seed, double scale = 1.0) {
   std::vector<float> v(n);
-  const uint64_t key = InitStreamKey(seed, 1000, 0);
-  for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>(scale * NormalAt(key, i));
+  const uint64_t key = model::InitStreamKey(seed, 1000, 0);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>(scale * model::NormalAt(key, i));
   return v;
 }
 std::vector<double> D(const std::vector<float>& v) { return {v.begin(), v.end()}; }
 std::vector<int32_t> Tokens(size_t n, int V, uint64_t seed) {
   std::vector<int32_t> t(n);
-  const uint64_t key = InitStreamKey(seed, 2000, 0);
+  const uint64_t key = model::InitStreamKey(seed, 2000, 0);
   for (size_t i = 0; i < n; ++i) {
-    t[i] = static_cast<int32_t>(std::fabs(NormalAt(key, i)) * 1e6) % V;
+    t[i] = static_cast<int32_t>(std::fabs(model::NormalAt(key, i)) * 1e6) % V;
   }
   return t;
 }
@@ -280,9 +280,9 @@ TEST_F(CpuBackendTest, AdamW) {
 // and nothing past the last piece is written.
 TEST_F(CpuBackendTest, CopyFromHostPiecesPlacesPiecesConsecutively) {
   std::vector<std::byte> src(1000);
-  const uint64_t key = InitStreamKey(77, 3000, 0);
+  const uint64_t key = model::InitStreamKey(77, 3000, 0);
   for (size_t i = 0; i < src.size(); ++i) {
-    src[i] = static_cast<std::byte>(static_cast<uint64_t>(std::fabs(NormalAt(key, i)) * 1e6));
+    src[i] = static_cast<std::byte>(static_cast<uint64_t>(std::fabs(model::NormalAt(key, i)) * 1e6));
   }
   // Lengths 0, 1, 0, 300, 0, 699, 0: empty pieces at both ends and in between.
   const std::span<const std::byte> all(src);

@@ -18,12 +18,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_probe.h"
+#include "common/model/init.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "stage_server/compute/backend_buffer.h"
 #include "stage_server/compute/host_backend.h"
-#include "stage_server/compute/init.h"
 #include "stage_server/compute/layer_stack.h"
 #include "stage_server/compute/reference_ops.h"
 
@@ -52,15 +52,15 @@ uint64_t NextSeed() {
 }
 std::vector<float> Randn(size_t n, double scale = 1.0, double offset = 0.0) {
   std::vector<float> v(n);
-  const uint64_t key = InitStreamKey(NextSeed(), 4242, 0);
-  for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>(offset + scale * NormalAt(key, i));
+  const uint64_t key = model::InitStreamKey(NextSeed(), 4242, 0);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<float>(offset + scale * model::NormalAt(key, i));
   return v;
 }
 std::vector<int32_t> RandomIds(size_t n, int V) {
   std::vector<int32_t> t(n);
-  const uint64_t key = InitStreamKey(NextSeed(), 4243, 0);
+  const uint64_t key = model::InitStreamKey(NextSeed(), 4243, 0);
   for (size_t i = 0; i < n; ++i) {
-    t[i] = static_cast<int32_t>(static_cast<uint64_t>(std::fabs(NormalAt(key, i)) * 1e9) % V);
+    t[i] = static_cast<int32_t>(static_cast<uint64_t>(std::fabs(model::NormalAt(key, i)) * 1e9) % V);
   }
   return t;
 }
@@ -658,7 +658,7 @@ TEST_F(CudaBackendTest, AdamWThreeSteps) {
 // micro-batch runs the fused backward, the second the split one (backward-input, then
 // backward-weight: the ops' nullptr outputs), as zero-bubble schedules do.
 void CheckTrainingStep(Backend* gpu, double budget, StackOptions gpu_options) {
-  GptConfig config;
+  model::GptConfig config;
   config.vocab_size = 67;
   config.seq_len = 13;
   config.d_model = 24;
@@ -721,7 +721,7 @@ void CheckTrainingStep(Backend* gpu, double budget, StackOptions gpu_options) {
     ASSERT_THAT(gpu->Synchronize(), IsOk());
   }
   ExpectRel(dev_loss, ref_loss, budget, "losses of the micro-batches");
-  for (const ParamSpec& spec : (*ref)->Params()) {
+  for (const model::ParamSpec& spec : (*ref)->Params()) {
     auto want = (*ref)->GetGrad(spec.name);
     auto got = (*dev)->GetGrad(spec.name);
     ASSERT_THAT(want, IsOk());
@@ -736,7 +736,7 @@ void CheckTrainingStep(Backend* gpu, double budget, StackOptions gpu_options) {
   ASSERT_THAT(dev_norm, IsOk());
   EXPECT_NEAR(*dev_norm, *ref_norm, budget * *ref_norm);
   EXPECT_GT(*ref_norm, adam.max_grad_norm) << "the step should clip";
-  for (const ParamSpec& spec : (*ref)->Params()) {
+  for (const model::ParamSpec& spec : (*ref)->Params()) {
     auto want = (*ref)->GetParam(spec.name);
     auto got = (*dev)->GetParam(spec.name);
     ASSERT_THAT(want, IsOk());

@@ -45,7 +45,7 @@ using ::pipetrain::testing::RandomBatch;
 using ::pipetrain::testing::Reference;
 using ::pipetrain::testing::Rows;
 constexpr int kSteps = 3;
-compute::GptConfig Tiny() { return ::pipetrain::testing::TinyModel(); }
+model::GptConfig Tiny() { return ::pipetrain::testing::TinyModel(); }
 OptimizerSettings Adam() { return ::pipetrain::testing::TestAdam(); }
 const Reference& SharedReference(float clip) {
   return ::pipetrain::testing::SharedReference(kSteps, clip);
@@ -75,7 +75,7 @@ Snapshot TakeSnapshot(const std::vector<StackShard*>& shards) {
   for (StackShard* shard : shards) {
     compute::LayerStack& stack = shard->stack();
     out.push_back({static_cast<float>(stack.step())});
-    for (const compute::ParamSpec& p : stack.Params()) {
+    for (const model::ParamSpec& p : stack.Params()) {
       out.push_back(*stack.GetParam(p.name));
       out.push_back(*stack.GetGrad(p.name));
       out.push_back(*stack.GetOptimizerMoment(p.name, false));
@@ -89,7 +89,7 @@ Snapshot TakeSnapshot(const std::vector<StackShard*>& shards) {
 // no training step uses, under a step number of its own (frames are tagged with it).
 constexpr int kEvalAfter = 0;
 constexpr uint64_t kEvalStep = 1000;
-compute::TokenBatch EvalBatch() { return RandomBatch(77); }
+model::TokenBatch EvalBatch() { return RandomBatch(77); }
 
 // Runs the job on K executors in threads, with an evaluation after step kEvalAfter,
 // and checks every step's loss and the final weights against the reference.
@@ -149,7 +149,7 @@ void RunPipeline(const Case& c) {
   // optimizer waits (defer_optimizer) for the coordinator's part, done after the join.
   const bool two_phase = c.clip > 0 && K > 1;
   auto run_all = [&](const schedule::Schedule& programs, uint64_t step,
-                     const compute::TokenBatch& batch) {
+                     const model::TokenBatch& batch) {
     std::vector<absl::StatusOr<StepResult>> results(K, absl::UnknownError("not run"));
     std::vector<std::thread> threads;
     for (int s = 0; s < K; ++s) {
@@ -236,7 +236,7 @@ void RunPipeline(const Case& c) {
   // Final weights, tensor by tensor.
   for (int s = 0; s < K; ++s) {
     for (StackShard* shard : shards[s]) {
-      for (const compute::ParamSpec& p : shard->stack().Params()) {
+      for (const model::ParamSpec& p : shard->stack().Params()) {
         auto got = shard->stack().GetParam(p.name);
         auto want = ref.model->GetParam(p.name);
         ASSERT_THAT(got.status(), IsOk());
@@ -320,7 +320,7 @@ Single MakeSingle(int stages = 1, int stage = 0, OptimizerSettings optimizer = {
 
 StepInputs Inputs(int M, bool tokens, bool targets) {
   StepInputs in;
-  const compute::TokenBatch b = RandomBatch(0);
+  const model::TokenBatch b = RandomBatch(0);
   for (int mb = 0; mb < M; ++mb) {
     if (tokens) in.tokens.push_back(Rows(b.inputs, mb, 2));
     if (targets) in.targets.push_back(Rows(b.targets, mb, 2));
@@ -342,7 +342,7 @@ TEST(ExecutorTest, RunsAValidProgram) {
 std::vector<std::vector<float>> Weights(Executor& ex) {
   std::vector<std::vector<float>> out;
   compute::LayerStack& stack = static_cast<StackShard&>(ex.chunk(0)).stack();
-  for (const compute::ParamSpec& p : stack.Params()) out.push_back(*stack.GetParam(p.name));
+  for (const model::ParamSpec& p : stack.Params()) out.push_back(*stack.GetParam(p.name));
   return out;
 }
 
@@ -460,6 +460,14 @@ TEST(ExecutorTest, RefusesBadProgramsBeforeRunningThem) {
   s.program.actions = *schedule::ParseActions("F0 F1 B0 OPT");
   EXPECT_THAT(s.executor->RunStep(s.program, Inputs(2, true, true)).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("missing backward B1")));
+  // The validator's rules, which the executor relies on rather than repeating.
+  s.program.actions = *schedule::ParseActions("F0 F1 W0 I0 B1 OPT");
+  EXPECT_THAT(s.executor->RunStep(s.program, Inputs(2, true, true)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("weight gradient before the input gradient")));
+  s.program.actions = *schedule::ParseActions("F0 F1 F2 B0 B1 B2 OPT");
+  EXPECT_THAT(s.executor->RunStep(s.program, Inputs(2, true, true)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("out of range")));
   s.program.actions = *schedule::ParseActions("F0 F1 B0 B1 OPT");
   EXPECT_THAT(s.executor->RunStep(s.program, Inputs(1, true, true)).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tokens has 1 micro-batches")));
@@ -542,7 +550,7 @@ TEST(ExecutorTest, EmulatedStagesFollowTheCostModel) {
   auto plan = planner::MakePlan(po);
   ASSERT_THAT(plan.status(), IsOk());
   // Slow enough that each forward takes ~2 ms.
-  const double flops = compute::CostOfLayer(Tiny(), 1).forward_flops * 2 * Tiny().seq_len * 4 / 2e-3;
+  const double flops = model::CostOfLayer(Tiny(), 1).forward_flops * 2 * Tiny().seq_len * 4 / 2e-3;
   const EmulatedDevice device{"test", flops};
   auto pool = std::make_shared<common::BufferPool>();
   auto [up, down] = MakeLocalChannelPair();
@@ -561,7 +569,7 @@ TEST(ExecutorTest, EmulatedStagesFollowTheCostModel) {
     ex.push_back(std::make_unique<Executor>(ec, std::move(chunks), s == 0 ? up.get() : nullptr,
                                             s == 1 ? down.get() : nullptr, pool));
   }
-  const compute::TokenBatch b = RandomBatch(0);
+  const model::TokenBatch b = RandomBatch(0);
   std::vector<absl::StatusOr<StepResult>> results(2, absl::UnknownError("not run"));
   std::thread t0([&] {
     StepInputs in;

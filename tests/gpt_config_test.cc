@@ -1,10 +1,10 @@
-#include "stage_server/compute/gpt_config.h"
+#include "common/model/gpt_config.h"
 
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace pipetrain::compute {
+namespace pipetrain::model {
 namespace {
 
 using ::pipetrain::testing::IsOk;
@@ -61,9 +61,9 @@ TEST(GptConfigTest, ParameterCountsMatchGpt2Formulas) {
 }
 
 }  // namespace
-}  // namespace pipetrain::compute
+}  // namespace pipetrain::model
 
-namespace pipetrain::compute {
+namespace pipetrain::model {
 namespace {
 
 TEST(GptConfigTest, ChunkMemoryFollowsTheLayerStack) {
@@ -86,4 +86,4 @@ TEST(GptConfigTest, ChunkMemoryFollowsTheLayerStack) {
 }
 
 }  // namespace
-}  // namespace pipetrain::compute
+}  // namespace pipetrain::model

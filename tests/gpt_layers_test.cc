@@ -7,12 +7,12 @@
 #include <cmath>
 #include <vector>
 
+#include "common/model/init.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "stage_server/compute/cpu_backend.h"
 #include "stage_server/compute/host_backend.h"
-#include "stage_server/compute/init.h"
 
 namespace pipetrain::compute {
 namespace {
@@ -20,15 +20,15 @@ namespace {
 using ::pipetrain::testing::IsOk;
 
 constexpr int kB = 2;
-GptConfig Tiny() {
+model::GptConfig Tiny() {
   return {.vocab_size = 11, .seq_len = 5, .d_model = 8, .n_heads = 2, .n_layers = 2};
 }
 
 template <typename Real>
 std::vector<Real> Randn(size_t n, uint64_t seed, double scale) {
   std::vector<Real> v(n);
-  const uint64_t key = InitStreamKey(seed, 3000, 0);
-  for (size_t i = 0; i < n; ++i) v[i] = static_cast<Real>(scale * NormalAt(key, i));
+  const uint64_t key = model::InitStreamKey(seed, 3000, 0);
+  for (size_t i = 0; i < n; ++i) v[i] = static_cast<Real>(scale * model::NormalAt(key, i));
   return v;
 }
 
@@ -43,7 +43,7 @@ std::vector<int32_t> Tokens(int n, int V, uint64_t seed) {
 // turns non-head outputs into the scalar L = sum(output * R).
 template <typename Real>
 struct Fixture {
-  GptConfig config = Tiny();
+  model::GptConfig config = Tiny();
   int index;
   std::unique_ptr<PipelineLayer<Real>> layer;
   std::vector<Real> x;                   // (B, T, C) for blocks and the head
@@ -55,7 +55,7 @@ struct Fixture {
     layer = std::move(*made);
     const int64_t n = kB * config.seq_len * config.d_model;
     for (size_t i = 0; i < layer->specs().size(); ++i) {
-      const ParamSpec& s = layer->specs()[i];
+      const model::ParamSpec& s = layer->specs()[i];
       const bool ln_weight = s.shape.size() == 1 &&
                              s.name.find("ln_") != std::string::npos &&
                              s.name.find("weight") != std::string::npos;
@@ -72,9 +72,9 @@ struct Fixture {
     tokens = Tokens(kB * config.seq_len, config.vocab_size, 1);
     targets = Tokens(kB * config.seq_len, config.vocab_size, 2);
   }
-  bool is_head() const { return layer->kind() == LayerKind::kHead; }
+  bool is_head() const { return layer->kind() == model::LayerKind::kHead; }
   const void* input() const {
-    return layer->kind() == LayerKind::kEmbedding
+    return layer->kind() == model::LayerKind::kEmbedding
                ? static_cast<const void*>(tokens.data())
                : x.data();
   }
@@ -138,19 +138,19 @@ TEST_P(LayerGradientTest, MatchesFiniteDifferencesInDouble) {
     return g;
   };
   for (size_t p = 0; p < f.layer->specs().size(); ++p) {
-    const ParamSpec& spec = f.layer->specs()[p];
+    const model::ParamSpec& spec = f.layer->specs()[p];
     const size_t n = spec.num_elements();
     std::vector<double> analytic(f.layer->grad(p), f.layer->grad(p) + n);
     CheckGradient(spec.name.c_str(), analytic, numeric_for(f.layer->param(p), n));
   }
-  if (f.layer->kind() != LayerKind::kEmbedding) {
+  if (f.layer->kind() != model::LayerKind::kEmbedding) {
     CheckGradient("input", grad_input, numeric_for(f.x.data(), f.x.size()));
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(EmbeddingBlockHead, LayerGradientTest,
                          ::testing::Values(0, 1, 3), [](const auto& info) {
-                           return LayerName(Tiny(), info.param) == "head"
+                           return model::LayerName(Tiny(), info.param) == "head"
                                       ? std::string("head")
                                   : info.param == 0 ? std::string("embedding")
                                                     : std::string("block");
@@ -163,7 +163,7 @@ TEST(GptLayersTest, CpuFloatMatchesDoubleAndSplitEqualsFused) {
   ASSERT_THAT(cpu, IsOk());
   HostBackendDouble dbl;
   for (int index : {0, 1, 3}) {
-    SCOPED_TRACE(LayerName(Tiny(), index));
+    SCOPED_TRACE(model::LayerName(Tiny(), index));
     Fixture<double> fd(&dbl, index);
     Fixture<float> ff(cpu->get(), index);
     Fixture<float> fs(cpu->get(), index);
@@ -191,7 +191,7 @@ TEST(GptLayersTest, CpuFloatMatchesDoubleAndSplitEqualsFused) {
 // gpt_config promises the planner.
 TEST(GptLayersTest, ActivationBytesMatchCostModel) {
   HostBackend backend;
-  const GptConfig c = Tiny();
+  const model::GptConfig c = Tiny();
   for (int index : {0, 1, 3}) {
     Fixture<float> f(&backend, index);
     std::vector<float> out(f.is_head() ? 1 : f.r.size());
@@ -202,9 +202,9 @@ TEST(GptLayersTest, ActivationBytesMatchCostModel) {
     const double input_bytes =
         index == 0 ? tokens * sizeof(int32_t) : tokens * c.d_model * sizeof(float);
     EXPECT_EQ(stash.owned_bytes() + input_bytes,
-              CostOfLayer(c, index).activation_bytes * tokens)
-        << LayerName(c, index);
-    EXPECT_EQ(input_bytes, CostOfLayer(c, index).activation_bytes_recompute * tokens);
+              model::CostOfLayer(c, index).activation_bytes * tokens)
+        << model::LayerName(c, index);
+    EXPECT_EQ(input_bytes, model::CostOfLayer(c, index).activation_bytes_recompute * tokens);
   }
 }
 
@@ -231,16 +231,16 @@ class CountingBackend : public HostBackendT<float> {
   }
 };
 
-// Parameter counts and the FLOPs the layers really issue agree with CostOfLayer (which
+// Parameter counts and the FLOPs the layers really issue agree with model::CostOfLayer (which
 // adds a few elementwise FLOPs per vocabulary entry to the head).
 TEST(GptLayersTest, ParamsAndFlopsMatchCostModel) {
   CountingBackend backend;
-  const GptConfig c = Tiny();
+  const model::GptConfig c = Tiny();
   const double tokens = kB * c.seq_len;
   for (int index : {0, 1, 3}) {
-    SCOPED_TRACE(LayerName(c, index));
+    SCOPED_TRACE(model::LayerName(c, index));
     Fixture<float> f(&backend, index);
-    const LayerCost cost = CostOfLayer(c, index);
+    const model::LayerCost cost = model::CostOfLayer(c, index);
     EXPECT_EQ(f.layer->num_params(), cost.params);
     std::vector<float> out(f.is_head() ? 1 : f.r.size()), grad_input(f.x.size());
     Stash<float> stash;

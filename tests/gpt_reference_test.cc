@@ -21,8 +21,8 @@ namespace {
 using ::pipetrain::testing::IsOk;
 
 struct Fixture {
-  GptConfig config;
-  TokenBatch batch;
+  model::GptConfig config;
+  model::TokenBatch batch;
   std::vector<std::pair<std::string, std::vector<float>>> params;
   double loss = 0;
   struct Grad {
@@ -74,7 +74,7 @@ Fixture Load() {
 
 TEST(GptReferenceTest, LossAndGradientsMatchAnIndependentImplementation) {
   const Fixture f = Load();
-  ASSERT_THAT(ValidateConfig(f.config), IsOk());
+  ASSERT_THAT(model::ValidateConfig(f.config), IsOk());
   ASSERT_EQ(f.batch.inputs.size(), size_t(f.batch.rows) * f.config.seq_len);
   auto cpu = CpuBackend::Create(1);
   ASSERT_THAT(cpu, IsOk());

@@ -9,12 +9,12 @@
 #include <string>
 #include <vector>
 
+#include "common/model/init.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "stage_server/compute/cpu_backend.h"
 #include "stage_server/compute/host_backend.h"
-#include "stage_server/compute/init.h"
 
 namespace pipetrain::compute {
 namespace {
@@ -23,7 +23,7 @@ using ::pipetrain::testing::IsOk;
 using ::pipetrain::testing::StatusIs;
 using ::testing::HasSubstr;
 
-GptConfig Tiny() {
+model::GptConfig Tiny() {
   return {.vocab_size = 11, .seq_len = 5, .d_model = 8, .n_heads = 2, .n_layers = 3};
 }
 
@@ -32,7 +32,7 @@ using Stages = std::vector<std::unique_ptr<LayerStackT<Real>>>;
 
 // Stages cut at `cuts` (e.g. {2} gives [0, 2) and [2, L + 2)), initialised with seed 5.
 template <typename Real>
-Stages<Real> MakeStages(BackendT<Real>* backend, const GptConfig& c,
+Stages<Real> MakeStages(BackendT<Real>* backend, const model::GptConfig& c,
                         std::vector<int> cuts, StackOptions options = {}) {
   cuts.insert(cuts.begin(), 0);
   cuts.push_back(c.num_pipeline_layers());
@@ -50,7 +50,7 @@ struct Batch {
   int rows;
   std::vector<int32_t> tokens, targets;  // (rows, T)
 };
-Batch MakeBatch(const GptConfig& c, int rows) {
+Batch MakeBatch(const model::GptConfig& c, int rows) {
   Batch b{rows, {}, {}};
   for (int i = 0; i < rows * c.seq_len; ++i) {
     b.tokens.push_back((i * 5 + 3 + i * i / 3) % c.vocab_size);
@@ -66,7 +66,7 @@ enum class Mode { kFused, kSplit, kSplitWeightsReversed };
 template <typename Real>
 double RunStep(Stages<Real>& stages, const Batch& batch, int M,
                Mode mode = Mode::kFused) {
-  const GptConfig& c = stages[0]->config();
+  const model::GptConfig& c = stages[0]->config();
   const int rows = batch.rows / M;
   const int64_t tokens = int64_t{rows} * c.seq_len;
   double loss = 0;
@@ -110,7 +110,7 @@ template <typename Real>
 std::map<std::string, std::vector<Real>> Collect(Stages<Real>& stages, bool grads) {
   std::map<std::string, std::vector<Real>> out;
   for (auto& s : stages) {
-    for (const ParamSpec& p : s->Params()) {
+    for (const model::ParamSpec& p : s->Params()) {
       auto v = grads ? s->GetGrad(p.name) : s->GetParam(p.name);
       EXPECT_THAT(v, IsOk());
       out[p.name] = *v;
@@ -121,15 +121,15 @@ std::map<std::string, std::vector<Real>> Collect(Stages<Real>& stages, bool grad
 
 TEST(LayerStackTest, WholeModelGradientMatchesFiniteDifferences) {
   HostBackendDouble backend;
-  const GptConfig c = Tiny();
+  const model::GptConfig c = Tiny();
   Stages<double> model = MakeStages<double>(&backend, c, {});
   LayerStackT<double>& m = *model[0];
   // Move every parameter off its init (LayerNorm weights off 1, biases off 0).
   for (int l = 0; l < c.num_pipeline_layers(); ++l) {
     PipelineLayer<double>& layer = m.layer(l);
-    const uint64_t key = InitStreamKey(77, l, 0);
+    const uint64_t key = model::InitStreamKey(77, l, 0);
     for (int64_t i = 0; i < layer.num_params(); ++i) {
-      layer.all_params()[i] += 0.2 * NormalAt(key, i);
+      layer.all_params()[i] += 0.2 * model::NormalAt(key, i);
     }
   }
   const Batch batch = MakeBatch(c, 2);
@@ -159,15 +159,15 @@ TEST(LayerStackTest, WholeModelGradientMatchesFiniteDifferences) {
       max_ref = std::max(max_ref, std::fabs(numeric));
       max_diff = std::max(max_diff, std::fabs(numeric - layer.all_grads()[i]));
     }
-    EXPECT_GT(max_ref, 1e-6) << LayerName(c, l);
-    EXPECT_LE(max_diff, 1e-7 * std::max(1.0, max_ref)) << LayerName(c, l);
+    EXPECT_GT(max_ref, 1e-6) << model::LayerName(c, l);
+    EXPECT_LE(max_diff, 1e-7 * std::max(1.0, max_ref)) << model::LayerName(c, l);
   }
 }
 
 TEST(LayerStackTest, SplittingAtEveryPointMatchesTheWholeModel) {
   auto cpu = CpuBackend::Create(1);
   ASSERT_THAT(cpu, IsOk());
-  const GptConfig c = Tiny();
+  const model::GptConfig c = Tiny();
   const Batch batch = MakeBatch(c, 4);
   Stages<float> whole = MakeStages<float>(cpu->get(), c, {});
   const double loss = RunStep(whole, batch, 2);
@@ -187,7 +187,7 @@ TEST(LayerStackTest, SplittingAtEveryPointMatchesTheWholeModel) {
 TEST(LayerStackTest, SplitBackwardInAnyOrderMatchesFused) {
   auto cpu = CpuBackend::Create(1);
   ASSERT_THAT(cpu, IsOk());
-  const GptConfig c = Tiny();
+  const model::GptConfig c = Tiny();
   const Batch batch = MakeBatch(c, 4);
   Stages<float> fused = MakeStages<float>(cpu->get(), c, {2});
   Stages<float> split = MakeStages<float>(cpu->get(), c, {2});
@@ -206,7 +206,7 @@ TEST(LayerStackTest, SplitBackwardInAnyOrderMatchesFused) {
 TEST(LayerStackTest, RecomputeIsBitIdenticalAndKeepsOnlyInputs) {
   auto cpu = CpuBackend::Create(1);
   ASSERT_THAT(cpu, IsOk());
-  const GptConfig c = Tiny();
+  const model::GptConfig c = Tiny();
   const Batch batch = MakeBatch(c, 4);
   Stages<float> plain = MakeStages<float>(cpu->get(), c, {2});
   Stages<float> recompute = MakeStages<float>(cpu->get(), c, {2}, {.recompute = true});
@@ -232,13 +232,13 @@ TEST(LayerStackTest, RecomputeIsBitIdenticalAndKeepsOnlyInputs) {
 
 TEST(LayerStackTest, ActivationBytesFollowTheCostModel) {
   HostBackend backend;
-  const GptConfig c = Tiny();
+  const model::GptConfig c = Tiny();
   const Batch batch = MakeBatch(c, 6);
   const int M = 3, rows = 2;
   const double tokens = rows * c.seq_len;
   double per_mb = 0;
   for (int l = 0; l < c.num_pipeline_layers(); ++l) {
-    per_mb += CostOfLayer(c, l).activation_bytes * tokens;
+    per_mb += model::CostOfLayer(c, l).activation_bytes * tokens;
   }
   for (bool recompute : {false, true}) {
     Stages<float> model = MakeStages<float>(&backend, c, {}, {.recompute = recompute});
@@ -261,13 +261,13 @@ TEST(LayerStackTest, ActivationBytesFollowTheCostModel) {
 
 TEST(LayerStackTest, InitIsDeterministicAcrossPartitions) {
   HostBackend backend;
-  const GptConfig c{
+  const model::GptConfig c{
       .vocab_size = 64, .seq_len = 8, .d_model = 64, .n_heads = 4, .n_layers = 2};
   Stages<float> whole = MakeStages<float>(&backend, c, {});
   Stages<float> split = MakeStages<float>(&backend, c, {1, 3});
   const auto params = Collect(whole, false);
   EXPECT_EQ(params, Collect(split, false));
-  EXPECT_EQ(params.size(), RangeParams(c, 0, c.num_pipeline_layers()).size());
+  EXPECT_EQ(params.size(), model::RangeParams(c, 0, c.num_pipeline_layers()).size());
   auto stddev = [](const std::vector<float>& v) {
     double s = 0, s2 = 0;
     for (float x : v) {
@@ -293,12 +293,12 @@ TEST(LayerStackTest, InitIsDeterministicAcrossPartitions) {
 
 TEST(LayerStackTest, AdamWDecaysMatricesOnlyAndClipsByTheGivenNorm) {
   HostBackend backend;
-  const GptConfig c = Tiny();
+  const model::GptConfig c = Tiny();
   Stages<float> a = MakeStages<float>(&backend, c, {});
   const auto before = Collect(a, false);
   // Zero gradients: Adam moves nothing, only decoupled decay acts.
   ASSERT_THAT(a[0]->OptimizerStep({.lr = 0.1f, .weight_decay = 0.5f}), IsOk());
-  for (const ParamSpec& p : a[0]->Params()) {
+  for (const model::ParamSpec& p : a[0]->Params()) {
     const std::vector<float> after = *a[0]->GetParam(p.name);
     for (size_t i = 0; i < after.size(); ++i) {
       const float want =
@@ -336,7 +336,7 @@ TEST(LayerStackTest, AdamWDecaysMatricesOnlyAndClipsByTheGivenNorm) {
 TEST(LayerStackTest, EvaluateIsForwardBitForBitAndKeepsNothing) {
   auto cpu = CpuBackend::Create(1);
   ASSERT_THAT(cpu, IsOk());
-  const GptConfig c = Tiny();
+  const model::GptConfig c = Tiny();
   const Batch batch = MakeBatch(c, 2);
   for (bool recompute : {false, true}) {
     SCOPED_TRACE(recompute ? "recompute" : "no recompute");
@@ -370,7 +370,7 @@ TEST(LayerStackTest, EvaluateIsForwardBitForBitAndKeepsNothing) {
 
 TEST(LayerStackTest, MisuseIsAnErrorNamingTheMicroBatch) {
   HostBackend backend;
-  const GptConfig c = Tiny();
+  const model::GptConfig c = Tiny();
   EXPECT_THAT(LayerStack::Create(c, 2, 2, &backend),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[2, 2)")));
   EXPECT_THAT(LayerStack::Create(c, 0, 9, &backend),

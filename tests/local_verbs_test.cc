@@ -10,16 +10,16 @@
 #include <vector>
 
 #include "client/cli.h"
-#include "tests/testing/run_cli.h"
+#include "common/model/checkpoint.h"
 #include "common/safetensors.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "stage_server/compute/checkpoint.h"
 #include "stage_server/compute/cpu_backend.h"
 #include "stage_server/compute/layer_stack.h"
 #include "stage_server/compute/trainer.h"
+#include "tests/testing/run_cli.h"
 #include "tests/testing/temp_files.h"
 
 namespace pipetrain::client {
@@ -79,9 +79,9 @@ TEST(InitVerbTest, WritesTheWeightsOfInitializeForTheSeed) {
   CliRun r = Cli({"init", "--model", kTinyModel, "--seed", "7", "--out", path});
   ASSERT_EQ(r.code, kExitOk) << r.err;
   EXPECT_THAT(r.out, HasSubstr(path));
-  auto ckpt = compute::LoadCheckpoint(path);
+  auto ckpt = model::LoadCheckpoint(path);
   ASSERT_THAT(ckpt.status(), IsOk());
-  const compute::GptConfig want_config{256, 16, 32, 4, 1};  // vocab_size defaults to 256
+  const model::GptConfig want_config{256, 16, 32, 4, 1};  // vocab_size defaults to 256
   EXPECT_EQ(ckpt->config, want_config);
   EXPECT_EQ(ckpt->layer_begin, 0);
   EXPECT_EQ(ckpt->layer_end, want_config.num_pipeline_layers());
@@ -94,7 +94,7 @@ TEST(InitVerbTest, WritesTheWeightsOfInitializeForTheSeed) {
   ASSERT_THAT(stack.status(), IsOk());
   ASSERT_THAT((*stack)->Initialize(7), IsOk());
   ASSERT_EQ(ckpt->params.size(), (*stack)->Params().size());
-  for (const compute::ParamSpec& p : (*stack)->Params()) {
+  for (const model::ParamSpec& p : (*stack)->Params()) {
     auto want = (*stack)->GetParam(p.name);
     ASSERT_THAT(want.status(), IsOk());
     auto got = ckpt->params.at(p.name).data<float>();
@@ -104,7 +104,7 @@ TEST(InitVerbTest, WritesTheWeightsOfInitializeForTheSeed) {
   // Another seed gives other weights; the same model given as a file, the same ones.
   const std::string other = dir.File("other.safetensors");
   ASSERT_EQ(Cli({"init", "--model", kTinyModel, "--seed", "8", "--out", other}).code, kExitOk);
-  auto other_ckpt = compute::LoadCheckpoint(other);
+  auto other_ckpt = model::LoadCheckpoint(other);
   ASSERT_THAT(other_ckpt.status(), IsOk());
   const std::string name = "transformer.h.0.attn.c_attn.weight";
   auto a = ckpt->params.at(name).data<float>();
@@ -171,7 +171,7 @@ TEST(EvalVerbTest, MatchesThePyTorchFixtureLossAndGradients) {
   EXPECT_EQ(j["checkpoint"], Fixture("weights.safetensors"));
   EXPECT_EQ(j["grads_out"], grads);
 
-  auto ours = compute::LoadCheckpoint(grads);  // the gradient file is checkpoint-shaped
+  auto ours = model::LoadCheckpoint(grads);  // the gradient file is checkpoint-shaped
   ASSERT_THAT(ours.status(), IsOk());
   auto ref = common::ReadSafetensorsFile(Fixture("grads.safetensors"));
   ASSERT_THAT(ref.status(), IsOk());
@@ -217,17 +217,17 @@ TEST(EvalVerbTest, BadInputsExitTwoNamingThePathOrFlag) {
   // A stage's share of a model is not enough.
   const std::string whole = dir.File("whole.safetensors");
   ASSERT_EQ(Cli({"init", "--model", kTinyModel, "--out", whole}).code, kExitOk);
-  auto ckpt = compute::LoadCheckpoint(whole);
+  auto ckpt = model::LoadCheckpoint(whole);
   ASSERT_THAT(ckpt.status(), IsOk());
-  compute::Checkpoint share;
+  model::Checkpoint share;
   share.config = ckpt->config;
   share.layer_begin = 0;
   share.layer_end = 2;
-  for (const compute::ParamSpec& p : compute::RangeParams(share.config, 0, 2)) {
+  for (const model::ParamSpec& p : model::RangeParams(share.config, 0, 2)) {
     share.params.emplace(p.name, ckpt->params.at(p.name).Clone());
   }
   const std::string part = dir.File("part.safetensors");
-  ASSERT_THAT(compute::SaveCheckpoint(part, share), IsOk());
+  ASSERT_THAT(model::SaveCheckpoint(part, share), IsOk());
   ExpectUsageErrors("eval", {{{"--checkpoint", part, "--text", text, "--batch", "1"},
                               "holds pipeline layers [0, 2) of 3; eval needs the whole model"},
                              {{"--checkpoint", whole, "--text", text, "--batch", "2000000"},
@@ -293,7 +293,7 @@ TEST(TrainLocalVerbTest, LossesAreThoseOfTheReferenceTrainerWithTheGivenFlags) {
     return losses;
   };
   compute::TrainOptions options;
-  options.model = compute::GptConfig{256, 16, 32, 4, 1};
+  options.model = model::GptConfig{256, 16, 32, 4, 1};
   options.steps = 3;
   options.batch = 2;
   options.seed = 9;

@@ -4,11 +4,11 @@
 #include <functional>
 #include <random>
 
+#include "common/model/gpt_config.h"
 #include "common/testing/status_matchers.h"
 #include "coordinator/planner/generators.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "stage_server/compute/gpt_config.h"
 
 namespace pipetrain::planner {
 namespace {
@@ -156,10 +156,10 @@ TEST(PartitionerTest, ModelThatCannotFitSaysHowMuchIsNeeded) {
 TEST(PartitionerTest, LightEmbeddingAndHeavyHeadFromTheModelCosts) {
   // GPT-2's 50257-token vocabulary on a narrow model: the head costs as much as many
   // blocks, the embedding almost nothing.
-  compute::GptConfig config{50257, 128, 128, 4, 6};
+  model::GptConfig config{50257, 128, 128, 4, 6};
   std::vector<double> flops;
   for (int l = 0; l < config.num_pipeline_layers(); ++l) {
-    const compute::LayerCost c = compute::CostOfLayer(config, l);
+    const model::LayerCost c = model::CostOfLayer(config, l);
     flops.push_back(c.forward_flops + c.backward_input_flops + c.backward_weight_flops);
   }
   ASSERT_GT(flops.back(), 10 * flops[1]);

@@ -6,11 +6,11 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/model/checkpoint.h"
 #include "common/safetensors.h"
 #include "common/testing/status_matchers.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "stage_server/compute/checkpoint.h"
 #include "stage_server/compute/cpu_backend.h"
 #include "stage_server/compute/layer_stack.h"
 #include "stage_server/compute/trainer.h"
@@ -27,21 +27,21 @@ TEST(PyTorchFixtureTest, LossAndEveryGradientMatch) {
   ASSERT_TRUE(in.good());
   const nlohmann::json expected = nlohmann::json::parse(in);
 
-  auto ckpt = LoadCheckpoint(Dir() + "weights.safetensors");
+  auto ckpt = model::LoadCheckpoint(Dir() + "weights.safetensors");
   ASSERT_THAT(ckpt.status(), IsOk());
-  const GptConfig& config = ckpt->config;
+  const model::GptConfig& config = ckpt->config;
   auto backend = CpuBackend::Create(1);
   ASSERT_THAT(backend.status(), IsOk());
   auto model = LayerStack::Create(config, 0, config.num_pipeline_layers(), backend->get());
   ASSERT_THAT(model.status(), IsOk());
-  for (const ParamSpec& p : (*model)->Params()) {
+  for (const model::ParamSpec& p : (*model)->Params()) {
     const common::Tensor& t = ckpt->params.at(p.name);
     auto values = t.data<float>();
     ASSERT_THAT((*model)->SetParam(p.name, std::vector<float>(values.begin(), values.end())), IsOk())
         << p.name;
   }
 
-  TokenBatch batch;
+  model::TokenBatch batch;
   batch.rows = expected["batch"].get<int>();
   for (const auto& row : expected["inputs"]) {
     for (int v : row) batch.inputs.push_back(v);
@@ -60,7 +60,7 @@ TEST(PyTorchFixtureTest, LossAndEveryGradientMatch) {
   auto grads = common::ReadSafetensorsFile(Dir() + "grads.safetensors");
   ASSERT_THAT(grads.status(), IsOk());
   int compared = 0;
-  for (const ParamSpec& p : (*model)->Params()) {
+  for (const model::ParamSpec& p : (*model)->Params()) {
     const common::Tensor* ref = grads->Find(p.name);
     ASSERT_NE(ref, nullptr) << p.name;
     auto got = (*model)->GetGrad(p.name);

@@ -14,15 +14,16 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/frame_proto.h"
+#include "common/model/checkpoint.h"
 #include "common/testing/status_matchers.h"
 #include "coordinator/planner/forward_only.h"
 #include "coordinator/planner/planner.h"
+#include "coordinator/stage_configure.h"
 #include "gmock/gmock.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "grpc/health/v1/health.grpc.pb.h"
 #include "pipetrain/v1/stage.grpc.pb.h"
-#include "stage_server/compute/checkpoint.h"
 #include "tests/testing/reference_training.h"
 #include "tests/testing/subprocess.h"
 
@@ -82,43 +83,29 @@ planner::Plan MakeTestPlan(planner::ScheduleKind kind, int K, int v, pb::Recompu
   return *plan;
 }
 
+// The coordinator's own request (coordinator/stage_configure.h), with the tests' seed and
+// AdamW settings and small frames, so that every tensor crosses in several.
 pb::ConfigureRequest ConfigureFor(const planner::Plan& plan, const std::string& job, int s,
                                   const std::vector<Stage>& stages) {
-  const int K = plan.options.stages;
-  pb::ConfigureRequest r;
-  r.set_job_id(job);
-  r.set_stage(s);
-  r.set_num_stages(K);
-  *r.mutable_model() = compute::ConfigToProto(plan.options.model);
-  for (size_t c = 0; c < plan.stages[s].layers.size(); ++c) {
-    pb::LayerRange* range = r.add_layers();
-    range->set_chunk(c);
-    range->set_begin_layer(plan.stages[s].layers[c].first);
-    range->set_end_layer(plan.stages[s].layers[c].second);
-  }
-  r.set_seed(testing::kSeed);
+  coordinator::StageWiring wiring{job, {}, "secret-" + job, 20000};
+  for (const Stage& stage : stages) wiring.addresses.push_back(stage.address);
   const stage_server::OptimizerSettings adam = testing::TestAdam();
-  r.mutable_optimizer()->set_lr(adam.lr);
-  r.mutable_optimizer()->set_beta1(adam.beta1);
-  r.mutable_optimizer()->set_beta2(adam.beta2);
-  r.mutable_optimizer()->set_eps(adam.eps);
-  r.mutable_optimizer()->set_weight_decay(adam.weight_decay);
-  if (K > 1) {
-    r.set_upstream_address(stages[(s + K - 1) % K].address);
-    r.set_downstream_address(stages[(s + 1) % K].address);
-  }
-  r.set_recompute(plan.options.recompute);
-  r.set_micro_batch_size(kBatch / kMicroBatches);
-  r.set_peer_secret("secret-" + job);
-  r.set_recv_deadline_ms(20000);
-  r.set_frame_bytes(1000);  // several frames per tensor
+  pb::OptimizerConfig optimizer;
+  optimizer.set_lr(adam.lr);
+  optimizer.set_beta1(adam.beta1);
+  optimizer.set_beta2(adam.beta2);
+  optimizer.set_eps(adam.eps);
+  optimizer.set_weight_decay(adam.weight_decay);
+  pb::ConfigureRequest r =
+      coordinator::BuildConfigureRequest(plan, s, testing::kSeed, optimizer, wiring);
+  r.set_frame_bytes(1000);
   return r;
 }
 
 // Runs one step of `programs` on `batch` on stages [0, K) at once; returns each
 // stage's response status.
 std::vector<grpc::Status> RunStep(const schedule::Schedule& programs, const std::string& job,
-                                  int step, const compute::TokenBatch& batch,
+                                  int step, const model::TokenBatch& batch,
                                   std::vector<Stage>& stages,
                                   std::vector<pb::RunStepResponse>& out,
                                   bool defer_optimizer = false) {
@@ -249,7 +236,7 @@ TEST_F(StageClusterTest, EverySchedulePlanAndRecomputeModeMatchesTheReference) {
         for (int s = 0; s < K; ++s) {
           for (size_t c = 0; c < plan.stages[s].layers.size(); ++c) {
             const std::string bytes = Export((*stages_)[s], job, c);
-            auto ckpt = compute::ParseCheckpoint(bytes, absl::StrCat("stage ", s, " chunk ", c));
+            auto ckpt = model::ParseCheckpoint(bytes, absl::StrCat("stage ", s, " chunk ", c));
             ASSERT_TRUE(ckpt.ok()) << ckpt.status();
             for (const auto& [name, tensor] : ckpt->params) {
               auto want = ref.model->GetParam(name);
@@ -302,7 +289,7 @@ TEST_F(StageClusterTest, AnEvaluationBetweenStepsReportsTheReferenceLossAndChang
   };
   const std::string before = shards();
 
-  const compute::TokenBatch held_out = testing::RandomBatch(77);
+  const model::TokenBatch held_out = testing::RandomBatch(77);
   check_ok(RunStep(*eval, job, 1, held_out, *stages_, out));
   const std::vector<double> want = testing::ReferenceEvalLosses(1, held_out);
   ASSERT_EQ(out[1].losses_size(), kMicroBatches);
@@ -339,7 +326,7 @@ TEST(StageFaultTest, AKilledNeighbourFailsTheStepWithUnavailableNotAHang) {
   req.set_job_id("fault");
   req.set_step(1);
   *req.mutable_program() = schedule::ToProto(plan.programs[0]);
-  const compute::TokenBatch batch = testing::RandomBatch(1);
+  const model::TokenBatch batch = testing::RandomBatch(1);
   for (int mb = 0; mb < kMicroBatches; ++mb) {
     common::TensorToProto(testing::Rows(batch.inputs, mb, kBatch / kMicroBatches), req.add_tokens());
   }

@@ -61,10 +61,10 @@ std::vector<double> Losses(const TrainOptions& o) {
 }
 
 TEST(TrainerTest, BatchesAreDeterministicShiftedRows) {
-  const GptConfig c = TinyOptions().model;
+  const model::GptConfig c = TinyOptions().model;
   const std::string text = Corpus();
-  auto a = SampleBatch(text, c, 4, 7, 3), b = SampleBatch(text, c, 4, 7, 3);
-  auto other = SampleBatch(text, c, 4, 7, 4);
+  auto a = model::SampleBatch(text, c, 4, 7, 3), b = model::SampleBatch(text, c, 4, 7, 3);
+  auto other = model::SampleBatch(text, c, 4, 7, 4);
   ASSERT_THAT(a, IsOk());
   EXPECT_EQ(a->inputs, b->inputs);
   EXPECT_NE(a->inputs, other->inputs);
@@ -74,12 +74,12 @@ TEST(TrainerTest, BatchesAreDeterministicShiftedRows) {
       EXPECT_EQ(a->targets[r * 16 + t], a->inputs[r * 16 + t + 1]);
   }
   auto lead =
-      LeadingBatch("abcdefghijklmnopqrstuvwxyz0123456789", {256, 16, 32, 4, 2}, 2);
+      model::LeadingBatch("abcdefghijklmnopqrstuvwxyz0123456789", {256, 16, 32, 4, 2}, 2);
   ASSERT_THAT(lead, IsOk());
   EXPECT_EQ(lead->inputs[0], 'a');
   EXPECT_EQ(lead->targets[15], 'q');
   EXPECT_EQ(lead->inputs[16], 'r');  // the second row starts after T + 1 bytes
-  EXPECT_THAT(LeadingBatch("short", c, 1), StatusIs(absl::StatusCode::kInvalidArgument,
+  EXPECT_THAT(model::LeadingBatch("short", c, 1), StatusIs(absl::StatusCode::kInvalidArgument,
                                                     HasSubstr("need at least 17")));
 }
 

@@ -28,9 +28,9 @@ std::string Layers(const Plan& plan, const StagePlan& sp) {
   std::string out;
   for (auto [b, e] : sp.layers) {
     if (!out.empty()) out += ", ";
-    out += e - b == 1 ? compute::LayerName(plan.options.model, b)
-                      : absl::StrCat(compute::LayerName(plan.options.model, b), " .. ",
-                                     compute::LayerName(plan.options.model, e - 1));
+    out += e - b == 1 ? model::LayerName(plan.options.model, b)
+                      : absl::StrCat(model::LayerName(plan.options.model, b), " .. ",
+                                     model::LayerName(plan.options.model, e - 1));
   }
   return out;
 }

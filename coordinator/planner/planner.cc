@@ -21,7 +21,7 @@ bool Recomputes(pb::RecomputeMode mode, int stage, int stages) {
 std::vector<double> LayerWeights(const PlanOptions& o) {
   std::vector<double> w;
   for (int l = 0; l < o.model.num_pipeline_layers(); ++l) {
-    const compute::LayerCost c = compute::CostOfLayer(o.model, l);
+    const model::LayerCost c = model::CostOfLayer(o.model, l);
     switch (o.partition) {
       case PartitionMode::kCount:
         w.push_back(1);
@@ -69,7 +69,7 @@ std::string RecomputeName(pb::RecomputeMode mode) {
 absl::StatusOr<PlanOptions> OptionsFromJobSpec(const pb::JobSpec& spec) {
   PlanOptions o;
   if (!spec.has_model()) return absl::InvalidArgumentError("model: missing");
-  ASSIGN_OR_RETURN(o.model, compute::ConfigFromProto(spec.model()));
+  ASSIGN_OR_RETURN(o.model, model::ConfigFromProto(spec.model()));
   const pb::PipelineSpec& p = spec.pipeline();
   o.stages = p.stages();
   o.micro_batches = p.micro_batches();
@@ -95,7 +95,7 @@ absl::StatusOr<PlanOptions> OptionsFromJobSpec(const pb::JobSpec& spec) {
 }
 
 absl::StatusOr<Plan> MakePlan(const PlanOptions& o) {
-  RETURN_IF_ERROR(compute::ValidateConfig(o.model));
+  RETURN_IF_ERROR(model::ValidateConfig(o.model));
   RETURN_IF_ERROR(CheckShape(o.schedule, o.stages, o.micro_batches, o.chunks));
   if (o.batch_size < 1 || o.batch_size % o.micro_batches != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -111,8 +111,8 @@ absl::StatusOr<Plan> MakePlan(const PlanOptions& o) {
                      o.model.n_layers, " blocks, head): every stage needs at least one layer"));
   }
   const double tokens = static_cast<double>(o.batch_size / o.micro_batches) * o.model.seq_len;
-  std::vector<compute::LayerCost> cost(layers);
-  for (int l = 0; l < layers; ++l) cost[l] = compute::CostOfLayer(o.model, l);
+  std::vector<model::LayerCost> cost(layers);
+  for (int l = 0; l < layers; ++l) cost[l] = model::CostOfLayer(o.model, l);
 
   // Partition over virtual stages; the memory cap is enforced inside the split for plain
   // pipelines (one part per stage) and checked on the simulated figures afterwards.
@@ -122,7 +122,7 @@ absl::StatusOr<Plan> MakePlan(const PlanOptions& o) {
   } else if (o.memory_cap_bytes > 0 && v == 1) {
     MemoryLimit limit;
     const bool all = o.recompute == pb::RECOMPUTE_ALWAYS;
-    for (const compute::LayerCost& c : cost) {
+    for (const model::LayerCost& c : cost) {
       limit.weight_bytes.push_back(kStateBytesPerParam * c.params);
       limit.activation_bytes.push_back((all ? c.activation_bytes_recompute : c.activation_bytes) *
                                        tokens);
@@ -154,8 +154,8 @@ absl::StatusOr<Plan> MakePlan(const PlanOptions& o) {
       cc.backward_input_s += cost[l].backward_input_flops * tokens / o.device_flops;
       cc.backward_weight_s += cost[l].backward_weight_flops * tokens / o.device_flops;
     }
-    const compute::ChunkMemory memory =
-        compute::ChunkActivationBytes(o.model, b, e, sp.recompute);
+    const model::ChunkMemory memory =
+        model::ChunkActivationBytes(o.model, b, e, sp.recompute);
     cc.stored_bytes = memory.stored * tokens;
     cc.backward_extra_bytes = memory.backward_extra * tokens;
     cc.weight_grad_bytes = memory.weight_grad * tokens;

@@ -9,13 +9,13 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/model/gpt_config.h"
 #include "common/schedule/stage_program.h"
 #include "coordinator/planner/generators.h"
 #include "coordinator/planner/partitioner.h"
 #include "coordinator/planner/simulator.h"
 #include "pipetrain/v1/job.pb.h"
 #include "pipetrain/v1/schedule.pb.h"
-#include "stage_server/compute/gpt_config.h"
 
 namespace pipetrain::planner {
 
@@ -30,7 +30,7 @@ std::string RecomputeName(pipetrain::v1::RecomputeMode mode);
 inline constexpr double kStateBytesPerParam = 16;
 
 struct PlanOptions {
-  compute::GptConfig model;
+  model::GptConfig model;
   int stages = 1;
   int micro_batches = 1;
   int chunks = 1;

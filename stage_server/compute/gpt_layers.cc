@@ -3,8 +3,8 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/model/init.h"
 #include "common/status_macros.h"
-#include "stage_server/compute/init.h"
 
 namespace pipetrain::compute {
 
@@ -27,8 +27,8 @@ size_t Stash<Real>::owned_bytes() const {
 
 template <typename Real>
 absl::Status PipelineLayer<Real>::AllocateParams() {
-  specs_ = LayerParams(config_, index_);
-  for (const ParamSpec& s : specs_) {
+  specs_ = model::LayerParams(config_, index_);
+  for (const model::ParamSpec& s : specs_) {
     offsets_.push_back(num_params_);
     num_params_ += s.num_elements();
   }
@@ -39,7 +39,7 @@ absl::Status PipelineLayer<Real>::AllocateParams() {
 
 template <typename Real>
 absl::Status PipelineLayer<Real>::Initialize(uint64_t seed) {
-  std::vector<std::vector<float>> values = InitLayerParams(config_, index_, seed);
+  std::vector<std::vector<float>> values = model::InitLayerParams(config_, index_, seed);
   for (size_t i = 0; i < specs_.size(); ++i) {
     std::vector<Real> v(values[i].begin(), values[i].end());
     RETURN_IF_ERROR(backend_->CopyFromHost(param(i), v.data(), v.size() * sizeof(Real)));
@@ -89,7 +89,7 @@ absl::Status PipelineLayer<Real>::AdamWStep(float lr, float beta1, float beta2, 
 
 template <typename Real>
 int64_t PipelineLayer<Real>::OutputElementsPerRow() const {
-  return kind() == LayerKind::kHead ? 1 : int64_t{config_.seq_len} * config_.d_model;
+  return kind() == model::LayerKind::kHead ? 1 : int64_t{config_.seq_len} * config_.d_model;
 }
 
 namespace {
@@ -108,11 +108,11 @@ template <typename Real>
 class EmbeddingLayer : public PipelineLayer<Real> {
  public:
   using Base = PipelineLayer<Real>;
-  EmbeddingLayer(const GptConfig& c, int index, BackendT<Real>* b) : Base(c, index, b) {}
+  EmbeddingLayer(const model::GptConfig& c, int index, BackendT<Real>* b) : Base(c, index, b) {}
 
   absl::Status Forward(int B, const void* input, const int32_t* /*targets*/, Real* output,
                        Stash<Real>& stash) override {
-    const GptConfig& c = this->config_;
+    const model::GptConfig& c = this->config_;
     stash.Reset(B, input);  // the tokens (B, T) are the only thing kept
     return this->backend_->EmbeddingForward(B, c.seq_len, c.d_model, c.vocab_size,
                                             static_cast<const int32_t*>(input),
@@ -129,7 +129,7 @@ class EmbeddingLayer : public PipelineLayer<Real> {
   }
 
   absl::Status BackwardWeight(Stash<Real>& stash) override {
-    const GptConfig& c = this->config_;
+    const model::GptConfig& c = this->config_;
     RETURN_IF_ERROR(this->backend_->EmbeddingBackward(
         stash.rows(), c.seq_len, c.d_model, c.vocab_size,
         static_cast<const int32_t*>(stash.input()), stash.get(kDout), this->grad(0),
@@ -149,7 +149,7 @@ template <typename Real>
 class BlockLayer : public PipelineLayer<Real> {
  public:
   using Base = PipelineLayer<Real>;
-  BlockLayer(const GptConfig& c, int index, BackendT<Real>* b) : Base(c, index, b) {}
+  BlockLayer(const model::GptConfig& c, int index, BackendT<Real>* b) : Base(c, index, b) {}
 
   absl::Status Forward(int B, const void* input, const int32_t*, Real* output,
                        Stash<Real>& s) override {
@@ -255,7 +255,7 @@ class BlockLayer : public PipelineLayer<Real> {
   }
 
  private:
-  // Parameter indices, in LayerParams order.
+  // Parameter indices, in model::LayerParams order.
   enum Param {
     kLn1W,
     kLn1B,
@@ -302,7 +302,7 @@ template <typename Real>
 class HeadLayer : public PipelineLayer<Real> {
  public:
   using Base = PipelineLayer<Real>;
-  HeadLayer(const GptConfig& c, int index, BackendT<Real>* b) : Base(c, index, b) {}
+  HeadLayer(const model::GptConfig& c, int index, BackendT<Real>* b) : Base(c, index, b) {}
 
   absl::Status Forward(int B, const void* input, const int32_t* targets, Real* output,
                        Stash<Real>& s) override {
@@ -311,7 +311,7 @@ class HeadLayer : public PipelineLayer<Real> {
     const int N = B * this->config_.seq_len;
     if (targets == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
-          LayerName(this->config_, this->index_), ": forward needs targets"));
+          model::LayerName(this->config_, this->index_), ": forward needs targets"));
     }
     s.Reset(B, input);
     ASSIGN_OR_RETURN(void* tgt, s.Allocate(be, kTargets, N * sizeof(int32_t)));  // (N)
@@ -366,23 +366,23 @@ class HeadLayer : public PipelineLayer<Real> {
 }  // namespace
 
 template <typename Real>
-absl::StatusOr<std::unique_ptr<PipelineLayer<Real>>> MakeLayer(const GptConfig& config,
+absl::StatusOr<std::unique_ptr<PipelineLayer<Real>>> MakeLayer(const model::GptConfig& config,
                                                                int index,
                                                                BackendT<Real>* backend) {
-  RETURN_IF_ERROR(ValidateConfig(config));
+  RETURN_IF_ERROR(model::ValidateConfig(config));
   if (index < 0 || index >= config.num_pipeline_layers()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "pipeline layer ", index, " is outside [0, ", config.num_pipeline_layers(), ")"));
   }
   std::unique_ptr<PipelineLayer<Real>> layer;
-  switch (KindOfLayer(config, index)) {
-    case LayerKind::kEmbedding:
+  switch (model::KindOfLayer(config, index)) {
+    case model::LayerKind::kEmbedding:
       layer = std::make_unique<EmbeddingLayer<Real>>(config, index, backend);
       break;
-    case LayerKind::kBlock:
+    case model::LayerKind::kBlock:
       layer = std::make_unique<BlockLayer<Real>>(config, index, backend);
       break;
-    case LayerKind::kHead:
+    case model::LayerKind::kHead:
       layer = std::make_unique<HeadLayer<Real>>(config, index, backend);
       break;
   }
@@ -395,8 +395,8 @@ template class Stash<double>;
 template class PipelineLayer<float>;
 template class PipelineLayer<double>;
 template absl::StatusOr<std::unique_ptr<PipelineLayer<float>>> MakeLayer(
-    const GptConfig&, int, BackendT<float>*);
+    const model::GptConfig&, int, BackendT<float>*);
 template absl::StatusOr<std::unique_ptr<PipelineLayer<double>>> MakeLayer(
-    const GptConfig&, int, BackendT<double>*);
+    const model::GptConfig&, int, BackendT<double>*);
 
 }  // namespace pipetrain::compute

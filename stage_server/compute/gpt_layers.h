@@ -15,9 +15,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/model/gpt_config.h"
 #include "stage_server/compute/backend.h"
 #include "stage_server/compute/backend_buffer.h"
-#include "stage_server/compute/gpt_config.h"
 
 namespace pipetrain::compute {
 
@@ -58,7 +58,7 @@ class PipelineLayer;
 
 // Creates pipeline layer `index` of the model (allocated, not initialised).
 template <typename Real>
-absl::StatusOr<std::unique_ptr<PipelineLayer<Real>>> MakeLayer(const GptConfig& config,
+absl::StatusOr<std::unique_ptr<PipelineLayer<Real>>> MakeLayer(const model::GptConfig& config,
                                                                int index,
                                                                BackendT<Real>* backend);
 
@@ -67,13 +67,13 @@ class PipelineLayer {
  public:
   virtual ~PipelineLayer() = default;
 
-  const GptConfig& config() const { return config_; }
+  const model::GptConfig& config() const { return config_; }
   int index() const { return index_; }  // global pipeline-layer index
-  LayerKind kind() const { return KindOfLayer(config_, index_); }
-  const std::vector<ParamSpec>& specs() const { return specs_; }
+  model::LayerKind kind() const { return model::KindOfLayer(config_, index_); }
+  const std::vector<model::ParamSpec>& specs() const { return specs_; }
   int64_t num_params() const { return num_params_; }
 
-  // Parameter i (LayerParams order) and its gradient, in backend memory.
+  // Parameter i (model::LayerParams order) and its gradient, in backend memory.
   Real* param(int i) const { return params_.data() + offsets_[i]; }
   Real* grad(int i) const { return grads_.data() + offsets_[i]; }
   Real* all_params() const { return params_.data(); }  // (num_params)
@@ -85,7 +85,7 @@ class PipelineLayer {
   Real* adam_m(int i) const { return adam_m_.data() + offsets_[i]; }
   Real* adam_v(int i) const { return adam_v_.data() + offsets_[i]; }
 
-  // Sets the parameters to InitLayerParams(config, index, seed) and zeroes gradients
+  // Sets the parameters to model::InitLayerParams(config, index, seed) and zeroes gradients
   // and optimizer state.
   absl::Status Initialize(uint64_t seed);
   absl::Status ZeroGrads();
@@ -117,16 +117,16 @@ class PipelineLayer {
 
  protected:
   template <typename R>
-  friend absl::StatusOr<std::unique_ptr<PipelineLayer<R>>> MakeLayer(const GptConfig&,
+  friend absl::StatusOr<std::unique_ptr<PipelineLayer<R>>> MakeLayer(const model::GptConfig&,
                                                                      int, BackendT<R>*);
-  PipelineLayer(const GptConfig& config, int index, BackendT<Real>* backend)
+  PipelineLayer(const model::GptConfig& config, int index, BackendT<Real>* backend)
       : config_(config), index_(index), backend_(backend) {}
   absl::Status AllocateParams();
 
-  GptConfig config_;
+  model::GptConfig config_;
   int index_;
   BackendT<Real>* backend_;
-  std::vector<ParamSpec> specs_;
+  std::vector<model::ParamSpec> specs_;
   std::vector<int64_t> offsets_;
   int64_t num_params_ = 0;
   BackendBuffer<Real> params_, grads_, adam_m_, adam_v_;

@@ -10,9 +10,9 @@ namespace pipetrain::compute {
 
 template <typename Real>
 absl::StatusOr<std::unique_ptr<LayerStackT<Real>>> LayerStackT<Real>::Create(
-    const GptConfig& config, int begin, int end, BackendT<Real>* backend,
+    const model::GptConfig& config, int begin, int end, BackendT<Real>* backend,
     StackOptions options) {
-  RETURN_IF_ERROR(ValidateConfig(config));
+  RETURN_IF_ERROR(model::ValidateConfig(config));
   if (begin < 0 || end > config.num_pipeline_layers() || begin >= end) {
     return absl::InvalidArgumentError(absl::StrCat("layer range [", begin, ", ", end,
                                                    ") is empty or outside [0, ",
@@ -261,8 +261,8 @@ absl::Status LayerStackT<Real>::BackwardWeight(int mb_id) {
 // ---- Parameters ---------------------------------------------------------------------
 
 template <typename Real>
-std::vector<ParamSpec> LayerStackT<Real>::Params() const {
-  return RangeParams(config_, begin_, end_);
+std::vector<model::ParamSpec> LayerStackT<Real>::Params() const {
+  return model::RangeParams(config_, begin_, end_);
 }
 
 template <typename Real>
@@ -314,7 +314,7 @@ template <typename Real>
 absl::Status LayerStackT<Real>::CopyIn(absl::string_view name, Field field,
                                        const std::vector<Real>& values) {
   ASSIGN_OR_RETURN(auto found, FindParam(name));
-  const ParamSpec& spec = found.first->specs()[found.second];
+  const model::ParamSpec& spec = found.first->specs()[found.second];
   if (field == Field::kAdamM || field == Field::kAdamV) {
     RETURN_IF_ERROR(found.first->EnsureOptimizerState());
   }

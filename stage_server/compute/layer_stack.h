@@ -24,9 +24,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/model/gpt_config.h"
 #include "stage_server/compute/backend.h"
 #include "stage_server/compute/backend_buffer.h"
-#include "stage_server/compute/gpt_config.h"
 #include "stage_server/compute/gpt_layers.h"
 
 namespace pipetrain::compute {
@@ -42,7 +42,7 @@ struct AdamWOptions {
   float beta1 = 0.9f;
   float beta2 = 0.999f;
   float eps = 1e-8f;
-  // Decoupled weight decay, applied to matrices only (ParamSpec::is_matrix).
+  // Decoupled weight decay, applied to matrices only (model::ParamSpec::is_matrix).
   float weight_decay = 0.0f;
   // Clip gradients to this global L2 norm (as torch.nn.utils.clip_grad_norm_); 0 = off.
   float max_grad_norm = 0.0f;
@@ -53,12 +53,12 @@ struct AdamWOptions {
 template <typename Real>
 class LayerStackT {
  public:
-  static absl::StatusOr<std::unique_ptr<LayerStackT>> Create(const GptConfig& config,
+  static absl::StatusOr<std::unique_ptr<LayerStackT>> Create(const model::GptConfig& config,
                                                              int begin, int end,
                                                              BackendT<Real>* backend,
                                                              StackOptions options = {});
 
-  const GptConfig& config() const { return config_; }
+  const model::GptConfig& config() const { return config_; }
   int begin() const { return begin_; }
   int end() const { return end_; }
   bool has_embedding() const { return begin_ == 0; }
@@ -107,7 +107,7 @@ class LayerStackT {
   void ResetPeak() { peak_bytes_ = ActivationBytes(); }
 
   // ---- Parameters and gradients -------------------------------------------------------
-  std::vector<ParamSpec> Params() const;  // RangeParams(config, begin, end)
+  std::vector<model::ParamSpec> Params() const;  // model::RangeParams(config, begin, end)
   int64_t NumParams() const;
   // Host copies, by Hugging Face name; NotFound names the stack's range.
   enum class Field { kParam, kGrad, kAdamM, kAdamV };
@@ -156,7 +156,7 @@ class LayerStackT {
     size_t Bytes() const;
   };
 
-  LayerStackT(const GptConfig& config, int begin, int end, BackendT<Real>* backend,
+  LayerStackT(const model::GptConfig& config, int begin, int end, BackendT<Real>* backend,
               StackOptions options)
       : config_(config), begin_(begin), end_(end), backend_(backend), options_(options) {}
 
@@ -173,7 +173,7 @@ class LayerStackT {
   absl::Status CopyIn(absl::string_view name, Field field, const std::vector<Real>& values);
   static Real* Address(const PipelineLayer<Real>& layer, int i, Field field);
 
-  GptConfig config_;
+  model::GptConfig config_;
   int begin_, end_;
   BackendT<Real>* backend_;
   StackOptions options_;

@@ -8,7 +8,7 @@
 namespace pipetrain::compute {
 namespace {
 
-absl::StatusOr<common::Tensor> ToTensor(const ParamSpec& spec, const std::vector<float>& v) {
+absl::StatusOr<common::Tensor> ToTensor(const model::ParamSpec& spec, const std::vector<float>& v) {
   ASSIGN_OR_RETURN(common::Tensor t, common::Tensor::Create(common::DType::kF32, spec.shape));
   std::copy(v.begin(), v.end(), t.data<float>().begin());
   return t;
@@ -19,8 +19,8 @@ std::vector<float> Values(const common::Tensor& t) {
   return {d.begin(), d.end()};
 }
 
-Checkpoint EmptyCheckpointOf(const LayerStack& stack) {
-  Checkpoint c;
+model::Checkpoint EmptyCheckpointOf(const LayerStack& stack) {
+  model::Checkpoint c;
   c.config = stack.config();
   c.layer_begin = stack.begin();
   c.layer_end = stack.end();
@@ -29,19 +29,19 @@ Checkpoint EmptyCheckpointOf(const LayerStack& stack) {
 
 }  // namespace
 
-absl::StatusOr<Checkpoint> GradientsOfStack(const LayerStack& stack) {
-  Checkpoint c = EmptyCheckpointOf(stack);
-  for (const ParamSpec& p : stack.Params()) {
+absl::StatusOr<model::Checkpoint> GradientsOfStack(const LayerStack& stack) {
+  model::Checkpoint c = EmptyCheckpointOf(stack);
+  for (const model::ParamSpec& p : stack.Params()) {
     ASSIGN_OR_RETURN(std::vector<float> g, stack.GetGrad(p.name));
     ASSIGN_OR_RETURN(c.params[p.name], ToTensor(p, g));
   }
   return c;
 }
 
-absl::StatusOr<Checkpoint> CheckpointOfStack(const LayerStack& stack, bool with_optimizer) {
-  Checkpoint c = EmptyCheckpointOf(stack);
+absl::StatusOr<model::Checkpoint> CheckpointOfStack(const LayerStack& stack, bool with_optimizer) {
+  model::Checkpoint c = EmptyCheckpointOf(stack);
   if (with_optimizer) c.optimizer.emplace().step = stack.step();
-  for (const ParamSpec& p : stack.Params()) {
+  for (const model::ParamSpec& p : stack.Params()) {
     ASSIGN_OR_RETURN(std::vector<float> v, stack.GetParam(p.name));
     ASSIGN_OR_RETURN(c.params[p.name], ToTensor(p, v));
     if (!with_optimizer) continue;
@@ -53,7 +53,7 @@ absl::StatusOr<Checkpoint> CheckpointOfStack(const LayerStack& stack, bool with_
   return c;
 }
 
-absl::Status RestoreStack(const Checkpoint& c, LayerStack& stack) {
+absl::Status RestoreStack(const model::Checkpoint& c, LayerStack& stack) {
   if (!(c.config == stack.config()) || c.layer_begin != stack.begin() ||
       c.layer_end != stack.end()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -61,8 +61,8 @@ absl::Status RestoreStack(const Checkpoint& c, LayerStack& stack) {
         ") of its model, this stage layers [", stack.begin(), ", ", stack.end(),
         ") of the configured one"));
   }
-  RETURN_IF_ERROR(ValidateParams(c.config, c.layer_begin, c.layer_end, c.params, "checkpoint"));
-  for (const ParamSpec& p : stack.Params()) {
+  RETURN_IF_ERROR(model::ValidateParams(c.config, c.layer_begin, c.layer_end, c.params, "checkpoint"));
+  for (const model::ParamSpec& p : stack.Params()) {
     RETURN_IF_ERROR(stack.SetParam(p.name, Values(c.params.at(p.name))));
     if (!c.optimizer) continue;
     RETURN_IF_ERROR(stack.SetOptimizerMoment(p.name, false, Values(c.optimizer->m.at(p.name))));

@@ -3,17 +3,17 @@
 #pragma once
 
 #include "absl/status/statusor.h"
-#include "stage_server/compute/checkpoint.h"
+#include "common/model/checkpoint.h"
 #include "stage_server/compute/layer_stack.h"
 
 namespace pipetrain::compute {
 
-absl::StatusOr<Checkpoint> CheckpointOfStack(const LayerStack& stack, bool with_optimizer);
+absl::StatusOr<model::Checkpoint> CheckpointOfStack(const LayerStack& stack, bool with_optimizer);
 // The stack's gradients in checkpoint form (each under its parameter's name), as
 // `pipetrain eval --grads-out` writes them.
-absl::StatusOr<Checkpoint> GradientsOfStack(const LayerStack& stack);
+absl::StatusOr<model::Checkpoint> GradientsOfStack(const LayerStack& stack);
 // The checkpoint must hold exactly the stack's layer range of the same model; its
 // optimizer state, when present, replaces the stack's.
-absl::Status RestoreStack(const Checkpoint& checkpoint, LayerStack& stack);
+absl::Status RestoreStack(const model::Checkpoint& checkpoint, LayerStack& stack);
 
 }  // namespace pipetrain::compute

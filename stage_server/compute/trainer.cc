@@ -3,69 +3,12 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
+#include "common/model/init.h"
 #include "common/status_macros.h"
-#include "stage_server/compute/init.h"
 
 namespace pipetrain::compute {
 
-namespace {
-absl::Status CheckText(absl::string_view text, const GptConfig& config, int64_t needed) {
-  if (static_cast<int64_t>(text.size()) < needed) {
-    return absl::InvalidArgumentError(absl::StrCat("text has ", text.size(),
-                                                   " bytes; need at least ", needed,
-                                                   " (rows of seq_len + 1 bytes)"));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<TokenBatch> BatchFromOffsets(absl::string_view text,
-                                            const GptConfig& config,
-                                            const std::vector<int64_t>& offsets) {
-  const int T = config.seq_len;
-  TokenBatch batch;
-  batch.rows = static_cast<int>(offsets.size());
-  for (int64_t start : offsets) {
-    for (int t = 0; t <= T; ++t) {
-      const int32_t byte = static_cast<unsigned char>(text[start + t]);
-      if (byte >= config.vocab_size) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("text byte ", start + t, " = ", byte,
-                         " is outside the vocabulary (", config.vocab_size, ")"));
-      }
-      if (t < T) batch.inputs.push_back(byte);
-      if (t > 0) batch.targets.push_back(byte);
-    }
-  }
-  return batch;
-}
-}  // namespace
-
-absl::StatusOr<TokenBatch> SampleBatch(absl::string_view text, const GptConfig& config,
-                                       int rows, uint64_t seed, int step) {
-  const int64_t row_len = int64_t{config.seq_len} + 1;
-  RETURN_IF_ERROR(CheckText(text, config, row_len));
-  const uint64_t starts = text.size() - row_len + 1;
-  // Stream key per step (layer index -1 marks data, apart from every parameter stream).
-  const uint64_t key = InitStreamKey(seed, -1, step);
-  std::vector<int64_t> offsets;
-  for (int r = 0; r < rows; ++r) {
-    // The modulo bias is below starts / 2^64: negligible for any text.
-    const uint64_t bits = InitStreamKey(key, r, 0);
-    offsets.push_back(static_cast<int64_t>(bits % starts));
-  }
-  return BatchFromOffsets(text, config, offsets);
-}
-
-absl::StatusOr<TokenBatch> LeadingBatch(absl::string_view text, const GptConfig& config,
-                                        int rows) {
-  const int64_t row_len = int64_t{config.seq_len} + 1;
-  RETURN_IF_ERROR(CheckText(text, config, row_len * rows));
-  std::vector<int64_t> offsets;
-  for (int r = 0; r < rows; ++r) offsets.push_back(r * row_len);
-  return BatchFromOffsets(text, config, offsets);
-}
-
-absl::StatusOr<double> LossAndGrads(LayerStack& model, const TokenBatch& batch,
+absl::StatusOr<double> LossAndGrads(LayerStack& model, const model::TokenBatch& batch,
                                     int micro_batches) {
   if (!model.has_embedding() || !model.has_head()) {
     return absl::InvalidArgumentError(
@@ -99,14 +42,14 @@ absl::StatusOr<double> LossAndGrads(LayerStack& model, const TokenBatch& batch,
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& options,
                                                          std::string text) {
-  RETURN_IF_ERROR(ValidateConfig(options.model));
+  RETURN_IF_ERROR(model::ValidateConfig(options.model));
   if (options.batch < 1 || options.micro_batches < 1 ||
       options.batch % options.micro_batches != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "batch (", options.batch, ") must be a positive multiple of micro_batches (",
         options.micro_batches, ")"));
   }
-  RETURN_IF_ERROR(CheckText(text, options.model, int64_t{options.model.seq_len} + 1));
+  RETURN_IF_ERROR(model::CheckTextLength(text, int64_t{options.model.seq_len} + 1));
   std::unique_ptr<Trainer> t(new Trainer(options, std::move(text)));
   ASSIGN_OR_RETURN(t->backend_, CpuBackend::Create(options.threads));
   ASSIGN_OR_RETURN(
@@ -118,8 +61,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& opt
 
 absl::StatusOr<StepStats> Trainer::Step() {
   const auto start = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(TokenBatch batch, SampleBatch(text_, options_.model, options_.batch,
-                                                 options_.seed, step_));
+  ASSIGN_OR_RETURN(model::TokenBatch batch, model::SampleBatch(text_, options_.model, options_.batch,
+                                                               options_.seed, step_));
   RETURN_IF_ERROR(model_->ZeroGrads());
   StepStats stats;
   ASSIGN_OR_RETURN(stats.loss, LossAndGrads(*model_, batch, options_.micro_batches));

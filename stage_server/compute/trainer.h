@@ -11,36 +11,21 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/model/batch.h"
+#include "common/model/gpt_config.h"
 #include "stage_server/compute/cpu_backend.h"
-#include "stage_server/compute/gpt_config.h"
 #include "stage_server/compute/layer_stack.h"
 
 namespace pipetrain::compute {
 
-// B rows of T + 1 bytes of a text: inputs = row[0:T], targets = row[1:T+1], each (B, T).
-struct TokenBatch {
-  int rows = 0;
-  std::vector<int32_t> inputs;
-  std::vector<int32_t> targets;
-};
-
-// Rows start at offsets drawn by a counter PRNG from (seed, step, row), uniform over
-// [0, size - T - 1]: the same batches on every machine. Fails if the text is shorter
-// than T + 1 bytes or a byte is outside the vocabulary.
-absl::StatusOr<TokenBatch> SampleBatch(absl::string_view text, const GptConfig& config,
-                                       int rows, uint64_t seed, int step);
-// The first rows * (T + 1) bytes as consecutive rows (what `pipetrain eval` reads).
-absl::StatusOr<TokenBatch> LeadingBatch(absl::string_view text, const GptConfig& config,
-                                        int rows);
-
 // Runs forward and backward of `batch` as `micro_batches` equal micro-batches on a
 // stack holding the whole model, accumulating gradients (+=, the caller zeroes them)
 // of the mean loss over all rows; returns that mean loss.
-absl::StatusOr<double> LossAndGrads(LayerStack& model, const TokenBatch& batch,
+absl::StatusOr<double> LossAndGrads(LayerStack& model, const model::TokenBatch& batch,
                                     int micro_batches = 1);
 
 struct TrainOptions {
-  GptConfig model;
+  model::GptConfig model;
   int steps = 10;
   int batch = 8;          // rows per step
   int micro_batches = 1;  // gradient accumulation; must divide batch
@@ -79,7 +64,8 @@ class Trainer {
 };
 
 // Trains for options.steps steps, calling on_step (if set) after each; returns every
-// step's figures. This is what `pipetrain train-local` calls.
+// step's figures: the reference run the tests compare with. `pipetrain train-local`
+// drives a Trainer itself, step by step, to print progress and save the weights.
 absl::StatusOr<std::vector<StepStats>> TrainLocal(
     const TrainOptions& options, std::string text,
     const std::function<void(const StepStats&)>& on_step = nullptr);

@@ -9,7 +9,7 @@
 
 namespace pipetrain::testing {
 
-compute::GptConfig TinyModel() { return {64, 8, 16, 2, 6}; }
+model::GptConfig TinyModel() { return {64, 8, 16, 2, 6}; }
 
 stage_server::OptimizerSettings TestAdam() {
   stage_server::OptimizerSettings o;
@@ -21,9 +21,9 @@ stage_server::OptimizerSettings TestAdam() {
   return o;
 }
 
-compute::TokenBatch RandomBatch(int step) {
+model::TokenBatch RandomBatch(int step) {
   std::mt19937 rng(1000 + step);
-  compute::TokenBatch b;
+  model::TokenBatch b;
   b.rows = kBatch;
   for (int i = 0; i < kBatch * TinyModel().seq_len; ++i) {
     b.inputs.push_back(rng() % TinyModel().vocab_size);
@@ -33,11 +33,7 @@ compute::TokenBatch RandomBatch(int step) {
 }
 
 common::Tensor Rows(const std::vector<int32_t>& all, int mb, int rows) {
-  const int T = TinyModel().seq_len;
-  common::Tensor t = *common::Tensor::Create(common::DType::kI32, {rows, T});
-  std::copy(all.begin() + mb * rows * T, all.begin() + (mb + 1) * rows * T,
-            t.data<int32_t>().begin());
-  return t;
+  return model::MicroBatchRows(all, mb, rows, TinyModel().seq_len);
 }
 
 namespace {
@@ -79,7 +75,7 @@ const Reference& SharedReference(int steps, float clip) {
   return it->second;
 }
 
-std::vector<double> ReferenceEvalLosses(int steps, const compute::TokenBatch& batch,
+std::vector<double> ReferenceEvalLosses(int steps, const model::TokenBatch& batch,
                                         float clip) {
   compute::LayerStack& model = *SharedReference(steps, clip).model;
   const int rows = batch.rows / kMicroBatches, T = TinyModel().seq_len;

@@ -17,9 +17,9 @@ namespace pipetrain::testing {
 inline constexpr int kBatch = 8, kMicroBatches = 4;
 inline constexpr uint64_t kSeed = 17;
 
-compute::GptConfig TinyModel();  // 8 pipeline layers
+model::GptConfig TinyModel();  // 8 pipeline layers
 stage_server::OptimizerSettings TestAdam();
-compute::TokenBatch RandomBatch(int step);  // kBatch rows of random tokens
+model::TokenBatch RandomBatch(int step);  // kBatch rows of random tokens
 // Rows [mb * rows, (mb + 1) * rows) of a (kBatch, T) token array as a (rows, T) tensor.
 common::Tensor Rows(const std::vector<int32_t>& all, int mb, int rows);
 
@@ -35,7 +35,7 @@ const Reference& SharedReference(int steps, float clip = 0);
 // Per micro-batch losses of SharedReference(steps)'s model on `batch` (kMicroBatches
 // micro-batches), through the training forward, then dropped: what a pipeline's
 // evaluation after `steps` training steps must report. Changes no weight or gradient.
-std::vector<double> ReferenceEvalLosses(int steps, const compute::TokenBatch& batch,
+std::vector<double> ReferenceEvalLosses(int steps, const model::TokenBatch& batch,
                                         float clip = 0);
 
 // Relative L2 distance between a stack's parameter and the reference's.

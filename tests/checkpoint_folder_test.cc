@@ -1,33 +1,33 @@
-#include "coordinator/checkpoint_files.h"
+#include "common/model/checkpoint_folder.h"
 
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/temp_files.h"
 
-namespace pipetrain::coordinator {
+namespace pipetrain::model {
 namespace {
 
 using ::pipetrain::testing::IsOk;
 using ::pipetrain::testing::StatusIs;
 using ::testing::HasSubstr;
 
-compute::GptConfig Tiny() { return {.vocab_size = 256, .seq_len = 8, .d_model = 16, .n_heads = 2, .n_layers = 3}; }
+model::GptConfig Tiny() { return {.vocab_size = 256, .seq_len = 8, .d_model = 16, .n_heads = 2, .n_layers = 3}; }
 
 // A whole-model checkpoint with random weights and optimizer state.
-compute::Checkpoint Whole() {
-  compute::Checkpoint c;
+model::Checkpoint Whole() {
+  model::Checkpoint c;
   c.config = Tiny();
   c.layer_begin = 0;
   c.layer_end = c.config.n_layers + 2;
   c.optimizer.emplace().step = 7;
   uint32_t x = 1;
-  auto fill = [&](const compute::ParamSpec& p) {
+  auto fill = [&](const model::ParamSpec& p) {
     common::Tensor t = *common::Tensor::Create(common::DType::kF32, p.shape);
     for (float& v : t.data<float>()) v = static_cast<float>((x = x * 1664525u + 1013904223u) >> 8) * 1e-7f;
     return t;
   };
-  for (const compute::ParamSpec& p : compute::RangeParams(c.config, c.layer_begin, c.layer_end)) {
+  for (const model::ParamSpec& p : model::RangeParams(c.config, c.layer_begin, c.layer_end)) {
     c.params.emplace(p.name, fill(p));
     c.optimizer->m.emplace(p.name, fill(p));
     c.optimizer->v.emplace(p.name, fill(p));
@@ -35,7 +35,7 @@ compute::Checkpoint Whole() {
   return c;
 }
 
-bool SameTensors(const compute::ParamMap& a, const compute::ParamMap& b) {
+bool SameTensors(const model::ParamMap& a, const model::ParamMap& b) {
   if (a.size() != b.size()) return false;
   for (const auto& [name, t] : a) {
     auto it = b.find(name);
@@ -48,14 +48,14 @@ bool SameTensors(const compute::ParamMap& a, const compute::ParamMap& b) {
 
 TEST(CheckpointFilesTest, FolderOfSlicesLoadsBackAsTheWholeModel) {
   testing::TempDir dir;
-  const compute::Checkpoint whole = Whole();
+  const model::Checkpoint whole = Whole();
   // Three stages: [0, 2), [2, 4), [4, 5).
   std::vector<ShardFile> shards;
   const std::pair<int, int> ranges[] = {{0, 2}, {2, 4}, {4, 5}};
   for (int s = 0; s < 3; ++s) {
     auto part = SliceCheckpoint(whole, ranges[s].first, ranges[s].second);
     ASSERT_THAT(part.status(), IsOk());
-    auto bytes = compute::SerializeCheckpoint(*part);
+    auto bytes = model::SerializeCheckpoint(*part);
     ASSERT_THAT(bytes.status(), IsOk());
     shards.push_back({s, 0, *bytes});
   }
@@ -85,4 +85,4 @@ TEST(CheckpointFilesTest, ErrorsNameTheFieldAndWhatIsWrong) {
 }
 
 }  // namespace
-}  // namespace pipetrain::coordinator
+}  // namespace pipetrain::model

@@ -13,7 +13,7 @@
 #include "absl/status/statusor.h"
 #include "pipetrain/v1/model.pb.h"
 
-namespace pipetrain::compute {
+namespace pipetrain::model {
 
 struct GptConfig {
   int vocab_size = 256;
@@ -86,4 +86,4 @@ struct ChunkMemory {
 };
 ChunkMemory ChunkActivationBytes(const GptConfig& config, int begin, int end, bool recompute);
 
-}  // namespace pipetrain::compute
+}  // namespace pipetrain::model

@@ -1,4 +1,4 @@
-// A job's checkpoints on the coordinator's disk: one safetensors file per stage (per
+// A checkpoint as a folder: one safetensors file per stage (per
 // model chunk when a stage holds several) and model.safetensors.index.json in Hugging
 // Face form, each written atomically and the index last, so a folder with an index is
 // complete. And the way back: a checkpoint folder (or one file) cut into the layer
@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "stage_server/compute/checkpoint.h"
+#include "common/model/checkpoint.h"
 
-namespace pipetrain::coordinator {
+namespace pipetrain::model {
 
 struct ShardFile {
   int stage = 0;
@@ -29,11 +29,11 @@ absl::Status WriteCheckpointFolder(const std::string& dir, const std::vector<Sha
 // A whole-model checkpoint from a folder with model.safetensors.index.json (every
 // shard it names, merged) or from one safetensors file. Errors name `field` (the spec
 // field the path came from) and the file.
-absl::StatusOr<compute::Checkpoint> LoadWholeCheckpoint(const std::string& path,
+absl::StatusOr<model::Checkpoint> LoadWholeCheckpoint(const std::string& path,
                                                         const std::string& field);
 
 // Layers [begin, end) of a whole-model checkpoint, optimizer state included when present.
-absl::StatusOr<compute::Checkpoint> SliceCheckpoint(const compute::Checkpoint& whole, int begin,
+absl::StatusOr<model::Checkpoint> SliceCheckpoint(const model::Checkpoint& whole, int begin,
                                                     int end);
 
-}  // namespace pipetrain::coordinator
+}  // namespace pipetrain::model

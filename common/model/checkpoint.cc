@@ -1,4 +1,4 @@
-#include "stage_server/compute/checkpoint.h"
+#include "common/model/checkpoint.h"
 
 #include <algorithm>
 #include <cstring>
@@ -16,7 +16,7 @@
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
-namespace pipetrain::compute {
+namespace pipetrain::model {
 namespace {
 
 using common::DType;
@@ -344,33 +344,6 @@ absl::StatusOr<CheckpointInfo> ReadCheckpointInfo(const std::string& path) {
   return info;
 }
 
-absl::StatusOr<GptConfig> ReadCheckpointConfig(const std::string& path) {
-  ASSIGN_OR_RETURN(const CheckpointInfo info, ReadCheckpointInfo(path));
-  return info.config;
-}
-
-absl::StatusOr<Checkpoint> LoadCheckpointLayers(const std::string& path,
-                                                const GptConfig& config, int begin,
-                                                int end) {
-  // Validates the whole file's header before any data is read.
-  ASSIGN_OR_RETURN(const CheckpointInfo info, ReadCheckpointInfo(path));
-  RETURN_IF_ERROR(ConfigsMatch(info.config, config, path));
-  RETURN_IF_ERROR(CheckRange(config, begin, end, path));
-  if (begin < info.layer_begin || end > info.layer_end) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": holds pipeline layers ", RangeString(info.layer_begin, info.layer_end),
-        ", not all of the requested ", RangeString(begin, end)));
-  }
-  std::set<std::string> wanted;
-  for (const ParamSpec& p : ExpectedTensors(config, begin, end, info.has_optimizer)) {
-    wanted.insert(p.name);
-  }
-  ASSIGN_OR_RETURN(common::SafetensorsContents contents,
-                   common::ReadSafetensorsFile(
-                       path, [&](const std::string& name) { return wanted.count(name) > 0; }));
-  return Assemble(info, begin, end, std::move(contents), path);
-}
-
 absl::StatusOr<Checkpoint> MergeCheckpoints(std::vector<Checkpoint> parts) {
   if (parts.empty()) return absl::InvalidArgumentError("merge: no checkpoints given");
   for (size_t i = 0; i < parts.size(); ++i) {
@@ -410,22 +383,6 @@ absl::StatusOr<Checkpoint> MergeCheckpoints(std::vector<Checkpoint> parts) {
   }
   RETURN_IF_ERROR(ValidateCheckpoint(merged, "merge: result"));
   return merged;
-}
-
-absl::Status MergeCheckpointFiles(const std::vector<std::string>& inputs,
-                                  const std::string& output) {
-  std::vector<Checkpoint> parts;
-  for (const std::string& path : inputs) {
-    ASSIGN_OR_RETURN(Checkpoint part, LoadCheckpoint(path));
-    parts.push_back(std::move(part));
-  }
-  auto merged = MergeCheckpoints(std::move(parts));
-  if (!merged.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "merging ", absl::StrJoin(inputs, ", "), " into ", output, ": ",
-        merged.status().message()));
-  }
-  return SaveCheckpoint(output, *merged);
 }
 
 absl::Status WriteCheckpointIndex(const std::string& index_path,
@@ -469,4 +426,4 @@ absl::Status WriteCheckpointIndex(const std::string& index_path,
   return common::WriteFileAtomically(index_path, index.dump(2) + "\n");
 }
 
-}  // namespace pipetrain::compute
+}  // namespace pipetrain::model

@@ -1,4 +1,4 @@
-#include "coordinator/checkpoint_files.h"
+#include "common/model/checkpoint_folder.h"
 
 #include <filesystem>
 #include <fstream>
@@ -10,7 +10,7 @@
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
-namespace pipetrain::coordinator {
+namespace pipetrain::model {
 
 namespace fs = std::filesystem;
 
@@ -30,11 +30,11 @@ absl::Status WriteCheckpointFolder(const std::string& dir, const std::vector<Sha
     RETURN_IF_ERROR(common::WriteFileAtomically(path, s.bytes));
     paths.push_back(path);
   }
-  return compute::WriteCheckpointIndex(
-      (fs::path(dir) / compute::kCheckpointIndexFileName).string(), paths);
+  return model::WriteCheckpointIndex(
+      (fs::path(dir) / model::kCheckpointIndexFileName).string(), paths);
 }
 
-absl::StatusOr<compute::Checkpoint> LoadWholeCheckpoint(const std::string& path,
+absl::StatusOr<model::Checkpoint> LoadWholeCheckpoint(const std::string& path,
                                                         const std::string& field) {
   std::error_code ec;
   auto bad = [&](const std::string& what) {
@@ -44,14 +44,14 @@ absl::StatusOr<compute::Checkpoint> LoadWholeCheckpoint(const std::string& path,
     if (!fs::exists(path, ec)) {
       return bad(absl::StrCat("'", path, "' does not exist on the coordinator's machine"));
     }
-    absl::StatusOr<compute::Checkpoint> one = compute::LoadCheckpoint(path);
+    absl::StatusOr<model::Checkpoint> one = model::LoadCheckpoint(path);
     if (!one.ok()) return bad(std::string(one.status().message()));
     return one;
   }
-  const fs::path index = fs::path(path) / compute::kCheckpointIndexFileName;
+  const fs::path index = fs::path(path) / model::kCheckpointIndexFileName;
   std::ifstream in(index);
   if (!in) {
-    return bad(absl::StrCat("'", path, "' has no ", compute::kCheckpointIndexFileName,
+    return bad(absl::StrCat("'", path, "' has no ", model::kCheckpointIndexFileName,
                             "; give a checkpoint folder the coordinator wrote (its index is "
                             "written last, so a folder without one is incomplete) or one "
                             ".safetensors file"));
@@ -68,31 +68,31 @@ absl::StatusOr<compute::Checkpoint> LoadWholeCheckpoint(const std::string& path,
     if (!file.is_string()) return bad(absl::StrCat(index.string(), ": weight_map['", name, "'] is not a string"));
     files.insert(file.get<std::string>());
   }
-  std::vector<compute::Checkpoint> parts;
+  std::vector<model::Checkpoint> parts;
   for (const std::string& f : files) {
-    absl::StatusOr<compute::Checkpoint> part = compute::LoadCheckpoint((fs::path(path) / f).string());
+    absl::StatusOr<model::Checkpoint> part = model::LoadCheckpoint((fs::path(path) / f).string());
     if (!part.ok()) return bad(std::string(part.status().message()));
     parts.push_back(*std::move(part));
   }
-  absl::StatusOr<compute::Checkpoint> whole = compute::MergeCheckpoints(std::move(parts));
+  absl::StatusOr<model::Checkpoint> whole = model::MergeCheckpoints(std::move(parts));
   if (!whole.ok()) return bad(absl::StrCat(path, ": ", whole.status().message()));
   return whole;
 }
 
-absl::StatusOr<compute::Checkpoint> SliceCheckpoint(const compute::Checkpoint& whole, int begin,
+absl::StatusOr<model::Checkpoint> SliceCheckpoint(const model::Checkpoint& whole, int begin,
                                                     int end) {
   if (begin < whole.layer_begin || end > whole.layer_end || begin >= end) {
     return absl::InvalidArgumentError(absl::StrCat("layers [", begin, ", ", end,
                                                    ") are not inside the checkpoint's [",
                                                    whole.layer_begin, ", ", whole.layer_end, ")"));
   }
-  compute::Checkpoint part;
+  model::Checkpoint part;
   part.config = whole.config;
   part.layer_begin = begin;
   part.layer_end = end;
   if (whole.optimizer) part.optimizer.emplace().step = whole.optimizer->step;
-  for (const compute::ParamSpec& p : compute::RangeParams(whole.config, begin, end)) {
-    auto take = [&](const compute::ParamMap& from, compute::ParamMap& to) -> absl::Status {
+  for (const model::ParamSpec& p : model::RangeParams(whole.config, begin, end)) {
+    auto take = [&](const model::ParamMap& from, model::ParamMap& to) -> absl::Status {
       auto it = from.find(p.name);
       if (it == from.end()) {
         return absl::InvalidArgumentError(absl::StrCat("checkpoint has no tensor '", p.name, "'"));
@@ -109,4 +109,4 @@ absl::StatusOr<compute::Checkpoint> SliceCheckpoint(const compute::Checkpoint& w
   return part;
 }
 
-}  // namespace pipetrain::coordinator
+}  // namespace pipetrain::model

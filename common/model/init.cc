@@ -1,11 +1,11 @@
-#include "stage_server/compute/init.h"
+#include "common/model/init.h"
 
 #include <cmath>
 #include <string>
 
 #include "absl/strings/match.h"
 
-namespace pipetrain::compute {
+namespace pipetrain::model {
 
 namespace {
 uint64_t SplitMix64(uint64_t x) {
@@ -58,4 +58,4 @@ std::vector<std::vector<float>> InitLayerParams(const GptConfig& config,
   return values;
 }
 
-}  // namespace pipetrain::compute
+}  // namespace pipetrain::model

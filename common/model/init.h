@@ -7,9 +7,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "stage_server/compute/gpt_config.h"
+#include "common/model/gpt_config.h"
 
-namespace pipetrain::compute {
+namespace pipetrain::model {
 
 // Standard normal draw number `index` of the stream identified by `key`.
 double NormalAt(uint64_t key, uint64_t index);
@@ -21,4 +21,4 @@ uint64_t InitStreamKey(uint64_t seed, int pipeline_layer, int param_index);
 std::vector<std::vector<float>> InitLayerParams(const GptConfig& config,
                                                 int pipeline_layer, uint64_t seed);
 
-}  // namespace pipetrain::compute
+}  // namespace pipetrain::model

@@ -23,10 +23,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/model/gpt_config.h"
 #include "common/tensor.h"
-#include "stage_server/compute/gpt_config.h"
 
-namespace pipetrain::compute {
+namespace pipetrain::model {
 
 inline constexpr int kCheckpointFormatVersion = 1;
 inline constexpr char kOptimizerFirstMomentPrefix[] = "optimizer.m.";
@@ -83,21 +83,13 @@ absl::StatusOr<std::string> SerializeCheckpoint(const Checkpoint& checkpoint);
 absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path);
 absl::StatusOr<Checkpoint> ParseCheckpoint(absl::string_view bytes,
                                            const std::string& source = "<memory>");
-// Loads only layers [begin, end) of a file that holds them (a stage taking its share
-// of a whole-model checkpoint). The file's config must equal `config`; the whole
-// header is still validated, but only the selected tensors are read.
-absl::StatusOr<Checkpoint> LoadCheckpointLayers(const std::string& path,
-                                                const GptConfig& config, int begin,
-                                                int end);
+// The header alone, validated as LoadCheckpoint validates it, without reading data.
 absl::StatusOr<CheckpointInfo> ReadCheckpointInfo(const std::string& path);
-absl::StatusOr<GptConfig> ReadCheckpointConfig(const std::string& path);
 
 // Merging per-stage checkpoints: they must share the config, their ranges must join
 // into one contiguous range without overlap (in any order given), and either all or
 // none carry optimizer state (at the same step).
 absl::StatusOr<Checkpoint> MergeCheckpoints(std::vector<Checkpoint> parts);
-absl::Status MergeCheckpointFiles(const std::vector<std::string>& inputs,
-                                  const std::string& output);
 
 // The Hugging Face index of a checkpoint kept as several shard files:
 // {"metadata": {"total_size": N}, "weight_map": {tensor name: shard file}}, N the sum
@@ -106,4 +98,4 @@ absl::Status MergeCheckpointFiles(const std::vector<std::string>& inputs,
 absl::Status WriteCheckpointIndex(const std::string& index_path,
                                   const std::vector<std::string>& shard_paths);
 
-}  // namespace pipetrain::compute
+}  // namespace pipetrain::model

@@ -1,9 +1,9 @@
-#include "stage_server/compute/gpt_config.h"
+#include "common/model/gpt_config.h"
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
-namespace pipetrain::compute {
+namespace pipetrain::model {
 
 absl::Status ValidateConfig(const GptConfig& c) {
   auto positive = [](int v, const char* field) -> absl::Status {
@@ -165,4 +165,4 @@ ChunkMemory ChunkActivationBytes(const GptConfig& config, int begin, int end,
   return m;
 }
 
-}  // namespace pipetrain::compute
+}  // namespace pipetrain::model

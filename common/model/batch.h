@@ -1,0 +1,39 @@
+// Token batches, as every trainer of this model reads them: B rows of T + 1 tokens
+// (inputs = row[0:T], targets = row[1:T+1]) drawn from a text by (seed, step) alone, so
+// that any pipeline shape and any machine sees the same data, and cut into micro-batches.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/model/gpt_config.h"
+#include "common/tensor.h"
+
+namespace pipetrain::model {
+
+// inputs and targets are (rows, T) row-major.
+struct TokenBatch {
+  int rows = 0;
+  std::vector<int32_t> inputs;
+  std::vector<int32_t> targets;
+};
+
+// Rows start at offsets drawn by a counter PRNG from (seed, step, row), uniform over
+// [0, size - T - 1]: the same batches on every machine. Fails if the text is shorter
+// than T + 1 bytes or a byte is outside the vocabulary.
+absl::StatusOr<TokenBatch> SampleBatch(absl::string_view text, const GptConfig& config,
+                                       int rows, uint64_t seed, int step);
+// The first rows * (T + 1) bytes as consecutive rows (what `pipetrain eval` reads).
+absl::StatusOr<TokenBatch> LeadingBatch(absl::string_view text, const GptConfig& config,
+                                        int rows);
+// Checks that a text holds at least `needed` bytes (rows of seq_len + 1 bytes).
+absl::Status CheckTextLength(absl::string_view text, int64_t needed);
+
+// Rows [mb * rows, (mb + 1) * rows) of a (B, T) token matrix as one (rows, T) int32
+// tensor: micro-batch `mb` of a batch split into micro-batches of `rows` rows.
+common::Tensor MicroBatchRows(const std::vector<int32_t>& tokens, int mb, int rows,
+                              int seq_len);
+
+}  // namespace pipetrain::model

@@ -1,0 +1,49 @@
+#include "coordinator/stage_configure.h"
+
+#include "common/model/gpt_config.h"
+
+namespace pipetrain::coordinator {
+
+namespace pb = ::pipetrain::v1;
+
+pb::OptimizerConfig OptimizerFromSpec(const pb::TrainingSpec& t) {
+  pb::OptimizerConfig o;
+  o.set_lr(t.lr());
+  o.set_beta1(t.beta1());
+  o.set_beta2(t.beta2());
+  o.set_eps(1e-8f);
+  o.set_weight_decay(t.weight_decay());
+  o.set_grad_clip_norm(t.grad_clip_norm());
+  return o;
+}
+
+pb::ConfigureRequest BuildConfigureRequest(const planner::Plan& plan, int stage, uint64_t seed,
+                                           const pb::OptimizerConfig& optimizer,
+                                           const StageWiring& wiring) {
+  const int K = static_cast<int>(plan.stages.size());
+  pb::ConfigureRequest r;
+  r.set_job_id(wiring.job_id);
+  r.set_stage(stage);
+  r.set_num_stages(K);
+  *r.mutable_model() = model::ConfigToProto(plan.options.model);
+  const auto& layers = plan.stages[stage].layers;
+  for (size_t c = 0; c < layers.size(); ++c) {
+    pb::LayerRange* range = r.add_layers();
+    range->set_chunk(static_cast<int>(c));
+    range->set_begin_layer(layers[c].first);
+    range->set_end_layer(layers[c].second);
+  }
+  r.set_seed(seed);
+  *r.mutable_optimizer() = optimizer;
+  if (K > 1) {
+    r.set_upstream_address(wiring.addresses[(stage + K - 1) % K]);
+    r.set_downstream_address(wiring.addresses[(stage + 1) % K]);
+  }
+  r.set_recompute(plan.options.recompute);
+  r.set_micro_batch_size(plan.options.batch_size / plan.options.micro_batches);
+  r.set_peer_secret(wiring.peer_secret);
+  r.set_recv_deadline_ms(wiring.recv_deadline_ms);
+  return r;
+}
+
+}  // namespace pipetrain::coordinator

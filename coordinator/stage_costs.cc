@@ -1,0 +1,24 @@
+#include "coordinator/stage_costs.h"
+
+#include <algorithm>
+
+namespace pipetrain::coordinator {
+
+namespace {
+constexpr double kCpuThreadFlops = 10e9;
+constexpr double kLinkBytesPerSecond = 1e9;
+}  // namespace
+
+void SetCostsFromDevices(const std::vector<pipetrain::v1::DeviceInfo>& devices,
+                         planner::PlanOptions& options) {
+  double flops = 0;
+  for (const pipetrain::v1::DeviceInfo& d : devices) {
+    const double f = d.peak_flops() > 0 ? d.peak_flops()
+                                        : kCpuThreadFlops * std::max(1, d.threads());
+    flops = flops == 0 ? f : std::min(flops, f);
+  }
+  if (flops > 0) options.device_flops = flops;
+  options.link_bytes_per_s = kLinkBytesPerSecond;
+}
+
+}  // namespace pipetrain::coordinator

@@ -1,0 +1,78 @@
+#include "coordinator/stage_group.h"
+
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+
+namespace pipetrain::coordinator {
+
+StageGroup::StageGroup(std::vector<RunnerStage> stages, const common::RpcSecurity& security)
+    : stages_(std::move(stages)) {
+  for (const RunnerStage& s : stages_) {
+    clients_.push_back(std::make_unique<StageClient>(s.address, security));
+  }
+}
+
+std::string StageGroup::StageName(int s) const {
+  return absl::StrCat("stage ", s, " (", stages_[s].stage_id, " at ", stages_[s].address, ")");
+}
+
+std::vector<absl::Status> StageGroup::OnEveryStage(const std::function<absl::Status(int)>& call) {
+  std::vector<absl::Status> status(size());
+  std::vector<std::thread> threads;
+  for (int s = 0; s < size(); ++s) threads.emplace_back([&, s] { status[s] = call(s); });
+  for (std::thread& t : threads) t.join();
+  return status;
+}
+
+std::vector<absl::Status> StageGroup::OnEveryStageCancellingOnError(
+    absl::Duration deadline, const std::function<absl::Status(int, grpc::ClientContext&)>& call) {
+  std::vector<std::unique_ptr<grpc::ClientContext>> calls;
+  for (int s = 0; s < size(); ++s) {
+    calls.push_back(std::make_unique<grpc::ClientContext>());
+    calls.back()->set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  }
+  std::once_flag cancel_once;
+  return OnEveryStage([&](int s) -> absl::Status {
+    absl::Status status = call(s, *calls[s]);
+    if (!status.ok()) {
+      std::call_once(cancel_once, [&] {
+        for (int o = 0; o < size(); ++o) {
+          if (o != s) calls[o]->TryCancel();
+        }
+      });
+    }
+    return status;
+  });
+}
+
+absl::Status StageGroup::FirstError(const std::vector<absl::Status>& st, int64_t step,
+                                    const char* what) {
+  // The first failure that is not our own cancellation of the others' calls.
+  int first = -1;
+  for (int s = 0; s < size(); ++s) {
+    if (st[s].ok()) continue;
+    if (first < 0 || (absl::IsCancelled(st[first]) && !absl::IsCancelled(st[s]))) first = s;
+  }
+  if (first < 0) return absl::OkStatus();
+  const std::string when = step > 0 ? absl::StrCat(" at step ", step) : "";
+  for (int s = 0; s < size(); ++s) {
+    if (clients_[s]->Ping(absl::Seconds(3)).ok()) continue;
+    lost_.push_back(stages_[s].stage_id);
+    // Its own call was most likely cancelled by us; a neighbour's error says more.
+    const absl::Status& own = st[s].ok() || absl::IsCancelled(st[s]) ? st[first] : st[s];
+    return absl::UnavailableError(absl::StrCat(StageName(s), " stopped answering", when, " (",
+                                               own.message(),
+                                               "); the job's other stages are free again"));
+  }
+  return absl::Status(st[first].code(), absl::StrCat(what, " ", StageName(first), " failed",
+                                                     when, ": ", st[first].message()));
+}
+
+absl::Status StageGroup::Run(int64_t step, const char* what,
+                             const std::function<absl::Status(int)>& call) {
+  return FirstError(OnEveryStage(call), step, what);
+}
+
+}  // namespace pipetrain::coordinator
