@@ -8,9 +8,9 @@
 #include "common/model/checkpoint.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "stage_server/compute/chunk_checkpoint.h"
 #include "stage_server/compute/cpu_backend.h"
-#include "stage_server/compute/layer_stack.h"
-#include "stage_server/compute/stack_checkpoint.h"
+#include "stage_server/compute/model_chunk.h"
 #include "stage_server/compute/trainer.h"
 
 namespace pipetrain::client {
@@ -103,17 +103,17 @@ int RunEval(const std::vector<std::string>& args, std::ostream& out, std::ostrea
 
   auto result = [&]() -> absl::StatusOr<EvalResult> {
     ASSIGN_OR_RETURN(auto backend, compute::CpuBackend::Create(static_cast<int>(threads)));
-    ASSIGN_OR_RETURN(auto stack, compute::LayerStack::Create(
+    ASSIGN_OR_RETURN(auto chunk, compute::ModelChunk::Create(
                                      config, 0, config.num_pipeline_layers(), backend.get()));
-    if (absl::Status s = compute::RestoreStack(*checkpoint, *stack); !s.ok()) {
+    if (absl::Status s = compute::RestoreChunk(*checkpoint, *chunk); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat(checkpoint_path, ": ", s.message()));
     }
-    RETURN_IF_ERROR(stack->ZeroGrads());
+    RETURN_IF_ERROR(chunk->ZeroGrads());
     EvalResult r;
     r.tokens = int64_t{tokens->rows} * config.seq_len;
-    ASSIGN_OR_RETURN(r.loss, compute::LossAndGrads(*stack, *tokens));
+    ASSIGN_OR_RETURN(r.loss, compute::LossAndGrads(*chunk, *tokens));
     if (!grads_out.empty()) {
-      ASSIGN_OR_RETURN(model::Checkpoint grads, compute::GradientsOfStack(*stack));
+      ASSIGN_OR_RETURN(model::Checkpoint grads, compute::GradientsOfChunk(*chunk));
       if (absl::Status s = model::SaveCheckpoint(grads_out, grads); !s.ok()) {
         return absl::Status(
             s.code(), absl::StrCat("--grads-out: cannot write ", grads_out, ": ", s.message()));

@@ -7,9 +7,9 @@
 #include "common/flags.h"
 #include "common/model/checkpoint.h"
 #include "common/status_macros.h"
+#include "stage_server/compute/chunk_checkpoint.h"
 #include "stage_server/compute/cpu_backend.h"
-#include "stage_server/compute/layer_stack.h"
-#include "stage_server/compute/stack_checkpoint.h"
+#include "stage_server/compute/model_chunk.h"
 
 namespace pipetrain::client {
 
@@ -40,10 +40,10 @@ int RunInit(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   }
   auto checkpoint = [&]() -> absl::StatusOr<model::Checkpoint> {
     ASSIGN_OR_RETURN(auto backend, compute::CpuBackend::Create(1));
-    ASSIGN_OR_RETURN(auto stack, compute::LayerStack::Create(
+    ASSIGN_OR_RETURN(auto chunk, compute::ModelChunk::Create(
                                      *config, 0, config->num_pipeline_layers(), backend.get()));
-    RETURN_IF_ERROR(stack->Initialize(static_cast<uint64_t>(seed)));
-    return compute::CheckpointOfStack(*stack, /*with_optimizer=*/false);
+    RETURN_IF_ERROR(chunk->Initialize(static_cast<uint64_t>(seed)));
+    return compute::CheckpointOfChunk(*chunk, /*with_optimizer=*/false);
   }();
   if (!checkpoint.ok()) {
     err << "pipetrain init: " << checkpoint.status().message() << "\n";

@@ -1,6 +1,6 @@
 // What the in-process verbs (init, eval, train-local) share: the --model argument (a
-// JSON file or inline JSON of pipetrain.v1.ModelConfig) and reading a file. Stacks go
-// to and from checkpoints through stage_server/compute/stack_checkpoint.h.
+// JSON file or inline JSON of pipetrain.v1.ModelConfig) and reading a file. Chunks go
+// to and from checkpoints through stage_server/compute/chunk_checkpoint.h.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +11,7 @@
 #include "common/flags.h"
 #include "common/model/checkpoint.h"
 #include "common/model/gpt_config.h"
-#include "stage_server/compute/layer_stack.h"
+#include "stage_server/compute/model_chunk.h"
 
 namespace pipetrain::client {
 

@@ -12,7 +12,7 @@
 #include "common/flags.h"
 #include "common/model/checkpoint.h"
 #include "nlohmann/json.hpp"
-#include "stage_server/compute/stack_checkpoint.h"
+#include "stage_server/compute/chunk_checkpoint.h"
 #include "stage_server/compute/trainer.h"
 
 namespace pipetrain::client {
@@ -164,7 +164,7 @@ int RunTrainLocal(const std::vector<std::string>& args, std::ostream& out, std::
         static_cast<double>(steps) * batch * config->seq_len / std::max(total_seconds, 1e-9));
   }
   if (!save_path.empty()) {
-    auto trained = compute::CheckpointOfStack((*trainer)->model(), /*with_optimizer=*/false);
+    auto trained = compute::CheckpointOfChunk((*trainer)->model(), /*with_optimizer=*/false);
     absl::Status s = trained.ok() ? model::SaveCheckpoint(save_path, *trained) : trained.status();
     if (!s.ok()) {
       err << "pipetrain train-local: --save: cannot write " << save_path << ": " << s.message()

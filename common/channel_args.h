@@ -9,8 +9,8 @@
 namespace pipetrain::common {
 
 enum class ChannelUse {
-  // The coordinator's calls to a stage (Configure, RunStep, shard export and import):
-  // no message limit (a shard of a large model is one message), and pings every 10 s
+  // The coordinator's calls to a stage (Configure, RunStep, chunk export and import):
+  // no message limit (a chunk of a large model is one message), and pings every 10 s
   // so that a stage whose host vanished fails its RunStep in ~15 s, not at the step
   // deadline.
   kStageControl,

@@ -119,7 +119,7 @@ class Runner {
         auto [b, e] = plan_.stages[s].layers[c];
         ASSIGN_OR_RETURN(model::Checkpoint part, model::SliceCheckpoint(whole, b, e));
         ASSIGN_OR_RETURN(std::string bytes, model::SerializeCheckpoint(part));
-        RETURN_IF_ERROR(group_.client(s).ImportShard(job_id_, static_cast<int>(c), bytes,
+        RETURN_IF_ERROR(group_.client(s).ImportChunk(job_id_, static_cast<int>(c), bytes,
                                                      options_.rpc_deadline));
       }
       return absl::OkStatus();
@@ -227,16 +227,16 @@ class Runner {
 
   absl::Status Checkpoint(int64_t step) {
     const int chunks = plan_.options.chunks;
-    std::vector<std::vector<model::ShardFile>> files(K());
+    std::vector<std::vector<model::ChunkFile>> files(K());
     RETURN_IF_ERROR(group_.Run(step, "checkpointing", [&](int s) -> absl::Status {
       for (int c = 0; c < static_cast<int>(plan_.stages[s].layers.size()); ++c) {
         ASSIGN_OR_RETURN(std::string bytes,
-                         group_.client(s).ExportShard(job_id_, c, options_.rpc_deadline));
+                         group_.client(s).ExportChunk(job_id_, c, options_.rpc_deadline));
         files[s].push_back({s, c, std::move(bytes)});
       }
       return absl::OkStatus();
     }));
-    std::vector<model::ShardFile> all;
+    std::vector<model::ChunkFile> all;
     for (auto& f : files) for (auto& one : f) all.push_back(std::move(one));
     const std::string dir = absl::StrCat(options_.checkpoint_root, "/step-", step);
     if (absl::Status s = model::WriteCheckpointFolder(dir, all, chunks); !s.ok()) {

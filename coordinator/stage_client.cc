@@ -64,39 +64,39 @@ absl::StatusOr<pb::ApplyOptimizerResponse> StageClient::ApplyOptimizer(
   return response;
 }
 
-absl::StatusOr<std::string> StageClient::ExportShard(const std::string& job_id, int chunk,
+absl::StatusOr<std::string> StageClient::ExportChunk(const std::string& job_id, int chunk,
                                                      absl::Duration deadline) {
   grpc::ClientContext ctx;
   Prepare(ctx, deadline);
-  pb::ExportShardRequest request;
+  pb::ExportChunkRequest request;
   request.set_job_id(job_id);
   request.set_chunk(chunk);
-  auto reader = stub_->ExportShard(&ctx, request);
+  auto reader = stub_->ExportChunk(&ctx, request);
   std::string bytes;
-  pb::ShardChunk piece;
+  pb::ChunkPiece piece;
   while (reader->Read(&piece)) {
     if (piece.offset() != bytes.size()) {
       ctx.TryCancel();
       reader->Finish();
-      return absl::DataLossError(absl::StrCat("ExportShard on ", address_, ": piece at offset ",
+      return absl::DataLossError(absl::StrCat("ExportChunk on ", address_, ": piece at offset ",
                                               piece.offset(), ", expected ", bytes.size()));
     }
     if (bytes.empty()) bytes.reserve(piece.total_bytes());
     bytes += piece.data();
   }
-  if (absl::Status s = Annotate(reader->Finish(), "ExportShard"); !s.ok()) return s;
+  if (absl::Status s = Annotate(reader->Finish(), "ExportChunk"); !s.ok()) return s;
   return bytes;
 }
 
-absl::Status StageClient::ImportShard(const std::string& job_id, int chunk,
+absl::Status StageClient::ImportChunk(const std::string& job_id, int chunk,
                                       const std::string& bytes, absl::Duration deadline) {
   grpc::ClientContext ctx;
   Prepare(ctx, deadline);
-  pb::ImportShardResponse response;
-  auto writer = stub_->ImportShard(&ctx, &response);
+  pb::ImportChunkResponse response;
+  auto writer = stub_->ImportChunk(&ctx, &response);
   constexpr size_t kPiece = size_t{4} << 20;
   for (size_t at = 0; at == 0 || at < bytes.size(); at += kPiece) {
-    pb::ShardChunk piece;
+    pb::ChunkPiece piece;
     piece.set_job_id(job_id);
     piece.set_chunk(chunk);
     piece.set_offset(at);
@@ -105,7 +105,7 @@ absl::Status StageClient::ImportShard(const std::string& job_id, int chunk,
     if (!writer->Write(piece)) break;  // Finish says why
   }
   writer->WritesDone();
-  return Annotate(writer->Finish(), "ImportShard");
+  return Annotate(writer->Finish(), "ImportChunk");
 }
 
 absl::Status StageClient::Ping(absl::Duration deadline) {

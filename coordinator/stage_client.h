@@ -29,9 +29,9 @@ class StageClient {
   absl::StatusOr<pipetrain::v1::ApplyOptimizerResponse> ApplyOptimizer(
       grpc::ClientContext& ctx, const pipetrain::v1::ApplyOptimizerRequest& request);
   // One model chunk's checkpoint file, reassembled from its pieces.
-  absl::StatusOr<std::string> ExportShard(const std::string& job_id, int chunk,
+  absl::StatusOr<std::string> ExportChunk(const std::string& job_id, int chunk,
                                           absl::Duration deadline);
-  absl::Status ImportShard(const std::string& job_id, int chunk, const std::string& bytes,
+  absl::Status ImportChunk(const std::string& job_id, int chunk, const std::string& bytes,
                            absl::Duration deadline);
   // Whether the server answers at all (gRPC health), without waiting for a running step.
   absl::Status Ping(absl::Duration deadline);

@@ -40,7 +40,7 @@ struct Executor::StepState {
   size_t peak_bytes = 0;    // activations of all chunks together, at their most
 };
 
-Executor::Executor(ExecutorConfig config, std::vector<std::unique_ptr<ShardCompute>> chunks,
+Executor::Executor(ExecutorConfig config, std::vector<std::unique_ptr<ChunkCompute>> chunks,
                    TensorChannel* next, TensorChannel* prev,
                    std::shared_ptr<common::BufferPool> pool)
     : config_(std::move(config)), chunks_(std::move(chunks)), next_(next), prev_(prev),
@@ -205,7 +205,7 @@ absl::Status Executor::RunAction(const Action& a, StepState& st, ActionTiming& t
     return absl::FailedPreconditionError(
         absl::StrCat("this stage has no ", which, " neighbour"));
   };
-  ShardCompute& chunk = *chunks_[a.chunk];
+  ChunkCompute& chunk = *chunks_[a.chunk];
   const float loss_grad = 1.0f / st.num_micro_batches;
 
   switch (a.kind) {

@@ -2,7 +2,7 @@
 // which schedule made it: forwards and backwards on the stage's model chunks, tensors
 // to and from the neighbours, the optimizer step. It records when every action ran,
 // the losses (on the stage holding the head), peak activation memory and bytes moved.
-// A forward-only (evaluation) program runs its forwards through ShardCompute::Evaluate,
+// A forward-only (evaluation) program runs its forwards through ChunkCompute::Evaluate,
 // which keeps nothing for a backward, and touches no gradient, weight or AdamW state.
 //
 // Topology (as the planner's): chunk c of stage s is virtual stage c*K + s. Activations
@@ -24,7 +24,7 @@
 #include "common/buffer_pool.h"
 #include "common/schedule/stage_program.h"
 #include "common/tensor.h"
-#include "stage_server/shard_compute.h"
+#include "stage_server/chunk_compute.h"
 #include "stage_server/tensor_channel.h"
 
 namespace pipetrain::stage_server {
@@ -72,7 +72,7 @@ class Executor {
  public:
   // chunks[c] is model chunk c of this stage. next / prev may be null where the
   // topology has no such neighbour; the pool serves outgoing tensors.
-  Executor(ExecutorConfig config, std::vector<std::unique_ptr<ShardCompute>> chunks,
+  Executor(ExecutorConfig config, std::vector<std::unique_ptr<ChunkCompute>> chunks,
            TensorChannel* next, TensorChannel* prev,
            std::shared_ptr<common::BufferPool> pool);
 
@@ -100,7 +100,7 @@ class Executor {
     next_ = next;
     prev_ = prev;
   }
-  ShardCompute& chunk(int c) { return *chunks_[c]; }
+  ChunkCompute& chunk(int c) { return *chunks_[c]; }
 
  private:
   using Key = std::pair<int, int>;  // (chunk, micro-batch)
@@ -122,7 +122,7 @@ class Executor {
   std::shared_ptr<const common::Tensor> Share(common::Tensor tensor);
 
   ExecutorConfig config_;
-  std::vector<std::unique_ptr<ShardCompute>> chunks_;
+  std::vector<std::unique_ptr<ChunkCompute>> chunks_;
   TensorChannel* next_;
   TensorChannel* prev_;
   std::shared_ptr<common::BufferPool> pool_;

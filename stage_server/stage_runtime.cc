@@ -6,11 +6,11 @@
 #include "common/status_macros.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "stage_server/backend_chunk.h"
+#include "stage_server/compute/chunk_checkpoint.h"
 #include "stage_server/compute/cpu_backend.h"
 #include "stage_server/compute/cuda_backend.h"
-#include "stage_server/compute/stack_checkpoint.h"
-#include "stage_server/emulated_shard.h"
-#include "stage_server/stack_shard.h"
+#include "stage_server/emulated_chunk.h"
 
 namespace pipetrain::stage_server {
 
@@ -18,7 +18,7 @@ struct StageRuntime::Job {
   JobConfig config;
   std::unique_ptr<compute::Backend> backend;
   std::shared_ptr<common::BufferPool> pool;
-  std::vector<StackShard*> stacks;  // real chunks, owned by the executor
+  std::vector<BackendChunk*> backend_chunks;  // real chunks, owned by the executor
   std::unique_ptr<Executor> executor;
   std::unique_ptr<PeerLink> next;  // to the downstream stage (this stage connects)
   std::unique_ptr<PeerLink> prev;  // from the upstream stage (it connects to us)
@@ -81,7 +81,7 @@ absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config)
   const uint64_t state = StateBytes(config);
   if (options_.memory_limit_bytes > 0 && state > options_.memory_limit_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "configure job '", config.job_id, "' stage ", config.stage, ": the shard needs ", state,
+        "configure job '", config.job_id, "' stage ", config.stage, ": its share of the model needs ", state,
         " bytes for weights, gradients and optimizer state, but this stage has ",
         options_.memory_limit_bytes, " (--memory-limit); use more stages or a smaller model"));
   }
@@ -105,12 +105,12 @@ absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config)
   job->has_next = K > 1 && (config.stage < K - 1 || v > 1);
   job->has_prev = K > 1 && (config.stage > 0 || v > 1);
 
-  std::vector<std::unique_ptr<ShardCompute>> chunks;
+  std::vector<std::unique_ptr<ChunkCompute>> chunks;
   if (options_.device.kind == DeviceSpec::Kind::kEmulated) {
     ASSIGN_OR_RETURN(EmulatedDevice device, EmulatedDeviceByName(options_.device.emulated));
     job->emulated = true;
     for (const auto& [begin, end] : config.chunks) {
-      chunks.push_back(std::make_unique<EmulatedShard>(config.model, begin, end,
+      chunks.push_back(std::make_unique<EmulatedChunk>(config.model, begin, end,
                                                        config.micro_batch_size, device,
                                                        config.recompute, job->pool));
     }
@@ -121,15 +121,15 @@ absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config)
       ASSIGN_OR_RETURN(job->backend, compute::CpuBackend::Create(options_.threads));
     }
     for (const auto& [begin, end] : config.chunks) {
-      compute::StackOptions so;
+      compute::ChunkOptions so;
       so.recompute = config.recompute;
-      ASSIGN_OR_RETURN(auto stack, compute::LayerStack::Create(config.model, begin, end,
+      ASSIGN_OR_RETURN(auto layers, compute::ModelChunk::Create(config.model, begin, end,
                                                                job->backend.get(), so));
-      RETURN_IF_ERROR(stack->Initialize(config.seed));
-      ASSIGN_OR_RETURN(auto shard,
-                       StackShard::Create(std::move(stack), config.micro_batch_size, job->pool));
-      job->stacks.push_back(shard.get());
-      chunks.push_back(std::move(shard));
+      RETURN_IF_ERROR(layers->Initialize(config.seed));
+      ASSIGN_OR_RETURN(auto backend_chunk,
+                       BackendChunk::Create(std::move(layers), config.micro_batch_size, job->pool));
+      job->backend_chunks.push_back(backend_chunk.get());
+      chunks.push_back(std::move(backend_chunk));
     }
   }
   if (job->has_prev) {
@@ -264,8 +264,8 @@ bool StageRuntime::configured() const {
 absl::StatusOr<std::vector<float>> StageRuntime::GetParam(const std::string& name) const {
   absl::MutexLock lock(&mu_);
   if (!job_) return absl::FailedPreconditionError("this stage is not configured");
-  for (StackShard* s : job_->stacks) {
-    auto p = s->stack().GetParam(name);
+  for (BackendChunk* s : job_->backend_chunks) {
+    auto p = s->layers().GetParam(name);
     if (p.ok()) return p;
   }
   return absl::NotFoundError(absl::StrCat("parameter ", name, " is not on stage ",
@@ -283,37 +283,37 @@ absl::Status StageRuntime::CheckJob(const std::string& job_id, const std::string
       job_ ? absl::StrCat("job '", job_->config.job_id, "'") : std::string("no job")));
 }
 
-absl::StatusOr<StackShard*> StageRuntime::ChunkOf(const std::string& job_id, int chunk,
+absl::StatusOr<BackendChunk*> StageRuntime::ChunkOf(const std::string& job_id, int chunk,
                                                   const char* what) const {
   RETURN_IF_ERROR(CheckJob(job_id, what));
   if (job_->emulated) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, " of job '", job_id, "': an emulated stage has no weights"));
   }
-  if (chunk < 0 || chunk >= static_cast<int>(job_->stacks.size())) {
+  if (chunk < 0 || chunk >= static_cast<int>(job_->backend_chunks.size())) {
     return absl::InvalidArgumentError(absl::StrCat(what, " of job '", job_id, "': field chunk ",
-                                                   chunk, " is not in [0, ", job_->stacks.size(), ")"));
+                                                   chunk, " is not in [0, ", job_->backend_chunks.size(), ")"));
   }
-  return job_->stacks[chunk];
+  return job_->backend_chunks[chunk];
 }
 
 absl::StatusOr<std::string> StageRuntime::ExportChunk(const std::string& job_id, int chunk) const {
   absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(StackShard * shard, ChunkOf(job_id, chunk, "export"));
+  ASSIGN_OR_RETURN(BackendChunk * backend_chunk, ChunkOf(job_id, chunk, "export"));
   RETURN_IF_ERROR(job_->executor->CheckNoPendingOptimizer("export"));
   ASSIGN_OR_RETURN(model::Checkpoint ckpt,
-                   compute::CheckpointOfStack(shard->stack(), /*with_optimizer=*/true));
+                   compute::CheckpointOfChunk(backend_chunk->layers(), /*with_optimizer=*/true));
   return model::SerializeCheckpoint(ckpt);
 }
 
 absl::Status StageRuntime::ImportChunk(const std::string& job_id, int chunk,
                                        const std::string& bytes) {
   absl::MutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(StackShard * shard, ChunkOf(job_id, chunk, "import"));
+  ASSIGN_OR_RETURN(BackendChunk * backend_chunk, ChunkOf(job_id, chunk, "import"));
   RETURN_IF_ERROR(job_->executor->CheckNoPendingOptimizer("import"));
-  const std::string source = absl::StrCat("shard of job '", job_id, "' chunk ", chunk);
+  const std::string source = absl::StrCat("job '", job_id, "' chunk ", chunk);
   ASSIGN_OR_RETURN(model::Checkpoint ckpt, model::ParseCheckpoint(bytes, source));
-  absl::Status s = compute::RestoreStack(ckpt, shard->stack());
+  absl::Status s = compute::RestoreChunk(ckpt, backend_chunk->layers());
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat(source, ": ", s.message()));
   return absl::OkStatus();
 }

@@ -16,11 +16,11 @@
 #include "common/model/gpt_config.h"
 #include "common/rpc_security.h"
 #include "common/schedule/stage_program.h"
+#include "stage_server/backend_chunk.h"
 #include "stage_server/compute/backend.h"
 #include "stage_server/device_spec.h"
 #include "stage_server/executor.h"
 #include "stage_server/peer_link.h"
-#include "stage_server/stack_shard.h"
 
 namespace pipetrain::stage_server {
 
@@ -128,7 +128,7 @@ class StageRuntime {
   // FAILED_PRECONDITION "WHAT of job 'ID': ..." unless `job_id` is the configured job.
   absl::Status CheckJob(const std::string& job_id, const std::string& what) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<StackShard*> ChunkOf(const std::string& job_id, int chunk, const char* what) const
+  absl::StatusOr<BackendChunk*> ChunkOf(const std::string& job_id, int chunk, const char* what) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const RuntimeOptions options_;

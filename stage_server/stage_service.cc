@@ -178,14 +178,14 @@ grpc::Status StageService::ApplyOptimizer(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status StageService::ExportShard(grpc::ServerContext* context, const pb::ExportShardRequest* request,
-                                       grpc::ServerWriter<pb::ShardChunk>* writer) {
+grpc::Status StageService::ExportChunk(grpc::ServerContext* context, const pb::ExportChunkRequest* request,
+                                       grpc::ServerWriter<pb::ChunkPiece>* writer) {
   if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
   auto bytes = runtime_->ExportChunk(request->job_id(), static_cast<int>(request->chunk()));
   if (!bytes.ok()) return common::ToGrpcStatus(bytes.status());
   constexpr size_t kPiece = size_t{4} << 20;
   for (size_t offset = 0; offset == 0 || offset < bytes->size(); offset += kPiece) {
-    pb::ShardChunk piece;
+    pb::ChunkPiece piece;
     piece.set_job_id(request->job_id());
     piece.set_chunk(request->chunk());
     piece.set_offset(offset);
@@ -198,11 +198,11 @@ grpc::Status StageService::ExportShard(grpc::ServerContext* context, const pb::E
   return grpc::Status::OK;
 }
 
-grpc::Status StageService::ImportShard(grpc::ServerContext* context,
-                                       grpc::ServerReader<pb::ShardChunk>* reader,
-                                       pb::ImportShardResponse* response) {
+grpc::Status StageService::ImportChunk(grpc::ServerContext* context,
+                                       grpc::ServerReader<pb::ChunkPiece>* reader,
+                                       pb::ImportChunkResponse* response) {
   if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
-  pb::ShardChunk piece;
+  pb::ChunkPiece piece;
   std::string bytes, job_id;
   uint32_t chunk = 0;
   uint64_t total = 0;
@@ -212,7 +212,7 @@ grpc::Status StageService::ImportShard(grpc::ServerContext* context,
       job_id = piece.job_id();
       chunk = piece.chunk();
       total = piece.total_bytes();
-      // Refused before buffering: a shard can be no larger than what a stage may hold.
+      // Refused before buffering: a chunk can be no larger than what a stage may hold.
       if (total > (uint64_t{64} << 30)) {
         return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                             absl::StrCat("import: field total_bytes ", total, " is too large"));
@@ -225,7 +225,7 @@ grpc::Status StageService::ImportShard(grpc::ServerContext* context,
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           absl::StrCat("import of job '", job_id, "' chunk ", chunk,
                                        ": piece at offset ", piece.offset(),
-                                       " does not continue the shard (expected offset ",
+                                       " does not continue the chunk (expected offset ",
                                        bytes.size(), " of ", total, " bytes, same job and chunk)"));
     }
     bytes += piece.data();

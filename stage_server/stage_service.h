@@ -26,12 +26,12 @@ class StageService final
   grpc::Status ApplyOptimizer(grpc::ServerContext* context,
                               const pipetrain::v1::ApplyOptimizerRequest* request,
                               pipetrain::v1::ApplyOptimizerResponse* response) override;
-  grpc::Status ExportShard(grpc::ServerContext* context,
-                           const pipetrain::v1::ExportShardRequest* request,
-                           grpc::ServerWriter<pipetrain::v1::ShardChunk>* writer) override;
-  grpc::Status ImportShard(grpc::ServerContext* context,
-                           grpc::ServerReader<pipetrain::v1::ShardChunk>* reader,
-                           pipetrain::v1::ImportShardResponse* response) override;
+  grpc::Status ExportChunk(grpc::ServerContext* context,
+                           const pipetrain::v1::ExportChunkRequest* request,
+                           grpc::ServerWriter<pipetrain::v1::ChunkPiece>* writer) override;
+  grpc::Status ImportChunk(grpc::ServerContext* context,
+                           grpc::ServerReader<pipetrain::v1::ChunkPiece>* reader,
+                           pipetrain::v1::ImportChunkResponse* response) override;
   grpc::Status GetStats(grpc::ServerContext* context, const pipetrain::v1::GetStatsRequest* request,
                         pipetrain::v1::StageStats* response) override;
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Exchange(

@@ -50,16 +50,16 @@ TEST(CheckpointFilesTest, FolderOfSlicesLoadsBackAsTheWholeModel) {
   testing::TempDir dir;
   const model::Checkpoint whole = Whole();
   // Three stages: [0, 2), [2, 4), [4, 5).
-  std::vector<ShardFile> shards;
+  std::vector<ChunkFile> files;
   const std::pair<int, int> ranges[] = {{0, 2}, {2, 4}, {4, 5}};
   for (int s = 0; s < 3; ++s) {
     auto part = SliceCheckpoint(whole, ranges[s].first, ranges[s].second);
     ASSERT_THAT(part.status(), IsOk());
     auto bytes = model::SerializeCheckpoint(*part);
     ASSERT_THAT(bytes.status(), IsOk());
-    shards.push_back({s, 0, *bytes});
+    files.push_back({s, 0, *bytes});
   }
-  ASSERT_THAT(WriteCheckpointFolder(dir.File("ckpt"), shards, 1), IsOk());
+  ASSERT_THAT(WriteCheckpointFolder(dir.File("ckpt"), files, 1), IsOk());
   EXPECT_EQ(testing::ListFolder(dir.File("ckpt")),
             (std::vector<std::string>{"model.safetensors.index.json", "stage-0.safetensors",
                                       "stage-1.safetensors", "stage-2.safetensors"}));
@@ -71,7 +71,7 @@ TEST(CheckpointFilesTest, FolderOfSlicesLoadsBackAsTheWholeModel) {
   ASSERT_TRUE(back->optimizer.has_value());
   EXPECT_EQ(back->optimizer->step, 7);
   EXPECT_TRUE(SameTensors(back->optimizer->v, whole.optimizer->v));
-  EXPECT_EQ(ShardFileName(1, 1, 2), "stage-1-chunk-1.safetensors");
+  EXPECT_EQ(ChunkFileName(1, 1, 2), "stage-1-chunk-1.safetensors");
 }
 
 TEST(CheckpointFilesTest, ErrorsNameTheFieldAndWhatIsWrong) {

@@ -24,7 +24,7 @@
 #include "gtest/gtest.h"
 #include "stage_server/compute/backend_buffer.h"
 #include "stage_server/compute/host_backend.h"
-#include "stage_server/compute/layer_stack.h"
+#include "stage_server/compute/model_chunk.h"
 #include "stage_server/compute/reference_ops.h"
 
 namespace pipetrain::compute {
@@ -657,7 +657,7 @@ TEST_F(CudaBackendTest, AdamWThreeSteps) {
 // the cuda backend against the same step in double on the host backend. The first
 // micro-batch runs the fused backward, the second the split one (backward-input, then
 // backward-weight: the ops' nullptr outputs), as zero-bubble schedules do.
-void CheckTrainingStep(Backend* gpu, double budget, StackOptions gpu_options) {
+void CheckTrainingStep(Backend* gpu, double budget, ChunkOptions gpu_options) {
   model::GptConfig config;
   config.vocab_size = 67;
   config.seq_len = 13;
@@ -682,9 +682,9 @@ void CheckTrainingStep(Backend* gpu, double budget, StackOptions gpu_options) {
   adam.eps = 1e-4f;
 
   HostBackendDouble host;
-  auto ref = LayerStackT<double>::Create(config, 0, L, &host);
+  auto ref = ModelChunkT<double>::Create(config, 0, L, &host);
   ASSERT_THAT(ref, IsOk());
-  auto dev = LayerStack::Create(config, 0, L, gpu, gpu_options);
+  auto dev = ModelChunk::Create(config, 0, L, gpu, gpu_options);
   ASSERT_THAT(dev, IsOk());
   ASSERT_THAT((*ref)->Initialize(seed), IsOk());
   ASSERT_THAT((*dev)->Initialize(seed), IsOk());
@@ -756,7 +756,7 @@ TEST_F(CudaBackendTest, TrainingStepMatchesDoublePrecisionHostTf32) {
   ASSERT_THAT(be, IsOk());
   // About ten matrix products lie between the loss and the embedding's gradients, each
   // adding TF32's ~3e-4 relative error; hence a wider budget than for one op.
-  StackOptions recompute;
+  ChunkOptions recompute;
   recompute.recompute = true;
   CheckTrainingStep(be->get(), 5 * kTf32Budget, recompute);
 }

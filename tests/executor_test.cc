@@ -1,6 +1,6 @@
 // The executor runs planner programs on K in-process stages joined by local channels,
 // and training through it is the same as training the whole model on one stage:
-// every step's loss and the final weights match the single-stack reference, for every
+// every step's loss and the final weights match the single-layers reference, for every
 // schedule, recompute mode and K in {1, 2, 4}. A forward-only (evaluation) step between
 // two training steps gives the reference model's losses on its batch and leaves every
 // weight, gradient and AdamW moment bit for bit as it was. With global-norm clipping
@@ -21,11 +21,11 @@
 #include "coordinator/planner/planner.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "stage_server/backend_chunk.h"
 #include "stage_server/compute/cpu_backend.h"
 #include "stage_server/compute/trainer.h"
-#include "stage_server/emulated_shard.h"
+#include "stage_server/emulated_chunk.h"
 #include "stage_server/local_channel.h"
-#include "stage_server/stack_shard.h"
 #include "tests/testing/reference_training.h"
 
 namespace pipetrain::stage_server {
@@ -70,16 +70,16 @@ std::string Name(const Case& c) {
 // Every parameter, gradient and AdamW moment of a stage's chunks, and their step
 // counts: what an evaluation must leave exactly as it found.
 using Snapshot = std::vector<std::vector<float>>;
-Snapshot TakeSnapshot(const std::vector<StackShard*>& shards) {
+Snapshot TakeSnapshot(const std::vector<BackendChunk*>& backend_chunks) {
   Snapshot out;
-  for (StackShard* shard : shards) {
-    compute::LayerStack& stack = shard->stack();
-    out.push_back({static_cast<float>(stack.step())});
-    for (const model::ParamSpec& p : stack.Params()) {
-      out.push_back(*stack.GetParam(p.name));
-      out.push_back(*stack.GetGrad(p.name));
-      out.push_back(*stack.GetOptimizerMoment(p.name, false));
-      out.push_back(*stack.GetOptimizerMoment(p.name, true));
+  for (BackendChunk* backend_chunk : backend_chunks) {
+    compute::ModelChunk& layers = backend_chunk->layers();
+    out.push_back({static_cast<float>(layers.step())});
+    for (const model::ParamSpec& p : layers.Params()) {
+      out.push_back(*layers.GetParam(p.name));
+      out.push_back(*layers.GetGrad(p.name));
+      out.push_back(*layers.GetOptimizerMoment(p.name, false));
+      out.push_back(*layers.GetOptimizerMoment(p.name, true));
     }
   }
   return out;
@@ -116,22 +116,22 @@ void RunPipeline(const Case& c) {
   for (int s = 0; s < links; ++s) std::tie(up[s], down[(s + 1) % K]) = MakeLocalChannelPair();
 
   std::vector<std::unique_ptr<Executor>> executors;
-  std::vector<std::vector<StackShard*>> shards(K);
+  std::vector<std::vector<BackendChunk*>> backend_chunks(K);
   for (int s = 0; s < K; ++s) {
     const planner::StagePlan& sp = plan->stages[s];
     backends.push_back(*compute::CpuBackend::Create(1));
     compute::CpuBackend* backend = backends.back().get();
-    std::vector<std::unique_ptr<ShardCompute>> chunks;
+    std::vector<std::unique_ptr<ChunkCompute>> chunks;
     for (const auto& [begin, end] : sp.layers) {
-      compute::StackOptions so;
+      compute::ChunkOptions so;
       so.recompute = sp.recompute;
-      auto stack = compute::LayerStack::Create(Tiny(), begin, end, backend, so);
-      ASSERT_THAT(stack.status(), IsOk());
-      ASSERT_THAT((*stack)->Initialize(kSeed), IsOk());
-      auto shard = StackShard::Create(std::move(*stack), rows, pool);
-      ASSERT_THAT(shard.status(), IsOk());
-      shards[s].push_back(shard->get());
-      chunks.push_back(std::move(*shard));
+      auto layers = compute::ModelChunk::Create(Tiny(), begin, end, backend, so);
+      ASSERT_THAT(layers.status(), IsOk());
+      ASSERT_THAT((*layers)->Initialize(kSeed), IsOk());
+      auto backend_chunk = BackendChunk::Create(std::move(*layers), rows, pool);
+      ASSERT_THAT(backend_chunk.status(), IsOk());
+      backend_chunks[s].push_back(backend_chunk->get());
+      chunks.push_back(std::move(*backend_chunk));
     }
     ExecutorConfig ec;
     ec.job_id = "job";
@@ -208,7 +208,7 @@ void RunPipeline(const Case& c) {
 
     SCOPED_TRACE("evaluation");
     std::vector<Snapshot> before;
-    for (int s = 0; s < K; ++s) before.push_back(TakeSnapshot(shards[s]));
+    for (int s = 0; s < K; ++s) before.push_back(TakeSnapshot(backend_chunks[s]));
     const auto eval = run_all(*eval_programs, kEvalStep, EvalBatch());
     for (int s = 0; s < K; ++s) ASSERT_THAT(eval[s].status(), IsOk()) << "stage " << s;
     const std::vector<double> want =
@@ -219,7 +219,7 @@ void RunPipeline(const Case& c) {
           << "micro-batch " << mb;
     }
     for (int s = 0; s < K; ++s) {
-      EXPECT_TRUE(TakeSnapshot(shards[s]) == before[s])
+      EXPECT_TRUE(TakeSnapshot(backend_chunks[s]) == before[s])
           << "stage " << s << ": the evaluation changed a weight, gradient or moment";
       EXPECT_EQ(eval[s]->grad_norm_sq, 0.0) << "stage " << s;
       if (s != K - 1) {
@@ -230,20 +230,20 @@ void RunPipeline(const Case& c) {
       EXPECT_LE(static_cast<double>(eval[s]->peak_activation_bytes),
                 plan->stages[s].peak_activation_bytes)
           << "stage " << s;
-      for (StackShard* shard : shards[s]) EXPECT_EQ(shard->stack().in_flight(), 0);
+      for (BackendChunk* backend_chunk : backend_chunks[s]) EXPECT_EQ(backend_chunk->layers().in_flight(), 0);
     }
   }
   // Final weights, tensor by tensor.
   for (int s = 0; s < K; ++s) {
-    for (StackShard* shard : shards[s]) {
-      for (const model::ParamSpec& p : shard->stack().Params()) {
-        auto got = shard->stack().GetParam(p.name);
+    for (BackendChunk* backend_chunk : backend_chunks[s]) {
+      for (const model::ParamSpec& p : backend_chunk->layers().Params()) {
+        auto got = backend_chunk->layers().GetParam(p.name);
         auto want = ref.model->GetParam(p.name);
         ASSERT_THAT(got.status(), IsOk());
         ASSERT_THAT(want.status(), IsOk());
         EXPECT_LE(::pipetrain::testing::RelativeParamError(*got, *want), 1e-5)
-            << p.name << " stage " << s << " layers [" << shard->stack().begin() << ", "
-            << shard->stack().end() << ")";
+            << p.name << " stage " << s << " layers [" << backend_chunk->layers().begin() << ", "
+            << backend_chunk->layers().end() << ")";
       }
     }
   }
@@ -300,10 +300,10 @@ struct Single {
 Single MakeSingle(int stages = 1, int stage = 0, OptimizerSettings optimizer = {}) {
   Single s;
   auto pool = std::make_shared<common::BufferPool>();
-  auto stack = *compute::LayerStack::Create(Tiny(), 0, Tiny().num_pipeline_layers(), s.backend.get());
-  EXPECT_THAT(stack->Initialize(kSeed), IsOk());
-  std::vector<std::unique_ptr<ShardCompute>> chunks;
-  chunks.push_back(*StackShard::Create(std::move(stack), 2, pool));
+  auto layers = *compute::ModelChunk::Create(Tiny(), 0, Tiny().num_pipeline_layers(), s.backend.get());
+  EXPECT_THAT(layers->Initialize(kSeed), IsOk());
+  std::vector<std::unique_ptr<ChunkCompute>> chunks;
+  chunks.push_back(*BackendChunk::Create(std::move(layers), 2, pool));
   ExecutorConfig ec;
   ec.job_id = "job-x";
   ec.stage = stage;
@@ -341,8 +341,8 @@ TEST(ExecutorTest, RunsAValidProgram) {
 
 std::vector<std::vector<float>> Weights(Executor& ex) {
   std::vector<std::vector<float>> out;
-  compute::LayerStack& stack = static_cast<StackShard&>(ex.chunk(0)).stack();
-  for (const model::ParamSpec& p : stack.Params()) out.push_back(*stack.GetParam(p.name));
+  compute::ModelChunk& layers = static_cast<BackendChunk&>(ex.chunk(0)).layers();
+  for (const model::ParamSpec& p : layers.Params()) out.push_back(*layers.GetParam(p.name));
   return out;
 }
 
@@ -509,10 +509,10 @@ TEST(ExecutorTest, ForwardOnlyProgramsRunTheirForwardsAndNothingElse) {
 TEST(ExecutorTest, AMissingNeighbourTensorTimesOutNamingTheAction) {
   auto pool = std::make_shared<common::BufferPool>();
   auto backend = *compute::CpuBackend::Create(1);
-  auto stack = *compute::LayerStack::Create(Tiny(), 3, Tiny().num_pipeline_layers(), backend.get());
-  ASSERT_THAT(stack->Initialize(kSeed), IsOk());
-  std::vector<std::unique_ptr<ShardCompute>> chunks;
-  chunks.push_back(*StackShard::Create(std::move(stack), 2, pool));
+  auto layers = *compute::ModelChunk::Create(Tiny(), 3, Tiny().num_pipeline_layers(), backend.get());
+  ASSERT_THAT(layers->Initialize(kSeed), IsOk());
+  std::vector<std::unique_ptr<ChunkCompute>> chunks;
+  chunks.push_back(*BackendChunk::Create(std::move(layers), 2, pool));
   auto [up, down] = MakeLocalChannelPair();
   ExecutorConfig ec;
   ec.job_id = "job-y";
@@ -555,13 +555,13 @@ TEST(ExecutorTest, EmulatedStagesFollowTheCostModel) {
   auto pool = std::make_shared<common::BufferPool>();
   auto [up, down] = MakeLocalChannelPair();
   std::vector<std::unique_ptr<Executor>> ex;
-  std::vector<EmulatedShard*> shards;
+  std::vector<EmulatedChunk*> backend_chunks;
   for (int s = 0; s < 2; ++s) {
     auto [begin, end] = plan->stages[s].layers[0];
-    auto shard = std::make_unique<EmulatedShard>(Tiny(), begin, end, 2, device, false, pool);
-    shards.push_back(shard.get());
-    std::vector<std::unique_ptr<ShardCompute>> chunks;
-    chunks.push_back(std::move(shard));
+    auto backend_chunk = std::make_unique<EmulatedChunk>(Tiny(), begin, end, 2, device, false, pool);
+    backend_chunks.push_back(backend_chunk.get());
+    std::vector<std::unique_ptr<ChunkCompute>> chunks;
+    chunks.push_back(std::move(backend_chunk));
     ExecutorConfig ec;
     ec.job_id = "emu";
     ec.stage = s;
@@ -590,7 +590,7 @@ TEST(ExecutorTest, EmulatedStagesFollowTheCostModel) {
         << "stage " << s;
     for (const ActionTiming& t : results[s]->timings) {
       if (t.action.kind == schedule::ActionKind::kForward) {
-        EXPECT_GE(t.end_us - t.start_us, static_cast<int64_t>(shards[s]->forward_s() * 1e6 * 0.95));
+        EXPECT_GE(t.end_us - t.start_us, static_cast<int64_t>(backend_chunks[s]->forward_s() * 1e6 * 0.95));
       }
     }
   }

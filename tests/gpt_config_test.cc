@@ -66,7 +66,7 @@ TEST(GptConfigTest, ParameterCountsMatchGpt2Formulas) {
 namespace pipetrain::model {
 namespace {
 
-TEST(GptConfigTest, ChunkMemoryFollowsTheLayerStack) {
+TEST(GptConfigTest, ChunkMemoryFollowsTheModelChunk) {
   const GptConfig c = Tiny();  // C 32, H 4, T 16, V 256, 3 blocks
   const double C = 32, H = 4, T = 16;
   // Without recomputation every layer's stash and input are kept.

@@ -12,7 +12,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "stage_server/compute/cpu_backend.h"
-#include "stage_server/compute/layer_stack.h"
+#include "stage_server/compute/model_chunk.h"
 #include "stage_server/compute/trainer.h"
 
 namespace pipetrain::compute {
@@ -79,7 +79,7 @@ TEST(GptReferenceTest, LossAndGradientsMatchAnIndependentImplementation) {
   auto cpu = CpuBackend::Create(1);
   ASSERT_THAT(cpu, IsOk());
   auto model =
-      LayerStack::Create(f.config, 0, f.config.num_pipeline_layers(), cpu->get());
+      ModelChunk::Create(f.config, 0, f.config.num_pipeline_layers(), cpu->get());
   ASSERT_THAT(model, IsOk());
   ASSERT_EQ(f.params.size(), (*model)->Params().size()) << "every parameter, once";
   for (const auto& [name, values] : f.params) {

@@ -1,5 +1,5 @@
 // The in-process verbs through RunCli: `pipetrain init` writes the weights
-// LayerStack::Initialize makes, `pipetrain eval` reproduces the PyTorch fixture's loss and
+// ModelChunk::Initialize makes, `pipetrain eval` reproduces the PyTorch fixture's loss and
 // gradients, `pipetrain train-local` trains (falling loss, one JSON object a step) and
 // saves what eval then scores, and every bad input exits 2 (or 1) naming what is wrong.
 #include <cmath>
@@ -17,7 +17,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "stage_server/compute/cpu_backend.h"
-#include "stage_server/compute/layer_stack.h"
+#include "stage_server/compute/model_chunk.h"
 #include "stage_server/compute/trainer.h"
 #include "tests/testing/run_cli.h"
 #include "tests/testing/temp_files.h"
@@ -89,13 +89,13 @@ TEST(InitVerbTest, WritesTheWeightsOfInitializeForTheSeed) {
 
   auto backend = compute::CpuBackend::Create(1);
   ASSERT_THAT(backend.status(), IsOk());
-  auto stack = compute::LayerStack::Create(want_config, 0, want_config.num_pipeline_layers(),
+  auto chunk = compute::ModelChunk::Create(want_config, 0, want_config.num_pipeline_layers(),
                                            backend->get());
-  ASSERT_THAT(stack.status(), IsOk());
-  ASSERT_THAT((*stack)->Initialize(7), IsOk());
-  ASSERT_EQ(ckpt->params.size(), (*stack)->Params().size());
-  for (const model::ParamSpec& p : (*stack)->Params()) {
-    auto want = (*stack)->GetParam(p.name);
+  ASSERT_THAT(chunk.status(), IsOk());
+  ASSERT_THAT((*chunk)->Initialize(7), IsOk());
+  ASSERT_EQ(ckpt->params.size(), (*chunk)->Params().size());
+  for (const model::ParamSpec& p : (*chunk)->Params()) {
+    auto want = (*chunk)->GetParam(p.name);
     ASSERT_THAT(want.status(), IsOk());
     auto got = ckpt->params.at(p.name).data<float>();
     EXPECT_EQ(std::vector<float>(got.begin(), got.end()), *want) << p.name;

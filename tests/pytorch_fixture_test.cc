@@ -12,7 +12,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "stage_server/compute/cpu_backend.h"
-#include "stage_server/compute/layer_stack.h"
+#include "stage_server/compute/model_chunk.h"
 #include "stage_server/compute/trainer.h"
 
 namespace pipetrain::compute {
@@ -32,7 +32,7 @@ TEST(PyTorchFixtureTest, LossAndEveryGradientMatch) {
   const model::GptConfig& config = ckpt->config;
   auto backend = CpuBackend::Create(1);
   ASSERT_THAT(backend.status(), IsOk());
-  auto model = LayerStack::Create(config, 0, config.num_pipeline_layers(), backend->get());
+  auto model = ModelChunk::Create(config, 0, config.num_pipeline_layers(), backend->get());
   ASSERT_THAT(model.status(), IsOk());
   for (const model::ParamSpec& p : (*model)->Params()) {
     const common::Tensor& t = ckpt->params.at(p.name);

@@ -148,12 +148,12 @@ double MeanLoss(const pb::RunStepResponse& head) {
 
 std::string Export(Stage& stage, const std::string& job, int chunk) {
   grpc::ClientContext ctx;
-  pb::ExportShardRequest req;
+  pb::ExportChunkRequest req;
   req.set_job_id(job);
   req.set_chunk(chunk);
-  auto reader = stage.stub->ExportShard(&ctx, req);
+  auto reader = stage.stub->ExportChunk(&ctx, req);
   std::string bytes;
-  pb::ShardChunk piece;
+  pb::ChunkPiece piece;
   while (reader->Read(&piece)) bytes += piece.data();
   grpc::Status st = reader->Finish();
   EXPECT_TRUE(st.ok()) << st.error_message();
@@ -162,11 +162,11 @@ std::string Export(Stage& stage, const std::string& job, int chunk) {
 
 grpc::Status Import(Stage& stage, const std::string& job, int chunk, const std::string& bytes) {
   grpc::ClientContext ctx;
-  pb::ImportShardResponse resp;
-  auto writer = stage.stub->ImportShard(&ctx, &resp);
+  pb::ImportChunkResponse resp;
+  auto writer = stage.stub->ImportChunk(&ctx, &resp);
   constexpr size_t kPiece = 10000;  // several pieces
   for (size_t at = 0; at < bytes.size(); at += kPiece) {
-    pb::ShardChunk piece;
+    pb::ChunkPiece piece;
     piece.set_job_id(job);
     piece.set_chunk(chunk);
     piece.set_offset(at);
@@ -280,14 +280,14 @@ TEST_F(StageClusterTest, AnEvaluationBetweenStepsReportsTheReferenceLossAndChang
   };
   check_ok(RunStep(plan.programs, job, 0, testing::RandomBatch(0), *stages_, out));
   EXPECT_NEAR(MeanLoss(out[1]), ref.losses[0], 1e-5 * ref.losses[0]);
-  auto shards = [&] {
+  auto chunk_state = [&] {
     std::string all;
     for (int s = 0; s < 2; ++s) {
       all += Export((*stages_)[s], job, 0) + Export((*stages_)[s], job, 1);
     }
     return all;
   };
-  const std::string before = shards();
+  const std::string before = chunk_state();
 
   const model::TokenBatch held_out = testing::RandomBatch(77);
   check_ok(RunStep(*eval, job, 1, held_out, *stages_, out));
@@ -297,8 +297,8 @@ TEST_F(StageClusterTest, AnEvaluationBetweenStepsReportsTheReferenceLossAndChang
     EXPECT_NEAR(out[1].losses(mb), want[mb], 1e-5 * want[mb]) << "micro-batch " << mb;
   }
   EXPECT_EQ(out[0].losses_size(), 0);
-  // The shards (weights, AdamW moments and step) are byte for byte what they were.
-  EXPECT_TRUE(shards() == before);
+  // The chunk_state (weights, AdamW moments and step) are byte for byte what they were.
+  EXPECT_TRUE(chunk_state() == before);
 
   for (int step = 1; step < 3; ++step) {
     check_ok(RunStep(plan.programs, job, step + 1, testing::RandomBatch(step), *stages_, out));
@@ -358,7 +358,7 @@ TEST(StageFaultTest, AKilledNeighbourFailsTheStepWithUnavailableNotAHang) {
   EXPECT_TRUE(one[0].process->Wait(20s).ok());
 }
 
-TEST(StageFaultTest, ShardsExportAndImportWithOptimizerStateToResumeExactly) {
+TEST(StageFaultTest, ChunksExportAndImportWithOptimizerStateToResumeExactly) {
   std::vector<Stage> stages;
   stages.push_back(StartStage());
   stages.push_back(StartStage());
@@ -382,7 +382,7 @@ TEST(StageFaultTest, ShardsExportAndImportWithOptimizerStateToResumeExactly) {
   const std::string shard0 = Export(stages[0], "first", 0), shard1 = Export(stages[1], "first", 0);
   ASSERT_FALSE(shard0.empty());
 
-  // A fresh job with other weights takes the shards and continues where the first left.
+  // A fresh job with other weights takes the chunk_state and continues where the first left.
   configure("resumed", 999);
   EXPECT_EQ(Import(stages[1], "resumed", 0, shard0).error_code(), grpc::StatusCode::INVALID_ARGUMENT)
       << "stage 0's layers do not fit stage 1";
@@ -445,10 +445,10 @@ TEST(StageFaultTest, ADeferredOptimizerStepWaitsForApplyOptimizer) {
                  "step 1 of job 'held' stage 0: the optimizer step of step 0 is still pending");
   {
     grpc::ClientContext ctx;
-    pb::ExportShardRequest req;
+    pb::ExportChunkRequest req;
     req.set_job_id("held");
-    auto reader = stages[0].stub->ExportShard(&ctx, req);
-    pb::ShardChunk piece;
+    auto reader = stages[0].stub->ExportChunk(&ctx, req);
+    pb::ChunkPiece piece;
     while (reader->Read(&piece)) {}
     expect_refused(reader->Finish(), "export of job 'held' stage 0");
   }

@@ -14,19 +14,19 @@ namespace pipetrain::model {
 
 namespace fs = std::filesystem;
 
-std::string ShardFileName(int stage, int chunk, int num_chunks) {
+std::string ChunkFileName(int stage, int chunk, int num_chunks) {
   if (num_chunks <= 1) return absl::StrCat("stage-", stage, ".safetensors");
   return absl::StrCat("stage-", stage, "-chunk-", chunk, ".safetensors");
 }
 
-absl::Status WriteCheckpointFolder(const std::string& dir, const std::vector<ShardFile>& shards,
+absl::Status WriteCheckpointFolder(const std::string& dir, const std::vector<ChunkFile>& files,
                                    int num_chunks) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("checkpoint folder ", dir, ": ", ec.message()));
   std::vector<std::string> paths;
-  for (const ShardFile& s : shards) {
-    const std::string path = (fs::path(dir) / ShardFileName(s.stage, s.chunk, num_chunks)).string();
+  for (const ChunkFile& s : files) {
+    const std::string path = (fs::path(dir) / ChunkFileName(s.stage, s.chunk, num_chunks)).string();
     RETURN_IF_ERROR(common::WriteFileAtomically(path, s.bytes));
     paths.push_back(path);
   }

@@ -13,21 +13,21 @@
 
 namespace pipetrain::model {
 
-struct ShardFile {
+struct ChunkFile {
   int stage = 0;
   int chunk = 0;
-  std::string bytes;  // a safetensors checkpoint file, as ExportShard streams it
+  std::string bytes;  // a safetensors checkpoint file, as ExportChunk streams it
 };
 
 // "stage-S.safetensors", or "stage-S-chunk-C.safetensors" when stages hold several chunks.
-std::string ShardFileName(int stage, int chunk, int num_chunks);
+std::string ChunkFileName(int stage, int chunk, int num_chunks);
 
-// Writes `shards` and then the index into `dir` (created if needed).
-absl::Status WriteCheckpointFolder(const std::string& dir, const std::vector<ShardFile>& shards,
+// Writes `files` and then the index into `dir` (created if needed).
+absl::Status WriteCheckpointFolder(const std::string& dir, const std::vector<ChunkFile>& files,
                                    int num_chunks);
 
 // A whole-model checkpoint from a folder with model.safetensors.index.json (every
-// shard it names, merged) or from one safetensors file. Errors name `field` (the spec
+// file it names, merged) or from one safetensors file. Errors name `field` (the spec
 // field the path came from) and the file.
 absl::StatusOr<model::Checkpoint> LoadWholeCheckpoint(const std::string& path,
                                                         const std::string& field);

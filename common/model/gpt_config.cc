@@ -157,7 +157,7 @@ ChunkMemory ChunkActivationBytes(const GptConfig& config, int begin, int end,
     m.stored = full;
     return m;
   }
-  // Recomputing, the stack keeps its input, and the targets when it holds the head.
+  // Recomputing, the chunk keeps its input, and the targets when it holds the head.
   const bool holds_head = end == config.num_pipeline_layers();
   const double input = CostOfLayer(config, begin).activation_bytes_recompute;
   m.stored = input + (holds_head ? 4 : 0);

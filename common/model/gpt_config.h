@@ -73,8 +73,8 @@ struct LayerCost {
 };
 LayerCost CostOfLayer(const GptConfig& config, int pipeline_layer);
 
-// Activation memory of a model chunk, pipeline layers [begin, end) run as one layer
-// stack, in bytes per token of a micro-batch, exactly as the stack holds it. The
+// Activation memory of a model chunk, pipeline layers [begin, end) run as one
+// compute::ModelChunk, in bytes per token of a micro-batch, exactly as it holds them. The
 // planner predicts with it and the emulated device holds it.
 struct ChunkMemory {
   double stored = 0;  // kept from a micro-batch's forward until its backward ends

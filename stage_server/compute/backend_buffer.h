@@ -1,5 +1,5 @@
 // BackendBuffer: an owning handle to memory allocated by a backend, freed on destruction,
-// so layers and stacks cannot leak device memory on an early error return.
+// so layers and chunks cannot leak device memory on an early error return.
 #pragma once
 
 #include <cstddef>

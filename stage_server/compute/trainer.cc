@@ -8,11 +8,11 @@
 
 namespace pipetrain::compute {
 
-absl::StatusOr<double> LossAndGrads(LayerStack& model, const model::TokenBatch& batch,
+absl::StatusOr<double> LossAndGrads(ModelChunk& model, const model::TokenBatch& batch,
                                     int micro_batches) {
   if (!model.has_embedding() || !model.has_head()) {
     return absl::InvalidArgumentError(
-        "LossAndGrads needs a stack holding the whole model");
+        "LossAndGrads needs a chunk holding the whole model");
   }
   if (micro_batches < 1 || batch.rows % micro_batches != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -53,7 +53,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& opt
   std::unique_ptr<Trainer> t(new Trainer(options, std::move(text)));
   ASSIGN_OR_RETURN(t->backend_, CpuBackend::Create(options.threads));
   ASSIGN_OR_RETURN(
-      t->model_, LayerStack::Create(options.model, 0, options.model.num_pipeline_layers(),
+      t->model_, ModelChunk::Create(options.model, 0, options.model.num_pipeline_layers(),
                                     t->backend_.get(), {.recompute = options.recompute}));
   RETURN_IF_ERROR(t->model_->Initialize(options.seed));
   return t;

@@ -14,14 +14,14 @@
 #include "common/model/batch.h"
 #include "common/model/gpt_config.h"
 #include "stage_server/compute/cpu_backend.h"
-#include "stage_server/compute/layer_stack.h"
+#include "stage_server/compute/model_chunk.h"
 
 namespace pipetrain::compute {
 
 // Runs forward and backward of `batch` as `micro_batches` equal micro-batches on a
-// stack holding the whole model, accumulating gradients (+=, the caller zeroes them)
+// chunk holding the whole model, accumulating gradients (+=, the caller zeroes them)
 // of the mean loss over all rows; returns that mean loss.
-absl::StatusOr<double> LossAndGrads(LayerStack& model, const model::TokenBatch& batch,
+absl::StatusOr<double> LossAndGrads(ModelChunk& model, const model::TokenBatch& batch,
                                     int micro_batches = 1);
 
 struct TrainOptions {
@@ -49,7 +49,7 @@ class Trainer {
                                                          std::string text);
   // One optimizer step on a fresh batch.
   absl::StatusOr<StepStats> Step();
-  LayerStack& model() { return *model_; }
+  ModelChunk& model() { return *model_; }
   const TrainOptions& options() const { return options_; }
 
  private:
@@ -59,7 +59,7 @@ class Trainer {
   TrainOptions options_;
   std::string text_;
   std::unique_ptr<CpuBackend> backend_;
-  std::unique_ptr<LayerStack> model_;
+  std::unique_ptr<ModelChunk> model_;
   int step_ = 0;
 };
 

@@ -41,7 +41,7 @@ namespace {
 Reference Train(int steps, float clip) {
   Reference r;
   r.backend = *compute::CpuBackend::Create(1);
-  r.model = *compute::LayerStack::Create(TinyModel(), 0, TinyModel().num_pipeline_layers(),
+  r.model = *compute::ModelChunk::Create(TinyModel(), 0, TinyModel().num_pipeline_layers(),
                                          r.backend.get());
   EXPECT_TRUE(r.model->Initialize(kSeed).ok());
   const stage_server::OptimizerSettings o = TestAdam();
@@ -53,7 +53,7 @@ Reference Train(int steps, float clip) {
   adam.weight_decay = o.weight_decay;
   adam.max_grad_norm = clip;
   // Each step is compute::Trainer::Step's (zero, LossAndGrads, OptimizerStep by the
-  // stack's own norm), so the clipped cases also hold the trainer to one stage.
+  // chunk's own norm), so the clipped cases also hold the trainer to one stage.
   for (int step = 0; step < steps; ++step) {
     EXPECT_TRUE(r.model->ZeroGrads().ok());
     auto loss = compute::LossAndGrads(*r.model, RandomBatch(step), kMicroBatches);
@@ -77,7 +77,7 @@ const Reference& SharedReference(int steps, float clip) {
 
 std::vector<double> ReferenceEvalLosses(int steps, const model::TokenBatch& batch,
                                         float clip) {
-  compute::LayerStack& model = *SharedReference(steps, clip).model;
+  compute::ModelChunk& model = *SharedReference(steps, clip).model;
   const int rows = batch.rows / kMicroBatches, T = TinyModel().seq_len;
   std::vector<double> losses;
   for (int mb = 0; mb < kMicroBatches; ++mb) {

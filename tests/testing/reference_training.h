@@ -1,5 +1,5 @@
 // The single-stage reference every pipeline test compares against: a tiny GPT, its
-// deterministic random batches, and the whole model trained on one layer stack with
+// deterministic random batches, and the whole model trained on one model chunk with
 // the same AdamW settings the pipelines use.
 #pragma once
 
@@ -7,10 +7,10 @@
 #include <vector>
 
 #include "common/tensor.h"
+#include "stage_server/chunk_compute.h"
 #include "stage_server/compute/cpu_backend.h"
-#include "stage_server/compute/layer_stack.h"
+#include "stage_server/compute/model_chunk.h"
 #include "stage_server/compute/trainer.h"
-#include "stage_server/shard_compute.h"
 
 namespace pipetrain::testing {
 
@@ -25,7 +25,7 @@ common::Tensor Rows(const std::vector<int32_t>& all, int mb, int rows);
 
 struct Reference {
   std::unique_ptr<compute::CpuBackend> backend;
-  std::unique_ptr<compute::LayerStack> model;
+  std::unique_ptr<compute::ModelChunk> model;
   std::vector<double> losses;      // per step
   std::vector<double> grad_norms;  // per step, before clipping (0 when clipping is off)
 };
@@ -38,7 +38,7 @@ const Reference& SharedReference(int steps, float clip = 0);
 std::vector<double> ReferenceEvalLosses(int steps, const model::TokenBatch& batch,
                                         float clip = 0);
 
-// Relative L2 distance between a stack's parameter and the reference's.
+// Relative L2 distance between a chunk's parameter and the reference's.
 double RelativeParamError(const std::vector<float>& got, const std::vector<float>& want);
 
 }  // namespace pipetrain::testing

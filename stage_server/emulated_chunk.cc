@@ -1,4 +1,4 @@
-#include "stage_server/emulated_shard.h"
+#include "stage_server/emulated_chunk.h"
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -17,7 +17,7 @@ absl::StatusOr<EmulatedDevice> EmulatedDeviceByName(const std::string& name) {
       "emulated device '", name, "' is unknown: use h100, h200, a100 or a FLOP rate such as 2e12"));
 }
 
-EmulatedShard::EmulatedShard(const model::GptConfig& config, int begin, int end, int rows,
+EmulatedChunk::EmulatedChunk(const model::GptConfig& config, int begin, int end, int rows,
                              EmulatedDevice device, bool recompute,
                              std::shared_ptr<common::BufferPool> pool)
     : config_(config), begin_(begin), end_(end), rows_(rows), device_(std::move(device)),
@@ -44,7 +44,7 @@ EmulatedShard::EmulatedShard(const model::GptConfig& config, int begin, int end,
   if (recompute) backward_input_s_ += forward_s_;  // the forward runs again first
 }
 
-absl::StatusOr<common::Tensor> EmulatedShard::Output(std::vector<int64_t> shape) {
+absl::StatusOr<common::Tensor> EmulatedChunk::Output(std::vector<int64_t> shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   // Contents are whatever the buffer held: the emulated device computes nothing.
@@ -52,22 +52,22 @@ absl::StatusOr<common::Tensor> EmulatedShard::Output(std::vector<int64_t> shape)
                                     pool_->Acquire(n * sizeof(float)));
 }
 
-void EmulatedShard::Hold(int mb, size_t bytes) {
+void EmulatedChunk::Hold(int mb, size_t bytes) {
   in_flight_[mb] += bytes;
   held_ += bytes;
   peak_ = std::max(peak_, held_);
 }
 
-void EmulatedShard::Peak(size_t extra) { peak_ = std::max(peak_, held_ + extra); }
+void EmulatedChunk::Peak(size_t extra) { peak_ = std::max(peak_, held_ + extra); }
 
-void EmulatedShard::Release(int mb) {
+void EmulatedChunk::Release(int mb) {
   auto it = in_flight_.find(mb);
   if (it == in_flight_.end()) return;
   held_ -= it->second;
   in_flight_.erase(it);
 }
 
-absl::StatusOr<common::Tensor> EmulatedShard::Forward(int mb, const common::PiecewiseTensor& input,
+absl::StatusOr<common::Tensor> EmulatedChunk::Forward(int mb, const common::PiecewiseTensor& input,
                                                       const common::Tensor* targets) {
   if (in_flight_.count(mb)) {
     return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " is already in flight"));
@@ -83,7 +83,7 @@ absl::StatusOr<common::Tensor> EmulatedShard::Forward(int mb, const common::Piec
   return Output({rows_, config_.seq_len, config_.d_model});
 }
 
-absl::StatusOr<common::Tensor> EmulatedShard::Evaluate(const common::PiecewiseTensor&,
+absl::StatusOr<common::Tensor> EmulatedChunk::Evaluate(const common::PiecewiseTensor&,
                                                        const common::Tensor*) {
   absl::SleepFor(absl::Seconds(forward_s_));
   Peak(evaluate_bytes_);
@@ -95,7 +95,7 @@ absl::StatusOr<common::Tensor> EmulatedShard::Evaluate(const common::PiecewiseTe
   return Output({rows_, config_.seq_len, config_.d_model});
 }
 
-absl::StatusOr<common::Tensor> EmulatedShard::Backward(int mb, const common::PiecewiseTensor*,
+absl::StatusOr<common::Tensor> EmulatedChunk::Backward(int mb, const common::PiecewiseTensor*,
                                                        float) {
   if (!in_flight_.count(mb)) {
     return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " has no forward"));
@@ -107,7 +107,7 @@ absl::StatusOr<common::Tensor> EmulatedShard::Backward(int mb, const common::Pie
   return Output({rows_, config_.seq_len, config_.d_model});
 }
 
-absl::StatusOr<common::Tensor> EmulatedShard::BackwardInput(int mb,
+absl::StatusOr<common::Tensor> EmulatedChunk::BackwardInput(int mb,
                                                             const common::PiecewiseTensor*,
                                                             float) {
   if (!in_flight_.count(mb)) {
@@ -121,7 +121,7 @@ absl::StatusOr<common::Tensor> EmulatedShard::BackwardInput(int mb,
   return Output({rows_, config_.seq_len, config_.d_model});
 }
 
-absl::Status EmulatedShard::BackwardWeight(int mb) {
+absl::Status EmulatedChunk::BackwardWeight(int mb) {
   if (!in_flight_.count(mb)) {
     return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " has no forward"));
   }
@@ -130,12 +130,12 @@ absl::Status EmulatedShard::BackwardWeight(int mb) {
   return absl::OkStatus();
 }
 
-void EmulatedShard::Abandon() {
+void EmulatedChunk::Abandon() {
   in_flight_.clear();
   held_ = 0;
 }
 
-absl::Status EmulatedShard::OptimizerStep(const OptimizerSettings&, std::optional<double>) {
+absl::Status EmulatedChunk::OptimizerStep(const OptimizerSettings&, std::optional<double>) {
   absl::SleepFor(absl::Seconds(optimizer_s_));
   return absl::OkStatus();
 }

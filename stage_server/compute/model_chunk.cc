@@ -1,4 +1,4 @@
-#include "stage_server/compute/layer_stack.h"
+#include "stage_server/compute/model_chunk.h"
 
 #include <algorithm>
 #include <cmath>
@@ -9,39 +9,39 @@
 namespace pipetrain::compute {
 
 template <typename Real>
-absl::StatusOr<std::unique_ptr<LayerStackT<Real>>> LayerStackT<Real>::Create(
+absl::StatusOr<std::unique_ptr<ModelChunkT<Real>>> ModelChunkT<Real>::Create(
     const model::GptConfig& config, int begin, int end, BackendT<Real>* backend,
-    StackOptions options) {
+    ChunkOptions options) {
   RETURN_IF_ERROR(model::ValidateConfig(config));
   if (begin < 0 || end > config.num_pipeline_layers() || begin >= end) {
     return absl::InvalidArgumentError(absl::StrCat("layer range [", begin, ", ", end,
                                                    ") is empty or outside [0, ",
                                                    config.num_pipeline_layers(), ")"));
   }
-  if (backend == nullptr) return absl::InvalidArgumentError("layer stack: no backend");
-  std::unique_ptr<LayerStackT> stack(
-      new LayerStackT(config, begin, end, backend, options));
+  if (backend == nullptr) return absl::InvalidArgumentError("layer chunk: no backend");
+  std::unique_ptr<ModelChunkT> chunk(
+      new ModelChunkT(config, begin, end, backend, options));
   for (int l = begin; l < end; ++l) {
     ASSIGN_OR_RETURN(auto layer, MakeLayer<Real>(config, l, backend));
-    stack->layers_.push_back(std::move(layer));
+    chunk->layers_.push_back(std::move(layer));
   }
-  return stack;
+  return chunk;
 }
 
 template <typename Real>
-int64_t LayerStackT<Real>::OutputElements(int B) const {
+int64_t ModelChunkT<Real>::OutputElements(int B) const {
   return has_head() ? 1 : int64_t{B} * config_.seq_len * config_.d_model;
 }
 
 template <typename Real>
-int64_t LayerStackT<Real>::InputBytes(int B) const {
+int64_t ModelChunkT<Real>::InputBytes(int B) const {
   const int64_t tokens = int64_t{B} * config_.seq_len;
   return has_embedding() ? tokens * sizeof(int32_t)
                          : tokens * config_.d_model * sizeof(Real);
 }
 
 template <typename Real>
-absl::Status LayerStackT<Real>::Initialize(uint64_t seed) {
+absl::Status ModelChunkT<Real>::Initialize(uint64_t seed) {
   for (auto& layer : layers_) RETURN_IF_ERROR(layer->Initialize(seed));
   step_ = 0;
   return absl::OkStatus();
@@ -50,7 +50,7 @@ absl::Status LayerStackT<Real>::Initialize(uint64_t seed) {
 // ---- Micro-batches ------------------------------------------------------------------
 
 template <typename Real>
-size_t LayerStackT<Real>::MicroBatch::Bytes() const {
+size_t ModelChunkT<Real>::MicroBatch::Bytes() const {
   size_t total = input.bytes() + targets.bytes();
   for (const auto& o : outputs) total += o.bytes();
   for (const auto& s : stashes) total += s.owned_bytes();
@@ -58,19 +58,19 @@ size_t LayerStackT<Real>::MicroBatch::Bytes() const {
 }
 
 template <typename Real>
-size_t LayerStackT<Real>::ActivationBytes() const {
+size_t ModelChunkT<Real>::ActivationBytes() const {
   size_t total = 0;
   for (const auto& [id, mb] : micro_batches_) total += mb.Bytes();
   return total;
 }
 
 template <typename Real>
-void LayerStackT<Real>::NotePeak() {
+void ModelChunkT<Real>::NotePeak() {
   peak_bytes_ = std::max(peak_bytes_, ActivationBytes());
 }
 
 template <typename Real>
-absl::StatusOr<typename LayerStackT<Real>::MicroBatch*> LayerStackT<Real>::Find(
+absl::StatusOr<typename ModelChunkT<Real>::MicroBatch*> ModelChunkT<Real>::Find(
     int mb, const char* what) {
   auto it = micro_batches_.find(mb);
   if (it == micro_batches_.end()) {
@@ -82,7 +82,7 @@ absl::StatusOr<typename LayerStackT<Real>::MicroBatch*> LayerStackT<Real>::Find(
 }
 
 template <typename Real>
-absl::Status LayerStackT<Real>::RunForward(MicroBatch& mb, Real* output) {
+absl::Status ModelChunkT<Real>::RunForward(MicroBatch& mb, Real* output) {
   const int n = static_cast<int>(layers_.size());
   const int64_t x_elements = int64_t{mb.rows} * config_.seq_len * config_.d_model;
   mb.stashes.clear();
@@ -104,7 +104,7 @@ absl::Status LayerStackT<Real>::RunForward(MicroBatch& mb, Real* output) {
 }
 
 template <typename Real>
-absl::Status LayerStackT<Real>::Forward(int mb_id, int B, const void* input,
+absl::Status ModelChunkT<Real>::Forward(int mb_id, int B, const void* input,
                                         const int32_t* targets, Real* output) {
   const std::string where = absl::StrCat("forward of micro-batch ", mb_id, " on layers [",
                                          begin_, ", ", end_, ")");
@@ -124,7 +124,7 @@ absl::Status LayerStackT<Real>::Forward(int mb_id, int B, const void* input,
   ASSIGN_OR_RETURN(mb.input, BackendBuffer<Real>::Allocate(backend_, InputBytes(B)));
   RETURN_IF_ERROR(backend_->Copy(mb.input.raw(), input, InputBytes(B)));
   if (has_head()) {
-    // Targets are an input of the whole stack, so they travel with the micro-batch.
+    // Targets are an input of the whole chunk, so they travel with the micro-batch.
     const size_t bytes = int64_t{B} * config_.seq_len * sizeof(int32_t);
     ASSIGN_OR_RETURN(mb.targets, BackendBuffer<Real>::Allocate(backend_, bytes));
     RETURN_IF_ERROR(backend_->Copy(mb.targets.raw(), targets, bytes));
@@ -143,7 +143,7 @@ absl::Status LayerStackT<Real>::Forward(int mb_id, int B, const void* input,
 }
 
 template <typename Real>
-absl::Status LayerStackT<Real>::Evaluate(int B, const void* input, const int32_t* targets,
+absl::Status ModelChunkT<Real>::Evaluate(int B, const void* input, const int32_t* targets,
                                          Real* output) {
   const std::string where =
       absl::StrCat("evaluation forward on layers [", begin_, ", ", end_, ")");
@@ -176,7 +176,7 @@ absl::Status LayerStackT<Real>::Evaluate(int B, const void* input, const int32_t
 }
 
 template <typename Real>
-absl::Status LayerStackT<Real>::RunBackwardInput(MicroBatch& mb, const Real* grad_output,
+absl::Status ModelChunkT<Real>::RunBackwardInput(MicroBatch& mb, const Real* grad_output,
                                                  Real* grad_input, Real loss_grad,
                                                  bool fused) {
   if (options_.recompute) {
@@ -217,7 +217,7 @@ absl::Status LayerStackT<Real>::RunBackwardInput(MicroBatch& mb, const Real* gra
 }
 
 template <typename Real>
-absl::Status LayerStackT<Real>::Backward(int mb_id, const Real* grad_output,
+absl::Status ModelChunkT<Real>::Backward(int mb_id, const Real* grad_output,
                                          Real* grad_input, Real loss_grad) {
   ASSIGN_OR_RETURN(MicroBatch * mb, Find(mb_id, "backward"));
   if (mb->input_done) {
@@ -231,7 +231,7 @@ absl::Status LayerStackT<Real>::Backward(int mb_id, const Real* grad_output,
 }
 
 template <typename Real>
-absl::Status LayerStackT<Real>::BackwardInput(int mb_id, const Real* grad_output,
+absl::Status ModelChunkT<Real>::BackwardInput(int mb_id, const Real* grad_output,
                                               Real* grad_input, Real loss_grad) {
   ASSIGN_OR_RETURN(MicroBatch * mb, Find(mb_id, "backward-input"));
   if (mb->input_done) {
@@ -245,7 +245,7 @@ absl::Status LayerStackT<Real>::BackwardInput(int mb_id, const Real* grad_output
 }
 
 template <typename Real>
-absl::Status LayerStackT<Real>::BackwardWeight(int mb_id) {
+absl::Status ModelChunkT<Real>::BackwardWeight(int mb_id) {
   ASSIGN_OR_RETURN(MicroBatch * mb, Find(mb_id, "backward-weight"));
   if (!mb->input_done) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -261,19 +261,19 @@ absl::Status LayerStackT<Real>::BackwardWeight(int mb_id) {
 // ---- Parameters ---------------------------------------------------------------------
 
 template <typename Real>
-std::vector<model::ParamSpec> LayerStackT<Real>::Params() const {
+std::vector<model::ParamSpec> ModelChunkT<Real>::Params() const {
   return model::RangeParams(config_, begin_, end_);
 }
 
 template <typename Real>
-int64_t LayerStackT<Real>::NumParams() const {
+int64_t ModelChunkT<Real>::NumParams() const {
   int64_t n = 0;
   for (const auto& layer : layers_) n += layer->num_params();
   return n;
 }
 
 template <typename Real>
-absl::StatusOr<std::pair<PipelineLayer<Real>*, int>> LayerStackT<Real>::FindParam(
+absl::StatusOr<std::pair<PipelineLayer<Real>*, int>> ModelChunkT<Real>::FindParam(
     absl::string_view name) const {
   for (const auto& layer : layers_) {
     for (size_t i = 0; i < layer->specs().size(); ++i) {
@@ -287,7 +287,7 @@ absl::StatusOr<std::pair<PipelineLayer<Real>*, int>> LayerStackT<Real>::FindPara
 }
 
 template <typename Real>
-Real* LayerStackT<Real>::Address(const PipelineLayer<Real>& layer, int i, Field field) {
+Real* ModelChunkT<Real>::Address(const PipelineLayer<Real>& layer, int i, Field field) {
   switch (field) {
     case Field::kParam: return layer.param(i);
     case Field::kGrad: return layer.grad(i);
@@ -298,7 +298,7 @@ Real* LayerStackT<Real>::Address(const PipelineLayer<Real>& layer, int i, Field 
 }
 
 template <typename Real>
-absl::StatusOr<std::vector<Real>> LayerStackT<Real>::CopyOut(absl::string_view name,
+absl::StatusOr<std::vector<Real>> ModelChunkT<Real>::CopyOut(absl::string_view name,
                                                              Field field) const {
   ASSIGN_OR_RETURN(auto found, FindParam(name));
   auto [layer, i] = found;
@@ -311,7 +311,7 @@ absl::StatusOr<std::vector<Real>> LayerStackT<Real>::CopyOut(absl::string_view n
 }
 
 template <typename Real>
-absl::Status LayerStackT<Real>::CopyIn(absl::string_view name, Field field,
+absl::Status ModelChunkT<Real>::CopyIn(absl::string_view name, Field field,
                                        const std::vector<Real>& values) {
   ASSIGN_OR_RETURN(auto found, FindParam(name));
   const model::ParamSpec& spec = found.first->specs()[found.second];
@@ -328,13 +328,13 @@ absl::Status LayerStackT<Real>::CopyIn(absl::string_view name, Field field,
 }
 
 template <typename Real>
-absl::Status LayerStackT<Real>::ZeroGrads() {
+absl::Status ModelChunkT<Real>::ZeroGrads() {
   for (auto& layer : layers_) RETURN_IF_ERROR(layer->ZeroGrads());
   return absl::OkStatus();
 }
 
 template <typename Real>
-absl::StatusOr<double> LayerStackT<Real>::GradSquaredNorm() {
+absl::StatusOr<double> ModelChunkT<Real>::GradSquaredNorm() {
   double total = 0;
   for (auto& layer : layers_) {
     ASSIGN_OR_RETURN(double s,
@@ -345,7 +345,7 @@ absl::StatusOr<double> LayerStackT<Real>::GradSquaredNorm() {
 }
 
 template <typename Real>
-absl::StatusOr<double> LayerStackT<Real>::OptimizerStep(
+absl::StatusOr<double> ModelChunkT<Real>::OptimizerStep(
     const AdamWOptions& o, std::optional<double> global_norm) {
   double norm = global_norm.value_or(0.0);
   Real scale = 1;
@@ -366,7 +366,7 @@ absl::StatusOr<double> LayerStackT<Real>::OptimizerStep(
   return norm;
 }
 
-template class LayerStackT<float>;
-template class LayerStackT<double>;
+template class ModelChunkT<float>;
+template class ModelChunkT<double>;
 
 }  // namespace pipetrain::compute

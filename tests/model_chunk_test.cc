@@ -1,8 +1,8 @@
-// LayerStack: whole-model gradients against finite differences (double), any split into
+// ModelChunk: whole-model gradients against finite differences (double), any split into
 // stages equals the whole model, recomputation is bit-identical, the split backward of
 // zero-bubble schedules, activation accounting, deterministic init, AdamW and errors.
 // The backends here keep tensors in host memory, so tests pass host pointers directly.
-#include "stage_server/compute/layer_stack.h"
+#include "stage_server/compute/model_chunk.h"
 
 #include <cmath>
 #include <map>
@@ -28,17 +28,17 @@ model::GptConfig Tiny() {
 }
 
 template <typename Real>
-using Stages = std::vector<std::unique_ptr<LayerStackT<Real>>>;
+using Stages = std::vector<std::unique_ptr<ModelChunkT<Real>>>;
 
 // Stages cut at `cuts` (e.g. {2} gives [0, 2) and [2, L + 2)), initialised with seed 5.
 template <typename Real>
 Stages<Real> MakeStages(BackendT<Real>* backend, const model::GptConfig& c,
-                        std::vector<int> cuts, StackOptions options = {}) {
+                        std::vector<int> cuts, ChunkOptions options = {}) {
   cuts.insert(cuts.begin(), 0);
   cuts.push_back(c.num_pipeline_layers());
   Stages<Real> stages;
   for (size_t i = 0; i + 1 < cuts.size(); ++i) {
-    auto s = LayerStackT<Real>::Create(c, cuts[i], cuts[i + 1], backend, options);
+    auto s = ModelChunkT<Real>::Create(c, cuts[i], cuts[i + 1], backend, options);
     EXPECT_THAT(s, IsOk());
     EXPECT_THAT((*s)->Initialize(5), IsOk());
     stages.push_back(std::move(*s));
@@ -119,11 +119,11 @@ std::map<std::string, std::vector<Real>> Collect(Stages<Real>& stages, bool grad
   return out;
 }
 
-TEST(LayerStackTest, WholeModelGradientMatchesFiniteDifferences) {
+TEST(ModelChunkTest, WholeModelGradientMatchesFiniteDifferences) {
   HostBackendDouble backend;
   const model::GptConfig c = Tiny();
   Stages<double> model = MakeStages<double>(&backend, c, {});
-  LayerStackT<double>& m = *model[0];
+  ModelChunkT<double>& m = *model[0];
   // Move every parameter off its init (LayerNorm weights off 1, biases off 0).
   for (int l = 0; l < c.num_pipeline_layers(); ++l) {
     PipelineLayer<double>& layer = m.layer(l);
@@ -164,7 +164,7 @@ TEST(LayerStackTest, WholeModelGradientMatchesFiniteDifferences) {
   }
 }
 
-TEST(LayerStackTest, SplittingAtEveryPointMatchesTheWholeModel) {
+TEST(ModelChunkTest, SplittingAtEveryPointMatchesTheWholeModel) {
   auto cpu = CpuBackend::Create(1);
   ASSERT_THAT(cpu, IsOk());
   const model::GptConfig c = Tiny();
@@ -184,7 +184,7 @@ TEST(LayerStackTest, SplittingAtEveryPointMatchesTheWholeModel) {
   EXPECT_EQ(Collect(each, true), grads);
 }
 
-TEST(LayerStackTest, SplitBackwardInAnyOrderMatchesFused) {
+TEST(ModelChunkTest, SplitBackwardInAnyOrderMatchesFused) {
   auto cpu = CpuBackend::Create(1);
   ASSERT_THAT(cpu, IsOk());
   const model::GptConfig c = Tiny();
@@ -203,7 +203,7 @@ TEST(LayerStackTest, SplitBackwardInAnyOrderMatchesFused) {
   }
 }
 
-TEST(LayerStackTest, RecomputeIsBitIdenticalAndKeepsOnlyInputs) {
+TEST(ModelChunkTest, RecomputeIsBitIdenticalAndKeepsOnlyInputs) {
   auto cpu = CpuBackend::Create(1);
   ASSERT_THAT(cpu, IsOk());
   const model::GptConfig c = Tiny();
@@ -230,7 +230,7 @@ TEST(LayerStackTest, RecomputeIsBitIdenticalAndKeepsOnlyInputs) {
   EXPECT_LT(recompute[0]->PeakActivationBytes(), plain[0]->PeakActivationBytes());
 }
 
-TEST(LayerStackTest, ActivationBytesFollowTheCostModel) {
+TEST(ModelChunkTest, ActivationBytesFollowTheCostModel) {
   HostBackend backend;
   const model::GptConfig c = Tiny();
   const Batch batch = MakeBatch(c, 6);
@@ -242,7 +242,7 @@ TEST(LayerStackTest, ActivationBytesFollowTheCostModel) {
   }
   for (bool recompute : {false, true}) {
     Stages<float> model = MakeStages<float>(&backend, c, {}, {.recompute = recompute});
-    LayerStack& m = *model[0];
+    ModelChunk& m = *model[0];
     float loss;
     for (int mb = 0; mb < M; ++mb) {
       ASSERT_THAT(m.Forward(mb, rows, batch.tokens.data() + mb * rows * c.seq_len,
@@ -259,7 +259,7 @@ TEST(LayerStackTest, ActivationBytesFollowTheCostModel) {
   }
 }
 
-TEST(LayerStackTest, InitIsDeterministicAcrossPartitions) {
+TEST(ModelChunkTest, InitIsDeterministicAcrossPartitions) {
   HostBackend backend;
   const model::GptConfig c{
       .vocab_size = 64, .seq_len = 8, .d_model = 64, .n_heads = 4, .n_layers = 2};
@@ -284,14 +284,14 @@ TEST(LayerStackTest, InitIsDeterministicAcrossPartitions) {
   // Every matrix draws its own stream.
   EXPECT_NE(params.at("transformer.h.0.mlp.c_fc.weight"),
             params.at("transformer.h.1.mlp.c_fc.weight"));
-  auto other = LayerStack::Create(c, 0, 1, &backend);
+  auto other = ModelChunk::Create(c, 0, 1, &backend);
   ASSERT_THAT(other, IsOk());
   ASSERT_THAT((*other)->Initialize(6), IsOk());
   EXPECT_NE(*(*other)->GetParam("transformer.wte.weight"),
             params.at("transformer.wte.weight"));
 }
 
-TEST(LayerStackTest, AdamWDecaysMatricesOnlyAndClipsByTheGivenNorm) {
+TEST(ModelChunkTest, AdamWDecaysMatricesOnlyAndClipsByTheGivenNorm) {
   HostBackend backend;
   const model::GptConfig c = Tiny();
   Stages<float> a = MakeStages<float>(&backend, c, {});
@@ -333,7 +333,7 @@ TEST(LayerStackTest, AdamWDecaysMatricesOnlyAndClipsByTheGivenNorm) {
 // Evaluation runs the forward's arithmetic, so its output is Forward's bit for bit,
 // but keeps nothing: no micro-batch in flight after it, and a lower peak than a
 // forward that keeps its stashes for the backward.
-TEST(LayerStackTest, EvaluateIsForwardBitForBitAndKeepsNothing) {
+TEST(ModelChunkTest, EvaluateIsForwardBitForBitAndKeepsNothing) {
   auto cpu = CpuBackend::Create(1);
   ASSERT_THAT(cpu, IsOk());
   const model::GptConfig c = Tiny();
@@ -368,12 +368,12 @@ TEST(LayerStackTest, EvaluateIsForwardBitForBitAndKeepsNothing) {
   }
 }
 
-TEST(LayerStackTest, MisuseIsAnErrorNamingTheMicroBatch) {
+TEST(ModelChunkTest, MisuseIsAnErrorNamingTheMicroBatch) {
   HostBackend backend;
   const model::GptConfig c = Tiny();
-  EXPECT_THAT(LayerStack::Create(c, 2, 2, &backend),
+  EXPECT_THAT(ModelChunk::Create(c, 2, 2, &backend),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[2, 2)")));
-  EXPECT_THAT(LayerStack::Create(c, 0, 9, &backend),
+  EXPECT_THAT(ModelChunk::Create(c, 0, 9, &backend),
               StatusIs(absl::StatusCode::kInvalidArgument));
   Stages<float> s = MakeStages<float>(&backend, c, {2});
   const Batch batch = MakeBatch(c, 1);

@@ -1,4 +1,4 @@
-// ShardCompute over real GPT layers: one compute::LayerStack (a model chunk) on a
+// ChunkCompute over real GPT layers: one compute::ModelChunk (a model chunk) on a
 // compute backend. Host tensors (received ones in pieces) are copied into backend
 // scratch buffers sized once, and outputs come back in buffers from a shared pool, so the hot
 // path allocates nothing after the first micro-batch.
@@ -7,20 +7,20 @@
 #include <memory>
 
 #include "common/buffer_pool.h"
-#include "stage_server/compute/layer_stack.h"
-#include "stage_server/shard_compute.h"
+#include "stage_server/chunk_compute.h"
+#include "stage_server/compute/model_chunk.h"
 
 namespace pipetrain::stage_server {
 
-class StackShard final : public ShardCompute {
+class BackendChunk final : public ChunkCompute {
  public:
-  // `stack` runs on `backend`, which must outlive the shard. B is the micro-batch rows.
-  static absl::StatusOr<std::unique_ptr<StackShard>> Create(
-      std::unique_ptr<compute::LayerStack> stack, int rows,
+  // `layers` runs on `backend`, which must outlive the chunk. B is the micro-batch rows.
+  static absl::StatusOr<std::unique_ptr<BackendChunk>> Create(
+      std::unique_ptr<compute::ModelChunk> layers, int rows,
       std::shared_ptr<common::BufferPool> pool);
 
-  bool has_embedding() const override { return stack_->has_embedding(); }
-  bool has_head() const override { return stack_->has_head(); }
+  bool has_embedding() const override { return layers_->has_embedding(); }
+  bool has_head() const override { return layers_->has_head(); }
   absl::StatusOr<common::Tensor> Forward(int mb, const common::PiecewiseTensor& input,
                                          const common::Tensor* targets) override;
   absl::StatusOr<common::Tensor> Evaluate(const common::PiecewiseTensor& input,
@@ -30,22 +30,22 @@ class StackShard final : public ShardCompute {
   absl::StatusOr<common::Tensor> BackwardInput(int mb,
                                                const common::PiecewiseTensor* grad_output,
                                                float loss_grad) override;
-  absl::Status BackwardWeight(int mb) override { return stack_->BackwardWeight(mb); }
-  void Abandon() override { stack_->Abandon(); }
-  absl::Status ZeroGrads() override { return stack_->ZeroGrads(); }
-  absl::StatusOr<double> GradSquaredNorm() override { return stack_->GradSquaredNorm(); }
+  absl::Status BackwardWeight(int mb) override { return layers_->BackwardWeight(mb); }
+  void Abandon() override { layers_->Abandon(); }
+  absl::Status ZeroGrads() override { return layers_->ZeroGrads(); }
+  absl::StatusOr<double> GradSquaredNorm() override { return layers_->GradSquaredNorm(); }
   absl::Status OptimizerStep(const OptimizerSettings& settings,
                              std::optional<double> global_grad_norm) override;
-  size_t ActivationBytes() const override { return stack_->ActivationBytes(); }
-  size_t PeakActivationBytes() const override { return stack_->PeakActivationBytes(); }
-  void ResetPeak() override { stack_->ResetPeak(); }
+  size_t ActivationBytes() const override { return layers_->ActivationBytes(); }
+  size_t PeakActivationBytes() const override { return layers_->PeakActivationBytes(); }
+  void ResetPeak() override { layers_->ResetPeak(); }
 
-  compute::LayerStack& stack() { return *stack_; }
+  compute::ModelChunk& layers() { return *layers_; }
 
  private:
-  StackShard(std::unique_ptr<compute::LayerStack> stack, int rows,
+  BackendChunk(std::unique_ptr<compute::ModelChunk> layers, int rows,
              std::shared_ptr<common::BufferPool> pool)
-      : stack_(std::move(stack)), rows_(rows), pool_(std::move(pool)) {}
+      : layers_(std::move(layers)), rows_(rows), pool_(std::move(pool)) {}
   absl::Status CheckShape(common::DType got_dtype, const std::vector<int64_t>& got_shape,
                           common::DType dtype, std::vector<int64_t> shape,
                           const char* what) const;
@@ -57,10 +57,10 @@ class StackShard final : public ShardCompute {
                                              float loss_grad, bool split);
   absl::StatusOr<common::Tensor> HostTensor(std::vector<int64_t> shape, const void* src);
 
-  std::unique_ptr<compute::LayerStack> stack_;
+  std::unique_ptr<compute::ModelChunk> layers_;
   int rows_;
   std::shared_ptr<common::BufferPool> pool_;
-  // Backend scratch: the stack copies its inputs, so one of each suffices.
+  // Backend scratch: the layers copies its inputs, so one of each suffices.
   compute::BackendBuffer<float> input_, targets_, output_, grad_output_, grad_input_;
 };
 

@@ -1,4 +1,4 @@
-#include "stage_server/stack_shard.h"
+#include "stage_server/backend_chunk.h"
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -10,16 +10,16 @@ using common::PiecewiseTensor;
 using common::Tensor;
 using compute::BackendBuffer;
 
-absl::StatusOr<std::unique_ptr<StackShard>> StackShard::Create(
-    std::unique_ptr<compute::LayerStack> stack, int rows,
+absl::StatusOr<std::unique_ptr<BackendChunk>> BackendChunk::Create(
+    std::unique_ptr<compute::ModelChunk> layers, int rows,
     std::shared_ptr<common::BufferPool> pool) {
   if (rows <= 0) return absl::InvalidArgumentError("micro-batch rows must be > 0");
-  auto* backend = stack->backend();
-  const model::GptConfig& c = stack->config();
+  auto* backend = layers->backend();
+  const model::GptConfig& c = layers->config();
   const size_t act = size_t{4} * rows * c.seq_len * c.d_model;
   const size_t ids = size_t{4} * rows * c.seq_len;
-  std::unique_ptr<StackShard> s(new StackShard(std::move(stack), rows, std::move(pool)));
-  const bool emb = s->stack_->has_embedding(), head = s->stack_->has_head();
+  std::unique_ptr<BackendChunk> s(new BackendChunk(std::move(layers), rows, std::move(pool)));
+  const bool emb = s->layers_->has_embedding(), head = s->layers_->has_head();
   ASSIGN_OR_RETURN(s->input_, BackendBuffer<float>::Allocate(backend, emb ? ids : act));
   if (head) {
     ASSIGN_OR_RETURN(s->targets_, BackendBuffer<float>::Allocate(backend, ids));
@@ -34,7 +34,7 @@ absl::StatusOr<std::unique_ptr<StackShard>> StackShard::Create(
   return s;
 }
 
-absl::Status StackShard::CheckShape(DType got_dtype, const std::vector<int64_t>& got_shape,
+absl::Status BackendChunk::CheckShape(DType got_dtype, const std::vector<int64_t>& got_shape,
                                     DType dtype, std::vector<int64_t> shape,
                                     const char* what) const {
   if (got_dtype == dtype && got_shape == shape) return absl::OkStatus();
@@ -43,19 +43,19 @@ absl::Status StackShard::CheckShape(DType got_dtype, const std::vector<int64_t>&
       ", expected ", common::DTypeName(dtype), " ", common::ShapeString(shape)));
 }
 
-absl::StatusOr<Tensor> StackShard::HostTensor(std::vector<int64_t> shape, const void* src) {
+absl::StatusOr<Tensor> BackendChunk::HostTensor(std::vector<int64_t> shape, const void* src) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   ASSIGN_OR_RETURN(Tensor t, Tensor::FromBuffer(DType::kF32, std::move(shape),
                                                 pool_->Acquire(n * sizeof(float))));
-  RETURN_IF_ERROR(stack_->backend()->CopyToHost(t.bytes().data(), src, t.num_bytes()));
+  RETURN_IF_ERROR(layers_->backend()->CopyToHost(t.bytes().data(), src, t.num_bytes()));
   return t;
 }
 
-absl::Status StackShard::StageInputs(const PiecewiseTensor& input, const Tensor* targets) {
-  const model::GptConfig& c = stack_->config();
+absl::Status BackendChunk::StageInputs(const PiecewiseTensor& input, const Tensor* targets) {
+  const model::GptConfig& c = layers_->config();
   const int64_t B = rows_, T = c.seq_len, C = c.d_model;
-  auto* backend = stack_->backend();
+  auto* backend = layers_->backend();
   if (has_embedding()) {
     RETURN_IF_ERROR(CheckShape(input.dtype(), input.shape(), DType::kI32, {B, T}, "tokens"));
   } else {
@@ -73,31 +73,31 @@ absl::Status StackShard::StageInputs(const PiecewiseTensor& input, const Tensor*
   return absl::OkStatus();
 }
 
-absl::StatusOr<Tensor> StackShard::OutputTensor() {
-  const model::GptConfig& c = stack_->config();
+absl::StatusOr<Tensor> BackendChunk::OutputTensor() {
+  const model::GptConfig& c = layers_->config();
   if (has_head()) return HostTensor({1}, output_.raw());
   return HostTensor({rows_, c.seq_len, c.d_model}, output_.raw());
 }
 
-absl::StatusOr<Tensor> StackShard::Forward(int mb, const PiecewiseTensor& input,
+absl::StatusOr<Tensor> BackendChunk::Forward(int mb, const PiecewiseTensor& input,
                                            const Tensor* targets) {
   RETURN_IF_ERROR(StageInputs(input, targets));
-  RETURN_IF_ERROR(stack_->Forward(mb, rows_, input_.raw(),
+  RETURN_IF_ERROR(layers_->Forward(mb, rows_, input_.raw(),
                                   has_head() ? targets_.ints() : nullptr, output_.data()));
   return OutputTensor();
 }
 
-absl::StatusOr<Tensor> StackShard::Evaluate(const PiecewiseTensor& input,
+absl::StatusOr<Tensor> BackendChunk::Evaluate(const PiecewiseTensor& input,
                                             const Tensor* targets) {
   RETURN_IF_ERROR(StageInputs(input, targets));
-  RETURN_IF_ERROR(stack_->Evaluate(rows_, input_.raw(), has_head() ? targets_.ints() : nullptr,
+  RETURN_IF_ERROR(layers_->Evaluate(rows_, input_.raw(), has_head() ? targets_.ints() : nullptr,
                                    output_.data()));
   return OutputTensor();
 }
 
-absl::StatusOr<Tensor> StackShard::RunBackward(int mb, const PiecewiseTensor* grad_output,
+absl::StatusOr<Tensor> BackendChunk::RunBackward(int mb, const PiecewiseTensor* grad_output,
                                                float loss_grad, bool split) {
-  const model::GptConfig& c = stack_->config();
+  const model::GptConfig& c = layers_->config();
   const int64_t B = rows_, T = c.seq_len, C = c.d_model;
   const float* gout = nullptr;
   if (!has_head()) {
@@ -105,30 +105,30 @@ absl::StatusOr<Tensor> StackShard::RunBackward(int mb, const PiecewiseTensor* gr
     RETURN_IF_ERROR(CheckShape(grad_output->dtype(), grad_output->shape(), DType::kF32,
                                {B, T, C}, "gradient"));
     RETURN_IF_ERROR(
-        stack_->backend()->CopyFromHostPieces(grad_output_.raw(), grad_output->pieces()));
+        layers_->backend()->CopyFromHostPieces(grad_output_.raw(), grad_output->pieces()));
     gout = grad_output_.data();
   }
   float* gin = has_embedding() ? nullptr : grad_input_.data();
   if (split) {
-    RETURN_IF_ERROR(stack_->BackwardInput(mb, gout, gin, loss_grad));
+    RETURN_IF_ERROR(layers_->BackwardInput(mb, gout, gin, loss_grad));
   } else {
-    RETURN_IF_ERROR(stack_->Backward(mb, gout, gin, loss_grad));
+    RETURN_IF_ERROR(layers_->Backward(mb, gout, gin, loss_grad));
   }
   if (has_embedding()) return Tensor();
   return HostTensor({B, T, C}, grad_input_.raw());
 }
 
-absl::StatusOr<Tensor> StackShard::Backward(int mb, const PiecewiseTensor* grad_output,
+absl::StatusOr<Tensor> BackendChunk::Backward(int mb, const PiecewiseTensor* grad_output,
                                             float loss_grad) {
   return RunBackward(mb, grad_output, loss_grad, /*split=*/false);
 }
 
-absl::StatusOr<Tensor> StackShard::BackwardInput(int mb, const PiecewiseTensor* grad_output,
+absl::StatusOr<Tensor> BackendChunk::BackwardInput(int mb, const PiecewiseTensor* grad_output,
                                                  float loss_grad) {
   return RunBackward(mb, grad_output, loss_grad, /*split=*/true);
 }
 
-absl::Status StackShard::OptimizerStep(const OptimizerSettings& s,
+absl::Status BackendChunk::OptimizerStep(const OptimizerSettings& s,
                                        std::optional<double> global_grad_norm) {
   compute::AdamWOptions o;
   o.lr = s.lr;
@@ -137,7 +137,7 @@ absl::Status StackShard::OptimizerStep(const OptimizerSettings& s,
   o.eps = s.eps;
   o.weight_decay = s.weight_decay;
   o.max_grad_norm = s.grad_clip_norm;
-  return stack_->OptimizerStep(o, global_grad_norm).status();
+  return layers_->OptimizerStep(o, global_grad_norm).status();
 }
 
 }  // namespace pipetrain::stage_server

@@ -1,8 +1,8 @@
 // What the executor needs from the model chunk it runs: forward, backward (full or split)
 // and the optimizer on host tensors, whatever device does the work. Inputs that came
 // from a neighbour may lie in several pieces (the network's buffers): a chunk copies
-// them once, straight into the memory it computes on. StackShard runs
-// the real GPT layers on a compute backend; EmulatedShard only takes the time a cost
+// them once, straight into the memory it computes on. BackendChunk runs
+// the real GPT layers on a compute backend; EmulatedChunk only takes the time a cost
 // model gives, for measuring the runtime itself.
 //
 // Tensors (B = micro-batch rows, T = seq_len, C = d_model):
@@ -30,9 +30,9 @@ struct OptimizerSettings {
   float grad_clip_norm = 0.0f;  // 0 = off
 };
 
-class ShardCompute {
+class ChunkCompute {
  public:
-  virtual ~ShardCompute() = default;
+  virtual ~ChunkCompute() = default;
 
   virtual bool has_embedding() const = 0;
   virtual bool has_head() const = 0;

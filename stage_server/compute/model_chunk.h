@@ -1,16 +1,16 @@
-// LayerStack: the pipeline layers [begin, end) of a model on one backend, as a stage
+// ModelChunk: the pipeline layers [begin, end) of a model on one backend, as a stage
 // server's executor drives them: forward and backward of numbered micro-batches (several
 // in flight, in any order a schedule picks), the split backward of zero-bubble
 // schedules, optional activation recomputation, gradient accumulation and AdamW.
 //
 // All tensors passed in and out live in the backend's memory (B = micro-batch rows):
-//   input:       tokens (B, T) int32 if the stack holds the embedding, else x (B, T, C)
-//   targets:     (B, T) int32, required iff the stack holds the head, else nullptr
+//   input:       tokens (B, T) int32 if the chunk holds the embedding, else x (B, T, C)
+//   targets:     (B, T) int32, required iff the chunk holds the head, else nullptr
 //   output:      x (B, T, C), or the micro-batch's mean loss (1) if it holds the head
-//   grad_output: dL/d output (B, T, C); nullptr for a stack holding the head, whose
+//   grad_output: dL/d output (B, T, C); nullptr for a chunk holding the head, whose
 //                starting gradient is loss_grad (1/M when the step's loss is the mean
 //                over M micro-batches)
-//   grad_input:  dL/d input (B, T, C); nullptr allowed when the stack holds the embedding
+//   grad_input:  dL/d input (B, T, C); nullptr allowed when the chunk holds the embedding
 // Inputs are copied, so callers may reuse their buffers as soon as a call returns.
 #pragma once
 
@@ -31,8 +31,8 @@
 
 namespace pipetrain::compute {
 
-struct StackOptions {
-  // Keep only each micro-batch's stack input between forward and backward, and run the
+struct ChunkOptions {
+  // Keep only each micro-batch's chunk input between forward and backward, and run the
   // forward again before backward. Results are bit-identical; memory is lower.
   bool recompute = false;
 };
@@ -48,27 +48,27 @@ struct AdamWOptions {
   float max_grad_norm = 0.0f;
 };
 
-// Not thread-safe: one executor thread drives a stack (and its backend). LayerStack
-// (float) is what stage servers use; LayerStackT<double> exists for gradient checks.
+// Not thread-safe: one executor thread drives a chunk (and its backend). ModelChunk
+// (float) is what stage servers use; ModelChunkT<double> exists for gradient checks.
 template <typename Real>
-class LayerStackT {
+class ModelChunkT {
  public:
-  static absl::StatusOr<std::unique_ptr<LayerStackT>> Create(const model::GptConfig& config,
+  static absl::StatusOr<std::unique_ptr<ModelChunkT>> Create(const model::GptConfig& config,
                                                              int begin, int end,
                                                              BackendT<Real>* backend,
-                                                             StackOptions options = {});
+                                                             ChunkOptions options = {});
 
   const model::GptConfig& config() const { return config_; }
   int begin() const { return begin_; }
   int end() const { return end_; }
   bool has_embedding() const { return begin_ == 0; }
   bool has_head() const { return end_ == config_.num_pipeline_layers(); }
-  const StackOptions& options() const { return options_; }
+  const ChunkOptions& options() const { return options_; }
   BackendT<Real>* backend() const { return backend_; }
   // Elements of the output of a micro-batch of B rows: B*T*C, or 1 with the head.
   int64_t OutputElements(int B) const;
   int64_t InputBytes(int B) const;  // bytes of the input of a micro-batch of B rows
-  // Elements of grad_input for B rows: B*T*C, or 0 for a stack holding the embedding.
+  // Elements of grad_input for B rows: B*T*C, or 0 for a chunk holding the embedding.
   int64_t GradInputElements(int B) const {
     return has_embedding() ? 0 : int64_t{B} * config_.seq_len * config_.d_model;
   }
@@ -109,7 +109,7 @@ class LayerStackT {
   // ---- Parameters and gradients -------------------------------------------------------
   std::vector<model::ParamSpec> Params() const;  // model::RangeParams(config, begin, end)
   int64_t NumParams() const;
-  // Host copies, by Hugging Face name; NotFound names the stack's range.
+  // Host copies, by Hugging Face name; NotFound names the chunk's range.
   enum class Field { kParam, kGrad, kAdamM, kAdamV };
   absl::StatusOr<std::vector<Real>> GetParam(absl::string_view name) const {
     return CopyOut(name, Field::kParam);
@@ -131,12 +131,12 @@ class LayerStackT {
   }
   void set_step(int step) { step_ = step; }
   absl::Status ZeroGrads();
-  // Sum of squares of every gradient in this stack (add across stages, then sqrt, for
+  // Sum of squares of every gradient in this chunk (add across stages, then sqrt, for
   // the global norm).
   absl::StatusOr<double> GradSquaredNorm();
 
   // One AdamW step (the step counter starts at 1). With max_grad_norm > 0 the gradients
-  // are clipped by `global_grad_norm`, or by this stack's own norm if not given (right
+  // are clipped by `global_grad_norm`, or by this chunk's own norm if not given (right
   // for a single stage; a pipeline passes the norm over all stages). Does not zero the
   // gradients. Returns the gradient norm used (0 when clipping is off and none given).
   absl::StatusOr<double> OptimizerStep(const AdamWOptions& options,
@@ -149,15 +149,15 @@ class LayerStackT {
   struct MicroBatch {
     int rows = 0;
     bool input_done = false;                   // BackwardInput has run
-    BackendBuffer<Real> input;                 // copy of the stack input
-    BackendBuffer<Real> targets;               // copy of the targets (head stacks)
+    BackendBuffer<Real> input;                 // copy of the chunk input
+    BackendBuffer<Real> targets;               // copy of the targets (head chunks)
     std::vector<BackendBuffer<Real>> outputs;  // outputs of layers but the last
     std::vector<Stash<Real>> stashes;          // one per layer
     size_t Bytes() const;
   };
 
-  LayerStackT(const model::GptConfig& config, int begin, int end, BackendT<Real>* backend,
-              StackOptions options)
+  ModelChunkT(const model::GptConfig& config, int begin, int end, BackendT<Real>* backend,
+              ChunkOptions options)
       : config_(config), begin_(begin), end_(end), backend_(backend), options_(options) {}
 
   // Runs every layer's forward, filling mbs's stashes and outputs; the last output goes
@@ -176,13 +176,13 @@ class LayerStackT {
   model::GptConfig config_;
   int begin_, end_;
   BackendT<Real>* backend_;
-  StackOptions options_;
+  ChunkOptions options_;
   std::vector<std::unique_ptr<PipelineLayer<Real>>> layers_;
   std::map<int, MicroBatch> micro_batches_;
   size_t peak_bytes_ = 0;
   int step_ = 0;
 };
 
-using LayerStack = LayerStackT<float>;
+using ModelChunk = ModelChunkT<float>;
 
 }  // namespace pipetrain::compute

@@ -1,4 +1,4 @@
-// ShardCompute for the emulated device: runs no arithmetic; every action takes the
+// ChunkCompute for the emulated device: runs no arithmetic; every action takes the
 // time the analytic cost model gives it on a named device (FLOPs / FLOP rate), and
 // outputs have their real sizes, so scheduling, transfers and overlap are measured for
 // real. Every figure it produces is labelled emulated.
@@ -10,7 +10,7 @@
 
 #include "common/buffer_pool.h"
 #include "common/model/gpt_config.h"
-#include "stage_server/shard_compute.h"
+#include "stage_server/chunk_compute.h"
 
 namespace pipetrain::stage_server {
 
@@ -21,9 +21,9 @@ struct EmulatedDevice {
 // "h100", "h200", "a100", or a FLOP rate such as "2.5e12".
 absl::StatusOr<EmulatedDevice> EmulatedDeviceByName(const std::string& name);
 
-class EmulatedShard final : public ShardCompute {
+class EmulatedChunk final : public ChunkCompute {
  public:
-  EmulatedShard(const model::GptConfig& config, int begin, int end, int rows,
+  EmulatedChunk(const model::GptConfig& config, int begin, int end, int rows,
                 EmulatedDevice device, bool recompute, std::shared_ptr<common::BufferPool> pool);
 
   bool has_embedding() const override { return begin_ == 0; }

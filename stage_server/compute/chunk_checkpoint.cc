@@ -1,0 +1,75 @@
+#include "stage_server/compute/chunk_checkpoint.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace pipetrain::compute {
+namespace {
+
+absl::StatusOr<common::Tensor> ToTensor(const model::ParamSpec& spec, const std::vector<float>& v) {
+  ASSIGN_OR_RETURN(common::Tensor t, common::Tensor::Create(common::DType::kF32, spec.shape));
+  std::copy(v.begin(), v.end(), t.data<float>().begin());
+  return t;
+}
+
+std::vector<float> Values(const common::Tensor& t) {
+  auto d = t.data<float>();
+  return {d.begin(), d.end()};
+}
+
+model::Checkpoint EmptyCheckpointOf(const ModelChunk& chunk) {
+  model::Checkpoint c;
+  c.config = chunk.config();
+  c.layer_begin = chunk.begin();
+  c.layer_end = chunk.end();
+  return c;
+}
+
+}  // namespace
+
+absl::StatusOr<model::Checkpoint> GradientsOfChunk(const ModelChunk& chunk) {
+  model::Checkpoint c = EmptyCheckpointOf(chunk);
+  for (const model::ParamSpec& p : chunk.Params()) {
+    ASSIGN_OR_RETURN(std::vector<float> g, chunk.GetGrad(p.name));
+    ASSIGN_OR_RETURN(c.params[p.name], ToTensor(p, g));
+  }
+  return c;
+}
+
+absl::StatusOr<model::Checkpoint> CheckpointOfChunk(const ModelChunk& chunk, bool with_optimizer) {
+  model::Checkpoint c = EmptyCheckpointOf(chunk);
+  if (with_optimizer) c.optimizer.emplace().step = chunk.step();
+  for (const model::ParamSpec& p : chunk.Params()) {
+    ASSIGN_OR_RETURN(std::vector<float> v, chunk.GetParam(p.name));
+    ASSIGN_OR_RETURN(c.params[p.name], ToTensor(p, v));
+    if (!with_optimizer) continue;
+    ASSIGN_OR_RETURN(std::vector<float> m, chunk.GetOptimizerMoment(p.name, false));
+    ASSIGN_OR_RETURN(c.optimizer->m[p.name], ToTensor(p, m));
+    ASSIGN_OR_RETURN(std::vector<float> s, chunk.GetOptimizerMoment(p.name, true));
+    ASSIGN_OR_RETURN(c.optimizer->v[p.name], ToTensor(p, s));
+  }
+  return c;
+}
+
+absl::Status RestoreChunk(const model::Checkpoint& c, ModelChunk& chunk) {
+  if (!(c.config == chunk.config()) || c.layer_begin != chunk.begin() ||
+      c.layer_end != chunk.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the checkpoint holds pipeline layers [", c.layer_begin, ", ", c.layer_end,
+        ") of its model, this stage layers [", chunk.begin(), ", ", chunk.end(),
+        ") of the configured one"));
+  }
+  RETURN_IF_ERROR(model::ValidateParams(c.config, c.layer_begin, c.layer_end, c.params, "checkpoint"));
+  for (const model::ParamSpec& p : chunk.Params()) {
+    RETURN_IF_ERROR(chunk.SetParam(p.name, Values(c.params.at(p.name))));
+    if (!c.optimizer) continue;
+    RETURN_IF_ERROR(chunk.SetOptimizerMoment(p.name, false, Values(c.optimizer->m.at(p.name))));
+    RETURN_IF_ERROR(chunk.SetOptimizerMoment(p.name, true, Values(c.optimizer->v.at(p.name))));
+  }
+  if (c.optimizer) chunk.set_step(static_cast<int>(c.optimizer->step));
+  return absl::OkStatus();
+}
+
+}  // namespace pipetrain::compute
