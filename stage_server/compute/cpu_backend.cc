@@ -35,8 +35,10 @@ inline float FastExp(float x) {
   const float e = p * r * r + r + 1.0f;
   return e * std::bit_cast<float>((ni + 127) << 23);
 }
-// tanh through exp; the absolute error (~1e-7) is what GELU's 0.5 x (1 + tanh) feels.
-inline float FastTanh(float x) { return 1.0f - 2.0f / (FastExp(2.0f * x) + 1.0f); }
+// GELU's 0.5 (1 + tanh(z)) is the logistic sigmoid of 2z. Computed as 1 / (1 + exp(-2z))
+// it keeps FastExp's relative accuracy; through tanh, 1 + tanh(z) cancels for negative
+// z and a small GELU value lost half its digits.
+inline float SigmoidOfTwice(float z) { return 1.0f / (1.0f + FastExp(-2.0f * z)); }
 
 constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluA = 0.044715f;
@@ -184,7 +186,7 @@ absl::Status CpuBackend::GeluForward(int64_t n, const float* x, float* out) {
   if (call.empty()) return absl::OkStatus();
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
-    out[i] = 0.5f * v * (1.0f + FastTanh(kGeluK * (v + kGeluA * v * v * v)));
+    out[i] = v * SigmoidOfTwice(kGeluK * (v + kGeluA * v * v * v));
   }
   return absl::OkStatus();
 }
@@ -196,9 +198,9 @@ absl::Status CpuBackend::GeluBackward(int64_t n, const float* x, const float* do
   if (call.empty()) return absl::OkStatus();
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
-    const float th = FastTanh(kGeluK * (v + kGeluA * v * v * v));
-    const float grad =
-        0.5f * (1 + th) + 0.5f * v * (1 - th * th) * kGeluK * (1 + 3 * kGeluA * v * v);
+    // With s = 0.5 (1 + tanh): 0.5 (1 - tanh^2) = 2 s (1 - s).
+    const float s = SigmoidOfTwice(kGeluK * (v + kGeluA * v * v * v));
+    const float grad = s + 2 * v * s * (1 - s) * kGeluK * (1 + 3 * kGeluA * v * v);
     dx[i] = grad * dout[i];
   }
   return absl::OkStatus();
