@@ -1,4 +1,4 @@
-// Moves a layer chunk's state in and out of checkpoints: its parameters, and
+// Moves a model chunk's state in and out of checkpoints: its parameters, and
 // optionally AdamW's moments and step count, by Hugging Face name.
 #pragma once
 

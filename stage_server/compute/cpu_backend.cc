@@ -8,27 +8,13 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "stage_server/compute/op_checks.h"
 #include "stage_server/compute/reference_ops.h"
 
 namespace pipetrain::compute {
 
 namespace {
-absl::Status CheckAttention(const char* op, int B, int T, int C, int NH) {
-  if (B < 0 || T < 0 || C < 0 || NH <= 0 || C % NH != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": bad shape B=", B, " T=", T, " C=", C, " heads=", NH));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckRows(const char* op, int64_t rows, int64_t cols) {
-  if (rows < 0 || cols < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": negative shape (", rows, ", ", cols, ")"));
-  }
-  return absl::OkStatus();
-}
-
 // exp(x) in float, about 2 ulp, written without calls or branches so that the compiler
 // vectorises the loops using it (libm's expf/tanhf took a quarter of a training step).
 // Cephes' polynomial on x - n ln2, then 2^n through the exponent bits.
@@ -49,8 +35,10 @@ inline float FastExp(float x) {
   const float e = p * r * r + r + 1.0f;
   return e * std::bit_cast<float>((ni + 127) << 23);
 }
-// tanh through exp; the absolute error (~1e-7) is what GELU's 0.5 x (1 + tanh) feels.
-inline float FastTanh(float x) { return 1.0f - 2.0f / (FastExp(2.0f * x) + 1.0f); }
+// GELU's 0.5 (1 + tanh(z)) is the logistic sigmoid of 2z. Computed as 1 / (1 + exp(-2z))
+// it keeps FastExp's relative accuracy; through tanh, 1 + tanh(z) cancels for negative
+// z and a small GELU value lost half its digits.
+inline float SigmoidOfTwice(float z) { return 1.0f / (1.0f + FastExp(-2.0f * z)); }
 
 constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluA = 0.044715f;
@@ -106,11 +94,8 @@ absl::Status CpuBackend::Matmul(bool trans_a, bool trans_b, int m, int n, int k,
                                 float alpha, const float* a, const float* b, float beta,
                                 float* c) {
   // a (m, k) or (k, m); b (k, n) or (n, k); c (m, n)
-  if (m < 0 || n < 0 || k < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Matmul: negative shape m=", m, " n=", n, " k=", k));
-  }
-  if (m == 0 || n == 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const OpCall call, CheckMatmul(Name(), m, n, k, a, b, c));
+  if (call.empty()) return absl::OkStatus();
   if (k == 0) {  // BLAS may leave c untouched; the contract says c = beta * c.
     if (beta == 0) return Zero(c, int64_t{m} * n * sizeof(float));  // even over NaN
     return Scale(int64_t{m} * n, beta, c);
@@ -123,7 +108,8 @@ absl::Status CpuBackend::Matmul(bool trans_a, bool trans_b, int m, int n, int k,
 
 absl::Status CpuBackend::BiasGrad(int rows, int cols, const float* dout, float* dbias) {
   // dout (rows, cols), dbias (cols) +=. Row-major sweep so memory is read once.
-  if (absl::Status s = CheckRows("BiasGrad", rows, cols); !s.ok()) return s;
+  ASSIGN_OR_RETURN(const OpCall call, CheckBiasGrad(Name(), rows, cols, dout, dbias));
+  if (call.empty()) return absl::OkStatus();
   for (int r = 0; r < rows; ++r) {
     const float* d = dout + int64_t{r} * cols;
     for (int c = 0; c < cols; ++c) dbias[c] += d[c];
@@ -135,7 +121,9 @@ absl::Status CpuBackend::LayerNormForward(int rows, int C, const float* x,
                                           const float* weight, const float* bias,
                                           float* out, float* mean, float* rstd) {
   // x (rows, C), weight (C), bias (C), out (rows, C), mean (rows), rstd (rows)
-  if (absl::Status s = CheckRows("LayerNormForward", rows, C); !s.ok()) return s;
+  ASSIGN_OR_RETURN(const OpCall call, CheckLayerNormForward(Name(), rows, C, x, weight,
+                                                            bias, out, mean, rstd));
+  if (call.empty()) return absl::OkStatus();
   for (int r = 0; r < rows; ++r) {
     const float* xr = x + int64_t{r} * C;
     float* o = out + int64_t{r} * C;
@@ -159,7 +147,10 @@ absl::Status CpuBackend::LayerNormBackward(int rows, int C, const float* dout,
                                            float* dx, float* dweight, float* dbias) {
   // dout (rows, C), x (rows, C), weight (C), mean (rows), rstd (rows),
   // dx (rows, C) +=, dweight (C) +=, dbias (C) +=
-  if (absl::Status s = CheckRows("LayerNormBackward", rows, C); !s.ok()) return s;
+  ASSIGN_OR_RETURN(const OpCall call,
+                   CheckLayerNormBackward(Name(), rows, C, dout, x, weight, mean, rstd, dx,
+                                          dweight, dbias));
+  if (call.empty()) return absl::OkStatus();
   for (int r = 0; r < rows; ++r) {
     const float* xr = x + int64_t{r} * C;
     const float* d = dout + int64_t{r} * C;
@@ -191,10 +182,11 @@ absl::Status CpuBackend::LayerNormBackward(int rows, int C, const float* dout,
 
 absl::Status CpuBackend::GeluForward(int64_t n, const float* x, float* out) {
   // x (N), out (N)
-  if (absl::Status s = CheckRows("GeluForward", n, 1); !s.ok()) return s;
+  ASSIGN_OR_RETURN(const OpCall call, CheckGeluForward(Name(), n, x, out));
+  if (call.empty()) return absl::OkStatus();
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
-    out[i] = 0.5f * v * (1.0f + FastTanh(kGeluK * (v + kGeluA * v * v * v)));
+    out[i] = v * SigmoidOfTwice(kGeluK * (v + kGeluA * v * v * v));
   }
   return absl::OkStatus();
 }
@@ -202,12 +194,13 @@ absl::Status CpuBackend::GeluForward(int64_t n, const float* x, float* out) {
 absl::Status CpuBackend::GeluBackward(int64_t n, const float* x, const float* dout,
                                       float* dx) {
   // x (N), dout (N), dx (N)
-  if (absl::Status s = CheckRows("GeluBackward", n, 1); !s.ok()) return s;
+  ASSIGN_OR_RETURN(const OpCall call, CheckGeluBackward(Name(), n, x, dout, dx));
+  if (call.empty()) return absl::OkStatus();
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
-    const float th = FastTanh(kGeluK * (v + kGeluA * v * v * v));
-    const float grad =
-        0.5f * (1 + th) + 0.5f * v * (1 - th * th) * kGeluK * (1 + 3 * kGeluA * v * v);
+    // With s = 0.5 (1 + tanh): 0.5 (1 - tanh^2) = 2 s (1 - s).
+    const float s = SigmoidOfTwice(kGeluK * (v + kGeluA * v * v * v));
+    const float grad = s + 2 * v * s * (1 - s) * kGeluK * (1 + 3 * kGeluA * v * v);
     dx[i] = grad * dout[i];
   }
   return absl::OkStatus();
@@ -216,7 +209,9 @@ absl::Status CpuBackend::GeluBackward(int64_t n, const float* x, const float* do
 absl::Status CpuBackend::AttentionForward(int B, int T, int C, int NH, const float* qkv,
                                           float* out, float* probs) {
   // qkv (B, T, 3C), out (B, T, C), probs (B, NH, T, T)
-  if (absl::Status s = CheckAttention("AttentionForward", B, T, C, NH); !s.ok()) return s;
+  ASSIGN_OR_RETURN(const OpCall call,
+                   CheckAttentionForward(Name(), B, T, C, NH, qkv, out, probs));
+  if (call.empty()) return absl::OkStatus();
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   for (int b = 0; b < B; ++b) {
@@ -253,8 +248,9 @@ absl::Status CpuBackend::AttentionBackward(int B, int T, int C, int NH, const fl
                                            const float* qkv, const float* probs,
                                            float* dqkv) {
   // dout (B, T, C), qkv (B, T, 3C), probs (B, NH, T, T), dqkv (B, T, 3C)
-  if (absl::Status s = CheckAttention("AttentionBackward", B, T, C, NH); !s.ok())
-    return s;
+  ASSIGN_OR_RETURN(const OpCall call,
+                   CheckAttentionBackward(Name(), B, T, C, NH, dout, qkv, probs, dqkv));
+  if (call.empty()) return absl::OkStatus();
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   scratch_.resize(int64_t{T} * T);
@@ -293,10 +289,9 @@ absl::Status CpuBackend::CrossEntropyForward(int rows, int V, const float* logit
                                              const int32_t* targets, float* probs,
                                              float* loss) {
   // logits (rows, V), targets (rows), probs (rows, V), loss (1)
-  if (absl::Status s = CheckRows("CrossEntropyForward", rows, V); !s.ok()) return s;
-  if (absl::Status s = reference::CheckTokens(rows, V, targets, "targets"); !s.ok()) {
-    return s;
-  }
+  ASSIGN_OR_RETURN(const OpCall call, CheckCrossEntropyForward(Name(), rows, V, logits,
+                                                               targets, probs, loss));
+  RETURN_IF_ERROR(CheckHostIds(Name(), call, "targets", targets, rows, V));
   double total = 0;
   for (int r = 0; r < rows; ++r) {
     const float* l = logits + int64_t{r} * V;

@@ -1,10 +1,11 @@
-// CUDA build of the `cuda` backend (cuda_backend.h): argument checks, cuBLAS calls and
-// the launchers of cuda_kernels.h, every CUDA and cuBLAS result turned into an
-// absl::Status that names the op and its shapes.
+// CUDA build of the `cuda` backend (cuda_backend.h): the shared argument checks
+// (op_checks.h), cuBLAS calls and the launchers of cuda_kernels.h, every CUDA and cuBLAS
+// result turned into an absl::Status that names the op and its shapes.
 #include "stage_server/compute/cuda_backend.h"
 
 #include <climits>
 #include <cmath>
+#include <type_traits>
 #include <utility>
 
 #include <cublas_v2.h>
@@ -17,6 +18,7 @@
 #include "stage_server/compute/cuda_kernels.h"
 #include "stage_server/compute/cuda_staging.h"
 #include "stage_server/compute/cuda_status.h"
+#include "stage_server/compute/op_checks.h"
 
 namespace pipetrain::compute {
 namespace {
@@ -37,30 +39,6 @@ absl::Status CublasStatus(cublasStatus_t s, const std::string& what) {
       return CublasStatus(_pt_s, absl::StrCat(__VA_ARGS__));             \
     }                                                                    \
   } while (false)
-
-// InvalidArgument unless every size is >= 0.
-absl::Status CheckSizes(const std::string& op,
-                        std::initializer_list<std::pair<const char*, int64_t>> sizes) {
-  for (const auto& [name, value] : sizes) {
-    if (value < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cuda backend: ", op, ": ", name, " = ", value, " is negative"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-// InvalidArgument if a pointer the op needs is null (only checked when there is work).
-absl::Status CheckPointers(const std::string& op,
-                           std::initializer_list<std::pair<const char*, const void*>> ptrs) {
-  for (const auto& [name, p] : ptrs) {
-    if (p == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cuda backend: ", op, ": ", name, " is null"));
-    }
-  }
-  return absl::OkStatus();
-}
 
 cudaStream_t S(CUstream_st* s) { return s; }
 
@@ -162,19 +140,33 @@ absl::Status CudaBackend::EnsureScratch(void** ptr, size_t* capacity, size_t byt
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::CheckBadIndex(const std::string& op, const int32_t* ids, int V,
+absl::Status CudaBackend::CheckBadIndex(const OpCall& call, const int32_t* ids, int V,
                                         const char* what) {
   int32_t bad = 0;
   CUDA_CHECK(cudaMemcpyAsync(&bad, bad_index_, sizeof(bad), cudaMemcpyDeviceToHost,
                              S(stream_)),
-             op, ": reading the id check");
-  CUDA_CHECK(cudaStreamSynchronize(S(stream_)), op);
+             call.ToString(), ": reading the id check");
+  CUDA_CHECK(cudaStreamSynchronize(S(stream_)), call.ToString());
   if (bad == INT_MAX) return absl::OkStatus();
   int32_t id = 0;
   CUDA_CHECK(cudaMemcpy(&id, ids + bad, sizeof(id), cudaMemcpyDeviceToHost),
-             op, ": reading the bad id");
-  return absl::InvalidArgumentError(absl::StrCat("cuda backend: ", op, ": ", what, "[", bad,
-                                                 "] = ", id, " is outside [0, ", V, ")"));
+             call.ToString(), ": reading the bad id");
+  return IdOutOfRange(Name(), call, what, bad, id, V);
+}
+
+// The one preamble and epilogue of every op (see the header).
+template <typename Launch>
+absl::Status CudaBackend::Run(const OpCall& call, Launch&& launch) {
+  if (call.empty()) return absl::OkStatus();
+  RETURN_IF_ERROR(Activate(call.op()));
+  using Result = std::invoke_result_t<Launch, cudaStream_t>;
+  if constexpr (std::is_same_v<Result, cudaError_t>) {
+    CUDA_CHECK(launch(S(stream_)), call.ToString());
+  } else {
+    RETURN_IF_ERROR(launch(S(stream_)));
+  }
+  if (!options_.check_every_op) return absl::OkStatus();
+  return Finish(call.ToString());
 }
 
 // ---- Memory -----------------------------------------------------------------------------
@@ -285,22 +277,28 @@ absl::Status CudaBackend::Synchronize() {
 absl::Status CudaBackend::Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
                                const float* a, int lda, int64_t stride_a, const float* b,
                                int ldb, int64_t stride_b, float beta, float* c, int ldc,
-                               int64_t stride_c, int batch, const std::string& op) {
+                               int64_t stride_c, int batch, const OpCall& call,
+                               absl::string_view part, int row) {
   // cuBLAS is column-major. A row-major (m, n) matrix is the column-major (n, m) matrix
   // with the same leading dimension, so c^T = op(b)^T op(a)^T is computed with the
   // operands swapped and the transposes kept.
   const cublasOperation_t op_a = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t op_b = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+  // Built only on failure: "AttentionForward(B=2 T=7 C=12 NH=3) scores b=1".
+  auto where = [&] {
+    return absl::StrCat(call.ToString(), part.empty() ? "" : " ", part,
+                        row < 0 ? "" : absl::StrCat(" b=", row));
+  };
   if (batch == 1) {
     CUBLAS_CHECK(cublasSgemm(cublas_, op_b, op_a, n, m, k, &alpha, b, ldb, a, lda, &beta, c,
                              ldc),
-                 op, ": cublasSgemm(m=", m, " n=", n, " k=", k, " trans_a=", trans_a,
+                 where(), ": cublasSgemm(m=", m, " n=", n, " k=", k, " trans_a=", trans_a,
                  " trans_b=", trans_b, " lda=", lda, " ldb=", ldb, " ldc=", ldc, ")");
   } else {
     CUBLAS_CHECK(cublasSgemmStridedBatched(cublas_, op_b, op_a, n, m, k, &alpha, b, ldb,
                                            stride_b, a, lda, stride_a, &beta, c, ldc,
                                            stride_c, batch),
-                 op, ": cublasSgemmStridedBatched(m=", m, " n=", n, " k=", k,
+                 where(), ": cublasSgemmStridedBatched(m=", m, " n=", n, " k=", k,
                  " trans_a=", trans_a, " trans_b=", trans_b, " lda=", lda, " ldb=", ldb,
                  " ldc=", ldc, " batch=", batch, ")");
   }
@@ -310,94 +308,64 @@ absl::Status CudaBackend::Gemm(bool trans_a, bool trans_b, int m, int n, int k, 
 absl::Status CudaBackend::Matmul(bool trans_a, bool trans_b, int m, int n, int k,
                                  float alpha, const float* a, const float* b, float beta,
                                  float* c) {
-  const std::string op = absl::StrCat("Matmul(m=", m, " n=", n, " k=", k, ")");
-  RETURN_IF_ERROR(CheckSizes(op, {{"m", m}, {"n", n}, {"k", k}}));
-  if (m == 0 || n == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(CheckPointers(op, {{"c", c}}));
-  RETURN_IF_ERROR(Activate("Matmul"));
-  if (k == 0) {  // c = beta * c; beta = 0 must overwrite garbage (NaN * 0 is NaN)
-    const int64_t count = int64_t{m} * n;
-    if (beta == 0.0f) {
-      CUDA_CHECK(ck::Fill(count, 0.0f, c, S(stream_)), op, ": fill");
-    } else {
-      CUDA_CHECK(ck::Scale(count, beta, c, S(stream_)), op, ": scale");
+  ASSIGN_OR_RETURN(const OpCall call, CheckMatmul(Name(), m, n, k, a, b, c));
+  return Run(call, [&](cudaStream_t s) -> absl::Status {
+    if (k == 0) {  // c = beta * c; beta = 0 must overwrite garbage (NaN * 0 is NaN)
+      const int64_t count = int64_t{m} * n;
+      if (beta == 0.0f) {
+        CUDA_CHECK(ck::Fill(count, 0.0f, c, s), call.ToString(), ": fill");
+      } else {
+        CUDA_CHECK(ck::Scale(count, beta, c, s), call.ToString(), ": scale");
+      }
+      return absl::OkStatus();
     }
-    return Finish(op);
-  }
-  RETURN_IF_ERROR(CheckPointers(op, {{"a", a}, {"b", b}}));
-  // Row-major leading dimensions: the row length of each stored matrix.
-  const int lda = trans_a ? m : k;  // a is (k, m) or (m, k)
-  const int ldb = trans_b ? k : n;  // b is (n, k) or (k, n)
-  RETURN_IF_ERROR(Gemm(trans_a, trans_b, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, n,
-                       0, 1, op));
-  return Finish(op);
+    // Row-major leading dimensions: the row length of each stored matrix.
+    const int lda = trans_a ? m : k;  // a is (k, m) or (m, k)
+    const int ldb = trans_b ? k : n;  // b is (n, k) or (k, n)
+    return Gemm(trans_a, trans_b, m, n, k, alpha, a, lda, 0, b, ldb, 0, beta, c, n, 0, 1,
+                call);
+  });
 }
 
 // ---- Elementwise ------------------------------------------------------------------------
 
 absl::Status CudaBackend::Add(int64_t n, const float* a, const float* b, float* out) {
-  const std::string op = absl::StrCat("Add(n=", n, ")");
-  RETURN_IF_ERROR(CheckSizes(op, {{"n", n}}));
-  if (n == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(CheckPointers(op, {{"a", a}, {"b", b}, {"out", out}}));
-  RETURN_IF_ERROR(Activate("Add"));
-  CUDA_CHECK(ck::Add(n, a, b, out, S(stream_)), op);
-  return Finish(op);
+  ASSIGN_OR_RETURN(const OpCall call, CheckAdd(Name(), n, a, b, out));
+  return Run(call, [&](cudaStream_t s) { return ck::Add(n, a, b, out, s); });
 }
 
 absl::Status CudaBackend::Axpy(int64_t n, float alpha, const float* x, float* y) {
-  const std::string op = absl::StrCat("Axpy(n=", n, ")");
-  RETURN_IF_ERROR(CheckSizes(op, {{"n", n}}));
-  if (n == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(CheckPointers(op, {{"x", x}, {"y", y}}));
-  RETURN_IF_ERROR(Activate("Axpy"));
-  CUDA_CHECK(ck::Axpy(n, alpha, x, y, S(stream_)), op);
-  return Finish(op);
+  ASSIGN_OR_RETURN(const OpCall call, CheckAxpy(Name(), n, x, y));
+  return Run(call, [&](cudaStream_t s) { return ck::Axpy(n, alpha, x, y, s); });
 }
 
 absl::Status CudaBackend::Scale(int64_t n, float alpha, float* x) {
-  const std::string op = absl::StrCat("Scale(n=", n, ")");
-  RETURN_IF_ERROR(CheckSizes(op, {{"n", n}}));
-  if (n == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(CheckPointers(op, {{"x", x}}));
-  RETURN_IF_ERROR(Activate("Scale"));
-  CUDA_CHECK(ck::Scale(n, alpha, x, S(stream_)), op);
-  return Finish(op);
+  ASSIGN_OR_RETURN(const OpCall call, CheckScale(Name(), n, x));
+  return Run(call, [&](cudaStream_t s) { return ck::Scale(n, alpha, x, s); });
 }
 
 absl::Status CudaBackend::AddBias(int rows, int cols, const float* bias, float* x) {
-  const std::string op = absl::StrCat("AddBias(rows=", rows, " cols=", cols, ")");
-  RETURN_IF_ERROR(CheckSizes(op, {{"rows", rows}, {"cols", cols}}));
-  if (rows == 0 || cols == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(CheckPointers(op, {{"bias", bias}, {"x", x}}));
-  RETURN_IF_ERROR(Activate("AddBias"));
-  CUDA_CHECK(ck::AddBias(rows, cols, bias, x, S(stream_)), op);
-  return Finish(op);
+  ASSIGN_OR_RETURN(const OpCall call, CheckAddBias(Name(), rows, cols, bias, x));
+  return Run(call, [&](cudaStream_t s) { return ck::AddBias(rows, cols, bias, x, s); });
 }
 
 absl::Status CudaBackend::BiasGrad(int rows, int cols, const float* dout, float* dbias) {
-  const std::string op = absl::StrCat("BiasGrad(rows=", rows, " cols=", cols, ")");
-  RETURN_IF_ERROR(CheckSizes(op, {{"rows", rows}, {"cols", cols}}));
-  if (rows == 0 || cols == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(CheckPointers(op, {{"dout", dout}, {"dbias", dbias}}));
-  RETURN_IF_ERROR(Activate("BiasGrad"));
-  CUDA_CHECK(ck::ColumnSum(rows, cols, cols, dout, dbias, S(stream_)), op);
-  return Finish(op);
+  ASSIGN_OR_RETURN(const OpCall call, CheckBiasGrad(Name(), rows, cols, dout, dbias));
+  return Run(call,
+             [&](cudaStream_t s) { return ck::ColumnSum(rows, cols, cols, dout, dbias, s); });
 }
 
 absl::StatusOr<double> CudaBackend::SumOfSquares(int64_t n, const float* x) {
-  const std::string op = absl::StrCat("SumOfSquares(n=", n, ")");
-  RETURN_IF_ERROR(CheckSizes(op, {{"n", n}}));
-  if (n == 0) return 0.0;
-  RETURN_IF_ERROR(CheckPointers(op, {{"x", x}}));
-  RETURN_IF_ERROR(Activate("SumOfSquares"));
-  double* total = reduce_ + ck::kReducePartials;
-  CUDA_CHECK(ck::SumOfSquares(n, x, reduce_, total, S(stream_)), op);
+  ASSIGN_OR_RETURN(const OpCall call, CheckSumOfSquares(Name(), n, x));
   double result = 0;
-  CUDA_CHECK(cudaMemcpyAsync(&result, total, sizeof(result), cudaMemcpyDeviceToHost,
-                             S(stream_)),
-             op, ": reading the result");
-  CUDA_CHECK(cudaStreamSynchronize(S(stream_)), op);
+  RETURN_IF_ERROR(Run(call, [&](cudaStream_t s) -> absl::Status {
+    double* total = reduce_ + ck::kReducePartials;
+    CUDA_CHECK(ck::SumOfSquares(n, x, reduce_, total, s), call.ToString());
+    CUDA_CHECK(cudaMemcpyAsync(&result, total, sizeof(result), cudaMemcpyDeviceToHost, s),
+               call.ToString(), ": reading the result");
+    CUDA_CHECK(cudaStreamSynchronize(s), call.ToString());
+    return absl::OkStatus();
+  }));
   return result;
 }
 
@@ -405,44 +373,34 @@ absl::StatusOr<double> CudaBackend::SumOfSquares(int64_t n, const float* x) {
 
 absl::Status CudaBackend::EmbeddingForward(int B, int T, int C, int V, const int32_t* tokens,
                                            const float* wte, const float* wpe, float* out) {
-  const std::string op =
-      absl::StrCat("EmbeddingForward(B=", B, " T=", T, " C=", C, " V=", V, ")");
-  RETURN_IF_ERROR(CheckSizes(op, {{"B", B}, {"T", T}, {"C", C}, {"V", V}}));
-  if (int64_t{B} * T * C == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(CheckPointers(
-      op, {{"tokens", tokens}, {"wte", wte}, {"wpe", wpe}, {"out", out}}));
-  RETURN_IF_ERROR(Activate("EmbeddingForward"));
-  CUDA_CHECK(ck::ResetBadIndex(bad_index_, S(stream_)), op, ": reset id check");
-  CUDA_CHECK(ck::EmbeddingForward(B, T, C, V, tokens, wte, wpe, out, bad_index_, S(stream_)),
-             op);
-  // Synchronizes: a bad token must fail this call, as the interface promises.
-  return CheckBadIndex(op, tokens, V, "tokens");
+  ASSIGN_OR_RETURN(const OpCall call,
+                   CheckEmbeddingForward(Name(), B, T, C, V, tokens, wte, wpe, out));
+  return Run(call, [&](cudaStream_t s) -> absl::Status {
+    CUDA_CHECK(ck::ResetBadIndex(bad_index_, s), call.ToString(), ": reset id check");
+    CUDA_CHECK(ck::EmbeddingForward(B, T, C, V, tokens, wte, wpe, out, bad_index_, s),
+               call.ToString());
+    // Synchronizes: a bad token must fail this call, as the interface promises.
+    return CheckBadIndex(call, tokens, V, "tokens");
+  });
 }
 
 absl::Status CudaBackend::EmbeddingBackward(int B, int T, int C, int V,
                                             const int32_t* tokens, const float* dout,
                                             float* dwte, float* dwpe) {
-  const std::string op =
-      absl::StrCat("EmbeddingBackward(B=", B, " T=", T, " C=", C, " V=", V, ")");
-  RETURN_IF_ERROR(CheckSizes(op, {{"B", B}, {"T", T}, {"C", C}, {"V", V}}));
-  if (int64_t{B} * T * C == 0 || (dwte == nullptr && dwpe == nullptr)) {
-    return absl::OkStatus();
-  }
-  RETURN_IF_ERROR(CheckPointers(op, {{"tokens", tokens}, {"dout", dout}}));
-  RETURN_IF_ERROR(Activate("EmbeddingBackward"));
-  if (dwpe != nullptr) {
-    // dwpe[t, c] += sum_b dout[b, t, c]: a column sum over B rows of length T*C.
-    const int64_t cols = int64_t{T} * C;
-    CUDA_CHECK(ck::ColumnSum(B, cols, cols, dout, dwpe, S(stream_)), op, ": dwpe");
-  }
-  if (dwte != nullptr) {
-    CUDA_CHECK(ck::ResetBadIndex(bad_index_, S(stream_)), op, ": reset id check");
-    CUDA_CHECK(ck::EmbeddingBackwardWte(B, T, C, V, tokens, dout, dwte, bad_index_,
-                                        S(stream_)),
-               op, ": dwte");
-    return CheckBadIndex(op, tokens, V, "tokens");
-  }
-  return Finish(op);
+  ASSIGN_OR_RETURN(const OpCall call,
+                   CheckEmbeddingBackward(Name(), B, T, C, V, tokens, dout, dwte, dwpe));
+  return Run(call, [&](cudaStream_t s) -> absl::Status {
+    if (dwpe != nullptr) {
+      // dwpe[t, c] += sum_b dout[b, t, c]: a column sum over B rows of length T*C.
+      const int64_t cols = int64_t{T} * C;
+      CUDA_CHECK(ck::ColumnSum(B, cols, cols, dout, dwpe, s), call.ToString(), ": dwpe");
+    }
+    if (dwte == nullptr) return absl::OkStatus();
+    CUDA_CHECK(ck::ResetBadIndex(bad_index_, s), call.ToString(), ": reset id check");
+    CUDA_CHECK(ck::EmbeddingBackwardWte(B, T, C, V, tokens, dout, dwte, bad_index_, s),
+               call.ToString(), ": dwte");
+    return CheckBadIndex(call, tokens, V, "tokens");
+  });
 }
 
 // ---- LayerNorm --------------------------------------------------------------------------
@@ -450,59 +408,41 @@ absl::Status CudaBackend::EmbeddingBackward(int B, int T, int C, int V,
 absl::Status CudaBackend::LayerNormForward(int rows, int C, const float* x,
                                            const float* weight, const float* bias,
                                            float* out, float* mean, float* rstd) {
-  const std::string op = absl::StrCat("LayerNormForward(rows=", rows, " C=", C, ")");
-  RETURN_IF_ERROR(CheckSizes(op, {{"rows", rows}, {"C", C}}));
-  if (rows == 0 || C == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(
-      CheckPointers(op, {{"x", x}, {"weight", weight}, {"bias", bias}, {"out", out}}));
-  RETURN_IF_ERROR(Activate("LayerNormForward"));
-  CUDA_CHECK(ck::LayerNormForward(rows, C, x, weight, bias, out, mean, rstd, S(stream_)),
-             op);
-  return Finish(op);
+  ASSIGN_OR_RETURN(const OpCall call, CheckLayerNormForward(Name(), rows, C, x, weight,
+                                                            bias, out, mean, rstd));
+  return Run(call, [&](cudaStream_t s) {
+    return ck::LayerNormForward(rows, C, x, weight, bias, out, mean, rstd, s);
+  });
 }
 
 absl::Status CudaBackend::LayerNormBackward(int rows, int C, const float* dout,
                                             const float* x, const float* weight,
                                             const float* mean, const float* rstd, float* dx,
                                             float* dweight, float* dbias) {
-  const std::string op = absl::StrCat("LayerNormBackward(rows=", rows, " C=", C, ")");
-  RETURN_IF_ERROR(CheckSizes(op, {{"rows", rows}, {"C", C}}));
-  if (rows == 0 || C == 0) return absl::OkStatus();
-  if (dx == nullptr && dweight == nullptr && dbias == nullptr) return absl::OkStatus();
-  RETURN_IF_ERROR(
-      CheckPointers(op, {{"dout", dout}, {"x", x}, {"mean", mean}, {"rstd", rstd}}));
-  if (dx != nullptr) RETURN_IF_ERROR(CheckPointers(op, {{"weight", weight}}));
-  RETURN_IF_ERROR(Activate("LayerNormBackward"));
-  CUDA_CHECK(
-      ck::LayerNormBackwardInput(rows, C, dout, x, weight, mean, rstd, dx, S(stream_)),
-      op, ": dx");
-  CUDA_CHECK(ck::LayerNormBackwardParams(rows, C, dout, x, mean, rstd, dweight, dbias,
-                                         S(stream_)),
-             op, ": dweight/dbias");
-  return Finish(op);
+  ASSIGN_OR_RETURN(const OpCall call,
+                   CheckLayerNormBackward(Name(), rows, C, dout, x, weight, mean, rstd, dx,
+                                          dweight, dbias));
+  return Run(call, [&](cudaStream_t s) -> absl::Status {
+    CUDA_CHECK(ck::LayerNormBackwardInput(rows, C, dout, x, weight, mean, rstd, dx, s),
+               call.ToString(), ": dx");
+    CUDA_CHECK(
+        ck::LayerNormBackwardParams(rows, C, dout, x, mean, rstd, dweight, dbias, s),
+        call.ToString(), ": dweight/dbias");
+    return absl::OkStatus();
+  });
 }
 
 // ---- GELU -------------------------------------------------------------------------------
 
 absl::Status CudaBackend::GeluForward(int64_t n, const float* x, float* out) {
-  const std::string op = absl::StrCat("GeluForward(n=", n, ")");
-  RETURN_IF_ERROR(CheckSizes(op, {{"n", n}}));
-  if (n == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(CheckPointers(op, {{"x", x}, {"out", out}}));
-  RETURN_IF_ERROR(Activate("GeluForward"));
-  CUDA_CHECK(ck::GeluForward(n, x, out, S(stream_)), op);
-  return Finish(op);
+  ASSIGN_OR_RETURN(const OpCall call, CheckGeluForward(Name(), n, x, out));
+  return Run(call, [&](cudaStream_t s) { return ck::GeluForward(n, x, out, s); });
 }
 
 absl::Status CudaBackend::GeluBackward(int64_t n, const float* x, const float* dout,
                                        float* dx) {
-  const std::string op = absl::StrCat("GeluBackward(n=", n, ")");
-  RETURN_IF_ERROR(CheckSizes(op, {{"n", n}}));
-  if (n == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(CheckPointers(op, {{"x", x}, {"dout", dout}, {"dx", dx}}));
-  RETURN_IF_ERROR(Activate("GeluBackward"));
-  CUDA_CHECK(ck::GeluBackward(n, x, dout, dx, S(stream_)), op);
-  return Finish(op);
+  ASSIGN_OR_RETURN(const OpCall call, CheckGeluBackward(Name(), n, x, dout, dx));
+  return Run(call, [&](cudaStream_t s) { return ck::GeluBackward(n, x, dout, dx, s); });
 }
 
 // ---- Attention --------------------------------------------------------------------------
@@ -516,80 +456,66 @@ absl::Status CudaBackend::GeluBackward(int64_t n, const float* x, const float* d
 
 absl::Status CudaBackend::AttentionForward(int B, int T, int C, int NH, const float* qkv,
                                            float* out, float* probs) {
-  const std::string op =
-      absl::StrCat("AttentionForward(B=", B, " T=", T, " C=", C, " NH=", NH, ")");
-  RETURN_IF_ERROR(CheckSizes(op, {{"B", B}, {"T", T}, {"C", C}, {"NH", NH}}));
-  if (NH == 0 || C % NH != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cuda backend: ", op, ": C must be a positive multiple of NH"));
-  }
-  if (int64_t{B} * T * C == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(CheckPointers(op, {{"qkv", qkv}, {"out", out}, {"probs", probs}}));
-  RETURN_IF_ERROR(Activate("AttentionForward"));
-  const int hs = C / NH;
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs)));
-  const int64_t tt = int64_t{T} * T;
-  for (int b = 0; b < B; ++b) {
-    const float* q = qkv + int64_t{b} * T * 3 * C;  // (T, 3C) rows of batch row b
-    const float* k = q + C;
-    float* p = probs + int64_t{b} * NH * tt;  // (NH, T, T)
-    RETURN_IF_ERROR(Gemm(false, true, T, T, hs, scale, q, 3 * C, hs, k, 3 * C, hs, 0.0f, p,
-                         T, tt, NH, absl::StrCat(op, " scores b=", b)));
-  }
-  CUDA_CHECK(ck::CausalSoftmaxForward(int64_t{B} * NH * T, T, probs, S(stream_)), op,
-             ": causal softmax");
-  for (int b = 0; b < B; ++b) {
-    const float* v = qkv + int64_t{b} * T * 3 * C + 2 * C;
-    const float* p = probs + int64_t{b} * NH * tt;
-    float* o = out + int64_t{b} * T * C;  // (T, C) rows of batch row b
-    RETURN_IF_ERROR(Gemm(false, false, T, hs, T, 1.0f, p, T, tt, v, 3 * C, hs, 0.0f, o, C,
-                         hs, NH, absl::StrCat(op, " probs@v b=", b)));
-  }
-  return Finish(op);
+  ASSIGN_OR_RETURN(const OpCall call,
+                   CheckAttentionForward(Name(), B, T, C, NH, qkv, out, probs));
+  return Run(call, [&](cudaStream_t s) -> absl::Status {
+    const int hs = C / NH;
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs)));
+    const int64_t tt = int64_t{T} * T;
+    for (int b = 0; b < B; ++b) {
+      const float* q = qkv + int64_t{b} * T * 3 * C;  // (T, 3C) rows of batch row b
+      const float* k = q + C;
+      float* p = probs + int64_t{b} * NH * tt;  // (NH, T, T)
+      RETURN_IF_ERROR(Gemm(false, true, T, T, hs, scale, q, 3 * C, hs, k, 3 * C, hs, 0.0f,
+                           p, T, tt, NH, call, "scores", b));
+    }
+    CUDA_CHECK(ck::CausalSoftmaxForward(int64_t{B} * NH * T, T, probs, s), call.ToString(),
+               ": causal softmax");
+    for (int b = 0; b < B; ++b) {
+      const float* v = qkv + int64_t{b} * T * 3 * C + 2 * C;
+      const float* p = probs + int64_t{b} * NH * tt;
+      float* o = out + int64_t{b} * T * C;  // (T, C) rows of batch row b
+      RETURN_IF_ERROR(Gemm(false, false, T, hs, T, 1.0f, p, T, tt, v, 3 * C, hs, 0.0f, o, C,
+                           hs, NH, call, "probs@v", b));
+    }
+    return absl::OkStatus();
+  });
 }
 
 absl::Status CudaBackend::AttentionBackward(int B, int T, int C, int NH, const float* dout,
                                             const float* qkv, const float* probs,
                                             float* dqkv) {
-  const std::string op =
-      absl::StrCat("AttentionBackward(B=", B, " T=", T, " C=", C, " NH=", NH, ")");
-  RETURN_IF_ERROR(CheckSizes(op, {{"B", B}, {"T", T}, {"C", C}, {"NH", NH}}));
-  if (NH == 0 || C % NH != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cuda backend: ", op, ": C must be a positive multiple of NH"));
-  }
-  if (int64_t{B} * T * C == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(CheckPointers(
-      op, {{"dout", dout}, {"qkv", qkv}, {"probs", probs}, {"dqkv", dqkv}}));
-  RETURN_IF_ERROR(Activate("AttentionBackward"));
-  const int hs = C / NH;
-  const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs)));
-  const int64_t tt = int64_t{T} * T;
-  RETURN_IF_ERROR(EnsureScratch(&attn_scratch_, &attn_scratch_bytes_,
-                                NH * tt * sizeof(float), "attention scratch"));
-  float* dp = static_cast<float*>(attn_scratch_);  // (NH, T, T), reused for every b
-  for (int b = 0; b < B; ++b) {
-    const std::string where = absl::StrCat(op, " b=", b);
-    const float* q = qkv + int64_t{b} * T * 3 * C;
-    const float* k = q + C;
-    const float* v = q + 2 * C;
-    const float* p = probs + int64_t{b} * NH * tt;
-    const float* d_o = dout + int64_t{b} * T * C;
-    float* dq = dqkv + int64_t{b} * T * 3 * C;
-    float* dk = dq + C;
-    float* dv = dq + 2 * C;
-    RETURN_IF_ERROR(Gemm(false, true, T, T, hs, 1.0f, d_o, C, hs, v, 3 * C, hs, 0.0f, dp, T,
-                         tt, NH, absl::StrCat(where, " dout@v^T")));
-    CUDA_CHECK(ck::CausalSoftmaxBackward(int64_t{NH} * T, T, p, dp, scale, S(stream_)),
-               where, ": causal softmax backward");
-    RETURN_IF_ERROR(Gemm(false, false, T, hs, T, 1.0f, dp, T, tt, k, 3 * C, hs, 0.0f, dq,
-                         3 * C, hs, NH, absl::StrCat(where, " dq")));
-    RETURN_IF_ERROR(Gemm(true, false, T, hs, T, 1.0f, dp, T, tt, q, 3 * C, hs, 0.0f, dk,
-                         3 * C, hs, NH, absl::StrCat(where, " dk")));
-    RETURN_IF_ERROR(Gemm(true, false, T, hs, T, 1.0f, p, T, tt, d_o, C, hs, 0.0f, dv, 3 * C,
-                         hs, NH, absl::StrCat(where, " dv")));
-  }
-  return Finish(op);
+  ASSIGN_OR_RETURN(const OpCall call,
+                   CheckAttentionBackward(Name(), B, T, C, NH, dout, qkv, probs, dqkv));
+  return Run(call, [&](cudaStream_t s) -> absl::Status {
+    const int hs = C / NH;
+    const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs)));
+    const int64_t tt = int64_t{T} * T;
+    RETURN_IF_ERROR(EnsureScratch(&attn_scratch_, &attn_scratch_bytes_,
+                                  NH * tt * sizeof(float), "attention scratch"));
+    float* dp = static_cast<float*>(attn_scratch_);  // (NH, T, T), reused for every b
+    for (int b = 0; b < B; ++b) {
+      const float* q = qkv + int64_t{b} * T * 3 * C;
+      const float* k = q + C;
+      const float* v = q + 2 * C;
+      const float* p = probs + int64_t{b} * NH * tt;
+      const float* d_o = dout + int64_t{b} * T * C;
+      float* dq = dqkv + int64_t{b} * T * 3 * C;
+      float* dk = dq + C;
+      float* dv = dq + 2 * C;
+      RETURN_IF_ERROR(Gemm(false, true, T, T, hs, 1.0f, d_o, C, hs, v, 3 * C, hs, 0.0f, dp,
+                           T, tt, NH, call, "dout@v^T", b));
+      CUDA_CHECK(ck::CausalSoftmaxBackward(int64_t{NH} * T, T, p, dp, scale, s),
+                 call.ToString(), " b=", b, ": causal softmax backward");
+      RETURN_IF_ERROR(Gemm(false, false, T, hs, T, 1.0f, dp, T, tt, k, 3 * C, hs, 0.0f, dq,
+                           3 * C, hs, NH, call, "dq", b));
+      RETURN_IF_ERROR(Gemm(true, false, T, hs, T, 1.0f, dp, T, tt, q, 3 * C, hs, 0.0f, dk,
+                           3 * C, hs, NH, call, "dk", b));
+      RETURN_IF_ERROR(Gemm(true, false, T, hs, T, 1.0f, p, T, tt, d_o, C, hs, 0.0f, dv,
+                           3 * C, hs, NH, call, "dv", b));
+    }
+    return absl::OkStatus();
+  });
 }
 
 // ---- Cross-entropy ----------------------------------------------------------------------
@@ -597,39 +523,31 @@ absl::Status CudaBackend::AttentionBackward(int B, int T, int C, int NH, const f
 absl::Status CudaBackend::CrossEntropyForward(int rows, int V, const float* logits,
                                               const int32_t* targets, float* probs,
                                               float* loss) {
-  const std::string op = absl::StrCat("CrossEntropyForward(rows=", rows, " V=", V, ")");
-  RETURN_IF_ERROR(CheckSizes(op, {{"rows", rows}, {"V", V}}));
-  if (rows == 0 || V == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cuda backend: ", op, ": the mean loss needs rows > 0 and V > 0"));
-  }
-  RETURN_IF_ERROR(CheckPointers(
-      op, {{"logits", logits}, {"targets", targets}, {"probs", probs}, {"loss", loss}}));
-  RETURN_IF_ERROR(Activate("CrossEntropyForward"));
-  RETURN_IF_ERROR(EnsureScratch(&row_loss_, &row_loss_bytes_, rows * sizeof(double),
-                                "cross-entropy row losses"));
-  CUDA_CHECK(ck::ResetBadIndex(bad_index_, S(stream_)), op, ": reset id check");
-  CUDA_CHECK(ck::CrossEntropyForward(rows, V, logits, targets, probs,
-                                     static_cast<double*>(row_loss_), loss, bad_index_,
-                                     S(stream_)),
-             op);
-  return CheckBadIndex(op, targets, V, "targets");
+  ASSIGN_OR_RETURN(const OpCall call, CheckCrossEntropyForward(Name(), rows, V, logits,
+                                                               targets, probs, loss));
+  return Run(call, [&](cudaStream_t s) -> absl::Status {
+    RETURN_IF_ERROR(EnsureScratch(&row_loss_, &row_loss_bytes_, rows * sizeof(double),
+                                  "cross-entropy row losses"));
+    CUDA_CHECK(ck::ResetBadIndex(bad_index_, s), call.ToString(), ": reset id check");
+    CUDA_CHECK(ck::CrossEntropyForward(rows, V, logits, targets, probs,
+                                       static_cast<double*>(row_loss_), loss, bad_index_, s),
+               call.ToString());
+    return CheckBadIndex(call, targets, V, "targets");
+  });
 }
 
 absl::Status CudaBackend::CrossEntropyBackward(int rows, int V, const float* probs,
                                                const int32_t* targets, float dloss_scale,
                                                float* dlogits) {
-  const std::string op = absl::StrCat("CrossEntropyBackward(rows=", rows, " V=", V, ")");
-  RETURN_IF_ERROR(CheckSizes(op, {{"rows", rows}, {"V", V}}));
-  if (rows == 0 || V == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(
-      CheckPointers(op, {{"probs", probs}, {"targets", targets}, {"dlogits", dlogits}}));
-  RETURN_IF_ERROR(Activate("CrossEntropyBackward"));
-  CUDA_CHECK(ck::ResetBadIndex(bad_index_, S(stream_)), op, ": reset id check");
-  CUDA_CHECK(ck::CrossEntropyBackward(rows, V, probs, targets, dloss_scale, dlogits,
-                                      bad_index_, S(stream_)),
-             op);
-  return CheckBadIndex(op, targets, V, "targets");
+  ASSIGN_OR_RETURN(const OpCall call,
+                   CheckCrossEntropyBackward(Name(), rows, V, probs, targets, dlogits));
+  return Run(call, [&](cudaStream_t s) -> absl::Status {
+    CUDA_CHECK(ck::ResetBadIndex(bad_index_, s), call.ToString(), ": reset id check");
+    CUDA_CHECK(ck::CrossEntropyBackward(rows, V, probs, targets, dloss_scale, dlogits,
+                                        bad_index_, s),
+               call.ToString());
+    return CheckBadIndex(call, targets, V, "targets");
+  });
 }
 
 // ---- Optimizer --------------------------------------------------------------------------
@@ -637,22 +555,12 @@ absl::Status CudaBackend::CrossEntropyBackward(int rows, int V, const float* pro
 absl::Status CudaBackend::AdamW(int64_t n, float* param, const float* grad, float* m,
                                 float* v, float lr, float beta1, float beta2, float eps,
                                 float weight_decay, int step) {
-  const std::string op = absl::StrCat("AdamW(n=", n, " step=", step, ")");
-  RETURN_IF_ERROR(CheckSizes(op, {{"n", n}}));
-  if (step < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cuda backend: ", op, ": step counts from 1"));
-  }
-  if (n == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(
-      CheckPointers(op, {{"param", param}, {"grad", grad}, {"m", m}, {"v", v}}));
-  RETURN_IF_ERROR(Activate("AdamW"));
-  const double bc1 = 1 - std::pow(double{beta1}, step);
-  const double bc2 = 1 - std::pow(double{beta2}, step);
-  CUDA_CHECK(ck::AdamW(n, param, grad, m, v, lr, beta1, beta2, eps, weight_decay, bc1, bc2,
-                       S(stream_)),
-             op);
-  return Finish(op);
+  ASSIGN_OR_RETURN(const OpCall call, CheckAdamW(Name(), n, param, grad, m, v, step));
+  return Run(call, [&](cudaStream_t s) {
+    const double bc1 = 1 - std::pow(double{beta1}, step);
+    const double bc2 = 1 - std::pow(double{beta2}, step);
+    return ck::AdamW(n, param, grad, m, v, lr, beta1, beta2, eps, weight_decay, bc1, bc2, s);
+  });
 }
 
 }  // namespace pipetrain::compute

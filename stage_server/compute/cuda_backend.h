@@ -15,6 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "stage_server/compute/backend.h"
 
 // The CUDA runtime's and cuBLAS's handle types, declared here so that this header needs
@@ -25,6 +26,7 @@ struct cublasContext;
 namespace pipetrain::compute {
 
 class CudaStaging;
+class OpCall;
 
 struct CudaBackendOptions {
   // cuBLAS TF32 tensor-op math for every matrix product (about 10 bits of mantissa in
@@ -116,18 +118,26 @@ class CudaBackend final : public Backend {
   absl::Status Activate(const char* op);
   // After an op's launches: with check_every_op, waits and reports faults as `op`.
   absl::Status Finish(const std::string& op);
+  // The one preamble and epilogue of every op, run after its argument check
+  // (op_checks.h): nothing for an empty call; otherwise Activate, then `launch` issues
+  // the op's work on the stream it is given and returns a cudaError_t (reported as this
+  // call) or an absl::Status, then Finish. Defined in the .cc, its only user.
+  template <typename Launch>
+  absl::Status Run(const OpCall& call, Launch&& launch);
   // Grows a scratch allocation to at least `bytes` (contents are not kept).
   absl::Status EnsureScratch(void** ptr, size_t* capacity, size_t bytes, const char* what);
   // Reads bad_index_ (synchronizing); InvalidArgument naming the first id outside
   // [0, V) if a kernel recorded one. `ids` is the device array the kernel checked.
-  absl::Status CheckBadIndex(const std::string& op, const int32_t* ids, int V,
+  absl::Status CheckBadIndex(const OpCall& call, const int32_t* ids, int V,
                              const char* what);
   // Row-major strided-batched product, like Matmul with leading dimensions (the row
-  // strides of a, b, c) and per-batch element strides; batch 1 is a plain sgemm.
+  // strides of a, b, c) and per-batch element strides; batch 1 is a plain sgemm. An
+  // error names the call, then `part` and batch row `row` of it when given.
   absl::Status Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
                     const float* a, int lda, int64_t stride_a, const float* b, int ldb,
                     int64_t stride_b, float beta, float* c, int ldc, int64_t stride_c,
-                    int batch, const std::string& op);
+                    int batch, const OpCall& call, absl::string_view part = {},
+                    int row = -1);
 
   int device_;
   CudaBackendOptions options_;

@@ -18,7 +18,7 @@ absl::StatusOr<std::unique_ptr<ModelChunkT<Real>>> ModelChunkT<Real>::Create(
                                                    ") is empty or outside [0, ",
                                                    config.num_pipeline_layers(), ")"));
   }
-  if (backend == nullptr) return absl::InvalidArgumentError("layer chunk: no backend");
+  if (backend == nullptr) return absl::InvalidArgumentError("model chunk: no backend");
   std::unique_ptr<ModelChunkT> chunk(
       new ModelChunkT(config, begin, end, backend, options));
   for (int l = begin; l < end; ++l) {

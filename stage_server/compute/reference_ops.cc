@@ -145,9 +145,10 @@ void LayerNormBackward(int rows, int C, const Real* dout, const Real* x,
     const Real* dr = dout + int64_t{r} * C;
     const double mu = mean[r], rs = rstd[r];
     // With xhat = (x - mu) rs and g = dout * weight:
-    // dx = rs * (g - mean(g) - xhat * mean(g * xhat)).
+    // dx = rs * (g - mean(g) - xhat * mean(g * xhat)). Only dx reads weight, so a
+    // backward-weight pass may leave it null.
     double g_mean = 0, gx_mean = 0;
-    for (int c = 0; c < C; ++c) {
+    for (int c = 0; c < C && dx != nullptr; ++c) {
       const double xhat = (xr[c] - mu) * rs;
       const double g = double{dr[c]} * weight[c];
       g_mean += g;
