@@ -1,0 +1,277 @@
+// End to end, what a user sees of jobs through the `pipetrain` CLI and the HTTP API:
+// cancel keeps a checkpoint, logs and list tell of it, `pipetrain resume` continues it;
+// the API serves the same records; bad specs, unknown ids and unreachable coordinators
+// get their exit codes; a model too big for the stages is refused naming the memory;
+// GET /metrics agrees with `pipetrain status`.
+#include <map>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "httplib.h"
+#include "tests/testing/cluster_jobs.h"
+#include "tests/testing/local_cluster.h"
+
+namespace pipetrain {
+namespace {
+
+using ::pipetrain::testing::LocalCluster;
+using ::pipetrain::testing::SubmittedId;
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+class CoordinatorCliTest : public testing::SharedClusterTest {
+ protected:
+  // A 100000-step job on 2 stages, cancelled once its first step is done.
+  std::string CancelledJob() {
+    return SharedJob("cancelled", [&] {
+      json spec = spec_;
+      spec_["training"]["steps"] = 100000;
+      const std::string id = SubmitNoWait(*c_, {"pipeline.stages=2"});
+      spec_ = spec;
+      WaitFor(*c_, id, [](const json& s) { return s.value("steps_done", "0") != "0"; });
+      auto cancel = c_->Cli({"cancel", id});
+      EXPECT_TRUE(cancel.ok() && cancel->exit_code == 0)
+          << (cancel.ok() ? cancel->err : cancel.status().ToString());
+      WaitFor(*c_, id, [](const json& s) { return s["state"] == "CANCELLED"; });
+      return id;
+    });
+  }
+};
+
+TEST_F(CoordinatorCliTest, CancelStopsARunningJobAndKeepsItsCheckpoint) {
+  const std::string id = CancelledJob();
+  const json cancelled = Status(*c_, id);
+  EXPECT_EQ(cancelled["state"], "CANCELLED") << cancelled.dump();
+  EXPECT_FALSE(cancelled["checkpoint_dir"].get<std::string>().empty()) << "cancel keeps the work";
+}
+
+TEST_F(CoordinatorCliTest, LogsTellThatAJobWasCancelled) {
+  const std::string id = CancelledJob();
+  auto logs = c_->Cli({"logs", id});
+  ASSERT_TRUE(logs.ok());
+  EXPECT_THAT(logs->out, HasSubstr("cancel"));
+}
+
+TEST_F(CoordinatorCliTest, ListShowsAJobWithItsState) {
+  const std::string id = CancelledJob();
+  auto list = c_->Cli({"list"});
+  ASSERT_TRUE(list.ok());
+  EXPECT_THAT(list->out, HasSubstr(id));
+  EXPECT_THAT(list->out, HasSubstr("CANCELLED"));
+}
+
+// `pipetrain resume`: the cancelled job continues from its checkpoint (2 steps here,
+// not its 100000).
+TEST_F(CoordinatorCliTest, ResumeContinuesACancelledJobFromItsCheckpoint) {
+  const std::string id = CancelledJob();
+  const std::string checkpoint = Status(*c_, id)["checkpoint_dir"];
+  auto r = c_->Cli({"resume", id, "--set", "training.steps=2"});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->exit_code, 0) << r->out << r->err;
+  EXPECT_THAT(r->out, HasSubstr(absl::StrCat("resuming ", id, " from ", checkpoint)));
+  const std::string resumed_id = SubmittedId(r->out);
+  ASSERT_FALSE(resumed_id.empty()) << r->out;
+  const json resumed = Status(*c_, resumed_id);
+  EXPECT_EQ(resumed["state"], "SUCCEEDED") << resumed.dump();
+  EXPECT_EQ(resumed["spec"]["init_from"], checkpoint);
+}
+
+TEST_F(CoordinatorCliTest, ResumeOfAJobThatSucceededHasNoStepsLeft) {
+  auto done = c_->Cli({"resume", FinishedJob({})});
+  ASSERT_TRUE(done.ok());
+  EXPECT_EQ(done->exit_code, 2);
+  EXPECT_THAT(done->err, HasSubstr("no steps left"));
+}
+
+// The HTTP API serves the records the CLI shows.
+TEST_F(CoordinatorCliTest, ApiListsTheJobs) {
+  const std::string id = CancelledJob();
+  httplib::Client http("127.0.0.1", c_->http_port());
+  auto jobs = http.Get("/api/jobs");
+  ASSERT_TRUE(jobs);
+  EXPECT_EQ(jobs->status, 200);
+  EXPECT_THAT(jobs->body, HasSubstr(id));
+}
+
+TEST_F(CoordinatorCliTest, ApiServesAJobsStepRecords) {
+  const std::string one = FinishedJob({});
+  httplib::Client http("127.0.0.1", c_->http_port());
+  auto job = http.Get(("/api/jobs/" + one).c_str());
+  ASSERT_TRUE(job);
+  EXPECT_THAT(job->body, HasSubstr("bubble_measured"));
+}
+
+TEST_F(CoordinatorCliTest, ApiServesTheClustersStages) {
+  httplib::Client http("127.0.0.1", c_->http_port());
+  auto cl = http.Get("/api/cluster");
+  ASSERT_TRUE(cl);
+  EXPECT_EQ(json::parse(cl->body)["stages"].size(), 4u);
+}
+
+TEST_F(CoordinatorCliTest, ApiAnswersNotFoundForAnUnknownJob) {
+  httplib::Client http("127.0.0.1", c_->http_port());
+  auto missing = http.Get("/api/jobs/job-999999");
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 404);
+}
+
+// A request the CLI or the coordinator refuses: the exit code, and the field (or what
+// else is wrong) named on stderr.
+struct BadRequest {
+  std::string name;
+  std::vector<std::string> args;  // "SPEC" stands for the written job spec
+  int exit_code;
+  std::string says;
+  bool needs_cluster = true;          // false: the CLI runs with the args as they are
+  std::string misspelled_field = "";  // a field added to spec_["pipeline"]
+
+  friend void PrintTo(const BadRequest& bad, std::ostream* os) { *os << bad.name; }
+};
+
+const BadRequest kBadRequests[] = {
+    {.name = "UnknownField",
+     .args = {"submit", "SPEC"},
+     .exit_code = 2,
+     .says = "pipeline.stagse",
+     .misspelled_field = "stagse"},
+    {.name = "IndivisibleBatch",
+     .args = {"submit", "SPEC", "--set", "training.batch_size=10"},
+     .exit_code = 2,
+     .says = "training.batch_size"},
+    {.name = "MissingCorpus",
+     .args = {"submit", "SPEC", "--set", "data.corpus=/no/such/file"},
+     .exit_code = 2,
+     .says = "data.corpus"},
+    {.name = "UnknownJobId",
+     .args = {"status", "job-999999"},
+     .exit_code = 2,
+     .says = "job-999999"},
+    // More stages than the cluster has (and layers to cut): refused up front.
+    {.name = "MoreStagesThanTheCluster",
+     .args = {"submit", "SPEC", "--set", "training.steps=1", "--set", "pipeline.stages=5"},
+     .exit_code = 2,
+     .says = "pipeline.stages"},
+    {.name = "UnreachableCoordinator",
+     .args = {"list", "--address", "127.0.0.1:1"},
+     .exit_code = 3,
+     .says = "cannot reach the coordinator",
+     .needs_cluster = false},
+};
+
+class CoordinatorExitCodeTest : public testing::SharedClusterTest,
+                                public ::testing::WithParamInterface<BadRequest> {
+ protected:
+  bool WantsCluster() const override { return GetParam().needs_cluster; }
+};
+
+TEST_P(CoordinatorExitCodeTest, ExitsWithItsCodeNamingTheProblem) {
+  const BadRequest& bad = GetParam();
+  json spec = spec_;
+  if (!bad.misspelled_field.empty()) spec["pipeline"][bad.misspelled_field] = 2;
+  std::vector<std::string> args = bad.args;
+  for (std::string& arg : args) {
+    if (arg == "SPEC") arg = WriteSpec(spec);
+  }
+  absl::StatusOr<testing::RunResult> r;
+  if (bad.needs_cluster) {
+    r = c_->Cli(args);
+  } else {
+    args.insert(args.begin(), std::string(PIPETRAIN_BIN_DIR) + "/pipetrain");
+    r = testing::RunCommand(args, 30s);
+  }
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->exit_code, bad.exit_code) << r->out << r->err;
+  EXPECT_THAT(r->err, HasSubstr(bad.says));
+}
+
+INSTANTIATE_TEST_SUITE_P(BadRequests, CoordinatorExitCodeTest, ::testing::ValuesIn(kBadRequests),
+                         [](const ::testing::TestParamInfo<BadRequest>& info) {
+                           return info.param.name;
+                         });
+
+// A cluster of its own: its stages report a memory limit.
+using CoordinatorMemoryTest = testing::ClusterJobTest;
+
+TEST_F(CoordinatorMemoryTest, AModelTooBigForTheStagesIsRefusedNamingTheMemory) {
+  auto cluster = LocalCluster::Start(dir_.File("state"), 2, {"--memory-limit", "100000"});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto r = (*cluster)->Cli({"submit", WriteSpec(spec_), "--set", "pipeline.stages=2"});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->exit_code, 2) << r->out;
+  EXPECT_THAT(r->err, HasSubstr("does not fit the stages' memory"));
+  EXPECT_THAT(r->err, HasSubstr("pipeline.recompute"));
+}
+
+// GET /metrics counts every job, so this test keeps a cluster of its own.
+class CoordinatorMetricsTest : public testing::ClusterJobTest {
+ protected:
+  // GET /metrics as {"name{labels}": value}, after checking how it is served.
+  std::map<std::string, double> Scrape(LocalCluster& c) {
+    httplib::Client http("127.0.0.1", c.http_port());
+    auto res = http.Get("/metrics");
+    std::map<std::string, double> out;
+    EXPECT_TRUE(res && res->status == 200) << (res ? res->body : "no response");
+    if (!res) return out;
+    EXPECT_EQ(res->get_header_value("Content-Type"), "text/plain; version=0.0.4; charset=utf-8");
+    for (absl::string_view line : absl::StrSplit(res->body, '\n', absl::SkipEmpty())) {
+      if (line[0] == '#') continue;
+      const size_t space = line.rfind(' ');
+      double value = 0;
+      EXPECT_TRUE(absl::SimpleAtod(line.substr(space + 1), &value)) << line;
+      out[std::string(line.substr(0, space))] = value;
+    }
+    return out;
+  }
+};
+
+// GET /metrics says what `pipetrain status` says, and keeps series only for the five
+// latest finished jobs (the first of six has none).
+TEST_F(CoordinatorMetricsTest, MetricsAgreeWithStatusForTheLatestJobs) {
+  auto cluster = LocalCluster::Start(dir_.File("state"), 4);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  const std::string one = SubmitAndFollow(c, {});
+  // Only to push `one` out of the five latest: a step each is enough.
+  for (int i = 0; i < 3; ++i) SubmitAndFollow(c, {"training.steps=1"});
+  const std::string last = SubmitAndFollow(c, {"pipeline.stages=4", "pipeline.schedule=1f1b"});
+  spec_["training"]["steps"] = 100000;
+  const std::string long_job = SubmitNoWait(c, {"pipeline.stages=2"});
+  WaitFor(c, long_job, [](const json& s) { return s.value("steps_done", "0") != "0"; });
+  ASSERT_EQ(c.Cli({"cancel", long_job})->exit_code, 0);
+  const json cancelled =
+      WaitFor(c, long_job, [](const json& s) { return s["state"] == "CANCELLED"; });
+
+  const std::map<std::string, double> scraped = Scrape(c);
+  auto metric = [&scraped](const std::string& series) {
+    auto it = scraped.find(series);
+    EXPECT_NE(it, scraped.end()) << "no sample " << series;
+    return it == scraped.end() ? -1.0 : it->second;
+  };
+  EXPECT_EQ(metric(R"(pipetrain_jobs{state="SUCCEEDED"})"), 5);
+  EXPECT_EQ(metric(R"(pipetrain_jobs{state="CANCELLED"})"), 1);
+  EXPECT_EQ(metric(R"(pipetrain_jobs{state="RUNNING"})"), 0);
+  EXPECT_EQ(metric(R"(pipetrain_stages{state="IDLE"})"), 4);
+  const json last_status = Status(c, last);
+  const json& last_step = last_status["history"].back();
+  const std::string of_last = absl::StrCat(R"({job_id=")", last, R"(",name="e2e"})");
+  EXPECT_EQ(metric("pipetrain_job_steps_done" + of_last), 4);
+  EXPECT_EQ(metric("pipetrain_job_steps_planned" + of_last), 4);
+  EXPECT_DOUBLE_EQ(metric("pipetrain_job_loss" + of_last), last_step["loss"].get<double>());
+  EXPECT_DOUBLE_EQ(metric("pipetrain_job_validation_loss" + of_last),
+                   last_step["val_loss"].get<double>());
+  const std::string of_cancelled = absl::StrCat(R"({job_id=")", long_job, R"(",name="e2e"})");
+  EXPECT_EQ(metric("pipetrain_job_steps_done" + of_cancelled),
+            std::stod(cancelled["steps_done"].get<std::string>()));
+  EXPECT_EQ(metric("pipetrain_job_steps_planned" + of_cancelled), 100000);
+  EXPECT_FALSE(scraped.count(absl::StrCat(R"(pipetrain_job_steps_done{job_id=")", one,
+                                          R"(",name="e2e"})")));
+}
+
+}  // namespace
+}  // namespace pipetrain

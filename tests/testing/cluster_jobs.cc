@@ -1,0 +1,171 @@
+#include "tests/testing/cluster_jobs.h"
+
+#include <chrono>
+#include <memory>
+#include <thread>
+
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "gmock/gmock.h"
+#include "tests/testing/corpus_text.h"
+
+namespace pipetrain::testing {
+namespace {
+
+using json = nlohmann::json;
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+std::vector<std::string> SubmitArgs(const std::string& spec_file,
+                                    const std::vector<std::string>& sets) {
+  std::vector<std::string> args = {"submit", spec_file};
+  for (const std::string& s : sets) {
+    args.push_back("--set");
+    args.push_back(s);
+  }
+  return args;
+}
+
+// What the tests of one process share: the folder goes last, after the cluster whose
+// state is in it has stopped.
+struct Shared {
+  TempDir dir;
+  std::unique_ptr<LocalCluster> cluster;
+  absl::Status start_failure;
+  std::map<std::string, std::string> jobs;  // SharedJob's key -> job id
+};
+
+Shared& TheShared() {
+  static Shared* shared = [] {
+    // Destroyed at exit so that the stages stop (SIGTERM) with the process.
+    static Shared s;
+    WriteFileOrDie(s.dir.File("corpus.txt"), EnglishLikeCorpus());
+    return &s;
+  }();
+  return *shared;
+}
+
+}  // namespace
+
+std::vector<double> Losses(const json& status) {
+  std::vector<double> out;
+  for (const json& h : status["history"]) out.push_back(h["loss"].get<double>());
+  return out;
+}
+
+std::string SubmittedId(const std::string& out) {
+  const size_t at = out.find("submitted job-");
+  if (at == std::string::npos) return "";
+  std::vector<std::string> words =
+      absl::StrSplit(out.substr(at, out.find('\n', at) - at), ' ');
+  return words.size() > 1 ? words[1] : "";
+}
+
+ClusterJobTest::ClusterJobTest() {
+  WriteFileOrDie(dir_.File("corpus.txt"), EnglishLikeCorpus());
+  spec_ = {
+      {"name", "e2e"},
+      {"model", {{"vocab_size", 256}, {"seq_len", 16}, {"d_model", 32}, {"n_heads", 2},
+                 {"n_layers", 2}}},
+      {"pipeline", {{"stages", 1}, {"micro_batches", 4}, {"schedule", "gpipe"}}},
+      {"training", {{"steps", 4}, {"batch_size", 8}, {"seed", 7}, {"lr", 0.01},
+                    {"weight_decay", 0.0}}},
+      {"data", {{"corpus", dir_.File("corpus.txt")}, {"validate_every_steps", 2}}},
+      {"checkpoint", {{"every_steps", 2}}}};
+}
+
+std::string ClusterJobTest::WriteSpec(const json& spec, const std::string& name) {
+  WriteFileOrDie(dir_.File(name), spec.dump(2));
+  return dir_.File(name);
+}
+
+std::string ClusterJobTest::SubmitAndFollow(LocalCluster& c, const std::vector<std::string>& sets,
+                                            int expect_exit) {
+  auto r = c.Cli(SubmitArgs(WriteSpec(spec_), sets));
+  EXPECT_TRUE(r.ok()) << r.status();
+  if (!r.ok()) return "";
+  EXPECT_EQ(r->exit_code, expect_exit) << r->out << r->err;
+  // "submitted job-000001 (...)" is the first line.
+  const std::string first = r->out.substr(0, r->out.find('\n'));
+  EXPECT_THAT(first, HasSubstr("submitted job-")) << r->out;
+  return SubmittedId(first);
+}
+
+std::string ClusterJobTest::SubmitNoWait(LocalCluster& c, const std::vector<std::string>& sets) {
+  std::vector<std::string> args = SubmitArgs(WriteSpec(spec_), sets);
+  args.push_back("--no-wait");
+  auto r = c.Cli(args);
+  EXPECT_TRUE(r.ok() && r->exit_code == 0) << (r.ok() ? r->err : r.status().ToString());
+  return r.ok() ? std::string(absl::StripAsciiWhitespace(r->out)) : "";
+}
+
+json ClusterJobTest::Status(LocalCluster& c, const std::string& id) {
+  auto r = c.Cli({"status", id, "--json"});
+  EXPECT_TRUE(r.ok() && r->exit_code == 0) << (r.ok() ? r->err : r.status().ToString());
+  json j = json::parse(r.ok() ? r->out : "", nullptr, false);
+  EXPECT_FALSE(j.is_discarded()) << (r.ok() ? r->out : "");
+  return j;
+}
+
+json ClusterJobTest::WaitFor(LocalCluster& c, const std::string& id,
+                             const std::function<bool(const json&)>& pred) {
+  const auto deadline = std::chrono::steady_clock::now() + 60s;
+  json s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    s = Status(c, id);
+    if (pred(s)) return s;
+    std::this_thread::sleep_for(100ms);
+  }
+  ADD_FAILURE() << "job " << id << " never reached the wanted state: " << s.dump();
+  return s;
+}
+
+std::string ClusterJobTest::StageAddress(LocalCluster& c, const std::string& stage_id) {
+  auto view = c.Cli({"cluster", "--json"});
+  EXPECT_TRUE(view.ok() && view->exit_code == 0);
+  if (!view.ok()) return "";
+  const json stages = json::parse(view->out, nullptr, false);
+  if (stages.is_discarded()) return "";
+  for (const json& s : stages["stages"]) {
+    if (s["stage_id"] == stage_id) return s["address"];
+  }
+  return "";
+}
+
+void SharedClusterTest::SetUp() {
+  Shared& shared = TheShared();
+  // Jobs outlive the test that ran them (SharedJob, `pipetrain resume`): their corpus
+  // must too.
+  spec_["data"]["corpus"] = shared.dir.File("corpus.txt");
+  if (!WantsCluster()) return;
+  if (shared.cluster == nullptr && shared.start_failure.ok()) {
+    auto started = LocalCluster::Start(StateDir(), kStages);
+    if (started.ok()) {
+      shared.cluster = *std::move(started);
+    } else {
+      shared.start_failure = started.status();
+    }
+  }
+  ASSERT_NE(shared.cluster, nullptr) << "the shared cluster did not start: "
+                                     << shared.start_failure;
+  c_ = shared.cluster.get();
+}
+
+std::string SharedClusterTest::StateDir() { return TheShared().dir.File("state"); }
+
+std::string SharedClusterTest::SharedJob(const std::string& key,
+                                         const std::function<std::string()>& make) {
+  std::map<std::string, std::string>& jobs = TheShared().jobs;
+  if (auto it = jobs.find(key); it != jobs.end()) return it->second;
+  const std::string id = make();
+  if (!id.empty() && !::testing::Test::HasFailure()) jobs[key] = id;
+  return id;
+}
+
+std::string SharedClusterTest::FinishedJob(const std::vector<std::string>& sets) {
+  return SharedJob(spec_.dump() + " " + absl::StrJoin(sets, " "),
+                   [&] { return SubmitAndFollow(*c_, sets); });
+}
+
+}  // namespace pipetrain::testing
