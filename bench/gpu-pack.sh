@@ -35,6 +35,9 @@ if [[ -z "$gpu_tests" ]]; then
   echo "gpu-pack: found no test labelled gpu in tests/CMakeLists.txt" >&2
   exit 1
 fi
+# The backend conformance suite runs in the CPU suite too (its cuda cases skip there),
+# so it carries no gpu label; on the GPU machine its cuda cases are the point.
+gpu_tests+=$'\n'backend_conformance_test
 echo "gpu-pack: gpu tests: ${gpu_tests//$'\n'/ }"
 
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DPIPETRAIN_WITH_CUDA=ON
