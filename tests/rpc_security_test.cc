@@ -8,6 +8,8 @@
 
 #include "common/server_runner.h"
 #include "common/testing/status_matchers.h"
+#include "coordinator/planner/planner.h"
+#include "coordinator/stage_configure.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -113,25 +115,19 @@ TEST(RpcSecurityTest, BearerCheck) {
   EXPECT_THAT(CheckBearerToken("bearer t0k ", "t0k"), IsOk());
 }
 
-// A one-stage job that the stage accepts when the call is allowed at all.
+// A one-stage job that the stage accepts when the call is allowed at all, configured as
+// the coordinator configures its stages.
 pb::ConfigureRequest TinyConfigure() {
-  pb::ConfigureRequest r;
-  r.set_job_id("job-1");
-  r.set_num_stages(1);
-  pb::ModelConfig* m = r.mutable_model();
-  m->set_vocab_size(256);
-  m->set_seq_len(8);
-  m->set_d_model(16);
-  m->set_n_heads(2);
-  m->set_n_layers(1);
-  pb::LayerRange* range = r.add_layers();
-  range->set_begin_layer(0);
-  range->set_end_layer(3);
-  r.mutable_optimizer()->set_lr(0.01f);
-  r.set_micro_batch_size(2);
-  r.set_peer_secret("secret");
-  r.set_recv_deadline_ms(5000);
-  return r;
+  planner::PlanOptions o;
+  o.model = {.vocab_size = 256, .seq_len = 8, .d_model = 16, .n_heads = 2, .n_layers = 1};
+  o.schedule = planner::ScheduleKind::kGpipe;
+  o.batch_size = 2;
+  auto plan = planner::MakePlan(o);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  pb::OptimizerConfig adam;
+  adam.set_lr(0.01f);
+  return coordinator::BuildConfigureRequest(*plan, 0, 0, adam,
+                                            {"job-1", {"127.0.0.1:1"}, "secret", 5000});
 }
 
 // A stage server (in this process) with mutual TLS from `server_dir` and a token.
