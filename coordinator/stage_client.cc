@@ -1,5 +1,6 @@
 #include "coordinator/stage_client.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -11,6 +12,10 @@ namespace pipetrain::coordinator {
 
 namespace pb = ::pipetrain::v1;
 
+namespace {
+constexpr absl::Duration kConnectWait = absl::Seconds(10);
+}  // namespace
+
 void StageClient::Prepare(grpc::ClientContext& ctx, absl::Duration deadline) const {
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
   security_.AddToken(ctx);
@@ -18,11 +23,11 @@ void StageClient::Prepare(grpc::ClientContext& ctx, absl::Duration deadline) con
 
 StageClient::StageClient(std::string address, common::RpcSecurity security)
     : address_(std::move(address)), security_(std::move(security)) {
-  auto channel = grpc::CreateCustomChannel(
+  channel_ = grpc::CreateCustomChannel(
       address_, security_.ChannelCredentials(),
       common::ChannelArgumentsFor(common::ChannelUse::kStageControl));
-  stub_ = pb::Stage::NewStub(channel);
-  health_ = grpc::health::v1::Health::NewStub(channel);
+  stub_ = pb::Stage::NewStub(channel_);
+  health_ = grpc::health::v1::Health::NewStub(channel_);
 }
 
 absl::Status StageClient::Annotate(const grpc::Status& status, const char* call) const {
@@ -33,6 +38,11 @@ absl::Status StageClient::Annotate(const grpc::Status& status, const char* call)
 
 absl::StatusOr<pb::ConfigureResponse> StageClient::Configure(const pb::ConfigureRequest& request,
                                                              absl::Duration deadline) {
+  const absl::Duration connect = std::min(deadline, kConnectWait);
+  if (!channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + connect))) {
+    return absl::UnavailableError(absl::StrCat("Configure on ", address_, ": cannot connect within ",
+                                               absl::FormatDuration(connect)));
+  }
   grpc::ClientContext ctx;
   Prepare(ctx, deadline);
   pb::ConfigureResponse response;

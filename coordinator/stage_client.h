@@ -20,6 +20,10 @@ class StageClient {
   StageClient(std::string address, common::RpcSecurity security);
 
   const std::string& address() const { return address_; }
+  // The job's first call on this client: it first waits (up to 10 s, within
+  // `deadline`) for the connection, so that one failed connection attempt on a fresh
+  // channel does not fail the job (gRPC would fail every call during its reconnect
+  // backoff, and the stage would look dead although it is not).
   absl::StatusOr<pipetrain::v1::ConfigureResponse> Configure(
       const pipetrain::v1::ConfigureRequest& request, absl::Duration deadline);
   // `ctx` carries the deadline and lets another thread cancel the call.
@@ -43,6 +47,7 @@ class StageClient {
 
   std::string address_;
   const common::RpcSecurity security_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<pipetrain::v1::Stage::Stub> stub_;
   std::unique_ptr<grpc::health::v1::Health::Stub> health_;
 };
