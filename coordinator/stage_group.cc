@@ -47,27 +47,39 @@ std::vector<absl::Status> StageGroup::OnEveryStageCancellingOnError(
   });
 }
 
-absl::Status StageGroup::FirstError(const std::vector<absl::Status>& st, int64_t step,
-                                    const char* what) {
-  // The first failure that is not our own cancellation of the others' calls.
+absl::Status AttributeError(const std::vector<absl::Status>& st, int64_t step,
+                            const char* what, const std::function<std::string(int)>& name,
+                            const std::function<bool(int)>& answers, int* lost) {
+  *lost = -1;
+  const int n = static_cast<int>(st.size());
   int first = -1;
-  for (int s = 0; s < size(); ++s) {
+  for (int s = 0; s < n; ++s) {
     if (st[s].ok()) continue;
     if (first < 0 || (absl::IsCancelled(st[first]) && !absl::IsCancelled(st[s]))) first = s;
   }
   if (first < 0) return absl::OkStatus();
   const std::string when = step > 0 ? absl::StrCat(" at step ", step) : "";
-  for (int s = 0; s < size(); ++s) {
-    if (clients_[s]->Ping(absl::Seconds(3)).ok()) continue;
-    lost_.push_back(stages_[s].stage_id);
+  for (int s = 0; s < n; ++s) {
+    if (answers(s)) continue;
+    *lost = s;
     // Its own call was most likely cancelled by us; a neighbour's error says more.
     const absl::Status& own = st[s].ok() || absl::IsCancelled(st[s]) ? st[first] : st[s];
-    return absl::UnavailableError(absl::StrCat(StageName(s), " stopped answering", when, " (",
+    return absl::UnavailableError(absl::StrCat(name(s), " stopped answering", when, " (",
                                                own.message(),
                                                "); the job's other stages are free again"));
   }
-  return absl::Status(st[first].code(), absl::StrCat(what, " ", StageName(first), " failed",
-                                                     when, ": ", st[first].message()));
+  return absl::Status(st[first].code(), absl::StrCat(what, " ", name(first), " failed", when,
+                                                     ": ", st[first].message()));
+}
+
+absl::Status StageGroup::FirstError(const std::vector<absl::Status>& st, int64_t step,
+                                    const char* what) {
+  int lost = -1;
+  absl::Status status = AttributeError(
+      st, step, what, [&](int s) { return StageName(s); },
+      [&](int s) { return clients_[s]->Ping(absl::Seconds(3)).ok(); }, &lost);
+  if (lost >= 0) lost_.push_back(stages_[lost].stage_id);
+  return status;
 }
 
 absl::Status StageGroup::Run(int64_t step, const char* what,

@@ -24,6 +24,16 @@ struct RunnerStage {
   pipetrain::v1::DeviceInfo device;
 };
 
+// The job's error for the statuses of one operation on every stage, as a pure rule:
+// OK if all are; else, if a stage does not answer `answers(s)` (a health ping), that
+// stage is the cause (UNAVAILABLE naming it, its index in *lost); else the first
+// failure that is not a cancellation (ours, of the others' calls once one failed), and
+// only if there is none the first cancellation. `name(s)` names stage s in messages,
+// `what` the operation ("running"), `step` the step (0: none).
+absl::Status AttributeError(const std::vector<absl::Status>& statuses, int64_t step,
+                            const char* what, const std::function<std::string(int)>& name,
+                            const std::function<bool(int)>& answers, int* lost);
+
 class StageGroup {
  public:
   StageGroup(std::vector<RunnerStage> stages, const common::RpcSecurity& security);
