@@ -15,17 +15,13 @@
 #include "client/remote.h"
 #include "client/remote_verbs.h"
 #include "client/submit_verb.h"
+#include "common/job_state.h"
 #include "coordinator/job_spec.h"
 
 namespace pipetrain::client {
 namespace {
 
 namespace pb = ::pipetrain::v1;
-
-bool IsTerminal(pb::JobStatus::State s) {
-  return s == pb::JobStatus::SUCCEEDED || s == pb::JobStatus::FAILED ||
-         s == pb::JobStatus::CANCELLED;
-}
 
 bool IsConnectionLoss(grpc::StatusCode code) {
   return code == grpc::StatusCode::UNAVAILABLE || code == grpc::StatusCode::DEADLINE_EXCEEDED ||
@@ -62,7 +58,7 @@ int Follow(Remote& remote, const std::string& job_id, const pb::JobSpec& spec, b
         if (event.state_change().spec().training().steps() > 0) {
           progress.SetTotal(event.state_change().spec().training().steps());
         }
-        if (IsTerminal(event.state_change().state())) final_status = event.state_change();
+        if (common::JobEnded(event.state_change().state())) final_status = event.state_change();
         break;
       default:
         break;
@@ -81,7 +77,7 @@ int Follow(Remote& remote, const std::string& job_id, const pb::JobSpec& spec, b
     get.set_job_id(job_id);
     pb::JobStatus job;
     const grpc::Status got = remote.stub().GetJob(&get_context, get, &job);
-    if (!got.ok() || !IsTerminal(job.state())) {
+    if (!got.ok() || !common::JobEnded(job.state())) {
       return remote.LostWhileFollowing(
           got.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE,
                                   "the event stream ended before the job did")

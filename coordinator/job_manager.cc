@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/job_state.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/corpus.h"
@@ -36,11 +37,6 @@ std::string ResumeHint(const std::string& job_id, const std::string& checkpoint_
   if (checkpoint_dir.empty()) return "";
   return absl::StrCat("; continue it with 'pipetrain resume ", job_id, "' (from ",
                       checkpoint_dir, ")");
-}
-
-bool Ended(pb::JobStatus::State s) {
-  return s == pb::JobStatus::SUCCEEDED || s == pb::JobStatus::FAILED ||
-         s == pb::JobStatus::CANCELLED;
 }
 
 pb::JobEvent StateEvent(const pb::JobStatus& status) {
@@ -228,14 +224,14 @@ void JobManager::SetState(LiveJob* job, pb::JobStatus::State state, const std::s
     job->status.set_state(state);
     job->status.set_reason(reason);
     if (state == pb::JobStatus::RUNNING) SetNow(job->status.mutable_started());
-    if (Ended(state)) SetNow(job->status.mutable_finished());
+    if (common::JobEnded(state)) SetNow(job->status.mutable_finished());
     copy = job->status;
   }
   if (absl::Status s = store_->Update(copy); !s.ok()) {
     common::LogWarning("coordinator", std::string(s.message()));
   }
   job->events.Append(StateEvent(copy));
-  if (Ended(state)) job->events.End();
+  if (common::JobEnded(state)) job->events.End();
 }
 
 void JobManager::Drive(LiveJob* job, std::vector<StageRecord> stages) {
@@ -325,7 +321,7 @@ absl::StatusOr<pb::JobStatus> JobManager::Cancel(const std::string& job_id) {
   {
     absl::MutexLock lock(&mu_);
     auto it = live_.find(job_id);
-    if (it != live_.end() && !Ended(it->second->status.state())) {
+    if (it != live_.end() && !common::JobEnded(it->second->status.state())) {
       LiveJob* job = it->second.get();
       job->cancel = true;
       auto q = std::find(queue_.begin(), queue_.end(), job_id);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/job_state.h"
 #include "coordinator/prometheus_text.h"
 #include "google/protobuf/util/time_util.h"
 
@@ -11,11 +12,6 @@ namespace {
 
 namespace pb = ::pipetrain::v1;
 using google::protobuf::util::TimeUtil;
-
-bool Ended(pb::JobStatus::State s) {
-  return s == pb::JobStatus::SUCCEEDED || s == pb::JobStatus::FAILED ||
-         s == pb::JobStatus::CANCELLED;
-}
 
 void AddJobStates(const std::vector<pb::JobStatus>& jobs, std::string& out) {
   MetricFamily family("pipetrain_jobs", "Jobs known to the coordinator, by state.");
@@ -122,7 +118,7 @@ struct JobFamilies {
 std::vector<size_t> JobsWithSeries(const std::vector<pb::JobStatus>& jobs) {
   std::vector<size_t> ended;
   for (size_t i = 0; i < jobs.size(); ++i) {
-    if (Ended(jobs[i].state())) ended.push_back(i);
+    if (common::JobEnded(jobs[i].state())) ended.push_back(i);
   }
   std::stable_sort(ended.begin(), ended.end(), [&jobs](size_t a, size_t b) {
     return jobs[b].finished() < jobs[a].finished();
