@@ -1,13 +1,10 @@
 #include "coordinator/job_runner.h"
 
-#include <algorithm>
 #include <cmath>
-#include <memory>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/synchronization/mutex.h"
 #include "common/frame_proto.h"
 #include "common/model/batch.h"
 #include "common/model/checkpoint_folder.h"

@@ -1,6 +1,7 @@
 // How a job's stages are called as a group: every call at once, and one error for the
 // job out of their statuses (AttributeError): the first real error wins over our own
-// cancellations, and a stage that stopped answering is named as the cause.
+// cancellations, and a stage that stopped answering is named as the cause. And how the
+// first call to a stage waits for its connection.
 #include "coordinator/stage_group.h"
 
 #include <atomic>
@@ -132,6 +133,21 @@ TEST(StageGroupTest, CallsEveryStageAtOnce) {
   EXPECT_THAT(st[2], IsOk());
   EXPECT_THAT(st[3], IsOk());
   EXPECT_TRUE(group.lost().empty());
+}
+
+// Configure waits for the connection (a fresh channel's first attempt may fail once),
+// but no longer than its deadline, and a stage nobody serves is named.
+TEST(StageClientTest, ConfigureOfAnAddressNobodyServesFailsWithinItsDeadline) {
+  StageClient client("127.0.0.1:1", common::RpcSecurity());
+  const auto start = std::chrono::steady_clock::now();
+  auto r = client.Configure(pipetrain::v1::ConfigureRequest(), absl::Seconds(1));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_THAT(r.status(), StatusIs(absl::StatusCode::kUnavailable,
+                                   AllOf(HasSubstr("Configure on 127.0.0.1:1"),
+                                         HasSubstr("cannot connect within 1s"))));
+  EXPECT_GE(seconds, 0.9);  // it waited for the connection, not failed on the first try
+  EXPECT_LT(seconds, 5.0);
 }
 
 }  // namespace

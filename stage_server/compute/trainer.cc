@@ -3,7 +3,6 @@
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
-#include "common/model/init.h"
 #include "common/status_macros.h"
 
 namespace pipetrain::compute {
