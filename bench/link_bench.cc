@@ -135,9 +135,9 @@ absl::StatusOr<BenchResult> RunLinkBench(const BenchOptions& options) {
   opts.local_stage = 0;
   opts.peer_stage = 1;
   opts.peer_address = server.address.ToString();
-  auto channel = grpc::CreateCustomChannel(server.address.ToString(),
-                                           options.security.ChannelCredentials(),
-                                           common::ChannelArgumentsFor(common::ChannelUse::kPeerLink));
+  auto channel =
+      grpc::CreateCustomChannel(server.address.ToString(), options.security.ChannelCredentials(),
+                                common::ChannelArgumentsFor(common::ChannelUse::kPeerLink));
   ASSIGN_OR_RETURN(auto up, stage_server::ConnectPeerLink(channel, opts, "s",
                                                           absl::Now() + absl::Seconds(10)));
   ASSIGN_OR_RETURN(auto down, acceptor.WaitForPeer("bench", 0, absl::Now() + absl::Seconds(10)));

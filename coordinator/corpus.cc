@@ -46,15 +46,14 @@ absl::StatusOr<Corpus> LoadCorpus(const pipetrain::v1::JobSpec& spec) {
   return corpus;
 }
 
-absl::StatusOr<model::TokenBatch> TrainingBatch(const Corpus& corpus,
-                                                  const model::GptConfig& model, int rows,
-                                                  uint64_t seed, int64_t step) {
+absl::StatusOr<model::TokenBatch> TrainingBatch(const Corpus& corpus, const model::GptConfig& model,
+                                                int rows, uint64_t seed, int64_t step) {
   return model::SampleBatch(corpus.train, model, rows, seed, static_cast<int>(step));
 }
 
 absl::StatusOr<model::TokenBatch> ValidationBatch(const Corpus& corpus,
-                                                    const model::GptConfig& model, int rows,
-                                                    uint64_t seed) {
+                                                  const model::GptConfig& model, int rows,
+                                                  uint64_t seed) {
   if (corpus.validation.size() < static_cast<size_t>(model.seq_len) + 1) {
     return absl::FailedPreconditionError(
         absl::StrCat("data.validation_fraction: '", corpus.path,

@@ -23,13 +23,12 @@ struct Corpus {
 absl::StatusOr<Corpus> LoadCorpus(const pipetrain::v1::JobSpec& spec);
 
 // Training batch of step `step` (from 1): `rows` sequences drawn from the training part.
-absl::StatusOr<model::TokenBatch> TrainingBatch(const Corpus& corpus,
-                                                  const model::GptConfig& model, int rows,
-                                                  uint64_t seed, int64_t step);
+absl::StatusOr<model::TokenBatch> TrainingBatch(const Corpus& corpus, const model::GptConfig& model,
+                                                int rows, uint64_t seed, int64_t step);
 // The validation batch: the same `rows` sequences of the held-out part every time, so
 // validation losses of different steps compare. FAILED_PRECONDITION if there is none.
 absl::StatusOr<model::TokenBatch> ValidationBatch(const Corpus& corpus,
-                                                    const model::GptConfig& model, int rows,
-                                                    uint64_t seed);
+                                                  const model::GptConfig& model, int rows,
+                                                  uint64_t seed);
 
 }  // namespace pipetrain::coordinator

@@ -35,8 +35,8 @@ void SetNow(google::protobuf::Timestamp* t) {
 // continues it from its latest checkpoint (nothing to add without one).
 std::string ResumeHint(const std::string& job_id, const std::string& checkpoint_dir) {
   if (checkpoint_dir.empty()) return "";
-  return absl::StrCat("; continue it with 'pipetrain resume ", job_id, "' (from ",
-                      checkpoint_dir, ")");
+  return absl::StrCat("; continue it with 'pipetrain resume ", job_id, "' (from ", checkpoint_dir,
+                      ")");
 }
 
 pb::JobEvent StateEvent(const pb::JobStatus& status) {
@@ -69,9 +69,9 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(ManagerOptions op
         m->Enqueue(job);
       } else if (job.state() == pb::JobStatus::RUNNING) {
         job.set_state(pb::JobStatus::FAILED);
-        job.set_reason(absl::StrCat(
-            "the coordinator stopped while the job was running (after step ", job.steps_done(),
-            ")", ResumeHint(job.job_id(), job.checkpoint_dir())));
+        job.set_reason(
+            absl::StrCat("the coordinator stopped while the job was running (after step ",
+                         job.steps_done(), ")", ResumeHint(job.job_id(), job.checkpoint_dir())));
         SetNow(job.mutable_finished());
         RETURN_IF_ERROR(m->store_->Update(job));
       }

@@ -26,7 +26,10 @@ class Runner {
  public:
   Runner(std::string job_id, const pb::JobSpec& spec, const std::vector<RunnerStage>& stages,
          const RunnerOptions& options, const RunnerHooks& hooks)
-      : job_id_(std::move(job_id)), spec_(spec), options_(options), hooks_(hooks),
+      : job_id_(std::move(job_id)),
+        spec_(spec),
+        options_(options),
+        hooks_(hooks),
         group_(stages, options.security) {}
 
   RunOutcome Run() {
@@ -103,7 +106,8 @@ class Runner {
   }
 
   absl::Status LoadInitCheckpoint() {
-    ASSIGN_OR_RETURN(model::Checkpoint whole, model::LoadWholeCheckpoint(spec_.init_from(), "init_from"));
+    ASSIGN_OR_RETURN(model::Checkpoint whole,
+                     model::LoadWholeCheckpoint(spec_.init_from(), "init_from"));
     if (!(whole.config == plan_.options.model) || whole.layer_begin != 0 ||
         whole.layer_end != plan_.options.model.n_layers + 2) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -141,21 +145,24 @@ class Runner {
     std::vector<pb::RunStepResponse> out(K());
     std::vector<absl::Status> st = group_.OnEveryStageCancellingOnError(
         options_.step_deadline, [&](int s, grpc::ClientContext& ctx) -> absl::Status {
-      pb::RunStepRequest req;
-      req.set_job_id(job_id_);
-      req.set_step(step);
-      *req.mutable_program() = schedule::ToProto(programs[s]);
-      for (int mb = 0; mb < M; ++mb) {
-        if (s == 0) common::TensorToProto(model::MicroBatchRows(batch.inputs, mb, rows, T), req.add_tokens());
-        if (s == K() - 1) {
-          common::TensorToProto(model::MicroBatchRows(batch.targets, mb, rows, T), req.add_targets());
-        }
-      }
-      req.set_lr(lr);
-      req.set_defer_optimizer(defer_optimizer);
-      ASSIGN_OR_RETURN(out[s], group_.client(s).RunStep(ctx, req));
-      return absl::OkStatus();
-    });
+          pb::RunStepRequest req;
+          req.set_job_id(job_id_);
+          req.set_step(step);
+          *req.mutable_program() = schedule::ToProto(programs[s]);
+          for (int mb = 0; mb < M; ++mb) {
+            if (s == 0)
+              common::TensorToProto(model::MicroBatchRows(batch.inputs, mb, rows, T),
+                                    req.add_tokens());
+            if (s == K() - 1) {
+              common::TensorToProto(model::MicroBatchRows(batch.targets, mb, rows, T),
+                                    req.add_targets());
+            }
+          }
+          req.set_lr(lr);
+          req.set_defer_optimizer(defer_optimizer);
+          ASSIGN_OR_RETURN(out[s], group_.client(s).RunStep(ctx, req));
+          return absl::OkStatus();
+        });
     RETURN_IF_ERROR(group_.FirstError(st, step, what));
     return out;
   }
@@ -170,15 +177,15 @@ class Runner {
     const double global_norm = std::sqrt(sum_sq);
     std::vector<absl::Status> st = group_.OnEveryStageCancellingOnError(
         options_.step_deadline, [&](int s, grpc::ClientContext& ctx) -> absl::Status {
-      pb::ApplyOptimizerRequest req;
-      req.set_job_id(job_id_);
-      req.set_step(step);
-      req.set_global_grad_norm(global_norm);
-      req.set_lr(lr);
-      ASSIGN_OR_RETURN(pb::ApplyOptimizerResponse r, group_.client(s).ApplyOptimizer(ctx, req));
-      *responses[s].add_timings() = r.timing();
-      return absl::OkStatus();
-    });
+          pb::ApplyOptimizerRequest req;
+          req.set_job_id(job_id_);
+          req.set_step(step);
+          req.set_global_grad_norm(global_norm);
+          req.set_lr(lr);
+          ASSIGN_OR_RETURN(pb::ApplyOptimizerResponse r, group_.client(s).ApplyOptimizer(ctx, req));
+          *responses[s].add_timings() = r.timing();
+          return absl::OkStatus();
+        });
     return group_.FirstError(st, step, "applying the optimizer on");
   }
 
@@ -196,9 +203,9 @@ class Runner {
 
   absl::StatusOr<pb::StepRecord> Step(int64_t step) {
     const pb::TrainingSpec& t = spec_.training();
-    ASSIGN_OR_RETURN(model::TokenBatch batch,
-                     TrainingBatch(corpus_, plan_.options.model, t.batch_size(), t.seed(),
-                                   data_offset_ + step));
+    ASSIGN_OR_RETURN(
+        model::TokenBatch batch,
+        TrainingBatch(corpus_, plan_.options.model, t.batch_size(), t.seed(), data_offset_ + step));
     const absl::Time start = absl::Now();
     const float lr = LearningRate(step);
     // Clipping needs the norm over the whole model, which no stage has alone: two phases.

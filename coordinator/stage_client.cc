@@ -23,9 +23,9 @@ void StageClient::Prepare(grpc::ClientContext& ctx, absl::Duration deadline) con
 
 StageClient::StageClient(std::string address, common::RpcSecurity security)
     : address_(std::move(address)), security_(std::move(security)) {
-  channel_ = grpc::CreateCustomChannel(
-      address_, security_.ChannelCredentials(),
-      common::ChannelArgumentsFor(common::ChannelUse::kStageControl));
+  channel_ =
+      grpc::CreateCustomChannel(address_, security_.ChannelCredentials(),
+                                common::ChannelArgumentsFor(common::ChannelUse::kStageControl));
   stub_ = pb::Stage::NewStub(channel_);
   health_ = grpc::health::v1::Health::NewStub(channel_);
 }
@@ -40,8 +40,8 @@ absl::StatusOr<pb::ConfigureResponse> StageClient::Configure(const pb::Configure
                                                              absl::Duration deadline) {
   const absl::Duration connect = std::min(deadline, kConnectWait);
   if (!channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + connect))) {
-    return absl::UnavailableError(absl::StrCat("Configure on ", address_, ": cannot connect within ",
-                                               absl::FormatDuration(connect)));
+    return absl::UnavailableError(absl::StrCat(
+        "Configure on ", address_, ": cannot connect within ", absl::FormatDuration(connect)));
   }
   grpc::ClientContext ctx;
   Prepare(ctx, deadline);

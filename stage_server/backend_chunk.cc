@@ -35,12 +35,12 @@ absl::StatusOr<std::unique_ptr<BackendChunk>> BackendChunk::Create(
 }
 
 absl::Status BackendChunk::CheckShape(DType got_dtype, const std::vector<int64_t>& got_shape,
-                                    DType dtype, std::vector<int64_t> shape,
-                                    const char* what) const {
+                                      DType dtype, std::vector<int64_t> shape,
+                                      const char* what) const {
   if (got_dtype == dtype && got_shape == shape) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      what, " is ", common::DTypeName(got_dtype), " ", common::ShapeString(got_shape),
-      ", expected ", common::DTypeName(dtype), " ", common::ShapeString(shape)));
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " is ", common::DTypeName(got_dtype), " ", common::ShapeString(got_shape),
+                   ", expected ", common::DTypeName(dtype), " ", common::ShapeString(shape)));
 }
 
 absl::StatusOr<Tensor> BackendChunk::HostTensor(std::vector<int64_t> shape, const void* src) {
@@ -59,14 +59,12 @@ absl::Status BackendChunk::StageInputs(const PiecewiseTensor& input, const Tenso
   if (has_embedding()) {
     RETURN_IF_ERROR(CheckShape(input.dtype(), input.shape(), DType::kI32, {B, T}, "tokens"));
   } else {
-    RETURN_IF_ERROR(
-        CheckShape(input.dtype(), input.shape(), DType::kF32, {B, T, C}, "activation"));
+    RETURN_IF_ERROR(CheckShape(input.dtype(), input.shape(), DType::kF32, {B, T, C}, "activation"));
   }
   RETURN_IF_ERROR(backend->CopyFromHostPieces(input_.raw(), input.pieces()));
   if (has_head()) {
     if (targets == nullptr) return absl::InvalidArgumentError("the head needs targets");
-    RETURN_IF_ERROR(
-        CheckShape(targets->dtype(), targets->shape(), DType::kI32, {B, T}, "targets"));
+    RETURN_IF_ERROR(CheckShape(targets->dtype(), targets->shape(), DType::kI32, {B, T}, "targets"));
     RETURN_IF_ERROR(
         backend->CopyFromHost(targets_.raw(), targets->bytes().data(), targets->num_bytes()));
   }
@@ -80,30 +78,29 @@ absl::StatusOr<Tensor> BackendChunk::OutputTensor() {
 }
 
 absl::StatusOr<Tensor> BackendChunk::Forward(int mb, const PiecewiseTensor& input,
-                                           const Tensor* targets) {
+                                             const Tensor* targets) {
   RETURN_IF_ERROR(StageInputs(input, targets));
-  RETURN_IF_ERROR(layers_->Forward(mb, rows_, input_.raw(),
-                                  has_head() ? targets_.ints() : nullptr, output_.data()));
-  return OutputTensor();
-}
-
-absl::StatusOr<Tensor> BackendChunk::Evaluate(const PiecewiseTensor& input,
-                                            const Tensor* targets) {
-  RETURN_IF_ERROR(StageInputs(input, targets));
-  RETURN_IF_ERROR(layers_->Evaluate(rows_, input_.raw(), has_head() ? targets_.ints() : nullptr,
+  RETURN_IF_ERROR(layers_->Forward(mb, rows_, input_.raw(), has_head() ? targets_.ints() : nullptr,
                                    output_.data()));
   return OutputTensor();
 }
 
+absl::StatusOr<Tensor> BackendChunk::Evaluate(const PiecewiseTensor& input, const Tensor* targets) {
+  RETURN_IF_ERROR(StageInputs(input, targets));
+  RETURN_IF_ERROR(layers_->Evaluate(rows_, input_.raw(), has_head() ? targets_.ints() : nullptr,
+                                    output_.data()));
+  return OutputTensor();
+}
+
 absl::StatusOr<Tensor> BackendChunk::RunBackward(int mb, const PiecewiseTensor* grad_output,
-                                               float loss_grad, bool split) {
+                                                 float loss_grad, bool split) {
   const model::GptConfig& c = layers_->config();
   const int64_t B = rows_, T = c.seq_len, C = c.d_model;
   const float* gout = nullptr;
   if (!has_head()) {
     if (grad_output == nullptr) return absl::InvalidArgumentError("backward needs a gradient");
-    RETURN_IF_ERROR(CheckShape(grad_output->dtype(), grad_output->shape(), DType::kF32,
-                               {B, T, C}, "gradient"));
+    RETURN_IF_ERROR(
+        CheckShape(grad_output->dtype(), grad_output->shape(), DType::kF32, {B, T, C}, "gradient"));
     RETURN_IF_ERROR(
         layers_->backend()->CopyFromHostPieces(grad_output_.raw(), grad_output->pieces()));
     gout = grad_output_.data();
@@ -119,17 +116,17 @@ absl::StatusOr<Tensor> BackendChunk::RunBackward(int mb, const PiecewiseTensor* 
 }
 
 absl::StatusOr<Tensor> BackendChunk::Backward(int mb, const PiecewiseTensor* grad_output,
-                                            float loss_grad) {
+                                              float loss_grad) {
   return RunBackward(mb, grad_output, loss_grad, /*split=*/false);
 }
 
 absl::StatusOr<Tensor> BackendChunk::BackwardInput(int mb, const PiecewiseTensor* grad_output,
-                                                 float loss_grad) {
+                                                   float loss_grad) {
   return RunBackward(mb, grad_output, loss_grad, /*split=*/true);
 }
 
 absl::Status BackendChunk::OptimizerStep(const OptimizerSettings& s,
-                                       std::optional<double> global_grad_norm) {
+                                         std::optional<double> global_grad_norm) {
   compute::AdamWOptions o;
   o.lr = s.lr;
   o.beta1 = s.beta1;

@@ -27,8 +27,7 @@ class BackendChunk final : public ChunkCompute {
                                           const common::Tensor* targets) override;
   absl::StatusOr<common::Tensor> Backward(int mb, const common::PiecewiseTensor* grad_output,
                                           float loss_grad) override;
-  absl::StatusOr<common::Tensor> BackwardInput(int mb,
-                                               const common::PiecewiseTensor* grad_output,
+  absl::StatusOr<common::Tensor> BackwardInput(int mb, const common::PiecewiseTensor* grad_output,
                                                float loss_grad) override;
   absl::Status BackwardWeight(int mb) override { return layers_->BackwardWeight(mb); }
   void Abandon() override { layers_->Abandon(); }
@@ -44,11 +43,10 @@ class BackendChunk final : public ChunkCompute {
 
  private:
   BackendChunk(std::unique_ptr<compute::ModelChunk> layers, int rows,
-             std::shared_ptr<common::BufferPool> pool)
+               std::shared_ptr<common::BufferPool> pool)
       : layers_(std::move(layers)), rows_(rows), pool_(std::move(pool)) {}
   absl::Status CheckShape(common::DType got_dtype, const std::vector<int64_t>& got_shape,
-                          common::DType dtype, std::vector<int64_t> shape,
-                          const char* what) const;
+                          common::DType dtype, std::vector<int64_t> shape, const char* what) const;
   // Checks and copies a forward's input and targets into the backend scratch.
   absl::Status StageInputs(const common::PiecewiseTensor& input, const common::Tensor* targets);
   // The forward's output, from the backend scratch into a pooled host tensor.

@@ -46,8 +46,9 @@ class ChunkCompute {
   virtual absl::StatusOr<common::Tensor> Backward(int mb,
                                                   const common::PiecewiseTensor* grad_output,
                                                   float loss_grad) = 0;
-  virtual absl::StatusOr<common::Tensor> BackwardInput(
-      int mb, const common::PiecewiseTensor* grad_output, float loss_grad) = 0;
+  virtual absl::StatusOr<common::Tensor> BackwardInput(int mb,
+                                                       const common::PiecewiseTensor* grad_output,
+                                                       float loss_grad) = 0;
   virtual absl::Status BackwardWeight(int mb) = 0;
   // Drops in-flight micro-batches after a failed step.
   virtual void Abandon() = 0;

@@ -20,8 +20,13 @@ absl::StatusOr<EmulatedDevice> EmulatedDeviceByName(const std::string& name) {
 EmulatedChunk::EmulatedChunk(const model::GptConfig& config, int begin, int end, int rows,
                              EmulatedDevice device, bool recompute,
                              std::shared_ptr<common::BufferPool> pool)
-    : config_(config), begin_(begin), end_(end), rows_(rows), device_(std::move(device)),
-      recompute_(recompute), pool_(std::move(pool)) {
+    : config_(config),
+      begin_(begin),
+      end_(end),
+      rows_(rows),
+      device_(std::move(device)),
+      recompute_(recompute),
+      pool_(std::move(pool)) {
   const double tokens = static_cast<double>(rows) * config.seq_len;
   double params = 0;
   for (int l = begin; l < end; ++l) {
@@ -107,8 +112,7 @@ absl::StatusOr<common::Tensor> EmulatedChunk::Backward(int mb, const common::Pie
   return Output({rows_, config_.seq_len, config_.d_model});
 }
 
-absl::StatusOr<common::Tensor> EmulatedChunk::BackwardInput(int mb,
-                                                            const common::PiecewiseTensor*,
+absl::StatusOr<common::Tensor> EmulatedChunk::BackwardInput(int mb, const common::PiecewiseTensor*,
                                                             float) {
   if (!in_flight_.count(mb)) {
     return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " has no forward"));

@@ -23,8 +23,8 @@ absl::StatusOr<EmulatedDevice> EmulatedDeviceByName(const std::string& name);
 
 class EmulatedChunk final : public ChunkCompute {
  public:
-  EmulatedChunk(const model::GptConfig& config, int begin, int end, int rows,
-                EmulatedDevice device, bool recompute, std::shared_ptr<common::BufferPool> pool);
+  EmulatedChunk(const model::GptConfig& config, int begin, int end, int rows, EmulatedDevice device,
+                bool recompute, std::shared_ptr<common::BufferPool> pool);
 
   bool has_embedding() const override { return begin_ == 0; }
   bool has_head() const override { return end_ == config_.num_pipeline_layers(); }
@@ -62,7 +62,7 @@ class EmulatedChunk final : public ChunkCompute {
   std::shared_ptr<common::BufferPool> pool_;
   double forward_s_ = 0, backward_input_s_ = 0, backward_weight_s_ = 0, optimizer_s_ = 0;
   model::ChunkMemory memory_;  // bytes per micro-batch (not per token), as the planner counts
-  size_t evaluate_bytes_ = 0;     // an evaluation holds one layer's stash at a time: the largest
+  size_t evaluate_bytes_ = 0;  // an evaluation holds one layer's stash at a time: the largest
   void Peak(size_t extra);
   std::map<int, size_t> in_flight_;
   size_t held_ = 0, peak_ = 0;

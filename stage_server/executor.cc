@@ -43,7 +43,10 @@ struct Executor::StepState {
 Executor::Executor(ExecutorConfig config, std::vector<std::unique_ptr<ChunkCompute>> chunks,
                    TensorChannel* next, TensorChannel* prev,
                    std::shared_ptr<common::BufferPool> pool)
-    : config_(std::move(config)), chunks_(std::move(chunks)), next_(next), prev_(prev),
+    : config_(std::move(config)),
+      chunks_(std::move(chunks)),
+      next_(next),
+      prev_(prev),
       pool_(std::move(pool)) {}
 
 std::shared_ptr<const Tensor> Executor::Share(Tensor tensor) {

@@ -73,8 +73,7 @@ class Executor {
   // chunks[c] is model chunk c of this stage. next / prev may be null where the
   // topology has no such neighbour; the pool serves outgoing tensors.
   Executor(ExecutorConfig config, std::vector<std::unique_ptr<ChunkCompute>> chunks,
-           TensorChannel* next, TensorChannel* prev,
-           std::shared_ptr<common::BufferPool> pool);
+           TensorChannel* next, TensorChannel* prev, std::shared_ptr<common::BufferPool> pool);
 
   // Runs the program. On error the step's partial state is dropped and the status
   // names the job, stage, step and action.

@@ -12,9 +12,9 @@ Registration::Registration(std::string coordinator, pipetrain::v1::RegisterStage
     : coordinator_(std::move(coordinator)), request_(std::move(request)),
       job_id_(std::move(job_id)), security_(std::move(security)) {
   // A restarted coordinator should see its stages back within a few heartbeats.
-  stub_ = pipetrain::v1::Coordinator::NewStub(grpc::CreateCustomChannel(
-      coordinator_, security_.ChannelCredentials(),
-      common::ChannelArgumentsFor(common::ChannelUse::kRegistration)));
+  stub_ = pipetrain::v1::Coordinator::NewStub(
+      grpc::CreateCustomChannel(coordinator_, security_.ChannelCredentials(),
+                                common::ChannelArgumentsFor(common::ChannelUse::kRegistration)));
   thread_ = std::thread([this] { Run(); });
 }
 

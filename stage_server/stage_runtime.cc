@@ -81,7 +81,8 @@ absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config)
   const uint64_t state = StateBytes(config);
   if (options_.memory_limit_bytes > 0 && state > options_.memory_limit_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "configure job '", config.job_id, "' stage ", config.stage, ": its share of the model needs ", state,
+        "configure job '", config.job_id, "' stage ", config.stage,
+        ": its share of the model needs ", state,
         " bytes for weights, gradients and optimizer state, but this stage has ",
         options_.memory_limit_bytes, " (--memory-limit); use more stages or a smaller model"));
   }
@@ -110,9 +111,8 @@ absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config)
     ASSIGN_OR_RETURN(EmulatedDevice device, EmulatedDeviceByName(options_.device.emulated));
     job->emulated = true;
     for (const auto& [begin, end] : config.chunks) {
-      chunks.push_back(std::make_unique<EmulatedChunk>(config.model, begin, end,
-                                                       config.micro_batch_size, device,
-                                                       config.recompute, job->pool));
+      chunks.push_back(std::make_unique<EmulatedChunk>(
+          config.model, begin, end, config.micro_batch_size, device, config.recompute, job->pool));
     }
   } else {
     if (options_.device.kind == DeviceSpec::Kind::kCuda) {
@@ -124,7 +124,7 @@ absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config)
       compute::ChunkOptions so;
       so.recompute = config.recompute;
       ASSIGN_OR_RETURN(auto layers, compute::ModelChunk::Create(config.model, begin, end,
-                                                               job->backend.get(), so));
+                                                                job->backend.get(), so));
       RETURN_IF_ERROR(layers->Initialize(config.seed));
       ASSIGN_OR_RETURN(auto backend_chunk,
                        BackendChunk::Create(std::move(layers), config.micro_batch_size, job->pool));
@@ -173,8 +173,9 @@ absl::Status StageRuntime::EnsureLinks(Job& job) {
     o.peer_stage = (c.stage + 1) % K;
     o.peer_address = c.downstream_address;
     o.frame_bytes = c.frame_bytes;
-    auto channel = grpc::CreateCustomChannel(
-        c.downstream_address, options_.security.ChannelCredentials(), common::ChannelArgumentsFor(common::ChannelUse::kPeerLink));
+    auto channel =
+        grpc::CreateCustomChannel(c.downstream_address, options_.security.ChannelCredentials(),
+                                  common::ChannelArgumentsFor(common::ChannelUse::kPeerLink));
     ASSIGN_OR_RETURN(job.next, ConnectPeerLink(channel, o, c.peer_secret, deadline));
   }
   if (job.has_prev && job.prev == nullptr) {
@@ -284,7 +285,7 @@ absl::Status StageRuntime::CheckJob(const std::string& job_id, const std::string
 }
 
 absl::StatusOr<BackendChunk*> StageRuntime::ChunkOf(const std::string& job_id, int chunk,
-                                                  const char* what) const {
+                                                    const char* what) const {
   RETURN_IF_ERROR(CheckJob(job_id, what));
   if (job_->emulated) {
     return absl::FailedPreconditionError(
@@ -292,7 +293,8 @@ absl::StatusOr<BackendChunk*> StageRuntime::ChunkOf(const std::string& job_id, i
   }
   if (chunk < 0 || chunk >= static_cast<int>(job_->backend_chunks.size())) {
     return absl::InvalidArgumentError(absl::StrCat(what, " of job '", job_id, "': field chunk ",
-                                                   chunk, " is not in [0, ", job_->backend_chunks.size(), ")"));
+                                                   chunk, " is not in [0, ",
+                                                   job_->backend_chunks.size(), ")"));
   }
   return job_->backend_chunks[chunk];
 }

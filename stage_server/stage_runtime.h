@@ -128,8 +128,8 @@ class StageRuntime {
   // FAILED_PRECONDITION "WHAT of job 'ID': ..." unless `job_id` is the configured job.
   absl::Status CheckJob(const std::string& job_id, const std::string& what) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<BackendChunk*> ChunkOf(const std::string& job_id, int chunk, const char* what) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<BackendChunk*> ChunkOf(const std::string& job_id, int chunk,
+                                        const char* what) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const RuntimeOptions options_;
   LinkAcceptor acceptor_;

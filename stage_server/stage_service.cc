@@ -178,7 +178,8 @@ grpc::Status StageService::ApplyOptimizer(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::Status StageService::ExportChunk(grpc::ServerContext* context, const pb::ExportChunkRequest* request,
+grpc::Status StageService::ExportChunk(grpc::ServerContext* context,
+                                       const pb::ExportChunkRequest* request,
                                        grpc::ServerWriter<pb::ChunkPiece>* writer) {
   if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
   auto bytes = runtime_->ExportChunk(request->job_id(), static_cast<int>(request->chunk()));
@@ -222,11 +223,11 @@ grpc::Status StageService::ImportChunk(grpc::ServerContext* context,
     }
     if (piece.job_id() != job_id || piece.chunk() != chunk || piece.total_bytes() != total ||
         piece.offset() != bytes.size() || bytes.size() + piece.data().size() > total) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrCat("import of job '", job_id, "' chunk ", chunk,
-                                       ": piece at offset ", piece.offset(),
-                                       " does not continue the chunk (expected offset ",
-                                       bytes.size(), " of ", total, " bytes, same job and chunk)"));
+      return grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          absl::StrCat("import of job '", job_id, "' chunk ", chunk, ": piece at offset ",
+                       piece.offset(), " does not continue the chunk (expected offset ",
+                       bytes.size(), " of ", total, " bytes, same job and chunk)"));
     }
     bytes += piece.data();
   }

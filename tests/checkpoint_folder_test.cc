@@ -12,7 +12,9 @@ using ::pipetrain::testing::IsOk;
 using ::pipetrain::testing::StatusIs;
 using ::testing::HasSubstr;
 
-model::GptConfig Tiny() { return {.vocab_size = 256, .seq_len = 8, .d_model = 16, .n_heads = 2, .n_layers = 3}; }
+model::GptConfig Tiny() {
+  return {.vocab_size = 256, .seq_len = 8, .d_model = 16, .n_heads = 2, .n_layers = 3};
+}
 
 // A whole-model checkpoint with random weights and optimizer state.
 model::Checkpoint Whole() {
@@ -24,7 +26,8 @@ model::Checkpoint Whole() {
   uint32_t x = 1;
   auto fill = [&](const model::ParamSpec& p) {
     common::Tensor t = *common::Tensor::Create(common::DType::kF32, p.shape);
-    for (float& v : t.data<float>()) v = static_cast<float>((x = x * 1664525u + 1013904223u) >> 8) * 1e-7f;
+    for (float& v : t.data<float>())
+      v = static_cast<float>((x = x * 1664525u + 1013904223u) >> 8) * 1e-7f;
     return t;
   };
   for (const model::ParamSpec& p : model::RangeParams(c.config, c.layer_begin, c.layer_end)) {
@@ -78,8 +81,9 @@ TEST(CheckpointFilesTest, ErrorsNameTheFieldAndWhatIsWrong) {
   testing::TempDir dir;
   EXPECT_THAT(LoadWholeCheckpoint(dir.File("nope"), "init_from").status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("init_from")));
-  EXPECT_THAT(LoadWholeCheckpoint(dir.path(), "init_from").status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model.safetensors.index.json")));
+  EXPECT_THAT(
+      LoadWholeCheckpoint(dir.path(), "init_from").status(),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model.safetensors.index.json")));
   EXPECT_THAT(SliceCheckpoint(Whole(), 3, 9).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[3, 9)")));
 }

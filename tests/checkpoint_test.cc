@@ -405,8 +405,9 @@ TEST(CheckpointTest, ASliceOfAWholeModelFileIsAStageShare) {
     return f;
   }());
   ASSERT_THAT(part, IsOk());
-  EXPECT_THAT(SliceCheckpoint(*part, 2, 4),
-              StatusIs(kInvalid, HasSubstr("layers [2, 4) are not inside the checkpoint's [1, 3)")));
+  EXPECT_THAT(
+      SliceCheckpoint(*part, 2, 4),
+      StatusIs(kInvalid, HasSubstr("layers [2, 4) are not inside the checkpoint's [1, 3)")));
   EXPECT_THAT(SliceCheckpoint(*part, 2, 2), StatusIs(kInvalid, HasSubstr("not inside")));
 }
 

@@ -37,8 +37,7 @@ TEST_F(CpuBackendTest, AttentionFirstPositionIsItsOwnValue) {
   const int B = 2, T = 7, C = 12, NH = 3;
   auto qkv = RandomNormal(B * T * 3 * C, 50);
   std::vector<float> out(B * T * C), probs(B * NH * T * T, std::numeric_limits<float>::quiet_NaN());
-  ASSERT_THAT(cpu_->AttentionForward(B, T, C, NH, qkv.data(), out.data(), probs.data()),
-              IsOk());
+  ASSERT_THAT(cpu_->AttentionForward(B, T, C, NH, qkv.data(), out.data(), probs.data()), IsOk());
   for (int i = 0; i < C; ++i) EXPECT_FLOAT_EQ(out[i], qkv[2 * C + i]);
 }
 
@@ -48,7 +47,8 @@ TEST_F(CpuBackendTest, CopyFromHostPiecesPlacesPiecesConsecutively) {
   std::vector<std::byte> src(1000);
   const uint64_t key = model::InitStreamKey(77, 3000, 0);
   for (size_t i = 0; i < src.size(); ++i) {
-    src[i] = static_cast<std::byte>(static_cast<uint64_t>(std::fabs(model::NormalAt(key, i)) * 1e6));
+    src[i] =
+        static_cast<std::byte>(static_cast<uint64_t>(std::fabs(model::NormalAt(key, i)) * 1e6));
   }
   // Lengths 0, 1, 0, 300, 0, 699, 0: empty pieces at both ends and in between.
   const std::span<const std::byte> all(src);

@@ -304,7 +304,8 @@ struct Single {
 Single MakeSingle(int stages = 1, int stage = 0, OptimizerSettings optimizer = {}) {
   Single s;
   auto pool = std::make_shared<common::BufferPool>();
-  auto layers = *compute::ModelChunk::Create(Tiny(), 0, Tiny().num_pipeline_layers(), s.backend.get());
+  auto layers =
+      *compute::ModelChunk::Create(Tiny(), 0, Tiny().num_pipeline_layers(), s.backend.get());
   EXPECT_THAT(layers->Initialize(kSeed), IsOk());
   std::vector<std::unique_ptr<ChunkCompute>> chunks;
   chunks.push_back(*BackendChunk::Create(std::move(layers), 2, pool));
@@ -513,7 +514,8 @@ TEST(ExecutorTest, ForwardOnlyProgramsRunTheirForwardsAndNothingElse) {
 TEST(ExecutorTest, AMissingNeighbourTensorTimesOutNamingTheAction) {
   auto pool = std::make_shared<common::BufferPool>();
   auto backend = *compute::CpuBackend::Create(1);
-  auto layers = *compute::ModelChunk::Create(Tiny(), 3, Tiny().num_pipeline_layers(), backend.get());
+  auto layers =
+      *compute::ModelChunk::Create(Tiny(), 3, Tiny().num_pipeline_layers(), backend.get());
   ASSERT_THAT(layers->Initialize(kSeed), IsOk());
   std::vector<std::unique_ptr<ChunkCompute>> chunks;
   chunks.push_back(*BackendChunk::Create(std::move(layers), 2, pool));
@@ -562,7 +564,8 @@ TEST(ExecutorTest, EmulatedStagesFollowTheCostModel) {
   std::vector<EmulatedChunk*> backend_chunks;
   for (int s = 0; s < 2; ++s) {
     auto [begin, end] = plan->stages[s].layers[0];
-    auto backend_chunk = std::make_unique<EmulatedChunk>(Tiny(), begin, end, 2, device, false, pool);
+    auto backend_chunk =
+        std::make_unique<EmulatedChunk>(Tiny(), begin, end, 2, device, false, pool);
     backend_chunks.push_back(backend_chunk.get());
     std::vector<std::unique_ptr<ChunkCompute>> chunks;
     chunks.push_back(std::move(backend_chunk));
@@ -594,7 +597,8 @@ TEST(ExecutorTest, EmulatedStagesFollowTheCostModel) {
         << "stage " << s;
     for (const ActionTiming& t : results[s]->timings) {
       if (t.action.kind == schedule::ActionKind::kForward) {
-        EXPECT_GE(t.end_us - t.start_us, static_cast<int64_t>(backend_chunks[s]->forward_s() * 1e6 * 0.95));
+        EXPECT_GE(t.end_us - t.start_us,
+                  static_cast<int64_t>(backend_chunks[s]->forward_s() * 1e6 * 0.95));
       }
     }
   }

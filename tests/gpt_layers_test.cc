@@ -74,9 +74,8 @@ struct Fixture {
   }
   bool is_head() const { return layer->kind() == model::LayerKind::kHead; }
   const void* input() const {
-    return layer->kind() == model::LayerKind::kEmbedding
-               ? static_cast<const void*>(tokens.data())
-               : x.data();
+    return layer->kind() == model::LayerKind::kEmbedding ? static_cast<const void*>(tokens.data())
+                                                         : x.data();
   }
   // The scalar objective (host backends only: pointers are host memory).
   double Objective() {
@@ -148,8 +147,8 @@ TEST_P(LayerGradientTest, MatchesFiniteDifferencesInDouble) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(EmbeddingBlockHead, LayerGradientTest,
-                         ::testing::Values(0, 1, 3), [](const auto& info) {
+INSTANTIATE_TEST_SUITE_P(EmbeddingBlockHead, LayerGradientTest, ::testing::Values(0, 1, 3),
+                         [](const auto& info) {
                            return model::LayerName(Tiny(), info.param) == "head"
                                       ? std::string("head")
                                   : info.param == 0 ? std::string("embedding")

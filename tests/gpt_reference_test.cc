@@ -78,8 +78,7 @@ TEST(GptReferenceTest, LossAndGradientsMatchAnIndependentImplementation) {
   ASSERT_EQ(f.batch.inputs.size(), size_t(f.batch.rows) * f.config.seq_len);
   auto cpu = CpuBackend::Create(1);
   ASSERT_THAT(cpu, IsOk());
-  auto model =
-      ModelChunk::Create(f.config, 0, f.config.num_pipeline_layers(), cpu->get());
+  auto model = ModelChunk::Create(f.config, 0, f.config.num_pipeline_layers(), cpu->get());
   ASSERT_THAT(model, IsOk());
   ASSERT_EQ(f.params.size(), (*model)->Params().size()) << "every parameter, once";
   for (const auto& [name, values] : f.params) {

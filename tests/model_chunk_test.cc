@@ -32,8 +32,8 @@ using Stages = std::vector<std::unique_ptr<ModelChunkT<Real>>>;
 
 // Stages cut at `cuts` (e.g. {2} gives [0, 2) and [2, L + 2)), initialised with seed 5.
 template <typename Real>
-Stages<Real> MakeStages(BackendT<Real>* backend, const model::GptConfig& c,
-                        std::vector<int> cuts, ChunkOptions options = {}) {
+Stages<Real> MakeStages(BackendT<Real>* backend, const model::GptConfig& c, std::vector<int> cuts,
+                        ChunkOptions options = {}) {
   cuts.insert(cuts.begin(), 0);
   cuts.push_back(c.num_pipeline_layers());
   Stages<Real> stages;
@@ -64,8 +64,7 @@ enum class Mode { kFused, kSplit, kSplitWeightsReversed };
 // One GPipe-ordered step: every micro-batch forward through every stage, then backward
 // in reverse order. Returns the mean loss; gradients accumulate in the stages.
 template <typename Real>
-double RunStep(Stages<Real>& stages, const Batch& batch, int M,
-               Mode mode = Mode::kFused) {
+double RunStep(Stages<Real>& stages, const Batch& batch, int M, Mode mode = Mode::kFused) {
   const model::GptConfig& c = stages[0]->config();
   const int rows = batch.rows / M;
   const int64_t tokens = int64_t{rows} * c.seq_len;
@@ -75,8 +74,7 @@ double RunStep(Stages<Real>& stages, const Batch& batch, int M,
     std::vector<Real> out;
     for (auto& s : stages) {
       std::vector<Real> next(s->OutputElements(rows));
-      const int32_t* targets =
-          s->has_head() ? batch.targets.data() + mb * tokens : nullptr;
+      const int32_t* targets = s->has_head() ? batch.targets.data() + mb * tokens : nullptr;
       EXPECT_THAT(s->Forward(mb, rows, in, targets, next.data()), IsOk());
       out = std::move(next);
       in = out.data();
@@ -137,9 +135,7 @@ TEST(ModelChunkTest, WholeModelGradientMatchesFiniteDifferences) {
   RunStep(model, batch, 1);
   auto loss_of = [&] {
     double loss = 0;
-    EXPECT_THAT(
-        m.Forward(0, batch.rows, batch.tokens.data(), batch.targets.data(), &loss),
-        IsOk());
+    EXPECT_THAT(m.Forward(0, batch.rows, batch.tokens.data(), batch.targets.data(), &loss), IsOk());
     m.Abandon();
     return loss;
   };
@@ -191,8 +187,7 @@ TEST(ModelChunkTest, SplitBackwardInAnyOrderMatchesFused) {
   const Batch batch = MakeBatch(c, 4);
   Stages<float> fused = MakeStages<float>(cpu->get(), c, {2});
   Stages<float> split = MakeStages<float>(cpu->get(), c, {2});
-  EXPECT_EQ(RunStep(fused, batch, 4),
-            RunStep(split, batch, 4, Mode::kSplitWeightsReversed));
+  EXPECT_EQ(RunStep(fused, batch, 4), RunStep(split, batch, 4, Mode::kSplitWeightsReversed));
   const auto a = Collect(fused, true), b = Collect(split, true);
   for (const auto& [name, g] : a) {
     // Weight gradients are summed over micro-batches in another order: equal up to
@@ -214,8 +209,7 @@ TEST(ModelChunkTest, RecomputeIsBitIdenticalAndKeepsOnlyInputs) {
     for (auto* stages : {&plain, &recompute}) {
       for (auto& s : *stages) ASSERT_THAT(s->ZeroGrads(), IsOk());
     }
-    EXPECT_EQ(RunStep(plain, batch, 2, Mode::kSplit),
-              RunStep(recompute, batch, 2, Mode::kSplit));
+    EXPECT_EQ(RunStep(plain, batch, 2, Mode::kSplit), RunStep(recompute, batch, 2, Mode::kSplit));
     EXPECT_EQ(Collect(plain, true), Collect(recompute, true));
     for (auto* stages : {&plain, &recompute}) {
       for (auto& s : *stages) ASSERT_THAT(s->OptimizerStep({.lr = 1e-2f}), IsOk());
@@ -287,8 +281,7 @@ TEST(ModelChunkTest, InitIsDeterministicAcrossPartitions) {
   auto other = ModelChunk::Create(c, 0, 1, &backend);
   ASSERT_THAT(other, IsOk());
   ASSERT_THAT((*other)->Initialize(6), IsOk());
-  EXPECT_NE(*(*other)->GetParam("transformer.wte.weight"),
-            params.at("transformer.wte.weight"));
+  EXPECT_NE(*(*other)->GetParam("transformer.wte.weight"), params.at("transformer.wte.weight"));
 }
 
 TEST(ModelChunkTest, AdamWDecaysMatricesOnlyAndClipsByTheGivenNorm) {
@@ -373,20 +366,17 @@ TEST(ModelChunkTest, MisuseIsAnErrorNamingTheMicroBatch) {
   const model::GptConfig c = Tiny();
   EXPECT_THAT(ModelChunk::Create(c, 2, 2, &backend),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[2, 2)")));
-  EXPECT_THAT(ModelChunk::Create(c, 0, 9, &backend),
-              StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ModelChunk::Create(c, 0, 9, &backend), StatusIs(absl::StatusCode::kInvalidArgument));
   Stages<float> s = MakeStages<float>(&backend, c, {2});
   const Batch batch = MakeBatch(c, 1);
   std::vector<float> out(c.seq_len * c.d_model);
   ASSERT_THAT(s[0]->Forward(4, 1, batch.tokens.data(), nullptr, out.data()), IsOk());
-  EXPECT_THAT(
-      s[0]->Forward(4, 1, batch.tokens.data(), nullptr, out.data()),
-      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("micro-batch 4")));
-  EXPECT_THAT(s[0]->BackwardWeight(4), StatusIs(absl::StatusCode::kFailedPrecondition,
-                                                HasSubstr("backward-input")));
-  EXPECT_THAT(
-      s[0]->Backward(5, out.data(), nullptr),
-      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("micro-batch 5")));
+  EXPECT_THAT(s[0]->Forward(4, 1, batch.tokens.data(), nullptr, out.data()),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("micro-batch 4")));
+  EXPECT_THAT(s[0]->BackwardWeight(4),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("backward-input")));
+  EXPECT_THAT(s[0]->Backward(5, out.data(), nullptr),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("micro-batch 5")));
   float loss;
   EXPECT_THAT(s[1]->Forward(0, 1, out.data(), nullptr, &loss),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("targets")));

@@ -76,8 +76,9 @@ class PeerLinkTest : public ::testing::Test {
   // Stage 0 (upstream) connects to stage 1 (downstream, this server).
   void Connect(const std::string& up_secret = "secret", size_t frame_bytes = 1000) {
     acceptor_->Expect(Options(1, 0, frame_bytes), "secret");
-    auto channel = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(),
-                                             common::ChannelArgumentsFor(common::ChannelUse::kPeerLink));
+    auto channel =
+        grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(),
+                                  common::ChannelArgumentsFor(common::ChannelUse::kPeerLink));
     auto up = ConnectPeerLink(channel, Options(0, 1, frame_bytes), up_secret, In(absl::Seconds(10)));
     ASSERT_THAT(up.status(), IsOk());
     up_ = std::move(*up);
@@ -221,8 +222,9 @@ TEST_F(PeerLinkTest, WrongSecretIsRefused) {
 
   // The foreign peer took nothing: the stage with the job's secret still gets the slot
   // (no new Expect) and its tensors arrive.
-  auto channel = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(),
-                                           common::ChannelArgumentsFor(common::ChannelUse::kPeerLink));
+  auto channel =
+      grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(),
+                                common::ChannelArgumentsFor(common::ChannelUse::kPeerLink));
   auto up = ConnectPeerLink(channel, Options(0, 1), "secret", In(absl::Seconds(10)));
   ASSERT_THAT(up.status(), IsOk());
   up_ = std::move(*up);
@@ -259,8 +261,9 @@ TEST_F(PeerLinkTest, LostPeerIsUnavailableNotAHang) {
 }
 
 TEST_F(PeerLinkTest, UnreachablePeerFailsBeforeTheDeadline) {
-  auto channel = grpc::CreateCustomChannel("127.0.0.1:1", grpc::InsecureChannelCredentials(),
-                                           common::ChannelArgumentsFor(common::ChannelUse::kPeerLink));
+  auto channel =
+      grpc::CreateCustomChannel("127.0.0.1:1", grpc::InsecureChannelCredentials(),
+                                common::ChannelArgumentsFor(common::ChannelUse::kPeerLink));
   auto up = ConnectPeerLink(channel, Options(0, 1), "secret", In(absl::Milliseconds(500)));
   EXPECT_THAT(up.status(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cannot reach stage 1")));
 }

@@ -107,8 +107,7 @@ pb::ConfigureRequest ConfigureFor(const planner::Plan& plan, const std::string& 
 // stage's response status.
 std::vector<grpc::Status> RunStep(const schedule::Schedule& programs, const std::string& job,
                                   int step, const model::TokenBatch& batch,
-                                  std::vector<Stage>& stages,
-                                  std::vector<pb::RunStepResponse>& out,
+                                  std::vector<Stage>& stages, std::vector<pb::RunStepResponse>& out,
                                   bool defer_optimizer = false) {
   const int K = static_cast<int>(programs.size()), rows = kBatch / kMicroBatches;
   std::vector<grpc::Status> status(K);

@@ -73,14 +73,13 @@ TEST(TrainerTest, BatchesAreDeterministicShiftedRows) {
     for (int t = 0; t + 1 < 16; ++t)
       EXPECT_EQ(a->targets[r * 16 + t], a->inputs[r * 16 + t + 1]);
   }
-  auto lead =
-      model::LeadingBatch("abcdefghijklmnopqrstuvwxyz0123456789", {256, 16, 32, 4, 2}, 2);
+  auto lead = model::LeadingBatch("abcdefghijklmnopqrstuvwxyz0123456789", {256, 16, 32, 4, 2}, 2);
   ASSERT_THAT(lead, IsOk());
   EXPECT_EQ(lead->inputs[0], 'a');
   EXPECT_EQ(lead->targets[15], 'q');
   EXPECT_EQ(lead->inputs[16], 'r');  // the second row starts after T + 1 bytes
-  EXPECT_THAT(model::LeadingBatch("short", c, 1), StatusIs(absl::StatusCode::kInvalidArgument,
-                                                    HasSubstr("need at least 17")));
+  EXPECT_THAT(model::LeadingBatch("short", c, 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("need at least 17")));
 }
 
 TEST(TrainerTest, GoldenLossTrajectoryAndLossFalls) {

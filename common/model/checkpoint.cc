@@ -78,8 +78,8 @@ absl::Status CheckTensorSet(const std::vector<ParamSpec>& expected,
     }
     const Described& d = *it->second;
     if (d.dtype != DType::kF32) {
-      wrong.push_back(absl::StrCat(spec.name, " has dtype ",
-                                   common::SafetensorsDTypeName(d.dtype), ", want F32"));
+      wrong.push_back(absl::StrCat(spec.name, " has dtype ", common::SafetensorsDTypeName(d.dtype),
+                                   ", want F32"));
     } else if (d.shape != spec.shape) {
       wrong.push_back(absl::StrCat(spec.name, " has shape ", common::ShapeString(d.shape),
                                    ", want ", common::ShapeString(spec.shape)));
@@ -91,11 +91,12 @@ absl::Status CheckTensorSet(const std::vector<ParamSpec>& expected,
   if (missing.empty() && unexpected.empty() && wrong.empty()) return absl::OkStatus();
   std::vector<std::string> problems;
   if (!missing.empty()) {
-    problems.push_back(absl::StrCat("missing ", missing.size(), " tensor(s): ", ListNames(missing)));
+    problems.push_back(
+        absl::StrCat("missing ", missing.size(), " tensor(s): ", ListNames(missing)));
   }
   if (!unexpected.empty()) {
-    problems.push_back(absl::StrCat(unexpected.size(), " unexpected tensor(s): ",
-                                    ListNames(unexpected)));
+    problems.push_back(
+        absl::StrCat(unexpected.size(), " unexpected tensor(s): ", ListNames(unexpected)));
   }
   if (!wrong.empty()) problems.push_back(ListNames(wrong));
   return absl::InvalidArgumentError(absl::StrCat(what, ": ", absl::StrJoin(problems, "; ")));
@@ -154,8 +155,8 @@ absl::StatusOr<int64_t> ParseInt(const SafetensorsMetadata& metadata, const std:
   }
   int64_t value = 0;
   if (!absl::SimpleAtoi(it->second, &value)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, ": __metadata__ '", key, "' is \"", it->second, "\", not an integer"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": __metadata__ '", key, "' is \"", it->second, "\", not an integer"));
   }
   return value;
 }
@@ -164,8 +165,8 @@ absl::StatusOr<int> ParseConfigField(const SafetensorsMetadata& metadata, const 
                                      absl::string_view source) {
   ASSIGN_OR_RETURN(const int64_t value, ParseInt(metadata, key, source));
   if (value <= 0 || value > (int64_t{1} << 30)) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": __metadata__ '", key, "' = ",
-                                                   value, " is out of range"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": __metadata__ '", key, "' = ", value, " is out of range"));
   }
   return static_cast<int>(value);
 }
@@ -176,9 +177,9 @@ absl::StatusOr<CheckpointInfo> ParseInfo(const SafetensorsMetadata& metadata,
   if (metadata.count(kKeyFormatVersion)) {
     ASSIGN_OR_RETURN(const int64_t version, ParseInt(metadata, kKeyFormatVersion, source));
     if (version < 1 || version > kCheckpointFormatVersion) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          source, ": checkpoint format version ", version, " is not supported (this build reads 1..",
-          kCheckpointFormatVersion, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": checkpoint format version ", version,
+                       " is not supported (this build reads 1..", kCheckpointFormatVersion, ")"));
     }
   }
   CheckpointInfo info;
@@ -206,8 +207,8 @@ absl::StatusOr<CheckpointInfo> ParseInfo(const SafetensorsMetadata& metadata,
     info.has_optimizer = true;
     ASSIGN_OR_RETURN(info.optimizer_step, ParseInt(metadata, kKeyOptimizerStep, source));
     if (info.optimizer_step < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(source, ": __metadata__ '",
-                                                     kKeyOptimizerStep, "' is negative"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": __metadata__ '", kKeyOptimizerStep, "' is negative"));
     }
   }
   return info;
@@ -279,8 +280,7 @@ absl::Status ConfigsMatch(const GptConfig& file, const GptConfig& want, absl::st
                              {file.n_layers, want.n_layers, "n_layers"}}) {
     if (a != b) {
       return absl::InvalidArgumentError(absl::StrCat(source, ": model.", field, " is ", a,
-                                                     " in the checkpoint but ", b,
-                                                     " is expected"));
+                                                     " in the checkpoint but ", b, " is expected"));
     }
   }
   return absl::OkStatus();
@@ -288,8 +288,8 @@ absl::Status ConfigsMatch(const GptConfig& file, const GptConfig& want, absl::st
 
 }  // namespace
 
-absl::Status ValidateParams(const GptConfig& config, int begin, int end,
-                            const ParamMap& params, absl::string_view what) {
+absl::Status ValidateParams(const GptConfig& config, int begin, int end, const ParamMap& params,
+                            absl::string_view what) {
   RETURN_IF_ERROR(CheckRange(config, begin, end, what));
   return CheckTensorSet(RangeParams(config, begin, end), Describe(params), what);
 }
@@ -325,8 +325,7 @@ absl::StatusOr<Checkpoint> LoadCheckpoint(const std::string& path) {
 }
 
 absl::StatusOr<Checkpoint> ParseCheckpoint(absl::string_view bytes, const std::string& source) {
-  ASSIGN_OR_RETURN(common::SafetensorsContents contents,
-                   common::ParseSafetensors(bytes, source));
+  ASSIGN_OR_RETURN(common::SafetensorsContents contents, common::ParseSafetensors(bytes, source));
   return FromContents(std::move(contents), source);
 }
 
@@ -339,8 +338,8 @@ absl::StatusOr<CheckpointInfo> ReadCheckpointInfo(const std::string& path) {
     info.tensor_bytes += e.end - e.begin;
   }
   RETURN_IF_ERROR(CheckTensorSet(
-      ExpectedTensors(info.config, info.layer_begin, info.layer_end, info.has_optimizer),
-      described, What(path, info.layer_begin, info.layer_end)));
+      ExpectedTensors(info.config, info.layer_begin, info.layer_end, info.has_optimizer), described,
+      What(path, info.layer_begin, info.layer_end)));
   return info;
 }
 
@@ -349,9 +348,8 @@ absl::StatusOr<Checkpoint> MergeCheckpoints(std::vector<Checkpoint> parts) {
   for (size_t i = 0; i < parts.size(); ++i) {
     RETURN_IF_ERROR(ValidateCheckpoint(parts[i], absl::StrCat("merge: part ", i)));
   }
-  std::sort(parts.begin(), parts.end(), [](const Checkpoint& a, const Checkpoint& b) {
-    return a.layer_begin < b.layer_begin;
-  });
+  std::sort(parts.begin(), parts.end(),
+            [](const Checkpoint& a, const Checkpoint& b) { return a.layer_begin < b.layer_begin; });
   Checkpoint merged;
   merged.config = parts[0].config;
   merged.layer_begin = parts[0].layer_begin;
@@ -359,13 +357,13 @@ absl::StatusOr<Checkpoint> MergeCheckpoints(std::vector<Checkpoint> parts) {
   if (parts[0].optimizer) merged.optimizer.emplace().step = parts[0].optimizer->step;
   for (Checkpoint& part : parts) {
     const std::string range = RangeString(part.layer_begin, part.layer_end);
-    RETURN_IF_ERROR(ConfigsMatch(part.config, merged.config,
-                                 absl::StrCat("merge: part with layers ", range)));
+    RETURN_IF_ERROR(
+        ConfigsMatch(part.config, merged.config, absl::StrCat("merge: part with layers ", range)));
     if (part.layer_begin != merged.layer_end) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "merge: part with layers ", range,
-          part.layer_begin < merged.layer_end ? " overlaps " : " leaves a gap after ",
-          "layers ", RangeString(merged.layer_begin, merged.layer_end)));
+      return absl::InvalidArgumentError(
+          absl::StrCat("merge: part with layers ", range,
+                       part.layer_begin < merged.layer_end ? " overlaps " : " leaves a gap after ",
+                       "layers ", RangeString(merged.layer_begin, merged.layer_end)));
     }
     if (part.optimizer.has_value() != merged.optimizer.has_value() ||
         (part.optimizer && part.optimizer->step != merged.optimizer->step)) {
@@ -413,9 +411,8 @@ absl::Status WriteCheckpointIndex(const std::string& index_path,
     for (const common::SafetensorsEntry& e : header.entries) {
       auto [it, inserted] = owner.emplace(e.name, shard);
       if (!inserted) {
-        return absl::InvalidArgumentError(absl::StrCat(index_path, ": tensor '", e.name,
-                                                       "' is in both ", it->second, " and ",
-                                                       shard));
+        return absl::InvalidArgumentError(absl::StrCat(
+            index_path, ": tensor '", e.name, "' is in both ", it->second, " and ", shard));
       }
       weight_map[e.name] = relative;
       total_size += e.end - e.begin;

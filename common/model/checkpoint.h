@@ -67,8 +67,8 @@ struct CheckpointInfo {
 // (RangeParams): every name present, F32, the exact shape, nothing else. The error
 // (InvalidArgument) starts with `what` and lists the missing, unexpected, mis-typed and
 // mis-shaped tensors by name.
-absl::Status ValidateParams(const GptConfig& config, int begin, int end,
-                            const ParamMap& params, absl::string_view what);
+absl::Status ValidateParams(const GptConfig& config, int begin, int end, const ParamMap& params,
+                            absl::string_view what);
 
 // The __metadata__ of a checkpoint of `checkpoint`'s config and range.
 std::map<std::string, std::string> CheckpointMetadata(const Checkpoint& checkpoint);

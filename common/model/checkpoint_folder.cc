@@ -30,12 +30,12 @@ absl::Status WriteCheckpointFolder(const std::string& dir, const std::vector<Chu
     RETURN_IF_ERROR(common::WriteFileAtomically(path, s.bytes));
     paths.push_back(path);
   }
-  return model::WriteCheckpointIndex(
-      (fs::path(dir) / model::kCheckpointIndexFileName).string(), paths);
+  return model::WriteCheckpointIndex((fs::path(dir) / model::kCheckpointIndexFileName).string(),
+                                     paths);
 }
 
 absl::StatusOr<model::Checkpoint> LoadWholeCheckpoint(const std::string& path,
-                                                        const std::string& field) {
+                                                      const std::string& field) {
   std::error_code ec;
   auto bad = [&](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
@@ -65,7 +65,8 @@ absl::StatusOr<model::Checkpoint> LoadWholeCheckpoint(const std::string& path,
   }
   std::set<std::string> files;
   for (const auto& [name, file] : j["weight_map"].items()) {
-    if (!file.is_string()) return bad(absl::StrCat(index.string(), ": weight_map['", name, "'] is not a string"));
+    if (!file.is_string())
+      return bad(absl::StrCat(index.string(), ": weight_map['", name, "'] is not a string"));
     files.insert(file.get<std::string>());
   }
   std::vector<model::Checkpoint> parts;
@@ -80,7 +81,7 @@ absl::StatusOr<model::Checkpoint> LoadWholeCheckpoint(const std::string& path,
 }
 
 absl::StatusOr<model::Checkpoint> SliceCheckpoint(const model::Checkpoint& whole, int begin,
-                                                    int end) {
+                                                  int end) {
   if (begin < whole.layer_begin || end > whole.layer_end || begin >= end) {
     return absl::InvalidArgumentError(absl::StrCat("layers [", begin, ", ", end,
                                                    ") are not inside the checkpoint's [",

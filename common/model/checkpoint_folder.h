@@ -30,10 +30,10 @@ absl::Status WriteCheckpointFolder(const std::string& dir, const std::vector<Chu
 // file it names, merged) or from one safetensors file. Errors name `field` (the spec
 // field the path came from) and the file.
 absl::StatusOr<model::Checkpoint> LoadWholeCheckpoint(const std::string& path,
-                                                        const std::string& field);
+                                                      const std::string& field);
 
 // Layers [begin, end) of a whole-model checkpoint, optimizer state included when present.
 absl::StatusOr<model::Checkpoint> SliceCheckpoint(const model::Checkpoint& whole, int begin,
-                                                    int end);
+                                                  int end);
 
 }  // namespace pipetrain::model

@@ -8,18 +8,18 @@ namespace pipetrain::model {
 absl::Status ValidateConfig(const GptConfig& c) {
   auto positive = [](int v, const char* field) -> absl::Status {
     if (v > 0) return absl::OkStatus();
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.", field, " must be > 0 (got ", v, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("model.", field, " must be > 0 (got ", v, ")"));
   };
-  for (auto [v, f] : {std::pair{c.vocab_size, "vocab_size"}, {c.seq_len, "seq_len"},
-                      {c.d_model, "d_model"}, {c.n_heads, "n_heads"},
+  for (auto [v, f] : {std::pair{c.vocab_size, "vocab_size"},
+                      {c.seq_len, "seq_len"},
+                      {c.d_model, "d_model"},
+                      {c.n_heads, "n_heads"},
                       {c.n_layers, "n_layers"}}) {
     if (absl::Status s = positive(v, f); !s.ok()) return s;
   }
   if (c.d_model % c.n_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("model.n_heads (", c.n_heads,
-                                                   ") must divide model.d_model (",
-                                                   c.d_model, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.n_heads (", c.n_heads, ") must divide model.d_model (", c.d_model, ")"));
   }
   return absl::OkStatus();
 }
@@ -48,9 +48,12 @@ LayerKind KindOfLayer(const GptConfig& c, int layer) {
 
 std::string LayerName(const GptConfig& c, int layer) {
   switch (KindOfLayer(c, layer)) {
-    case LayerKind::kEmbedding: return "embedding";
-    case LayerKind::kHead: return "head";
-    case LayerKind::kBlock: return absl::StrCat("block ", layer - 1);
+    case LayerKind::kEmbedding:
+      return "embedding";
+    case LayerKind::kHead:
+      return "head";
+    case LayerKind::kBlock:
+      return absl::StrCat("block ", layer - 1);
   }
   return "?";
 }
@@ -65,8 +68,7 @@ std::vector<ParamSpec> LayerParams(const GptConfig& c, int layer) {
   const int64_t C = c.d_model, V = c.vocab_size, T = c.seq_len, F = c.mlp_dim();
   switch (KindOfLayer(c, layer)) {
     case LayerKind::kEmbedding:
-      return {{"transformer.wte.weight", {V, C}, true},
-              {"transformer.wpe.weight", {T, C}, true}};
+      return {{"transformer.wte.weight", {V, C}, true}, {"transformer.wpe.weight", {T, C}, true}};
     case LayerKind::kHead:
       return {{"transformer.ln_f.weight", {C}, false},
               {"transformer.ln_f.bias", {C}, false},
@@ -105,10 +107,10 @@ LayerCost CostOfLayer(const GptConfig& c, int layer) {
   for (const ParamSpec& p : LayerParams(c, layer)) cost.params += p.num_elements();
   switch (KindOfLayer(c, layer)) {
     case LayerKind::kEmbedding:
-      cost.forward_flops = C;          // one add per channel
-      cost.backward_input_flops = 0;   // token ids have no gradient
+      cost.forward_flops = C;         // one add per channel
+      cost.backward_input_flops = 0;  // token ids have no gradient
       cost.backward_weight_flops = 2 * C;
-      cost.activation_bytes = 4;       // the token id
+      cost.activation_bytes = 4;  // the token id
       cost.activation_bytes_recompute = 4;
       cost.weight_grad_bytes = C * kF;  // the output gradient, for the scatter-add
       cost.output_bytes = C * kF;
@@ -137,15 +139,14 @@ LayerCost CostOfLayer(const GptConfig& c, int layer) {
       // the logits' gradient in backward), and the int32 target id.
       cost.activation_bytes = (C + C + 2 + V + 1) * kF;
       cost.activation_bytes_recompute = C * kF;
-      cost.output_bytes = kF;  // the loss
+      cost.output_bytes = kF;           // the loss
       cost.weight_grad_bytes = C * kF;  // the gradient at ln_f's output
       break;
   }
   return cost;
 }
 
-ChunkMemory ChunkActivationBytes(const GptConfig& config, int begin, int end,
-                                 bool recompute) {
+ChunkMemory ChunkActivationBytes(const GptConfig& config, int begin, int end, bool recompute) {
   ChunkMemory m;
   double full = 0;
   for (int l = begin; l < end; ++l) {

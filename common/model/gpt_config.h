@@ -35,7 +35,8 @@ pipetrain::v1::ModelConfig ConfigToProto(const GptConfig& config);
 
 enum class LayerKind { kEmbedding, kBlock, kHead };
 LayerKind KindOfLayer(const GptConfig& config, int pipeline_layer);
-std::string LayerName(const GptConfig& config, int pipeline_layer);  // "embedding", "block 3", "head"
+std::string LayerName(const GptConfig& config,
+                      int pipeline_layer);  // "embedding", "block 3", "head"
 
 // One parameter tensor: its Hugging Face GPT-2 name (global block index) and shape.
 // Linear weights are stored [in, out] (GPT-2's Conv1D layout, y = x W + b);

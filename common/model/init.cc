@@ -34,8 +34,8 @@ double NormalAt(uint64_t key, uint64_t index) {
   return index % 2 == 0 ? r * std::cos(kTwoPi * u2) : r * std::sin(kTwoPi * u2);
 }
 
-std::vector<std::vector<float>> InitLayerParams(const GptConfig& config,
-                                                int pipeline_layer, uint64_t seed) {
+std::vector<std::vector<float>> InitLayerParams(const GptConfig& config, int pipeline_layer,
+                                                uint64_t seed) {
   const std::vector<ParamSpec> specs = LayerParams(config, pipeline_layer);
   std::vector<std::vector<float>> values;
   values.reserve(specs.size());

@@ -154,8 +154,7 @@ absl::StatusOr<Plan> MakePlan(const PlanOptions& o) {
       cc.backward_input_s += cost[l].backward_input_flops * tokens / o.device_flops;
       cc.backward_weight_s += cost[l].backward_weight_flops * tokens / o.device_flops;
     }
-    const model::ChunkMemory memory =
-        model::ChunkActivationBytes(o.model, b, e, sp.recompute);
+    const model::ChunkMemory memory = model::ChunkActivationBytes(o.model, b, e, sp.recompute);
     cc.stored_bytes = memory.stored * tokens;
     cc.backward_extra_bytes = memory.backward_extra * tokens;
     cc.weight_grad_bytes = memory.weight_grad * tokens;

@@ -121,8 +121,8 @@ absl::Status CpuBackend::LayerNormForward(int rows, int C, const float* x,
                                           const float* weight, const float* bias,
                                           float* out, float* mean, float* rstd) {
   // x (rows, C), weight (C), bias (C), out (rows, C), mean (rows), rstd (rows)
-  ASSIGN_OR_RETURN(const OpCall call, CheckLayerNormForward(Name(), rows, C, x, weight,
-                                                            bias, out, mean, rstd));
+  ASSIGN_OR_RETURN(const OpCall call,
+                   CheckLayerNormForward(Name(), rows, C, x, weight, bias, out, mean, rstd));
   if (call.empty()) return absl::OkStatus();
   for (int r = 0; r < rows; ++r) {
     const float* xr = x + int64_t{r} * C;
@@ -147,9 +147,8 @@ absl::Status CpuBackend::LayerNormBackward(int rows, int C, const float* dout,
                                            float* dx, float* dweight, float* dbias) {
   // dout (rows, C), x (rows, C), weight (C), mean (rows), rstd (rows),
   // dx (rows, C) +=, dweight (C) +=, dbias (C) +=
-  ASSIGN_OR_RETURN(const OpCall call,
-                   CheckLayerNormBackward(Name(), rows, C, dout, x, weight, mean, rstd, dx,
-                                          dweight, dbias));
+  ASSIGN_OR_RETURN(const OpCall call, CheckLayerNormBackward(Name(), rows, C, dout, x, weight, mean,
+                                                             rstd, dx, dweight, dbias));
   if (call.empty()) return absl::OkStatus();
   for (int r = 0; r < rows; ++r) {
     const float* xr = x + int64_t{r} * C;
@@ -209,8 +208,7 @@ absl::Status CpuBackend::GeluBackward(int64_t n, const float* x, const float* do
 absl::Status CpuBackend::AttentionForward(int B, int T, int C, int NH, const float* qkv,
                                           float* out, float* probs) {
   // qkv (B, T, 3C), out (B, T, C), probs (B, NH, T, T)
-  ASSIGN_OR_RETURN(const OpCall call,
-                   CheckAttentionForward(Name(), B, T, C, NH, qkv, out, probs));
+  ASSIGN_OR_RETURN(const OpCall call, CheckAttentionForward(Name(), B, T, C, NH, qkv, out, probs));
   if (call.empty()) return absl::OkStatus();
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
@@ -289,8 +287,8 @@ absl::Status CpuBackend::CrossEntropyForward(int rows, int V, const float* logit
                                              const int32_t* targets, float* probs,
                                              float* loss) {
   // logits (rows, V), targets (rows), probs (rows, V), loss (1)
-  ASSIGN_OR_RETURN(const OpCall call, CheckCrossEntropyForward(Name(), rows, V, logits,
-                                                               targets, probs, loss));
+  ASSIGN_OR_RETURN(const OpCall call,
+                   CheckCrossEntropyForward(Name(), rows, V, logits, targets, probs, loss));
   RETURN_IF_ERROR(CheckHostIds(Name(), call, "targets", targets, rows, V));
   double total = 0;
   for (int r = 0; r < rows; ++r) {

@@ -128,14 +128,13 @@ absl::Status CudaBackend::EnsureScratch(void** ptr, size_t* capacity, size_t byt
 absl::Status CudaBackend::CheckBadIndex(const OpCall& call, const int32_t* ids, int V,
                                         const char* what) {
   int32_t bad = 0;
-  CUDA_CHECK(cudaMemcpyAsync(&bad, bad_index_, sizeof(bad), cudaMemcpyDeviceToHost,
-                             S(stream_)),
+  CUDA_CHECK(cudaMemcpyAsync(&bad, bad_index_, sizeof(bad), cudaMemcpyDeviceToHost, S(stream_)),
              call.ToString(), ": reading the id check");
   CUDA_CHECK(cudaStreamSynchronize(S(stream_)), call.ToString());
   if (bad == INT_MAX) return absl::OkStatus();
   int32_t id = 0;
-  CUDA_CHECK(cudaMemcpy(&id, ids + bad, sizeof(id), cudaMemcpyDeviceToHost),
-             call.ToString(), ": reading the bad id");
+  CUDA_CHECK(cudaMemcpy(&id, ids + bad, sizeof(id), cudaMemcpyDeviceToHost), call.ToString(),
+             ": reading the bad id");
   return IdOutOfRange(Name(), call, what, bad, id, V);
 }
 

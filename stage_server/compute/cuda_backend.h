@@ -128,16 +128,14 @@ class CudaBackend final : public Backend {
   absl::Status EnsureScratch(void** ptr, size_t* capacity, size_t bytes, const char* what);
   // Reads bad_index_ (synchronizing); InvalidArgument naming the first id outside
   // [0, V) if a kernel recorded one. `ids` is the device array the kernel checked.
-  absl::Status CheckBadIndex(const OpCall& call, const int32_t* ids, int V,
-                             const char* what);
+  absl::Status CheckBadIndex(const OpCall& call, const int32_t* ids, int V, const char* what);
   // Row-major strided-batched product, like Matmul with leading dimensions (the row
   // strides of a, b, c) and per-batch element strides; batch 1 is a plain sgemm. An
   // error names the call, then `part` and batch row `row` of it when given.
-  absl::Status Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
-                    const float* a, int lda, int64_t stride_a, const float* b, int ldb,
-                    int64_t stride_b, float beta, float* c, int ldc, int64_t stride_c,
-                    int batch, const OpCall& call, absl::string_view part = {},
-                    int row = -1);
+  absl::Status Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                    int lda, int64_t stride_a, const float* b, int ldb, int64_t stride_b,
+                    float beta, float* c, int ldc, int64_t stride_c, int batch, const OpCall& call,
+                    absl::string_view part = {}, int row = -1);
 
   int device_;
   CudaBackendOptions options_;

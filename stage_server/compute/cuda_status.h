@@ -42,9 +42,9 @@ inline absl::Status CublasStatus(cublasStatus_t s, const std::string& what) {
   } while (false)
 
 // CUBLAS_CHECK(expr, describe...): CUDA_CHECK for cuBLAS results.
-#define CUBLAS_CHECK(expr, ...)                                                      \
-  do {                                                                               \
-    if (cublasStatus_t _pt_s = (expr); _pt_s != CUBLAS_STATUS_SUCCESS) {             \
-      return ::pipetrain::compute::CublasStatus(_pt_s, absl::StrCat(__VA_ARGS__));   \
-    }                                                                                \
+#define CUBLAS_CHECK(expr, ...)                                                    \
+  do {                                                                             \
+    if (cublasStatus_t _pt_s = (expr); _pt_s != CUBLAS_STATUS_SUCCESS) {           \
+      return ::pipetrain::compute::CublasStatus(_pt_s, absl::StrCat(__VA_ARGS__)); \
+    }                                                                              \
   } while (false)

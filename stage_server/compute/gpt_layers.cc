@@ -310,8 +310,8 @@ class HeadLayer : public PipelineLayer<Real> {
     const int C = this->config_.d_model, V = this->config_.vocab_size;
     const int N = B * this->config_.seq_len;
     if (targets == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          model::LayerName(this->config_, this->index_), ": forward needs targets"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(model::LayerName(this->config_, this->index_), ": forward needs targets"));
     }
     s.Reset(B, input);
     ASSIGN_OR_RETURN(void* tgt, s.Allocate(be, kTargets, N * sizeof(int32_t)));  // (N)
@@ -367,8 +367,7 @@ class HeadLayer : public PipelineLayer<Real> {
 
 template <typename Real>
 absl::StatusOr<std::unique_ptr<PipelineLayer<Real>>> MakeLayer(const model::GptConfig& config,
-                                                               int index,
-                                                               BackendT<Real>* backend) {
+                                                               int index, BackendT<Real>* backend) {
   RETURN_IF_ERROR(model::ValidateConfig(config));
   if (index < 0 || index >= config.num_pipeline_layers()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -394,9 +393,9 @@ template class Stash<float>;
 template class Stash<double>;
 template class PipelineLayer<float>;
 template class PipelineLayer<double>;
-template absl::StatusOr<std::unique_ptr<PipelineLayer<float>>> MakeLayer(
-    const model::GptConfig&, int, BackendT<float>*);
-template absl::StatusOr<std::unique_ptr<PipelineLayer<double>>> MakeLayer(
-    const model::GptConfig&, int, BackendT<double>*);
+template absl::StatusOr<std::unique_ptr<PipelineLayer<float>>> MakeLayer(const model::GptConfig&,
+                                                                         int, BackendT<float>*);
+template absl::StatusOr<std::unique_ptr<PipelineLayer<double>>> MakeLayer(const model::GptConfig&,
+                                                                          int, BackendT<double>*);
 
 }  // namespace pipetrain::compute

@@ -59,8 +59,7 @@ class PipelineLayer;
 // Creates pipeline layer `index` of the model (allocated, not initialised).
 template <typename Real>
 absl::StatusOr<std::unique_ptr<PipelineLayer<Real>>> MakeLayer(const model::GptConfig& config,
-                                                               int index,
-                                                               BackendT<Real>* backend);
+                                                               int index, BackendT<Real>* backend);
 
 template <typename Real>
 class PipelineLayer {
@@ -117,8 +116,8 @@ class PipelineLayer {
 
  protected:
   template <typename R>
-  friend absl::StatusOr<std::unique_ptr<PipelineLayer<R>>> MakeLayer(const model::GptConfig&,
-                                                                     int, BackendT<R>*);
+  friend absl::StatusOr<std::unique_ptr<PipelineLayer<R>>> MakeLayer(const model::GptConfig&, int,
+                                                                     BackendT<R>*);
   PipelineLayer(const model::GptConfig& config, int index, BackendT<Real>* backend)
       : config_(config), index_(index), backend_(backend) {}
   absl::Status AllocateParams();

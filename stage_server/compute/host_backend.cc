@@ -141,8 +141,8 @@ template <typename Real>
 absl::Status HostBackendT<Real>::LayerNormForward(int rows, int C, const Real* x,
                                                   const Real* weight, const Real* bias,
                                                   Real* out, Real* mean, Real* rstd) {
-  ASSIGN_OR_RETURN(const OpCall call, CheckLayerNormForward(Name(), rows, C, x, weight,
-                                                            bias, out, mean, rstd));
+  ASSIGN_OR_RETURN(const OpCall call,
+                   CheckLayerNormForward(Name(), rows, C, x, weight, bias, out, mean, rstd));
   if (!call.empty()) reference::LayerNormForward(rows, C, x, weight, bias, out, mean, rstd);
   return absl::OkStatus();
 }
@@ -152,9 +152,8 @@ absl::Status HostBackendT<Real>::LayerNormBackward(int rows, int C, const Real* 
                                                    const Real* x, const Real* weight,
                                                    const Real* mean, const Real* rstd,
                                                    Real* dx, Real* dweight, Real* dbias) {
-  ASSIGN_OR_RETURN(const OpCall call,
-                   CheckLayerNormBackward(Name(), rows, C, dout, x, weight, mean, rstd, dx,
-                                          dweight, dbias));
+  ASSIGN_OR_RETURN(const OpCall call, CheckLayerNormBackward(Name(), rows, C, dout, x, weight, mean,
+                                                             rstd, dx, dweight, dbias));
   if (!call.empty()) {
     reference::LayerNormBackward(rows, C, dout, x, weight, mean, rstd, dx, dweight, dbias);
   }
@@ -180,8 +179,7 @@ template <typename Real>
 absl::Status HostBackendT<Real>::AttentionForward(int B, int T, int C, int NH,
                                                   const Real* qkv, Real* out,
                                                   Real* probs) {
-  ASSIGN_OR_RETURN(const OpCall call,
-                   CheckAttentionForward(Name(), B, T, C, NH, qkv, out, probs));
+  ASSIGN_OR_RETURN(const OpCall call, CheckAttentionForward(Name(), B, T, C, NH, qkv, out, probs));
   if (!call.empty()) reference::AttentionForward(B, T, C, NH, qkv, out, probs);
   return absl::OkStatus();
 }
@@ -200,8 +198,8 @@ template <typename Real>
 absl::Status HostBackendT<Real>::CrossEntropyForward(int rows, int V, const Real* logits,
                                                      const int32_t* targets, Real* probs,
                                                      Real* loss) {
-  ASSIGN_OR_RETURN(const OpCall call, CheckCrossEntropyForward(Name(), rows, V, logits,
-                                                               targets, probs, loss));
+  ASSIGN_OR_RETURN(const OpCall call,
+                   CheckCrossEntropyForward(Name(), rows, V, logits, targets, probs, loss));
   RETURN_IF_ERROR(CheckHostIds(Name(), call, "targets", targets, rows, V));
   reference::CrossEntropyForward(rows, V, logits, targets, probs, loss);
   return absl::OkStatus();

@@ -19,8 +19,7 @@ absl::StatusOr<std::unique_ptr<ModelChunkT<Real>>> ModelChunkT<Real>::Create(
                                                    config.num_pipeline_layers(), ")"));
   }
   if (backend == nullptr) return absl::InvalidArgumentError("model chunk: no backend");
-  std::unique_ptr<ModelChunkT> chunk(
-      new ModelChunkT(config, begin, end, backend, options));
+  std::unique_ptr<ModelChunkT> chunk(new ModelChunkT(config, begin, end, backend, options));
   for (int l = begin; l < end; ++l) {
     ASSIGN_OR_RETURN(auto layer, MakeLayer<Real>(config, l, backend));
     chunk->layers_.push_back(std::move(layer));
@@ -36,8 +35,7 @@ int64_t ModelChunkT<Real>::OutputElements(int B) const {
 template <typename Real>
 int64_t ModelChunkT<Real>::InputBytes(int B) const {
   const int64_t tokens = int64_t{B} * config_.seq_len;
-  return has_embedding() ? tokens * sizeof(int32_t)
-                         : tokens * config_.d_model * sizeof(Real);
+  return has_embedding() ? tokens * sizeof(int32_t) : tokens * config_.d_model * sizeof(Real);
 }
 
 template <typename Real>
@@ -70,8 +68,8 @@ void ModelChunkT<Real>::NotePeak() {
 }
 
 template <typename Real>
-absl::StatusOr<typename ModelChunkT<Real>::MicroBatch*> ModelChunkT<Real>::Find(
-    int mb, const char* what) {
+absl::StatusOr<typename ModelChunkT<Real>::MicroBatch*> ModelChunkT<Real>::Find(int mb,
+                                                                                const char* what) {
   auto it = micro_batches_.find(mb);
   if (it == micro_batches_.end()) {
     return absl::FailedPreconditionError(
@@ -92,8 +90,8 @@ absl::Status ModelChunkT<Real>::RunForward(MicroBatch& mb, Real* output) {
     const void* in = i == 0 ? mb.input.raw() : mb.outputs[i - 1].raw();
     Real* out = output;
     if (i + 1 < n) {
-      ASSIGN_OR_RETURN(auto buffer, BackendBuffer<Real>::Allocate(
-                                        backend_, x_elements * sizeof(Real)));
+      ASSIGN_OR_RETURN(auto buffer,
+                       BackendBuffer<Real>::Allocate(backend_, x_elements * sizeof(Real)));
       mb.outputs.push_back(std::move(buffer));
       out = mb.outputs.back().data();
     }
@@ -104,15 +102,14 @@ absl::Status ModelChunkT<Real>::RunForward(MicroBatch& mb, Real* output) {
 }
 
 template <typename Real>
-absl::Status ModelChunkT<Real>::Forward(int mb_id, int B, const void* input,
-                                        const int32_t* targets, Real* output) {
-  const std::string where = absl::StrCat("forward of micro-batch ", mb_id, " on layers [",
-                                         begin_, ", ", end_, ")");
+absl::Status ModelChunkT<Real>::Forward(int mb_id, int B, const void* input, const int32_t* targets,
+                                        Real* output) {
+  const std::string where =
+      absl::StrCat("forward of micro-batch ", mb_id, " on layers [", begin_, ", ", end_, ")");
   if (micro_batches_.count(mb_id) > 0) {
     return absl::FailedPreconditionError(absl::StrCat(where, ": already in flight"));
   }
-  if (B <= 0)
-    return absl::InvalidArgumentError(absl::StrCat(where, ": rows ", B, " <= 0"));
+  if (B <= 0) return absl::InvalidArgumentError(absl::StrCat(where, ": rows ", B, " <= 0"));
   if (input == nullptr || output == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": null input or output"));
   }
@@ -145,8 +142,7 @@ absl::Status ModelChunkT<Real>::Forward(int mb_id, int B, const void* input,
 template <typename Real>
 absl::Status ModelChunkT<Real>::Evaluate(int B, const void* input, const int32_t* targets,
                                          Real* output) {
-  const std::string where =
-      absl::StrCat("evaluation forward on layers [", begin_, ", ", end_, ")");
+  const std::string where = absl::StrCat("evaluation forward on layers [", begin_, ", ", end_, ")");
   if (B <= 0) return absl::InvalidArgumentError(absl::StrCat(where, ": rows ", B, " <= 0"));
   if (input == nullptr || output == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": null input or output"));
@@ -167,8 +163,8 @@ absl::Status ModelChunkT<Real>::Evaluate(int B, const void* input, const int32_t
     }
     Stash<Real> stash;  // freed at the end of this iteration: no backward will read it
     RETURN_IF_ERROR(layers_[i]->Forward(B, in, targets, out, stash));
-    peak_bytes_ = std::max(peak_bytes_, others + in_buffer.bytes() + out_buffer.bytes() +
-                                            stash.owned_bytes());
+    peak_bytes_ = std::max(peak_bytes_,
+                           others + in_buffer.bytes() + out_buffer.bytes() + stash.owned_bytes());
     in_buffer = std::move(out_buffer);  // frees this layer's input
     in = in_buffer.raw();
   }
@@ -177,8 +173,7 @@ absl::Status ModelChunkT<Real>::Evaluate(int B, const void* input, const int32_t
 
 template <typename Real>
 absl::Status ModelChunkT<Real>::RunBackwardInput(MicroBatch& mb, const Real* grad_output,
-                                                 Real* grad_input, Real loss_grad,
-                                                 bool fused) {
+                                                 Real* grad_input, Real loss_grad, bool fused) {
   if (options_.recompute) {
     // Rebuild the stashes with exactly the forward's ops, hence bit-identical results.
     ASSIGN_OR_RETURN(auto scratch, BackendBuffer<Real>::Allocate(
@@ -187,12 +182,12 @@ absl::Status ModelChunkT<Real>::RunBackwardInput(MicroBatch& mb, const Real* gra
     NotePeak();
   }
   if (!has_head() && grad_output == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("backward on layers [", begin_, ", ",
-                                                   end_, "): grad_output is null"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("backward on layers [", begin_, ", ", end_, "): grad_output is null"));
   }
   if (!has_embedding() && grad_input == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("backward on layers [", begin_, ", ",
-                                                   end_, "): grad_input is null"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("backward on layers [", begin_, ", ", end_, "): grad_input is null"));
   }
   const int64_t x_elements = int64_t{mb.rows} * config_.seq_len * config_.d_model;
   const Real* g = grad_output;
@@ -201,8 +196,7 @@ absl::Status ModelChunkT<Real>::RunBackwardInput(MicroBatch& mb, const Real* gra
     BackendBuffer<Real> next;
     Real* gi = grad_input;
     if (i > 0) {
-      ASSIGN_OR_RETURN(
-          next, BackendBuffer<Real>::Allocate(backend_, x_elements * sizeof(Real)));
+      ASSIGN_OR_RETURN(next, BackendBuffer<Real>::Allocate(backend_, x_elements * sizeof(Real)));
       gi = next.data();
     }
     if (fused) {
@@ -217,13 +211,12 @@ absl::Status ModelChunkT<Real>::RunBackwardInput(MicroBatch& mb, const Real* gra
 }
 
 template <typename Real>
-absl::Status ModelChunkT<Real>::Backward(int mb_id, const Real* grad_output,
-                                         Real* grad_input, Real loss_grad) {
+absl::Status ModelChunkT<Real>::Backward(int mb_id, const Real* grad_output, Real* grad_input,
+                                         Real loss_grad) {
   ASSIGN_OR_RETURN(MicroBatch * mb, Find(mb_id, "backward"));
   if (mb->input_done) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("backward of micro-batch ", mb_id,
-                     ": its input half already ran; call BackwardWeight"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "backward of micro-batch ", mb_id, ": its input half already ran; call BackwardWeight"));
   }
   absl::Status s = RunBackwardInput(*mb, grad_output, grad_input, loss_grad, true);
   micro_batches_.erase(mb_id);
@@ -231,8 +224,8 @@ absl::Status ModelChunkT<Real>::Backward(int mb_id, const Real* grad_output,
 }
 
 template <typename Real>
-absl::Status ModelChunkT<Real>::BackwardInput(int mb_id, const Real* grad_output,
-                                              Real* grad_input, Real loss_grad) {
+absl::Status ModelChunkT<Real>::BackwardInput(int mb_id, const Real* grad_output, Real* grad_input,
+                                              Real loss_grad) {
   ASSIGN_OR_RETURN(MicroBatch * mb, Find(mb_id, "backward-input"));
   if (mb->input_done) {
     return absl::FailedPreconditionError(
@@ -248,8 +241,8 @@ template <typename Real>
 absl::Status ModelChunkT<Real>::BackwardWeight(int mb_id) {
   ASSIGN_OR_RETURN(MicroBatch * mb, Find(mb_id, "backward-weight"));
   if (!mb->input_done) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "backward-weight of micro-batch ", mb_id, " before its backward-input"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("backward-weight of micro-batch ", mb_id, " before its backward-input"));
   }
   for (size_t i = 0; i < layers_.size(); ++i) {
     RETURN_IF_ERROR(layers_[i]->BackwardWeight(mb->stashes[i]));
@@ -282,17 +275,21 @@ absl::StatusOr<std::pair<PipelineLayer<Real>*, int>> ModelChunkT<Real>::FindPara
       }
     }
   }
-  return absl::NotFoundError(absl::StrCat("parameter \"", name, "\" is not in layers [",
-                                          begin_, ", ", end_, ")"));
+  return absl::NotFoundError(
+      absl::StrCat("parameter \"", name, "\" is not in layers [", begin_, ", ", end_, ")"));
 }
 
 template <typename Real>
 Real* ModelChunkT<Real>::Address(const PipelineLayer<Real>& layer, int i, Field field) {
   switch (field) {
-    case Field::kParam: return layer.param(i);
-    case Field::kGrad: return layer.grad(i);
-    case Field::kAdamM: return layer.adam_m(i);
-    case Field::kAdamV: return layer.adam_v(i);
+    case Field::kParam:
+      return layer.param(i);
+    case Field::kGrad:
+      return layer.grad(i);
+    case Field::kAdamM:
+      return layer.adam_m(i);
+    case Field::kAdamV:
+      return layer.adam_v(i);
   }
   return nullptr;
 }
@@ -305,8 +302,8 @@ absl::StatusOr<std::vector<Real>> ModelChunkT<Real>::CopyOut(absl::string_view n
   std::vector<Real> out(layer->specs()[i].num_elements());
   const bool moment = field == Field::kAdamM || field == Field::kAdamV;
   if (moment && !layer->has_optimizer_state()) return out;  // no step yet: zeros
-  RETURN_IF_ERROR(backend_->CopyToHost(out.data(), Address(*layer, i, field),
-                                       out.size() * sizeof(Real)));
+  RETURN_IF_ERROR(
+      backend_->CopyToHost(out.data(), Address(*layer, i, field), out.size() * sizeof(Real)));
   return out;
 }
 
@@ -319,9 +316,8 @@ absl::Status ModelChunkT<Real>::CopyIn(absl::string_view name, Field field,
     RETURN_IF_ERROR(found.first->EnsureOptimizerState());
   }
   if (static_cast<int64_t>(values.size()) != spec.num_elements()) {
-    return absl::InvalidArgumentError(absl::StrCat("parameter \"", name, "\" has ",
-                                                   spec.num_elements(), " elements, got ",
-                                                   values.size()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameter \"", name, "\" has ", spec.num_elements(), " elements, got ", values.size()));
   }
   return backend_->CopyFromHost(Address(*found.first, found.second, field), values.data(),
                                 values.size() * sizeof(Real));
@@ -337,16 +333,15 @@ template <typename Real>
 absl::StatusOr<double> ModelChunkT<Real>::GradSquaredNorm() {
   double total = 0;
   for (auto& layer : layers_) {
-    ASSIGN_OR_RETURN(double s,
-                     backend_->SumOfSquares(layer->num_params(), layer->all_grads()));
+    ASSIGN_OR_RETURN(double s, backend_->SumOfSquares(layer->num_params(), layer->all_grads()));
     total += s;
   }
   return total;
 }
 
 template <typename Real>
-absl::StatusOr<double> ModelChunkT<Real>::OptimizerStep(
-    const AdamWOptions& o, std::optional<double> global_norm) {
+absl::StatusOr<double> ModelChunkT<Real>::OptimizerStep(const AdamWOptions& o,
+                                                        std::optional<double> global_norm) {
   double norm = global_norm.value_or(0.0);
   Real scale = 1;
   if (o.max_grad_norm > 0) {
@@ -360,8 +355,7 @@ absl::StatusOr<double> ModelChunkT<Real>::OptimizerStep(
   }
   ++step_;
   for (auto& layer : layers_) {
-    RETURN_IF_ERROR(
-        layer->AdamWStep(o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, step_, scale));
+    RETURN_IF_ERROR(layer->AdamWStep(o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, step_, scale));
   }
   return norm;
 }

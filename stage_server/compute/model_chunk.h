@@ -78,8 +78,7 @@ class ModelChunkT {
 
   // ---- Micro-batches ----------------------------------------------------------------
   // Fails with FailedPrecondition if `mb` is already in flight.
-  absl::Status Forward(int mb, int B, const void* input, const int32_t* targets,
-                       Real* output);
+  absl::Status Forward(int mb, int B, const void* input, const int32_t* targets, Real* output);
   // Evaluation: the same arithmetic as Forward, so the same output bit for bit, but
   // nothing is kept for a backward: each layer's stash and input go as soon as the
   // layer has run, and no micro-batch is left in flight. The peak counts what one
@@ -87,13 +86,11 @@ class ModelChunkT {
   absl::Status Evaluate(int B, const void* input, const int32_t* targets, Real* output);
   // Full backward (input and weight halves) of a forwarded micro-batch; its gradients
   // add to the parameter gradients and its activations are freed.
-  absl::Status Backward(int mb, const Real* grad_output, Real* grad_input,
-                        Real loss_grad = 1);
+  absl::Status Backward(int mb, const Real* grad_output, Real* grad_input, Real loss_grad = 1);
   // The split backward: BackwardInput produces grad_input and keeps what the weight
   // half needs; BackwardWeight (later, any order among micro-batches) accumulates the
   // parameter gradients and frees the micro-batch. Together they equal Backward.
-  absl::Status BackwardInput(int mb, const Real* grad_output, Real* grad_input,
-                             Real loss_grad = 1);
+  absl::Status BackwardInput(int mb, const Real* grad_output, Real* grad_input, Real loss_grad = 1);
   absl::Status BackwardWeight(int mb);
   int in_flight() const { return static_cast<int>(micro_batches_.size()); }
   // Drops every in-flight micro-batch (after a failed step).
@@ -121,8 +118,7 @@ class ModelChunkT {
     return CopyIn(name, Field::kParam, values);
   }
   // AdamW state, for checkpoints: the two moments of a parameter and the step count.
-  absl::StatusOr<std::vector<Real>> GetOptimizerMoment(absl::string_view name,
-                                                       bool second) const {
+  absl::StatusOr<std::vector<Real>> GetOptimizerMoment(absl::string_view name, bool second) const {
     return CopyOut(name, second ? Field::kAdamV : Field::kAdamM);
   }
   absl::Status SetOptimizerMoment(absl::string_view name, bool second,
@@ -166,8 +162,7 @@ class ModelChunkT {
   absl::Status RunBackwardInput(MicroBatch& mb, const Real* grad_output, Real* grad_input,
                                 Real loss_grad, bool fused);
   absl::StatusOr<MicroBatch*> Find(int mb, const char* what);
-  absl::StatusOr<std::pair<PipelineLayer<Real>*, int>> FindParam(
-      absl::string_view name) const;
+  absl::StatusOr<std::pair<PipelineLayer<Real>*, int>> FindParam(absl::string_view name) const;
   void NotePeak();
   absl::StatusOr<std::vector<Real>> CopyOut(absl::string_view name, Field field) const;
   absl::Status CopyIn(absl::string_view name, Field field, const std::vector<Real>& values);

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <vector>
 
-
 namespace pipetrain::compute::reference {
 
 template <typename Real>
@@ -67,8 +66,8 @@ double SumOfSquares(int64_t n, const Real* x) {
 }
 
 template <typename Real>
-void EmbeddingForward(int B, int T, int C, int V, const int32_t* tokens,
-                      const Real* wte, const Real* wpe, Real* out) {
+void EmbeddingForward(int B, int T, int C, int V, const int32_t* tokens, const Real* wte,
+                      const Real* wpe, Real* out) {
   // tokens (B, T), wte (V, C), wpe (>= T, C), out (B, T, C)
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {
@@ -81,8 +80,8 @@ void EmbeddingForward(int B, int T, int C, int V, const int32_t* tokens,
 }
 
 template <typename Real>
-void EmbeddingBackward(int B, int T, int C, int V, const int32_t* tokens,
-                       const Real* dout, Real* dwte, Real* dwpe) {
+void EmbeddingBackward(int B, int T, int C, int V, const int32_t* tokens, const Real* dout,
+                       Real* dwte, Real* dwpe) {
   // tokens (B, T), dout (B, T, C), dwte (V, C) +=, dwpe (>= T, C) +=
   for (int b = 0; b < B; ++b) {
     for (int t = 0; t < T; ++t) {
@@ -263,8 +262,8 @@ void AttentionBackward(int B, int T, int C, int NH, const Real* dout, const Real
 }
 
 template <typename Real>
-void CrossEntropyForward(int rows, int V, const Real* logits,
-                         const int32_t* targets, Real* probs, Real* loss) {
+void CrossEntropyForward(int rows, int V, const Real* logits, const int32_t* targets, Real* probs,
+                         Real* loss) {
   // logits (rows, V), targets (rows), probs (rows, V), loss (1)
   double total = 0;
   for (int r = 0; r < rows; ++r) {
@@ -284,9 +283,8 @@ void CrossEntropyForward(int rows, int V, const Real* logits,
 }
 
 template <typename Real>
-void CrossEntropyBackward(int rows, int V, const Real* probs,
-                          const int32_t* targets, Real dloss_scale,
-                          Real* dlogits) {
+void CrossEntropyBackward(int rows, int V, const Real* probs, const int32_t* targets,
+                          Real dloss_scale, Real* dlogits) {
   // probs (rows, V), targets (rows), dlogits (rows, V)
   for (int r = 0; r < rows; ++r) {
     for (int v = 0; v < V; ++v) {
@@ -315,34 +313,32 @@ void AdamW(int64_t n, Real* param, const Real* grad, Real* m, Real* v, float lr,
   }
 }
 
-#define PIPETRAIN_INSTANTIATE_REFERENCE_OPS(Real)                                        \
-  template void Matmul<Real>(bool, bool, int, int, int, Real, const Real*, const Real*,  \
-                             Real, Real*);                                               \
-  template void Add<Real>(int64_t, const Real*, const Real*, Real*);                     \
-  template void Axpy<Real>(int64_t, Real, const Real*, Real*);                           \
-  template void Scale<Real>(int64_t, Real, Real*);                                       \
-  template void AddBias<Real>(int, int, const Real*, Real*);                             \
-  template void BiasGrad<Real>(int, int, const Real*, Real*);                            \
-  template double SumOfSquares<Real>(int64_t, const Real*);                              \
-  template void EmbeddingForward<Real>(int, int, int, int, const int32_t*, const Real*,  \
-                                       const Real*, Real*);                              \
-  template void EmbeddingBackward<Real>(int, int, int, int, const int32_t*, const Real*, \
-                                        Real*, Real*);                                   \
-  template void LayerNormForward<Real>(int, int, const Real*, const Real*, const Real*,  \
-                                       Real*, Real*, Real*);                             \
-  template void LayerNormBackward<Real>(int, int, const Real*, const Real*, const Real*, \
-                                        const Real*, const Real*, Real*, Real*, Real*);  \
-  template void GeluForward<Real>(int64_t, const Real*, Real*);                          \
-  template void GeluBackward<Real>(int64_t, const Real*, const Real*, Real*);            \
-  template void AttentionForward<Real>(int, int, int, int, const Real*, Real*, Real*);   \
-  template void AttentionBackward<Real>(int, int, int, int, const Real*, const Real*,    \
-                                        const Real*, Real*);                             \
-  template void CrossEntropyForward<Real>(int, int, const Real*, const int32_t*, Real*,  \
-                                          Real*);                                        \
-  template void CrossEntropyBackward<Real>(int, int, const Real*, const int32_t*, Real,  \
-                                           Real*);                                       \
-  template void AdamW<Real>(int64_t, Real*, const Real*, Real*, Real*, float, float,     \
-                            float, float, float, int);
+#define PIPETRAIN_INSTANTIATE_REFERENCE_OPS(Real)                                                  \
+  template void Matmul<Real>(bool, bool, int, int, int, Real, const Real*, const Real*, Real,      \
+                             Real*);                                                               \
+  template void Add<Real>(int64_t, const Real*, const Real*, Real*);                               \
+  template void Axpy<Real>(int64_t, Real, const Real*, Real*);                                     \
+  template void Scale<Real>(int64_t, Real, Real*);                                                 \
+  template void AddBias<Real>(int, int, const Real*, Real*);                                       \
+  template void BiasGrad<Real>(int, int, const Real*, Real*);                                      \
+  template double SumOfSquares<Real>(int64_t, const Real*);                                        \
+  template void EmbeddingForward<Real>(int, int, int, int, const int32_t*, const Real*,            \
+                                       const Real*, Real*);                                        \
+  template void EmbeddingBackward<Real>(int, int, int, int, const int32_t*, const Real*, Real*,    \
+                                        Real*);                                                    \
+  template void LayerNormForward<Real>(int, int, const Real*, const Real*, const Real*, Real*,     \
+                                       Real*, Real*);                                              \
+  template void LayerNormBackward<Real>(int, int, const Real*, const Real*, const Real*,           \
+                                        const Real*, const Real*, Real*, Real*, Real*);            \
+  template void GeluForward<Real>(int64_t, const Real*, Real*);                                    \
+  template void GeluBackward<Real>(int64_t, const Real*, const Real*, Real*);                      \
+  template void AttentionForward<Real>(int, int, int, int, const Real*, Real*, Real*);             \
+  template void AttentionBackward<Real>(int, int, int, int, const Real*, const Real*, const Real*, \
+                                        Real*);                                                    \
+  template void CrossEntropyForward<Real>(int, int, const Real*, const int32_t*, Real*, Real*);    \
+  template void CrossEntropyBackward<Real>(int, int, const Real*, const int32_t*, Real, Real*);    \
+  template void AdamW<Real>(int64_t, Real*, const Real*, Real*, Real*, float, float, float, float, \
+                            float, int);
 
 PIPETRAIN_INSTANTIATE_REFERENCE_OPS(float)
 PIPETRAIN_INSTANTIATE_REFERENCE_OPS(double)

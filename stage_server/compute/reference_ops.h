@@ -30,11 +30,11 @@ double SumOfSquares(int64_t n, const Real* x);
 // The id-reading ops below expect ids in [0, V): a backend checks them first
 // (CheckHostIds in op_checks.h), as it checks every op's sizes.
 template <typename Real>
-void EmbeddingForward(int B, int T, int C, int V, const int32_t* tokens,
-                      const Real* wte, const Real* wpe, Real* out);
+void EmbeddingForward(int B, int T, int C, int V, const int32_t* tokens, const Real* wte,
+                      const Real* wpe, Real* out);
 template <typename Real>
-void EmbeddingBackward(int B, int T, int C, int V, const int32_t* tokens,
-                       const Real* dout, Real* dwte, Real* dwpe);
+void EmbeddingBackward(int B, int T, int C, int V, const int32_t* tokens, const Real* dout,
+                       Real* dwte, Real* dwpe);
 
 template <typename Real>
 void LayerNormForward(int rows, int C, const Real* x, const Real* weight,
@@ -57,12 +57,11 @@ void AttentionBackward(int B, int T, int C, int NH, const Real* dout, const Real
                        const Real* probs, Real* dqkv);
 
 template <typename Real>
-void CrossEntropyForward(int rows, int V, const Real* logits,
-                         const int32_t* targets, Real* probs, Real* loss);
+void CrossEntropyForward(int rows, int V, const Real* logits, const int32_t* targets, Real* probs,
+                         Real* loss);
 template <typename Real>
-void CrossEntropyBackward(int rows, int V, const Real* probs,
-                          const int32_t* targets, Real dloss_scale,
-                          Real* dlogits);
+void CrossEntropyBackward(int rows, int V, const Real* probs, const int32_t* targets,
+                          Real dloss_scale, Real* dlogits);
 
 template <typename Real>
 void AdamW(int64_t n, Real* param, const Real* grad, Real* m, Real* v, float lr,

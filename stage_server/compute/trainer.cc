@@ -10,8 +10,7 @@ namespace pipetrain::compute {
 absl::StatusOr<double> LossAndGrads(ModelChunk& model, const model::TokenBatch& batch,
                                     int micro_batches) {
   if (!model.has_embedding() || !model.has_head()) {
-    return absl::InvalidArgumentError(
-        "LossAndGrads needs a chunk holding the whole model");
+    return absl::InvalidArgumentError("LossAndGrads needs a chunk holding the whole model");
   }
   if (micro_batches < 1 || batch.rows % micro_batches != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -51,17 +50,17 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& opt
   RETURN_IF_ERROR(model::CheckTextLength(text, int64_t{options.model.seq_len} + 1));
   std::unique_ptr<Trainer> t(new Trainer(options, std::move(text)));
   ASSIGN_OR_RETURN(t->backend_, CpuBackend::Create(options.threads));
-  ASSIGN_OR_RETURN(
-      t->model_, ModelChunk::Create(options.model, 0, options.model.num_pipeline_layers(),
-                                    t->backend_.get(), {.recompute = options.recompute}));
+  ASSIGN_OR_RETURN(t->model_,
+                   ModelChunk::Create(options.model, 0, options.model.num_pipeline_layers(),
+                                      t->backend_.get(), {.recompute = options.recompute}));
   RETURN_IF_ERROR(t->model_->Initialize(options.seed));
   return t;
 }
 
 absl::StatusOr<StepStats> Trainer::Step() {
   const auto start = std::chrono::steady_clock::now();
-  ASSIGN_OR_RETURN(model::TokenBatch batch, model::SampleBatch(text_, options_.model, options_.batch,
-                                                               options_.seed, step_));
+  ASSIGN_OR_RETURN(model::TokenBatch batch,
+                   model::SampleBatch(text_, options_.model, options_.batch, options_.seed, step_));
   RETURN_IF_ERROR(model_->ZeroGrads());
   StepStats stats;
   ASSIGN_OR_RETURN(stats.loss, LossAndGrads(*model_, batch, options_.micro_batches));

@@ -75,8 +75,7 @@ const Reference& SharedReference(int steps, float clip) {
   return it->second;
 }
 
-std::vector<double> ReferenceEvalLosses(int steps, const model::TokenBatch& batch,
-                                        float clip) {
+std::vector<double> ReferenceEvalLosses(int steps, const model::TokenBatch& batch, float clip) {
   compute::ModelChunk& model = *SharedReference(steps, clip).model;
   const int rows = batch.rows / kMicroBatches, T = TinyModel().seq_len;
   std::vector<double> losses;

@@ -35,8 +35,7 @@ const Reference& SharedReference(int steps, float clip = 0);
 // Per micro-batch losses of SharedReference(steps)'s model on `batch` (kMicroBatches
 // micro-batches), through the training forward, then dropped: what a pipeline's
 // evaluation after `steps` training steps must report. Changes no weight or gradient.
-std::vector<double> ReferenceEvalLosses(int steps, const model::TokenBatch& batch,
-                                        float clip = 0);
+std::vector<double> ReferenceEvalLosses(int steps, const model::TokenBatch& batch, float clip = 0);
 
 // Relative L2 distance between a chunk's parameter and the reference's.
 double RelativeParamError(const std::vector<float>& got, const std::vector<float>& want);
