@@ -112,6 +112,7 @@ int RunEval(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     EvalResult r;
     r.tokens = int64_t{tokens->rows} * config.seq_len;
     ASSIGN_OR_RETURN(r.loss, compute::LossAndGrads(*chunk, *tokens));
+    RETURN_IF_ERROR(chunk->SumTiedGradients());  // a tied wte's gradient is the sum
     if (!grads_out.empty()) {
       ASSIGN_OR_RETURN(model::Checkpoint grads, compute::GradientsOfChunk(*chunk));
       if (absl::Status s = model::SaveCheckpoint(grads_out, grads); !s.ok()) {

@@ -21,6 +21,7 @@ std::string TensorKindName(TensorKind kind) {
   switch (kind) {
     case TensorKind::kActivation: return "activation";
     case TensorKind::kGradient: return "gradient";
+    case TensorKind::kTiedGradient: return "tied-embedding gradient";
     case TensorKind::kUnspecified: return "unspecified";
   }
   return absl::StrCat("kind(", static_cast<int>(kind), ")");
@@ -71,9 +72,10 @@ FrameView TensorEncoder::frame(size_t index) const {
 
 absl::Status TensorReassembler::CheckFirstFrame(const FrameHeader& h,
                                                 size_t payload_size) const {
-  if (h.tag.kind != TensorKind::kActivation && h.tag.kind != TensorKind::kGradient) {
+  if (h.tag.kind != TensorKind::kActivation && h.tag.kind != TensorKind::kGradient &&
+      h.tag.kind != TensorKind::kTiedGradient) {
     return Invalid(h.tag, absl::StrCat("kind ", static_cast<int>(h.tag.kind),
-                                       " is neither activation nor gradient"));
+                                       " is not activation, gradient or tied-embedding gradient"));
   }
   if (!IsValidDType(h.dtype)) {
     return Invalid(h.tag, absl::StrCat("dtype ", h.dtype, " is not a known dtype"));

@@ -21,7 +21,12 @@ namespace pipetrain::common {
 inline constexpr size_t kDefaultFrameBytes = size_t{4} << 20;  // 4 MiB
 
 // Values match pipetrain.v1.TensorKind on the wire.
-enum class TensorKind : int { kUnspecified = 0, kActivation = 1, kGradient = 2 };
+enum class TensorKind : int {
+  kUnspecified = 0,
+  kActivation = 1,
+  kGradient = 2,
+  kTiedGradient = 3,  // tied embeddings: first and last stage swap their (V, C) gradients
+};
 std::string TensorKindName(TensorKind kind);
 
 // What a tensor is: the same for every frame of it.

@@ -125,6 +125,25 @@ absl::StatusOr<Tensor> BackendChunk::BackwardInput(int mb, const PiecewiseTensor
   return RunBackward(mb, grad_output, loss_grad, /*split=*/true);
 }
 
+absl::StatusOr<Tensor> BackendChunk::TiedGradient(bool embedding_side) {
+  const char* name = compute::ModelChunk::TiedParamName(embedding_side);
+  ASSIGN_OR_RETURN(std::vector<float> g, layers_->GetGrad(name));
+  const model::GptConfig& c = layers_->config();
+  ASSIGN_OR_RETURN(Tensor t, Tensor::FromBuffer(DType::kF32, {c.vocab_size, c.d_model},
+                                                pool_->Acquire(g.size() * sizeof(float))));
+  std::copy(g.begin(), g.end(), t.data<float>().begin());
+  return t;
+}
+
+absl::Status BackendChunk::AddTiedGradient(bool embedding_side, const PiecewiseTensor& other) {
+  const model::GptConfig& c = layers_->config();
+  RETURN_IF_ERROR(CheckShape(other.dtype(), other.shape(), common::DType::kF32,
+                             {c.vocab_size, c.d_model}, "tied-embedding gradient"));
+  std::vector<float> values(other.num_bytes() / sizeof(float));
+  other.CopyTo(std::as_writable_bytes(std::span<float>(values)));
+  return layers_->AddToGrad(compute::ModelChunk::TiedParamName(embedding_side), values);
+}
+
 absl::Status BackendChunk::OptimizerStep(const OptimizerSettings& s,
                                          std::optional<double> global_grad_norm) {
   compute::AdamWOptions o;

@@ -33,6 +33,8 @@ class BackendChunk final : public ChunkCompute {
   void Abandon() override { layers_->Abandon(); }
   absl::Status ZeroGrads() override { return layers_->ZeroGrads(); }
   absl::StatusOr<double> GradSquaredNorm() override { return layers_->GradSquaredNorm(); }
+  absl::StatusOr<common::Tensor> TiedGradient(bool embedding_side) override;
+  absl::Status AddTiedGradient(bool embedding_side, const common::PiecewiseTensor& other) override;
   absl::Status OptimizerStep(const OptimizerSettings& settings,
                              std::optional<double> global_grad_norm) override;
   size_t ActivationBytes() const override { return layers_->ActivationBytes(); }

@@ -56,6 +56,12 @@ class ChunkCompute {
   virtual absl::Status ZeroGrads() = 0;
   // This chunk's share of the squared global gradient norm.
   virtual absl::StatusOr<double> GradSquaredNorm() = 0;
+  // Tied embeddings (model.tie_embeddings): the gradient of the shared (V, C) f32
+  // matrix as this chunk holds it, wte's (embedding_side) or the head's copy's, and
+  // adding the other holder's to it, so that both hold the sum before the optimizer.
+  virtual absl::StatusOr<common::Tensor> TiedGradient(bool embedding_side) = 0;
+  virtual absl::Status AddTiedGradient(bool embedding_side,
+                                       const common::PiecewiseTensor& other) = 0;
   // AdamW; clipping (when on) uses global_grad_norm, the norm over the whole model.
   virtual absl::Status OptimizerStep(const OptimizerSettings& settings,
                                      std::optional<double> global_grad_norm) = 0;

@@ -139,6 +139,10 @@ void EmulatedChunk::Abandon() {
   held_ = 0;
 }
 
+absl::StatusOr<common::Tensor> EmulatedChunk::TiedGradient(bool) {
+  return Output({config_.vocab_size, config_.d_model});
+}
+
 absl::Status EmulatedChunk::OptimizerStep(const OptimizerSettings&, std::optional<double>) {
   absl::SleepFor(absl::Seconds(optimizer_s_));
   return absl::OkStatus();

@@ -40,6 +40,11 @@ class EmulatedChunk final : public ChunkCompute {
   void Abandon() override;
   absl::Status ZeroGrads() override { return absl::OkStatus(); }
   absl::StatusOr<double> GradSquaredNorm() override { return 0.0; }
+  // The tied gradient has its real size on the wire; its values mean nothing.
+  absl::StatusOr<common::Tensor> TiedGradient(bool embedding_side) override;
+  absl::Status AddTiedGradient(bool, const common::PiecewiseTensor&) override {
+    return absl::OkStatus();
+  }
   absl::Status OptimizerStep(const OptimizerSettings&, std::optional<double>) override;
   size_t ActivationBytes() const override { return held_; }
   size_t PeakActivationBytes() const override { return peak_; }

@@ -129,7 +129,10 @@ absl::StatusOr<StepResult> Executor::RunStep(const schedule::StageProgram& progr
     t.link = IsLink(a.kind);
     t.start_us = absl::ToInt64Microseconds(absl::Now() - st.start);
     if (a.kind == ActionKind::kOptimizerStep) {
+      // The tied gradients are summed first: the norm and the update need the sum.
+      if (config_.tie_embeddings) failure = SumTiedGradients(st);
       for (auto& chunk : chunks_) {
+        if (!failure.ok()) break;
         auto sq = chunk->GradSquaredNorm();
         if (!sq.ok()) {
           failure = sq.status();
@@ -312,6 +315,40 @@ absl::Status Executor::RunAction(const Action& a, StepState& st, ActionTiming& t
     }
   }
   return absl::InvalidArgumentError("unknown action kind");
+}
+
+absl::Status Executor::SumTiedGradients(StepState& st) {
+  const int K = config_.num_stages, last = LastVirtualStage();
+  const int embedding_chunk = config_.stage == 0 ? 0 : -1;
+  const int head_chunk = last % K == config_.stage ? last / K : -1;
+  if (embedding_chunk < 0 && head_chunk < 0) return absl::OkStatus();
+  if (embedding_chunk >= 0 && head_chunk >= 0) {  // one stage holds both
+    ChunkCompute& e = *chunks_[embedding_chunk];
+    ChunkCompute& h = *chunks_[head_chunk];
+    ASSIGN_OR_RETURN(common::Tensor from_embedding, e.TiedGradient(true));
+    ASSIGN_OR_RETURN(common::Tensor from_head, h.TiedGradient(false));
+    RETURN_IF_ERROR(e.AddTiedGradient(true, common::PiecewiseTensor::View(from_head)));
+    return h.AddTiedGradient(false, common::PiecewiseTensor::View(from_embedding));
+  }
+  // Stage 0 and stage K-1: the ring link joins them (prev of 0, next of K-1).
+  const bool embedding_side = embedding_chunk >= 0;
+  TensorChannel* peer = embedding_side ? prev_ : next_;
+  if (peer == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "tied embeddings: no link to stage ", embedding_side ? K - 1 : 0,
+        " for the embedding gradient"));
+  }
+  const int mine = embedding_side ? embedding_chunk : head_chunk;
+  const int theirs = embedding_side ? last / K : 0;
+  auto tag = [&](int receiver_chunk) {
+    return common::FrameTag{config_.job_id, st.inputs.step, 0, static_cast<uint32_t>(receiver_chunk),
+                            common::TensorKind::kTiedGradient};
+  };
+  const absl::Time deadline = absl::Now() + config_.recv_timeout;
+  ASSIGN_OR_RETURN(common::Tensor own, chunks_[mine]->TiedGradient(embedding_side));
+  RETURN_IF_ERROR(peer->Send(tag(theirs), Share(std::move(own)), deadline));
+  ASSIGN_OR_RETURN(common::PiecewiseTensor other, peer->Receive(tag(mine), deadline));
+  return chunks_[mine]->AddTiedGradient(embedding_side, other);
 }
 
 std::optional<uint64_t> Executor::pending_optimizer_step() const {

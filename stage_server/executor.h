@@ -34,6 +34,10 @@ struct ExecutorConfig {
   int stage = 0;
   int num_stages = 1;
   int num_chunks = 1;
+  // model.tie_embeddings: before the optimizer step the holders of the embedding
+  // (virtual stage 0) and of the head (the last) swap their (V, C) gradients, over the
+  // ring link when they are different stages, and both add the other's.
+  bool tie_embeddings = false;
   absl::Duration recv_timeout = absl::Seconds(60);
   OptimizerSettings optimizer;
 };
@@ -115,6 +119,8 @@ class Executor {
   absl::Status CheckProgram(const schedule::StageProgram& program,
                             const StepInputs& inputs) const;
   absl::Status RunAction(const schedule::Action& action, StepState& st, ActionTiming& timing);
+  // The tied-embedding gradient exchange (see ExecutorConfig::tie_embeddings).
+  absl::Status SumTiedGradients(StepState& st);
   int VirtualStage(int chunk) const { return chunk * config_.num_stages + config_.stage; }
   int LastVirtualStage() const { return config_.num_chunks * config_.num_stages - 1; }
   // Wraps a host tensor so that its buffer returns to the pool once sent.

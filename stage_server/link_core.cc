@@ -222,7 +222,9 @@ absl::Status LinkCore::HandleMessage(grpc::ByteBuffer* buffer) {
                                                    "' on the link of job '", options_.job_id,
                                                    "' (field job_id)"));
   }
-  if (tag.kind != options_.receive_kind) {
+  // Besides its own kind, a link may carry the once-a-step tied-embedding gradient
+  // (the executor asks for it by tag only on the first and last stage's ring link).
+  if (tag.kind != options_.receive_kind && tag.kind != common::TensorKind::kTiedGradient) {
     return absl::InvalidArgumentError(absl::StrCat(
         common::DescribeTag(tag), ": this link receives only ",
         common::TensorKindName(options_.receive_kind), "s (field kind)"));

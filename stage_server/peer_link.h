@@ -34,7 +34,8 @@ struct PeerLinkOptions {
   size_t max_queued_bytes = size_t{256} << 20;
   common::ReassemblerOptions limits;
   // Set by ConnectPeerLink (gradients come back upstream) and LinkAcceptor
-  // (activations come down); a frame of the other kind fails the link.
+  // (activations come down); a frame of the other kind fails the link, except
+  // kTiedGradient, which either direction may carry.
   common::TensorKind receive_kind = common::TensorKind::kActivation;
 };
 

@@ -103,8 +103,11 @@ absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config)
   job->pool = std::make_shared<common::BufferPool>();
   job->state_bytes = state;
   const int K = config.num_stages, v = static_cast<int>(config.chunks.size());
-  job->has_next = K > 1 && (config.stage < K - 1 || v > 1);
-  job->has_prev = K > 1 && (config.stage > 0 || v > 1);
+  // The ring link K-1 -> 0 also exists when the first and last stage share the tied
+  // embedding: its gradient goes straight between them over that link.
+  const bool ring = v > 1 || config.model.tie_embeddings;
+  job->has_next = K > 1 && (config.stage < K - 1 || ring);
+  job->has_prev = K > 1 && (config.stage > 0 || ring);
 
   std::vector<std::unique_ptr<ChunkCompute>> chunks;
   if (options_.device.kind == DeviceSpec::Kind::kEmulated) {
@@ -148,6 +151,7 @@ absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config)
   ec.num_chunks = v;
   ec.recv_timeout = config.recv_timeout;
   ec.optimizer = config.optimizer;
+  ec.tie_embeddings = config.model.tie_embeddings;
   // The links are made at the first step; the executor reaches them through these.
   job->executor = std::make_unique<Executor>(ec, std::move(chunks), nullptr, nullptr, job->pool);
   job_ = std::move(job);

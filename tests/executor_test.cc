@@ -48,8 +48,8 @@ using ::pipetrain::testing::Rows;
 constexpr int kSteps = 3;
 model::GptConfig Tiny() { return ::pipetrain::testing::TinyModel(); }
 OptimizerSettings Adam() { return ::pipetrain::testing::TestAdam(); }
-const Reference& SharedReference(float clip) {
-  return ::pipetrain::testing::SharedReference(kSteps, clip);
+const Reference& SharedReference(float clip, bool tied) {
+  return ::pipetrain::testing::SharedReference(kSteps, clip, tied);
 }
 // Small enough that every step of the tiny model clips (the tests check that it does).
 constexpr float kClip = 0.05f;
@@ -60,12 +60,13 @@ struct Case {
   int chunks;
   pipetrain::v1::RecomputeMode recompute;
   float clip = 0;  // global-norm clipping; with K > 1 each step runs in two phases
+  bool tied = false;  // model.tie_embeddings: first and last stage swap gradients
 };
 
 std::string Name(const Case& c) {
   return absl::StrCat(planner::ScheduleName(c.schedule), " K=", c.stages, " v=", c.chunks,
                       " recompute=", planner::RecomputeName(c.recompute),
-                      c.clip > 0 ? absl::StrCat(" clip=", c.clip) : "");
+                      c.clip > 0 ? absl::StrCat(" clip=", c.clip) : "", c.tied ? " tied" : "");
 }
 
 // Every parameter, gradient and AdamW moment of a stage's chunks, and their step
@@ -97,7 +98,8 @@ model::TokenBatch EvalBatch() { return RandomBatch(77); }
 void RunPipeline(const Case& c) {
   SCOPED_TRACE(Name(c));
   planner::PlanOptions po;
-  po.model = Tiny();
+  const model::GptConfig config = ::pipetrain::testing::TinyModel(c.tied);
+  po.model = config;
   po.stages = c.stages;
   po.micro_batches = kMicroBatches;
   po.chunks = c.chunks;
@@ -113,7 +115,8 @@ void RunPipeline(const Case& c) {
   const int K = c.stages, rows = kBatch / kMicroBatches;
   // Channel s joins stage s (upstream end) to stage (s + 1) mod K.
   std::vector<std::unique_ptr<TensorChannel>> up(K), down(K);
-  const int links = c.chunks > 1 ? K : K - 1;
+  // A ring when chunks wrap around, or when the tied embedding's gradient goes K-1 <-> 0.
+  const int links = c.chunks > 1 || c.tied ? K : K - 1;
   for (int s = 0; s < links; ++s) std::tie(up[s], down[(s + 1) % K]) = MakeLocalChannelPair();
 
   std::vector<std::unique_ptr<Executor>> executors;
@@ -126,7 +129,7 @@ void RunPipeline(const Case& c) {
     for (const auto& [begin, end] : sp.layers) {
       compute::ChunkOptions so;
       so.recompute = sp.recompute;
-      auto layers = compute::ModelChunk::Create(Tiny(), begin, end, backend, so);
+      auto layers = compute::ModelChunk::Create(config, begin, end, backend, so);
       ASSERT_THAT(layers.status(), IsOk());
       ASSERT_THAT((*layers)->Initialize(kSeed), IsOk());
       auto backend_chunk = BackendChunk::Create(std::move(*layers), rows, pool);
@@ -142,6 +145,7 @@ void RunPipeline(const Case& c) {
     ec.recv_timeout = absl::Seconds(20);
     ec.optimizer = Adam();
     ec.optimizer.grad_clip_norm = c.clip;
+    ec.tie_embeddings = c.tied;
     executors.push_back(std::make_unique<Executor>(ec, std::move(chunks), up[s].get(),
                                                    down[s].get(), pool));
   }
@@ -171,7 +175,7 @@ void RunPipeline(const Case& c) {
 
   auto eval_programs = planner::ForwardOnlySchedule(K, kMicroBatches, c.chunks);
   ASSERT_THAT(eval_programs.status(), IsOk());
-  const Reference& ref = SharedReference(c.clip);
+  const Reference& ref = SharedReference(c.clip, c.tied);
   std::vector<double> step_losses;  // compared with the reference's after the loop
   for (int step = 0; step < kSteps; ++step) {
     auto results = run_all(plan->programs, step, RandomBatch(step));
@@ -214,7 +218,7 @@ void RunPipeline(const Case& c) {
     const auto eval = run_all(*eval_programs, kEvalStep, EvalBatch());
     for (int s = 0; s < K; ++s) ASSERT_THAT(eval[s].status(), IsOk()) << "stage " << s;
     const std::vector<double> want =
-        ::pipetrain::testing::ReferenceEvalLosses(kEvalAfter + 1, EvalBatch(), c.clip);
+        ::pipetrain::testing::ReferenceEvalLosses(kEvalAfter + 1, EvalBatch(), c.clip, c.tied);
     ASSERT_EQ(eval[K - 1]->losses.size(), want.size());
     for (int mb = 0; mb < kMicroBatches; ++mb) {
       EXPECT_NEAR(eval[K - 1]->losses[mb], want[mb], 1e-5 * std::abs(want[mb]))
@@ -278,6 +282,17 @@ std::vector<Case> AllCases() {
   }
   cases.push_back(
       {planner::ScheduleKind::kInterleaved, 2, 2, pipetrain::v1::RECOMPUTE_NEVER, kClip});
+  // Tied embeddings: the first and last stage sum their gradients of the shared matrix
+  // (locally when one stage holds both), every schedule, with and without clipping.
+  const auto never = pipetrain::v1::RECOMPUTE_NEVER;
+  for (int K : {1, 2, 4}) {
+    cases.push_back({planner::ScheduleKind::kOneFOneB, K, 1, never, 0, true});
+    cases.push_back({planner::ScheduleKind::kZbH1, K, 1, never, 0, true});
+    cases.push_back({planner::ScheduleKind::kGpipe, K, 1, pipetrain::v1::RECOMPUTE_ALWAYS, kClip, true});
+  }
+  cases.push_back({planner::ScheduleKind::kInterleaved, 1, 2, never, 0, true});
+  cases.push_back({planner::ScheduleKind::kInterleaved, 2, 2, never, kClip, true});
+  cases.push_back({planner::ScheduleKind::kInterleaved, 4, 2, never, 0, true});
   return cases;
 }
 

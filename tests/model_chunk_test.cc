@@ -160,6 +160,81 @@ TEST(ModelChunkTest, WholeModelGradientMatchesFiniteDifferences) {
   }
 }
 
+// Tied embeddings: one matrix W serves as wte and as the head's projection. The loss
+// as a function of W (both copies moved together) has the derivative that
+// SumTiedGradients leaves in both copies, and the copies start equal.
+TEST(ModelChunkTest, TiedEmbeddingGradientIsTheSumAndMatchesFiniteDifferences) {
+  HostBackendDouble backend;
+  model::GptConfig c = Tiny();
+  c.tie_embeddings = true;
+  Stages<double> model = MakeStages<double>(&backend, c, {});
+  ModelChunkT<double>& m = *model[0];
+  PipelineLayer<double>& embedding = m.layer(0);
+  PipelineLayer<double>& head = m.layer(c.num_pipeline_layers() - 1);
+  const int64_t n = int64_t{c.vocab_size} * c.d_model;
+  double* wte = embedding.param(0);
+  double* copy = head.param(2);
+  ASSERT_EQ(head.specs()[2].tied_to, model::kTokenEmbeddingName);
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(wte[i], copy[i]) << "element " << i;
+  const Batch batch = MakeBatch(c, 2);
+  ASSERT_THAT(m.ZeroGrads(), IsOk());
+  RunStep(model, batch, 1);
+  const std::vector<double> own_embedding(embedding.grad(0), embedding.grad(0) + n);
+  const std::vector<double> own_head(head.grad(2), head.grad(2) + n);
+  ASSERT_THAT(m.SumTiedGradients(), IsOk());
+  auto loss_of = [&] {
+    double loss = 0;
+    EXPECT_THAT(m.Forward(0, batch.rows, batch.tokens.data(), batch.targets.data(), &loss), IsOk());
+    m.Abandon();
+    return loss;
+  };
+  constexpr double kEps = 1e-5;
+  double max_diff = 0, max_ref = 0, max_head_only = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    EXPECT_EQ(embedding.grad(0)[i], head.grad(2)[i]) << "element " << i;
+    EXPECT_EQ(embedding.grad(0)[i], own_embedding[i] + own_head[i]) << "element " << i;
+    const double saved = wte[i];
+    wte[i] = copy[i] = saved + kEps;
+    const double plus = loss_of();
+    wte[i] = copy[i] = saved - kEps;
+    const double minus = loss_of();
+    wte[i] = copy[i] = saved;
+    const double numeric = (plus - minus) / (2 * kEps);
+    max_ref = std::max(max_ref, std::fabs(numeric));
+    max_diff = std::max(max_diff, std::fabs(numeric - embedding.grad(0)[i]));
+    max_head_only = std::max(max_head_only, std::fabs(numeric - own_head[i]));
+  }
+  EXPECT_GT(max_ref, 1e-6);
+  EXPECT_LE(max_diff, 1e-7 * std::max(1.0, max_ref));
+  // Neither half alone is the derivative (the test would notice a missing sum).
+  EXPECT_GT(max_head_only, 1e-4 * max_ref);
+}
+
+// The copy counts once in the gradient norm, and an untied model is unchanged.
+TEST(ModelChunkTest, ATiedCopyIsLeftOutOfTheGradientNorm) {
+  HostBackendDouble backend;
+  model::GptConfig c = Tiny();
+  c.tie_embeddings = true;
+  Stages<double> model = MakeStages<double>(&backend, c, {});
+  ModelChunkT<double>& m = *model[0];
+  ASSERT_THAT(m.ZeroGrads(), IsOk());
+  RunStep(model, MakeBatch(c, 2), 1);
+  ASSERT_THAT(m.SumTiedGradients(), IsOk());
+  double want = 0;
+  for (int l = 0; l < c.num_pipeline_layers(); ++l) {
+    PipelineLayer<double>& layer = m.layer(l);
+    for (int p = 0; p < static_cast<int>(layer.specs().size()); ++p) {
+      if (!layer.specs()[p].tied_to.empty()) continue;
+      for (int64_t i = 0; i < layer.specs()[p].num_elements(); ++i) {
+        want += layer.grad(p)[i] * layer.grad(p)[i];
+      }
+    }
+  }
+  auto got = m.GradSquaredNorm();
+  ASSERT_THAT(got, IsOk());
+  EXPECT_NEAR(*got, want, 1e-12 * want);
+}
+
 TEST(ModelChunkTest, SplittingAtEveryPointMatchesTheWholeModel) {
   auto cpu = CpuBackend::Create(1);
   ASSERT_THAT(cpu, IsOk());

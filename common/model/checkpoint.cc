@@ -26,6 +26,7 @@ constexpr char kKeyFormat[] = "format";
 constexpr char kKeyFormatVersion[] = "pipetrain_format";
 constexpr char kKeyLayers[] = "pipetrain_layers";
 constexpr char kKeyOptimizerStep[] = "pipetrain_optimizer_step";
+constexpr char kKeyTieEmbeddings[] = "tie_embeddings";  // "true", or absent
 // How many names an error lists per kind of problem before it summarises.
 constexpr size_t kMaxNamesListed = 8;
 
@@ -51,7 +52,7 @@ std::string ListNames(const std::vector<std::string>& names) {
 // Every tensor a checkpoint of this range holds, in file order.
 std::vector<ParamSpec> ExpectedTensors(const GptConfig& config, int begin, int end,
                                        bool with_optimizer) {
-  std::vector<ParamSpec> params = RangeParams(config, begin, end);
+  std::vector<ParamSpec> params = CheckpointParams(config, begin, end);
   if (!with_optimizer) return params;
   std::vector<ParamSpec> all = params;
   for (const char* prefix : {kOptimizerFirstMomentPrefix, kOptimizerSecondMomentPrefix}) {
@@ -188,6 +189,14 @@ absl::StatusOr<CheckpointInfo> ParseInfo(const SafetensorsMetadata& metadata,
   ASSIGN_OR_RETURN(info.config.d_model, ParseConfigField(metadata, "d_model", source));
   ASSIGN_OR_RETURN(info.config.n_heads, ParseConfigField(metadata, "n_heads", source));
   ASSIGN_OR_RETURN(info.config.n_layers, ParseConfigField(metadata, "n_layers", source));
+  if (auto it = metadata.find(kKeyTieEmbeddings); it != metadata.end()) {
+    if (it->second != "true" && it->second != "false") {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": __metadata__ '", kKeyTieEmbeddings,
+                                                     "' is \"", it->second,
+                                                     "\", not \"true\" or \"false\""));
+    }
+    info.config.tie_embeddings = it->second == "true";
+  }
   if (absl::Status s = ValidateConfig(info.config); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": __metadata__: ", s.message()));
   }
@@ -257,7 +266,7 @@ absl::StatusOr<Checkpoint> FromContents(common::SafetensorsContents contents,
 // The views to write, in file order; the checkpoint must have been validated.
 std::vector<common::SafetensorsView> Views(const Checkpoint& c) {
   std::vector<common::SafetensorsView> views;
-  const std::vector<ParamSpec> specs = RangeParams(c.config, c.layer_begin, c.layer_end);
+  const std::vector<ParamSpec> specs = CheckpointParams(c.config, c.layer_begin, c.layer_end);
   for (const ParamSpec& p : specs) views.push_back(common::ViewOf(p.name, c.params.at(p.name)));
   if (c.optimizer) {
     for (const ParamSpec& p : specs) {
@@ -283,6 +292,40 @@ absl::Status ConfigsMatch(const GptConfig& file, const GptConfig& want, absl::st
                                                      " in the checkpoint but ", b, " is expected"));
     }
   }
+  if (file.tie_embeddings != want.tie_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": model.tie_embeddings is ", file.tie_embeddings ? "true" : "false",
+        " in the checkpoint but ", want.tie_embeddings ? "true" : "false", " is expected"));
+  }
+  return absl::OkStatus();
+}
+
+bool SameValues(const common::Tensor& a, const common::Tensor& b) {
+  return a.shape() == b.shape() && a.num_bytes() == b.num_bytes() &&
+         std::memcmp(a.bytes().data(), b.bytes().data(), a.num_bytes()) == 0;
+}
+
+// After a merge: a tied copy whose original is now in the range goes, once it is
+// checked to equal the original (its moments too), since the two must never drift.
+absl::Status DropJoinedCopies(Checkpoint& merged) {
+  for (const ParamSpec& p : RangeParams(merged.config, merged.layer_begin, merged.layer_end)) {
+    if (p.tied_to.empty() || !merged.params.count(p.name) || !merged.params.count(p.tied_to)) {
+      continue;
+    }
+    std::vector<std::pair<ParamMap*, const char*>> maps = {{&merged.params, "values"}};
+    if (merged.optimizer) {
+      maps.push_back({&merged.optimizer->m, "AdamW first moments"});
+      maps.push_back({&merged.optimizer->v, "AdamW second moments"});
+    }
+    for (auto [map, what] : maps) {
+      if (!SameValues(map->at(p.name), map->at(p.tied_to))) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "merge: the tied ", p.name, " differs from ", p.tied_to, " in its ", what,
+            " (model.tie_embeddings: the copies must be equal)"));
+      }
+      map->erase(p.name);
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -291,7 +334,7 @@ absl::Status ConfigsMatch(const GptConfig& file, const GptConfig& want, absl::st
 absl::Status ValidateParams(const GptConfig& config, int begin, int end, const ParamMap& params,
                             absl::string_view what) {
   RETURN_IF_ERROR(CheckRange(config, begin, end, what));
-  return CheckTensorSet(RangeParams(config, begin, end), Describe(params), what);
+  return CheckTensorSet(CheckpointParams(config, begin, end), Describe(params), what);
 }
 
 std::map<std::string, std::string> CheckpointMetadata(const Checkpoint& c) {
@@ -306,6 +349,7 @@ std::map<std::string, std::string> CheckpointMetadata(const Checkpoint& c) {
       {kKeyLayers, absl::StrCat(c.layer_begin, ":", c.layer_end)},
   };
   if (c.optimizer) m[kKeyOptimizerStep] = absl::StrCat(c.optimizer->step);
+  if (c.config.tie_embeddings) m[kKeyTieEmbeddings] = "true";
   return m;
 }
 
@@ -379,6 +423,7 @@ absl::StatusOr<Checkpoint> MergeCheckpoints(std::vector<Checkpoint> parts) {
       merged.optimizer->v.merge(part.optimizer->v);
     }
   }
+  RETURN_IF_ERROR(DropJoinedCopies(merged));
   RETURN_IF_ERROR(ValidateCheckpoint(merged, "merge: result"));
   return merged;
 }

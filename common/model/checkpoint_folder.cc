@@ -92,9 +92,11 @@ absl::StatusOr<model::Checkpoint> SliceCheckpoint(const model::Checkpoint& whole
   part.layer_begin = begin;
   part.layer_end = end;
   if (whole.optimizer) part.optimizer.emplace().step = whole.optimizer->step;
-  for (const model::ParamSpec& p : model::RangeParams(whole.config, begin, end)) {
+  for (const model::ParamSpec& p : model::CheckpointParams(whole.config, begin, end)) {
     auto take = [&](const model::ParamMap& from, model::ParamMap& to) -> absl::Status {
       auto it = from.find(p.name);
+      // A tied copy cut away from its original starts as the original.
+      if (it == from.end() && !p.tied_to.empty()) it = from.find(p.tied_to);
       if (it == from.end()) {
         return absl::InvalidArgumentError(absl::StrCat("checkpoint has no tensor '", p.name, "'"));
       }

@@ -1,5 +1,7 @@
 #include "common/model/gpt_config.h"
 
+#include <algorithm>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
@@ -25,7 +27,8 @@ absl::Status ValidateConfig(const GptConfig& c) {
 }
 
 absl::StatusOr<GptConfig> ConfigFromProto(const pipetrain::v1::ModelConfig& p) {
-  GptConfig c{p.vocab_size(), p.seq_len(), p.d_model(), p.n_heads(), p.n_layers()};
+  GptConfig c{p.vocab_size(), p.seq_len(), p.d_model(), p.n_heads(), p.n_layers(),
+              p.tie_embeddings()};
   if (absl::Status s = ValidateConfig(c); !s.ok()) return s;
   return c;
 }
@@ -37,6 +40,7 @@ pipetrain::v1::ModelConfig ConfigToProto(const GptConfig& c) {
   p.set_d_model(c.d_model);
   p.set_n_heads(c.n_heads);
   p.set_n_layers(c.n_layers);
+  p.set_tie_embeddings(c.tie_embeddings);
   return p;
 }
 
@@ -68,11 +72,11 @@ std::vector<ParamSpec> LayerParams(const GptConfig& c, int layer) {
   const int64_t C = c.d_model, V = c.vocab_size, T = c.seq_len, F = c.mlp_dim();
   switch (KindOfLayer(c, layer)) {
     case LayerKind::kEmbedding:
-      return {{"transformer.wte.weight", {V, C}, true}, {"transformer.wpe.weight", {T, C}, true}};
+      return {{kTokenEmbeddingName, {V, C}, true}, {"transformer.wpe.weight", {T, C}, true}};
     case LayerKind::kHead:
       return {{"transformer.ln_f.weight", {C}, false},
               {"transformer.ln_f.bias", {C}, false},
-              {"lm_head.weight", {V, C}, true}};
+              {kOutputHeadName, {V, C}, true, c.tie_embeddings ? kTokenEmbeddingName : ""}};
     case LayerKind::kBlock: {
       const std::string p = absl::StrCat("transformer.h.", layer - 1, ".");
       return {{p + "ln_1.weight", {C}, false},
@@ -96,6 +100,19 @@ std::vector<ParamSpec> RangeParams(const GptConfig& c, int begin, int end) {
   std::vector<ParamSpec> out;
   for (int l = begin; l < end; ++l) {
     for (ParamSpec& p : LayerParams(c, l)) out.push_back(std::move(p));
+  }
+  return out;
+}
+
+std::vector<ParamSpec> CheckpointParams(const GptConfig& c, int begin, int end) {
+  std::vector<ParamSpec> all = RangeParams(c, begin, end);
+  std::vector<ParamSpec> out;
+  for (ParamSpec& p : all) {
+    const bool original_here =
+        !p.tied_to.empty() && std::any_of(all.begin(), all.end(), [&](const ParamSpec& q) {
+          return q.name == p.tied_to;
+        });
+    if (!original_here) out.push_back(std::move(p));
   }
   return out;
 }

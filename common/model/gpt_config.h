@@ -21,6 +21,8 @@ struct GptConfig {
   int d_model = 0;
   int n_heads = 0;
   int n_layers = 0;
+  // The head's lm_head.weight is a copy of transformer.wte.weight (see ParamSpec::tied_to).
+  bool tie_embeddings = false;
 
   int head_dim() const { return d_model / n_heads; }
   int mlp_dim() const { return 4 * d_model; }
@@ -42,10 +44,20 @@ std::string LayerName(const GptConfig& config,
 // Linear weights are stored [in, out] (GPT-2's Conv1D layout, y = x W + b);
 // lm_head.weight is [vocab, d_model] (y = x W^T); wte [vocab, d_model]; wpe
 // [seq_len, d_model]; LayerNorm weight and bias [d_model].
+//
+// Tied embeddings: the head still holds lm_head.weight, as a copy of wte with
+// tied_to = "transformer.wte.weight". The copy starts equal to wte, and each step the
+// two gradients are summed into both before the same update is applied to both, so
+// the copies never drift. It is not counted twice in the gradient norm, and a
+// checkpoint that holds wte leaves the copy out (as Hugging Face files do).
+inline constexpr char kTokenEmbeddingName[] = "transformer.wte.weight";
+inline constexpr char kOutputHeadName[] = "lm_head.weight";
+
 struct ParamSpec {
   std::string name;
   std::vector<int64_t> shape;
   bool is_matrix = false;  // receives weight decay
+  std::string tied_to;     // the parameter this one copies, or empty
   int64_t num_elements() const;
 };
 
@@ -53,6 +65,10 @@ struct ParamSpec {
 std::vector<ParamSpec> LayerParams(const GptConfig& config, int pipeline_layer);
 // The parameters of pipeline layers [begin, end), in order.
 std::vector<ParamSpec> RangeParams(const GptConfig& config, int begin, int end);
+// What a checkpoint of layers [begin, end) stores: RangeParams less the tied copies
+// whose original is in the range too. A head-only range keeps its copy, so every
+// stage's file restores its stage alone.
+std::vector<ParamSpec> CheckpointParams(const GptConfig& config, int begin, int end);
 
 // Analytic costs of one pipeline layer, per token of a micro-batch.
 struct LayerCost {

@@ -48,7 +48,9 @@ std::vector<std::vector<float>> InitLayerParams(const GptConfig& config, int pip
       std::fill(v.begin(), v.end(), 1.0f);
     } else if (spec.is_matrix) {
       const double std = absl::StrContains(spec.name, "c_proj") ? proj_std : 0.02;
-      const uint64_t key = InitStreamKey(seed, pipeline_layer, i);
+      // A tied copy starts as its original: wte's stream (pipeline layer 0, param 0).
+      const uint64_t key = spec.tied_to.empty() ? InitStreamKey(seed, pipeline_layer, i)
+                                                : InitStreamKey(seed, 0, 0);
       for (size_t j = 0; j < v.size(); ++j) {
         v[j] = static_cast<float>(std * NormalAt(key, j));
       }

@@ -17,7 +17,8 @@ uint64_t InitStreamKey(uint64_t seed, int pipeline_layer, int param_index);
 
 // Initial values of every parameter of one pipeline layer, in LayerParams order:
 // wte, wpe, lm_head, c_attn and c_fc weights ~ N(0, 0.02); attn.c_proj and mlp.c_proj
-// weights ~ N(0, 0.02 / sqrt(2 n_layers)); biases 0; LayerNorm weight 1, bias 0.
+// weights ~ N(0, 0.02 / sqrt(2 n_layers)); biases 0; LayerNorm weight 1, bias 0. A tied
+// lm_head (tie_embeddings) is drawn from wte's stream, so it starts equal to wte.
 std::vector<std::vector<float>> InitLayerParams(const GptConfig& config, int pipeline_layer,
                                                 uint64_t seed);
 

@@ -19,6 +19,19 @@ std::vector<float> Values(const common::Tensor& t) {
   return {d.begin(), d.end()};
 }
 
+// What the chunk's checkpoint holds: its parameters less a tied copy held with its
+// original (model::CheckpointParams).
+std::vector<model::ParamSpec> StoredParams(const ModelChunk& chunk) {
+  return model::CheckpointParams(chunk.config(), chunk.begin(), chunk.end());
+}
+
+// A tensor of `map` for parameter `p`: its own, or for a tied copy the file left out,
+// its original's.
+const common::Tensor& TensorFor(const model::ParamMap& map, const model::ParamSpec& p) {
+  auto it = map.find(p.name);
+  return it != map.end() ? it->second : map.at(p.tied_to);
+}
+
 model::Checkpoint EmptyCheckpointOf(const ModelChunk& chunk) {
   model::Checkpoint c;
   c.config = chunk.config();
@@ -31,7 +44,7 @@ model::Checkpoint EmptyCheckpointOf(const ModelChunk& chunk) {
 
 absl::StatusOr<model::Checkpoint> GradientsOfChunk(const ModelChunk& chunk) {
   model::Checkpoint c = EmptyCheckpointOf(chunk);
-  for (const model::ParamSpec& p : chunk.Params()) {
+  for (const model::ParamSpec& p : StoredParams(chunk)) {
     ASSIGN_OR_RETURN(std::vector<float> g, chunk.GetGrad(p.name));
     ASSIGN_OR_RETURN(c.params[p.name], ToTensor(p, g));
   }
@@ -41,7 +54,7 @@ absl::StatusOr<model::Checkpoint> GradientsOfChunk(const ModelChunk& chunk) {
 absl::StatusOr<model::Checkpoint> CheckpointOfChunk(const ModelChunk& chunk, bool with_optimizer) {
   model::Checkpoint c = EmptyCheckpointOf(chunk);
   if (with_optimizer) c.optimizer.emplace().step = chunk.step();
-  for (const model::ParamSpec& p : chunk.Params()) {
+  for (const model::ParamSpec& p : StoredParams(chunk)) {
     ASSIGN_OR_RETURN(std::vector<float> v, chunk.GetParam(p.name));
     ASSIGN_OR_RETURN(c.params[p.name], ToTensor(p, v));
     if (!with_optimizer) continue;
@@ -63,10 +76,10 @@ absl::Status RestoreChunk(const model::Checkpoint& c, ModelChunk& chunk) {
   }
   RETURN_IF_ERROR(model::ValidateParams(c.config, c.layer_begin, c.layer_end, c.params, "checkpoint"));
   for (const model::ParamSpec& p : chunk.Params()) {
-    RETURN_IF_ERROR(chunk.SetParam(p.name, Values(c.params.at(p.name))));
+    RETURN_IF_ERROR(chunk.SetParam(p.name, Values(TensorFor(c.params, p))));
     if (!c.optimizer) continue;
-    RETURN_IF_ERROR(chunk.SetOptimizerMoment(p.name, false, Values(c.optimizer->m.at(p.name))));
-    RETURN_IF_ERROR(chunk.SetOptimizerMoment(p.name, true, Values(c.optimizer->v.at(p.name))));
+    RETURN_IF_ERROR(chunk.SetOptimizerMoment(p.name, false, Values(TensorFor(c.optimizer->m, p))));
+    RETURN_IF_ERROR(chunk.SetOptimizerMoment(p.name, true, Values(TensorFor(c.optimizer->v, p))));
   }
   if (c.optimizer) chunk.set_step(static_cast<int>(c.optimizer->step));
   return absl::OkStatus();

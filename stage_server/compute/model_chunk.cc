@@ -333,10 +333,41 @@ template <typename Real>
 absl::StatusOr<double> ModelChunkT<Real>::GradSquaredNorm() {
   double total = 0;
   for (auto& layer : layers_) {
-    ASSIGN_OR_RETURN(double s, backend_->SumOfSquares(layer->num_params(), layer->all_grads()));
-    total += s;
+    const auto& specs = layer->specs();
+    const bool has_copy = std::any_of(specs.begin(), specs.end(),
+                                      [](const model::ParamSpec& p) { return !p.tied_to.empty(); });
+    if (!has_copy) {
+      ASSIGN_OR_RETURN(double s, backend_->SumOfSquares(layer->num_params(), layer->all_grads()));
+      total += s;
+      continue;
+    }
+    for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
+      if (!specs[i].tied_to.empty()) continue;
+      ASSIGN_OR_RETURN(double s, backend_->SumOfSquares(specs[i].num_elements(), layer->grad(i)));
+      total += s;
+    }
   }
   return total;
+}
+
+template <typename Real>
+absl::Status ModelChunkT<Real>::AddToGrad(absl::string_view name, const std::vector<Real>& other) {
+  ASSIGN_OR_RETURN(std::vector<Real> mine, CopyOut(name, Field::kGrad));
+  if (mine.size() != other.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("gradient of \"", name, "\" has ", mine.size(),
+                                                   " elements, the other holder's ", other.size()));
+  }
+  for (size_t i = 0; i < mine.size(); ++i) mine[i] += other[i];
+  return CopyIn(name, Field::kGrad, mine);
+}
+
+template <typename Real>
+absl::Status ModelChunkT<Real>::SumTiedGradients() {
+  if (!config_.tie_embeddings || !has_embedding() || !has_head()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::vector<Real> embedding, CopyOut(TiedParamName(true), Field::kGrad));
+  ASSIGN_OR_RETURN(std::vector<Real> head, CopyOut(TiedParamName(false), Field::kGrad));
+  RETURN_IF_ERROR(AddToGrad(TiedParamName(true), head));
+  return AddToGrad(TiedParamName(false), embedding);
 }
 
 template <typename Real>

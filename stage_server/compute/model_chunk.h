@@ -127,8 +127,19 @@ class ModelChunkT {
   }
   void set_step(int step) { step_ = step; }
   absl::Status ZeroGrads();
+  // Tied embeddings (model.tie_embeddings). The name under which this chunk holds the
+  // shared (V, C) matrix: wte with the embedding, the lm_head copy with the head.
+  static const char* TiedParamName(bool embedding_side) {
+    return embedding_side ? model::kTokenEmbeddingName : model::kOutputHeadName;
+  }
+  // grad(name) += other: the other holder's gradient. Both holders adding the
+  // other's to their own get the same sum bit for bit (addition commutes).
+  absl::Status AddToGrad(absl::string_view name, const std::vector<Real>& other);
+  // For a chunk holding both the embedding and the head of a tied model (one device):
+  // both gradients become their sum. A no-op otherwise.
+  absl::Status SumTiedGradients();
   // Sum of squares of every gradient in this chunk (add across stages, then sqrt, for
-  // the global norm).
+  // the global norm). A tied copy is left out: its original counts once.
   absl::StatusOr<double> GradSquaredNorm();
 
   // One AdamW step (the step counter starts at 1). With max_grad_norm > 0 the gradients

@@ -64,6 +64,7 @@ absl::StatusOr<StepStats> Trainer::Step() {
   RETURN_IF_ERROR(model_->ZeroGrads());
   StepStats stats;
   ASSIGN_OR_RETURN(stats.loss, LossAndGrads(*model_, batch, options_.micro_batches));
+  RETURN_IF_ERROR(model_->SumTiedGradients());
   ASSIGN_OR_RETURN(stats.grad_norm, model_->OptimizerStep(options_.optimizer));
   stats.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

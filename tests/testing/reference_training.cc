@@ -3,13 +3,18 @@
 #include <cmath>
 #include <map>
 #include <random>
+#include <tuple>
 #include <utility>
 
 #include "gtest/gtest.h"
 
 namespace pipetrain::testing {
 
-model::GptConfig TinyModel() { return {64, 8, 16, 2, 6}; }
+model::GptConfig TinyModel(bool tied) {
+  model::GptConfig c{64, 8, 16, 2, 6};
+  c.tie_embeddings = tied;
+  return c;
+}
 
 stage_server::OptimizerSettings TestAdam() {
   stage_server::OptimizerSettings o;
@@ -38,10 +43,10 @@ common::Tensor Rows(const std::vector<int32_t>& all, int mb, int rows) {
 
 namespace {
 
-Reference Train(int steps, float clip) {
+Reference Train(int steps, float clip, bool tied) {
   Reference r;
   r.backend = *compute::CpuBackend::Create(1);
-  r.model = *compute::ModelChunk::Create(TinyModel(), 0, TinyModel().num_pipeline_layers(),
+  r.model = *compute::ModelChunk::Create(TinyModel(tied), 0, TinyModel().num_pipeline_layers(),
                                          r.backend.get());
   EXPECT_TRUE(r.model->Initialize(kSeed).ok());
   const stage_server::OptimizerSettings o = TestAdam();
@@ -59,6 +64,7 @@ Reference Train(int steps, float clip) {
     auto loss = compute::LossAndGrads(*r.model, RandomBatch(step), kMicroBatches);
     EXPECT_TRUE(loss.ok()) << loss.status();
     r.losses.push_back(*loss);
+    EXPECT_TRUE(r.model->SumTiedGradients().ok());  // a no-op unless tied
     auto norm = r.model->OptimizerStep(adam);
     EXPECT_TRUE(norm.ok()) << norm.status();
     r.grad_norms.push_back(norm.value_or(0));
@@ -68,15 +74,18 @@ Reference Train(int steps, float clip) {
 
 }  // namespace
 
-const Reference& SharedReference(int steps, float clip) {
-  static auto* by_run = new std::map<std::pair<int, float>, Reference>();
-  auto it = by_run->find({steps, clip});
-  if (it == by_run->end()) it = by_run->emplace(std::make_pair(steps, clip), Train(steps, clip)).first;
+const Reference& SharedReference(int steps, float clip, bool tied) {
+  static auto* by_run = new std::map<std::tuple<int, float, bool>, Reference>();
+  auto it = by_run->find({steps, clip, tied});
+  if (it == by_run->end()) {
+    it = by_run->emplace(std::make_tuple(steps, clip, tied), Train(steps, clip, tied)).first;
+  }
   return it->second;
 }
 
-std::vector<double> ReferenceEvalLosses(int steps, const model::TokenBatch& batch, float clip) {
-  compute::ModelChunk& model = *SharedReference(steps, clip).model;
+std::vector<double> ReferenceEvalLosses(int steps, const model::TokenBatch& batch, float clip,
+                                        bool tied) {
+  compute::ModelChunk& model = *SharedReference(steps, clip, tied).model;
   const int rows = batch.rows / kMicroBatches, T = TinyModel().seq_len;
   std::vector<double> losses;
   for (int mb = 0; mb < kMicroBatches; ++mb) {

@@ -17,7 +17,8 @@ namespace pipetrain::testing {
 inline constexpr int kBatch = 8, kMicroBatches = 4;
 inline constexpr uint64_t kSeed = 17;
 
-model::GptConfig TinyModel();  // 8 pipeline layers
+// 8 pipeline layers; `tied` sets model.tie_embeddings.
+model::GptConfig TinyModel(bool tied = false);
 stage_server::OptimizerSettings TestAdam();
 model::TokenBatch RandomBatch(int step);  // kBatch rows of random tokens
 // Rows [mb * rows, (mb + 1) * rows) of a (kBatch, T) token array as a (rows, T) tensor.
@@ -30,12 +31,13 @@ struct Reference {
   std::vector<double> grad_norms;  // per step, before clipping (0 when clipping is off)
 };
 // Trained once per process for `steps` steps, kMicroBatches micro-batches each, with
-// the gradients clipped to the global norm `clip` when it is > 0.
-const Reference& SharedReference(int steps, float clip = 0);
+// the gradients clipped to the global norm `clip` when it is > 0, on TinyModel(tied).
+const Reference& SharedReference(int steps, float clip = 0, bool tied = false);
 // Per micro-batch losses of SharedReference(steps)'s model on `batch` (kMicroBatches
 // micro-batches), through the training forward, then dropped: what a pipeline's
 // evaluation after `steps` training steps must report. Changes no weight or gradient.
-std::vector<double> ReferenceEvalLosses(int steps, const model::TokenBatch& batch, float clip = 0);
+std::vector<double> ReferenceEvalLosses(int steps, const model::TokenBatch& batch, float clip = 0,
+                                        bool tied = false);
 
 // Relative L2 distance between a chunk's parameter and the reference's.
 double RelativeParamError(const std::vector<float>& got, const std::vector<float>& want);
