@@ -45,7 +45,7 @@ Tensor RandomF32(const std::vector<int64_t>& shape, std::mt19937& rng) {
 
 ParamMap RandomParams(const GptConfig& c, int begin, int end, std::mt19937& rng) {
   ParamMap params;
-  for (const ParamSpec& p : RangeParams(c, begin, end)) params.emplace(p.name, RandomF32(p.shape, rng));
+  for (const ParamSpec& p : CheckpointParams(c, begin, end)) params.emplace(p.name, RandomF32(p.shape, rng));
   return params;
 }
 
@@ -218,6 +218,60 @@ TEST(CheckpointTest, MergedStageFilesEqualTheWholeModelFile) {
   auto merged = LoadCheckpoint(dir.File("merged.safetensors"));
   ASSERT_THAT(merged, IsOk());
   ExpectSameCheckpoint(*merged, whole);
+}
+
+// Tied embeddings: a whole-model file holds wte once (as Hugging Face's do); a
+// head-only stage file keeps its lm_head copy, which merging checks against wte and
+// drops; slicing gives the head its copy back from wte.
+TEST(CheckpointTest, TiedCopiesAreStoredOnceAndCheckedWhenMerged) {
+  GptConfig c = Tiny();
+  c.tie_embeddings = true;
+  auto names = [](const std::vector<ParamSpec>& specs) {
+    std::vector<std::string> out;
+    for (const ParamSpec& p : specs) out.push_back(p.name);
+    return out;
+  };
+  EXPECT_THAT(names(CheckpointParams(c, 0, 4)), Not(::testing::Contains("lm_head.weight")));
+  EXPECT_THAT(names(CheckpointParams(c, 3, 4)), ::testing::Contains("lm_head.weight"));
+  EXPECT_THAT(names(CheckpointParams(Tiny(), 0, 4)), ::testing::Contains("lm_head.weight"));
+
+  Checkpoint whole = RandomCheckpoint(c, 0, 4, /*with_optimizer=*/true);
+  EXPECT_FALSE(whole.params.count("lm_head.weight"));
+  auto head = SliceCheckpoint(whole, 3, 4);
+  ASSERT_THAT(head, IsOk());
+  ASSERT_TRUE(head->params.count("lm_head.weight"));
+  EXPECT_EQ(0, std::memcmp(head->params.at("lm_head.weight").bytes().data(),
+                           whole.params.at("transformer.wte.weight").bytes().data(),
+                           whole.params.at("transformer.wte.weight").num_bytes()));
+  auto body = SliceCheckpoint(whole, 0, 3);
+  ASSERT_THAT(body, IsOk());
+  TempDir dir;
+  ASSERT_THAT(SaveCheckpoint(dir.File("head.safetensors"), *head), IsOk());
+  auto reloaded = LoadCheckpoint(dir.File("head.safetensors"));
+  ASSERT_THAT(reloaded, IsOk());
+  EXPECT_TRUE(reloaded->config.tie_embeddings);
+  std::vector<Checkpoint> parts;
+  parts.push_back(*std::move(body));
+  parts.push_back(*std::move(reloaded));
+  auto merged = MergeCheckpoints(std::move(parts));
+  ASSERT_THAT(merged, IsOk());
+  ExpectSameCheckpoint(*merged, whole);
+
+  // A copy that drifted from wte is refused, naming both.
+  auto drifted = SliceCheckpoint(whole, 3, 4);
+  drifted->params.at("lm_head.weight").data<float>()[5] += 1.0f;
+  std::vector<Checkpoint> bad;
+  bad.push_back(*SliceCheckpoint(whole, 0, 3));
+  bad.push_back(*std::move(drifted));
+  EXPECT_THAT(MergeCheckpoints(std::move(bad)),
+              StatusIs(kInvalid, AllOf(HasSubstr("lm_head.weight"),
+                                       HasSubstr("transformer.wte.weight"))));
+  // Tied and untied files of one shape do not mix.
+  std::vector<Checkpoint> mixed;
+  mixed.push_back(*SliceCheckpoint(whole, 0, 3));
+  mixed.push_back(RandomCheckpoint(Tiny(), 3, 4, true));
+  EXPECT_THAT(MergeCheckpoints(std::move(mixed)),
+              StatusIs(kInvalid, HasSubstr("model.tie_embeddings")));
 }
 
 TEST(CheckpointTest, MergeRejectsGapsOverlapsAndDisagreement) {

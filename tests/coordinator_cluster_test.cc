@@ -156,5 +156,47 @@ TEST_F(CoordinatorClippingTest, EveryStageRunsItsOptimizerEveryStep) {
   EXPECT_EQ(optimizer_steps, (std::map<int, int>{{0, 4}, {1, 4}, {2, 4}, {3, 4}}));
 }
 
+// Tied embeddings through the real cluster: the first and last stage swap their
+// gradients of the shared matrix over the ring link each step, so 4 stages give the
+// losses of 1; a job started from a tied checkpoint (whose head-stage file carries its
+// copy) continues them; and tying changes the losses, so it really acts.
+class CoordinatorTiedTest : public CoordinatorClusterTest {
+ protected:
+  void SetUp() override {
+    CoordinatorClusterTest::SetUp();
+    spec_["model"]["tie_embeddings"] = true;
+  }
+};
+
+TEST_F(CoordinatorTiedTest, FourStagesGiveTheLossesOfOneAndAResumedJobContinues) {
+  const std::vector<double> ref = ReferenceLosses();
+  ASSERT_EQ(ref.size(), 4u);
+  for (const char* schedule : {"1f1b", "zb-h1"}) {
+    SCOPED_TRACE(schedule);
+    const json s = Status(
+        *c_, FinishedJob({"pipeline.stages=4", absl::StrCat("pipeline.schedule=", schedule)}));
+    EXPECT_EQ(s["state"], "SUCCEEDED") << s.dump();
+    EXPECT_TRUE(LossesMatch(Losses(s), ref));
+  }
+  // From the 4-stage job's step-2 checkpoint onto 2 stages.
+  const std::string four = FinishedJob({"pipeline.stages=4", "pipeline.schedule=1f1b"});
+  const std::string ckpt = StateDir() + "/checkpoints/" + four + "/step-2";
+  auto r = c_->Cli({"submit", WriteSpec(spec_), "--set", "training.steps=2", "--set",
+                    "pipeline.stages=2", "--init-from", ckpt});
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->exit_code, 0) << r->out << r->err;
+  const std::string resumed = SubmittedId(r->out.substr(0, r->out.find('\n')));
+  EXPECT_TRUE(LossesMatch(Losses(Status(*c_, resumed)), {ref[2], ref[3]})) << "resumed";
+}
+
+TEST_F(CoordinatorTiedTest, TyingChangesTheLosses) {
+  const std::vector<double> tied = ReferenceLosses();
+  const std::vector<double> untied =
+      Losses(Status(*c_, FinishedJob({"model.tie_embeddings=false"})));
+  // Both start near ln(256) (small initial logits either way) and the first updates
+  // are alike; from step 3 on the shared matrix's summed updates have moved it apart.
+  EXPECT_TRUE(LossesDiffer(untied, tied, 3, 1e-3)) << "tie_embeddings changed nothing";
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -105,14 +105,14 @@ std::vector<ParamSpec> RangeParams(const GptConfig& c, int begin, int end) {
 }
 
 std::vector<ParamSpec> CheckpointParams(const GptConfig& c, int begin, int end) {
-  std::vector<ParamSpec> all = RangeParams(c, begin, end);
+  const std::vector<ParamSpec> all = RangeParams(c, begin, end);
   std::vector<ParamSpec> out;
-  for (ParamSpec& p : all) {
+  for (const ParamSpec& p : all) {
     const bool original_here =
         !p.tied_to.empty() && std::any_of(all.begin(), all.end(), [&](const ParamSpec& q) {
           return q.name == p.tied_to;
         });
-    if (!original_here) out.push_back(std::move(p));
+    if (!original_here) out.push_back(p);
   }
   return out;
 }

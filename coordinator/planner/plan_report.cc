@@ -77,12 +77,15 @@ std::string RenderPlanText(const Plan& plan) {
   const PlanOptions& o = plan.options;
   std::string out = absl::StrFormat(
       "Plan: %s schedule, K=%d stages, M=%d micro-batches%s, recompute %s\n"
-      "Model: %d blocks, d_model %d, %d heads, seq_len %d, vocab %d; batch %d sequences "
+      "Model: %d blocks, d_model %d, %d heads, seq_len %d, vocab %d%s; batch %d sequences "
       "(%d per micro-batch)\n",
       ScheduleName(o.schedule), o.stages, o.micro_batches,
       o.chunks > 1 ? absl::StrCat(", v=", o.chunks, " chunks per stage") : "",
       RecomputeName(o.recompute), o.model.n_layers, o.model.d_model, o.model.n_heads,
-      o.model.seq_len, o.model.vocab_size, o.batch_size, o.batch_size / o.micro_batches);
+      o.model.seq_len, o.model.vocab_size,
+      // Each holder of the shared matrix keeps it (and its gradient and moments).
+      o.model.tie_embeddings ? " (tied embeddings: first and last stage each hold wte)" : "",
+      o.batch_size, o.batch_size / o.micro_batches);
   if (o.equal_stage_cost) {
     out +=
         "Costs: equal stage costs (forward 1 unit, backward 2 units = I 1 + W 1, free "
