@@ -47,8 +47,9 @@ OpCase MatmulEmptyInnerCase(int m, int n, double beta) {
 }
 
 void AddMatmulCases(std::vector<OpCase>& cases) {
-  const int shapes[][3] = {{1, 1, 1},   {7, 5, 9},     {33, 65, 17},
-                           {1, 50, 3},  {128, 96, 257}, {200, 31, 64}};
+  // The last is the head's product with GPT-2's vocabulary (logits of 6 tokens, C = 16).
+  const int shapes[][3] = {{1, 1, 1},      {7, 5, 9},     {33, 65, 17}, {1, 50, 3},
+                           {128, 96, 257}, {200, 31, 64}, {6, 50257, 16}};
   for (bool tf32 : {false, true}) {
     for (const auto& s : shapes) {
       // A TF32 product of k < 8 terms is dominated by the rounding of single operands
@@ -158,8 +159,10 @@ void AddElementwiseCases(std::vector<OpCase>& cases) {
 
 void AddEmbeddingCases(std::vector<OpCase>& cases) {
   // (B, T, C, V, rows of wpe): wpe may have more rows than T.
-  const int shapes[][5] = {{1, 1, 8, 5, 4},     {2, 5, 8, 13, 5},    {3, 17, 33, 50, 20},
-                           {4, 64, 96, 256, 67}, {2, 5, 7, 3, 8}};
+  // The last two: GPT-2's vocabulary, and llm.c's padding of it to 50,304.
+  const int shapes[][5] = {{1, 1, 8, 5, 4},        {2, 5, 8, 13, 5}, {3, 17, 33, 50, 20},
+                           {4, 64, 96, 256, 67},   {2, 5, 7, 3, 8},  {2, 8, 16, 50257, 8},
+                           {1, 4, 8, 50304, 4}};
   for (const auto& s : shapes) {
     const int B = s[0], T = s[1], C = s[2], V = s[3], P = s[4];
     const std::string shape = absl::StrCat("B=", B, " T=", T, " C=", C, " V=", V, " P=", P);
@@ -273,7 +276,8 @@ void AddAttentionCases(std::vector<OpCase>& cases) {
 // ---- Cross-entropy ----------------------------------------------------------------------
 
 void AddCrossEntropyCases(std::vector<OpCase>& cases) {
-  const int shapes[][2] = {{1, 5}, {6, 17}, {37, 256}, {256, 1000}, {3, 2}};
+  const int shapes[][2] = {{1, 5},  {6, 17},      {37, 256},
+                           {256, 1000}, {3, 2}, {5, 50257}, {2, 50304}};  // GPT-2, llm.c's padding
   for (const auto& s : shapes) {
     const int rows = s[0], V = s[1];
     const size_t N = Sz(rows, V);
