@@ -6,6 +6,7 @@
 #include "client/local_model.h"
 #include "common/flags.h"
 #include "common/model/checkpoint.h"
+#include "common/model/checkpoint_folder.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "stage_server/compute/chunk_checkpoint.h"
@@ -42,7 +43,8 @@ int RunEval(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       "Exit codes: 0 done, 1 the computation or writing --grads-out failed, 2 usage\n"
       "error or an unreadable or invalid checkpoint or text.");
   flags.AddString("checkpoint", &checkpoint_path,
-                  "whole-model safetensors checkpoint (from pipetrain init, train-local --save)",
+                  "whole-model checkpoint: a safetensors file (pipetrain init, train-local "
+                  "--save), a job's checkpoint folder or a Hugging Face GPT-2 folder",
                   "FILE");
   flags.AddString("text", &text_path, "the text; its bytes are the tokens", "FILE");
   flags.AddInt("batch", &batch, "B, rows of seq_len + 1 bytes", "B");
@@ -68,9 +70,9 @@ int RunEval(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     return usage(absl::StrCat("--batch ", batch, " is more than ", kMaxBatch, " rows"));
   }
 
-  auto checkpoint = model::LoadCheckpoint(checkpoint_path);
+  auto checkpoint = model::LoadWholeCheckpoint(checkpoint_path, "--checkpoint");
   if (!checkpoint.ok()) {
-    err << "pipetrain eval: --checkpoint: " << checkpoint.status().message() << "\n";
+    err << "pipetrain eval: " << checkpoint.status().message() << "\n";
     return kExitUsage;
   }
   const model::GptConfig config = checkpoint->config;

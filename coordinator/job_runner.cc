@@ -106,13 +106,18 @@ class Runner {
   }
 
   absl::Status LoadInitCheckpoint() {
-    ASSIGN_OR_RETURN(model::Checkpoint whole,
+    ASSIGN_OR_RETURN(model::Checkpoint loaded,
                      model::LoadWholeCheckpoint(spec_.init_from(), "init_from"));
-    if (!(whole.config == plan_.options.model) || whole.layer_begin != 0 ||
-        whole.layer_end != plan_.options.model.n_layers + 2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "init_from: '", spec_.init_from(), "' is not a whole checkpoint of this job's model "
-          "(compare its config with the spec's model fields)"));
+    const int file_positions = loaded.config.seq_len;
+    // A job may run shorter sequences than the checkpoint was made for (a Hugging Face
+    // GPT-2 has n_positions 1024): it takes the first model.seq_len rows of wpe.
+    ASSIGN_OR_RETURN(
+        model::Checkpoint whole,
+        model::FitCheckpointToModel(std::move(loaded), plan_.options.model,
+                                    absl::StrCat("init_from: '", spec_.init_from(), "'")));
+    if (file_positions != whole.config.seq_len) {
+      hooks_.log(absl::StrFormat("init_from holds %d positions; the job uses the first %d",
+                                 file_positions, whole.config.seq_len));
     }
     if (whole.optimizer) data_offset_ = whole.optimizer->step;
     RETURN_IF_ERROR(group_.Run(0, "loading init_from on", [&](int s) -> absl::Status {

@@ -45,6 +45,24 @@ TEST(GptConfigTest, LayersAndNames) {
   EXPECT_EQ(RangeParams(c, 0, 5).size(), 2u + 3 * 12 + 3);
 }
 
+// A tied lm_head copy is left out of a checkpoint exactly when wte is in the range too.
+TEST(GptConfigTest, CheckpointParamsLeaveOutATiedCopyWhoseOriginalIsThere) {
+  GptConfig c = Tiny();
+  c.tie_embeddings = true;
+  auto has_head = [](const std::vector<ParamSpec>& specs) {
+    for (const ParamSpec& p : specs) {
+      if (p.name == kOutputHeadName) return true;
+    }
+    return false;
+  };
+  EXPECT_FALSE(has_head(CheckpointParams(c, 0, 5)));
+  EXPECT_EQ(CheckpointParams(c, 0, 5).size(), RangeParams(c, 0, 5).size() - 1);
+  EXPECT_TRUE(has_head(CheckpointParams(c, 4, 5)));  // a head-only stage keeps its copy
+  EXPECT_TRUE(has_head(CheckpointParams(c, 1, 5)));
+  c.tie_embeddings = false;
+  EXPECT_TRUE(has_head(CheckpointParams(c, 0, 5)));
+}
+
 TEST(GptConfigTest, ParameterCountsMatchGpt2Formulas) {
   const GptConfig c = Tiny();
   const int64_t C = 32, V = 256, T = 16;

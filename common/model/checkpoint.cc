@@ -4,6 +4,7 @@
 #include <cstring>
 #include <filesystem>
 #include <set>
+#include <span>
 #include <tuple>
 #include <utility>
 
@@ -30,12 +31,7 @@ constexpr char kKeyTieEmbeddings[] = "tie_embeddings";  // "true", or absent
 // How many names an error lists per kind of problem before it summarises.
 constexpr size_t kMaxNamesListed = 8;
 
-// A tensor as far as validation is concerned (from a header entry or a loaded tensor).
-struct Described {
-  std::string name;
-  DType dtype;
-  std::vector<int64_t> shape;
-};
+using Described = TensorDescription;
 
 std::string RangeString(int begin, int end) { return absl::StrCat("[", begin, ", ", end, ")"); }
 
@@ -45,6 +41,16 @@ std::string ListNames(const std::vector<std::string>& names) {
   std::string out = absl::StrJoin(shown, ", ");
   if (names.size() > kMaxNamesListed) {
     absl::StrAppend(&out, " and ", names.size() - kMaxNamesListed, " more");
+  }
+  return out;
+}
+
+// "F32", "F32 or F16", "F32, F16 or BF16".
+std::string DTypeNames(std::span<const DType> dtypes) {
+  std::string out;
+  for (size_t i = 0; i < dtypes.size(); ++i) {
+    if (i > 0) absl::StrAppend(&out, i + 1 == dtypes.size() ? " or " : ", ");
+    absl::StrAppend(&out, common::SafetensorsDTypeName(dtypes[i]));
   }
   return out;
 }
@@ -61,46 +67,6 @@ std::vector<ParamSpec> ExpectedTensors(const GptConfig& config, int begin, int e
     }
   }
   return all;
-}
-
-// Compares the tensors present with those expected; one error lists every problem.
-absl::Status CheckTensorSet(const std::vector<ParamSpec>& expected,
-                            const std::vector<Described>& actual, absl::string_view what) {
-  std::map<std::string, const Described*> by_name;
-  for (const Described& d : actual) by_name[d.name] = &d;
-  std::set<std::string> expected_names;
-  std::vector<std::string> missing, unexpected, wrong;
-  for (const ParamSpec& spec : expected) {
-    expected_names.insert(spec.name);
-    auto it = by_name.find(spec.name);
-    if (it == by_name.end()) {
-      missing.push_back(spec.name);
-      continue;
-    }
-    const Described& d = *it->second;
-    if (d.dtype != DType::kF32) {
-      wrong.push_back(absl::StrCat(spec.name, " has dtype ", common::SafetensorsDTypeName(d.dtype),
-                                   ", want F32"));
-    } else if (d.shape != spec.shape) {
-      wrong.push_back(absl::StrCat(spec.name, " has shape ", common::ShapeString(d.shape),
-                                   ", want ", common::ShapeString(spec.shape)));
-    }
-  }
-  for (const Described& d : actual) {
-    if (!expected_names.count(d.name)) unexpected.push_back(d.name);
-  }
-  if (missing.empty() && unexpected.empty() && wrong.empty()) return absl::OkStatus();
-  std::vector<std::string> problems;
-  if (!missing.empty()) {
-    problems.push_back(
-        absl::StrCat("missing ", missing.size(), " tensor(s): ", ListNames(missing)));
-  }
-  if (!unexpected.empty()) {
-    problems.push_back(
-        absl::StrCat(unexpected.size(), " unexpected tensor(s): ", ListNames(unexpected)));
-  }
-  if (!wrong.empty()) problems.push_back(ListNames(wrong));
-  return absl::InvalidArgumentError(absl::StrCat(what, ": ", absl::StrJoin(problems, "; ")));
 }
 
 std::vector<Described> Describe(const ParamMap& tensors, absl::string_view prefix = "") {
@@ -281,25 +247,6 @@ std::vector<common::SafetensorsView> Views(const Checkpoint& c) {
   return views;
 }
 
-absl::Status ConfigsMatch(const GptConfig& file, const GptConfig& want, absl::string_view source) {
-  for (auto [a, b, field] : {std::tuple{file.vocab_size, want.vocab_size, "vocab_size"},
-                             {file.seq_len, want.seq_len, "seq_len"},
-                             {file.d_model, want.d_model, "d_model"},
-                             {file.n_heads, want.n_heads, "n_heads"},
-                             {file.n_layers, want.n_layers, "n_layers"}}) {
-    if (a != b) {
-      return absl::InvalidArgumentError(absl::StrCat(source, ": model.", field, " is ", a,
-                                                     " in the checkpoint but ", b, " is expected"));
-    }
-  }
-  if (file.tie_embeddings != want.tie_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        source, ": model.tie_embeddings is ", file.tie_embeddings ? "true" : "false",
-        " in the checkpoint but ", want.tie_embeddings ? "true" : "false", " is expected"));
-  }
-  return absl::OkStatus();
-}
-
 bool SameValues(const common::Tensor& a, const common::Tensor& b) {
   return a.shape() == b.shape() && a.num_bytes() == b.num_bytes() &&
          std::memcmp(a.bytes().data(), b.bytes().data(), a.num_bytes()) == 0;
@@ -330,6 +277,65 @@ absl::Status DropJoinedCopies(Checkpoint& merged) {
 }
 
 }  // namespace
+
+absl::Status CheckTensorSet(const std::vector<ParamSpec>& expected,
+                            const std::vector<TensorDescription>& actual, absl::string_view what,
+                            std::span<const DType> dtypes) {
+  std::map<std::string, const Described*> by_name;
+  for (const Described& d : actual) by_name[d.name] = &d;
+  std::set<std::string> expected_names;
+  std::vector<std::string> missing, unexpected, wrong;
+  for (const ParamSpec& spec : expected) {
+    expected_names.insert(spec.name);
+    auto it = by_name.find(spec.name);
+    if (it == by_name.end()) {
+      missing.push_back(spec.name);
+      continue;
+    }
+    const Described& d = *it->second;
+    if (std::find(dtypes.begin(), dtypes.end(), d.dtype) == dtypes.end()) {
+      wrong.push_back(absl::StrCat(spec.name, " has dtype ", common::SafetensorsDTypeName(d.dtype),
+                                   ", want ", DTypeNames(dtypes)));
+    } else if (d.shape != spec.shape) {
+      wrong.push_back(absl::StrCat(spec.name, " has shape ", common::ShapeString(d.shape),
+                                   ", want ", common::ShapeString(spec.shape)));
+    }
+  }
+  for (const Described& d : actual) {
+    if (!expected_names.count(d.name)) unexpected.push_back(d.name);
+  }
+  if (missing.empty() && unexpected.empty() && wrong.empty()) return absl::OkStatus();
+  std::vector<std::string> problems;
+  if (!missing.empty()) {
+    problems.push_back(
+        absl::StrCat("missing ", missing.size(), " tensor(s): ", ListNames(missing)));
+  }
+  if (!unexpected.empty()) {
+    problems.push_back(
+        absl::StrCat(unexpected.size(), " unexpected tensor(s): ", ListNames(unexpected)));
+  }
+  if (!wrong.empty()) problems.push_back(ListNames(wrong));
+  return absl::InvalidArgumentError(absl::StrCat(what, ": ", absl::StrJoin(problems, "; ")));
+}
+
+absl::Status ConfigsMatch(const GptConfig& file, const GptConfig& want, absl::string_view source) {
+  for (auto [a, b, field] : {std::tuple{file.vocab_size, want.vocab_size, "vocab_size"},
+                             {file.seq_len, want.seq_len, "seq_len"},
+                             {file.d_model, want.d_model, "d_model"},
+                             {file.n_heads, want.n_heads, "n_heads"},
+                             {file.n_layers, want.n_layers, "n_layers"}}) {
+    if (a != b) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": model.", field, " is ", a,
+                                                     " in the checkpoint but ", b, " is expected"));
+    }
+  }
+  if (file.tie_embeddings != want.tie_embeddings) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": model.tie_embeddings is ", file.tie_embeddings ? "true" : "false",
+        " in the checkpoint but ", want.tie_embeddings ? "true" : "false", " is expected"));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status ValidateParams(const GptConfig& config, int begin, int end, const ParamMap& params,
                             absl::string_view what) {

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,26 @@ struct CheckpointInfo {
   int64_t optimizer_step = 0;
   uint64_t tensor_bytes = 0;  // sum of all tensors' sizes
 };
+
+// A tensor as far as validation is concerned: a header entry or a loaded tensor.
+struct TensorDescription {
+  std::string name;
+  common::DType dtype = common::DType::kUnspecified;
+  std::vector<int64_t> shape;
+};
+
+inline constexpr common::DType kF32Only[] = {common::DType::kF32};
+
+// Compares the tensors present with those expected: every expected name present with
+// one of `dtypes` and the exact shape, nothing else. One InvalidArgument error, starting
+// with `what`, lists every missing, unexpected, mis-typed and mis-shaped tensor by name.
+absl::Status CheckTensorSet(const std::vector<ParamSpec>& expected,
+                            const std::vector<TensorDescription>& actual, absl::string_view what,
+                            std::span<const common::DType> dtypes = kF32Only);
+
+// Every field of `file` (a checkpoint's config) equals `want`'s; the error starts with
+// `source` and names the first model.* field that differs, with both values.
+absl::Status ConfigsMatch(const GptConfig& file, const GptConfig& want, absl::string_view source);
 
 // Checks that `params` holds exactly the parameters of layers [begin, end) of `config`
 // (RangeParams): every name present, F32, the exact shape, nothing else. The error

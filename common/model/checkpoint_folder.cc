@@ -1,5 +1,6 @@
 #include "common/model/checkpoint_folder.h"
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -7,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
+#include "common/model/hf_gpt2.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -41,20 +43,24 @@ absl::StatusOr<model::Checkpoint> LoadWholeCheckpoint(const std::string& path,
     return absl::InvalidArgumentError(absl::StrCat(field, ": ", what));
   };
   if (!fs::is_directory(path, ec)) {
-    if (!fs::exists(path, ec)) {
-      return bad(absl::StrCat("'", path, "' does not exist on the coordinator's machine"));
-    }
+    if (!fs::exists(path, ec)) return bad(absl::StrCat("'", path, "' does not exist"));
     absl::StatusOr<model::Checkpoint> one = model::LoadCheckpoint(path);
     if (!one.ok()) return bad(std::string(one.status().message()));
     return one;
   }
+  if (IsHfFolder(path)) {
+    absl::StatusOr<model::Checkpoint> hf = LoadHfGpt2Folder(path);
+    if (!hf.ok()) return bad(std::string(hf.status().message()));
+    return hf;
+  }
   const fs::path index = fs::path(path) / model::kCheckpointIndexFileName;
   std::ifstream in(index);
   if (!in) {
-    return bad(absl::StrCat("'", path, "' has no ", model::kCheckpointIndexFileName,
+    return bad(absl::StrCat("'", path, "' has no ", model::kCheckpointIndexFileName, " and no ",
+                            kHfConfigFileName,
                             "; give a checkpoint folder the coordinator wrote (its index is "
-                            "written last, so a folder without one is incomplete) or one "
-                            ".safetensors file"));
+                            "written last, so a folder without one is incomplete), a Hugging "
+                            "Face GPT-2 folder or one .safetensors file"));
   }
   std::stringstream text;
   text << in.rdbuf();
@@ -77,6 +83,43 @@ absl::StatusOr<model::Checkpoint> LoadWholeCheckpoint(const std::string& path,
   }
   absl::StatusOr<model::Checkpoint> whole = model::MergeCheckpoints(std::move(parts));
   if (!whole.ok()) return bad(absl::StrCat(path, ": ", whole.status().message()));
+  return whole;
+}
+
+absl::StatusOr<Checkpoint> FitCheckpointToModel(Checkpoint whole, const GptConfig& model,
+                                                absl::string_view source) {
+  const GptConfig& file = whole.config;
+  if (whole.layer_begin != 0 || whole.layer_end != file.num_pipeline_layers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": holds pipeline layers [", whole.layer_begin, ", ", whole.layer_end,
+                     ") of ", file.num_pipeline_layers(), ", not the whole model"));
+  }
+  if (model.seq_len > file.seq_len) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": model.seq_len is ", file.seq_len, " in the checkpoint but ", model.seq_len,
+        " is expected (a job may use fewer positions than its checkpoint has, not more)"));
+  }
+  if (model.seq_len < file.seq_len) {
+    // Positions are absolute and causal: position t never sees a later one, so the
+    // first seq_len rows of wpe are the whole model for sequences of seq_len.
+    auto cut = [&](ParamMap& map) -> absl::Status {
+      auto it = map.find(kPositionEmbeddingName);
+      if (it == map.end()) return absl::OkStatus();  // ConfigsMatch below names the problem
+      const common::Tensor& wpe = it->second;
+      ASSIGN_OR_RETURN(common::Tensor rows,
+                       common::Tensor::Create(wpe.dtype(), {model.seq_len, wpe.shape()[1]}));
+      std::memcpy(rows.bytes().data(), wpe.bytes().data(), rows.num_bytes());
+      it->second = std::move(rows);
+      return absl::OkStatus();
+    };
+    RETURN_IF_ERROR(cut(whole.params));
+    if (whole.optimizer) {
+      RETURN_IF_ERROR(cut(whole.optimizer->m));
+      RETURN_IF_ERROR(cut(whole.optimizer->v));
+    }
+    whole.config.seq_len = model.seq_len;
+  }
+  RETURN_IF_ERROR(ConfigsMatch(whole.config, model, source));
   return whole;
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/model/checkpoint.h"
 
 namespace pipetrain::model {
@@ -27,10 +28,19 @@ absl::Status WriteCheckpointFolder(const std::string& dir, const std::vector<Chu
                                    int num_chunks);
 
 // A whole-model checkpoint from a folder with model.safetensors.index.json (every
-// file it names, merged) or from one safetensors file. Errors name `field` (the spec
-// field the path came from) and the file.
+// file it names, merged), from a Hugging Face GPT-2 folder (hf_gpt2.h: IsHfFolder,
+// LoadHfGpt2Folder) or from one safetensors file. Errors name `field` (the spec field or
+// flag the path came from) and the file.
 absl::StatusOr<model::Checkpoint> LoadWholeCheckpoint(const std::string& path,
                                                       const std::string& field);
+
+// A whole-model checkpoint made fit to start a job whose model is `model`. Every model.*
+// field must match (the error starts with `source` and names the field, with both
+// values) except seq_len, which may be smaller than the checkpoint's: the job takes the
+// first model.seq_len rows of transformer.wpe.weight (and of its AdamW moments), as a
+// GPT-2 with n_positions 1024 trained on shorter sequences would.
+absl::StatusOr<Checkpoint> FitCheckpointToModel(Checkpoint whole, const GptConfig& model,
+                                                absl::string_view source);
 
 // Layers [begin, end) of a whole-model checkpoint, optimizer state included when present.
 absl::StatusOr<model::Checkpoint> SliceCheckpoint(const model::Checkpoint& whole, int begin,

@@ -1,6 +1,7 @@
 #include "common/model/gpt_config.h"
 
 #include <algorithm>
+#include <set>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -72,7 +73,7 @@ std::vector<ParamSpec> LayerParams(const GptConfig& c, int layer) {
   const int64_t C = c.d_model, V = c.vocab_size, T = c.seq_len, F = c.mlp_dim();
   switch (KindOfLayer(c, layer)) {
     case LayerKind::kEmbedding:
-      return {{kTokenEmbeddingName, {V, C}, true}, {"transformer.wpe.weight", {T, C}, true}};
+      return {{kTokenEmbeddingName, {V, C}, true}, {kPositionEmbeddingName, {T, C}, true}};
     case LayerKind::kHead:
       return {{"transformer.ln_f.weight", {C}, false},
               {"transformer.ln_f.bias", {C}, false},
@@ -105,14 +106,13 @@ std::vector<ParamSpec> RangeParams(const GptConfig& c, int begin, int end) {
 }
 
 std::vector<ParamSpec> CheckpointParams(const GptConfig& c, int begin, int end) {
-  const std::vector<ParamSpec> all = RangeParams(c, begin, end);
+  std::vector<ParamSpec> all = RangeParams(c, begin, end);
+  // The names first: the loop below moves the specs out of `all`.
+  std::set<std::string> names;
+  for (const ParamSpec& p : all) names.insert(p.name);
   std::vector<ParamSpec> out;
-  for (const ParamSpec& p : all) {
-    const bool original_here =
-        !p.tied_to.empty() && std::any_of(all.begin(), all.end(), [&](const ParamSpec& q) {
-          return q.name == p.tied_to;
-        });
-    if (!original_here) out.push_back(p);
+  for (ParamSpec& p : all) {
+    if (p.tied_to.empty() || !names.count(p.tied_to)) out.push_back(std::move(p));
   }
   return out;
 }

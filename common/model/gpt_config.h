@@ -15,6 +15,12 @@
 
 namespace pipetrain::model {
 
+// The math every backend computes, as figures that files describing the model (Hugging
+// Face's config.json) are checked against: LayerNorm's epsilon (the compute library's
+// reference::kLayerNormEps; a test holds them equal). GELU is the tanh form and attention
+// scores are scaled by 1 / sqrt(head_dim).
+inline constexpr double kLayerNormEpsilon = 1e-5;
+
 struct GptConfig {
   int vocab_size = 256;
   int seq_len = 0;
@@ -51,6 +57,7 @@ std::string LayerName(const GptConfig& config,
 // the copies never drift. It is not counted twice in the gradient norm, and a
 // checkpoint that holds wte leaves the copy out (as Hugging Face files do).
 inline constexpr char kTokenEmbeddingName[] = "transformer.wte.weight";
+inline constexpr char kPositionEmbeddingName[] = "transformer.wpe.weight";
 inline constexpr char kOutputHeadName[] = "lm_head.weight";
 
 struct ParamSpec {
