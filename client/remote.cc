@@ -101,11 +101,10 @@ Remote::Remote(std::string verb, const RemoteFlags& remote)
   stub_ = pipetrain::v1::Coordinator::NewStub(channel_);
 }
 
-void Remote::PrepareUnary(grpc::ClientContext& context) const {
+void Remote::PrepareUnary(grpc::ClientContext& context, int deadline_seconds) const {
   security_.AddToken(context);
   context.set_wait_for_ready(false);
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::seconds(kUnaryDeadlineSeconds));
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(deadline_seconds));
 }
 
 grpc::Status Remote::PrepareStream(grpc::ClientContext& context) const {

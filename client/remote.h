@@ -27,6 +27,9 @@ inline constexpr char kTlsKeyEnv[] = "PIPETRAIN_TLS_KEY";
 inline constexpr char kTlsCaEnv[] = "PIPETRAIN_TLS_CA";
 inline constexpr char kTokenEnv[] = "PIPETRAIN_TOKEN";  // the token itself
 inline constexpr int kUnaryDeadlineSeconds = 10;
+// SubmitJob answers once the coordinator has mapped and scanned every token file of the
+// job (each id against the vocabulary): seconds per GB read from a cold disk.
+inline constexpr int kSubmitDeadlineSeconds = 600;
 
 // $PIPETRAIN_ADDRESS when set and not empty, else 127.0.0.1:7400.
 std::string DefaultAddress();
@@ -67,9 +70,10 @@ class Remote {
   pipetrain::v1::Coordinator::Stub& stub() { return *stub_; }
   const std::string& address() const { return address_; }
 
-  // A unary call's context: 10 s deadline, no waiting for a channel that is down, and
-  // the bearer token when there is one.
-  void PrepareUnary(grpc::ClientContext& context) const;
+  // A unary call's context: a deadline (10 s unless given), no waiting for a channel
+  // that is down, and the bearer token when there is one.
+  void PrepareUnary(grpc::ClientContext& context,
+                    int deadline_seconds = kUnaryDeadlineSeconds) const;
   // A stream's context: no deadline (it lasts as long as the job), no waiting either.
   // Carries the token. Since nothing bounds the stream, first waits up to 10 s for the
   // connection; a refused

@@ -152,7 +152,7 @@ int RunSubmit(const std::vector<std::string>& args, std::ostream& out, std::ostr
 int SubmitAndFollow(Remote& remote, const pb::JobSpec& spec, bool no_wait, bool json,
                     std::ostream& out, std::ostream& err) {
   grpc::ClientContext context;
-  remote.PrepareUnary(context);
+  remote.PrepareUnary(context, kSubmitDeadlineSeconds);
   pb::SubmitJobRequest request;
   *request.mutable_spec() = spec;
   pb::SubmitJobResponse response;

@@ -7,7 +7,7 @@
 #include "common/job_state.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "coordinator/corpus.h"
+#include "coordinator/job_data.h"
 #include "coordinator/job_spec.h"
 #include "coordinator/planner/planner.h"
 
@@ -131,7 +131,9 @@ absl::Status JobManager::CheckFits(const pb::JobSpec& spec) {
 absl::StatusOr<std::string> JobManager::Submit(pb::JobSpec spec) {
   spec = WithDefaults(std::move(spec));
   RETURN_IF_ERROR(ValidateJobSpec(spec));
-  RETURN_IF_ERROR(LoadCorpus(spec).status());
+  // Maps and scans the token files (layout, ids against the vocabulary): a bad file
+  // fails here rather than when the job starts.
+  RETURN_IF_ERROR(LoadJobData(spec).status());
   if (!spec.init_from().empty() && !std::filesystem::exists(spec.init_from())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "init_from: '", spec.init_from(), "' does not exist on the coordinator's machine"));

@@ -42,8 +42,9 @@ class JobManager {
   // checkpoint; waits for their threads.
   void Shutdown();
 
-  // INVALID_ARGUMENT naming the field for a bad spec, a corpus the coordinator cannot
-  // read, or a model that does not fit the registered stages' memory.
+  // INVALID_ARGUMENT naming the field for a bad spec, a corpus or token file the
+  // coordinator cannot read or that is malformed (naming the file), or a model that
+  // does not fit the registered stages' memory.
   absl::StatusOr<std::string> Submit(pipetrain::v1::JobSpec spec);
   absl::StatusOr<pipetrain::v1::JobStatus> Get(const std::string& job_id, bool history);
   // The latest `limit` jobs (0 = all), most recent first, each with its latest step as

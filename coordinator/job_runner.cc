@@ -9,7 +9,7 @@
 #include "common/model/batch.h"
 #include "common/model/checkpoint_folder.h"
 #include "common/status_macros.h"
-#include "coordinator/corpus.h"
+#include "coordinator/job_data.h"
 #include "coordinator/planner/forward_only.h"
 #include "coordinator/planner/planner.h"
 #include "coordinator/stage_configure.h"
@@ -76,7 +76,7 @@ class Runner {
       for (auto [b, e] : plan_.stages[s].layers) absl::StrAppend(&ranges, " [", b, ", ", e, ")");
       hooks_.log(absl::StrCat(StageName(s), " holds pipeline layers", ranges));
     }
-    ASSIGN_OR_RETURN(corpus_, LoadCorpus(spec_));
+    ASSIGN_OR_RETURN(data_, LoadJobData(spec_));
     if (spec_.data().validate_every_steps() > 0) {
       ASSIGN_OR_RETURN(eval_programs_,
                        planner::ForwardOnlySchedule(K(), po.micro_batches, po.chunks));
@@ -210,7 +210,7 @@ class Runner {
     const pb::TrainingSpec& t = spec_.training();
     ASSIGN_OR_RETURN(
         model::TokenBatch batch,
-        TrainingBatch(corpus_, plan_.options.model, t.batch_size(), t.seed(), data_offset_ + step));
+        TrainingBatch(data_, plan_.options.model, t.batch_size(), t.seed(), data_offset_ + step));
     const absl::Time start = absl::Now();
     const float lr = LearningRate(step);
     // Clipping needs the norm over the whole model, which no stage has alone: two phases.
@@ -227,7 +227,7 @@ class Runner {
 
   absl::StatusOr<double> Validate(int64_t step) {
     ASSIGN_OR_RETURN(model::TokenBatch batch,
-                     ValidationBatch(corpus_, plan_.options.model, spec_.training().batch_size(),
+                     ValidationBatch(data_, plan_.options.model, spec_.training().batch_size(),
                                      spec_.training().seed()));
     ASSIGN_OR_RETURN(std::vector<pb::RunStepResponse> responses,
                      RunOnAll(step, eval_programs_, batch, 0, "validating"));
@@ -283,7 +283,7 @@ class Runner {
   StageGroup group_;
   planner::Plan plan_;
   schedule::Schedule eval_programs_;
-  Corpus corpus_;
+  JobData data_;
   int64_t data_offset_ = 0;
   std::vector<pb::TimelineEvent> timeline_;
 };

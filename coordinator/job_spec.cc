@@ -208,6 +208,26 @@ void Walk(const Json& object, const Descriptor* d, const std::string& path,
   }
 }
 
+// A list of strings may be written as one string ("tokens": "train.bin"), which is how
+// `--set data.tokens=PATH` writes it too: wrapped into a list of one here, before the
+// proto JSON parser (which wants a list) sees it. True if it wrapped any.
+bool WrapSingleStrings(Json& object, const Descriptor* d) {
+  bool wrapped = false;
+  for (auto& [key, value] : object.items()) {
+    const FieldDescriptor* field = FindField(d, key);
+    if (field == nullptr || field->is_map()) continue;
+    if (field->is_repeated() && field->cpp_type() == FieldDescriptor::CPPTYPE_STRING &&
+        value.is_string()) {
+      value = Json::array({value});
+      wrapped = true;
+    } else if (!field->is_repeated() && field->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE &&
+               value.is_object()) {
+      wrapped |= WrapSingleStrings(value, field->message_type());
+    }
+  }
+  return wrapped;
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> ApplyOverrides(absl::string_view json,
@@ -245,10 +265,13 @@ absl::StatusOr<std::string> ApplyOverrides(absl::string_view json,
     Json value = Json::parse(text, nullptr, /*allow_exceptions=*/false);
     const bool scalar = !value.is_discarded() && (value.is_number() || value.is_boolean() ||
                                                   value.is_null() || value.is_string());
-    // A string field takes the text as typed (--set name=2024), unless it is quoted.
+    // A string field takes the text as typed (--set name=2024), unless it is quoted; a
+    // list field also takes a JSON list (--set 'data.tokens=["a.bin","b.bin"]').
     const bool string_field =
         field != nullptr && field->cpp_type() == FieldDescriptor::CPPTYPE_STRING;
-    if (!scalar || (string_field && !value.is_string())) value = text;
+    const bool list =
+        field != nullptr && field->is_repeated() && !value.is_discarded() && value.is_array();
+    if (!list && (!scalar || (string_field && !value.is_string()))) value = text;
     (*node)[parts.back()] = std::move(value);
   }
   return root.dump(2);
@@ -256,14 +279,16 @@ absl::StatusOr<std::string> ApplyOverrides(absl::string_view json,
 
 absl::StatusOr<pb::JobSpec> ParseJobSpec(absl::string_view json) {
   ASSIGN_OR_RETURN(Json root, ParseObject(json));
+  // Parsed again from the text as written unless a string had to be wrapped.
+  const std::string proto_json =
+      WrapSingleStrings(root, pb::JobSpec::descriptor()) ? root.dump() : std::string(json);
   std::vector<std::string> problems;
   Walk(root, pb::JobSpec::descriptor(), "", &problems);
   if (!problems.empty()) return absl::InvalidArgumentError(absl::StrJoin(problems, "; "));
   pb::JobSpec spec;
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = false;
-  if (auto st = google::protobuf::util::JsonStringToMessage(std::string(json), &spec, options);
-      !st.ok()) {
+  if (auto st = google::protobuf::util::JsonStringToMessage(proto_json, &spec, options); !st.ok()) {
     // protobuf says "(pipeline.stages): invalid value ..."; say it like every other error.
     std::string message(st.message());
     const size_t close = message.find("): ");

@@ -29,13 +29,15 @@ absl::StatusOr<pipetrain::v1::JobSpec> ParseJobSpec(absl::string_view json);
 // The spec with every unset field given its default: pipeline.schedule "1f1b",
 // pipeline.chunks 1 (2 for interleaved), pipeline.recompute "never",
 // pipeline.micro_batches = stages, training.beta1 0.9, beta2 0.95, weight_decay 0.1,
-// data.validation_fraction 0.05, name = the corpus file's name.
+// data.validation_fraction 0.05 (none with data.validation_tokens), data.format "llmc"
+// for data.tokens, name = the name of the corpus file or of the first data.tokens entry.
 pipetrain::v1::JobSpec WithDefaults(pipetrain::v1::JobSpec spec);
 
-// Checks a spec (after WithDefaults) without looking at the cluster or the corpus:
+// Checks a spec (after WithDefaults) without looking at the cluster or the data files:
 // model shape, pipeline (schedule and recompute names, chunks, stages <= pipeline layers,
 // micro-batches dividing the batch), training (steps > 0, lr > 0, betas in [0, 1),
-// grad_clip_norm >= 0), data (corpus given, validation_fraction in [0, 1)),
+// grad_clip_norm >= 0), data (exactly one of corpus and tokens, format, no empty path,
+// validation_tokens only with tokens and without validation_fraction, which is in [0, 1)),
 // checkpoint (every_steps >= 0). The first error, naming its field, e.g.
 // "training.batch_size: 10 is not divisible by pipeline.micro_batches 4".
 absl::Status ValidateJobSpec(const pipetrain::v1::JobSpec& spec);

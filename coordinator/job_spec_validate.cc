@@ -1,5 +1,5 @@
 // WithDefaults and ValidateJobSpec (declared in job_spec.h): the one place where a spec's
-// defaults are filled in, and every check that needs neither the cluster nor the corpus.
+// defaults are filled in, and every check that needs neither the cluster nor the data.
 // The model and pipeline shape are the planner's to judge; this adds the rest.
 #include <cmath>
 #include <filesystem>
@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/data/token_file.h"
 #include "common/status_macros.h"
 #include "coordinator/job_spec.h"
 #include "coordinator/planner/planner.h"
@@ -63,9 +64,47 @@ absl::Status ValidateTraining(const pb::TrainingSpec& t) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateTokenPaths(absl::string_view field,
+                                const google::protobuf::RepeatedPtrField<std::string>& paths) {
+  for (int i = 0; i < paths.size(); ++i) {
+    if (paths[i].empty()) {
+      return Invalid(absl::StrCat(field, "[", i, "]"),
+                     "empty; give the path (or glob) of a token file");
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateData(const pb::DataSpec& d) {
-  if (d.corpus().empty()) {
-    return Invalid("data.corpus", "missing; give the path of a text file the coordinator can read");
+  const bool text = !d.corpus().empty(), tokens = d.tokens_size() > 0;
+  if (!text && !tokens) {
+    return Invalid("data.corpus",
+                   "missing; give the path of a text file the coordinator can read, or instead "
+                   "data.tokens: token files (llm.c or nanoGPT)");
+  }
+  if (text && tokens) {
+    return Invalid("data.corpus and data.tokens",
+                   "both given; a job trains on one of them: a text (data.corpus, its bytes are "
+                   "the tokens) or token files (data.tokens)");
+  }
+  if (text && d.validation_tokens_size() > 0) {
+    return Invalid("data.validation_tokens",
+                   "goes with data.tokens; a data.corpus job validates on the corpus' held-out "
+                   "tail (data.validation_fraction)");
+  }
+  if (text && !d.format().empty()) {
+    return Invalid("data.format",
+                   "is the format of data.tokens; a data.corpus text is read as bytes");
+  }
+  if (tokens) {
+    RETURN_IF_ERROR(ValidateTokenPaths("data.tokens", d.tokens()));
+    RETURN_IF_ERROR(ValidateTokenPaths("data.validation_tokens", d.validation_tokens()));
+    RETURN_IF_ERROR(data::ParseTokenFormat(d.format()).status());
+  }
+  if (d.validation_tokens_size() > 0 && d.validation_fraction() != 0) {
+    return Invalid("data.validation_fraction and data.validation_tokens",
+                   "both given; with data.validation_tokens the whole of data.tokens trains, "
+                   "so leave data.validation_fraction out");
   }
   if (d.has_validation_fraction()) {
     RETURN_IF_ERROR(CheckUnitInterval("data.validation_fraction", d.validation_fraction(),
@@ -92,9 +131,18 @@ pb::JobSpec WithDefaults(pb::JobSpec spec) {
   if (!t->has_beta2()) t->set_beta2(kDefaultBeta2);
   if (!t->has_weight_decay()) t->set_weight_decay(kDefaultWeightDecay);
   pb::DataSpec* d = spec.mutable_data();
-  if (!d->has_validation_fraction()) d->set_validation_fraction(kDefaultValidationFraction);
-  if (spec.name().empty() && !d->corpus().empty()) {
-    spec.set_name(std::filesystem::path(d->corpus()).filename().string());
+  // Separate validation files leave the whole training stream to training.
+  if (!d->has_validation_fraction() && d->validation_tokens_size() == 0) {
+    d->set_validation_fraction(kDefaultValidationFraction);
+  }
+  if (d->tokens_size() > 0 && d->format().empty()) {
+    d->set_format(std::string(data::TokenFormatName(data::TokenFormat::kLlmc)));
+  }
+  // The first data file (its pattern, for a glob: WithDefaults reads no folder).
+  const std::string& first =
+      d->corpus().empty() && d->tokens_size() > 0 ? d->tokens(0) : d->corpus();
+  if (spec.name().empty() && !first.empty()) {
+    spec.set_name(std::filesystem::path(first).filename().string());
   }
   return spec;
 }

@@ -2,7 +2,8 @@
 // `pipetrain` CLI, one cluster shared by the tests of this file. Pipelines of 4 stages
 // (GPipe, 1F1B) give the losses of 1 stage; a checkpoint resumes exactly; the timeline
 // has every stage's lanes; global-norm clipping on 2 and 4 stages gives the losses of 1
-// stage, and really clips. The CLI verbs and the API: coordinator_cli_test.cc; faults:
+// stage, and really clips; a job on token files gives on 2 and 4 stages the losses of 1
+// and resumes exactly. The CLI verbs and the API: coordinator_cli_test.cc; faults:
 // coordinator_faults_test.cc.
 #include <map>
 #include <set>
@@ -15,6 +16,7 @@
 #include "tests/testing/cluster_jobs.h"
 #include "tests/testing/loss_comparison.h"
 #include "tests/testing/temp_files.h"
+#include "tests/testing/token_files.h"
 
 namespace pipetrain {
 namespace {
@@ -38,6 +40,19 @@ class CoordinatorClusterTest : public testing::SharedClusterTest {
     const json reference = Status(*c_, Reference());
     EXPECT_EQ(reference["state"], "SUCCEEDED") << reference.dump();
     return Losses(reference);
+  }
+
+  // The losses of a job of spec_ on 2 stages started from the reference's step-2
+  // checkpoint for the 2 steps left (none, with a failure, if it was not submitted).
+  std::vector<double> LossesFromStep2() {
+    const std::string ckpt = StateDir() + "/checkpoints/" + Reference() + "/step-2";
+    auto r = c_->Cli({"submit", WriteSpec(spec_), "--set", "training.steps=2", "--set",
+                      "pipeline.stages=2", "--init-from", ckpt});
+    EXPECT_TRUE(r.ok() && r->exit_code == 0) << (r.ok() ? r->out + r->err : r.status().ToString());
+    if (!r.ok()) return {};
+    const std::string resumed = SubmittedId(r->out.substr(0, r->out.find('\n')));
+    EXPECT_FALSE(resumed.empty()) << r->out;
+    return resumed.empty() ? std::vector<double>{} : Losses(Status(*c_, resumed));
   }
 
   // The events of `id`'s Chrome trace, as `pipetrain timeline ID --out FILE FLAGS` writes it.
@@ -88,14 +103,7 @@ INSTANTIATE_TEST_SUITE_P(Schedules, CoordinatorPipelineTest, ::testing::Values("
 TEST_F(CoordinatorClusterTest, AJobFromACheckpointContinuesItsLosses) {
   const std::vector<double> ref = ReferenceLosses();
   ASSERT_EQ(ref.size(), 4u);
-  const std::string ckpt = StateDir() + "/checkpoints/" + Reference() + "/step-2";
-  auto r = c_->Cli({"submit", WriteSpec(spec_), "--set", "training.steps=2", "--set",
-                    "pipeline.stages=2", "--init-from", ckpt});
-  ASSERT_TRUE(r.ok());
-  ASSERT_EQ(r->exit_code, 0) << r->out << r->err;
-  const std::string resumed = SubmittedId(r->out.substr(0, r->out.find('\n')));
-  ASSERT_FALSE(resumed.empty()) << r->out;
-  EXPECT_TRUE(LossesMatch(Losses(Status(*c_, resumed)), {ref[2], ref[3]})) << "resumed";
+  EXPECT_TRUE(LossesMatch(LossesFromStep2(), {ref[2], ref[3]})) << "resumed";
 }
 
 // The timeline of a 1F1B job: every stage's compute and link lanes.
@@ -196,6 +204,66 @@ TEST_F(CoordinatorTiedTest, TyingChangesTheLosses) {
   // Both start near ln(256) (small initial logits either way) and the first updates
   // are alike; from step 3 on the shared matrix's summed updates have moved it apart.
   EXPECT_TRUE(LossesDiffer(untied, tied, 3, 1e-3)) << "tie_embeddings changed nothing";
+}
+
+// A job on llm.c token files (two shards by a glob, a separate validation file; ids
+// drawn at random below a vocabulary of 512): 2 and 4 stages give the losses of 1, and a
+// job from its step-2 checkpoint continues them exactly, as a text's job does.
+class CoordinatorTokenFileTest : public CoordinatorClusterTest {
+ protected:
+  void SetUp() override {
+    CoordinatorClusterTest::SetUp();
+    // Written once; jobs shared between tests (and resumed ones) read them later.
+    static const bool written = [] {
+      testing::WriteFileOrDie(SharedFile("tokens_train_000.bin"),
+                              testing::LlmcBytes(testing::RandomTokens(6000, 512, 1)));
+      testing::WriteFileOrDie(SharedFile("tokens_train_001.bin"),
+                              testing::LlmcBytes(testing::RandomTokens(6000, 512, 2)));
+      testing::WriteFileOrDie(SharedFile("tokens_val.bin"),
+                              testing::LlmcBytes(testing::RandomTokens(1000, 512, 3)));
+      return true;
+    }();
+    (void)written;
+    spec_["model"]["vocab_size"] = 512;
+    spec_["data"].erase("corpus");
+    spec_["data"]["tokens"] = json::array({SharedFile("tokens_train_*.bin")});
+    spec_["data"]["validation_tokens"] = SharedFile("tokens_val.bin");  // one string
+  }
+};
+
+TEST_F(CoordinatorTokenFileTest, PipelinesGiveTheLossesOfOneStageAndResumeExactly) {
+  const json reference = Status(*c_, Reference());
+  ASSERT_EQ(reference["state"], "SUCCEEDED") << reference.dump();
+  EXPECT_EQ(reference["spec"]["data"]["format"], "llmc");
+  EXPECT_TRUE(reference["history"][1].contains("val_loss"));
+  const std::vector<double> ref = Losses(reference);
+  ASSERT_EQ(ref.size(), 4u);
+  for (const char* stages : {"2", "4"}) {
+    SCOPED_TRACE(absl::StrCat(stages, " stages"));
+    const json s = Status(
+        *c_, FinishedJob({absl::StrCat("pipeline.stages=", stages), "pipeline.schedule=1f1b"}));
+    EXPECT_EQ(s["state"], "SUCCEEDED") << s.dump();
+    EXPECT_TRUE(LossesMatch(Losses(s), ref));
+  }
+  EXPECT_TRUE(LossesMatch(LossesFromStep2(), {ref[2], ref[3]})) << "resumed";
+}
+
+// A bad token file fails the submit, naming the field and the file, before it is queued.
+TEST_F(CoordinatorTokenFileTest, ABadTokenFileFailsTheSubmit) {
+  testing::WriteFileOrDie(dir_.File("raw.bin"),
+                          testing::NanoGptBytes(testing::RandomTokens(3000, 512, 4)));
+  auto r = c_->Cli({"submit", WriteSpec(spec_), "--set", "data.tokens=" + dir_.File("raw.bin")});
+  ASSERT_TRUE(r.ok());
+  EXPECT_NE(r->exit_code, 0) << r->out;
+  EXPECT_THAT(r->err, ::testing::AllOf(::testing::HasSubstr("data.tokens"),
+                                       ::testing::HasSubstr(dir_.File("raw.bin")),
+                                       ::testing::HasSubstr("data.format: \"nanogpt\"")));
+  r = c_->Cli({"submit", WriteSpec(spec_), "--set", "model.vocab_size=300"});
+  ASSERT_TRUE(r.ok());
+  EXPECT_NE(r->exit_code, 0) << r->out;
+  EXPECT_THAT(r->err, ::testing::AllOf(::testing::HasSubstr("data.tokens"),
+                                       ::testing::HasSubstr("tokens_train_000.bin"),
+                                       ::testing::HasSubstr("model.vocab_size = 300")));
 }
 
 }  // namespace

@@ -155,6 +155,71 @@ TEST(JobSpecTest, DefaultsFillOnlyWhatIsUnset) {
   EXPECT_EQ(d.name(), "mine");
 }
 
+// Token files instead of the example's corpus.
+void UseTokens(pb::JobSpec& s) {
+  s.mutable_data()->clear_corpus();
+  s.mutable_data()->add_tokens("/data/fineweb_train_*.bin");
+  s.mutable_data()->set_format("llmc");
+}
+
+TEST(JobSpecTest, TokensAreOnePathOrAList) {
+  auto one = ParseJobSpec(R"({"data": {"tokens": "a.bin", "validation_tokens": "val.bin"}})");
+  ASSERT_THAT(one, IsOk());
+  EXPECT_THAT(one->data().tokens(), ::testing::ElementsAre("a.bin"));
+  EXPECT_THAT(one->data().validation_tokens(), ::testing::ElementsAre("val.bin"));
+  auto many = ParseJobSpec(
+      R"({"data": {"tokens": ["data/train_*.bin", "extra.bin"], "format": "nanogpt"}})");
+  ASSERT_THAT(many, IsOk());
+  EXPECT_THAT(many->data().tokens(), ::testing::ElementsAre("data/train_*.bin", "extra.bin"));
+  EXPECT_EQ(many->data().format(), "nanogpt");
+  EXPECT_THAT(ParseJobSpec(R"({"data": {"tokens": 3}})"),
+              StatusIs(kInvalid, HasSubstr("data.tokens: expected a list")));
+  EXPECT_THAT(ParseJobSpec(R"({"data": {"tokens": ["a.bin", 2]}})"),
+              StatusIs(kInvalid, HasSubstr("data.tokens[1]: expected a string")));
+}
+
+// `json` with `sets` applied, parsed (an empty spec, with a failure, if either fails).
+pb::JobSpec Overridden(absl::string_view json, const std::vector<std::string>& sets) {
+  auto text = ApplyOverrides(json, sets);
+  EXPECT_THAT(text, IsOk());
+  absl::StatusOr<pb::JobSpec> spec =
+      text.ok() ? ParseJobSpec(*text) : absl::StatusOr<pb::JobSpec>(text.status());
+  EXPECT_THAT(spec, IsOk()) << (text.ok() ? *text : "");
+  return spec.ok() ? *spec : pb::JobSpec();
+}
+
+TEST(JobSpecTest, SetTakesOneTokenFileOrAList) {
+  pb::JobSpec spec = Overridden(R"({"data": {"corpus": "kjv.txt"}})",
+                                {"data.corpus=\"\"", "data.tokens=/data/train_*.bin"});
+  EXPECT_EQ(spec.data().corpus(), "");
+  EXPECT_THAT(spec.data().tokens(), ::testing::ElementsAre("/data/train_*.bin"));
+  spec = Overridden("{}", {R"(data.tokens=["a.bin","b.bin"])", "data.validation_tokens=v.bin"});
+  EXPECT_THAT(spec.data().tokens(), ::testing::ElementsAre("a.bin", "b.bin"));
+  EXPECT_THAT(spec.data().validation_tokens(), ::testing::ElementsAre("v.bin"));
+}
+
+TEST(JobSpecTest, TokenDataDefaultsAndValidates) {
+  pb::JobSpec spec = Example();
+  spec.clear_name();
+  spec.mutable_data()->clear_validation_fraction();
+  spec.mutable_data()->clear_corpus();
+  spec.mutable_data()->add_tokens("/data/fineweb_train_*.bin");
+  pb::JobSpec d = WithDefaults(spec);
+  EXPECT_EQ(d.data().format(), "llmc");
+  EXPECT_EQ(d.name(), "fineweb_train_*.bin");
+  EXPECT_FLOAT_EQ(d.data().validation_fraction(), 0.05f);
+  EXPECT_THAT(ValidateJobSpec(d), IsOk());
+  // With validation files nothing of the training stream is held out.
+  spec.mutable_data()->add_validation_tokens("/data/fineweb_val_000000.bin");
+  spec.mutable_data()->set_format("nanogpt");
+  d = WithDefaults(spec);
+  EXPECT_FALSE(d.data().has_validation_fraction());
+  EXPECT_EQ(d.data().format(), "nanogpt");
+  EXPECT_THAT(ValidateJobSpec(d), IsOk());
+  // A text keeps no format.
+  EXPECT_EQ(Example().data().format(), "");
+}
+
 struct Rule {
   std::string name;
   std::function<void(pb::JobSpec&)> mutate;
@@ -197,6 +262,37 @@ TEST(JobSpecTest, EveryValidationRuleNamesItsField) {
        "training.warmup_steps"},
       {"corpus", [](pb::JobSpec& s) { s.mutable_data()->clear_corpus(); },
        "data.corpus: missing; give the path of a text file the coordinator can read"},
+      {"corpus and tokens", [](pb::JobSpec& s) { s.mutable_data()->add_tokens("a.bin"); },
+       "data.corpus and data.tokens: both given"},
+      {"format with corpus", [](pb::JobSpec& s) { s.mutable_data()->set_format("llmc"); },
+       "data.format: is the format of data.tokens"},
+      {"validation tokens with corpus",
+       [](pb::JobSpec& s) { s.mutable_data()->add_validation_tokens("val.bin"); },
+       "data.validation_tokens: goes with data.tokens"},
+      {"unknown format",
+       [](pb::JobSpec& s) {
+         UseTokens(s);
+         s.mutable_data()->set_format("gpt2");
+       },
+       "data.format: unknown token file format 'gpt2'"},
+      {"empty token path",
+       [](pb::JobSpec& s) {
+         UseTokens(s);
+         s.mutable_data()->add_tokens("");
+       },
+       "data.tokens[1]: empty"},
+      {"empty validation token path",
+       [](pb::JobSpec& s) {
+         UseTokens(s);
+         s.mutable_data()->add_validation_tokens("");
+       },
+       "data.validation_tokens[0]: empty"},
+      {"validation tokens and fraction",
+       [](pb::JobSpec& s) {
+         UseTokens(s);
+         s.mutable_data()->add_validation_tokens("val.bin");
+       },
+       "data.validation_fraction and data.validation_tokens: both given"},
       {"validation fraction", [](pb::JobSpec& s) { s.mutable_data()->set_validation_fraction(1); },
        "data.validation_fraction"},
       {"validate every", [](pb::JobSpec& s) { s.mutable_data()->set_validate_every_steps(-1); },

@@ -21,6 +21,7 @@
 #include "stage_server/compute/trainer.h"
 #include "tests/testing/run_cli.h"
 #include "tests/testing/temp_files.h"
+#include "tests/testing/token_files.h"
 
 namespace pipetrain::client {
 namespace {
@@ -192,6 +193,63 @@ TEST(EvalVerbTest, MatchesThePyTorchFixtureLossAndGradients) {
   EXPECT_THAT(r.out, HasSubstr("48 tokens (3 rows of 16)"));
 }
 
+// The fixture's text as token files (a byte is a token id): both formats score the
+// loss of the text itself.
+TEST(EvalVerbTest, TokenFilesScoreAsTheirText) {
+  std::ifstream in(Fixture("expected.json"));
+  ASSERT_TRUE(in.good());
+  const nlohmann::json expected = nlohmann::json::parse(in);
+  const std::string text = expected["text"].get<std::string>();
+  const std::vector<uint16_t> ids(text.begin(), text.end());
+  TempDir dir;
+  WriteFileOrDie(dir.File("text.bin"), testing::LlmcBytes(ids));
+  WriteFileOrDie(dir.File("train.bin"), testing::NanoGptBytes(ids));
+  const std::string batch = std::to_string(expected["batch"].get<int>());
+  const double want = expected["loss"].get<double>();
+  for (const std::vector<std::string>& source :
+       {std::vector<std::string>{"--tokens", dir.File("text.bin")},
+        std::vector<std::string>{"--tokens", dir.File("train.bin"), "--format", "nanogpt"}}) {
+    std::vector<std::string> args = {"eval",    "--checkpoint", Fixture("weights.safetensors"),
+                                     "--batch", batch,          "--json"};
+    args.insert(args.end(), source.begin(), source.end());
+    CliRun r = Cli(args);
+    ASSERT_EQ(r.code, kExitOk) << r.err;
+    const nlohmann::json j = nlohmann::json::parse(r.out);
+    EXPECT_LT(std::abs(j["loss"].get<double>() - want) / want, 1e-5) << r.out;
+    EXPECT_EQ(j["token_file"], source[1]);
+    EXPECT_FALSE(j.contains("text"));
+  }
+}
+
+TEST(EvalVerbTest, BadTokenFilesExitTwoNamingTheFlagAndFile) {
+  TempDir dir;
+  const std::string weights = Fixture("weights.safetensors");
+  const std::string raw = dir.File("train.bin"), short_file = dir.File("short.bin");
+  const std::string big_id = dir.File("big_id.bin"), text = dir.File("text.txt");
+  WriteFileOrDie(raw, testing::NanoGptBytes(std::vector<uint16_t>(1000, 65)));
+  WriteFileOrDie(short_file, testing::LlmcBytes(std::vector<uint16_t>(50, 65)));
+  std::vector<uint16_t> ids(60, 65);
+  ids[20] = 300;
+  WriteFileOrDie(big_id, testing::LlmcBytes(ids));
+  WriteFileOrDie(text, std::string(100, 'a'));
+  ExpectUsageErrors(
+      "eval",
+      {{{"--checkpoint", weights, "--tokens", raw, "--batch", "1"},
+        "--tokens: '" + raw + "': wrong magic"},
+       {{"--checkpoint", weights, "--tokens", short_file, "--batch", "3"},
+        "--tokens: '" + short_file + "' has 50 tokens; --batch 3 rows of seq_len 16 + 1 tokens"},
+       {{"--checkpoint", weights, "--tokens", big_id, "--batch", "2"},
+        "--tokens: '" + big_id + "': stream token 20 = 300 is outside the vocabulary (256)"},
+       {{"--checkpoint", weights, "--tokens", dir.File("nope.bin"), "--batch", "1"},
+        "--tokens: '" + dir.File("nope.bin") + "': cannot read it"},
+       {{"--checkpoint", weights, "--tokens", raw, "--format", "gpt2", "--batch", "1"},
+        "--format: unknown format 'gpt2'"},
+       {{"--checkpoint", weights, "--text", text, "--tokens", raw, "--batch", "1"},
+        "--text and --tokens: give one of them"},
+       {{"--checkpoint", weights, "--text", text, "--format", "nanogpt", "--batch", "1"},
+        "--format is the format of a --tokens file"}});
+}
+
 TEST(EvalVerbTest, BadInputsExitTwoNamingThePathOrFlag) {
   TempDir dir;
   const std::string weights = Fixture("weights.safetensors");
@@ -209,7 +267,7 @@ TEST(EvalVerbTest, BadInputsExitTwoNamingThePathOrFlag) {
       {{"--checkpoint", weights, "--text", text}, "--batch B is required"},
       {{"--checkpoint", weights, "--text", text, "--batch", "0"}, "--batch B is required"},
       {{"--text", text, "--batch", "1"}, "--checkpoint FILE is required"},
-      {{"--checkpoint", weights, "--batch", "1"}, "--text FILE is required"},
+      {{"--checkpoint", weights, "--batch", "1"}, "--text FILE or --tokens FILE is required"},
       {{"--checkpoint", weights, "--text", text, "--batch", "1", "--threads", "0"},
        "--threads must be >= 1"},
   };

@@ -9,61 +9,102 @@
 namespace pipetrain::model {
 namespace {
 
-absl::StatusOr<TokenBatch> BatchFromOffsets(absl::string_view text,
-                                            const GptConfig& config,
-                                            const std::vector<int64_t>& offsets) {
+// How errors name a stream's tokens: a text's are bytes.
+struct Words {
+  const char* stream;  // "text"
+  const char* token;   // "byte"
+};
+constexpr Words kTextWords = {"text", "byte"};
+constexpr Words kStreamWords = {"stream", "token"};
+
+absl::Status CheckLength(int64_t size, int64_t needed, Words words) {
+  if (size < needed) {
+    return absl::InvalidArgumentError(absl::StrCat(words.stream, " has ", size, " ", words.token,
+                                                   "s; need at least ", needed,
+                                                   " (rows of seq_len + 1 ", words.token, "s)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TokenBatch> BatchFromOffsets(CopyTokensFn copy, const GptConfig& config,
+                                            const std::vector<int64_t>& offsets, Words words) {
   const int T = config.seq_len;
   TokenBatch batch;
   batch.rows = static_cast<int>(offsets.size());
+  batch.inputs.reserve(offsets.size() * T);
+  batch.targets.reserve(offsets.size() * T);
+  std::vector<int32_t> row(static_cast<size_t>(T) + 1);
   for (int64_t start : offsets) {
+    copy(start, T + 1, row.data());
     for (int t = 0; t <= T; ++t) {
-      const int32_t byte = static_cast<unsigned char>(text[start + t]);
-      if (byte >= config.vocab_size) {
+      if (row[t] < 0 || row[t] >= config.vocab_size) {
         return absl::InvalidArgumentError(
-            absl::StrCat("text byte ", start + t, " = ", byte,
+            absl::StrCat(words.stream, " ", words.token, " ", start + t, " = ", row[t],
                          " is outside the vocabulary (", config.vocab_size, ")"));
       }
-      if (t < T) batch.inputs.push_back(byte);
-      if (t > 0) batch.targets.push_back(byte);
     }
+    batch.inputs.insert(batch.inputs.end(), row.begin(), row.end() - 1);
+    batch.targets.insert(batch.targets.end(), row.begin() + 1, row.end());
   }
   return batch;
+}
+
+absl::StatusOr<TokenBatch> Sample(int64_t size, CopyTokensFn copy, const GptConfig& config,
+                                  int rows, uint64_t seed, int step, Words words) {
+  const int64_t row_len = int64_t{config.seq_len} + 1;
+  RETURN_IF_ERROR(CheckLength(size, row_len, words));
+  const uint64_t starts = size - row_len + 1;
+  // Stream key per step (layer index -1 marks data, apart from every parameter stream).
+  const uint64_t key = InitStreamKey(seed, -1, step);
+  std::vector<int64_t> offsets;
+  for (int r = 0; r < rows; ++r) {
+    // The modulo bias is below starts / 2^64: negligible for any stream.
+    const uint64_t bits = InitStreamKey(key, r, 0);
+    offsets.push_back(static_cast<int64_t>(bits % starts));
+  }
+  return BatchFromOffsets(copy, config, offsets, words);
+}
+
+absl::StatusOr<TokenBatch> Leading(int64_t size, CopyTokensFn copy, const GptConfig& config,
+                                   int rows, Words words) {
+  const int64_t row_len = int64_t{config.seq_len} + 1;
+  RETURN_IF_ERROR(CheckLength(size, row_len * rows, words));
+  std::vector<int64_t> offsets;
+  for (int r = 0; r < rows; ++r) offsets.push_back(r * row_len);
+  return BatchFromOffsets(copy, config, offsets, words);
+}
+
+// A text's bytes as a token stream.
+auto TextCopier(absl::string_view text) {
+  return [text](int64_t start, int64_t n, int32_t* out) {
+    for (int64_t i = 0; i < n; ++i) out[i] = static_cast<unsigned char>(text[start + i]);
+  };
 }
 
 }  // namespace
 
 absl::Status CheckTextLength(absl::string_view text, int64_t needed) {
-  if (static_cast<int64_t>(text.size()) < needed) {
-    return absl::InvalidArgumentError(absl::StrCat("text has ", text.size(),
-                                                   " bytes; need at least ", needed,
-                                                   " (rows of seq_len + 1 bytes)"));
-  }
-  return absl::OkStatus();
+  return CheckLength(static_cast<int64_t>(text.size()), needed, kTextWords);
 }
 
-absl::StatusOr<TokenBatch> SampleBatch(absl::string_view text, const GptConfig& config,
+absl::StatusOr<TokenBatch> SampleBatch(int64_t size, CopyTokensFn copy, const GptConfig& config,
                                        int rows, uint64_t seed, int step) {
-  const int64_t row_len = int64_t{config.seq_len} + 1;
-  RETURN_IF_ERROR(CheckTextLength(text, row_len));
-  const uint64_t starts = text.size() - row_len + 1;
-  // Stream key per step (layer index -1 marks data, apart from every parameter stream).
-  const uint64_t key = InitStreamKey(seed, -1, step);
-  std::vector<int64_t> offsets;
-  for (int r = 0; r < rows; ++r) {
-    // The modulo bias is below starts / 2^64: negligible for any text.
-    const uint64_t bits = InitStreamKey(key, r, 0);
-    offsets.push_back(static_cast<int64_t>(bits % starts));
-  }
-  return BatchFromOffsets(text, config, offsets);
+  return Sample(size, copy, config, rows, seed, step, kStreamWords);
 }
 
-absl::StatusOr<TokenBatch> LeadingBatch(absl::string_view text, const GptConfig& config,
+absl::StatusOr<TokenBatch> SampleBatch(absl::string_view text, const GptConfig& config, int rows,
+                                       uint64_t seed, int step) {
+  return Sample(static_cast<int64_t>(text.size()), TextCopier(text), config, rows, seed, step,
+                kTextWords);
+}
+
+absl::StatusOr<TokenBatch> LeadingBatch(int64_t size, CopyTokensFn copy, const GptConfig& config,
                                         int rows) {
-  const int64_t row_len = int64_t{config.seq_len} + 1;
-  RETURN_IF_ERROR(CheckTextLength(text, row_len * rows));
-  std::vector<int64_t> offsets;
-  for (int r = 0; r < rows; ++r) offsets.push_back(r * row_len);
-  return BatchFromOffsets(text, config, offsets);
+  return Leading(size, copy, config, rows, kStreamWords);
+}
+
+absl::StatusOr<TokenBatch> LeadingBatch(absl::string_view text, const GptConfig& config, int rows) {
+  return Leading(static_cast<int64_t>(text.size()), TextCopier(text), config, rows, kTextWords);
 }
 
 common::Tensor MicroBatchRows(const std::vector<int32_t>& tokens, int mb, int rows,

@@ -1,11 +1,13 @@
 // Token batches, as every trainer of this model reads them: B rows of T + 1 tokens
-// (inputs = row[0:T], targets = row[1:T+1]) drawn from a text by (seed, step) alone, so
-// that any pipeline shape and any machine sees the same data, and cut into micro-batches.
+// (inputs = row[0:T], targets = row[1:T+1]) drawn from a token stream (a text's bytes,
+// token files) by (seed, step) alone, so that any pipeline shape and any machine sees the
+// same data, and cut into micro-batches.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/model/gpt_config.h"
@@ -20,12 +22,22 @@ struct TokenBatch {
   std::vector<int32_t> targets;
 };
 
+// A token stream of `size` tokens is read through a function that writes its tokens
+// [start, start + n) to out[0, n); the range always lies within the stream. Streams
+// need not be in memory (token files are mapped) nor contiguous (several files).
+using CopyTokensFn = absl::FunctionRef<void(int64_t start, int64_t n, int32_t* out)>;
+
 // Rows start at offsets drawn by a counter PRNG from (seed, step, row), uniform over
-// [0, size - T - 1]: the same batches on every machine. Fails if the text is shorter
-// than T + 1 bytes or a byte is outside the vocabulary.
+// [0, size - T - 1]: the same batches on every machine. Fails if the stream is shorter
+// than T + 1 tokens or a token is outside the vocabulary.
+absl::StatusOr<TokenBatch> SampleBatch(int64_t size, CopyTokensFn copy, const GptConfig& config,
+                                       int rows, uint64_t seed, int step);
+// The same over a text, whose bytes are the tokens.
 absl::StatusOr<TokenBatch> SampleBatch(absl::string_view text, const GptConfig& config,
                                        int rows, uint64_t seed, int step);
-// The first rows * (T + 1) bytes as consecutive rows (what `pipetrain eval` reads).
+// The first rows * (T + 1) tokens as consecutive rows (what `pipetrain eval` reads).
+absl::StatusOr<TokenBatch> LeadingBatch(int64_t size, CopyTokensFn copy, const GptConfig& config,
+                                        int rows);
 absl::StatusOr<TokenBatch> LeadingBatch(absl::string_view text, const GptConfig& config,
                                         int rows);
 // Checks that a text holds at least `needed` bytes (rows of seq_len + 1 bytes).

@@ -154,6 +154,10 @@ void SharedClusterTest::SetUp() {
 
 std::string SharedClusterTest::StateDir() { return TheShared().dir.File("state"); }
 
+std::string SharedClusterTest::SharedFile(const std::string& name) {
+  return TheShared().dir.File(name);
+}
+
 std::string SharedClusterTest::SharedJob(const std::string& key,
                                          const std::function<std::string()>& make) {
   std::map<std::string, std::string>& jobs = TheShared().jobs;

@@ -68,6 +68,9 @@ class SharedClusterTest : public ClusterJobTest {
 
   // The shared cluster's state folder (checkpoints live under it).
   static std::string StateDir();
+  // A file in the folder that lives as long as the cluster, for data that jobs read
+  // after the test that wrote it (a resumed job reads its data again).
+  static std::string SharedFile(const std::string& name);
 
   // The job that `make` submits and brings to its end, made once per `key` in this
   // process; "" (with `make`'s failures) if it could not be made, and then the next
