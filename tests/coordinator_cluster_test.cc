@@ -5,6 +5,7 @@
 // stage, and really clips; a job on token files gives on 2 and 4 stages the losses of 1
 // and resumes exactly. The CLI verbs and the API: coordinator_cli_test.cc; faults:
 // coordinator_faults_test.cc.
+#include <cmath>
 #include <map>
 #include <set>
 #include <string>
@@ -264,6 +265,38 @@ TEST_F(CoordinatorTokenFileTest, ABadTokenFileFailsTheSubmit) {
   EXPECT_THAT(r->err, ::testing::AllOf(::testing::HasSubstr("data.tokens"),
                                        ::testing::HasSubstr("tokens_train_000.bin"),
                                        ::testing::HasSubstr("model.vocab_size = 300")));
+}
+
+// GPT-2's shape on token files: a 50,257-token vocabulary (ids up to <|endoftext|>
+// drawn at random, so the embedding's and the head's last rows are used) with tied
+// embeddings, in llm.c's format. 4 stages give the losses of 1 and a job from the
+// step-2 checkpoint continues them: the bar for GPT-2-shaped training.
+class CoordinatorGpt2ShapeTest : public CoordinatorClusterTest {
+ protected:
+  void SetUp() override {
+    CoordinatorClusterTest::SetUp();
+    static const bool written = [] {
+      std::vector<uint16_t> tokens = testing::RandomTokens(4000, 50257, 11);
+      tokens[100] = 50256;  // the highest id
+      testing::WriteFileOrDie(SharedFile("gpt2_train.bin"), testing::LlmcBytes(tokens));
+      return true;
+    }();
+    (void)written;
+    spec_["model"]["vocab_size"] = 50257;
+    spec_["model"]["tie_embeddings"] = true;
+    spec_["data"].erase("corpus");
+    spec_["data"]["tokens"] = SharedFile("gpt2_train.bin");
+  }
+};
+
+TEST_F(CoordinatorGpt2ShapeTest, FourStagesGiveTheLossesOfOneAndAResumedJobContinues) {
+  const std::vector<double> ref = ReferenceLosses();
+  ASSERT_EQ(ref.size(), 4u);
+  EXPECT_NEAR(ref[0], std::log(50257.0), 0.1);  // a fresh model is near uniform
+  const json s = Status(*c_, FinishedJob({"pipeline.stages=4", "pipeline.schedule=1f1b"}));
+  EXPECT_EQ(s["state"], "SUCCEEDED") << s.dump();
+  EXPECT_TRUE(LossesMatch(Losses(s), ref));
+  EXPECT_TRUE(LossesMatch(LossesFromStep2(), {ref[2], ref[3]})) << "resumed";
 }
 
 }  // namespace
