@@ -106,6 +106,27 @@ int32_t ReferenceGreedy(ModelChunkT<Real>& model, std::span<const int32_t> conte
   return Argmax(std::span<const Real>(*logits).last(V));
 }
 
+// A random model on a cpu backend, and its decoder (members go in reverse order).
+struct CpuModel {
+  std::unique_ptr<CpuBackend> cpu;
+  std::unique_ptr<ModelChunk> model;
+  std::unique_ptr<KvCacheDecoder> decoder;
+};
+
+CpuModel MakeCpuModel(bool tied, uint64_t seed) {
+  CpuModel m;
+  auto cpu = CpuBackend::Create(1);
+  EXPECT_THAT(cpu, IsOk());
+  if (!cpu.ok()) return m;
+  m.cpu = *std::move(cpu);
+  m.model = RandomModel<float>(m.cpu.get(), Tiny(tied), seed);
+  if (m.model == nullptr) return m;
+  auto decoder = KvCacheDecoder::Create(m.model.get());
+  EXPECT_THAT(decoder, IsOk());
+  if (decoder.ok()) m.decoder = *std::move(decoder);
+  return m;
+}
+
 absl::StatusOr<std::vector<int32_t>> Generate(KvCacheDecoder& d, std::span<const int32_t> prompt,
                                               int n, const SamplingOptions& s) {
   return GenerateTokens(d, prompt, n, s, [](int32_t) { return absl::OkStatus(); });
@@ -208,18 +229,14 @@ TEST(KvCacheDecoderTest, MatchesLogitsOnCuda) {
 // ---- Greedy generation ---------------------------------------------------------------
 
 TEST(TokenGeneratorTest, GreedyIsTheArgmaxOfTheReferenceOfTheGrowingText) {
-  auto cpu = CpuBackend::Create(1);
-  ASSERT_THAT(cpu, IsOk());
   for (bool tied : {false, true}) {
     const model::GptConfig c = Tiny(tied);
-    auto model = RandomModel<float>(cpu->get(), c, 5);
-    ASSERT_NE(model, nullptr);
-    auto decoder = KvCacheDecoder::Create(model.get());
-    ASSERT_THAT(decoder, IsOk());
+    CpuModel m = MakeCpuModel(tied, 5);
+    ASSERT_NE(m.decoder, nullptr);
     const std::vector<int32_t> prompt = RandomPrompt(3, c.vocab_size, 5);
     std::vector<int32_t> streamed;
     auto tokens =
-        GenerateTokens(**decoder, prompt, c.seq_len - 3, {.temperature = 0}, [&](int32_t t) {
+        GenerateTokens(*m.decoder, prompt, c.seq_len - 3, {.temperature = 0}, [&](int32_t t) {
           streamed.push_back(t);
           return absl::OkStatus();
         });
@@ -228,7 +245,7 @@ TEST(TokenGeneratorTest, GreedyIsTheArgmaxOfTheReferenceOfTheGrowingText) {
     EXPECT_EQ(streamed, *tokens) << "each token is handed over as it is drawn";
     std::vector<int32_t> text = prompt;
     for (size_t i = 0; i < tokens->size(); ++i) {
-      EXPECT_EQ((*tokens)[i], ReferenceGreedy(*model, text)) << "token " << i;
+      EXPECT_EQ((*tokens)[i], ReferenceGreedy(*m.model, text)) << "token " << i;
       text.push_back((*tokens)[i]);
     }
   }
@@ -327,16 +344,11 @@ TEST(TokenSamplerTest, TopKDrawsOnlyTheKMostLikely) {
 }
 
 TEST(TokenGeneratorTest, ASeedReproducesTheTextAndSeedsDiffer) {
-  auto cpu = CpuBackend::Create(1);
-  ASSERT_THAT(cpu, IsOk());
-  const model::GptConfig c = Tiny(true);
-  auto model = RandomModel<float>(cpu->get(), c, 7);
-  ASSERT_NE(model, nullptr);
-  auto decoder = KvCacheDecoder::Create(model.get());
-  ASSERT_THAT(decoder, IsOk());
-  const std::vector<int32_t> prompt = RandomPrompt(4, c.vocab_size, 7);
+  CpuModel m = MakeCpuModel(true, 7);
+  ASSERT_NE(m.decoder, nullptr);
+  const std::vector<int32_t> prompt = RandomPrompt(4, Tiny(true).vocab_size, 7);
   auto run = [&](SamplingOptions s) {
-    auto tokens = Generate(**decoder, prompt, 40, s);
+    auto tokens = Generate(*m.decoder, prompt, 40, s);
     EXPECT_THAT(tokens, IsOk());
     return tokens.ok() ? *tokens : std::vector<int32_t>{};
   };
@@ -394,34 +406,30 @@ TEST(KvCacheDecoderTest, RefusesBadTokensAPartialModelAndAFullCache) {
 }
 
 TEST(TokenGeneratorTest, RefusesAnEmptyPromptBadCountsAndOptions) {
-  auto cpu = CpuBackend::Create(1);
-  ASSERT_THAT(cpu, IsOk());
-  const model::GptConfig c = Tiny(false);
-  auto model = RandomModel<float>(cpu->get(), c, 9);
-  ASSERT_NE(model, nullptr);
-  auto decoder = KvCacheDecoder::Create(model.get());
-  ASSERT_THAT(decoder, IsOk());
+  CpuModel m = MakeCpuModel(false, 9);
+  ASSERT_NE(m.decoder, nullptr);
+  KvCacheDecoder& decoder = *m.decoder;
   const std::vector<int32_t> prompt = {1, 2};
-  EXPECT_THAT(Generate(**decoder, {}, 3, {}),
+  EXPECT_THAT(Generate(decoder, {}, 3, {}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("prompt is empty")));
-  EXPECT_THAT(Generate(**decoder, prompt, -1, {}),
+  EXPECT_THAT(Generate(decoder, prompt, -1, {}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("negative")));
-  EXPECT_THAT(Generate(**decoder, prompt, 3, {.temperature = -1}),
+  EXPECT_THAT(Generate(decoder, prompt, 3, {.temperature = -1}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("temperature")));
-  EXPECT_THAT(Generate(**decoder, prompt, 3, {.top_k = -2}),
+  EXPECT_THAT(Generate(decoder, prompt, 3, {.top_k = -2}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("top_k")));
-  EXPECT_THAT(Generate(**decoder, std::vector<int32_t>{1, 99}, 3, {}),
+  EXPECT_THAT(Generate(decoder, std::vector<int32_t>{1, 99}, 3, {}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("token 99")));
   // The caller's error stops the loop.
   int calls = 0;
-  EXPECT_THAT(GenerateTokens(**decoder, prompt, 5, {},
+  EXPECT_THAT(GenerateTokens(decoder, prompt, 5, {},
                              [&](int32_t) {
                                return ++calls == 2 ? absl::CancelledError("enough")
                                                    : absl::OkStatus();
                              }),
               StatusIs(absl::StatusCode::kCancelled));
   EXPECT_EQ(calls, 2);
-  auto none = Generate(**decoder, prompt, 0, {});
+  auto none = Generate(decoder, prompt, 0, {});
   ASSERT_THAT(none, IsOk());
   EXPECT_TRUE(none->empty());
 }
