@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/eval_verb.h"
+#include "client/generate_verb.h"
 #include "client/init_verb.h"
 #include "client/plan_verb.h"
 #include "client/remote_verbs.h"
@@ -64,6 +65,8 @@ const std::vector<Verb>& Verbs() {
       {"eval", "loss (and gradients) of a checkpoint on a text (in-process)", RunEval},
       {"train-local", "train the whole model in this process: the single-device baseline",
        RunTrainLocal},
+      {"generate", "continue a prompt with a checkpoint, token by token (in-process)",
+       RunGenerate},
       {"version", "print the version and build features", RunVersion},
   };
   return verbs;
