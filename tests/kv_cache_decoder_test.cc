@@ -12,6 +12,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -106,22 +107,29 @@ int32_t ReferenceGreedy(ModelChunkT<Real>& model, std::span<const int32_t> conte
   return Argmax(std::span<const Real>(*logits).last(V));
 }
 
-// A random model on a cpu backend, and its decoder (members go in reverse order).
-struct CpuModel {
-  std::unique_ptr<CpuBackend> cpu;
-  std::unique_ptr<ModelChunk> model;
-  std::unique_ptr<KvCacheDecoder> decoder;
+// A random model and its decoder, on the cpu backend (float) or the double host backend.
+// Members are destroyed in reverse order, the backend last.
+template <typename Real>
+struct TestModel {
+  std::unique_ptr<BackendT<Real>> backend;
+  std::unique_ptr<ModelChunkT<Real>> model;
+  std::unique_ptr<KvCacheDecoderT<Real>> decoder;
 };
 
-CpuModel MakeCpuModel(bool tied, uint64_t seed) {
-  CpuModel m;
-  auto cpu = CpuBackend::Create(1);
-  EXPECT_THAT(cpu, IsOk());
-  if (!cpu.ok()) return m;
-  m.cpu = *std::move(cpu);
-  m.model = RandomModel<float>(m.cpu.get(), Tiny(tied), seed);
+template <typename Real>
+TestModel<Real> MakeTestModel(bool tied, uint64_t seed) {
+  TestModel<Real> m;
+  if constexpr (std::is_same_v<Real, float>) {
+    auto cpu = CpuBackend::Create(1);
+    EXPECT_THAT(cpu, IsOk());
+    if (!cpu.ok()) return m;
+    m.backend = *std::move(cpu);
+  } else {
+    m.backend = std::make_unique<HostBackendDouble>();
+  }
+  m.model = RandomModel<Real>(m.backend.get(), Tiny(tied), seed);
   if (m.model == nullptr) return m;
-  auto decoder = KvCacheDecoder::Create(m.model.get());
+  auto decoder = KvCacheDecoderT<Real>::Create(m.model.get());
   EXPECT_THAT(decoder, IsOk());
   if (decoder.ok()) m.decoder = *std::move(decoder);
   return m;
@@ -231,7 +239,7 @@ TEST(KvCacheDecoderTest, MatchesLogitsOnCuda) {
 TEST(TokenGeneratorTest, GreedyIsTheArgmaxOfTheReferenceOfTheGrowingText) {
   for (bool tied : {false, true}) {
     const model::GptConfig c = Tiny(tied);
-    CpuModel m = MakeCpuModel(tied, 5);
+    TestModel<float> m = MakeTestModel<float>(tied, 5);
     ASSERT_NE(m.decoder, nullptr);
     const std::vector<int32_t> prompt = RandomPrompt(3, c.vocab_size, 5);
     std::vector<int32_t> streamed;
@@ -254,18 +262,15 @@ TEST(TokenGeneratorTest, GreedyIsTheArgmaxOfTheReferenceOfTheGrowingText) {
 // Past seq_len the window slides: the context of every draw is what the header says
 // (the last seq_len tokens of a long prompt; when full, the last seq_len / 2 tokens).
 TEST(TokenGeneratorTest, SlidingWindowDrawsFromTheDocumentedContext) {
-  HostBackendDouble host;
   const model::GptConfig c = Tiny(false);
-  auto model = RandomModel<double>(&host, c, 6);
-  ASSERT_NE(model, nullptr);
-  auto decoder = KvCacheDecoderT<double>::Create(model.get());
-  ASSERT_THAT(decoder, IsOk());
+  TestModel<double> m = MakeTestModel<double>(false, 6);
+  ASSERT_NE(m.decoder, nullptr);
   const int keep = SlideKeep(c.seq_len);
   EXPECT_EQ(keep, 6);
   for (size_t prompt_length : {size_t{5}, size_t{20}}) {
     SCOPED_TRACE(absl::StrCat("prompt of ", prompt_length));
     const std::vector<int32_t> prompt = RandomPrompt(prompt_length, c.vocab_size, 6);
-    auto tokens = GenerateTokens(**decoder, prompt, 30, {.temperature = 0},
+    auto tokens = GenerateTokens(*m.decoder, prompt, 30, {.temperature = 0},
                                  [](int32_t) { return absl::OkStatus(); });
     ASSERT_THAT(tokens, IsOk());
     std::vector<int32_t> text = prompt;
@@ -273,7 +278,7 @@ TEST(TokenGeneratorTest, SlidingWindowDrawsFromTheDocumentedContext) {
     for (size_t i = 0; i < tokens->size(); ++i) {
       const std::span<const int32_t> context = std::span<const int32_t>(text).subspan(start);
       ASSERT_LE(context.size(), size_t(c.seq_len));
-      EXPECT_EQ((*tokens)[i], ReferenceGreedy(*model, context)) << "token " << i;
+      EXPECT_EQ((*tokens)[i], ReferenceGreedy(*m.model, context)) << "token " << i;
       text.push_back((*tokens)[i]);
       if (context.size() == size_t(c.seq_len)) start = text.size() - keep;
     }
@@ -344,7 +349,7 @@ TEST(TokenSamplerTest, TopKDrawsOnlyTheKMostLikely) {
 }
 
 TEST(TokenGeneratorTest, ASeedReproducesTheTextAndSeedsDiffer) {
-  CpuModel m = MakeCpuModel(true, 7);
+  TestModel<float> m = MakeTestModel<float>(true, 7);
   ASSERT_NE(m.decoder, nullptr);
   const std::vector<int32_t> prompt = RandomPrompt(4, Tiny(true).vocab_size, 7);
   auto run = [&](SamplingOptions s) {
@@ -378,19 +383,19 @@ TEST(TokenSamplerTest, RefusesBadOptionsAndLogits) {
 }
 
 TEST(KvCacheDecoderTest, RefusesBadTokensAPartialModelAndAFullCache) {
-  HostBackendDouble host;
   const model::GptConfig c = Tiny(false);
-  auto model = RandomModel<double>(&host, c, 8);
-  ASSERT_NE(model, nullptr);
-  auto decoder = KvCacheDecoderT<double>::Create(model.get());
-  ASSERT_THAT(decoder, IsOk());
-  EXPECT_THAT((*decoder)->Feed(c.vocab_size, nullptr),
+  TestModel<double> m = MakeTestModel<double>(false, 8);
+  ASSERT_NE(m.decoder, nullptr);
+  KvCacheDecoderT<double>* decoder = m.decoder.get();
+  ModelChunkT<double>* model = m.model.get();
+  HostBackendDouble host;
+  EXPECT_THAT(decoder->Feed(c.vocab_size, nullptr),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("token 23 at position 0 is outside the vocabulary [0, 23)")));
-  EXPECT_THAT((*decoder)->Feed(-1, nullptr), StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_EQ((*decoder)->position(), 0) << "a refused token takes no position";
-  for (int t = 0; t < c.seq_len; ++t) ASSERT_THAT((*decoder)->Feed(1, nullptr), IsOk());
-  EXPECT_THAT((*decoder)->Feed(1, nullptr),
+  EXPECT_THAT(decoder->Feed(-1, nullptr), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(decoder->position(), 0) << "a refused token takes no position";
+  for (int t = 0; t < c.seq_len; ++t) ASSERT_THAT(decoder->Feed(1, nullptr), IsOk());
+  EXPECT_THAT(decoder->Feed(1, nullptr),
               StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("seq_len = 12")));
 
   auto part = ModelChunkT<double>::Create(c, 0, 2, &host);
@@ -406,7 +411,7 @@ TEST(KvCacheDecoderTest, RefusesBadTokensAPartialModelAndAFullCache) {
 }
 
 TEST(TokenGeneratorTest, RefusesAnEmptyPromptBadCountsAndOptions) {
-  CpuModel m = MakeCpuModel(false, 9);
+  TestModel<float> m = MakeTestModel<float>(false, 9);
   ASSERT_NE(m.decoder, nullptr);
   KvCacheDecoder& decoder = *m.decoder;
   const std::vector<int32_t> prompt = {1, 2};
