@@ -4,6 +4,7 @@
 #include "absl/strings/str_format.h"
 #include "client/eval_verb.h"
 #include "client/export_hf_verb.h"
+#include "client/generate_verb.h"
 #include "client/init_verb.h"
 #include "client/plan_verb.h"
 #include "client/remote_verbs.h"
@@ -67,6 +68,8 @@ const std::vector<Verb>& Verbs() {
        RunTrainLocal},
       {"export-hf", "write a checkpoint as a Hugging Face GPT-2 folder (from_pretrained)",
        RunExportHf},
+      {"generate", "continue a prompt with a checkpoint, token by token (in-process)",
+       RunGenerate},
       {"version", "print the version and build features", RunVersion},
   };
   return verbs;

@@ -34,6 +34,10 @@ double NormalAt(uint64_t key, uint64_t index) {
   return index % 2 == 0 ? r * std::cos(kTwoPi * u2) : r * std::sin(kTwoPi * u2);
 }
 
+double UniformAt(uint64_t key, uint64_t index) {
+  return static_cast<double>(SplitMix64(key + index * 0x9E3779B97F4A7C15ull) >> 11) * 0x1.0p-53;
+}
+
 std::vector<std::vector<float>> InitLayerParams(const GptConfig& config, int pipeline_layer,
                                                 uint64_t seed) {
   const std::vector<ParamSpec> specs = LayerParams(config, pipeline_layer);

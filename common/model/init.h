@@ -13,6 +13,9 @@ namespace pipetrain::model {
 
 // Standard normal draw number `index` of the stream identified by `key`.
 double NormalAt(uint64_t key, uint64_t index);
+// Uniform draw in [0, 1) number `index` of the stream `key` (53 random bits), for
+// whatever else must draw the same numbers on every platform (sampling in generation).
+double UniformAt(uint64_t key, uint64_t index);
 uint64_t InitStreamKey(uint64_t seed, int pipeline_layer, int param_index);
 
 // Initial values of every parameter of one pipeline layer, in LayerParams order:

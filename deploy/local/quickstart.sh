@@ -3,7 +3,8 @@
 # local cluster (a coordinator and 4 stage servers on 127.0.0.1), and trains
 # examples/tiny-gpt.json through it: a small GPT on the King James Bible, 4 pipeline
 # stages with the 1F1B schedule, followed to the end with a progress bar. Then it
-# prints the loss curve, writes the timeline of the last steps, and stops the cluster.
+# prints the loss curve and a sample of text from the trained model, writes the
+# timeline of the last steps, and stops the cluster.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -38,6 +39,14 @@ echo "== Loss every 25 steps (random bytes would score ln 256 = 5.545)"
 build/bin/pipetrain status "$id" --json | awk '
   /"step":/ { gsub(/[^0-9]/, "", $2); step = $2 }
   /^ *"loss":/ && step % 25 == 0 { sub(/,/, "", $2); printf "step %4d  loss %.3f\n", step, $2 }'
+echo
+echo "== A sample from the trained model (pipetrain generate, in-process on the cpu)"
+# The job's final checkpoint folder (one file a stage and an index), which generate
+# reads as one whole-model checkpoint.
+checkpoint_dir=$(build/bin/pipetrain status "$id" --json |
+  awk -F'"' '/"checkpoint_dir":/ && !seen { print $4; seen = 1 }')
+build/bin/pipetrain generate --checkpoint "$checkpoint_dir" --prompt "And God said" \
+  --tokens 120 --temperature 0.8 --top-k 20 --seed 1
 build/bin/pipetrain timeline "$id" --out build/tiny-gpt-trace.json --steps 3
 echo
 echo "Job records stay in $run_dir/state (jobs.db) after the cluster stops; checkpoints in"

@@ -65,6 +65,12 @@ class BackendT {
   virtual absl::Status Copy(void* dst, const void* src, size_t bytes) = 0;
   // Waits for every op issued so far (a no-op on the CPU).
   virtual absl::Status Synchronize() = 0;
+  // A strided copy of `rows` rows of `cols` elements (cudaMemcpy2D in elements): the
+  // key-value cache of generation scatters each new position's heads into it.
+  //   dst[r * dst_stride + c] = src[r * src_stride + c], both strides >= cols;
+  //   the rows of src and dst must not overlap.
+  virtual absl::Status Copy2D(int rows, int cols, const Real* src, int64_t src_stride, Real* dst,
+                              int64_t dst_stride) = 0;
 
   // ---- Matrix product ---------------------------------------------------------------
   // c = alpha * op(a) @ op(b) + beta * c, row-major like cblas_sgemm(CblasRowMajor):
@@ -139,6 +145,12 @@ class BackendT {
   virtual absl::Status AttentionBackward(int B, int T, int C, int NH, const Real* dout,
                                          const Real* qkv, const Real* probs,
                                          Real* dqkv) = 0;
+
+  // ---- Softmax ----------------------------------------------------------------------
+  // out = softmax(x) per row, with the row maximum subtracted first (out may alias x).
+  // Attention of one new query over a key-value cache (generation) uses it.
+  //   x (rows, cols), out (rows, cols)
+  virtual absl::Status Softmax(int rows, int cols, const Real* x, Real* out) = 0;
 
   // ---- Softmax cross-entropy --------------------------------------------------------
   // probs = softmax(logits) per row (probs may alias logits);

@@ -71,6 +71,8 @@ class CudaBackend final : public Backend {
   absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes) override;
   absl::Status Copy(void* dst, const void* src, size_t bytes) override;
   absl::Status Synchronize() override;
+  absl::Status Copy2D(int rows, int cols, const float* src, int64_t src_stride, float* dst,
+                      int64_t dst_stride) override;
 
   absl::Status Matmul(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
                       const float* a, const float* b, float beta, float* c) override;
@@ -98,6 +100,7 @@ class CudaBackend final : public Backend {
   absl::Status AttentionBackward(int B, int T, int C, int NH, const float* dout,
                                  const float* qkv, const float* probs,
                                  float* dqkv) override;
+  absl::Status Softmax(int rows, int cols, const float* x, float* out) override;
   absl::Status CrossEntropyForward(int rows, int V, const float* logits,
                                    const int32_t* targets, float* probs,
                                    float* loss) override;

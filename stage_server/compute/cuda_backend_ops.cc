@@ -286,6 +286,24 @@ absl::Status CudaBackend::AttentionBackward(int B, int T, int C, int NH, const f
   });
 }
 
+// ---- Strided copy and softmax -----------------------------------------------------------
+
+absl::Status CudaBackend::Copy2D(int rows, int cols, const float* src, int64_t src_stride,
+                                 float* dst, int64_t dst_stride) {
+  ASSIGN_OR_RETURN(const OpCall call,
+                   CheckCopy2D(Name(), rows, cols, src, src_stride, dst, dst_stride));
+  return Run(call, [&](cudaStream_t s) {
+    constexpr size_t kF = sizeof(float);
+    return cudaMemcpy2DAsync(dst, dst_stride * kF, src, src_stride * kF, cols * kF, rows,
+                             cudaMemcpyDeviceToDevice, s);
+  });
+}
+
+absl::Status CudaBackend::Softmax(int rows, int cols, const float* x, float* out) {
+  ASSIGN_OR_RETURN(const OpCall call, CheckSoftmax(Name(), rows, cols, x, out));
+  return Run(call, [&](cudaStream_t s) { return ck::Softmax(rows, cols, x, out, s); });
+}
+
 // ---- Cross-entropy ----------------------------------------------------------------------
 
 absl::Status CudaBackend::CrossEntropyForward(int rows, int V, const float* logits,

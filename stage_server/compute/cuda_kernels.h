@@ -36,7 +36,7 @@ cudaError_t AdamW(int64_t n, float* param, const float* grad, float* m, float* v
                   float lr, float beta1, float beta2, float eps, float weight_decay,
                   double bias_correction1, double bias_correction2, cudaStream_t stream);
 
-// ---- Rows: embedding, layernorm, cross-entropy (cuda_kernels_rows.cu) -----------------
+// ---- Rows: embedding, layernorm, softmax, cross-entropy (cuda_kernels_rows.cu) --------
 // *bad_index = INT32_MAX before a check; kernels that find an id outside [0, V) store
 // the smallest such position there (atomicMin) and leave that row's output untouched.
 cudaError_t ResetBadIndex(int32_t* bad_index, cudaStream_t stream);
@@ -61,6 +61,8 @@ cudaError_t LayerNormBackwardInput(int rows, int C, const float* dout, const flo
 cudaError_t LayerNormBackwardParams(int rows, int C, const float* dout, const float* x,
                                     const float* mean, const float* rstd, float* dweight,
                                     float* dbias, cudaStream_t stream);
+// out (rows, cols) = softmax(x) per row (may alias x).
+cudaError_t Softmax(int rows, int cols, const float* x, float* out, cudaStream_t stream);
 // probs (rows, V) = softmax(logits) (may alias); row_loss (rows) doubles; then
 // loss[0] = mean of row_loss. targets (rows).
 cudaError_t CrossEntropyForward(int rows, int V, const float* logits,

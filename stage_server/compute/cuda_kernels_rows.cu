@@ -1,5 +1,5 @@
 // Row-wise kernels of the CUDA backend: embedding lookup and scatter, LayerNorm forward
-// and backward, softmax cross-entropy. One block per row where a row needs a reduction
+// and backward, softmax, softmax cross-entropy. One block per row where a row needs a reduction
 // (statistics in double, like the reference), one thread per element otherwise.
 #include <climits>
 #include <cmath>
@@ -133,6 +133,25 @@ __global__ void LayerNormBackwardParamsKernel(int rows, int C, const float* dout
   }
 }
 
+// grid = rows, block = kRowThreads. out may alias x: BlockSum ends with a barrier, so
+// every read of the row is done before the first write.
+__global__ void SoftmaxKernel(int cols, const float* x, float* out) {
+  __shared__ double scratch[kRowThreads];
+  __shared__ float scratch_max[kRowThreads];
+  const int64_t row = blockIdx.x;
+  const float* xr = x + row * cols;
+  float* outr = out + row * cols;
+  float m = -INFINITY;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) m = fmaxf(m, xr[c]);
+  const double max_x = BlockMax(m, scratch_max);
+  double sum = 0;
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) sum += exp(xr[c] - max_x);
+  sum = BlockSum(sum, scratch);
+  for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+    outr[c] = static_cast<float>(exp(xr[c] - max_x) / sum);
+  }
+}
+
 // grid = rows, block = kRowThreads. probs may alias logits: every thread reads the
 // target's logit before any write, and each element is read then written by one thread.
 __global__ void CrossEntropyForwardKernel(int V, const float* logits, const int32_t* targets,
@@ -239,6 +258,12 @@ cudaError_t LayerNormBackwardParams(int rows, int C, const float* dout, const fl
   if (rows <= 0 || C <= 0 || (dweight == nullptr && dbias == nullptr)) return cudaSuccess;
   LayerNormBackwardParamsKernel<<<(C + 31) / 32, dim3(32, kColumnRows), 0, stream>>>(
       rows, C, dout, x, mean, rstd, dweight, dbias);
+  return cudaGetLastError();
+}
+
+cudaError_t Softmax(int rows, int cols, const float* x, float* out, cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return cudaSuccess;
+  SoftmaxKernel<<<rows, kRowThreads, 0, stream>>>(cols, x, out);
   return cudaGetLastError();
 }
 

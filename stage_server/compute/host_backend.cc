@@ -61,6 +61,15 @@ absl::Status HostBackendT<Real>::Copy(void* dst, const void* src, size_t bytes) 
 // then the plain loop.
 
 template <typename Real>
+absl::Status HostBackendT<Real>::Copy2D(int rows, int cols, const Real* src, int64_t src_stride,
+                                        Real* dst, int64_t dst_stride) {
+  ASSIGN_OR_RETURN(const OpCall call,
+                   CheckCopy2D(Name(), rows, cols, src, src_stride, dst, dst_stride));
+  if (!call.empty()) reference::Copy2D(rows, cols, src, src_stride, dst, dst_stride);
+  return absl::OkStatus();
+}
+
+template <typename Real>
 absl::Status HostBackendT<Real>::Matmul(bool trans_a, bool trans_b, int m, int n, int k,
                                         Real alpha, const Real* a, const Real* b,
                                         Real beta, Real* c) {
@@ -191,6 +200,13 @@ absl::Status HostBackendT<Real>::AttentionBackward(int B, int T, int C, int NH,
   ASSIGN_OR_RETURN(const OpCall call,
                    CheckAttentionBackward(Name(), B, T, C, NH, dout, qkv, probs, dqkv));
   if (!call.empty()) reference::AttentionBackward(B, T, C, NH, dout, qkv, probs, dqkv);
+  return absl::OkStatus();
+}
+
+template <typename Real>
+absl::Status HostBackendT<Real>::Softmax(int rows, int cols, const Real* x, Real* out) {
+  ASSIGN_OR_RETURN(const OpCall call, CheckSoftmax(Name(), rows, cols, x, out));
+  if (!call.empty()) reference::Softmax(rows, cols, x, out);
   return absl::OkStatus();
 }
 

@@ -22,6 +22,8 @@ class HostBackendT : public BackendT<Real> {
   absl::Status CopyToHost(void* host_dst, const void* src, size_t bytes) override;
   absl::Status Copy(void* dst, const void* src, size_t bytes) override;
   absl::Status Synchronize() override { return absl::OkStatus(); }
+  absl::Status Copy2D(int rows, int cols, const Real* src, int64_t src_stride, Real* dst,
+                      int64_t dst_stride) override;
 
   absl::Status Matmul(bool trans_a, bool trans_b, int m, int n, int k, Real alpha,
                       const Real* a, const Real* b, Real beta, Real* c) override;
@@ -48,6 +50,7 @@ class HostBackendT : public BackendT<Real> {
                                 Real* probs) override;
   absl::Status AttentionBackward(int B, int T, int C, int NH, const Real* dout,
                                  const Real* qkv, const Real* probs, Real* dqkv) override;
+  absl::Status Softmax(int rows, int cols, const Real* x, Real* out) override;
   absl::Status CrossEntropyForward(int rows, int V, const Real* logits,
                                    const int32_t* targets, Real* probs,
                                    Real* loss) override;

@@ -73,6 +73,20 @@ class OpCheck {
   absl::Status status_;
 };
 
+absl::StatusOr<OpCall> CheckCopy2D(absl::string_view backend, int rows, int cols, const void* src,
+                                   int64_t src_stride, const void* dst, int64_t dst_stride) {
+  return OpCheck(backend, "Copy2D",
+                 {{"rows", rows},
+                  {"cols", cols},
+                  {"src_stride", src_stride},
+                  {"dst_stride", dst_stride}})
+      .Require(src_stride >= cols, "src_stride is less than cols")
+      .Require(dst_stride >= cols, "dst_stride is less than cols")
+      .EmptyIf(rows == 0 || cols == 0)
+      .Need({{"src", src}, {"dst", dst}})
+      .Done();
+}
+
 absl::StatusOr<OpCall> CheckMatmul(absl::string_view backend, int m, int n, int k,
                                    const void* a, const void* b, const void* c) {
   // k = 0 is work: c = beta * c.
@@ -208,6 +222,14 @@ absl::StatusOr<OpCall> CheckAttentionBackward(absl::string_view backend, int B, 
       .Require(HeadsDivide(C, NH), kHeadsProblem)
       .EmptyIf(int64_t{B} * T * C == 0)
       .Need({{"dout", dout}, {"qkv", qkv}, {"probs", probs}, {"dqkv", dqkv}})
+      .Done();
+}
+
+absl::StatusOr<OpCall> CheckSoftmax(absl::string_view backend, int rows, int cols, const void* x,
+                                    const void* out) {
+  return OpCheck(backend, "Softmax", {{"rows", rows}, {"cols", cols}})
+      .EmptyIf(rows == 0 || cols == 0)
+      .Need({{"x", x}, {"out", out}})
       .Done();
 }
 

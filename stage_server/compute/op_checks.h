@@ -42,6 +42,9 @@ class OpCall {
 // Each returns the checked call, or InvalidArgument for a negative size, a null pointer
 // the op would use, or a value outside the op's domain. Pointers are const void* so that
 // one check serves every scalar type; shapes are those of backend.h.
+// Both strides must be at least cols (rows may not overlap).
+absl::StatusOr<OpCall> CheckCopy2D(absl::string_view backend, int rows, int cols, const void* src,
+                                   int64_t src_stride, const void* dst, int64_t dst_stride);
 absl::StatusOr<OpCall> CheckMatmul(absl::string_view backend, int m, int n, int k,
                                    const void* a, const void* b, const void* c);
 absl::StatusOr<OpCall> CheckAdd(absl::string_view backend, int64_t n, const void* a,
@@ -85,6 +88,8 @@ absl::StatusOr<OpCall> CheckAttentionBackward(absl::string_view backend, int B, 
                                               int C, int NH, const void* dout,
                                               const void* qkv, const void* probs,
                                               const void* dqkv);
+absl::StatusOr<OpCall> CheckSoftmax(absl::string_view backend, int rows, int cols, const void* x,
+                                    const void* out);
 // The mean loss needs rows > 0 and V > 0: never empty.
 absl::StatusOr<OpCall> CheckCrossEntropyForward(absl::string_view backend, int rows, int V,
                                                 const void* logits, const void* targets,

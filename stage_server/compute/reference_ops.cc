@@ -262,6 +262,33 @@ void AttentionBackward(int B, int T, int C, int NH, const Real* dout, const Real
 }
 
 template <typename Real>
+void Copy2D(int rows, int cols, const Real* src, int64_t src_stride, Real* dst,
+            int64_t dst_stride) {
+  // src (rows, >= cols) with row stride src_stride, dst likewise with dst_stride
+  for (int r = 0; r < rows; ++r) {
+    std::copy(src + r * src_stride, src + r * src_stride + cols, dst + r * dst_stride);
+  }
+}
+
+template <typename Real>
+void Softmax(int rows, int cols, const Real* x, Real* out) {
+  // x (rows, cols), out (rows, cols); out may alias x, so each row is read whole first.
+  std::vector<double> e(cols);
+  for (int r = 0; r < rows; ++r) {
+    const Real* xr = x + int64_t{r} * cols;
+    double max_x = -INFINITY;
+    for (int c = 0; c < cols; ++c) max_x = std::max(max_x, double{xr[c]});
+    double sum = 0;
+    for (int c = 0; c < cols; ++c) {
+      e[c] = std::exp(xr[c] - max_x);
+      sum += e[c];
+    }
+    Real* o = out + int64_t{r} * cols;
+    for (int c = 0; c < cols; ++c) o[c] = static_cast<Real>(e[c] / sum);
+  }
+}
+
+template <typename Real>
 void CrossEntropyForward(int rows, int V, const Real* logits, const int32_t* targets, Real* probs,
                          Real* loss) {
   // logits (rows, V), targets (rows), probs (rows, V), loss (1)
@@ -335,6 +362,8 @@ void AdamW(int64_t n, Real* param, const Real* grad, Real* m, Real* v, float lr,
   template void AttentionForward<Real>(int, int, int, int, const Real*, Real*, Real*);             \
   template void AttentionBackward<Real>(int, int, int, int, const Real*, const Real*, const Real*, \
                                         Real*);                                                    \
+  template void Copy2D<Real>(int, int, const Real*, int64_t, Real*, int64_t);                      \
+  template void Softmax<Real>(int, int, const Real*, Real*);                                       \
   template void CrossEntropyForward<Real>(int, int, const Real*, const int32_t*, Real*, Real*);    \
   template void CrossEntropyBackward<Real>(int, int, const Real*, const int32_t*, Real, Real*);    \
   template void AdamW<Real>(int64_t, Real*, const Real*, Real*, Real*, float, float, float, float, \

@@ -57,6 +57,11 @@ void AttentionBackward(int B, int T, int C, int NH, const Real* dout, const Real
                        const Real* probs, Real* dqkv);
 
 template <typename Real>
+void Copy2D(int rows, int cols, const Real* src, int64_t src_stride, Real* dst, int64_t dst_stride);
+template <typename Real>
+void Softmax(int rows, int cols, const Real* x, Real* out);
+
+template <typename Real>
 void CrossEntropyForward(int rows, int V, const Real* logits, const int32_t* targets, Real* probs,
                          Real* loss);
 template <typename Real>

@@ -87,6 +87,31 @@ void AddElementwiseBadCases(std::vector<BadCase>& b) {
   b.push_back(Bad("GeluBackward", "dout null", vec, [](Backend& be, T& t) {
     return be.GeluBackward(16, t["a"], nullptr, t["out"]);
   }, "dout is null"));
+  // Copy2D: 4 rows of 4 from a (4, 4) source into a (4, 4) destination.
+  b.push_back(Bad("Copy2D", "rows < 0", vec, [](Backend& be, T& t) {
+    return be.Copy2D(-4, 4, t["a"], 4, t["out"], 4);
+  }, "rows = -4 is negative"));
+  b.push_back(Bad("Copy2D", "src_stride < cols", vec, [](Backend& be, T& t) {
+    return be.Copy2D(4, 4, t["a"], 3, t["out"], 4);
+  }, "src_stride is less than cols"));
+  b.push_back(Bad("Copy2D", "dst_stride < cols", vec, [](Backend& be, T& t) {
+    return be.Copy2D(4, 4, t["a"], 4, t["out"], 2);
+  }, "dst_stride is less than cols"));
+  b.push_back(Bad("Copy2D", "src null", vec, [](Backend& be, T& t) {
+    return be.Copy2D(4, 4, nullptr, 4, t["out"], 4);
+  }, "src is null"));
+  b.push_back(Bad("Copy2D", "dst null", vec, [](Backend& be, T& t) {
+    return be.Copy2D(4, 4, t["a"], 4, nullptr, 4);
+  }, "dst is null"));
+  b.push_back(Bad("Softmax", "cols < 0", vec, [](Backend& be, T& t) {
+    return be.Softmax(4, -4, t["a"], t["out"]);
+  }, "cols = -4 is negative"));
+  b.push_back(Bad("Softmax", "x null", vec, [](Backend& be, T& t) {
+    return be.Softmax(4, 4, nullptr, t["out"]);
+  }, "x is null"));
+  b.push_back(Bad("Softmax", "out null", vec, [](Backend& be, T& t) {
+    return be.Softmax(4, 4, t["a"], nullptr);
+  }, "out is null"));
   const std::vector<TensorSpec> adam = {InOut("p", 8), In("g", 8), InOut("m", 8, 0),
                                         InOut("v", 8, 0)};
   b.push_back(Bad("AdamW", "step 0", adam, [](Backend& be, T& t) {

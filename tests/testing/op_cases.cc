@@ -273,6 +273,45 @@ void AddAttentionCases(std::vector<OpCase>& cases) {
   }
 }
 
+// ---- Strided copy and softmax (the key-value cache of generation) ----------------------
+
+void AddCopyAndSoftmaxCases(std::vector<OpCase>& cases) {
+  // (rows, cols, src_stride, dst_stride): one element, dense rows, the cache's scatter of
+  // 2 NH head rows of hs into (2 NH, T, hs), odd strides on both sides. dst starts random
+  // so that a write outside the copied columns shows; a copy is exact.
+  const int64_t shapes[][4] = {{1, 1, 1, 1}, {3, 8, 8, 8}, {8, 16, 16, 64 * 16},
+                               {7, 5, 9, 6}, {33, 65, 65, 100}};
+  for (const auto& s : shapes) {
+    const int rows = static_cast<int>(s[0]), cols = static_cast<int>(s[1]);
+    const int64_t ss = s[2], ds = s[3];
+    cases.push_back(
+        {.op = "Copy2D",
+         .shape = absl::StrCat("rows=", rows, " cols=", cols, " src_stride=", ss,
+                               " dst_stride=", ds),
+         .tensors = {In("src", Sz(rows, ss)), InOut("dst", Sz(rows, ds))},
+         .run = Call([=](auto& be, auto& t) {
+           return be.Copy2D(rows, cols, t["src"], ss, t["dst"], ds);
+         }),
+         .exact = true});
+  }
+  const int softmax_shapes[][2] = {{1, 1}, {4, 7}, {6, 257}, {3, 1000}, {12, 64}};
+  for (const auto& s : softmax_shapes) {
+    const int rows = s[0], cols = s[1];
+    const size_t N = Sz(rows, cols);
+    const std::string shape = absl::StrCat("rows=", rows, " cols=", cols);
+    cases.push_back({.op = "Softmax", .shape = shape,
+                     .tensors = {In("x", N, 3.0), Out("out", N)},
+                     .run = Call([=](auto& be, auto& t) {
+                       return be.Softmax(rows, cols, t["x"], t["out"]);
+                     })});
+    cases.push_back({.op = "Softmax", .shape = shape + " out=x",
+                     .tensors = {InOut("x", N, 3.0)},
+                     .run = Call([=](auto& be, auto& t) {
+                       return be.Softmax(rows, cols, t["x"], t["x"]);
+                     })});
+  }
+}
+
 // ---- Cross-entropy ----------------------------------------------------------------------
 
 void AddCrossEntropyCases(std::vector<OpCase>& cases) {
@@ -374,6 +413,7 @@ const std::vector<OpCase>& AllOpCases() {
     AddEmbeddingCases(*all);
     AddLayerNormCases(*all);
     AddAttentionCases(*all);
+    AddCopyAndSoftmaxCases(*all);
     AddCrossEntropyCases(*all);
     AddAdamWCases(*all);
     return all;
