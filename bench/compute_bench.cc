@@ -3,13 +3,13 @@
 #include <cblas.h>
 
 #include <chrono>
-#include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/json_command.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "stage_server/compute/trainer.h"
@@ -69,27 +69,7 @@ absl::StatusOr<nlohmann::json> RunPyTorch(const compute::TrainOptions& o, int th
       "--d-model %d --heads %d --layers %d --batch %d 2>&1",
       PythonPath(), PIPETRAIN_BENCH_DIR, threads, steps, o.model.vocab_size, o.model.seq_len,
       o.model.d_model, o.model.n_heads, o.model.n_layers, o.batch);
-  FILE* pipe = popen(command.c_str(), "r");
-  if (pipe == nullptr) return absl::InternalError(absl::StrCat("cannot run ", command));
-  std::string output;
-  char chunk[4096];
-  while (size_t n = fread(chunk, 1, sizeof(chunk), pipe)) output.append(chunk, n);
-  const int status = pclose(pipe);
-  // The JSON object is the last line; anything before it is the interpreter's warnings.
-  const size_t end = output.find_last_not_of('\n');
-  const size_t begin = end == std::string::npos ? std::string::npos : output.rfind('\n', end);
-  const std::string last_line =
-      end == std::string::npos
-          ? ""
-          : output.substr(begin == std::string::npos ? 0 : begin + 1,
-                          end - (begin == std::string::npos ? 0 : begin + 1) + 1);
-  const nlohmann::json j = nlohmann::json::parse(last_line, nullptr, /*allow_exceptions=*/false);
-  if (status != 0 || !j.is_object()) {
-    return absl::InternalError(absl::StrCat(
-        command, " failed (status ", status,
-        "): ", output.substr(output.size() > 400 ? output.size() - 400 : 0)));
-  }
-  return j;
+  return RunJsonCommand(command);
 }
 
 }  // namespace

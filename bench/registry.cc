@@ -6,6 +6,7 @@
 #include "bench/link_bench.h"
 #include "bench/compute_bench.h"
 #include "bench/cuda_bench.h"
+#include "bench/tokenize_bench.h"
 
 namespace pipetrain::bench {
 
@@ -33,6 +34,10 @@ const std::vector<Benchmark>& AllBenchmarks() {
        "and TF32, TFLOP/s against a cuBLAS product of its MLP shape in the same run; "
        "64 MiB host copies staged through pinned memory against plain pageable ones",
        RunCudaBench},
+      {"tokenize",
+       "GPT-2 BPE: MB/s of text on 1, 2 and 4 threads vs npm's gpt-3-encoder under node "
+       "on the same text (ratio, higher is better, 1.0 = JavaScript speed)",
+       RunTokenizeBench},
   };
   return all;
 }

@@ -8,6 +8,7 @@
 #include "client/init_verb.h"
 #include "client/plan_verb.h"
 #include "client/remote_verbs.h"
+#include "client/tokenize_verb.h"
 #include "client/train_local_verb.h"
 #include "common/flags.h"
 #include "common/version.h"
@@ -64,6 +65,8 @@ const std::vector<Verb>& Verbs() {
       {"plan", "plan a job offline: partition, schedule picture, predicted bubble", RunPlan},
       {"init", "write a freshly initialised model checkpoint (in-process)", RunInit},
       {"eval", "loss (and gradients) of a checkpoint on a text (in-process)", RunEval},
+      {"tokenize", "encode text files into an llm.c token file (gpt2 BPE or bytes)",
+       RunTokenize},
       {"train-local", "train the whole model in this process: the single-device baseline",
        RunTrainLocal},
       {"export-hf", "write a checkpoint as a Hugging Face GPT-2 folder (from_pretrained)",

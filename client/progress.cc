@@ -15,7 +15,9 @@ namespace pb = ::pipetrain::v1;
 constexpr int kBarWidth = 20;
 constexpr int kPlainLines = 20;  // one plain line per 5% of the steps
 
-std::string Bar(int64_t done, int64_t total) {
+}  // namespace
+
+std::string ProgressBar(int64_t done, int64_t total) {
   const double fraction = total > 0 ? std::clamp(static_cast<double>(done) / total, 0.0, 1.0) : 0;
   const int filled = static_cast<int>(fraction * kBarWidth);
   std::string bar(kBarWidth, ' ');
@@ -23,8 +25,6 @@ std::string Bar(int64_t done, int64_t total) {
   if (filled < kBarWidth) bar[filled] = '>';
   return absl::StrCat("[", bar, "]");
 }
-
-}  // namespace
 
 void StepTotals::Add(const pb::StepRecord& step) {
   ++count;
@@ -46,7 +46,7 @@ double StepTotals::MeanTokensPerS() const { return time_s > 0 ? tokens / time_s 
 std::string ProgressLine(const pb::StepRecord& step, int64_t total_steps, double eta_s,
                          bool bar) {
   std::string out = absl::StrCat("step ", step.step(), "/", total_steps);
-  if (bar) absl::StrAppend(&out, " ", Bar(step.step(), total_steps));
+  if (bar) absl::StrAppend(&out, " ", ProgressBar(step.step(), total_steps));
   absl::StrAppend(&out, absl::StrFormat(" loss %.3f", step.loss()));
   if (step.has_val_loss()) absl::StrAppend(&out, absl::StrFormat(" (val %.3f)", step.val_loss()));
   absl::StrAppend(&out, "  ", WithThousands(std::llround(step.tokens_per_s())), " tok/s");

@@ -30,6 +30,9 @@ struct StepTotals {
   double MeanTokensPerS() const;
 };
 
+// "[=========>          ]": `done` of `total` in 20 characters (the tokenize verb's bar too).
+std::string ProgressBar(int64_t done, int64_t total);
+
 // "step 120/300 [=====>     ] loss 2.314  4,210 tok/s  bubble 0.21 (predicted 0.19)  ETA 1m20s";
 // without the bar when `bar` is false. eta_s < 0 leaves the ETA out.
 std::string ProgressLine(const pipetrain::v1::StepRecord& step, int64_t total_steps,

@@ -10,6 +10,8 @@ find_package(SQLite3 REQUIRED)  # the coordinator's job store
 # pkg-config gives the matching defines, without which the class layouts differ.
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
+# The GPT-2 tokenizer's pre-tokenizer pattern (\p{L}, \p{N}, look-ahead), JIT-compiled.
+pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 
 # Debian's OpenBLASConfig.cmake only sets variables: wrap them in a target.
 find_package(OpenBLAS CONFIG REQUIRED)

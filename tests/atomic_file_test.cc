@@ -47,6 +47,19 @@ TEST(AtomicFileTest, TempFileLivesBesideTheTargetUntilCommit) {
   EXPECT_THAT(writer->Write("more"), StatusIs(absl::StatusCode::kFailedPrecondition));
 }
 
+TEST(AtomicFileTest, WriteAtOverwritesInPlaceAndLaterWritesAppend) {
+  TempDir dir;
+  const std::string path = dir.File("tokens.bin");
+  auto writer = AtomicFileWriter::Open(path);
+  ASSERT_THAT(writer, IsOk());
+  ASSERT_THAT(writer->Write("....body"), IsOk());
+  ASSERT_THAT(writer->WriteAt(0, "head"), IsOk());
+  ASSERT_THAT(writer->Write("+tail"), IsOk());
+  ASSERT_THAT(writer->Commit(), IsOk());
+  EXPECT_EQ(ReadFileOrDie(path), "headbody+tail");
+  EXPECT_THAT(writer->WriteAt(0, "x"), StatusIs(absl::StatusCode::kFailedPrecondition));
+}
+
 TEST(AtomicFileTest, AbandonedWriterRemovesItsTempFileAndKeepsTheOldFile) {
   TempDir dir;
   const std::string path = dir.File("out.bin");

@@ -1,4 +1,4 @@
-// GoogleTest matchers for absl::Status and absl::StatusOr: IsOk() and
+// GoogleTest matchers for absl::Status and absl::StatusOr: IsOk(), IsOkAndHolds(m) and
 // StatusIs(code[, message_matcher]). Tests only; the Debian 12 Abseil has none.
 #pragma once
 
@@ -30,6 +30,15 @@ MATCHER_P2(StatusIs, code, message_matcher,
   return s.code() == code &&
          ::testing::ExplainMatchResult(message_matcher, std::string(s.message()),
                                        result_listener);
+}
+
+// IsOkAndHolds(m): an OK StatusOr whose value matches m.
+MATCHER_P(IsOkAndHolds, value_matcher, "is OK and holds a matching value") {
+  if (!arg.ok()) {
+    *result_listener << "status is " << arg.status().ToString();
+    return false;
+  }
+  return ::testing::ExplainMatchResult(value_matcher, *arg, result_listener);
 }
 
 // StatusIs(code): any message.
