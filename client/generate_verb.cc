@@ -14,6 +14,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "client/cli.h"
+#include "common/data/tokenizer.h"
 #include "common/flags.h"
 #include "common/model/checkpoint_folder.h"
 #include "common/status_macros.h"
@@ -31,12 +32,11 @@ namespace {
 constexpr char kProgram[] = "pipetrain generate";
 constexpr int64_t kMaxTokens = int64_t{1} << 20;
 
-// ---- The tokenizer seam -------------------------------------------------------------------
+// ---- The tokenizer ------------------------------------------------------------------------
 // What the verb needs of a tokenizer: text to ids and ids to the bytes they stand for
 // (decoding ids one at a time and concatenating gives the bytes of the whole, as for any
-// byte-level tokenizer, so tokens can be printed as they come). TokenizerNamed is the one
-// place a name becomes a tokenizer: the GPT-2 BPE tokenizer (pipetrain::data::Tokenizer,
-// common/data/) plugs in there, its Encode and Decode as encode and decode.
+// byte-level tokenizer, so tokens can be printed as they come). Both come from
+// pipetrain::data (common/data/): "bytes", or GPT-2's BPE read from --tokenizer-dir.
 struct TextTokenizer {
   std::string name;
   int vocab_size = 0;  // the ids it can decode: [0, vocab_size)
@@ -45,34 +45,31 @@ struct TextTokenizer {
 };
 
 absl::StatusOr<TextTokenizer> TokenizerNamed(const std::string& name, const std::string& dir) {
-  if (name == "bytes") {
-    if (!dir.empty()) {
-      return absl::InvalidArgumentError(
-          "--tokenizer-dir is read by --tokenizer gpt2 only; --tokenizer bytes needs no files");
-    }
-    TextTokenizer t;
-    t.name = name;
-    t.vocab_size = 256;
-    t.encode = [](absl::string_view text) -> absl::StatusOr<std::vector<int32_t>> {
-      std::vector<int32_t> ids;
-      ids.reserve(text.size());
-      for (char ch : text) ids.push_back(static_cast<unsigned char>(ch));
-      return ids;
-    };
-    t.decode = [](std::span<const int32_t> ids) {
-      std::string bytes;
-      for (int32_t id : ids) bytes += static_cast<char>(id);
-      return bytes;
-    };
-    return t;
+  if (name != "bytes" && name != "gpt2") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tokenizer '", name, "' is not one of bytes, gpt2"));
   }
-  if (name == "gpt2") {
-    return absl::UnimplementedError(
-        "--tokenizer gpt2: the GPT-2 BPE tokenizer is not built in yet; generate with "
-        "--tokenizer bytes from a byte-level model (vocab_size <= 256)");
+  if (name == "bytes" && !dir.empty()) {
+    return absl::InvalidArgumentError(
+        "--tokenizer-dir is read by --tokenizer gpt2 only; --tokenizer bytes needs no files");
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("--tokenizer '", name, "' is not one of bytes, gpt2"));
+  absl::StatusOr<std::unique_ptr<data::Tokenizer>> made = data::MakeTokenizer(name, dir);
+  if (!made.ok()) {
+    return absl::Status(made.status().code(),
+                        absl::StrCat("--tokenizer ", name, ": ", made.status().message()));
+  }
+  std::shared_ptr<const data::Tokenizer> tokenizer = *std::move(made);
+  TextTokenizer t;
+  t.name = name;
+  t.vocab_size = tokenizer->vocab_size();
+  t.encode = [tokenizer](absl::string_view text) { return tokenizer->Encode(text); };
+  t.decode = [tokenizer](std::span<const int32_t> ids) {
+    // Every id was drawn from the model's logits, checked against the tokenizer's
+    // vocabulary before generation starts, so decoding cannot fail here.
+    absl::StatusOr<std::string> bytes = tokenizer->Decode(absl::MakeConstSpan(ids.data(), ids.size()));
+    return bytes.ok() ? *std::move(bytes) : std::string();
+  };
+  return t;
 }
 
 // ---- The device -----------------------------------------------------------------------------
@@ -136,7 +133,7 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
   flags.AddInt("top-k", &top_k, "draw from the K most likely tokens only (0: all)", "K");
   flags.AddInt("seed", &seed, "seed of the sampling draws (>= 0)", "S");
   flags.AddString("tokenizer", &tokenizer_name,
-                  "bytes (one token a byte) or gpt2 (GPT-2 BPE: not built in yet)", "NAME");
+                  "bytes (one token a byte) or gpt2 (GPT-2 BPE, vocabulary from --tokenizer-dir)", "NAME");
   flags.AddString("tokenizer-dir", &tokenizer_dir,
                   "the folder of the gpt2 tokenizer's files (--tokenizer gpt2 only)", "DIR");
   flags.AddString("device", &device, "cpu or cuda:N", "DEVICE");

@@ -19,7 +19,8 @@ namespace pipetrain::client {
 namespace {
 
 constexpr const char* kRequiredFields[] = {"seq_len", "d_model", "n_heads", "n_layers"};
-constexpr const char* kAllFields[] = {"vocab_size", "seq_len", "d_model", "n_heads", "n_layers"};
+constexpr const char* kAllFields[] = {"vocab_size", "seq_len",  "d_model",
+                                      "n_heads",    "n_layers", "tie_embeddings"};
 constexpr char kExample[] = R"({"seq_len":64,"d_model":64,"n_heads":4,"n_layers":2})";
 
 absl::Status Invalid(const std::string& source, absl::string_view what) {
@@ -43,7 +44,7 @@ void AddModelFlag(common::FlagSet& flags, std::string* target) {
   flags.AddString("model", target,
                   absl::StrCat("a model JSON file or inline JSON: seq_len, d_model, n_heads, "
                                "n_layers (vocab_size defaults to ",
-                               kDefaultVocabSize, ")"),
+                               kDefaultVocabSize, "; tie_embeddings to false)"),
                   "JSON");
   flags.MarkRequired("model");
 }
@@ -106,6 +107,13 @@ absl::StatusOr<model::GptConfig> ParseModelArg(const std::string& arg) {
   ASSIGN_OR_RETURN(config.d_model, field("d_model", 0));
   ASSIGN_OR_RETURN(config.n_heads, field("n_heads", 0));
   ASSIGN_OR_RETURN(config.n_layers, field("n_layers", 0));
+  if (j.contains("tie_embeddings")) {
+    if (!j.at("tie_embeddings").is_boolean()) {
+      return Invalid(source, absl::StrCat("model.tie_embeddings must be true or false (got ",
+                                          j.at("tie_embeddings").dump(), ")"));
+    }
+    config.tie_embeddings = j.at("tie_embeddings").get<bool>();
+  }
   if (absl::Status s = model::ValidateConfig(config); !s.ok()) {
     return Invalid(source, s.message());
   }

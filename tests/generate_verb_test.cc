@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "client/cli.h"
+#include "common/data/tokenizer.h"
 #include "common/cuda_probe.h"
 #include "common/model/checkpoint.h"
 #include "common/model/checkpoint_folder.h"
@@ -62,6 +63,32 @@ std::string LibraryGreedy(const std::string& path, const std::string& prompt, in
   EXPECT_THAT(generated, IsOk());
   if (!generated.ok()) return "";
   return std::string(generated->begin(), generated->end());
+}
+
+// A GPT-2-shaped model (50,257 tokens, tied) with GPT-2's BPE: the prompt is encoded as
+// the tokenizer encodes it and the completion is the decoding of the ids drawn.
+TEST(GenerateVerbTest, Gpt2TokenizerEncodesThePromptAndDecodesTheCompletion) {
+  auto tokenizer = data::MakeTokenizer("gpt2", "");
+  if (!tokenizer.ok()) {
+    GTEST_SKIP() << "the GPT-2 vocabulary is not installed (run deploy/install-deps.sh): "
+                 << tokenizer.status();
+  }
+  TempDir dir;
+  const std::string path = InitCheckpoint(
+      dir, "gpt2.safetensors",
+      R"({"vocab_size":50257,"seq_len":16,"d_model":16,"n_heads":2,"n_layers":1,)"
+      R"("tie_embeddings":true})");
+  const CliRun r = Cli({"generate", "--checkpoint", path, "--tokenizer", "gpt2", "--prompt",
+                        "Hello world", "--tokens", "6", "--seed", "2", "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["prompt_tokens"], nlohmann::json::array({15496, 995}));
+  const std::vector<int32_t> ids = j["tokens"].get<std::vector<int32_t>>();
+  ASSERT_EQ(ids.size(), 6u);
+  auto text = (*tokenizer)->Decode(ids);
+  ASSERT_THAT(text, IsOk());
+  // (This seed draws whole-character tokens, so no U+FFFD stands in for a byte.)
+  EXPECT_EQ(j["completion"].get<std::string>(), *text);
 }
 
 TEST(GenerateVerbTest, GreedyOutputIsDeterministicAndIsTheLibrarysGreedyText) {
@@ -194,7 +221,10 @@ TEST(GenerateVerbTest, BadFlagsAndInputsExit2NamingTheFlag) {
       {with({"--top-k", "-3"}), "--top-k must be in [0, "},
       {with({"--seed", "-1"}), "--seed must be in [0, "},
       {with({"--threads", "0"}), "--threads must be in [1, "},
-      {with({"--tokenizer", "gpt2"}), "--tokenizer gpt2: the GPT-2 BPE tokenizer is not built in"},
+      {with({"--tokenizer", "gpt2", "--tokenizer-dir", dir.File("no-vocabulary")}),
+       dir.File("no-vocabulary")},
+      // A byte-level model's ids are not GPT-2's: the prompt's first token is refused.
+      {with({"--tokenizer", "gpt2"}), "outside the vocabulary [0, 256)"},
       {with({"--tokenizer", "words"}), "--tokenizer 'words' is not one of bytes, gpt2"},
       {with({"--tokenizer-dir", dir.path()}), "--tokenizer-dir is read by --tokenizer gpt2 only"},
       {with({"--device", "tpu"}), "--device 'tpu' is not one of cpu or cuda:N"},

@@ -1,6 +1,7 @@
 // llm.c token files: the header's magic, version and count and the uint16 tokens, read
 // back here byte by byte; ids that do not fit are refused naming them, and a failed or
 // abandoned writer leaves the old file and no temp file.
+#include "common/data/token_file.h"
 #include "common/data/token_file_writer.h"
 
 #include <cstdint>
@@ -70,6 +71,24 @@ TEST(TokenFileWriterTest, ManyTokensCrossTheBufferAndTheCountIsExact) {
   EXPECT_EQ(Le32(bytes, 8), ids.size());
   EXPECT_EQ(static_cast<uint8_t>(bytes[1024 + 2 * 65535]), 0xFF);
   EXPECT_EQ(static_cast<uint8_t>(bytes[1024 + 2 * 65535 + 1]), 0xFF);
+}
+
+// What the writer writes, the reader that jobs train from reads back id for id.
+TEST(TokenFileWriterTest, TheTrainingReaderReadsWhatItWrites) {
+  TempDir dir;
+  const std::string path = dir.File("round.bin");
+  auto writer = TokenFileWriter::Open(path, 50257);
+  ASSERT_THAT(writer, IsOk());
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 5000; ++i) ids.push_back((i * 7919 + 13) % 50257);
+  ASSERT_THAT(writer->Append(absl::MakeConstSpan(ids).subspan(0, 1234)), IsOk());
+  ASSERT_THAT(writer->Append(absl::MakeConstSpan(ids).subspan(1234)), IsOk());
+  ASSERT_THAT(writer->Commit(), IsOk());
+  auto file = TokenFile::Open(path, TokenFormat::kLlmc);
+  ASSERT_THAT(file, IsOk());
+  ASSERT_EQ(file->tokens().size(), ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) ASSERT_EQ(file->tokens()[i], ids[i]) << "token " << i;
+  EXPECT_THAT(file->CheckVocabulary(50257), IsOk());
 }
 
 TEST(TokenFileWriterTest, RefusesIdsThatDoNotFitAndLeavesTheOldFile) {

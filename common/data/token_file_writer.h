@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/atomic_file.h"
+#include "common/data/token_file.h"
 
 namespace pipetrain::data {
 
@@ -19,10 +20,12 @@ namespace pipetrain::data {
 // A writer destroyed before Commit, or after a failed Append, leaves `path` untouched.
 class TokenFileWriter {
  public:
-  static constexpr int32_t kMagic = 20240520;
-  static constexpr int32_t kVersion = 1;
+  // The format's figures are the reader's (token_file.h): one definition of llm.c's.
+  static constexpr int32_t kMagic = kLlmcMagic;
+  static constexpr int32_t kVersion = kLlmcVersion;
   static constexpr int kHeaderInts = 256;
-  static constexpr int64_t kHeaderBytes = kHeaderInts * 4;
+  static constexpr int64_t kHeaderBytes = kLlmcHeaderBytes;
+  static_assert(kHeaderInts * 4 == kLlmcHeaderBytes);
 
   // vocab_size: every id appended must be below it (and fit in uint16).
   static absl::StatusOr<TokenFileWriter> Open(const std::string& path, int32_t vocab_size);
