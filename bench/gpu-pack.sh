@@ -38,6 +38,9 @@ fi
 # The backend conformance suite runs in the CPU suite too (its cuda cases skip there),
 # so it carries no gpu label; on the GPU machine its cuda cases are the point.
 gpu_tests+=$'\n'backend_conformance_test
+# Likewise generation's key-value cache decoder: its cuda case checks the cached logits
+# (Copy2D, Softmax on the device) against the full forward.
+gpu_tests+=$'\n'kv_cache_decoder_test
 echo "gpu-pack: gpu tests: ${gpu_tests//$'\n'/ }"
 
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DPIPETRAIN_WITH_CUDA=ON
