@@ -63,7 +63,7 @@ std::vector<ParamSpec> ExpectedTensors(const GptConfig& config, int begin, int e
   std::vector<ParamSpec> all = params;
   for (const char* prefix : {kOptimizerFirstMomentPrefix, kOptimizerSecondMomentPrefix}) {
     for (const ParamSpec& p : params) {
-      all.push_back({absl::StrCat(prefix, p.name), p.shape, p.is_matrix, ""});
+      all.push_back({absl::StrCat(prefix, p.name), p.shape, p.is_matrix});
     }
   }
   return all;

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -61,6 +62,14 @@ inline constexpr char kPositionEmbeddingName[] = "transformer.wpe.weight";
 inline constexpr char kOutputHeadName[] = "lm_head.weight";
 
 struct ParamSpec {
+  ParamSpec() = default;
+  ParamSpec(std::string name, std::vector<int64_t> shape, bool is_matrix = false,
+            std::string tied_to = {})
+      : name(std::move(name)),
+        shape(std::move(shape)),
+        is_matrix(is_matrix),
+        tied_to(std::move(tied_to)) {}
+
   std::string name;
   std::vector<int64_t> shape;
   bool is_matrix = false;  // receives weight decay
