@@ -117,6 +117,15 @@ std::map<std::string, std::vector<Real>> Collect(Stages<Real>& stages, bool grad
   return out;
 }
 
+// The loss of `batch` as one micro-batch through a whole-model chunk, keeping nothing:
+// what a finite-difference check evaluates at each perturbed weight.
+double ForwardLoss(ModelChunkT<double>& m, const Batch& batch) {
+  double loss = 0;
+  EXPECT_THAT(m.Forward(0, batch.rows, batch.tokens.data(), batch.targets.data(), &loss), IsOk());
+  m.Abandon();
+  return loss;
+}
+
 TEST(ModelChunkTest, WholeModelGradientMatchesFiniteDifferences) {
   HostBackendDouble backend;
   const model::GptConfig c = Tiny();
@@ -133,12 +142,7 @@ TEST(ModelChunkTest, WholeModelGradientMatchesFiniteDifferences) {
   const Batch batch = MakeBatch(c, 2);
   ASSERT_THAT(m.ZeroGrads(), IsOk());
   RunStep(model, batch, 1);
-  auto loss_of = [&] {
-    double loss = 0;
-    EXPECT_THAT(m.Forward(0, batch.rows, batch.tokens.data(), batch.targets.data(), &loss), IsOk());
-    m.Abandon();
-    return loss;
-  };
+  auto loss_of = [&] { return ForwardLoss(m, batch); };
   constexpr double kEps = 1e-5;
   for (int l = 0; l < c.num_pipeline_layers(); ++l) {
     PipelineLayer<double>& layer = m.layer(l);
@@ -182,12 +186,7 @@ TEST(ModelChunkTest, TiedEmbeddingGradientIsTheSumAndMatchesFiniteDifferences) {
   const std::vector<double> own_embedding(embedding.grad(0), embedding.grad(0) + n);
   const std::vector<double> own_head(head.grad(2), head.grad(2) + n);
   ASSERT_THAT(m.SumTiedGradients(), IsOk());
-  auto loss_of = [&] {
-    double loss = 0;
-    EXPECT_THAT(m.Forward(0, batch.rows, batch.tokens.data(), batch.targets.data(), &loss), IsOk());
-    m.Abandon();
-    return loss;
-  };
+  auto loss_of = [&] { return ForwardLoss(m, batch); };
   constexpr double kEps = 1e-5;
   double max_diff = 0, max_ref = 0, max_head_only = 0;
   for (int64_t i = 0; i < n; ++i) {

@@ -1,6 +1,5 @@
 #include "common/model/gpt_config.h"
 
-#include <algorithm>
 #include <set>
 
 #include "absl/status/status.h"
