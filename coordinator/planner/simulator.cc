@@ -34,6 +34,11 @@ absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
                                                      costs.chunks[s].size(), " chunks, not ", v));
     }
   }
+  if (!costs.optimizer_stage_s.empty() && static_cast<int>(costs.optimizer_stage_s.size()) != k) {
+    return absl::InvalidArgumentError(absl::StrCat("simulate: optimizer costs for ",
+                                                   costs.optimizer_stage_s.size(),
+                                                   " stages, schedule has ", k));
+  }
   const int vj = k * v;
   // Arrival time of the activation into / gradient out of virtual stage j; -1 = unsent.
   std::vector<std::vector<double>> act_at(vj, std::vector<double>(m, -1)), grad_at = act_at;
@@ -68,13 +73,15 @@ absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
         const double at = a.kind == ActionKind::kRecvActivation ? act_at[j - 1][a.micro_batch]
                                                                 : grad_at[j + 1][a.micro_batch];
         if (at < 0) return false;
-        end = std::max(start, at);
+        end = std::max(start, at) + c->recv_busy_s;
         break;
       }
       case ActionKind::kSendActivation:
+        end = start + c->send_busy_s;
         act_at[j][a.micro_batch] = start + c->send_activation_s;
         break;
       case ActionKind::kSendGradient:
+        end = start + c->send_busy_s;
         grad_at[j][a.micro_batch] = start + c->send_gradient_s;
         break;
       case ActionKind::kForward:
@@ -106,7 +113,8 @@ absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
         held[s] -= c->stored_bytes + c->backward_extra_bytes + c->weight_grad_bytes;
         break;
       case ActionKind::kOptimizerStep:
-        end = start + costs.optimizer_s;
+        end = start + (costs.optimizer_stage_s.empty() ? costs.optimizer_s
+                                                       : costs.optimizer_stage_s[s]);
         break;
     }
     if (schedule::IsCompute(a.kind) || a.kind == ActionKind::kOptimizerStep)

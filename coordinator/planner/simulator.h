@@ -1,7 +1,8 @@
 // Predicts a step from lowered programs and per-action costs: the timeline of every
 // stage, step time, bubble fraction and peak activation memory. Receives block until
-// the data arrives; sends cost the sender nothing and arrive after the link's transfer
-// time (links run in parallel, with no contention between messages).
+// the data arrives, then take recv_busy_s; a send occupies the sender for send_busy_s
+// and arrives the link's transfer time after it starts (a tensor may arrive before the
+// sender is done with it; links run in parallel, with no contention between messages).
 #pragma once
 
 #include <vector>
@@ -17,17 +18,23 @@ struct ChunkCost {
   double backward_input_s = 0;      // I; a full backward B costs recompute + I + W
   double backward_weight_s = 0;     // W
   double recompute_s = 0;           // the forward rerun before the backward, when recomputing
-  double send_activation_s = 0;     // transfer of this chunk's output downstream
-  double send_gradient_s = 0;       // transfer of this chunk's input gradient upstream
+  double send_activation_s = 0;     // from the start of the send of this chunk's output
+                                    // downstream to its arrival
+  double send_gradient_s = 0;       // the same for its input gradient upstream
   double stored_bytes = 0;          // kept from the forward until the backward (or W) ends
   double backward_extra_bytes = 0;  // materialised on top while the backward runs
   // Kept from a split backward's input half (I) until its weight half (W).
   double weight_grad_bytes = 0;
+  // What a send or a receive costs the stage itself: handing a tensor to the link, and
+  // taking one that has arrived. 0 in the analytic model; measured ones are not.
+  double send_busy_s = 0;
+  double recv_busy_s = 0;
 };
 
 struct CostModel {
   std::vector<std::vector<ChunkCost>> chunks;  // [stage][chunk]
   double optimizer_s = 0;
+  std::vector<double> optimizer_stage_s;  // per stage; when set, replaces optimizer_s
 };
 
 // Forward 1, backward 2 (I 1, W 1) per stage, split evenly over v chunks; free
