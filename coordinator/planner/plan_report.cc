@@ -90,6 +90,10 @@ std::string RenderPlanText(const Plan& plan) {
     out +=
         "Costs: equal stage costs (forward 1 unit, backward 2 units = I 1 + W 1, free "
         "transfer); times below are in units of one stage forward\n";
+  } else if (o.rates) {
+    out += absl::StrFormat(
+        "Costs: measured on a job's %d latest steps (--costs-from), optimizer step counted\n",
+        o.rates->steps);
   } else {
     out += absl::StrFormat(
         "Costs: analytic FLOPs at %g TFLOP/s per device (--device-flops), links at %g GB/s "
@@ -128,6 +132,17 @@ std::string PlanJson(const Plan& plan) {
   j["time_unit"] = plan.options.equal_stage_cost ? "stage forward" : "s";
   j["device_flops"] = plan.options.device_flops;
   j["link_bytes_per_s"] = plan.options.link_bytes_per_s;
+  if (plan.options.rates) {
+    const CostRates& r = *plan.options.rates;
+    j["measured_rates"] = {{"forward_s_per_flop", r.forward_s_per_flop},
+                           {"backward_input_s_per_flop", r.backward_input_s_per_flop},
+                           {"backward_weight_s_per_flop", r.backward_weight_s_per_flop},
+                           {"optimizer_s_per_param", r.optimizer_s_per_param},
+                           {"send_busy_s", r.send_busy_s},
+                           {"recv_busy_s", r.recv_busy_s},
+                           {"transfer_s_per_byte", r.transfer_s_per_byte},
+                           {"steps", r.steps}};
+  }
   j["stages"] = nlohmann::json::array();
   for (const StagePlan& sp : plan.stages) {
     nlohmann::json s;

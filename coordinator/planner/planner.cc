@@ -161,6 +161,23 @@ absl::StatusOr<Plan> MakePlan(const PlanOptions& o) {
     if (sp.recompute) cc.recompute_s = cc.forward_s;
     cc.send_activation_s = cost[e - 1].output_bytes * tokens / o.link_bytes_per_s;
     cc.send_gradient_s = b > 0 ? cost[b - 1].output_bytes * tokens / o.link_bytes_per_s : 0;
+    if (o.rates && !o.equal_stage_cost) {
+      const CostRates& r = *o.rates;
+      double f = 0, bi = 0, bw = 0;
+      for (int l = b; l < e; ++l) {
+        f += cost[l].forward_flops * tokens;
+        bi += cost[l].backward_input_flops * tokens;
+        bw += cost[l].backward_weight_flops * tokens;
+      }
+      cc.forward_s = f * r.forward_s_per_flop;
+      cc.backward_input_s = bi * r.backward_input_s_per_flop;
+      cc.backward_weight_s = bw * r.backward_weight_s_per_flop;
+      cc.recompute_s = sp.recompute ? cc.forward_s : 0;
+      cc.send_activation_s = cost[e - 1].output_bytes * tokens * r.transfer_s_per_byte;
+      cc.send_gradient_s = b > 0 ? cost[b - 1].output_bytes * tokens * r.transfer_s_per_byte : 0;
+      cc.send_busy_s = r.send_busy_s;
+      cc.recv_busy_s = r.recv_busy_s;
+    }
     if (o.equal_stage_cost) {
       const ChunkCost unit = EqualStageCost(1, v).chunks[0][0];
       cc.forward_s = unit.forward_s;
@@ -170,6 +187,12 @@ absl::StatusOr<Plan> MakePlan(const PlanOptions& o) {
     }
   }
   for (StagePlan& sp : plan.stages) sp.state_bytes = kStateBytesPerParam * sp.params;
+  if (o.rates && !o.equal_stage_cost) {
+    for (const StagePlan& sp : plan.stages) {
+      plan.costs.optimizer_stage_s.push_back(static_cast<double>(sp.params) *
+                                             o.rates->optimizer_s_per_param);
+    }
+  }
 
   ASSIGN_OR_RETURN(schedule::Schedule compute_only, Generate(o.schedule, k, o.micro_batches, v));
   RETURN_IF_ERROR(schedule::Validate(compute_only, {.lowered = false}));

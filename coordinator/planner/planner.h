@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -29,6 +30,19 @@ std::string RecomputeName(pipetrain::v1::RecomputeMode mode);
 // Bytes of training state per parameter: f32 weight, gradient and AdamW's two moments.
 inline constexpr double kStateBytesPerParam = 16;
 
+// Seconds a unit of work takes on measured hardware (planner/cost_fit.h fits them from
+// a job's timelines): they replace the FLOP and link rates' guess when a plan has them.
+struct CostRates {
+  double forward_s_per_flop = 0;
+  double backward_input_s_per_flop = 0;
+  double backward_weight_s_per_flop = 0;
+  double optimizer_s_per_param = 0;
+  double send_busy_s = 0;  // per send, on the sender
+  double recv_busy_s = 0;  // per receive whose tensor was there
+  double transfer_s_per_byte = 0;
+  int steps = 0;  // how many steps they were measured on
+};
+
 struct PlanOptions {
   model::GptConfig model;
   int stages = 1;
@@ -43,6 +57,7 @@ struct PlanOptions {
   double link_bytes_per_s = 10e9;  // stage-to-stage bandwidth
   PartitionMode partition = PartitionMode::kCost;
   double memory_cap_bytes = 0;  // per stage; 0 = unlimited
+  std::optional<CostRates> rates;  // measured costs in place of device_flops and the link's
 };
 
 // Reads model, pipeline and training.batch_size from a job spec; every error names the
