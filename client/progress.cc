@@ -39,6 +39,13 @@ void StepTotals::Add(const pb::StepRecord& step) {
   tokens += step.tokens_per_s() * step.step_time_s();
   bubble_measured += step.bubble_measured();
   bubble_predicted += step.bubble_predicted();
+  if (step.predicted_fitted()) {
+    if (fitted_count++ == 0) first_fitted_step = step.step();
+    fitted_bubble_measured += step.bubble_measured();
+    fitted_bubble_predicted += step.bubble_predicted();
+  } else {
+    model_bubble_predicted = step.bubble_predicted();
+  }
 }
 
 double StepTotals::MeanTokensPerS() const { return time_s > 0 ? tokens / time_s : 0; }
@@ -50,7 +57,8 @@ std::string ProgressLine(const pb::StepRecord& step, int64_t total_steps, double
   absl::StrAppend(&out, absl::StrFormat(" loss %.3f", step.loss()));
   if (step.has_val_loss()) absl::StrAppend(&out, absl::StrFormat(" (val %.3f)", step.val_loss()));
   absl::StrAppend(&out, "  ", WithThousands(std::llround(step.tokens_per_s())), " tok/s");
-  absl::StrAppend(&out, absl::StrFormat("  bubble %.2f (predicted %.2f)", step.bubble_measured(),
+  absl::StrAppend(&out, absl::StrFormat("  bubble %.2f (%s %.2f)", step.bubble_measured(),
+                                        step.predicted_fitted() ? "fitted" : "predicted",
                                         step.bubble_predicted()));
   if (eta_s >= 0) absl::StrAppend(&out, "  ETA ", HumanDuration(eta_s));
   return out;
@@ -79,10 +87,24 @@ std::string JobSummary(const pb::JobStatus& status, const StepTotals& totals) {
     }
     absl::StrAppend(&out, "  throughput       ",
                     WithThousands(std::llround(totals.MeanTokensPerS())), " tok/s (mean)\n");
-    absl::StrAppend(&out,
-                    absl::StrFormat("  bubble           %.2f measured, %.2f predicted (mean)\n",
-                                    totals.bubble_measured / totals.count,
-                                    totals.bubble_predicted / totals.count));
+    if (totals.fitted_count > 0) {
+      // Over the same steps: the difference is the runtime's own overhead.
+      absl::StrAppend(
+          &out, absl::StrFormat("  bubble           %.2f measured, %.2f predicted from the "
+                                "measured costs (mean of steps %d-%d)\n",
+                                totals.fitted_bubble_measured / totals.fitted_count,
+                                totals.fitted_bubble_predicted / totals.fitted_count,
+                                totals.first_fitted_step, totals.last_step));
+      if (totals.fitted_count < totals.count) {
+        absl::StrAppend(&out, absl::StrFormat("                   (the cost model's guess: %.2f)\n",
+                                              totals.model_bubble_predicted));
+      }
+    } else {
+      absl::StrAppend(&out,
+                      absl::StrFormat("  bubble           %.2f measured, %.2f predicted (mean)\n",
+                                      totals.bubble_measured / totals.count,
+                                      totals.bubble_predicted / totals.count));
+    }
   }
   if (!status.checkpoint_dir().empty()) {
     absl::StrAppend(&out, "  checkpoint       ", status.checkpoint_dir(), "\n");

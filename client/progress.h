@@ -24,6 +24,13 @@ struct StepTotals {
   double tokens = 0;    // sum of tokens_per_s * step_time_s
   double bubble_measured = 0;   // sums, for the means
   double bubble_predicted = 0;
+  // The steps predicted from measured costs (StepRecord.predicted_fitted), on their own:
+  // measured and fitted bubble summed over the same steps, and the first of them.
+  int64_t fitted_count = 0;
+  int64_t first_fitted_step = 0;
+  double fitted_bubble_measured = 0;
+  double fitted_bubble_predicted = 0;
+  double model_bubble_predicted = 0;  // the cost model's, from the steps before the fit
 
   void Add(const pipetrain::v1::StepRecord& step);
   double MeanStepTime() const { return count == 0 ? 0 : time_s / count; }
@@ -34,6 +41,7 @@ struct StepTotals {
 std::string ProgressBar(int64_t done, int64_t total);
 
 // "step 120/300 [=====>     ] loss 2.314  4,210 tok/s  bubble 0.21 (predicted 0.19)  ETA 1m20s";
+// "(fitted 0.19)" when the prediction came from the job's measured costs.
 // without the bar when `bar` is false. eta_s < 0 leaves the ETA out.
 std::string ProgressLine(const pipetrain::v1::StepRecord& step, int64_t total_steps,
                          double eta_s, bool bar);

@@ -1,6 +1,7 @@
 #include "coordinator/job_runner.h"
 
 #include <cmath>
+#include <optional>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
@@ -10,6 +11,7 @@
 #include "common/model/checkpoint_folder.h"
 #include "common/status_macros.h"
 #include "coordinator/job_data.h"
+#include "coordinator/planner/cost_fit.h"
 #include "coordinator/planner/forward_only.h"
 #include "coordinator/planner/planner.h"
 #include "coordinator/stage_configure.h"
@@ -67,6 +69,7 @@ class Runner {
     for (int s = 0; s < K(); ++s) devices.push_back(group_.stage(s).device);
     SetCostsFromDevices(devices, po);
     ASSIGN_OR_RETURN(plan_, planner::MakePlan(po));
+    measured_.emplace(K(), po.chunks);
     hooks_.log(absl::StrFormat(
         "planned %d stages, schedule %s, %d micro-batches of %d sequences; predicted bubble %.3f",
         K(), spec_.pipeline().schedule(), po.micro_batches, po.batch_size / po.micro_batches,
@@ -220,9 +223,46 @@ class Runner {
     if (two_phase) RETURN_IF_ERROR(ApplyOnAll(step, lr, responses));
     const double wall = absl::ToDoubleSeconds(absl::Now() - start);
     timeline_ = TimelineOf(step, responses);
-    return MakeStepRecord(step, responses, wall,
-                          static_cast<int64_t>(t.batch_size()) * plan_.options.model.seq_len,
-                          plan_.simulation.bubble_fraction);
+    const Prediction predicted = Predict();
+    // The first step warms links and buffer pools up: it would skew the costs.
+    if (step > 1) {
+      if (absl::Status s = measured_->AddStep(timeline_); !s.ok()) {
+        hooks_.log(absl::StrCat("step ", step, ": its timeline is not used for the fitted "
+                                "prediction: ", s.message()));
+      }
+    }
+    ASSIGN_OR_RETURN(pb::StepRecord record,
+                     MakeStepRecord(step, responses, wall,
+                                    static_cast<int64_t>(t.batch_size()) *
+                                        plan_.options.model.seq_len,
+                                    predicted.bubble));
+    record.set_step_time_predicted_s(predicted.step_time_s);
+    record.set_predicted_fitted(predicted.fitted);
+    return record;
+  }
+
+  struct Prediction {
+    double bubble = 0;
+    double step_time_s = 0;
+    bool fitted = false;
+  };
+
+  // The step as the simulator sees it with the costs measured on the earlier steps (so a
+  // step is predicted before it runs); the planner's cost model until one is measured.
+  Prediction Predict() {
+    Prediction p{plan_.simulation.bubble_fraction, plan_.simulation.step_time_s, false};
+    if (measured_->steps() == 0) return p;
+    absl::StatusOr<planner::SimulationResult> sim =
+        planner::Simulate(plan_.programs, measured_->Fit(plan_.costs));
+    if (!sim.ok()) return p;
+    if (!fitted_logged_) {
+      fitted_logged_ = true;
+      hooks_.log(absl::StrFormat(
+          "predicted bubble %.3f from the costs measured so far (the cost model said %.3f); "
+          "the difference to the measured one is the runtime's own overhead",
+          sim->bubble_fraction, plan_.simulation.bubble_fraction));
+    }
+    return {sim->bubble_fraction, sim->step_time_s, true};
   }
 
   absl::StatusOr<double> Validate(int64_t step) {
@@ -282,6 +322,8 @@ class Runner {
   const RunnerHooks& hooks_;
   StageGroup group_;
   planner::Plan plan_;
+  std::optional<planner::MeasuredCosts> measured_;  // of this job's steps, for Predict
+  bool fitted_logged_ = false;
   schedule::Schedule eval_programs_;
   JobData data_;
   int64_t data_offset_ = 0;

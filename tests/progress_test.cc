@@ -102,6 +102,34 @@ TEST(ProgressTest, SummaryOfSuccessAndFailure) {
   EXPECT_THAT(s, Not(HasSubstr("final loss")));
 }
 
+TEST(ProgressTest, FittedPredictionsAreNamedAndAveragedOverTheirOwnSteps) {
+  StepTotals totals;
+  pb::StepRecord guess = Step(1);  // the cost model's guess, before anything is measured
+  guess.set_bubble_measured(0.70);
+  guess.set_bubble_predicted(0.32);
+  totals.Add(guess);
+  for (int n = 2; n <= 3; ++n) {
+    pb::StepRecord fitted = Step(n);
+    fitted.set_bubble_measured(n == 2 ? 0.50 : 0.40);
+    fitted.set_bubble_predicted(n == 2 ? 0.48 : 0.42);
+    fitted.set_predicted_fitted(true);
+    totals.Add(fitted);
+    if (n == 3) {
+      EXPECT_THAT(ProgressLine(fitted, 3, -1, false), HasSubstr("bubble 0.40 (fitted 0.42)"));
+    }
+  }
+  EXPECT_THAT(ProgressLine(guess, 3, -1, false), HasSubstr("bubble 0.70 (predicted 0.32)"));
+  pb::JobStatus job;
+  job.set_job_id("job-000005");
+  job.set_state(pb::JobStatus::SUCCEEDED);
+  job.mutable_spec()->mutable_training()->set_steps(3);
+  const std::string s = JobSummary(job, totals);
+  // Steps 2-3 only: step 1's 0.70 measured would hide the agreement.
+  EXPECT_THAT(s, HasSubstr("bubble           0.45 measured, 0.45 predicted from the measured "
+                           "costs (mean of steps 2-3)"));
+  EXPECT_THAT(s, HasSubstr("(the cost model's guess: 0.32)"));
+}
+
 TEST(OutputTest, NumbersSizesDurationsAndTables) {
   EXPECT_EQ(WithThousands(0), "0");
   EXPECT_EQ(WithThousands(4210), "4,210");
