@@ -72,15 +72,9 @@ int RunStatus(const std::vector<std::string>& args, std::ostream& out, std::ostr
   flags.AddBool("help", &help, "print this help and exit");
   if (auto code = ParseJobIdVerb(flags, args, help, &connection, out, err, &job_id)) return *code;
   Remote remote("status", connection);
-  grpc::ClientContext context;
-  remote.PrepareUnary(context);
-  pb::GetJobRequest request;
-  request.set_job_id(job_id);
-  request.set_include_history(true);  // the last loss, and --json's history
   pb::JobStatus job;
-  if (grpc::Status st = remote.stub().GetJob(&context, request, &job); !st.ok()) {
-    return remote.Fail(st, err);
-  }
+  // With the history: the last loss, and --json's history.
+  if (grpc::Status st = remote.GetJob(job_id, &job, true); !st.ok()) return remote.Fail(st, err);
   out << (json ? ProtoToJson(job) : StatusText(job));
   return kExitOk;
 }

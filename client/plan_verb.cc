@@ -5,6 +5,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/cli.h"
+#include "client/costs_from.h"
+#include "client/remote.h"
 #include "common/flags.h"
 #include "coordinator/planner/plan_report.h"
 #include "coordinator/planner/planner.h"
@@ -13,16 +15,48 @@
 
 namespace pipetrain::client {
 
+namespace pb = ::pipetrain::v1;
+
+namespace {
+
+// The job and its latest timelines from the coordinator; `measured` gets the fit (or why
+// there is none). Returns the exit code of a failed call, else kExitOk.
+int FetchMeasuredJob(const RemoteFlags& connection, const std::string& job_id, std::ostream& err,
+                     absl::StatusOr<MeasuredJob>* measured) {
+  Remote remote("plan", connection);
+  pb::JobStatus job;
+  if (grpc::Status st = remote.GetJob(job_id, &job); !st.ok()) return remote.Fail(st, err);
+  pb::Timeline timeline;
+  {
+    grpc::ClientContext context;
+    remote.PrepareUnary(context);
+    pb::GetTimelineRequest request;
+    request.set_job_id(job_id);
+    request.set_last_steps(20);  // the coordinator keeps at most this many
+    if (grpc::Status st = remote.stub().GetTimeline(&context, request, &timeline); !st.ok()) {
+      return remote.Fail(st, err);
+    }
+  }
+  *measured = MeasuredJobFrom(job, timeline);
+  return kExitOk;
+}
+
+}  // namespace
+
 int RunPlan(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   int64_t stages = 0, micro_batches = 0, chunks = 0;
-  std::string schedule_name, recompute, partition = "cost", trace;
+  std::string schedule_name, recompute, partition = "cost", trace, costs_from;
+  RemoteFlags connection;
   bool equal = false, json = false, help = false;
   double device_tflops = 100, link_gbps = 10, memory_cap_gib = 0;
   common::FlagSet flags(
       "pipetrain plan", "JOB.json [flags]",
       "Plans a job offline: partitions the model over the stages, generates the schedule,\n"
       "validates it and predicts the step time, bubble and memory with the simulator.\n"
-      "Flags override the job spec's pipeline fields.");
+      "Flags override the job spec's pipeline fields. With --costs-from JOB_ID the costs are\n"
+      "the ones that job measured on its latest steps (kept by the coordinator at --address\n"
+      "while it runs): what would this model take with another schedule, K or M on the same\n"
+      "hardware?");
   flags.AddInt("stages", &stages, "K, number of stages (0 = from the spec)", "K");
   flags.AddInt("micro-batches", &micro_batches, "M, micro-batches per step (0 = from the spec)",
                "M");
@@ -39,6 +73,11 @@ int RunPlan(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   flags.AddDouble("link-gbps", &link_gbps, "stage-to-stage bandwidth in GB/s", "GBPS");
   flags.AddDouble("memory-cap-gib", &memory_cap_gib, "memory per stage in GiB (0 = unlimited)",
                   "GIB");
+  flags.AddString("costs-from", &costs_from,
+                  "use the costs measured by this job (same model, same hardware) instead of "
+                  "--device-flops and --link-gbps",
+                  "JOB_ID");
+  AddRemoteFlags(flags, &connection);
   flags.AddBool("json", &json, "print the plan as one JSON object");
   flags.AddString("trace", &trace, "write the predicted timeline as Chrome trace JSON", "FILE");
   flags.AddBool("help", &help, "print this help and exit");
@@ -95,7 +134,27 @@ int RunPlan(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   options->device_flops = device_tflops * 1e12;
   options->link_bytes_per_s = link_gbps * 1e9;
   options->memory_cap_bytes = memory_cap_gib * 1024 * 1024 * 1024;
-  auto plan = planner::MakePlan(*options);
+  std::string measured_line;
+  absl::StatusOr<planner::Plan> plan;
+  if (costs_from.empty()) {
+    plan = planner::MakePlan(*options);
+  } else {
+    if (!CheckRemoteFlags(flags, &connection, err)) return kExitUsage;
+    absl::StatusOr<MeasuredJob> measured;
+    if (int code = FetchMeasuredJob(connection, costs_from, err, &measured); code != kExitOk) {
+      return code;
+    }
+    if (!measured.ok()) {
+      err << "pipetrain plan: " << measured.status().message() << "\n";
+      return kExitUsage;
+    }
+    if (!(measured->plan.options.model == options->model)) {
+      err << "pipetrain plan: warning: " << costs_from << " trained another model than "
+          << path << "; its rates per FLOP, byte and parameter are used as they are\n";
+    }
+    measured_line = DescribeMeasured(costs_from, *measured);
+    plan = PlanWithMeasuredCosts(*options, *measured);
+  }
   if (!plan.ok()) {
     err << "pipetrain plan: " << plan.status().message() << "\n";
     return kExitUsage;
@@ -108,7 +167,7 @@ int RunPlan(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       return kExitUsage;
     }
   }
-  out << (json ? planner::PlanJson(*plan) + "\n" : planner::RenderPlanText(*plan));
+  out << (json ? planner::PlanJson(*plan) + "\n" : measured_line + planner::RenderPlanText(*plan));
   return kExitOk;
 }
 

@@ -101,6 +101,16 @@ Remote::Remote(std::string verb, const RemoteFlags& remote)
   stub_ = pipetrain::v1::Coordinator::NewStub(channel_);
 }
 
+grpc::Status Remote::GetJob(const std::string& job_id, pipetrain::v1::JobStatus* job,
+                            bool include_history) {
+  grpc::ClientContext context;
+  PrepareUnary(context);
+  pipetrain::v1::GetJobRequest request;
+  request.set_job_id(job_id);
+  request.set_include_history(include_history);
+  return stub_->GetJob(&context, request, job);
+}
+
 void Remote::PrepareUnary(grpc::ClientContext& context, int deadline_seconds) const {
   security_.AddToken(context);
   context.set_wait_for_ready(false);

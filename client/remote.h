@@ -86,6 +86,10 @@ class Remote {
   // -> 2 (message after `invalid_prefix`), NOT_FOUND -> 2 (and where the jobs are listed),
   // UNAUTHENTICATED or PERMISSION_DENIED -> 2 (and how to pass the token), anything
   // else -> 1.
+  // GetJob as a unary call (history included when asked).
+  grpc::Status GetJob(const std::string& job_id, pipetrain::v1::JobStatus* job,
+                      bool include_history = false);
+
   int Fail(const grpc::Status& status, std::ostream& err,
            absl::string_view invalid_prefix = "") const;
 

@@ -39,15 +39,7 @@ int RunResume(const std::vector<std::string>& args, std::ostream& out, std::ostr
 
   Remote remote("resume", connection);
   pb::JobStatus job;
-  {
-    grpc::ClientContext context;
-    remote.PrepareUnary(context);
-    pb::GetJobRequest request;
-    request.set_job_id(job_id);
-    if (grpc::Status st = remote.stub().GetJob(&context, request, &job); !st.ok()) {
-      return remote.Fail(st, err);
-    }
-  }
+  if (grpc::Status st = remote.GetJob(job_id, &job); !st.ok()) return remote.Fail(st, err);
   absl::StatusOr<pb::JobSpec> spec = ResumeSpec(job);
   if (spec.ok() && !sets.empty()) {
     auto overridden = coordinator::ApplyOverrides(coordinator::JobSpecToJson(*spec), sets);
