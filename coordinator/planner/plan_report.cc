@@ -176,9 +176,11 @@ std::string ChromeTrace(const SimulationResult& sim, int stages) {
   for (const TimelineEvent& e : sim.events) {
     const bool recv = e.action.kind == schedule::ActionKind::kRecvActivation ||
                       e.action.kind == schedule::ActionKind::kRecvGradient;
-    if (schedule::IsCommunication(e.action.kind) && !(recv && e.end_s > e.start_s)) continue;
+    // Sends and receives show where they take the stage's time (measured costs).
+    const bool link = schedule::IsCommunication(e.action.kind);
+    if (link && e.end_s <= e.start_s) continue;
     events.push_back({{"name", schedule::ToString(e.action)},
-                      {"cat", recv ? "wait" : "compute"},
+                      {"cat", recv ? "wait" : link ? "link" : "compute"},
                       {"ph", "X"},
                       {"pid", e.stage},
                       {"tid", 0},

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# Reproduces every figure of docs/EXPERIMENTS.md: GPipe's two experiments (stages vs the
+# largest model that trains, stages vs speed) and where a stage's time goes, measured
+# and predicted, on the quickstart's model. Run from anywhere:
+#
+#   bash bench/experiments.sh                 # everything (about 15 minutes on 2 cores)
+#   ONLY=quickstart bash bench/experiments.sh # one part: model-size, scaling, quickstart
+#
+# Installs the dependencies (gnuplot-nox among them; SKIP_DEPS=1 skips that), builds,
+# writes the raw figures (JSON, tables, traces) to build/experiments/ and the plots to
+# docs/images/, and prints each benchmark's summary as it goes. Every run starts its own
+# processes on 127.0.0.1 and stops them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+data=${EXPERIMENTS_DIR:-build/experiments}
+images=docs/images
+only=${ONLY:-all}
+case "$only" in all|model-size|scaling|quickstart) ;; *)
+  echo "experiments.sh: ONLY must be all, model-size, scaling or quickstart (got '$only')" >&2
+  exit 2 ;;
+esac
+wanted() { [ "$only" = all ] || [ "$only" = "$1" ]; }
+say() { printf '\n== %s\n' "$*"; }
+
+[ "${SKIP_DEPS:-0}" = 1 ] || bash deploy/install-deps.sh
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j "$(nproc)" --target pipetrain pipetrain-coordinator pipetrain-stage \
+  pipetrain-bench
+mkdir -p "$data" "$images"
+bin=build/bin
+plot() {  # plot SCRIPT DATA OUT TITLE
+  gnuplot -e "data='$2'; out='$3'; title_text='$4'" "bench/plots/$1"
+  echo "wrote $3"
+}
+
+if wanted model-size; then
+  say "1. Stages vs model size (real stage servers, each under the same --memory-limit)"
+  "$bin/pipetrain-bench" model-size --data-out "$data/model_size.dat" | tee "$data/model_size.txt"
+  plot model_size.gp "$data/model_size.dat" "$images/model_size.png" \
+    "Largest GPT that trains, K stages of the same memory"
+fi
+
+if wanted scaling; then
+  say "2. Stages vs speed (emulated devices, real stage processes and links)"
+  "$bin/pipetrain-bench" scaling --data-out "$data/scaling.dat" | tee "$data/scaling.txt"
+  plot scaling.gp "$data/scaling.dat" "$images/scaling.png" \
+    "Speedup over one stage at the same M (emulated devices)"
+fi
+
+if wanted quickstart; then
+  say "3. The quickstart's model on 4 CPU stages: where the time goes, measured and predicted"
+  [ -s build/kjv.txt ] || bible -f 'gen1:1-rev22:21' > build/kjv.txt
+  run_dir=build/experiments-cluster
+  deploy/local/cluster.sh down --run-dir "$run_dir" >/dev/null 2>&1 || true
+  rm -rf "$run_dir/state"
+  deploy/local/cluster.sh up --stages 4 --port 0 --run-dir "$run_dir"
+  trap 'deploy/local/cluster.sh down --run-dir "$run_dir"' EXIT
+  export PIPETRAIN_ADDRESS
+  PIPETRAIN_ADDRESS=$(cat "$run_dir/address")
+  job_of() { grep -oE 'job-[0-9]+' "$1" | head -1; }
+
+  # The time breakdown of the same model under three schedules.
+  pairs=()
+  for schedule in gpipe 1f1b zb-h1; do
+    "$bin/pipetrain" submit examples/tiny-gpt.json --set "pipeline.schedule=$schedule" \
+      --set training.steps=40 --set data.validate_every_steps=0 --set checkpoint.every_steps=0 \
+      > "$data/submit_$schedule.txt"
+    id=$(job_of "$data/submit_$schedule.txt")
+    "$bin/pipetrain" timeline "$id" --breakdown --steps 20 | tee "$data/breakdown_$schedule.txt"
+    "$bin/pipetrain" timeline "$id" --breakdown --steps 20 --json > "$data/breakdown_$schedule.json"
+    pairs+=("$schedule=$data/breakdown_$schedule.json")
+  done
+  python3 bench/plots/experiment_data.py breakdown "$data/breakdown.dat" "${pairs[@]}"
+  plot breakdown.gp "$data/breakdown.dat" "$images/breakdown.png" \
+    "Where each stage's time goes (tiny-gpt, 4 CPU stages, M = 8, mean of 20 steps)"
+
+  # The quickstart job itself: the bubble of every step against its fitted prediction,
+  # and the last step's Gantt beside the prediction from the job's measured costs.
+  "$bin/pipetrain" submit examples/tiny-gpt.json | tee "$data/quickstart.txt"
+  id=$(job_of "$data/quickstart.txt")
+  "$bin/pipetrain" status "$id" --json > "$data/quickstart_status.json"
+  "$bin/pipetrain" timeline "$id" --out "$data/measured_trace.json" --steps 1
+  "$bin/pipetrain" plan examples/tiny-gpt.json --costs-from "$id" \
+    --trace "$data/predicted_trace.json" > "$data/quickstart_plan.txt"
+  head -1 "$data/quickstart_plan.txt"
+  python3 bench/plots/experiment_data.py gantt "$data/measured_trace.json" \
+    "$data/predicted_trace.json" "$data/gantt.dat"
+  plot gantt.gp "$data/gantt.dat" "$images/gantt.png" \
+    "The quickstart's last step (1F1B, 4 CPU stages): measured, and predicted from its costs"
+  python3 bench/plots/experiment_data.py bubble "$data/quickstart_status.json" "$data/bubble.dat"
+  plot bubble.gp "$data/bubble.dat" "$images/bubble.png" \
+    "The quickstart job's bubble per step: measured and predicted"
+  # The target: within 0.05 on every step once the prediction is fitted (after step 5).
+  awk '!/^#/ && $1 >= 5 && $3 != "NaN" { d = $2 - $3; if (d < 0) d = -d; n++; s += d;
+         if (d > m) m = d; if (d > 0.05) over++ }
+       END { printf "fitted vs measured bubble, steps 5-%d: mean |difference| %.3f, largest %.3f, %d of %d steps over 0.05\n", $1, s / n, m, over, n }' \
+    "$data/bubble.dat" | tee "$data/bubble_agreement.txt"
+fi
+say "done: figures in $images/, raw data in $data/"

@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Turns what bench/experiments.sh collected (Chrome traces, `pipetrain timeline
+--breakdown --json`, `pipetrain status --json`) into whitespace-separated tables that the
+gnuplot scripts beside this file draw. Standard library only.
+
+  experiment_data.py gantt MEASURED_TRACE PREDICTED_TRACE OUT
+  experiment_data.py breakdown OUT LABEL=BREAKDOWN.json [LABEL=BREAKDOWN.json ...]
+  experiment_data.py bubble STATUS.json OUT
+"""
+import json
+import sys
+
+# The Gantt's colours, by what an action is (its name's prefix).
+KINDS = ["F", "B", "I", "W", "SEND", "RECV", "OPT"]
+
+
+def kind_of(name):
+    base = name.split("@")[0]
+    for prefix in ("SEND", "RECV", "OPT"):
+        if base.startswith(prefix):
+            return prefix
+    return base.rstrip("0123456789") or "F"
+
+
+def trace_events(path):
+    with open(path) as f:
+        trace = json.load(f)
+    return [e for e in trace.get("traceEvents", []) if e.get("ph") == "X"]
+
+
+def gantt(measured_path, predicted_path, out_path):
+    """One row per action: panel (0 measured, 1 predicted), stage, start and end in ms
+    from the step's start, the kind's index in KINDS, the action. The measured trace's
+    last step only."""
+    measured = trace_events(measured_path)
+    if not measured:
+        sys.exit(f"experiment_data.py: {measured_path} has no events")
+    last = max(e.get("args", {}).get("step", 0) for e in measured)
+    measured = [e for e in measured if e.get("args", {}).get("step", 0) == last]
+    rows = []
+    for panel, events in ((0, measured), (1, trace_events(predicted_path))):
+        if not events:
+            continue
+        t0 = min(e["ts"] for e in events)
+        for e in events:
+            kind = kind_of(e["name"])
+            if e.get("cat") == "wait":
+                kind = "RECV"
+            if e["dur"] <= 0:
+                continue
+            start = (e["ts"] - t0) / 1000.0
+            rows.append((panel, e["pid"], start, start + e["dur"] / 1000.0,
+                         KINDS.index(kind) if kind in KINDS else 0, e["name"]))
+    with open(out_path, "w") as f:
+        f.write(f"# measured step {last} (panel 0) and its prediction (panel 1)\n")
+        f.write("# panel stage start_ms end_ms kind action   kinds: " + " ".join(KINDS) + "\n")
+        for r in rows:
+            f.write("%d %d %.3f %.3f %d %s\n" % r)
+
+
+BREAKDOWN = ["forward", "backward", "backward_input", "backward_weight", "recompute",
+             "optimizer", "send", "recv_wait", "idle"]
+
+
+def breakdown(out_path, pairs):
+    """One row per (schedule, stage): the label 'SCHEDULE/sN', then each part's share of
+    the step in percent, in BREAKDOWN's order; an empty bar ('""', zeros) between
+    schedules."""
+    with open(out_path, "w") as f:
+        f.write("# label " + " ".join(BREAKDOWN) + "   (percent of the step)\n")
+        for n, pair in enumerate(pairs):
+            if n > 0:
+                f.write('"" ' + " ".join("0" for _ in BREAKDOWN) + "\n")
+            label, path = pair.split("=", 1)
+            with open(path) as g:
+                b = json.load(g)
+            for st in b["stages"]:
+                step = b["step_time_s"]
+                shares = [100.0 * st.get(k + "_s", 0.0) / step if step > 0 else 0 for k in BREAKDOWN]
+                f.write(f"{label}/s{st['stage']} " + " ".join("%.2f" % x for x in shares) + "\n")
+
+
+def bubble(status_path, out_path):
+    """step, measured bubble, fitted prediction (NaN before the fit), the cost model's
+    guess (NaN once fitted)."""
+    with open(status_path) as f:
+        status = json.load(f)
+    with open(out_path, "w") as f:
+        f.write("# step measured fitted cost_model\n")
+        for s in status.get("history", []):
+            fitted = s.get("predicted_fitted", False)
+            p = s.get("bubble_predicted", 0.0)
+            f.write("%d %.4f %s %s\n" % (int(s["step"]), s.get("bubble_measured", 0.0),
+                                         "%.4f" % p if fitted else "NaN",
+                                         "NaN" if fitted else "%.4f" % p))
+
+
+def main(argv):
+    if len(argv) == 5 and argv[1] == "gantt":
+        gantt(argv[2], argv[3], argv[4])
+    elif len(argv) >= 4 and argv[1] == "breakdown":
+        breakdown(argv[2], argv[3:])
+    elif len(argv) == 4 and argv[1] == "bubble":
+        bubble(argv[2], argv[3])
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
