@@ -3,6 +3,7 @@
 #include <stdlib.h>
 
 #include <chrono>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -12,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "bench/scaling_math.h"
@@ -29,7 +31,9 @@ using json = nlohmann::json;
 // The emulated device: a micro-batch's whole-model forward + backward (1 row of 128
 // tokens, 32 blocks of d_model 256: 21.5 GFLOP) takes ~86 ms, so that at K = 8 with two
 // interleaved chunks an action still lasts ~2-4 ms, well above the runtime's own costs.
-constexpr double kDeviceFlops = 2.5e11;
+// PIPETRAIN_BENCH_SCALING_FLOPS overrides it (to see how the runtime's fixed costs per
+// action shrink against longer actions).
+constexpr double kDefaultDeviceFlops = 2.5e11;
 // The planner's link rate for the bound; the coordinator plans with the same 1 GB/s
 // (coordinator/stage_costs.cc), near what `pipetrain-bench link` measures on loopback.
 constexpr double kLinkBytesPerS = 1e9;
@@ -81,6 +85,18 @@ absl::Status WriteFile(const std::string& path, const std::string& contents) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<double> DeviceFlops() {
+  const char* text = getenv("PIPETRAIN_BENCH_SCALING_FLOPS");
+  if (text == nullptr || *text == 0) return kDefaultDeviceFlops;
+  double flops = 0;
+  if (!absl::SimpleAtod(text, &flops) || !(flops > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scaling: PIPETRAIN_BENCH_SCALING_FLOPS must be a positive FLOP rate such as 2.5e11, not '",
+        text, "'"));
+  }
+  return flops;
+}
+
 // The same deterministic English-like text as the end-to-end tests use; its bytes are
 // the tokens.
 std::string Corpus(size_t bytes = 200000) {
@@ -100,7 +116,8 @@ int ChunksOf(const std::string& schedule) {
 }
 
 // The planner's plan of one cell with the emulated costs; an error where it refuses.
-absl::StatusOr<planner::Plan> PlanCell(int k, int m, const std::string& schedule) {
+absl::StatusOr<planner::Plan> PlanCell(int k, int m, const std::string& schedule,
+                                       double flops) {
   planner::PlanOptions po;
   po.model = Model();
   po.stages = k;
@@ -108,7 +125,7 @@ absl::StatusOr<planner::Plan> PlanCell(int k, int m, const std::string& schedule
   po.chunks = ChunksOf(schedule);
   ASSIGN_OR_RETURN(po.schedule, planner::ParseScheduleKind(schedule));
   po.batch_size = m * kRows;
-  po.device_flops = kDeviceFlops;
+  po.device_flops = flops;
   po.link_bytes_per_s = kLinkBytesPerS;
   return planner::MakePlan(po);
 }
@@ -127,12 +144,65 @@ struct CellRun {
   double tokens_per_s = 0;  // median after the warm-up step
   double step_s = 0;        // median step wall time after the warm-up step
   double bubble_measured = 0;
+  // From the last step's measured timeline: where the time the simulator does not see
+  // goes. A send holds its stage's executor while the frame is written (the simulator
+  // charges the sender nothing), and a compute action sleeps a little over its model.
+  double send_s = 0;              // mean SEND_* action
+  double compute_overrun_s = 0;   // mean F/B/I/W action minus its modelled time
   std::string note;  // how the job ended, when not SUCCEEDED
 };
 
+// Reads `pipetrain timeline`'s Chrome trace of the last step for CellRun's send and
+// overrun figures; the modelled action times come from the plan's costs.
+absl::Status ReadTimeline(const std::string& trace_file, const planner::Plan& plan,
+                          CellRun& run) {
+  std::ifstream in(trace_file);
+  const json trace = json::parse(in, nullptr, false);
+  if (trace.is_discarded()) {
+    return absl::InternalError(absl::StrCat("scaling: ", trace_file, " is not JSON"));
+  }
+  const json events = trace.is_object() ? trace.value("traceEvents", json::array()) : trace;
+  double send_us = 0, overrun_us = 0;
+  int sends = 0, computes = 0;
+  for (const json& e : events) {
+    if (e.value("ph", "") != "X") continue;
+    const std::string name = e.value("name", "");
+    const double dur_us = e.value("dur", 0.0);
+    if (name.rfind("SEND_", 0) == 0) {
+      send_us += dur_us;
+      ++sends;
+      continue;
+    }
+    const int stage = e.value("pid", -1);
+    const int chunk = e.contains("args") ? e["args"].value("chunk", 0) : 0;
+    if (name.empty() || stage < 0 || stage >= static_cast<int>(plan.costs.chunks.size()) ||
+        chunk < 0 || chunk >= static_cast<int>(plan.costs.chunks[stage].size())) {
+      continue;
+    }
+    const planner::ChunkCost& c = plan.costs.chunks[stage][chunk];
+    double model_s = -1;
+    if (name.size() > 1 && std::isdigit(static_cast<unsigned char>(name[1]))) {
+      switch (name[0]) {
+        case 'F': model_s = c.forward_s; break;
+        case 'B': model_s = c.recompute_s + c.backward_input_s + c.backward_weight_s; break;
+        case 'I': model_s = c.recompute_s + c.backward_input_s; break;
+        case 'W': model_s = c.backward_weight_s; break;
+      }
+    }
+    if (model_s < 0) continue;
+    overrun_us += dur_us - model_s * 1e6;
+    ++computes;
+  }
+  run.send_s = sends > 0 ? send_us / sends * 1e-6 : 0;
+  run.compute_overrun_s = computes > 0 ? overrun_us / computes * 1e-6 : 0;
+  return absl::OkStatus();
+}
+
 // Submits one job through the CLI, follows it to its end and reads its step records.
 absl::StatusOr<CellRun> RunCell(testing::LocalCluster& cluster, const ScratchDir& dir, int k,
-                                int m, const std::string& schedule, int reps, double sim_step_s) {
+                                int m, const std::string& schedule, int reps,
+                                const planner::Plan& plan) {
+  const double sim_step_s = plan.simulation.step_time_s;
   const std::string cell = CellName(k, m, schedule);
   json pipeline = {{"stages", k}, {"micro_batches", m}, {"schedule", schedule}};
   if (ChunksOf(schedule) > 1) pipeline["chunks"] = ChunksOf(schedule);
@@ -187,6 +257,14 @@ absl::StatusOr<CellRun> RunCell(testing::LocalCluster& cluster, const ScratchDir
   run.tokens_per_s = Median(tokens);
   run.step_s = Median(steps);
   run.bubble_measured = Median(bubbles);
+  const std::string trace_file = dir.File(cell + ".trace.json");
+  ASSIGN_OR_RETURN(testing::RunResult timeline,
+                   cluster.Cli({"timeline", id, "--out", trace_file, "--steps", "1"}));
+  if (timeline.exit_code != 0) {
+    return absl::InternalError(absl::StrCat("scaling: ", cell, ": pipetrain timeline ", id,
+                                            " failed: ", timeline.err));
+  }
+  RETURN_IF_ERROR(ReadTimeline(trace_file, plan, run));
   return run;
 }
 
@@ -194,17 +272,19 @@ absl::StatusOr<CellRun> RunCell(testing::LocalCluster& cluster, const ScratchDir
 
 absl::StatusOr<BenchResult> RunScalingBench(const BenchOptions& options) {
   const int reps = options.repetitions > 0 ? options.repetitions : 3;
+  ASSIGN_OR_RETURN(const double flops, DeviceFlops());
   // Plan every cell first: the planner's refusals are the cells to skip, and its
   // simulated steps are the bounds.
   std::vector<ScalingPrediction> predicted;
   std::map<std::string, double> sim_step;
+  std::map<std::string, planner::Plan> plans;
   std::vector<std::string> skipped, k1_differs;
   std::string partition8, partition8_interleaved;
   for (int m : kMicroBatchCounts) {
     double k1_gpipe = 0;
     for (int k : kStageCounts) {
       for (const char* s : kSchedules) {
-        absl::StatusOr<planner::Plan> plan = PlanCell(k, m, s);
+        absl::StatusOr<planner::Plan> plan = PlanCell(k, m, s, flops);
         if (!plan.ok()) {
           skipped.push_back(absl::StrCat(CellName(k, m, s), " (", plan.status().message(), ")"));
           continue;
@@ -220,6 +300,7 @@ absl::StatusOr<BenchResult> RunScalingBench(const BenchOptions& options) {
         }
         predicted.push_back({k, m, s, step});
         sim_step[CellName(k, m, s)] = step;
+        plans.emplace(CellName(k, m, s), *std::move(plan));
       }
     }
   }
@@ -227,9 +308,9 @@ absl::StatusOr<BenchResult> RunScalingBench(const BenchOptions& options) {
   ASSIGN_OR_RETURN(ScratchDir dir, ScratchDir::Make());
   RETURN_IF_ERROR(WriteFile(dir.File("corpus.txt"), Corpus()));
   std::cerr << "scaling: starting a coordinator and " << kMaxStages
-            << " stages on --device emulated:" << kDeviceFlops << "\n";
+            << " stages on --device emulated:" << flops << "\n";
   testing::LocalClusterOptions co;
-  co.stage_args = {"--device", absl::StrCat("emulated:", kDeviceFlops)};  // the last --device wins
+  co.stage_args = {"--device", absl::StrCat("emulated:", flops)};  // the last --device wins
   co.security = options.security;
   ASSIGN_OR_RETURN(std::unique_ptr<testing::LocalCluster> cluster,
                    testing::LocalCluster::Start(dir.File("state"), kMaxStages, co));
@@ -244,10 +325,12 @@ absl::StatusOr<BenchResult> RunScalingBench(const BenchOptions& options) {
         const std::string cell = CellName(k, m, s);
         if (!sim_step.count(cell)) continue;  // refused by the planner
         if (k == 1 && std::string(s) != kBaselineSchedule) continue;
-        ASSIGN_OR_RETURN(CellRun run, RunCell(*cluster, dir, k, m, s, reps, sim_step[cell]));
+        ASSIGN_OR_RETURN(CellRun run, RunCell(*cluster, dir, k, m, s, reps, plans.at(cell)));
         std::cerr << absl::StrFormat(
-            "scaling: %-20s %9.0f tokens/s  step %7.1f ms (simulated %7.1f)  bubble %.3f%s\n",
+            "scaling: %-20s %9.0f tokens/s  step %7.1f ms (simulated %7.1f)  bubble %.3f  "
+            "send %.0f us  compute overrun %.0f us%s\n",
             cell, run.tokens_per_s, run.step_s * 1e3, sim_step[cell] * 1e3, run.bubble_measured,
+            run.send_s * 1e6, run.compute_overrun_s * 1e6,
             run.note.empty() ? "" : "  [" + run.note.substr(0, 60) + "]");
         if (!run.note.empty() && notes.size() < 1) notes.push_back(run.note);
         measured.push_back({k, m, s, run.tokens_per_s});
@@ -273,7 +356,7 @@ absl::StatusOr<BenchResult> RunScalingBench(const BenchOptions& options) {
   BenchResult result;
   result.Label("device", absl::StrFormat("emulated:%g (no arithmetic; each action sleeps its "
                                          "modelled time; every measured figure is emulated)",
-                                         kDeviceFlops));
+                                         flops));
   result.Label("model", absl::StrFormat("d_model %d, %d blocks, %d heads, seq %d, byte vocabulary; "
                                         "%d row(s) a micro-batch, batch_size = M x %d",
                                         Model().d_model, Model().n_layers, Model().n_heads,
@@ -288,6 +371,22 @@ absl::StatusOr<BenchResult> RunScalingBench(const BenchOptions& options) {
                         "costs, links 1 GB/s): simulated step at K = 1 / at K");
   result.Label("skipped", skipped.empty() ? "none" : absl::StrJoin(skipped, "; "));
   if (!notes.empty()) result.Label("job_end", "jobs end after their last step with: " + notes[0]);
+  double send_sum = 0, overrun_sum = 0;
+  int multi = 0;
+  for (const auto& [cell, run] : runs) {
+    if (run.send_s <= 0) continue;  // K = 1 sends nothing
+    send_sum += run.send_s;
+    overrun_sum += run.compute_overrun_s;
+    ++multi;
+  }
+  if (multi > 0) {
+    result.Label("runtime_costs", absl::StrFormat(
+        "what the simulator does not model, mean over the K > 1 cells' last steps: a SEND "
+        "holds its stage for %.0f us (%.0f KiB frames; the simulator charges the sender "
+        "nothing), a compute action runs %.0f us over its modelled time",
+        send_sum / multi * 1e6, Model().seq_len * Model().d_model * kRows * 4 / 1024.0,
+        overrun_sum / multi * 1e6));
+  }
   result.Label("target_speedup", speed.Line());
   result.Label("target_kept_advantage", kept.Line());
   result.Label("paper", "paper_gpipe_* are GPipe's published K = 8 figures (real compute on "
@@ -307,6 +406,8 @@ absl::StatusOr<BenchResult> RunScalingBench(const BenchOptions& options) {
     if (r.kept_advantage) result.Add(cell + "_kept_advantage", *r.kept_advantage);
     result.Add(cell + "_tokens_per_s", r.tokens_per_s);
     result.Add(cell + "_step_over_simulated", run.step_s / sim_step[cell]);
+    if (r.k > 1) result.Add(cell + "_send_us", run.send_s * 1e6);
+    result.Add(cell + "_compute_overrun_us", run.compute_overrun_s * 1e6);
   }
   result.Add("targets_missed", static_cast<double>(speed.misses.size() + kept.misses.size()));
   return result;
