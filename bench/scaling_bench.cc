@@ -371,21 +371,21 @@ absl::StatusOr<BenchResult> RunScalingBench(const BenchOptions& options) {
                         "costs, links 1 GB/s): simulated step at K = 1 / at K");
   result.Label("skipped", skipped.empty() ? "none" : absl::StrJoin(skipped, "; "));
   if (!notes.empty()) result.Label("job_end", "jobs end after their last step with: " + notes[0]);
-  double send_sum = 0, overrun_sum = 0;
-  int multi = 0;
+  // Medians over the cells, so that one step slowed by another build's burst of CPU
+  // does not stand for the runtime.
+  std::vector<double> sends, overruns;
   for (const auto& [cell, run] : runs) {
     if (run.send_s <= 0) continue;  // K = 1 sends nothing
-    send_sum += run.send_s;
-    overrun_sum += run.compute_overrun_s;
-    ++multi;
+    sends.push_back(run.send_s);
+    overruns.push_back(run.compute_overrun_s);
   }
-  if (multi > 0) {
+  if (!sends.empty()) {
     result.Label("runtime_costs", absl::StrFormat(
-        "what the simulator does not model, mean over the K > 1 cells' last steps: a SEND "
+        "what the simulator does not model, median over the K > 1 cells' last steps: a SEND "
         "holds its stage for %.0f us (%.0f KiB frames; the simulator charges the sender "
         "nothing), a compute action runs %.0f us over its modelled time",
-        send_sum / multi * 1e6, Model().seq_len * Model().d_model * kRows * 4 / 1024.0,
-        overrun_sum / multi * 1e6));
+        Median(sends) * 1e6, Model().seq_len * Model().d_model * kRows * 4 / 1024.0,
+        Median(overruns) * 1e6));
   }
   result.Label("target_speedup", speed.Line());
   result.Label("target_kept_advantage", kept.Line());
