@@ -4,6 +4,7 @@
 #include "bench/codec_bench.h"
 #include "bench/executor_bench.h"
 #include "bench/link_bench.h"
+#include "bench/scaling_bench.h"
 #include "bench/compute_bench.h"
 #include "bench/cuda_bench.h"
 #include "bench/tokenize_bench.h"
@@ -24,6 +25,10 @@ const std::vector<Benchmark>& AllBenchmarks() {
        "peer link: 16 MiB activations stage to stage over gRPC on loopback vs raw TCP "
        "(ratio, higher is better, 1.0 = raw TCP speed)",
        RunLinkBench},
+      {"scaling",
+       "stages vs speed, EMULATED stages: speedup over K = 1 for K = 1..8, M = 1..32 and 4 "
+       "schedules vs the ideal K*M/(M+K-1) and the simulator's bound (1.0 = ideal)",
+       RunScalingBench},
       {"compute",
        "cpu backend: training tokens/s of d_model 256, 8 layers, seq 128, batch 32 on 1 "
        "and 2 threads, achieved GFLOP/s vs sgemm GFLOP/s, and PyTorch CPU on the same "
