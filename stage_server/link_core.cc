@@ -33,9 +33,35 @@ thread_local int tls_io_calls = 0;
 }  // namespace
 
 LinkCore::LinkCore(PeerLinkOptions options)
-    : options_(std::move(options)), reassembler_(options_.limits) {}
+    : options_(std::move(options)), reassembler_(options_.limits) {
+  starter_ = std::thread([this] { StartWrites(); });
+}
 
-LinkCore::~LinkCore() = default;
+LinkCore::~LinkCore() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  starter_.join();
+}
+
+void LinkCore::StartWrites() {
+  for (;;) {
+    const grpc::ByteBuffer* start = nullptr;
+    {
+      absl::MutexLock lock(&mu_);
+      auto wanted = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return start_pending_ || stopping_;
+      };
+      mu_.Await(absl::Condition(&wanted));
+      if (stopping_) return;
+      start_pending_ = false;
+      // Only OnWriteDone pops the queue, and no write is in flight yet.
+      if (!queue_.empty()) start = &queue_.front().buffer;
+    }
+    if (start) CallIo([start](Io* io) { io->StartWrite(start); });
+  }
+}
 
 void LinkCore::SetOptions(PeerLinkOptions options) {
   options_ = std::move(options);
@@ -142,7 +168,6 @@ absl::Status LinkCore::Send(const FrameTag& tag, std::shared_ptr<const Tensor> t
     frames.push_back({grpc::ByteBuffer(slices, n), f.payload.size()});
   }
 
-  const grpc::ByteBuffer* start = nullptr;
   {
     absl::MutexLock lock(&mu_);
     const size_t bytes = tensor->num_bytes();
@@ -163,10 +188,9 @@ absl::Status LinkCore::Send(const FrameTag& tag, std::shared_ptr<const Tensor> t
     }
     if (!writing_ && attached_) {
       writing_ = true;
-      start = &queue_.front().buffer;
+      start_pending_ = true;  // the starter thread writes; this one goes on computing
     }
   }
-  if (start) CallIo([start](Io* io) { io->StartWrite(start); });
   return absl::OkStatus();
 }
 

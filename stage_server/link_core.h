@@ -2,13 +2,16 @@
 // the PeerLink handle the executor holds: the send queue (zero-copy frames, byte
 // budget), the receive side (parse, check, keep the payload in the network's slices
 // without copying, mailbox by tag) and the stream's health. Reactor I/O is started
-// outside the lock, counted, so that closing waits for no reactor call in flight.
+// outside the lock, counted, so that closing waits for no reactor call in flight. A
+// send hands the stream's first write to the core's own thread: gRPC may write to the
+// socket inside StartWrite, and the executor should be computing meanwhile.
 #pragma once
 
 #include <cstdint>
 #include <deque>
 #include <map>
 #include <memory>
+#include <thread>
 #include <tuple>
 
 #include "absl/status/status.h"
@@ -88,6 +91,8 @@ class LinkCore {
   // Ends the call once (Close, or a rejected message).
   void RequestShutdown(const grpc::Status& status, bool cancel);
   std::string PeerName() const;
+  // The write starter: starts the queue's first write when a send asks for it.
+  void StartWrites();
 
   PeerLinkOptions options_;
   std::shared_ptr<void> keep_alive_;  // released once the call is done
@@ -103,11 +108,14 @@ class LinkCore {
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   std::deque<Outgoing> queue_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool start_pending_ ABSL_GUARDED_BY(mu_) = false;  // for the write starter
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;       // the core is going away
   size_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_sent_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_received_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t min_step_ ABSL_GUARDED_BY(mu_) = 0;  // frames of earlier steps are stale
   std::map<Key, common::PiecewiseTensor> mailbox_ ABSL_GUARDED_BY(mu_);
+  std::thread starter_;  // last: it runs StartWrites until the destructor stops it
 };
 
 }  // namespace pipetrain::stage_server
