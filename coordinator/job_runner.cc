@@ -61,6 +61,12 @@ class Runner {
 
  private:
   int K() const { return group_.size(); }
+  bool Emulated() const {
+    for (int s = 0; s < K(); ++s) {
+      if (group_.stage(s).device.kind() == "emulated") return true;
+    }
+    return false;
+  }
   std::string StageName(int s) const { return group_.StageName(s); }
 
   absl::Status Prepare() {
@@ -276,6 +282,15 @@ class Runner {
   }
 
   absl::Status Checkpoint(int64_t step) {
+    if (Emulated()) {
+      // Their weights are not there to save: an emulated device runs no arithmetic.
+      if (!emulated_logged_) {
+        emulated_logged_ = true;
+        hooks_.log(absl::StrCat("step ", step, ": no checkpoint: the job runs on emulated "
+                                "stages, which hold no weights"));
+      }
+      return absl::OkStatus();
+    }
     const int chunks = plan_.options.chunks;
     std::vector<std::vector<model::ChunkFile>> files(K());
     RETURN_IF_ERROR(group_.Run(step, "checkpointing", [&](int s) -> absl::Status {
@@ -325,6 +340,7 @@ class Runner {
   planner::Plan plan_;
   std::optional<planner::MeasuredCosts> measured_;  // of this job's steps, for Predict
   bool fitted_logged_ = false;
+  bool emulated_logged_ = false;
   schedule::Schedule eval_programs_;
   JobData data_;
   int64_t data_offset_ = 0;

@@ -208,6 +208,23 @@ TEST_F(CoordinatorMemoryTest, AModelTooBigForTheStagesIsRefusedNamingTheMemory) 
   EXPECT_THAT(r->err, HasSubstr("pipeline.recompute"));
 }
 
+// Emulated stages run the job's programs without weights: the job ends SUCCEEDED with
+// every step recorded, and says why it wrote no checkpoint.
+using CoordinatorEmulatedTest = testing::ClusterJobTest;
+
+TEST_F(CoordinatorEmulatedTest, AJobOnEmulatedStagesSucceedsWithoutACheckpoint) {
+  auto cluster = LocalCluster::Start(dir_.File("state"), 2, {"--device", "emulated:1e12"});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto r = (*cluster)->Cli({"submit", WriteSpec(spec_), "--set", "pipeline.stages=2",
+                            "--set", "training.steps=3", "--set", "checkpoint.every_steps=1"});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->exit_code, 0) << r->out << r->err;
+  EXPECT_THAT(r->out, HasSubstr("SUCCEEDED: 3 of 3 steps"));
+  auto logs = (*cluster)->Cli({"logs", "job-000001"});
+  ASSERT_TRUE(logs.ok());
+  EXPECT_THAT(logs->out, HasSubstr("no checkpoint: the job runs on emulated stages"));
+}
+
 // GET /metrics counts every job, so this test keeps a cluster of its own.
 class CoordinatorMetricsTest : public testing::ClusterJobTest {
  protected:
