@@ -43,8 +43,10 @@ fi
 
 if wanted scaling; then
   say "2. Stages vs speed (emulated devices, real stage processes and links)"
-  "$bin/pipetrain-bench" scaling --data-out "$data/scaling.dat" | tee "$data/scaling.txt"
-  plot scaling.gp "$data/scaling.dat" "$images/scaling.png" \
+  PIPETRAIN_BENCH_DATA_OUT="$data/scaling.dat" "$bin/pipetrain-bench" scaling |
+    tee "$data/scaling.txt"
+  python3 bench/plots/experiment_data.py scaling "$data/scaling.dat" "$data/scaling_lines.dat"
+  plot scaling.gp "$data/scaling_lines.dat" "$images/scaling.png" \
     "Speedup over one stage at the same M (emulated devices)"
 fi
 

@@ -6,6 +6,7 @@ gnuplot scripts beside this file draw. Standard library only.
   experiment_data.py gantt MEASURED_TRACE PREDICTED_TRACE OUT
   experiment_data.py breakdown OUT LABEL=BREAKDOWN.json [LABEL=BREAKDOWN.json ...]
   experiment_data.py bubble STATUS.json OUT
+  experiment_data.py scaling SCALING.dat OUT
 """
 import json
 import sys
@@ -95,11 +96,42 @@ def bubble(status_path, out_path):
                                          "NaN" if fitted else "%.4f" % p))
 
 
+def scaling(in_path, out_path):
+    """pipetrain-bench scaling's table regrouped for lines: one block per (schedule, M),
+    sorted by K and starting from the K = 1 baseline (measured once, with gpipe), blocks
+    apart by a blank line."""
+    rows = []
+    with open(in_path) as f:
+        for line in f:
+            if line.startswith("#") or not line.strip():
+                continue
+            k, m, schedule, *rest = line.split()
+            rows.append((int(k), int(m), schedule, rest))
+    schedules = sorted({r[2] for r in rows}, key=lambda s: ["gpipe", "1f1b", "interleaved",
+                                                           "zb-h1"].index(s) if s in
+                       ["gpipe", "1f1b", "interleaved", "zb-h1"] else 9)
+    base = {r[1]: r for r in rows if r[0] == 1}
+    with open(out_path, "w") as f:
+        f.write("# K M schedule measured_speedup ideal bound tokens_per_s\n")
+        for schedule in schedules:
+            for m in sorted({r[1] for r in rows}):
+                block = sorted((r for r in rows if r[2] == schedule and r[1] == m and r[0] > 1))
+                if not block:
+                    continue
+                if m in base:
+                    block.insert(0, base[m])
+                for k, mm, _, rest in block:
+                    f.write(f"{k} {mm} {schedule} " + " ".join(rest) + "\n")
+                f.write("\n")
+
+
 def main(argv):
     if len(argv) == 5 and argv[1] == "gantt":
         gantt(argv[2], argv[3], argv[4])
     elif len(argv) >= 4 and argv[1] == "breakdown":
         breakdown(argv[2], argv[3:])
+    elif len(argv) == 4 and argv[1] == "scaling":
+        scaling(argv[2], argv[3])
     elif len(argv) == 4 and argv[1] == "bubble":
         bubble(argv[2], argv[3])
     else:
