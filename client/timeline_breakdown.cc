@@ -180,9 +180,10 @@ absl::StatusOr<TimelineBreakdown> BreakDownTimeline(const pb::Timeline& timeline
     for (int stage : stages) {
       StageTimes& st = sb.stages.emplace_back();
       st.stage = stage;
+      static const std::vector<Segment> kNothing;  // a stage silent in this step: idle
       auto it = segments[step].find(stage);
       const std::array<int64_t, kNumTimeCategories> us =
-          Attribute(it == segments[step].end() ? std::vector<Segment>{} : it->second, span_us);
+          Attribute(it == segments[step].end() ? kNothing : it->second, span_us);
       for (int c = 0; c < kNumTimeCategories; ++c) {
         st.seconds[c] = static_cast<double>(us[c]) / 1e6;
         b.stages[row].seconds[c] += st.seconds[c];

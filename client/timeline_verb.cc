@@ -20,9 +20,10 @@ int RunTimeline(const std::vector<std::string>& args, std::ostream& out, std::os
   int64_t steps = 1;
   bool breakdown = false, json = false, help = false;
   common::FlagSet flags(
-      "pipetrain timeline", "ID (--out FILE | --breakdown) [flags]",
-      "Writes the measured timeline of a job's last steps (every action on every stage,\n"
-      "compute and link lanes) as Chrome trace JSON; open it in https://ui.perfetto.dev.\n"
+      "pipetrain timeline", "ID [--out FILE] [--breakdown [--json]] [flags]",
+      "With --out, writes the measured timeline of a job's last steps (every action on\n"
+      "every stage, compute and link lanes) as Chrome trace JSON; open it in\n"
+      "https://ui.perfetto.dev.\n"
       "With --breakdown it prints, per stage and averaged over those steps, the time in\n"
       "forward, backward (B), backward input (I), backward weight (W), recompute (the\n"
       "forward re-run inside B and I, which they then exclude), optimizer, send,\n"
