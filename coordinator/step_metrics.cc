@@ -82,6 +82,7 @@ std::vector<pb::TimelineEvent> TimelineOf(int64_t step,
       e.set_start_us(t.start_us());
       e.set_end_us(t.end_us());
       e.set_bytes(t.bytes());
+      e.set_recompute_us(t.recompute_us());
     }
   }
   return events;

@@ -30,6 +30,7 @@ class BackendChunk final : public ChunkCompute {
   absl::StatusOr<common::Tensor> BackwardInput(int mb, const common::PiecewiseTensor* grad_output,
                                                float loss_grad) override;
   absl::Status BackwardWeight(int mb) override { return layers_->BackwardWeight(mb); }
+  double LastRecomputeSeconds() const override { return layers_->last_recompute_seconds(); }
   void Abandon() override { layers_->Abandon(); }
   absl::Status ZeroGrads() override { return layers_->ZeroGrads(); }
   absl::StatusOr<double> GradSquaredNorm() override { return layers_->GradSquaredNorm(); }

@@ -50,6 +50,10 @@ class ChunkCompute {
                                                        const common::PiecewiseTensor* grad_output,
                                                        float loss_grad) = 0;
   virtual absl::Status BackwardWeight(int mb) = 0;
+  // Seconds the last Backward or BackwardInput spent re-running the forward before it
+  // (activation recomputation); 0 when the chunk does not recompute. The executor
+  // reports it as the action's recompute_us.
+  virtual double LastRecomputeSeconds() const = 0;
   // Drops in-flight micro-batches after a failed step.
   virtual void Abandon() = 0;
 

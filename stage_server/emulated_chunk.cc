@@ -106,6 +106,7 @@ absl::StatusOr<common::Tensor> EmulatedChunk::Backward(int mb, const common::Pie
     return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " has no forward"));
   }
   absl::SleepFor(absl::Seconds(backward_input_s_ + backward_weight_s_));
+  last_recompute_s_ = recompute_ ? forward_s_ : 0;
   Peak(memory_.backward_extra);
   Release(mb);
   if (has_embedding()) return common::Tensor();
@@ -118,6 +119,7 @@ absl::StatusOr<common::Tensor> EmulatedChunk::BackwardInput(int mb, const common
     return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " has no forward"));
   }
   absl::SleepFor(absl::Seconds(backward_input_s_));
+  last_recompute_s_ = recompute_ ? forward_s_ : 0;
   Peak(memory_.backward_extra);
   // The rebuilt activations and the gradients for the weight half stay until it runs.
   Hold(mb, memory_.backward_extra + memory_.weight_grad);

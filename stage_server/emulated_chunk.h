@@ -37,6 +37,9 @@ class EmulatedChunk final : public ChunkCompute {
   absl::StatusOr<common::Tensor> BackwardInput(int mb, const common::PiecewiseTensor* grad_output,
                                                float loss_grad) override;
   absl::Status BackwardWeight(int mb) override;
+  // The modelled share of the last B or I, not a measurement: the forward's time when
+  // recomputing (it is part of what backward_input_s sleeps).
+  double LastRecomputeSeconds() const override { return last_recompute_s_; }
   void Abandon() override;
   absl::Status ZeroGrads() override { return absl::OkStatus(); }
   absl::StatusOr<double> GradSquaredNorm() override { return 0.0; }
@@ -66,6 +69,7 @@ class EmulatedChunk final : public ChunkCompute {
   bool recompute_;
   std::shared_ptr<common::BufferPool> pool_;
   double forward_s_ = 0, backward_input_s_ = 0, backward_weight_s_ = 0, optimizer_s_ = 0;
+  double last_recompute_s_ = 0;
   model::ChunkMemory memory_;  // bytes per micro-batch (not per token), as the planner counts
   size_t evaluate_bytes_ = 0;  // an evaluation holds one layer's stash at a time: the largest
   void Peak(size_t extra);

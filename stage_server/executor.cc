@@ -153,6 +153,13 @@ absl::StatusOr<StepResult> Executor::RunStep(const schedule::StageProgram& progr
       st.peak_bytes = std::max(st.peak_bytes, total);
     }
     t.end_us = absl::ToInt64Microseconds(absl::Now() - st.start);
+    if (s.ok() && schedule::ProducesInputGradient(a.kind)) {
+      // Never more than the action itself: both are truncated to microseconds.
+      const auto recompute =
+          static_cast<int64_t>(chunks_[a.chunk]->LastRecomputeSeconds() * 1e6);
+      t.recompute_us = std::min(std::max<int64_t>(recompute, 0),
+                                std::max<int64_t>(t.end_us - t.start_us, 0));
+    }
     if (!s.ok()) {
       failure = absl::Status(s.code(), absl::StrCat("job '", config_.job_id, "' stage ",
                                                     config_.stage, " step ", st.inputs.step,

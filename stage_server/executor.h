@@ -61,6 +61,9 @@ struct ActionTiming {
   int64_t start_us = 0;  // since the start of the step
   int64_t end_us = 0;
   uint64_t bytes = 0;    // moved, for link actions
+  // Of a B or I, the time inside [start_us, end_us] (at its start) spent re-running the
+  // forward (ChunkCompute::LastRecomputeSeconds); 0 for every other action.
+  int64_t recompute_us = 0;
 };
 
 struct StepResult {

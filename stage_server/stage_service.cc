@@ -82,6 +82,7 @@ void ActionTimingToProto(const ActionTiming& t, pb::ActionTiming* p) {
   p->set_start_us(t.start_us);
   p->set_end_us(t.end_us);
   p->set_bytes(t.bytes);
+  p->set_recompute_us(t.recompute_us);
 }
 
 void StepReportToProto(const StepReport& report, pb::RunStepResponse* out) {

@@ -205,6 +205,13 @@ void RunPipeline(const Case& c) {
     loss /= kMicroBatches;
     step_losses.push_back(loss);
     for (int s = 0; s < K; ++s) {
+      // Only a recomputing stage's B and I re-run a forward, inside their own time.
+      for (const ActionTiming& t : results[s]->timings) {
+        if (!plan->stages[s].recompute || !schedule::ProducesInputGradient(t.action.kind)) {
+          EXPECT_EQ(t.recompute_us, 0) << "stage " << s << " " << schedule::ToString(t.action);
+        }
+        EXPECT_LE(t.recompute_us, t.end_us - t.start_us) << "stage " << s;
+      }
       // The layers hold exactly what the planner predicted for this stage.
       EXPECT_EQ(static_cast<double>(results[s]->peak_activation_bytes),
                 plan->stages[s].peak_activation_bytes)
@@ -316,11 +323,12 @@ struct Single {
   schedule::StageProgram program;
 };
 
-Single MakeSingle(int stages = 1, int stage = 0, OptimizerSettings optimizer = {}) {
+Single MakeSingle(int stages = 1, int stage = 0, OptimizerSettings optimizer = {},
+                  bool recompute = false) {
   Single s;
   auto pool = std::make_shared<common::BufferPool>();
-  auto layers =
-      *compute::ModelChunk::Create(Tiny(), 0, Tiny().num_pipeline_layers(), s.backend.get());
+  auto layers = *compute::ModelChunk::Create(Tiny(), 0, Tiny().num_pipeline_layers(),
+                                             s.backend.get(), {.recompute = recompute});
   EXPECT_THAT(layers->Initialize(kSeed), IsOk());
   std::vector<std::unique_ptr<ChunkCompute>> chunks;
   chunks.push_back(*BackendChunk::Create(std::move(layers), 2, pool));
@@ -364,6 +372,33 @@ std::vector<std::vector<float>> Weights(Executor& ex) {
   compute::ModelChunk& layers = static_cast<BackendChunk&>(ex.chunk(0)).layers();
   for (const model::ParamSpec& p : layers.Params()) out.push_back(*layers.GetParam(p.name));
   return out;
+}
+
+// B and I report the forward they re-ran as recompute_us, within their own time; no
+// other action has any, nor any action without recomputation.
+TEST(ExecutorTest, BackwardsReportTheirRecomputeTime) {
+  for (bool recompute : {false, true}) {
+    SCOPED_TRACE(recompute ? "recompute" : "no recompute");
+    Single s = MakeSingle(1, 0, {}, recompute);
+    s.program.actions = *schedule::ParseActions("F0 F1 B0 I1 W1 OPT");
+    auto r = s.executor->RunStep(s.program, Inputs(2, true, true));
+    ASSERT_THAT(r.status(), IsOk());
+    int64_t total = 0;
+    for (const ActionTiming& t : r->timings) {
+      SCOPED_TRACE(schedule::ToString(t.action));
+      EXPECT_GE(t.recompute_us, 0);
+      EXPECT_LE(t.recompute_us, t.end_us - t.start_us);
+      if (!schedule::ProducesInputGradient(t.action.kind)) {
+        EXPECT_EQ(t.recompute_us, 0);
+      }
+      total += t.recompute_us;
+    }
+    if (recompute) {
+      EXPECT_GT(total, 0) << "two backwards of the whole model re-ran their forwards";
+    } else {
+      EXPECT_EQ(total, 0);
+    }
+  }
 }
 
 // Phase 1 (defer_optimizer) then phase 2 (ApplyOptimizer) is the same step as one run
@@ -649,6 +684,36 @@ TEST(ExecutorTest, EmulatedStagesFollowTheCostModel) {
   EXPECT_EQ(results[1]->losses.size(), 4u);
   EXPECT_EQ(results[0]->bytes_sent, 4 * tensor);
   EXPECT_EQ(results[0]->bytes_received, 0u);
+}
+
+// An emulated stage reports the modelled recompute share of B and I: its forward's
+// time when recomputing, else none.
+TEST(ExecutorTest, EmulatedBackwardsReportTheModelledRecompute) {
+  const double flops = model::CostOfLayer(Tiny(), 1).forward_flops * 2 * Tiny().seq_len * 4 / 2e-3;
+  for (bool recompute : {false, true}) {
+    SCOPED_TRACE(recompute ? "recompute" : "no recompute");
+    auto pool = std::make_shared<common::BufferPool>();
+    auto chunk = std::make_unique<EmulatedChunk>(Tiny(), 0, Tiny().num_pipeline_layers(), 2,
+                                                 EmulatedDevice{"test", flops}, recompute, pool);
+    const int64_t forward_us = static_cast<int64_t>(chunk->forward_s() * 1e6);
+    ASSERT_GT(forward_us, 0);
+    std::vector<std::unique_ptr<ChunkCompute>> chunks;
+    chunks.push_back(std::move(chunk));
+    ExecutorConfig ec;
+    ec.job_id = "emu";
+    Executor ex(ec, std::move(chunks), nullptr, nullptr, pool);
+    schedule::StageProgram program;
+    program.num_micro_batches = 2;
+    program.actions = *schedule::ParseActions("F0 F1 B0 I1 W1 OPT");
+    auto r = ex.RunStep(program, Inputs(2, true, true));
+    ASSERT_THAT(r.status(), IsOk());
+    ASSERT_EQ(r->timings.size(), 6u);
+    for (const ActionTiming& t : r->timings) {
+      SCOPED_TRACE(schedule::ToString(t.action));
+      const bool recomputes = recompute && schedule::ProducesInputGradient(t.action.kind);
+      EXPECT_EQ(t.recompute_us, recomputes ? forward_us : 0);
+    }
+  }
 }
 
 }  // namespace

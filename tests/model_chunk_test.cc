@@ -1,6 +1,7 @@
 // ModelChunk: whole-model gradients against finite differences (double), any split into
-// stages equals the whole model, recomputation is bit-identical, the split backward of
-// zero-bubble schedules, activation accounting, deterministic init, AdamW and errors.
+// stages equals the whole model, recomputation is bit-identical (and timed), the split
+// backward of zero-bubble schedules, activation accounting, deterministic init, AdamW and
+// errors.
 // The backends here keep tensors in host memory, so tests pass host pointers directly.
 #include "stage_server/compute/model_chunk.h"
 
@@ -296,6 +297,12 @@ TEST(ModelChunkTest, RecomputeIsBitIdenticalAndKeepsOnlyInputs) {
   for (auto* stages : {&plain, &recompute}) (*stages)[0]->ResetPeak();
   EXPECT_EQ(RunStep(plain, batch, 2), RunStep(recompute, batch, 2));
   EXPECT_LT(recompute[0]->PeakActivationBytes(), plain[0]->PeakActivationBytes());
+  // The re-run forward is timed (what a stage reports as recompute_us); without
+  // recomputation there is none.
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_GT(recompute[i]->last_recompute_seconds(), 0.0) << "stage " << i;
+    EXPECT_EQ(plain[i]->last_recompute_seconds(), 0.0) << "stage " << i;
+  }
 }
 
 TEST(ModelChunkTest, ActivationBytesFollowTheCostModel) {

@@ -1,7 +1,9 @@
-// status, logs, list, cancel, cluster and timeline through RunCli against an in-process
-// fake coordinator: tables and summaries, JSON output, and the requests they send.
+// status, logs, list, cancel, cluster and timeline (its trace and --breakdown) through
+// RunCli against an in-process fake coordinator: tables and summaries, JSON output, and
+// the requests they send.
 #include <sstream>
 
+#include "absl/strings/str_split.h"
 #include "client/cli.h"
 #include "tests/testing/run_cli.h"
 #include "gmock/gmock.h"
@@ -213,7 +215,102 @@ TEST_F(RemoteQueryVerbsTest, TimelineWritesAChromeTrace) {
   EXPECT_EQ(spans[1]["args"]["bytes"], 65536);
   EXPECT_EQ(spans[2]["ts"], 1100);  // step 8 starts where step 7 ended (1000 us)
 
-  EXPECT_EQ(Cli({"timeline", "job-000001", "--address", addr()}).code, kExitUsage);  // no --out
+  Result no_out = Cli({"timeline", "job-000001", "--address", addr()});
+  EXPECT_EQ(no_out.code, kExitUsage);
+  EXPECT_THAT(no_out.err, HasSubstr("--out FILE is required (or --breakdown)"));
+}
+
+// Two steps of two stages: stage 1 recomputes inside its backward and waits for the
+// activation; stage 0 waits for the gradient.
+void AddBreakdownSteps(pb::Timeline& t) {
+  t.set_job_id("job-000001");
+  auto add = [&](int64_t step, int stage, pb::ActionKind kind, int64_t start, int64_t end,
+                 int64_t recompute = 0) {
+    pb::TimelineEvent* e = t.add_events();
+    e->set_step(step);
+    e->set_stage(stage);
+    e->mutable_action()->set_kind(kind);
+    e->set_lane(kind == pb::FORWARD || kind == pb::BACKWARD ? "compute" : "link");
+    e->set_start_us(start);
+    e->set_end_us(end);
+    e->set_recompute_us(recompute);
+  };
+  for (int64_t step : {7, 8}) {
+    const int64_t slow = step == 8 ? 2 : 1;  // step 8 takes twice as long
+    add(step, 0, pb::FORWARD, 0, 1000 * slow);
+    add(step, 0, pb::SEND_ACTIVATION, 1000 * slow, 1200 * slow);
+    add(step, 0, pb::RECV_GRADIENT, 1200 * slow, 4000 * slow);
+    add(step, 0, pb::BACKWARD, 4000 * slow, 6000 * slow);
+    add(step, 1, pb::RECV_ACTIVATION, 0, 1200 * slow);
+    add(step, 1, pb::FORWARD, 1200 * slow, 2200 * slow);
+    add(step, 1, pb::BACKWARD, 2200 * slow, 3900 * slow, 500 * slow);
+    add(step, 1, pb::SEND_GRADIENT, 3900 * slow, 4000 * slow);
+  }
+}
+
+TEST_F(RemoteQueryVerbsTest, TimelineBreakdownPrintsATableOfEveryStage) {
+  AddBreakdownSteps(fake_.timeline);
+  Result r = Cli({"timeline", "job-000001", "--breakdown", "--steps", "2", "--address", addr()});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(fake_.timeline_requests().size(), 1u);
+  EXPECT_EQ(fake_.timeline_requests()[0].last_steps(), 2);
+  std::vector<std::string> lines = absl::StrSplit(r.out, '\n');
+  ASSERT_EQ(lines.size(), 5u) << r.out;
+  // Steps of 6 and 12 ms: 9 ms on average.
+  EXPECT_EQ(lines[0], "job-000001: steps 7-8 (2 averaged), step time 9.0 ms (the longest stage span)");
+  EXPECT_THAT(lines[1], AllOf(HasSubstr("forward"), HasSubstr("recompute"),
+                              HasSubstr("recv-wait"), HasSubstr("idle")));
+  // Stage 0: forward 1.5 ms (17%), send 0.3 ms (3%), recv-wait 4.2 ms (47%), backward
+  // 3 ms (33%), never idle.
+  EXPECT_THAT(lines[2], AllOf(::testing::StartsWith("0 "), HasSubstr("1.5 ms  17%"),
+                              HasSubstr("300 us   3%"), HasSubstr("4.2 ms  47%"),
+                              HasSubstr("3.0 ms  33%"), ::testing::EndsWith("0 us   0%")));
+  // Stage 1: recompute 0.75 ms (8%) out of its backward's 2.55 ms, which keeps 1.8 ms
+  // (20%); idle 3 ms (33%) after it finished.
+  EXPECT_THAT(lines[3], AllOf(::testing::StartsWith("1 "), HasSubstr("750 us   8%"),
+                              HasSubstr("1.8 ms  20%"), ::testing::EndsWith("3.0 ms  33%")));
+  EXPECT_TRUE(r.err.empty()) << r.err;
+}
+
+TEST_F(RemoteQueryVerbsTest, TimelineBreakdownJsonIsJsonOnlyEvenWithATrace) {
+  AddBreakdownSteps(fake_.timeline);
+  ::pipetrain::testing::TempDir dir;
+  const std::string path = dir.File("trace.json");
+  Result r = Cli({"timeline", "job-000001", "--breakdown", "--json", "--out", path, "--steps",
+                  "2", "--address", addr()});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  auto j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["job_id"], "job-000001");
+  EXPECT_EQ(j["steps"], nlohmann::json::array({7, 8}));
+  EXPECT_DOUBLE_EQ(j["step_time_s"].get<double>(), 9e-3);
+  ASSERT_EQ(j["stages"].size(), 2u);
+  EXPECT_EQ(j["stages"][1]["stage"], 1);
+  EXPECT_DOUBLE_EQ(j["stages"][1]["recompute_s"].get<double>(), 0.75e-3);
+  EXPECT_DOUBLE_EQ(j["stages"][1]["backward_s"].get<double>(), 1.8e-3);
+  EXPECT_NEAR(j["stages"][1]["shares"]["idle"].get<double>(), 3.0 / 9, 1e-12);
+  // The trace was written as well; the line saying so went to stderr.
+  EXPECT_THAT(r.err, HasSubstr(path));
+  auto trace = nlohmann::json::parse(::pipetrain::testing::ReadFileOrDie(path), nullptr, false);
+  ASSERT_FALSE(trace.is_discarded());
+  EXPECT_EQ(trace["otherData"]["job_id"], "job-000001");
+
+  // The table and the trace together: both on stdout.
+  r = Cli({"timeline", "job-000001", "--breakdown", "--out", path, "--address", addr()});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("wrote 16 events"), HasSubstr("recv-wait")));
+}
+
+TEST_F(RemoteQueryVerbsTest, TimelineBreakdownOfNoStepIsAnErrorAndJsonNeedsIt) {
+  Result r = Cli({"timeline", "job-000001", "--breakdown", "--address", addr()});
+  EXPECT_EQ(r.code, kExitJobFailed);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("job-000001"), HasSubstr("no step has finished")));
+  EXPECT_TRUE(r.out.empty()) << r.out;
+  r = Cli({"timeline", "job-000001", "--json", "--out", "x.json", "--address", addr()});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("--json goes with --breakdown"));
+  EXPECT_THAT(Cli({"timeline", "--help"}).out,
+              AllOf(HasSubstr("--breakdown"), HasSubstr("recompute"), HasSubstr("--json")));
 }
 
 TEST(RemoteVerbsHelpTest, EveryRemoteVerbExplainsItselfAndItsExitCodes) {

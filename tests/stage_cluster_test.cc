@@ -1,8 +1,9 @@
 // Integration: real pipetrain-stage processes on 127.0.0.1 (port 0), configured from a
 // plan and driven over gRPC without a coordinator. For K = 1, 2, 4, every schedule and
 // every recompute mode, 5 steps give the losses and final weights of the single-stage
-// reference, and an evaluation (forward-only step) between training steps reports the
-// reference's losses and changes nothing. Faults: a neighbour killed mid-step fails the
+// reference (and a recomputing stage reports its recompute time), and an evaluation
+// (forward-only step) between training steps reports the reference's losses and
+// changes nothing. Faults: a neighbour killed mid-step fails the
 // step with UNAVAILABLE naming it, within the deadline, and the survivor serves the
 // next job; a job over the memory limit is refused before anything is allocated; a
 // deferred optimizer step waits for ApplyOptimizer and blocks the job's other calls.
@@ -219,6 +220,7 @@ TEST_F(StageClusterTest, EverySchedulePlanAndRecomputeModeMatchesTheReference) {
           ASSERT_TRUE(st.ok()) << st.error_message();
         }
         std::vector<double> losses;  // per step, compared with the reference's below
+        int64_t recompute_us = 0;    // what every B and I reported re-running
         for (int step = 0; step < kSteps; ++step) {
           std::vector<pb::RunStepResponse> out;
           auto status = RunStep(plan, job, step, *stages_, out);
@@ -230,7 +232,21 @@ TEST_F(StageClusterTest, EverySchedulePlanAndRecomputeModeMatchesTheReference) {
           for (int s = 0; s < K; ++s) {
             EXPECT_EQ(static_cast<double>(out[s].peak_activation_bytes()),
                       plan.stages[s].peak_activation_bytes) << "stage " << s;
+            for (const pb::ActionTiming& t : out[s].timings()) {
+              if (t.action().kind() != pb::BACKWARD && t.action().kind() != pb::BACKWARD_INPUT) {
+                EXPECT_EQ(t.recompute_us(), 0) << "stage " << s;
+              }
+              recompute_us += t.recompute_us();
+            }
           }
+        }
+        // The stages' recompute time comes through the service's answer.
+        bool recomputes = false;
+        for (const planner::StagePlan& sp : plan.stages) recomputes |= sp.recompute;
+        if (!recomputes) {
+          EXPECT_EQ(recompute_us, 0);
+        } else {
+          EXPECT_GT(recompute_us, 0);
         }
         EXPECT_TRUE(testing::LossesMatch(
             losses, std::vector<double>(ref.losses.begin(), ref.losses.begin() + kSteps)));

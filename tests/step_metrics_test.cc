@@ -62,13 +62,23 @@ TEST(StepMetricsTest, TimelineHasEveryActionOfEveryStage) {
   AddTiming(r[0], "compute", 0, 10);
   AddTiming(r[0], "link", 10, 20, 64);
   AddTiming(r[1], "compute", 20, 30);
+  // A recomputing backward: 4 of its 10 us re-ran the forward.
+  pb::ActionTiming* b = r[1].add_timings();
+  b->set_lane("compute");
+  b->set_start_us(30);
+  b->set_end_us(40);
+  b->set_recompute_us(4);
+  b->mutable_action()->set_kind(pb::BACKWARD);
   std::vector<pb::TimelineEvent> t = TimelineOf(5, r);
-  ASSERT_EQ(t.size(), 3u);
+  ASSERT_EQ(t.size(), 4u);
   EXPECT_EQ(t[1].stage(), 0);
   EXPECT_EQ(t[1].lane(), "link");
   EXPECT_EQ(t[1].bytes(), 64u);
   EXPECT_EQ(t[2].stage(), 1);
   EXPECT_EQ(t[2].step(), 5);
+  EXPECT_EQ(t[2].recompute_us(), 0);  // a forward recomputes nothing
+  EXPECT_EQ(t[3].action().kind(), pb::BACKWARD);
+  EXPECT_EQ(t[3].recompute_us(), 4);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/status_macros.h"
 
 namespace pipetrain::compute {
@@ -174,11 +175,18 @@ absl::Status ModelChunkT<Real>::Evaluate(int B, const void* input, const int32_t
 template <typename Real>
 absl::Status ModelChunkT<Real>::RunBackwardInput(MicroBatch& mb, const Real* grad_output,
                                                  Real* grad_input, Real loss_grad, bool fused) {
+  last_recompute_s_ = 0;
   if (options_.recompute) {
     // Rebuild the stashes with exactly the forward's ops, hence bit-identical results.
     ASSIGN_OR_RETURN(auto scratch, BackendBuffer<Real>::Allocate(
                                        backend_, OutputElements(mb.rows) * sizeof(Real)));
+    // Synchronised on both sides so that queued work before it (the gradient's copy
+    // in) is not counted and the forward's own device time is.
+    RETURN_IF_ERROR(backend_->Synchronize());
+    const absl::Time start = absl::Now();
     RETURN_IF_ERROR(RunForward(mb, scratch.data()));
+    RETURN_IF_ERROR(backend_->Synchronize());
+    last_recompute_s_ = absl::ToDoubleSeconds(absl::Now() - start);
     NotePeak();
   }
   if (!has_head() && grad_output == nullptr) {

@@ -92,6 +92,10 @@ class ModelChunkT {
   // parameter gradients and frees the micro-batch. Together they equal Backward.
   absl::Status BackwardInput(int mb, const Real* grad_output, Real* grad_input, Real loss_grad = 1);
   absl::Status BackwardWeight(int mb);
+  // Seconds the last Backward or BackwardInput spent re-running the forward (with
+  // options().recompute; 0 without). Measured between two backend synchronisations,
+  // so on an asynchronous device it is the recompute's device time, not its launch.
+  double last_recompute_seconds() const { return last_recompute_s_; }
   int in_flight() const { return static_cast<int>(micro_batches_.size()); }
   // Drops every in-flight micro-batch (after a failed step).
   void Abandon() { micro_batches_.clear(); }
@@ -186,6 +190,7 @@ class ModelChunkT {
   std::vector<std::unique_ptr<PipelineLayer<Real>>> layers_;
   std::map<int, MicroBatch> micro_batches_;
   size_t peak_bytes_ = 0;
+  double last_recompute_s_ = 0;
   int step_ = 0;
 };
 
