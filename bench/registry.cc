@@ -4,6 +4,7 @@
 #include "bench/codec_bench.h"
 #include "bench/executor_bench.h"
 #include "bench/link_bench.h"
+#include "bench/model_size_bench.h"
 #include "bench/compute_bench.h"
 #include "bench/cuda_bench.h"
 #include "bench/tokenize_bench.h"
@@ -24,6 +25,11 @@ const std::vector<Benchmark>& AllBenchmarks() {
        "peer link: 16 MiB activations stage to stage over gRPC on loopback vs raw TCP "
        "(ratio, higher is better, 1.0 = raw TCP speed)",
        RunLinkBench},
+      {"model-size",
+       "largest GPT that trains on K = 1, 2, 4, 8 real stages under one --memory-limit, "
+       "with and without re-materialization, deeper and wider: params vs K x the K = 1 "
+       "maximum, and measured peaks vs the planner's (GPipe's first experiment)",
+       RunModelSizeBench},
       {"compute",
        "cpu backend: training tokens/s of d_model 256, 8 layers, seq 128, batch 32 on 1 "
        "and 2 threads, achieved GFLOP/s vs sgemm GFLOP/s, and PyTorch CPU on the same "
