@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <sstream>
+#include <thread>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -22,9 +23,12 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "bench/model_size_search.h"
 #include "common/status_macros.h"
 #include "coordinator/planner/planner.h"
+#include "grpcpp/grpcpp.h"
+#include "pipetrain/v1/coordinator.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/corpus_text.h"
 #include "tests/testing/local_cluster.h"
@@ -218,7 +222,16 @@ double PeakRss(pid_t pid) {
 struct StageFigures {
   double measured = 0;   // the stage's reported peak_memory_bytes, max over the steps
   double predicted = 0;  // the plan's state + simulated peak activations
-  double rss = 0;        // VmHWM of its process (0 if not found)
+  // VmHWM of its process (0 if not found): as of the last poll before the job reported
+  // its last step, and at the job's end (which adds the final checkpoint's export).
+  double rss_idle = 0;  // before the job: the process with no model
+  double rss_training = 0;
+  double rss_end = 0;
+  // What training added to the process against what the stage reported: above 1 by
+  // what the report leaves out (transient gradients, received frames, allocator slack).
+  double RssOverReported() const {
+    return rss_training > 0 && measured > 0 ? (rss_training - rss_idle) / measured : 0;
+  }
 };
 
 struct RunFigures {
@@ -243,9 +256,14 @@ struct RunFigures {
     for (const StageFigures& s : stages) m = std::min(m, s.measured / s.predicted);
     return m;
   }
-  double MaxRss() const {
+  double MaxRssOverReported() const {
     double m = 0;
-    for (const StageFigures& s : stages) m = std::max(m, s.rss);
+    for (const StageFigures& s : stages) m = std::max(m, s.RssOverReported());
+    return m;
+  }
+  double MaxRss(bool training) const {
+    double m = 0;
+    for (const StageFigures& s : stages) m = std::max(m, training ? s.rss_training : s.rss_end);
     return m;
   }
 };
@@ -299,15 +317,50 @@ absl::Status TrainOnce(const model::GptConfig& m, int k, pb::RecomputeMode recom
                    testing::LocalCluster::Start(
                        dir.path() + "/state", k,
                        std::vector<std::string>{"--memory-limit", cap, "--threads", "1"}));
-  ASSIGN_OR_RETURN(testing::RunResult submit, cluster->Cli({"submit", spec_file}, 600s));
-  const size_t at = submit.out.find("submitted job-");
-  if (at == std::string::npos) {
+  // Each stage's process, by its address.
+  const std::vector<pid_t> children = ChildPids();
+  std::map<std::string, pid_t> pid_of;
+  for (const std::string& address : cluster->stage_addresses()) {
+    int port = 0;
+    if (!absl::SimpleAtoi(address.substr(address.rfind(':') + 1), &port)) continue;
+    if (auto inode = ListeningInode(port)) {
+      if (auto pid = PidWithSocket(children, *inode)) pid_of[address] = *pid;
+    }
+  }
+  std::map<pid_t, double> hwm_idle;
+  for (const auto& [address, pid] : pid_of) hwm_idle[pid] = PeakRss(pid);
+  ASSIGN_OR_RETURN(testing::RunResult submit, cluster->Cli({"submit", spec_file, "--no-wait"}));
+  const std::string id(absl::StripAsciiWhitespace(submit.out));
+  if (submit.exit_code != 0 || id.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "submit exited ", submit.exit_code, ": ", submit.err.substr(0, 400)));
   }
-  std::vector<std::string> words =
-      absl::StrSplit(submit.out.substr(at, submit.out.find('\n', at) - at), ' ');
-  const std::string id = words.size() > 1 ? words[1] : "";
+  // Follows the job, reading every stage's VmHWM while steps remain: the peak of
+  // training without the checkpoint export that ends every job.
+  std::map<pid_t, double> hwm_training;
+  auto stub = pb::Coordinator::NewStub(
+      grpc::CreateChannel(cluster->address(), grpc::InsecureChannelCredentials()));
+  const auto deadline = std::chrono::steady_clock::now() + 600s;
+  while (true) {
+    if (std::chrono::steady_clock::now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("job ", id, " did not end within 600 s"));
+    }
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + 10s);
+    pb::GetJobRequest request;
+    request.set_job_id(id);
+    pb::JobStatus job;
+    if (stub->GetJob(&ctx, request, &job).ok()) {
+      const bool ended = job.state() == pb::JobStatus::SUCCEEDED ||
+                         job.state() == pb::JobStatus::FAILED ||
+                         job.state() == pb::JobStatus::CANCELLED;
+      if (ended) break;
+      if (job.steps_done() < kSteps) {
+        for (const auto& [address, pid] : pid_of) hwm_training[pid] = PeakRss(pid);
+      }
+    }
+    std::this_thread::sleep_for(20ms);
+  }
   ASSIGN_OR_RETURN(testing::RunResult status, cluster->Cli({"status", id, "--json"}));
   const json job = json::parse(status.out, nullptr, false);
   if (job.is_discarded()) {
@@ -331,23 +384,21 @@ absl::Status TrainOnce(const model::GptConfig& m, int k, pb::RecomputeMode recom
           std::max(figures.stages[s].measured, JsonNumber(st["peak_memory_bytes"]));
     }
   }
-  // Peak RSS by pipeline position: stage id -> address (cluster --json) -> port -> pid.
+  // Peak RSS by pipeline position: stage id -> address (cluster --json) -> pid.
   std::map<std::string, std::string> address_of;
   if (auto view = cluster->Cli({"cluster", "--json"}); view.ok()) {
     const json c = json::parse(view->out, nullptr, false);
     if (!c.is_discarded())
       for (const json& st : c["stages"]) address_of[st["stage_id"]] = st["address"];
   }
-  const std::vector<pid_t> children = ChildPids();
   int s = 0;
   for (const json& stage_id : job["stage_ids"]) {
     if (s >= k) break;
-    const std::string address = address_of[stage_id.get<std::string>()];
-    int port = 0;
-    if (absl::SimpleAtoi(address.substr(address.rfind(':') + 1), &port)) {
-      if (auto inode = ListeningInode(port)) {
-        if (auto pid = PidWithSocket(children, *inode)) figures.stages[s].rss = PeakRss(*pid);
-      }
+    auto it = pid_of.find(address_of[stage_id.get<std::string>()]);
+    if (it != pid_of.end()) {
+      figures.stages[s].rss_idle = hwm_idle[it->second];
+      figures.stages[s].rss_training = hwm_training[it->second];
+      figures.stages[s].rss_end = PeakRss(it->second);
     }
     ++s;
   }
@@ -448,7 +499,9 @@ absl::StatusOr<BenchResult> RunModelSizeBench(const BenchOptions&) {
         result.Add(key + "_peak_over_cap_max", f.MaxOver(true, settings.cap_bytes));
         result.Add(key + "_peak_over_predicted_max", f.MaxOver(false, settings.cap_bytes));
         result.Add(key + "_peak_over_predicted_min", f.MinOverPredicted());
-        result.Add(key + "_rss_max_mib", f.MaxRss() / 1048576);
+        result.Add(key + "_rss_training_max_mib", f.MaxRss(true) / 1048576);
+        result.Add(key + "_rss_end_max_mib", f.MaxRss(false) / 1048576);
+        result.Add(key + "_rss_growth_over_reported_max", f.MaxRssOverReported());
         result.Add(key + "_step_s", f.step_s);
         result.Add(key + "_search_s", f.seconds);
         table << absl::StrFormat("%s %d %s %d %.4f %.4f\n", fam, k, Mode(mode), f.params, ratio,
@@ -456,9 +509,12 @@ absl::StatusOr<BenchResult> RunModelSizeBench(const BenchOptions&) {
         std::vector<std::string> per_stage, tries;
         for (size_t s = 0; s < f.stages.size(); ++s) {
           per_stage.push_back(absl::StrFormat(
-              "s%d %.1f/%.1f MiB (x%.3f, rss %.0f)", s, f.stages[s].measured / 1048576,
-              f.stages[s].predicted / 1048576, f.stages[s].measured / f.stages[s].predicted,
-              f.stages[s].rss / 1048576));
+              "s%d peak/predicted %.1f/%.1f MiB (x%.3f), rss idle/training/end %.0f/%.0f/%.0f MiB "
+              "(growth/peak x%.3f)", s,
+              f.stages[s].measured / 1048576, f.stages[s].predicted / 1048576,
+              f.stages[s].measured / f.stages[s].predicted, f.stages[s].rss_idle / 1048576,
+              f.stages[s].rss_training / 1048576, f.stages[s].rss_end / 1048576,
+              f.stages[s].RssOverReported()));
         }
         for (const auto& t : f.tries)
           tries.push_back(absl::StrCat("n=", t.n, t.failure.empty() ? " trained" : ": " + t.failure));
