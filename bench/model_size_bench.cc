@@ -13,8 +13,8 @@
 #include <memory>
 #include <optional>
 #include <sstream>
-#include <thread>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -28,8 +28,8 @@
 #include "common/status_macros.h"
 #include "coordinator/planner/planner.h"
 #include "grpcpp/grpcpp.h"
-#include "pipetrain/v1/coordinator.grpc.pb.h"
 #include "nlohmann/json.hpp"
+#include "pipetrain/v1/coordinator.grpc.pb.h"
 #include "tests/testing/corpus_text.h"
 #include "tests/testing/local_cluster.h"
 
@@ -83,14 +83,14 @@ absl::StatusOr<Settings> SettingsFromEnv() {
     for (absl::string_view k : absl::StrSplit(v, ',', absl::SkipEmpty())) {
       int n = 0;
       if (!absl::SimpleAtoi(k, &n) || n < 1) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "PIPETRAIN_BENCH_MODEL_SIZE_STAGES='", v, "': '", k, "' is not a stage count"));
+        return absl::InvalidArgumentError(absl::StrCat("PIPETRAIN_BENCH_MODEL_SIZE_STAGES='", v,
+                                                       "': '", k, "' is not a stage count"));
       }
       s.stages.push_back(n);
     }
     if (s.stages.empty() || s.stages[0] != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "PIPETRAIN_BENCH_MODEL_SIZE_STAGES='", v, "' must start with 1 (the baseline)"));
+      return absl::InvalidArgumentError(absl::StrCat("PIPETRAIN_BENCH_MODEL_SIZE_STAGES='", v,
+                                                     "' must start with 1 (the baseline)"));
     }
   }
   if (const char* v = std::getenv("PIPETRAIN_BENCH_MODEL_SIZE_FAMILIES")) {
@@ -101,8 +101,8 @@ absl::StatusOr<Settings> SettingsFromEnv() {
       } else if (f == "width") {
         s.families.push_back(ModelFamily::kWidth);
       } else {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "PIPETRAIN_BENCH_MODEL_SIZE_FAMILIES='", v, "': '", f, "' is not depth or width"));
+        return absl::InvalidArgumentError(absl::StrCat("PIPETRAIN_BENCH_MODEL_SIZE_FAMILIES='", v,
+                                                       "': '", f, "' is not depth or width"));
       }
     }
   }
@@ -113,7 +113,10 @@ absl::StatusOr<Settings> SettingsFromEnv() {
 FamilySpec SpecOf(ModelFamily family) {
   FamilySpec spec;
   spec.family = family;
-  spec.base = {.vocab_size = 256, .seq_len = kSeqLen, .d_model = kDepthWidth, .n_heads = kHeads,
+  spec.base = {.vocab_size = 256,
+               .seq_len = kSeqLen,
+               .d_model = kDepthWidth,
+               .n_heads = kHeads,
                .n_layers = kWidthDepth};
   spec.width_step = kWidthStep;
   return spec;
@@ -245,25 +248,13 @@ struct RunFigures {
   std::vector<StageFigures> stages;
   double step_s = 0;  // the slower of the two steps
   double seconds = 0;
-  double MaxOver(bool cap, double cap_bytes) const {
-    double m = 0;
+  // The largest (or smallest) of `figure` over the stages; 0 without stages.
+  template <typename F>
+  double Over(F figure, bool largest = true) const {
+    if (stages.empty()) return 0;
+    double m = figure(stages[0]);
     for (const StageFigures& s : stages)
-      m = std::max(m, s.measured / (cap ? cap_bytes : s.predicted));
-    return m;
-  }
-  double MinOverPredicted() const {
-    double m = stages.empty() ? 0 : 1e300;
-    for (const StageFigures& s : stages) m = std::min(m, s.measured / s.predicted);
-    return m;
-  }
-  double MaxRssOverReported() const {
-    double m = 0;
-    for (const StageFigures& s : stages) m = std::max(m, s.RssOverReported());
-    return m;
-  }
-  double MaxRss(bool training) const {
-    double m = 0;
-    for (const StageFigures& s : stages) m = std::max(m, training ? s.rss_training : s.rss_end);
+      m = largest ? std::max(m, figure(s)) : std::min(m, figure(s));
     return m;
   }
 };
@@ -304,10 +295,17 @@ absl::Status TrainOnce(const model::GptConfig& m, int k, pb::RecomputeMode recom
   const json spec = {
       {"name", absl::StrFormat("model-size %s K=%d %s", FamilyName(figures.family), k,
                                planner::RecomputeName(recompute))},
-      {"model", {{"vocab_size", m.vocab_size}, {"seq_len", m.seq_len}, {"d_model", m.d_model},
-                 {"n_heads", m.n_heads}, {"n_layers", m.n_layers}}},
-      {"pipeline", {{"stages", k}, {"micro_batches", kMicroBatches}, {"schedule", "gpipe"},
-                    {"recompute", planner::RecomputeName(recompute)}}},
+      {"model",
+       {{"vocab_size", m.vocab_size},
+        {"seq_len", m.seq_len},
+        {"d_model", m.d_model},
+        {"n_heads", m.n_heads},
+        {"n_layers", m.n_layers}}},
+      {"pipeline",
+       {{"stages", k},
+        {"micro_batches", kMicroBatches},
+        {"schedule", "gpipe"},
+        {"recompute", planner::RecomputeName(recompute)}}},
       {"training", {{"steps", kSteps}, {"batch_size", kBatch}, {"seed", 1}, {"lr", 1e-3}}},
       {"data", {{"corpus", corpus}}}};
   const std::string spec_file = dir.path() + "/job.json";
@@ -332,8 +330,8 @@ absl::Status TrainOnce(const model::GptConfig& m, int k, pb::RecomputeMode recom
   ASSIGN_OR_RETURN(testing::RunResult submit, cluster->Cli({"submit", spec_file, "--no-wait"}));
   const std::string id(absl::StripAsciiWhitespace(submit.out));
   if (submit.exit_code != 0 || id.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "submit exited ", submit.exit_code, ": ", submit.err.substr(0, 400)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("submit exited ", submit.exit_code, ": ", submit.err.substr(0, 400)));
   }
   // Follows the job, reading every stage's VmHWM while steps remain: the peak of
   // training without the checkpoint export that ends every job.
@@ -404,9 +402,9 @@ absl::Status TrainOnce(const model::GptConfig& m, int k, pb::RecomputeMode recom
   }
   for (int i = 0; i < k; ++i) {
     if (figures.stages[i].measured > settings.cap_bytes) {
-      return absl::ResourceExhaustedError(absl::StrFormat(
-          "job %s stage %d reported a peak of %.1f MiB, over the %.1f MiB cap", id, i,
-          figures.stages[i].measured / 1048576, settings.cap_bytes / 1048576));
+      return absl::ResourceExhaustedError(
+          absl::StrFormat("job %s stage %d reported a peak of %.1f MiB, over the %.1f MiB cap", id,
+                          i, figures.stages[i].measured / 1048576, settings.cap_bytes / 1048576));
     }
   }
   return absl::OkStatus();
@@ -422,8 +420,8 @@ absl::StatusOr<RunFigures> FindLargest(ModelFamily family, int k, pb::RecomputeM
   const FamilySpec spec = SpecOf(family);
   ASSIGN_OR_RETURN(figures.planned_n,
                    LargestPlannable(spec, OptionsFor(spec.base, k, recompute, settings.cap_bytes)));
-  absl::StatusOr<StepDownResult> trained = StepDown(
-      figures.planned_n, SmallestSize(spec, k), kMaxTries, [&](int64_t n) {
+  absl::StatusOr<StepDownResult> trained =
+      StepDown(figures.planned_n, SmallestSize(spec, k), kMaxTries, [&](int64_t n) {
         absl::Status s = TrainOnce(ModelOfSize(spec, n), k, recompute, settings, corpus, figures);
         std::cerr << absl::StrFormat("model-size: %s K=%d %s n=%d: %s\n", FamilyName(family), k,
                                      planner::RecomputeName(recompute), n,
@@ -431,20 +429,21 @@ absl::StatusOr<RunFigures> FindLargest(ModelFamily family, int k, pb::RecomputeM
         return s;
       });
   if (!trained.ok()) {
-    return absl::Status(trained.status().code(),
-                        absl::StrFormat("model-size %s K=%d recompute %s: %s", FamilyName(family),
-                                        k, planner::RecomputeName(recompute),
-                                        trained.status().message()));
+    return absl::Status(
+        trained.status().code(),
+        absl::StrFormat("model-size %s K=%d recompute %s: %s", FamilyName(family), k,
+                        planner::RecomputeName(recompute), trained.status().message()));
   }
   figures.n = trained->n;
   figures.tries = trained->tries;
   figures.params = ParamsOf(ModelOfSize(spec, figures.n));
-  figures.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  figures.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return figures;
 }
 
 std::string Mode(pb::RecomputeMode r) { return planner::RecomputeName(r); }
+
+double PeakOverPredicted(const StageFigures& s) { return s.measured / s.predicted; }
 
 }  // namespace
 
@@ -470,12 +469,12 @@ absl::StatusOr<BenchResult> RunModelSizeBench(const BenchOptions&) {
   BenchResult result;
   result.Label("memory_limit", absl::StrFormat("%.0f MiB per stage (--memory-limit %.0f)",
                                                settings.cap_bytes / 1048576, settings.cap_bytes));
-  result.Label("shape", absl::StrFormat(
-                            "vocab 256, seq %d, %d heads, batch %d in %d micro-batches, gpipe, "
-                            "%d steps, 1 thread a stage; depth: d_model %d, more blocks; "
-                            "width: %d blocks, d_model in steps of %d",
-                            kSeqLen, kHeads, kBatch, kMicroBatches, kSteps, kDepthWidth,
-                            kWidthDepth, kWidthStep));
+  result.Label("shape",
+               absl::StrFormat("vocab 256, seq %d, %d heads, batch %d in %d micro-batches, gpipe, "
+                               "%d steps, 1 thread a stage; depth: d_model %d, more blocks; "
+                               "width: %d blocks, d_model in steps of %d",
+                               kSeqLen, kHeads, kBatch, kMicroBatches, kSteps, kDepthWidth,
+                               kWidthDepth, kWidthStep));
   std::ostringstream table;
   table << "# family K recompute params ratio_to_k_times_1 measured_peak_over_predicted"
            "  (family: depth|width; K: stages; recompute: never|always; params: of the largest"
@@ -496,28 +495,33 @@ absl::StatusOr<BenchResult> RunModelSizeBench(const BenchOptions&) {
         result.Add(key + "_planned_n", static_cast<double>(f.planned_n));
         result.Add(key + "_tries", static_cast<double>(f.tries.size()));
         if (k > 1) result.Add(key + "_ratio_to_k_times_1", ratio);
-        result.Add(key + "_peak_over_cap_max", f.MaxOver(true, settings.cap_bytes));
-        result.Add(key + "_peak_over_predicted_max", f.MaxOver(false, settings.cap_bytes));
-        result.Add(key + "_peak_over_predicted_min", f.MinOverPredicted());
-        result.Add(key + "_rss_training_max_mib", f.MaxRss(true) / 1048576);
-        result.Add(key + "_rss_end_max_mib", f.MaxRss(false) / 1048576);
-        result.Add(key + "_rss_growth_over_reported_max", f.MaxRssOverReported());
+        result.Add(key + "_peak_over_cap_max",
+                   f.Over([&](const StageFigures& s) { return s.measured / settings.cap_bytes; }));
+        result.Add(key + "_peak_over_predicted_max", f.Over(PeakOverPredicted));
+        result.Add(key + "_peak_over_predicted_min", f.Over(PeakOverPredicted, false));
+        result.Add(key + "_rss_training_max_mib",
+                   f.Over([](const StageFigures& s) { return s.rss_training; }) / 1048576);
+        result.Add(key + "_rss_end_max_mib",
+                   f.Over([](const StageFigures& s) { return s.rss_end; }) / 1048576);
+        result.Add(key + "_rss_growth_over_reported_max",
+                   f.Over([](const StageFigures& s) { return s.RssOverReported(); }));
         result.Add(key + "_step_s", f.step_s);
         result.Add(key + "_search_s", f.seconds);
         table << absl::StrFormat("%s %d %s %d %.4f %.4f\n", fam, k, Mode(mode), f.params, ratio,
-                                 f.MaxOver(false, settings.cap_bytes));
+                                 f.Over(PeakOverPredicted));
         std::vector<std::string> per_stage, tries;
         for (size_t s = 0; s < f.stages.size(); ++s) {
           per_stage.push_back(absl::StrFormat(
               "s%d peak/predicted %.1f/%.1f MiB (x%.3f), rss idle/training/end %.0f/%.0f/%.0f MiB "
-              "(growth/peak x%.3f)", s,
-              f.stages[s].measured / 1048576, f.stages[s].predicted / 1048576,
+              "(growth/peak x%.3f)",
+              s, f.stages[s].measured / 1048576, f.stages[s].predicted / 1048576,
               f.stages[s].measured / f.stages[s].predicted, f.stages[s].rss_idle / 1048576,
               f.stages[s].rss_training / 1048576, f.stages[s].rss_end / 1048576,
               f.stages[s].RssOverReported()));
         }
         for (const auto& t : f.tries)
-          tries.push_back(absl::StrCat("n=", t.n, t.failure.empty() ? " trained" : ": " + t.failure));
+          tries.push_back(
+              absl::StrCat("n=", t.n, t.failure.empty() ? " trained" : ": " + t.failure));
         result.Label(key + "_stages", absl::StrJoin(per_stage, "; "));
         result.Label(key + "_tries", absl::StrJoin(tries, " | "));
       }
@@ -543,12 +547,14 @@ absl::StatusOr<BenchResult> RunModelSizeBench(const BenchOptions&) {
   }
   result.Label("target_peak_within_10pct_of_predicted",
                absl::StrFormat("%s (largest |measured / predicted - 1| over every stage of every "
-                               "run: %.3f)", worst <= 0.1 ? "PASS" : "MISS", worst));
+                               "run: %.3f)",
+                               worst <= 0.1 ? "PASS" : "MISS", worst));
   result.Add("gpipe_k1_never_params", kGpipeParamsK1Never);
   result.Add("gpipe_k1_always_params", kGpipeParamsK1Always);
   result.Add("gpipe_k8_always_params", kGpipeParamsK8Always);
   result.Add("gpipe_k1_remat_gain", kGpipeParamsK1Always / kGpipeParamsK1Never);
-  result.Add("gpipe_k8_always_ratio_to_k_times_1", kGpipeParamsK8Always / (8 * kGpipeParamsK1Always));
+  result.Add("gpipe_k8_always_ratio_to_k_times_1",
+             kGpipeParamsK8Always / (8 * kGpipeParamsK1Always));
   result.Label("table", table.str());
   if (!settings.data_out.empty()) RETURN_IF_ERROR(WriteFile(settings.data_out, table.str()));
   return result;

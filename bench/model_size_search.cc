@@ -33,7 +33,8 @@ absl::StatusOr<StepDownResult> StepDown(int64_t start, int64_t lo, int max_tries
                                         const std::function<absl::Status(int64_t n)>& check) {
   if (start < lo || max_tries < 1) {
     return absl::InvalidArgumentError(absl::StrCat("step down from ", start, " to ", lo, " in ",
-                                                   max_tries, " tries: need start >= lo and "
+                                                   max_tries,
+                                                   " tries: need start >= lo and "
                                                    "at least one try"));
   }
   StepDownResult result;

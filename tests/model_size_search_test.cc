@@ -101,13 +101,14 @@ TEST(StepDownTest, GivesUpAtLoOrAfterMaxTriesNamingTheLastFailure) {
 }
 
 TEST(ModelFamilyTest, SizesGrowTheRightDimension) {
-  FamilySpec depth{ModelFamily::kDepth, {.vocab_size = 256, .seq_len = 32, .d_model = 64,
-                                         .n_heads = 4, .n_layers = 0}};
+  FamilySpec depth{ModelFamily::kDepth,
+                   {.vocab_size = 256, .seq_len = 32, .d_model = 64, .n_heads = 4, .n_layers = 0}};
   EXPECT_EQ(ModelOfSize(depth, 7).n_layers, 7);
   EXPECT_EQ(ModelOfSize(depth, 7).d_model, 64);
   EXPECT_EQ(SmallestSize(depth, 8), 6);  // 6 blocks + embedding + head = 8 layers
-  FamilySpec width{ModelFamily::kWidth, {.vocab_size = 256, .seq_len = 32, .d_model = 0,
-                                         .n_heads = 4, .n_layers = 8}, 32};
+  FamilySpec width{ModelFamily::kWidth,
+                   {.vocab_size = 256, .seq_len = 32, .d_model = 0, .n_heads = 4, .n_layers = 8},
+                   32};
   EXPECT_EQ(ModelOfSize(width, 5).d_model, 160);
   EXPECT_EQ(ModelOfSize(width, 5).n_layers, 8);
 }
@@ -115,8 +116,8 @@ TEST(ModelFamilyTest, SizesGrowTheRightDimension) {
 // The planner-only search on a small config: MakePlan accepts the answer and refuses
 // the next size, for both families and both recompute modes.
 TEST(LargestPlannableTest, IsTheLastSizeMakePlanAccepts) {
-  const model::GptConfig base{.vocab_size = 256, .seq_len = 32, .d_model = 64, .n_heads = 4,
-                              .n_layers = 8};
+  const model::GptConfig base{
+      .vocab_size = 256, .seq_len = 32, .d_model = 64, .n_heads = 4, .n_layers = 8};
   for (ModelFamily family : {ModelFamily::kDepth, ModelFamily::kWidth}) {
     for (auto recompute : {pipetrain::v1::RECOMPUTE_NEVER, pipetrain::v1::RECOMPUTE_ALWAYS}) {
       FamilySpec spec{family, base, 32};
@@ -141,8 +142,8 @@ TEST(LargestPlannableTest, IsTheLastSizeMakePlanAccepts) {
 }
 
 TEST(LargestPlannableTest, RecomputeFitsMoreAndATinyCapNothing) {
-  FamilySpec spec{ModelFamily::kDepth, {.vocab_size = 256, .seq_len = 32, .d_model = 64,
-                                        .n_heads = 4, .n_layers = 0}};
+  FamilySpec spec{ModelFamily::kDepth,
+                  {.vocab_size = 256, .seq_len = 32, .d_model = 64, .n_heads = 4, .n_layers = 0}};
   planner::PlanOptions o;
   o.stages = 1;
   o.micro_batches = 8;
