@@ -5,6 +5,7 @@
 #include "bench/executor_bench.h"
 #include "bench/link_bench.h"
 #include "bench/scaling_bench.h"
+#include "bench/model_size_bench.h"
 #include "bench/compute_bench.h"
 #include "bench/cuda_bench.h"
 #include "bench/tokenize_bench.h"
@@ -29,6 +30,11 @@ const std::vector<Benchmark>& AllBenchmarks() {
        "stages vs speed, EMULATED stages: speedup over K = 1 for K = 1..8, M = 1..32 and 4 "
        "schedules vs the ideal K*M/(M+K-1) and the simulator's bound (1.0 = ideal)",
        RunScalingBench},
+      {"model-size",
+       "largest GPT that trains on K = 1, 2, 4, 8 real stages under one --memory-limit, "
+       "with and without re-materialization, deeper and wider: params vs K x the K = 1 "
+       "maximum, and measured peaks vs the planner's (GPipe's first experiment)",
+       RunModelSizeBench},
       {"compute",
        "cpu backend: training tokens/s of d_model 256, 8 layers, seq 128, batch 32 on 1 "
        "and 2 threads, achieved GFLOP/s vs sgemm GFLOP/s, and PyTorch CPU on the same "

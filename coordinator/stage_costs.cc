@@ -1,6 +1,7 @@
 #include "coordinator/stage_costs.h"
 
 #include <algorithm>
+#include <cstdint>
 
 namespace pipetrain::coordinator {
 
@@ -19,6 +20,15 @@ void SetCostsFromDevices(const std::vector<pipetrain::v1::DeviceInfo>& devices,
   }
   if (flops > 0) options.device_flops = flops;
   options.link_bytes_per_s = kLinkBytesPerSecond;
+  uint64_t memory = 0;
+  for (const pipetrain::v1::DeviceInfo& d : devices) {
+    if (d.memory_bytes() == 0) {
+      memory = 0;
+      break;
+    }
+    memory = memory == 0 ? d.memory_bytes() : std::min(memory, d.memory_bytes());
+  }
+  options.memory_cap_bytes = static_cast<double>(memory);
 }
 
 }  // namespace pipetrain::coordinator

@@ -3,6 +3,7 @@
 // functions of the plan, the spec and the stages' devices.
 #include "coordinator/stage_configure.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -135,6 +136,60 @@ TEST(StageCostsTest, ACpuWithoutAThreadCountCountsAsOneThread) {
   planner::PlanOptions o;
   SetCostsFromDevices(devices, o);
   EXPECT_DOUBLE_EQ(o.device_flops, 10e9);
+}
+
+TEST(StageCostsTest, TheSmallestStageMemoryCapsThePartition) {
+  std::vector<pb::DeviceInfo> devices(3);
+  devices[0].set_memory_bytes(80ull << 30);   // a GPU's whole memory
+  devices[1].set_memory_bytes(256ull << 20);  // a CPU stage's --memory-limit
+  devices[2].set_memory_bytes(1ull << 30);
+  planner::PlanOptions o;
+  SetCostsFromDevices(devices, o);
+  EXPECT_DOUBLE_EQ(o.memory_cap_bytes, 256.0 * (1 << 20));
+
+  devices.erase(devices.begin() + 1);
+  SetCostsFromDevices(devices, o);
+  EXPECT_DOUBLE_EQ(o.memory_cap_bytes, 1.0 * (1 << 30));
+}
+
+TEST(StageCostsTest, AStageOfUnknownMemoryLeavesTheCapOff) {
+  std::vector<pb::DeviceInfo> devices(2);
+  devices[0].set_memory_bytes(256ull << 20);  // devices[1] says nothing: no --memory-limit
+  planner::PlanOptions o;
+  o.memory_cap_bytes = 1e9;  // whatever was there before is replaced
+  SetCostsFromDevices(devices, o);
+  EXPECT_DOUBLE_EQ(o.memory_cap_bytes, 0);
+}
+
+// What the cap is for: the coordinator's plan is then made within the stages' memory,
+// and a model that cannot fit is refused by the planner, naming the stage and figures.
+TEST(StageCostsTest, WithTheStagesMemoryTheTooBigModelIsRefusedByThePlanner) {
+  planner::PlanOptions o;
+  o.model = {.vocab_size = 256, .seq_len = 16, .d_model = 64, .n_heads = 2, .n_layers = 8};
+  o.stages = 2;
+  o.micro_batches = 4;
+  o.batch_size = 8;
+  o.schedule = planner::ScheduleKind::kGpipe;
+  auto uncapped = planner::MakePlan(o);
+  ASSERT_THAT(uncapped, IsOk());
+  double need = 0;
+  for (const planner::StagePlan& s : uncapped->stages)
+    need = std::max(need, s.state_bytes + s.peak_activation_bytes);
+
+  std::vector<pb::DeviceInfo> devices(2);
+  for (pb::DeviceInfo& d : devices) d.set_memory_bytes(static_cast<uint64_t>(need / 4));
+  SetCostsFromDevices(devices, o);
+  auto refused = planner::MakePlan(o);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(), ::testing::HasSubstr("does not fit"));
+
+  for (pb::DeviceInfo& d : devices) d.set_memory_bytes(static_cast<uint64_t>(need * 2));
+  SetCostsFromDevices(devices, o);
+  auto fits = planner::MakePlan(o);
+  ASSERT_THAT(fits, IsOk());
+  for (const planner::StagePlan& s : fits->stages)
+    EXPECT_LE(s.state_bytes + s.peak_activation_bytes, need * 2) << "stage " << s.stage;
 }
 
 }  // namespace
