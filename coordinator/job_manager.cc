@@ -1,6 +1,11 @@
 #include "coordinator/job_manager.h"
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <functional>
+#include <limits>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -106,26 +111,29 @@ void JobManager::Shutdown() {
 
 absl::Status JobManager::CheckFits(const pb::JobSpec& spec) {
   ASSIGN_OR_RETURN(planner::PlanOptions po, planner::OptionsFromJobSpec(spec));
-  ASSIGN_OR_RETURN(planner::Plan plan, planner::MakePlan(po));
-  double need = 0;
-  for (const planner::StagePlan& s : plan.stages) {
-    need = std::max(need, s.state_bytes + s.peak_activation_bytes);
-  }
-  int enough = 0, live = 0;
+  // The live stages' memory, largest first; a stage that reports none counts as unlimited.
+  std::vector<double> memory;
   for (const pb::StageInfo& s : registry_.Snapshot()) {
     if (s.state() == pb::StageInfo::LOST) continue;
-    ++live;
-    if (s.device().memory_bytes() == 0 || s.device().memory_bytes() >= need) ++enough;
+    const uint64_t bytes = s.device().memory_bytes();
+    memory.push_back(bytes == 0 ? std::numeric_limits<double>::infinity()
+                                : static_cast<double>(bytes));
   }
   const int k = spec.pipeline().stages();
-  if (live >= k && enough < k) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model: does not fit the stages' memory: each of the ", k, " stages needs ", MiB(need),
-        " (weights, gradients, AdamW state and activations) but only ", enough, " of the ", live,
-        " registered stages have that much; use more stages (pipeline.stages), recompute "
-        "(pipeline.recompute=always), more micro-batches or a smaller model"));
+  if (static_cast<int>(memory.size()) < k) return absl::OkStatus();  // it waits for stages
+  std::sort(memory.begin(), memory.end(), std::greater<>());
+  // Planned as the runner will plan it: split within the memory of the K best stages.
+  const double cap = memory[k - 1];
+  po.memory_cap_bytes = std::isinf(cap) ? 0 : cap;
+  absl::StatusOr<planner::Plan> plan = planner::MakePlan(po);
+  if (plan.ok() || plan.status().code() != absl::StatusCode::kResourceExhausted) {
+    return plan.status();
   }
-  return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "model: does not fit the stages' memory: the ", k, " registered stages with the most "
+      "memory have ", MiB(cap), " each, and ", plan.status().message(),
+      "; use more stages (pipeline.stages), recompute (pipeline.recompute=always), more "
+      "micro-batches or a smaller model"));
 }
 
 absl::StatusOr<std::string> JobManager::Submit(pb::JobSpec spec) {

@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
+#include "coordinator/planner/planner.h"
 #include "tests/testing/cluster_jobs.h"
 #include "tests/testing/local_cluster.h"
 
@@ -206,6 +207,46 @@ TEST_F(CoordinatorMemoryTest, AModelTooBigForTheStagesIsRefusedNamingTheMemory) 
   EXPECT_EQ(r->exit_code, 2) << r->out;
   EXPECT_THAT(r->err, HasSubstr("does not fit the stages' memory"));
   EXPECT_THAT(r->err, HasSubstr("pipeline.recompute"));
+}
+
+// A model that fits only when its layers are split within the stages' memory (1F1B keeps
+// more activations on the first stage) is accepted: submit plans it as the runner will.
+TEST_F(CoordinatorMemoryTest, AModelThatFitsOnlyWhenSplitWithinTheMemoryIsAccepted) {
+  constexpr double kCap = 2 << 20;
+  planner::PlanOptions o;
+  o.model = {256, 16, 32, 2, 2};
+  o.stages = 2;
+  o.micro_batches = 4;
+  o.batch_size = 8;
+  o.schedule = planner::ScheduleKind::kOneFOneB;
+  int layers = 0;
+  for (int n = 2; n < 200 && layers == 0; ++n) {
+    o.model.n_layers = n;
+    o.memory_cap_bytes = 0;
+    auto even = planner::MakePlan(o);
+    ASSERT_TRUE(even.ok()) << even.status();
+    double need = 0;
+    for (const auto& st : even->stages) need = std::max(need, st.state_bytes + st.peak_activation_bytes);
+    o.memory_cap_bytes = kCap;
+    if (need > kCap && planner::MakePlan(o).ok()) layers = n;
+  }
+  ASSERT_GT(layers, 0) << "no model fits only within the cap; change kCap";
+  auto cluster = LocalCluster::Start(dir_.File("state"), 2,
+                                     {"--memory-limit", absl::StrCat(static_cast<int64_t>(kCap))});
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  json spec = spec_;
+  spec["pipeline"] = {{"stages", 2}, {"micro_batches", 4}, {"schedule", "1f1b"}};
+  spec["model"]["n_layers"] = layers;
+  auto r = (*cluster)->Cli({"submit", WriteSpec(spec), "--no-wait"});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->exit_code, 0) << r->out << r->err;
+  (*cluster)->Cli({"cancel", "job-000001"}).IgnoreError();
+  // Four times as deep does not fit even so, and is refused naming the memory.
+  spec["model"]["n_layers"] = 4 * layers;
+  r = (*cluster)->Cli({"submit", WriteSpec(spec), "--no-wait"});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->exit_code, 2) << r->out;
+  EXPECT_THAT(r->err, HasSubstr("does not fit the stages' memory"));
 }
 
 // Emulated stages run the job's programs without weights: the job ends SUCCEEDED with
