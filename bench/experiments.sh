@@ -36,7 +36,8 @@ plot() {  # plot SCRIPT DATA OUT TITLE
 
 if wanted model-size; then
   say "1. Stages vs model size (real stage servers, each under the same --memory-limit)"
-  "$bin/pipetrain-bench" model-size --data-out "$data/model_size.dat" | tee "$data/model_size.txt"
+  PIPETRAIN_BENCH_DATA_OUT="$data/model_size.dat" "$bin/pipetrain-bench" model-size |
+    tee "$data/model_size.txt"
   plot model_size.gp "$data/model_size.dat" "$images/model_size.png" \
     "Largest GPT that trains, K stages of the same memory"
 fi

@@ -4,6 +4,7 @@
 if (!exists("title_text")) title_text = "Where each stage's time goes"
 set terminal pngcairo size 1100,480 font "DejaVu Sans,10"
 set output out
+set termoption noenhanced
 set title title_text
 set style data histograms
 set style histogram rowstacked

@@ -4,6 +4,7 @@
 if (!exists("title_text")) title_text = "Bubble: measured and predicted"
 set terminal pngcairo size 900,420 font "DejaVu Sans,10"
 set output out
+set termoption noenhanced
 set title title_text
 set xlabel "step"
 set ylabel "bubble (idle share of stage time)"

@@ -5,6 +5,7 @@
 if (!exists("title_text")) title_text = "One step, measured and predicted"
 set terminal pngcairo size 1100,560 font "DejaVu Sans,10"
 set output out
+set termoption noenhanced
 stats data using 4 nooutput
 tmax = STATS_max
 stats data using 2 nooutput

@@ -8,6 +8,7 @@
 if (!exists("title_text")) title_text = "Stages vs speed (emulated)"
 set terminal pngcairo size 1100,800 font "DejaVu Sans,10"
 set output out
+set termoption noenhanced
 schedules = "gpipe 1f1b interleaved zb-h1"
 colours = "#4C72B0 #DD8452 #55A868 #C44E52"
 set multiplot layout 2,2 title title_text
