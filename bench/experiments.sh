@@ -63,18 +63,31 @@ if wanted quickstart; then
   PIPETRAIN_ADDRESS=$(cat "$run_dir/address")
   job_of() { grep -oE 'job-[0-9]+' "$1" | head -1; }
 
-  # The time breakdown of the same model under three schedules.
-  pairs=()
-  for schedule in gpipe 1f1b zb-h1; do
+  # The time breakdown of the same model under three schedules; the 1F1B job's measured
+  # costs predict the other two before they run (`plan --costs-from`).
+  triples=()
+  for schedule in 1f1b gpipe zb-h1; do
+    if [ "$schedule" != 1f1b ]; then
+      "$bin/pipetrain" plan examples/tiny-gpt.json --costs-from "$id_1f1b" \
+        --schedule "$schedule" --json > "$data/whatif_$schedule.json"
+    fi
     "$bin/pipetrain" submit examples/tiny-gpt.json --set "pipeline.schedule=$schedule" \
       --set training.steps=40 --set data.validate_every_steps=0 --set checkpoint.every_steps=0 \
       > "$data/submit_$schedule.txt"
     id=$(job_of "$data/submit_$schedule.txt")
+    [ "$schedule" != 1f1b ] || id_1f1b=$id
     "$bin/pipetrain" timeline "$id" --breakdown --steps 20 | tee "$data/breakdown_$schedule.txt"
     "$bin/pipetrain" timeline "$id" --breakdown --steps 20 --json > "$data/breakdown_$schedule.json"
-    pairs+=("$schedule=$data/breakdown_$schedule.json")
+    "$bin/pipetrain" status "$id" --json > "$data/status_$schedule.json"
+    if [ "$schedule" != 1f1b ]; then
+      triples+=("$schedule=$data/whatif_$schedule.json,$data/breakdown_$schedule.json,$data/status_$schedule.json")
+    fi
   done
-  python3 bench/plots/experiment_data.py breakdown "$data/breakdown.dat" "${pairs[@]}"
+  echo "predicted from the 1F1B job's costs, against each schedule's own run:"
+  python3 bench/plots/experiment_data.py whatif "$data/whatif.dat" "${triples[@]}"
+  python3 bench/plots/experiment_data.py breakdown "$data/breakdown.dat" \
+    "gpipe=$data/breakdown_gpipe.json" "1f1b=$data/breakdown_1f1b.json" \
+    "zb-h1=$data/breakdown_zb-h1.json"
   plot breakdown.gp "$data/breakdown.dat" "$images/breakdown.png" \
     "Where each stage's time goes (tiny-gpt, 4 CPU stages, M = 8, mean of 20 steps)"
 

@@ -30,11 +30,12 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 // The emulated device: a micro-batch's whole-model forward + backward (1 row of 128
-// tokens, 32 blocks of d_model 256: 21.5 GFLOP) takes ~86 ms, so that at K = 8 with two
-// interleaved chunks an action still lasts ~2-4 ms, well above the runtime's own costs.
-// PIPETRAIN_BENCH_SCALING_FLOPS overrides it (to see how the runtime's fixed costs per
-// action shrink against longer actions).
-constexpr double kDefaultDeviceFlops = 2.5e11;
+// tokens, 32 blocks of d_model 256: 21.5 GFLOP) takes ~215 ms, so that at K = 8 with two
+// interleaved chunks an action still lasts ~6-11 ms (a GPU stage's micro-batch of a
+// GPT-2-sized model is of that order), against the runtime's own ~0.1 ms an action and
+// ~10 ms a step. PIPETRAIN_BENCH_SCALING_FLOPS overrides it: at 2.5e11 those fixed costs
+// weigh 2.5 times more (docs/PERFORMANCE.md has both runs).
+constexpr double kDefaultDeviceFlops = 1e11;
 // The planner's link rate for the bound; the coordinator plans with the same 1 GB/s
 // (coordinator/stage_costs.cc), near what `pipetrain-bench link` measures on loopback.
 constexpr double kLinkBytesPerS = 1e9;
@@ -92,7 +93,7 @@ absl::StatusOr<double> DeviceFlops() {
   double flops = 0;
   if (!absl::SimpleAtod(text, &flops) || !(flops > 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "scaling: PIPETRAIN_BENCH_SCALING_FLOPS must be a positive FLOP rate such as 2.5e11, not '",
+        "scaling: PIPETRAIN_BENCH_SCALING_FLOPS must be a positive FLOP rate such as 1e11, not '",
         text, "'"));
   }
   return flops;

@@ -7,6 +7,7 @@ gnuplot scripts beside this file draw. Standard library only.
   experiment_data.py breakdown OUT LABEL=BREAKDOWN.json [LABEL=BREAKDOWN.json ...]
   experiment_data.py bubble STATUS.json OUT
   experiment_data.py scaling SCALING.dat OUT
+  experiment_data.py whatif OUT SCHEDULE=PLAN.json,BREAKDOWN.json,STATUS.json [...]
 """
 import json
 import sys
@@ -125,11 +126,39 @@ def scaling(in_path, out_path):
                 f.write("\n")
 
 
+def whatif(out_path, triples):
+    """Per schedule: the step time and bubble `pipetrain plan --costs-from` predicted
+    (PLAN.json, --json) against what the schedule's own job measured over the same
+    steps the breakdown averaged (BREAKDOWN.json: stage-time step; STATUS.json: each
+    step's bubble)."""
+    lines = ["# schedule predicted_step_ms measured_step_ms predicted_bubble measured_bubble"]
+    for t in triples:
+        schedule, files = t.split("=", 1)
+        plan_path, breakdown_path, status_path = files.split(",")
+        with open(plan_path) as f:
+            plan = json.load(f)
+        with open(breakdown_path) as f:
+            b = json.load(f)
+        with open(status_path) as f:
+            history = json.load(f).get("history", [])
+        steps = {int(x) for x in b.get("steps", [])}
+        bubbles = [h["bubble_measured"] for h in history if int(h["step"]) in steps]
+        measured_bubble = sum(bubbles) / len(bubbles) if bubbles else float("nan")
+        lines.append("%s %.2f %.2f %.3f %.3f" % (schedule, plan["step_time_s"] * 1e3,
+                                                 b["step_time_s"] * 1e3,
+                                                 plan["bubble_fraction"], measured_bubble))
+    with open(out_path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main(argv):
     if len(argv) == 5 and argv[1] == "gantt":
         gantt(argv[2], argv[3], argv[4])
     elif len(argv) >= 4 and argv[1] == "breakdown":
         breakdown(argv[2], argv[3:])
+    elif len(argv) >= 4 and argv[1] == "whatif":
+        whatif(argv[2], argv[3:])
     elif len(argv) == 4 and argv[1] == "scaling":
         scaling(argv[2], argv[3])
     elif len(argv) == 4 and argv[1] == "bubble":

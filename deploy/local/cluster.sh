@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # A pipetrain cluster on this machine: one coordinator and K stage servers on 127.0.0.1,
 # their logs and pids in the run folder.
-#   deploy/local/cluster.sh up     [--stages K] [--port P] [--run-dir DIR] [--secure]
+#   deploy/local/cluster.sh up     [--stages K] [--port P] [--device D] [--run-dir DIR] [--secure]
 #   deploy/local/cluster.sh status [--run-dir DIR]
 #   deploy/local/cluster.sh down   [--run-dir DIR]
 # `up` waits until every stage has registered and prints the address to use; `down`
@@ -13,19 +13,21 @@ usage() {
   sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
   echo "Options: --stages K (default 4), --port P for the coordinator (default 7400, 0 = any"
   echo "free port), --threads T compute threads per stage (default: cores / K, at least 1),"
-  echo "--run-dir DIR (default build/local-cluster), --secure: mutual TLS and a bearer token"
+  echo "--device D for every stage (default cpu; emulated:RATE runs no arithmetic, e.g."
+  echo "emulated:1e11), --run-dir DIR (default build/local-cluster), --secure: mutual TLS and a bearer token"
   echo "(certificates and token made in DIR/certs, DIR/token). Binaries come from"
   echo "\$PIPETRAIN_BIN (default build/bin)."
 }
 
 cmd=${1:-}
 [ $# -gt 0 ] && shift
-stages=4 port=7400 run_dir=build/local-cluster threads=0 secure=0
+stages=4 port=7400 run_dir=build/local-cluster threads=0 secure=0 device=cpu
 while [ $# -gt 0 ]; do
   case "$1" in
     --stages) stages=${2:?--stages needs a number}; shift 2 ;;
     --port) port=${2:?--port needs a number}; shift 2 ;;
     --threads) threads=${2:?--threads needs a number}; shift 2 ;;
+    --device) device=${2:?--device needs cpu, cuda:N or emulated:RATE}; shift 2 ;;
     --run-dir) run_dir=${2:?--run-dir needs a folder}; shift 2 ;;
     --secure) secure=1; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -115,7 +117,7 @@ case "$cmd" in
     http=$(grep -m1 "http listening on" "$run_dir/logs/coordinator.log" | sed 's/.* //')
     echo "$address" > "$run_dir/address"
     for ((i = 0; i < stages; i++)); do
-      "$bin/pipetrain-stage" --listen 127.0.0.1:0 --device cpu --threads "$threads" \
+      "$bin/pipetrain-stage" --listen 127.0.0.1:0 --device "$device" --threads "$threads" \
         --coordinator "$address" ${server_security[@]+"${server_security[@]}"} \
         > "$run_dir/logs/stage-$i.log" 2>&1 &
       echo $! > "$run_dir/pids/stage-$i.pid"
