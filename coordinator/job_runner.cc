@@ -259,8 +259,8 @@ class Runner {
   Prediction Predict() {
     Prediction p{plan_.simulation.bubble_fraction, plan_.simulation.step_time_s, false};
     if (measured_->steps() == 0) return p;
-    absl::StatusOr<planner::SimulationResult> sim =
-        planner::Simulate(plan_.programs, measured_->Fit(plan_.costs));
+    absl::StatusOr<planner::MeasuredCosts::Prediction> sim =
+        measured_->Predict(plan_.programs, plan_.costs, /*draws=*/16);
     if (!sim.ok()) return p;
     if (!fitted_logged_) {
       fitted_logged_ = true;

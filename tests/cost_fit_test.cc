@@ -106,6 +106,36 @@ TEST(CostFitTest, FittingASimulatedStepPredictsItAgain) {
   ExpectFitReproduces(ScheduleKind::kOneFOneB, 1, 4, 1);
 }
 
+// Predict draws each action's time from that very action's measured ones: with every
+// step alike it is the simulated step itself, and with two unlike steps it lies between.
+TEST(CostFitTest, PredictDrawsEachActionFromItsOwnMeasurements) {
+  ASSERT_OK_AND_ASSIGN(Plan plan, MakePlan(Options(ScheduleKind::kOneFOneB, 4, 8)));
+  const CostModel truth = WithRuntimeCosts(plan.costs);
+  ASSERT_OK_AND_ASSIGN(SimulationResult sim, Simulate(plan.programs, truth));
+  const double link = plan.options.link_bytes_per_s;
+  MeasuredCosts same(4, 1);
+  ASSERT_OK(same.AddStep(AsReported(sim, truth, link, 2)));
+  ASSERT_OK(same.AddStep(AsReported(sim, truth, link, 3)));
+  ASSERT_OK_AND_ASSIGN(MeasuredCosts::Prediction p, same.Predict(plan.programs, plan.costs, 8));
+  EXPECT_NEAR(p.step_time_s, sim.step_time_s, 2e-4);
+  EXPECT_NEAR(p.bubble_fraction, sim.bubble_fraction, 1e-3);
+
+  CostModel slow = truth;
+  for (auto& stage : slow.chunks) {
+    for (ChunkCost& cc : stage) cc.forward_s *= 2;
+  }
+  ASSERT_OK_AND_ASSIGN(SimulationResult slow_sim, Simulate(plan.programs, slow));
+  MeasuredCosts mixed(4, 1);
+  ASSERT_OK(mixed.AddStep(AsReported(sim, truth, link, 2)));
+  ASSERT_OK(mixed.AddStep(AsReported(slow_sim, slow, link, 3)));
+  ASSERT_OK_AND_ASSIGN(p, mixed.Predict(plan.programs, plan.costs, 16));
+  EXPECT_GT(p.step_time_s, sim.step_time_s);
+  EXPECT_LT(p.step_time_s, slow_sim.step_time_s);
+  // The same measurements give the same prediction.
+  ASSERT_OK_AND_ASSIGN(MeasuredCosts::Prediction again, mixed.Predict(plan.programs, plan.costs, 16));
+  EXPECT_EQ(again.step_time_s, p.step_time_s);
+}
+
 TEST(CostFitTest, MeansComeFromTheActionsAndTransfersFromWaitedMessages) {
   // Two stages, one micro-batch: F0 on stage 0 takes 10 ms and sends at 10-11 ms; stage 1
   // waits from 0 and has the tensor at 16 ms, 6 ms after the send began.

@@ -2,11 +2,13 @@
 
 #include <algorithm>
 #include <map>
+#include <random>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "common/model/gpt_config.h"
 #include "common/schedule/stage_program.h"
+#include "common/status_macros.h"
 
 namespace pipetrain::planner {
 
@@ -47,6 +49,9 @@ absl::Status MeasuredCosts::AddStep(const std::vector<pb::TimelineEvent>& events
     }
     const double d = (e.end_us() - e.start_us()) * 1e-6;
     const int c = a->chunk, j = schedule::VirtualStage(s, c, stages_);
+    if (schedule::IsCompute(a->kind) || a->kind == ActionKind::kOptimizerStep) {
+      sums.compute[{s, static_cast<int>(a->kind), a->micro_batch, c}] = d;
+    }
     switch (a->kind) {
       case ActionKind::kForward: slot(s, c, kF).Add(d); break;
       case ActionKind::kBackward: slot(s, c, kB).Add(d); break;
@@ -205,6 +210,43 @@ CostModel MeasuredCosts::Fit(const CostModel& planned) const {
     }
   }
   return fitted;
+}
+
+absl::StatusOr<MeasuredCosts::Prediction> MeasuredCosts::Predict(
+    const schedule::Schedule& programs, const CostModel& planned, int draws) const {
+  CostModel model = Fit(planned);
+  std::map<std::tuple<int, int, int, int>, std::vector<double>> by_action;
+  for (const StepSums& step : steps_) {
+    for (const auto& [key, seconds] : step.compute) by_action[key].push_back(seconds);
+  }
+  if (by_action.empty() || draws < 1) {
+    ASSIGN_OR_RETURN(SimulationResult sim, Simulate(programs, model));
+    return Prediction{sim.step_time_s, sim.bubble_fraction};
+  }
+  std::mt19937_64 rng(draws);  // the same prediction for the same measurements
+  model.draw_compute_s = [&](int s, const Action& a) {
+    auto it = by_action.find({s, static_cast<int>(a.kind), a.micro_batch, a.chunk});
+    if (it != by_action.end()) {
+      const std::vector<double>& v = it->second;
+      return v[std::uniform_int_distribution<size_t>(0, v.size() - 1)(rng)];
+    }
+    const ChunkCost& c = model.chunks[s][a.chunk];
+    switch (a.kind) {
+      case ActionKind::kForward: return c.forward_s;
+      case ActionKind::kBackward: return c.recompute_s + c.backward_input_s + c.backward_weight_s;
+      case ActionKind::kBackwardInput: return c.recompute_s + c.backward_input_s;
+      case ActionKind::kBackwardWeight: return c.backward_weight_s;
+      default:
+        return model.optimizer_stage_s.empty() ? model.optimizer_s : model.optimizer_stage_s[s];
+    }
+  };
+  Prediction mean;
+  for (int d = 0; d < draws; ++d) {
+    ASSIGN_OR_RETURN(SimulationResult sim, Simulate(programs, model));
+    mean.step_time_s += sim.step_time_s / draws;
+    mean.bubble_fraction += sim.bubble_fraction / draws;
+  }
+  return mean;
 }
 
 absl::StatusOr<CostRates> RatesFromMeasured(const Plan& plan, const MeasuredCosts& m) {

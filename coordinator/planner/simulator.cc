@@ -117,8 +117,10 @@ absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
                                                        : costs.optimizer_stage_s[s]);
         break;
     }
-    if (schedule::IsCompute(a.kind) || a.kind == ActionKind::kOptimizerStep)
+    if (schedule::IsCompute(a.kind) || a.kind == ActionKind::kOptimizerStep) {
+      if (costs.draw_compute_s) end = start + costs.draw_compute_s(s, a);
       r.busy_s[s] += end - start;
+    }
     r.events.push_back({s, a, start, end});
     clock[s] = end;
     return true;

@@ -5,6 +5,7 @@
 // sender is done with it; links run in parallel, with no contention between messages).
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -35,6 +36,9 @@ struct CostModel {
   std::vector<std::vector<ChunkCost>> chunks;  // [stage][chunk]
   double optimizer_s = 0;
   std::vector<double> optimizer_stage_s;  // per stage; when set, replaces optimizer_s
+  // When set, the time of every compute action (F, B, I, W, OPT) of a stage, in place of
+  // the figures above: one draw of a run whose action times vary (planner/cost_fit.h).
+  std::function<double(int stage, const schedule::Action& action)> draw_compute_s;
 };
 
 // Forward 1, backward 2 (I 1, W 1) per stage, split evenly over v chunks; free
