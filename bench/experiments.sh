@@ -29,7 +29,7 @@ cmake --build build -j "$(nproc)" --target pipetrain pipetrain-coordinator pipet
   pipetrain-bench
 mkdir -p "$data" "$images"
 bin=build/bin
-plot() {  # plot SCRIPT DATA OUT TITLE
+plot() {  # plot SCRIPT DATA OUT TITLE (no apostrophe: gnuplot reads it in quotes)
   gnuplot -e "data='$2'; out='$3'; title_text='$4'" "bench/plots/$1"
   echo "wrote $3"
 }
@@ -89,7 +89,7 @@ if wanted quickstart; then
     "gpipe=$data/breakdown_gpipe.json" "1f1b=$data/breakdown_1f1b.json" \
     "zb-h1=$data/breakdown_zb-h1.json"
   plot breakdown.gp "$data/breakdown.dat" "$images/breakdown.png" \
-    "Where each stage's time goes (tiny-gpt, 4 CPU stages, M = 8, mean of 20 steps)"
+    "Where the time of each stage goes (tiny-gpt, 4 CPU stages, M = 8, mean of 20 steps)"
 
   # The quickstart job itself: the bubble of every step against its fitted prediction,
   # and the last step's Gantt beside the prediction from the job's measured costs.
@@ -103,10 +103,10 @@ if wanted quickstart; then
   python3 bench/plots/experiment_data.py gantt "$data/measured_trace.json" \
     "$data/predicted_trace.json" "$data/gantt.dat"
   plot gantt.gp "$data/gantt.dat" "$images/gantt.png" \
-    "The quickstart's last step (1F1B, 4 CPU stages): measured, and predicted from its costs"
+    "The last step of the quickstart job (1F1B, 4 CPU stages): measured, and predicted from its costs"
   python3 bench/plots/experiment_data.py bubble "$data/quickstart_status.json" "$data/bubble.dat"
   plot bubble.gp "$data/bubble.dat" "$images/bubble.png" \
-    "The quickstart job's bubble per step: measured and predicted"
+    "The bubble of every step of the quickstart job: measured and predicted"
   # The target: within 0.05 on every step once the prediction is fitted (after step 5).
   awk '!/^#/ && $1 >= 5 && $3 != "NaN" { d = $2 - $3; if (d < 0) d = -d; n++; s += d;
          if (d > m) m = d; if (d > 0.05) over++ }
