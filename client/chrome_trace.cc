@@ -65,6 +65,18 @@ std::string TimelineToChromeTrace(const pb::Timeline& timeline) {
                         {"micro_batch", e.action().micro_batch()},
                         {"chunk", e.action().chunk()},
                         {"bytes", e.bytes()}}}});
+    // The forward a re-materializing backward re-runs first, nested inside it.
+    if (e.recompute_us() > 0) {
+      events.push_back({{"name", "recompute"},
+                        {"cat", "compute"},
+                        {"ph", "X"},
+                        {"pid", e.stage()},
+                        {"tid", kComputeTid},
+                        {"ts", start},
+                        {"dur", std::min(e.recompute_us(), std::max<int64_t>(0, e.end_us() - e.start_us()))},
+                        {"args", {{"step", e.step()}, {"micro_batch", e.action().micro_batch()},
+                                  {"chunk", e.action().chunk()}}}});
+    }
   }
   nlohmann::json trace;
   trace["traceEvents"] = std::move(events);

@@ -58,6 +58,27 @@ TEST(ChromeTraceTest, SpansCarryStageLaneNameTimesAndArgs) {
   EXPECT_EQ(spans[2]["name"], "OPT");
 }
 
+TEST(ChromeTraceTest, ARecomputingBackwardHoldsANestedRecomputeSpan) {
+  pb::Timeline t;
+  pb::TimelineEvent b = Event(3, 1, pb::BACKWARD, 4, 0, "compute", 100, 400);
+  b.set_recompute_us(120);
+  *t.add_events() = b;
+  *t.add_events() = Event(3, 1, pb::FORWARD, 5, 0, "compute", 400, 500);  // none: no span
+  const nlohmann::json trace = Trace(t);
+  std::vector<nlohmann::json> spans;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] == "X") spans.push_back(e);
+  }
+  ASSERT_EQ(spans.size(), 3u);
+  EXPECT_EQ(spans[0]["name"], "B4");
+  EXPECT_EQ(spans[1]["name"], "recompute");
+  EXPECT_EQ(spans[1]["ts"], 100);
+  EXPECT_EQ(spans[1]["dur"], 120);
+  EXPECT_EQ(spans[1]["tid"], 0);
+  EXPECT_EQ(spans[1]["args"]["micro_batch"], 4);
+  EXPECT_EQ(spans[2]["name"], "F5");
+}
+
 TEST(ChromeTraceTest, MetadataNamesEveryStageAndBothLanes) {
   pb::Timeline t;
   *t.add_events() = Event(1, 0, pb::FORWARD, 0, 0, "compute", 0, 5);
