@@ -27,9 +27,23 @@ absl::StatusOr<MeasuredJob> MeasuredJobFrom(const pb::JobStatus& job, const pb::
   for (const pb::TimelineEvent& e : timeline.events()) steps[e.step()].push_back(e);
   if (steps.size() > 1) steps.erase(1);  // warming up links and pools
   if (steps.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "--costs-from ", id, ": the coordinator has no timeline of it (no step has finished, "
-        "or it ran before the coordinator last started: timelines are kept in memory)"));
+    const pb::MeasuredCostRates& r = job.measured_costs();
+    if (!job.has_measured_costs() || r.steps() == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--costs-from ", id, ": the coordinator has no timeline of it and no measured costs "
+          "recorded with it (no step has finished yet, or it ran before this version)"));
+    }
+    planner::CostRates rates;
+    rates.forward_s_per_flop = r.forward_s_per_flop();
+    rates.backward_input_s_per_flop = r.backward_input_s_per_flop();
+    rates.backward_weight_s_per_flop = r.backward_weight_s_per_flop();
+    rates.optimizer_s_per_param = r.optimizer_s_per_param();
+    rates.send_busy_s = r.send_busy_s();
+    rates.recv_busy_s = r.recv_busy_s();
+    rates.transfer_s_per_byte = r.transfer_s_per_byte();
+    rates.steps = r.steps();
+    return MeasuredJob{*std::move(plan), planner::MeasuredCosts(options->stages, options->chunks),
+                       rates, r.first_step(), r.last_step(), /*from_record=*/true};
   }
   MeasuredJob out{*std::move(plan), planner::MeasuredCosts(options->stages, options->chunks,
                                                            static_cast<int>(steps.size())),
@@ -57,7 +71,7 @@ absl::StatusOr<planner::Plan> PlanWithMeasuredCosts(planner::PlanOptions options
                     options.micro_batches == m.micro_batches && options.chunks == m.chunks &&
                     options.schedule == m.schedule && options.recompute == m.recompute &&
                     options.batch_size == m.batch_size && options.partition == m.partition;
-  if (same) {
+  if (same && measured.costs.steps() > 0) {
     plan.costs = measured.costs.Fit(plan.costs);
     ASSIGN_OR_RETURN(plan.simulation, planner::Simulate(plan.programs, plan.costs));
     for (size_t s = 0; s < plan.stages.size(); ++s) {
@@ -70,10 +84,11 @@ absl::StatusOr<planner::Plan> PlanWithMeasuredCosts(planner::PlanOptions options
 std::string DescribeMeasured(const std::string& job_id, const MeasuredJob& m) {
   const planner::PlanOptions& o = m.plan.options;
   return absl::StrFormat(
-      "Costs measured on %s (steps %d-%d: %d stages, %s, %d micro-batches): forward %.3g "
+      "Costs measured on %s (steps %d-%d%s: %d stages, %s, %d micro-batches): forward %.3g "
       "GFLOP/s, backward %.3g (input) and %.3g (weight) GFLOP/s, links %.3g MB/s, %.3g ms a "
       "send, %.3g ms a receive, optimizer %.3g ns a parameter\n",
-      job_id, m.first_step, m.last_step, o.stages, planner::ScheduleName(o.schedule),
+      job_id, m.first_step, m.last_step, m.from_record ? ", as recorded with the job" : "",
+      o.stages, planner::ScheduleName(o.schedule),
       o.micro_batches, m.rates.forward_s_per_flop > 0 ? 1e-9 / m.rates.forward_s_per_flop : 0,
       m.rates.backward_input_s_per_flop > 0 ? 1e-9 / m.rates.backward_input_s_per_flop : 0,
       m.rates.backward_weight_s_per_flop > 0 ? 1e-9 / m.rates.backward_weight_s_per_flop : 0,

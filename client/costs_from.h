@@ -21,12 +21,16 @@ struct MeasuredJob {
   planner::MeasuredCosts costs;
   planner::CostRates rates;
   int64_t first_step = 0, last_step = 0;  // the steps measured
+  // True when the rates are the ones stored with the job (JobStatus.measured_costs)
+  // because the coordinator has no timeline of it any more: no per-chunk figures then.
+  bool from_record = false;
 };
 
-// Errors name the job: no step measured (too early, or a job this coordinator did not
-// run: timelines are kept in memory), a spec the planner refuses, a timeline that does
-// not fit the job's shape. The job's first step warms up and is left out when others
-// are there.
+// From the job's timeline (its latest steps, kept in the coordinator's memory), else
+// from the rates stored with it (`measured_costs`, every 20 steps and at its end).
+// Errors name the job: nothing measured (no step has finished), a spec the planner
+// refuses, a timeline that does not fit the job's shape. The job's first step warms up
+// and is left out when others are there.
 absl::StatusOr<MeasuredJob> MeasuredJobFrom(const pipetrain::v1::JobStatus& job,
                                             const pipetrain::v1::Timeline& timeline);
 

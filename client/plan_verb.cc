@@ -33,7 +33,11 @@ int FetchMeasuredJob(const RemoteFlags& connection, const std::string& job_id, s
     pb::GetTimelineRequest request;
     request.set_job_id(job_id);
     request.set_last_steps(20);  // the coordinator keeps at most this many
-    if (grpc::Status st = remote.stub().GetTimeline(&context, request, &timeline); !st.ok()) {
+    grpc::Status st = remote.stub().GetTimeline(&context, request, &timeline);
+    // A job from before the coordinator's last start has no timeline: its stored rates.
+    if (st.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      timeline.Clear();
+    } else if (!st.ok()) {
       return remote.Fail(st, err);
     }
   }

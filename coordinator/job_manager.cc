@@ -285,6 +285,10 @@ void JobManager::Drive(LiveJob* job, std::vector<StageRecord> stages) {
     }
     Log(job, absl::StrCat("checkpoint of step ", step, " written to ", dir));
   };
+  hooks.measured = [&](const pb::MeasuredCostRates& rates) {
+    absl::MutexLock lock(&mu_);
+    *job->status.mutable_measured_costs() = rates;  // stored with the step's status
+  };
   hooks.cancelled = [&] { return job->cancel.load() || shutting_down_.load(); };
   RunOutcome out = RunJob(id, spec, runner_stages, options, hooks);
   if (out.state == pb::JobStatus::CANCELLED && !job->cancel.load()) {

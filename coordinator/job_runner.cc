@@ -49,6 +49,7 @@ class Runner {
         record->set_val_loss(*val);
         record->set_has_val_loss(true);
       }
+      if (step % 20 == 0 || step == steps) ReportMeasured(step);
       hooks_.step(*record, std::move(timeline_));
       if ((every > 0 && step % every == 0) || step == steps) {
         if (absl::Status s = Checkpoint(step); !s.ok()) return Fail(s);
@@ -246,6 +247,25 @@ class Runner {
     record.set_step_time_predicted_s(predicted.step_time_s);
     record.set_predicted_fitted(predicted.fitted);
     return record;
+  }
+
+  // The latest steps' costs as rates, for `pipetrain plan --costs-from` after the job.
+  void ReportMeasured(int64_t step) {
+    if (!hooks_.measured || measured_->steps() == 0) return;
+    absl::StatusOr<planner::CostRates> r = planner::RatesFromMeasured(plan_, *measured_);
+    if (!r.ok()) return;
+    pb::MeasuredCostRates m;
+    m.set_forward_s_per_flop(r->forward_s_per_flop);
+    m.set_backward_input_s_per_flop(r->backward_input_s_per_flop);
+    m.set_backward_weight_s_per_flop(r->backward_weight_s_per_flop);
+    m.set_optimizer_s_per_param(r->optimizer_s_per_param);
+    m.set_send_busy_s(r->send_busy_s);
+    m.set_recv_busy_s(r->recv_busy_s);
+    m.set_transfer_s_per_byte(r->transfer_s_per_byte);
+    m.set_steps(r->steps);
+    m.set_first_step(step - r->steps + 1);
+    m.set_last_step(step);
+    hooks_.measured(m);
   }
 
   struct Prediction {

@@ -32,6 +32,8 @@ struct RunnerHooks {
   std::function<void(const pipetrain::v1::StepRecord&,
                      std::vector<pipetrain::v1::TimelineEvent>)> step;
   std::function<void(const std::string& dir, int64_t step)> checkpoint;
+  // The rates the latest steps measured (for `plan --costs-from`); may be unset.
+  std::function<void(const pipetrain::v1::MeasuredCostRates&)> measured;
   std::function<bool()> cancelled;
 };
 

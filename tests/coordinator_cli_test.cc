@@ -249,6 +249,35 @@ TEST_F(CoordinatorMemoryTest, AModelThatFitsOnlyWhenSplitWithinTheMemoryIsAccept
   EXPECT_THAT(r->err, HasSubstr("does not fit the stages' memory"));
 }
 
+// A job's measured costs are stored with it, so `plan --costs-from` works after the
+// coordinator that ran it has restarted (and lost its timelines).
+using CoordinatorCostsTest = testing::ClusterJobTest;
+
+TEST_F(CoordinatorCostsTest, MeasuredCostsOutliveTheCoordinatorsTimelines) {
+  auto cluster = LocalCluster::Start(dir_.File("state"), 2);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::string spec = WriteSpec(spec_);
+  auto r = (*cluster)->Cli({"submit", spec, "--set", "pipeline.stages=2"});
+  ASSERT_TRUE(r.ok());
+  ASSERT_EQ(r->exit_code, 0) << r->out << r->err;
+  auto status = (*cluster)->Cli({"status", "job-000001", "--json"});
+  ASSERT_TRUE(status.ok());
+  const json job = json::parse(status->out);
+  ASSERT_TRUE(job.contains("measured_costs")) << status->out;
+  EXPECT_GT(job["measured_costs"]["forward_s_per_flop"].get<double>(), 0);
+  EXPECT_EQ(job["measured_costs"]["last_step"], "4");
+
+  auto live = (*cluster)->Cli({"plan", spec, "--costs-from", "job-000001"});
+  ASSERT_TRUE(live.ok());
+  EXPECT_EQ(live->exit_code, 0) << live->err;
+  EXPECT_THAT(live->out, HasSubstr("Costs measured on job-000001 (steps 2-4: 2 stages"));
+  ASSERT_TRUE((*cluster)->RestartCoordinator(2).ok());
+  auto later = (*cluster)->Cli({"plan", spec, "--costs-from", "job-000001", "--stages", "1"});
+  ASSERT_TRUE(later.ok());
+  EXPECT_EQ(later->exit_code, 0) << later->err;
+  EXPECT_THAT(later->out, HasSubstr("as recorded with the job"));
+}
+
 // Emulated stages run the job's programs without weights: the job ends SUCCEEDED with
 // every step recorded, and says why it wrote no checkpoint.
 using CoordinatorEmulatedTest = testing::ClusterJobTest;

@@ -130,6 +130,32 @@ TEST(CostsFromTest, AJobWithoutATimelineSaysWhy) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("stage 3")));
 }
 
+// Without a timeline (a coordinator restarted since), the rates stored with the job.
+TEST(CostsFromTest, FallsBackToTheRatesRecordedWithTheJob) {
+  pb::JobStatus job = Job();
+  absl::StatusOr<MeasuredJob> fresh = MeasuredJobFrom(job, TimelineOf(job, 3));
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  pb::MeasuredCostRates& r = *job.mutable_measured_costs();
+  r.set_forward_s_per_flop(fresh->rates.forward_s_per_flop);
+  r.set_backward_input_s_per_flop(fresh->rates.backward_input_s_per_flop);
+  r.set_backward_weight_s_per_flop(fresh->rates.backward_weight_s_per_flop);
+  r.set_transfer_s_per_byte(fresh->rates.transfer_s_per_byte);
+  r.set_steps(5);
+  r.set_first_step(6);
+  r.set_last_step(10);
+  absl::StatusOr<MeasuredJob> m = MeasuredJobFrom(job, pb::Timeline());
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_TRUE(m->from_record);
+  EXPECT_EQ(m->first_step, 6);
+  EXPECT_EQ(m->last_step, 10);
+  EXPECT_THAT(DescribeMeasured("job-000007", *m), HasSubstr("steps 6-10, as recorded with the job"));
+  // The same shape plans with the rates (no per-chunk figures): the true step again.
+  const planner::PlanOptions same = *planner::OptionsFromJobSpec(job.spec());
+  absl::StatusOr<planner::Plan> p = PlanWithMeasuredCosts(same, *m);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_NEAR(p->simulation.step_time_s / TruePlan(same).simulation.step_time_s, 1, 2e-3);
+}
+
 TEST(CostsFromTest, PlanVerbUsesTheJobsCostsFromTheCoordinator) {
   FakeCoordinator fake;
   fake.job_id = "job-000007";
