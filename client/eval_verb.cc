@@ -133,20 +133,12 @@ int RunEval(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     return usage(absl::StrCat("--batch ", batch, " is more than ", kMaxBatch, " rows"));
   }
 
-  auto checkpoint = model::LoadWholeCheckpoint(checkpoint_path, "--checkpoint");
+  auto checkpoint = model::LoadWholeModel(checkpoint_path, "--checkpoint", "eval");
   if (!checkpoint.ok()) {
     err << "pipetrain eval: " << checkpoint.status().message() << "\n";
     return kExitUsage;
   }
   const model::GptConfig config = checkpoint->config;
-  if (checkpoint->layer_begin != 0 || checkpoint->layer_end != config.num_pipeline_layers()) {
-    err << absl::StrFormat(
-        "pipetrain eval: --checkpoint: %s holds pipeline layers [%d, %d) of %d; eval needs the "
-        "whole model (a stage's checkpoint holds only its own layers)\n",
-        checkpoint_path, checkpoint->layer_begin, checkpoint->layer_end,
-        config.num_pipeline_layers());
-    return kExitUsage;
-  }
   absl::StatusOr<model::TokenBatch> tokens =
       text_path.empty() ? LeadingTokens(tokens_path, *format, config, batch)
                         : LeadingText(text_path, config, batch);

@@ -41,22 +41,12 @@ int RunExportHf(const std::vector<std::string>& args, std::ostream& out, std::os
   if (out_dir.empty()) return usage("--out DIR is required (the folder to write)");
   const std::string& path = positionals[0];
 
-  auto checkpoint = model::LoadWholeCheckpoint(path, "CHECKPOINT");
+  auto checkpoint = model::LoadWholeModel(path, "CHECKPOINT", "a Hugging Face folder");
   if (!checkpoint.ok()) {
     err << "pipetrain export-hf: " << checkpoint.status().message() << "\n";
     return kExitUsage;
   }
   const model::GptConfig& config = checkpoint->config;
-  if (checkpoint->layer_begin != 0 || checkpoint->layer_end != config.num_pipeline_layers()) {
-    err << absl::StrFormat(
-        "pipetrain export-hf: CHECKPOINT: %s holds pipeline "
-        "layers [%d, %d) of %d; a Hugging "
-        "Face folder needs the whole model (give the job's "
-        "checkpoint folder, not one stage's "
-        "file)\n",
-        path, checkpoint->layer_begin, checkpoint->layer_end, config.num_pipeline_layers());
-    return kExitUsage;
-  }
   if (absl::Status s = model::ExportHfGpt2Folder(*checkpoint, out_dir); !s.ok()) {
     err << "pipetrain export-hf: cannot write " << out_dir << ": " << s.message() << "\n";
     return kExitJobFailed;

@@ -125,7 +125,8 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
       "invalid checkpoint, a prompt token outside the model's vocabulary, or no such device.");
   flags.AddString("checkpoint", &checkpoint_path,
                   "whole-model checkpoint: a .safetensors file (pipetrain init, train-local "
-                  "--save) or a job's checkpoint folder (pipetrain status ID: checkpoint)",
+                  "--save), a job's checkpoint folder (pipetrain status ID: checkpoint) or a "
+                  "Hugging Face GPT-2 folder",
                   "CKPT");
   flags.AddString("prompt", &prompt, "the text to continue (not empty)", "TEXT");
   flags.AddInt("tokens", &tokens, "tokens to generate (>= 0)", "N");
@@ -177,17 +178,9 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
     return fail(kExitUsage, absl::StrCat("--checkpoint: '", checkpoint_path, "' does not exist"));
   }
   absl::StatusOr<model::Checkpoint> checkpoint =
-      model::LoadWholeCheckpoint(checkpoint_path, "--checkpoint");
+      model::LoadWholeModel(checkpoint_path, "--checkpoint", "generate");
   if (!checkpoint.ok()) return fail(kExitUsage, checkpoint.status().message());
   const model::GptConfig config = checkpoint->config;
-  if (checkpoint->layer_begin != 0 || checkpoint->layer_end != config.num_pipeline_layers()) {
-    return fail(kExitUsage,
-                absl::StrFormat("--checkpoint: %s holds pipeline layers [%d, %d) of %d; "
-                                "generate needs the whole model (give the job's checkpoint "
-                                "folder, not one stage's file)",
-                                checkpoint_path, checkpoint->layer_begin, checkpoint->layer_end,
-                                config.num_pipeline_layers()));
-  }
   if (config.vocab_size > tokenizer->vocab_size) {
     return fail(kExitUsage,
                 absl::StrFormat("--tokenizer %s decodes ids below %d, but %s has vocab_size %d",

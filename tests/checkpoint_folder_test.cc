@@ -84,6 +84,14 @@ TEST(CheckpointFilesTest, ErrorsNameTheFieldAndWhatIsWrong) {
   EXPECT_THAT(
       LoadWholeCheckpoint(dir.path(), "init_from").status(),
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model.safetensors.index.json")));
+  // One stage's file is a checkpoint, but not of the whole model.
+  auto part = SliceCheckpoint(Whole(), 0, 2);
+  ASSERT_THAT(part.status(), IsOk());
+  ASSERT_THAT(SaveCheckpoint(dir.File("stage-0.safetensors"), *part), IsOk());
+  EXPECT_THAT(LoadWholeModel(dir.File("stage-0.safetensors"), "--checkpoint", "eval").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("--checkpoint: " + dir.File("stage-0.safetensors") +
+                                 " holds pipeline layers [0, 2) of 5; eval needs the whole model")));
   EXPECT_THAT(SliceCheckpoint(Whole(), 3, 9).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[3, 9)")));
 }

@@ -36,6 +36,19 @@ absl::Status WriteCheckpointFolder(const std::string& dir, const std::vector<Chu
                                      paths);
 }
 
+absl::StatusOr<model::Checkpoint> LoadWholeModel(const std::string& path, const std::string& field,
+                                                 absl::string_view needed_by) {
+  ASSIGN_OR_RETURN(model::Checkpoint c, LoadWholeCheckpoint(path, field));
+  const int layers = c.config.num_pipeline_layers();
+  if (c.layer_begin != 0 || c.layer_end != layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", path, " holds pipeline layers [", c.layer_begin, ", ", c.layer_end, ") of ",
+        layers, "; ", needed_by, " needs the whole model (give the job's checkpoint folder, "
+        "not one stage's file)"));
+  }
+  return c;
+}
+
 absl::StatusOr<model::Checkpoint> LoadWholeCheckpoint(const std::string& path,
                                                       const std::string& field) {
   std::error_code ec;

@@ -34,6 +34,12 @@ absl::Status WriteCheckpointFolder(const std::string& dir, const std::vector<Chu
 absl::StatusOr<model::Checkpoint> LoadWholeCheckpoint(const std::string& path,
                                                       const std::string& field);
 
+// LoadWholeCheckpoint that also refuses a checkpoint of some pipeline layers only (one
+// stage's file): INVALID_ARGUMENT naming `field`, the path, the layers it holds, and
+// that `needed_by` (e.g. "generate") needs the whole model.
+absl::StatusOr<model::Checkpoint> LoadWholeModel(const std::string& path, const std::string& field,
+                                                 absl::string_view needed_by);
+
 // A whole-model checkpoint made fit to start a job whose model is `model`. Every model.*
 // field must match (the error starts with `source` and names the field, with both
 // values) except seq_len, which may be smaller than the checkpoint's: the job takes the
