@@ -22,6 +22,12 @@ void MeasuredCosts::Sum::Add(double s, double b) {
   ++count;
 }
 
+void MeasuredCosts::Sum::Add(const Sum& other) {
+  seconds += other.seconds;
+  bytes += other.bytes;
+  count += other.count;
+}
+
 MeasuredCosts::MeasuredCosts(int stages, int chunks, int window)
     : stages_(stages), chunks_(chunks), window_(std::max(1, window)) {}
 
@@ -69,7 +75,8 @@ absl::Status MeasuredCosts::AddStep(const std::vector<pb::TimelineEvent>& events
         break;
     }
   }
-  // Where the receiver waited from before the send ended, its end is the arrival.
+  // A receive's end is the tensor's arrival where it began waiting before the send did;
+  // one that began after the send ended found the tensor there (its time: the taking).
   for (const auto& [a, recv] : receives) {
     const int j = schedule::VirtualStage(recv->stage(), a.chunk, stages_);
     const bool act = a.kind == ActionKind::kRecvActivation;
@@ -101,32 +108,26 @@ absl::Status MeasuredCosts::AddStep(const std::vector<pb::TimelineEvent>& events
 MeasuredCosts::Sum MeasuredCosts::Total(int stage, int chunk, Slot slot) const {
   Sum total;
   for (const StepSums& step : steps_) {
-    const Sum& one = step.chunk[(static_cast<size_t>(stage) * chunks_ + chunk) * kSlots + slot];
-    total.seconds += one.seconds;
-    total.bytes += one.bytes;
-    total.count += one.count;
+    total.Add(step.chunk[(static_cast<size_t>(stage) * chunks_ + chunk) * kSlots + slot]);
   }
   return total;
 }
 
 std::vector<std::vector<ChunkMeasure>> MeasuredCosts::Means() const {
   std::vector<std::vector<ChunkMeasure>> out(stages_, std::vector<ChunkMeasure>(chunks_));
-  auto mean = [](const Sum& s) { return s.count > 0 ? s.seconds / s.count : -1.0; };
   for (int s = 0; s < stages_; ++s) {
     for (int c = 0; c < chunks_; ++c) {
       ChunkMeasure& m = out[s][c];
-      m.forward_s = mean(Total(s, c, kF));
-      m.backward_s = mean(Total(s, c, kB));
-      m.backward_input_s = mean(Total(s, c, kI));
-      m.backward_weight_s = mean(Total(s, c, kW));
+      m.forward_s = Total(s, c, kF).Mean();
+      m.backward_s = Total(s, c, kB).Mean();
+      m.backward_input_s = Total(s, c, kI).Mean();
+      m.backward_weight_s = Total(s, c, kW).Mean();
       const Sum send = Total(s, c, kSend);
-      m.send_busy_s = mean(send);
-      m.recv_busy_s = mean(Total(s, c, kRecv));
-      const Sum ta = Total(s, c, kTransferAct), tg = Total(s, c, kTransferGrad);
-      m.transfer_activation_s = mean(ta);
-      m.transfer_gradient_s = mean(tg);
-      m.activation_bytes = ta.count > 0 ? ta.bytes / ta.count : 0;
-      m.gradient_bytes = tg.count > 0 ? tg.bytes / tg.count : 0;
+      m.send_busy_s = send.Mean();
+      m.send_bytes = send.count > 0 ? send.bytes / send.count : 0;
+      m.recv_busy_s = Total(s, c, kRecv).Mean();
+      m.transfer_activation_s = Total(s, c, kTransferAct).Mean();
+      m.transfer_gradient_s = Total(s, c, kTransferGrad).Mean();
     }
   }
   return out;
@@ -136,11 +137,8 @@ std::vector<double> MeasuredCosts::OptimizerMeans() const {
   std::vector<double> out(stages_, -1);
   for (int s = 0; s < stages_; ++s) {
     Sum total;
-    for (const StepSums& step : steps_) {
-      total.seconds += step.optimizer[s].seconds;
-      total.count += step.optimizer[s].count;
-    }
-    if (total.count > 0) out[s] = total.seconds / total.count;
+    for (const StepSums& step : steps_) total.Add(step.optimizer[s]);
+    out[s] = total.Mean();
   }
   return out;
 }
@@ -187,19 +185,14 @@ CostModel MeasuredCosts::Fit(const CostModel& planned) const {
       }
       if (m.send_busy_s >= 0) cc.send_busy_s = m.send_busy_s;
       if (m.recv_busy_s >= 0) cc.recv_busy_s = m.recv_busy_s;
-      // A message never waited for still takes the link's measured time per byte.
-      auto transfer = [&](double measured, double bytes, int receiver, double guess) {
+      // A message never waited for takes the link's measured time per byte (the plan's
+      // guess when no message anywhere was waited for).
+      auto transfer = [&](double measured, int receiver, double guess) {
         if (measured >= 0) return std::max(0.0, measured - recv_busy(receiver));
-        return per_byte > 0 && bytes > 0 ? bytes * per_byte : (per_byte > 0 ? 0.0 : guess);
+        return per_byte > 0 ? m.send_bytes * per_byte : guess;
       };
-      const Sum sa = Total(s, c, kSend);
-      const double mean_send_bytes = sa.count > 0 ? sa.bytes / sa.count : 0;
-      cc.send_activation_s = transfer(m.transfer_activation_s,
-                                      m.activation_bytes > 0 ? m.activation_bytes : mean_send_bytes,
-                                      j + 1, cc.send_activation_s);
-      cc.send_gradient_s = transfer(m.transfer_gradient_s,
-                                    m.gradient_bytes > 0 ? m.gradient_bytes : mean_send_bytes,
-                                    j - 1, cc.send_gradient_s);
+      cc.send_activation_s = transfer(m.transfer_activation_s, j + 1, cc.send_activation_s);
+      cc.send_gradient_s = transfer(m.transfer_gradient_s, j - 1, cc.send_gradient_s);
     }
   }
   const std::vector<double> opt = OptimizerMeans();
@@ -226,19 +219,9 @@ absl::StatusOr<MeasuredCosts::Prediction> MeasuredCosts::Predict(
   std::mt19937_64 rng(draws);  // the same prediction for the same measurements
   model.draw_compute_s = [&](int s, const Action& a) {
     auto it = by_action.find({s, static_cast<int>(a.kind), a.micro_batch, a.chunk});
-    if (it != by_action.end()) {
-      const std::vector<double>& v = it->second;
-      return v[std::uniform_int_distribution<size_t>(0, v.size() - 1)(rng)];
-    }
-    const ChunkCost& c = model.chunks[s][a.chunk];
-    switch (a.kind) {
-      case ActionKind::kForward: return c.forward_s;
-      case ActionKind::kBackward: return c.recompute_s + c.backward_input_s + c.backward_weight_s;
-      case ActionKind::kBackwardInput: return c.recompute_s + c.backward_input_s;
-      case ActionKind::kBackwardWeight: return c.backward_weight_s;
-      default:
-        return model.optimizer_stage_s.empty() ? model.optimizer_s : model.optimizer_stage_s[s];
-    }
+    if (it == by_action.end()) return -1.0;  // never seen: the fitted means' time
+    const std::vector<double>& v = it->second;
+    return v[std::uniform_int_distribution<size_t>(0, v.size() - 1)(rng)];
   };
   Prediction mean;
   for (int d = 0; d < draws; ++d) {

@@ -31,8 +31,9 @@ struct ChunkMeasure {
   // out in Fit.
   double transfer_activation_s = -1;
   double transfer_gradient_s = -1;
-  double activation_bytes = 0;  // mean bytes a send of this chunk moved
-  double gradient_bytes = 0;
+  // Mean bytes a send of this chunk moved (its output and its input gradient are of
+  // the same (rows, seq_len, d_model) shape).
+  double send_bytes = 0;
 };
 
 // Accumulates the timelines of a job's training steps, keeping the latest `window`.
@@ -80,6 +81,8 @@ class MeasuredCosts {
     double bytes = 0;
     int count = 0;
     void Add(double s, double b = 0);
+    void Add(const Sum& other);
+    double Mean() const { return count > 0 ? seconds / count : -1.0; }  // -1: none
   };
   enum Slot { kF, kB, kI, kW, kSend, kRecv, kTransferAct, kTransferGrad, kSlots };
   struct StepSums {

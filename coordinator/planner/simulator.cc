@@ -118,7 +118,8 @@ absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
         break;
     }
     if (schedule::IsCompute(a.kind) || a.kind == ActionKind::kOptimizerStep) {
-      if (costs.draw_compute_s) end = start + costs.draw_compute_s(s, a);
+      const double drawn = costs.draw_compute_s ? costs.draw_compute_s(s, a) : -1;
+      if (drawn >= 0) end = start + drawn;
       r.busy_s[s] += end - start;
     }
     r.events.push_back({s, a, start, end});

@@ -37,7 +37,8 @@ struct CostModel {
   double optimizer_s = 0;
   std::vector<double> optimizer_stage_s;  // per stage; when set, replaces optimizer_s
   // When set, the time of every compute action (F, B, I, W, OPT) of a stage, in place of
-  // the figures above: one draw of a run whose action times vary (planner/cost_fit.h).
+  // the figures above (a value < 0 keeps them): one draw of a run whose action times
+  // vary (planner/cost_fit.h).
   std::function<double(int stage, const schedule::Action& action)> draw_compute_s;
 };
 
