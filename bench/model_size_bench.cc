@@ -25,6 +25,8 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "bench/model_size_search.h"
+#include "bench/scratch_dir.h"
+#include "common/atomic_file.h"
 #include "common/status_macros.h"
 #include "coordinator/planner/planner.h"
 #include "grpcpp/grpcpp.h"
@@ -259,39 +261,13 @@ struct RunFigures {
   }
 };
 
-class Workdir {
- public:
-  Workdir() {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string pattern = absl::StrCat(tmp ? tmp : "/tmp", "/pipetrain_model_size.XXXXXX");
-    if (mkdtemp(pattern.data()) != nullptr) path_ = pattern;
-  }
-  ~Workdir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
-
-absl::Status WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  f << text;
-  f.close();
-  if (!f) return absl::InternalError(absl::StrCat("cannot write '", path, "'"));
-  return absl::OkStatus();
-}
-
 // Trains `m` for two steps on a fresh cluster of k capped stages through the CLI; OK
 // when the job succeeded and no stage's reported peak exceeded the cap.
 absl::Status TrainOnce(const model::GptConfig& m, int k, pb::RecomputeMode recompute,
                        const Settings& settings, const std::string& corpus, RunFigures& figures) {
   ASSIGN_OR_RETURN(planner::Plan plan,
                    planner::MakePlan(OptionsFor(m, k, recompute, settings.cap_bytes)));
-  Workdir dir;
-  if (dir.path().empty()) return absl::InternalError("cannot make a temporary folder");
+  ASSIGN_OR_RETURN(ScratchDir dir, ScratchDir::Make("model_size"));
   const json spec = {
       {"name", absl::StrFormat("model-size %s K=%d %s", FamilyName(figures.family), k,
                                planner::RecomputeName(recompute))},
@@ -309,7 +285,7 @@ absl::Status TrainOnce(const model::GptConfig& m, int k, pb::RecomputeMode recom
       {"training", {{"steps", kSteps}, {"batch_size", kBatch}, {"seed", 1}, {"lr", 1e-3}}},
       {"data", {{"corpus", corpus}}}};
   const std::string spec_file = dir.path() + "/job.json";
-  RETURN_IF_ERROR(WriteFile(spec_file, spec.dump(2)));
+  RETURN_IF_ERROR(common::WriteFileAtomically(spec_file, spec.dump(2)));
   const std::string cap = absl::StrCat(static_cast<int64_t>(settings.cap_bytes));
   ASSIGN_OR_RETURN(std::unique_ptr<testing::LocalCluster> cluster,
                    testing::LocalCluster::Start(
@@ -449,10 +425,9 @@ double PeakOverPredicted(const StageFigures& s) { return s.measured / s.predicte
 
 absl::StatusOr<BenchResult> RunModelSizeBench(const BenchOptions&) {
   ASSIGN_OR_RETURN(Settings settings, SettingsFromEnv());
-  Workdir dir;
-  if (dir.path().empty()) return absl::InternalError("model-size: cannot make a temporary folder");
+  ASSIGN_OR_RETURN(ScratchDir dir, ScratchDir::Make("model_size"));
   const std::string corpus = dir.path() + "/corpus.txt";
-  RETURN_IF_ERROR(WriteFile(corpus, testing::EnglishLikeCorpus()));
+  RETURN_IF_ERROR(common::WriteFileAtomically(corpus, testing::EnglishLikeCorpus()));
 
   const std::vector<pb::RecomputeMode> modes = {pb::RECOMPUTE_NEVER, pb::RECOMPUTE_ALWAYS};
   // (family, mode, K) -> figures
@@ -556,7 +531,7 @@ absl::StatusOr<BenchResult> RunModelSizeBench(const BenchOptions&) {
   result.Add("gpipe_k8_always_ratio_to_k_times_1",
              kGpipeParamsK8Always / (8 * kGpipeParamsK1Always));
   result.Label("table", table.str());
-  if (!settings.data_out.empty()) RETURN_IF_ERROR(WriteFile(settings.data_out, table.str()));
+  if (!settings.data_out.empty()) RETURN_IF_ERROR(common::WriteFileAtomically(settings.data_out, table.str()));
   return result;
 }
 

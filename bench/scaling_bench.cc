@@ -17,6 +17,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "bench/scaling_math.h"
+#include "bench/scratch_dir.h"
+#include "common/atomic_file.h"
 #include "common/status_macros.h"
 #include "coordinator/planner/planner.h"
 #include "nlohmann/json.hpp"
@@ -55,37 +57,6 @@ constexpr double kSpeedupTarget = 0.95, kKeptAdvantageTarget = 0.90;
 // 32 blocks split evenly over 1, 2, 4, 8 stages and 16 interleaved chunks; the cheap
 // embedding and head (byte vocabulary) ride on the first and last stage.
 model::GptConfig Model() { return {256, 128, 256, 8, 32}; }
-
-// A fresh folder under $TMPDIR, removed with its contents at the end.
-class ScratchDir {
- public:
-  static absl::StatusOr<ScratchDir> Make() {
-    const char* tmp = getenv("TMPDIR");
-    std::string pattern = (fs::path(tmp && *tmp ? tmp : "/tmp") / "pipetrain_scaling.XXXXXX");
-    if (mkdtemp(pattern.data()) == nullptr) {
-      return absl::InternalError(absl::StrCat("scaling: cannot make a folder like ", pattern));
-    }
-    return ScratchDir(pattern);
-  }
-  ScratchDir(ScratchDir&& o) noexcept : path_(std::move(o.path_)) { o.path_.clear(); }
-  ~ScratchDir() {
-    std::error_code ec;
-    if (!path_.empty()) fs::remove_all(path_, ec);
-  }
-  std::string File(const std::string& name) const { return path_ + "/" + name; }
-
- private:
-  explicit ScratchDir(std::string path) : path_(std::move(path)) {}
-  std::string path_;
-};
-
-absl::Status WriteFile(const std::string& path, const std::string& contents) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << contents;
-  out.close();
-  if (!out) return absl::InternalError(absl::StrCat("scaling: cannot write ", path));
-  return absl::OkStatus();
-}
 
 absl::StatusOr<double> DeviceFlops() {
   const char* text = getenv("PIPETRAIN_BENCH_SCALING_FLOPS");
@@ -204,7 +175,7 @@ absl::StatusOr<CellRun> RunCell(testing::LocalCluster& cluster, const ScratchDir
       {"data", {{"corpus", dir.File("corpus.txt")}, {"validate_every_steps", 0}}},
       {"checkpoint", {{"every_steps", 0}}}};
   const std::string spec_file = dir.File(cell + ".json");
-  RETURN_IF_ERROR(WriteFile(spec_file, spec.dump(2)));
+  RETURN_IF_ERROR(common::WriteFileAtomically(spec_file, spec.dump(2)));
   // Following the job (one watching CLI process) rather than polling keeps extra
   // processes off the two cores while the step runs.
   const auto deadline = std::chrono::milliseconds(
@@ -293,9 +264,9 @@ absl::StatusOr<BenchResult> RunScalingBench(const BenchOptions& options) {
     }
   }
 
-  ASSIGN_OR_RETURN(ScratchDir dir, ScratchDir::Make());
+  ASSIGN_OR_RETURN(ScratchDir dir, ScratchDir::Make("scaling"));
   // The end-to-end tests' deterministic English-like text; its bytes are the tokens.
-  RETURN_IF_ERROR(WriteFile(dir.File("corpus.txt"), testing::EnglishLikeCorpus(200000)));
+  RETURN_IF_ERROR(common::WriteFileAtomically(dir.File("corpus.txt"), testing::EnglishLikeCorpus(200000)));
   std::cerr << "scaling: starting a coordinator and " << kMaxStages
             << " stages on --device emulated:" << flops << "\n";
   testing::LocalClusterOptions co;
@@ -338,7 +309,7 @@ absl::StatusOr<BenchResult> RunScalingBench(const BenchOptions& options) {
   std::cerr << "scaling: " << speed.Line() << "\nscaling: " << kept.Line() << "\n";
   const std::string data = ScalingDataText(rows);
   if (const char* out = getenv("PIPETRAIN_BENCH_DATA_OUT"); out && *out) {
-    RETURN_IF_ERROR(WriteFile(out, data));
+    RETURN_IF_ERROR(common::WriteFileAtomically(out, data));
     std::cerr << "scaling: wrote the table to " << out << " (PIPETRAIN_BENCH_DATA_OUT)\n";
   }
 
