@@ -120,7 +120,8 @@ absl::Status JobManager::CheckFits(const pb::JobSpec& spec) {
                                 : static_cast<double>(bytes));
   }
   const int k = spec.pipeline().stages();
-  if (static_cast<int>(memory.size()) < k) return absl::OkStatus();  // it waits for stages
+  // Too few stages yet: it waits in the queue, but a spec the planner refuses fails now.
+  if (static_cast<int>(memory.size()) < k) return planner::MakePlan(po).status();
   std::sort(memory.begin(), memory.end(), std::greater<>());
   // Planned as the runner will plan it: split within the memory of the K best stages.
   const double cap = memory[k - 1];
