@@ -30,7 +30,8 @@ absl::StatusOr<pipetrain::v1::JobSpec> ParseJobSpec(absl::string_view json);
 // pipeline.chunks 1 (2 for interleaved), pipeline.recompute "never",
 // pipeline.micro_batches = stages, training.beta1 0.9, beta2 0.95, weight_decay 0.1,
 // data.validation_fraction 0.05 (none with data.validation_tokens), data.format "llmc"
-// for data.tokens, name = the name of the corpus file or of the first data.tokens entry.
+// for data.tokens, checkpoint.snapshot_every_steps 1, fault_tolerance.max_restarts 3 and
+// wait_for_stages_s 60, name = the name of the corpus file or of the first data.tokens entry.
 pipetrain::v1::JobSpec WithDefaults(pipetrain::v1::JobSpec spec);
 
 // Checks a spec (after WithDefaults) without looking at the cluster or the data files:
@@ -38,7 +39,8 @@ pipetrain::v1::JobSpec WithDefaults(pipetrain::v1::JobSpec spec);
 // micro-batches dividing the batch), training (steps > 0, lr > 0, betas in [0, 1),
 // grad_clip_norm >= 0), data (exactly one of corpus and tokens, format, no empty path,
 // validation_tokens only with tokens and without validation_fraction, which is in [0, 1)),
-// checkpoint (every_steps >= 0). The first error, naming its field, e.g.
+// checkpoint (every_steps >= 0, snapshot_every_steps >= 0), fault_tolerance
+// (max_restarts in [0, 1000], wait_for_stages_s in [0, 86400]). The first error, naming its field, e.g.
 // "training.batch_size: 10 is not divisible by pipeline.micro_batches 4".
 absl::Status ValidateJobSpec(const pipetrain::v1::JobSpec& spec);
 

@@ -130,6 +130,11 @@ pb::JobSpec WithDefaults(pb::JobSpec spec) {
   if (!t->has_beta1()) t->set_beta1(kDefaultBeta1);
   if (!t->has_beta2()) t->set_beta2(kDefaultBeta2);
   if (!t->has_weight_decay()) t->set_weight_decay(kDefaultWeightDecay);
+  pb::CheckpointSpec* c = spec.mutable_checkpoint();
+  if (!c->has_snapshot_every_steps()) c->set_snapshot_every_steps(1);
+  pb::FaultToleranceSpec* f = spec.mutable_fault_tolerance();
+  if (!f->has_max_restarts()) f->set_max_restarts(3);
+  if (!f->has_wait_for_stages_s()) f->set_wait_for_stages_s(60);
   pb::DataSpec* d = spec.mutable_data();
   // Separate validation files leave the whole training stream to training.
   if (!d->has_validation_fraction() && d->validation_tokens_size() == 0) {
@@ -169,6 +174,22 @@ absl::Status ValidateJobSpec(const pb::JobSpec& spec) {
     return Invalid("checkpoint.every_steps",
                    absl::StrCat("must be >= 0 (got ", spec.checkpoint().every_steps(),
                                 "); 0 writes one checkpoint at the end"));
+  }
+  if (spec.checkpoint().snapshot_every_steps() < 0) {
+    return Invalid("checkpoint.snapshot_every_steps",
+                   absl::StrCat("must be >= 0 (got ", spec.checkpoint().snapshot_every_steps(),
+                                "); 0 turns in-memory snapshots off"));
+  }
+  const pb::FaultToleranceSpec& f = spec.fault_tolerance();
+  if (f.max_restarts() < 0 || f.max_restarts() > 1000) {
+    return Invalid("fault_tolerance.max_restarts",
+                   absl::StrCat("must be in [0, 1000] (got ", f.max_restarts(),
+                                "); 0 fails the job on its first lost stage"));
+  }
+  if (f.wait_for_stages_s() < 0 || f.wait_for_stages_s() > 86400) {
+    return Invalid("fault_tolerance.wait_for_stages_s",
+                   absl::StrCat("must be in [0, 86400] seconds (got ", f.wait_for_stages_s(),
+                                ")"));
   }
   return absl::OkStatus();
 }

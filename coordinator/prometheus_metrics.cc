@@ -15,7 +15,7 @@ using google::protobuf::util::TimeUtil;
 
 void AddJobStates(const std::vector<pb::JobStatus>& jobs, std::string& out) {
   MetricFamily family("pipetrain_jobs", "Jobs known to the coordinator, by state.");
-  for (int s = pb::JobStatus::QUEUED; s <= pb::JobStatus::CANCELLED; ++s) {
+  for (int s = pb::JobStatus::QUEUED; s <= pb::JobStatus::State_MAX; ++s) {
     const auto state = static_cast<pb::JobStatus::State>(s);
     const auto n = std::count_if(jobs.begin(), jobs.end(),
                                  [state](const pb::JobStatus& j) { return j.state() == state; });

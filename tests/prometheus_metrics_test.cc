@@ -151,6 +151,7 @@ TEST(PrometheusMetricsTest, CountsJobsAndStagesPerStateWithZerosPresent) {
            "pipetrain_jobs{state=\"SUCCEEDED\"} 0\n",
            "pipetrain_jobs{state=\"FAILED\"} 1\n",
            "pipetrain_jobs{state=\"CANCELLED\"} 0\n",
+           "pipetrain_jobs{state=\"RECOVERING\"} 0\n",
            "pipetrain_stages{state=\"IDLE\"} 1\n",
            "pipetrain_stages{state=\"BUSY\"} 1\n",
            "pipetrain_stages{state=\"LOST\"} 0\n",
