@@ -7,6 +7,7 @@
 #include "client/output.h"
 #include "client/remote.h"
 #include "client/remote_verbs.h"
+#include "common/job_state.h"
 
 namespace pipetrain::client {
 namespace {
@@ -16,7 +17,7 @@ namespace pb = ::pipetrain::v1;
 std::string StateName(pb::JobStatus::State s) { return pb::JobStatus::State_Name(s); }
 
 std::string StepsText(const pb::JobStatus& job) {
-  return absl::StrCat(job.steps_done(), "/", job.spec().training().steps());
+  return absl::StrCat(job.steps_done(), "/", common::JobLastStep(job));
 }
 
 std::string StatusText(const pb::JobStatus& job) {
@@ -44,6 +45,15 @@ std::string StatusText(const pb::JobStatus& job) {
                                            p.micro_batches(), " micro-batches")});
   if (job.stage_ids_size() > 0) rows.push_back({"stages", absl::StrJoin(job.stage_ids(), ", ")});
   if (!job.checkpoint_dir().empty()) rows.push_back({"checkpoint", job.checkpoint_dir()});
+  // Each automatic restart after a lost stage, oldest first.
+  for (const pb::Recovery& r : job.recoveries()) {
+    rows.push_back({"restart", absl::StrCat(absl::StrJoin(r.lost_stage_ids(), ", "),
+                                            " lost at step ", r.failed_step(), "; from ",
+                                            r.restored_step() > 0
+                                                ? absl::StrCat("step ", r.restored_step())
+                                                : std::string("the start"),
+                                            " (", r.source(), ") on ", r.stages(), " stages")});
+  }
   rows.push_back({"created", TimeText(job.created())});
   if (IsSet(job.started())) rows.push_back({"started", TimeText(job.started())});
   if (IsSet(job.finished())) rows.push_back({"finished", TimeText(job.finished())});
@@ -62,7 +72,7 @@ int RunStatus(const std::vector<std::string>& args, std::ostream& out, std::ostr
   bool json = false, help = false;
   common::FlagSet flags("pipetrain status", "ID [flags]",
                         "Shows a job: state (and why it failed), steps done, last loss and "
-                        "bubble, stages,\ncheckpoint and times. It reports whatever the job's "
+                        "bubble, stages,\ncheckpoint, automatic restarts and times. It reports whatever the job's "
                         "state; it does not judge it.\n\n" +
                             RemoteExitCodes("a coordinator error",
                                             "the job was found, whatever its state"));

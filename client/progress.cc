@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/output.h"
+#include "common/job_state.h"
 
 namespace pipetrain::client {
 namespace {
@@ -72,7 +73,7 @@ std::string JobSummary(const pb::JobStatus& status, const StepTotals& totals) {
     wall_s = absl::ToDoubleSeconds(ToTime(status.finished()) - ToTime(status.started()));
   }
   std::string out = absl::StrCat(status.job_id(), " ", state, ": ", done, " of ",
-                                 status.spec().training().steps(), " steps in ",
+                                 common::JobLastStep(status), " steps in ",
                                  HumanDuration(wall_s), "\n");
   if (status.state() != pb::JobStatus::SUCCEEDED) {
     absl::StrAppend(&out, "  reason           ",

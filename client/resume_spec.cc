@@ -4,6 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/job_state.h"
 
 namespace pipetrain::client {
 
@@ -32,7 +33,7 @@ absl::StatusOr<pb::JobSpec> ResumeSpec(const pb::JobStatus& job) {
         id, " stopped before its first checkpoint, so there is nothing to resume from: "
             "submit its spec again (checkpoint.every_steps makes checkpoints more often)"));
   }
-  // The coordinator names checkpoints DIR/step-N, N counting this job's steps.
+  // The coordinator names checkpoints DIR/step-N, N the training run's step.
   const size_t slash = dir.find_last_of('/');
   const std::string base = dir.substr(slash == std::string::npos ? 0 : slash + 1);
   int64_t step = 0;
@@ -41,7 +42,8 @@ absl::StatusOr<pb::JobSpec> ResumeSpec(const pb::JobStatus& job) {
         id, ": cannot tell the step of checkpoint '", dir,
         "' (expected a folder named step-N); submit with --init-from it instead"));
   }
-  const int64_t planned = job.spec().training().steps();
+  // Both count the training run's steps: the job ran first_step .. its last step.
+  const int64_t planned = common::JobLastStep(job);
   if (step >= planned) {
     return absl::FailedPreconditionError(absl::StrCat(
         id, ": its checkpoint '", dir, "' is at step ", step, " of ", planned,

@@ -56,7 +56,7 @@ int Follow(Remote& remote, const std::string& job_id, const pb::JobSpec& spec, b
         break;
       case pb::JobEvent::kStateChange:
         if (event.state_change().spec().training().steps() > 0) {
-          progress.SetTotal(event.state_change().spec().training().steps());
+          progress.SetTotal(common::JobLastStep(event.state_change()));
         }
         if (common::JobEnded(event.state_change().state())) final_status = event.state_change();
         break;

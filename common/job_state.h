@@ -1,6 +1,10 @@
-// What a job's state means, in one place for the coordinator and the CLI alike: whether
-// the job has ended (it will not change state again).
+// What a job's state and steps mean, in one place for the coordinator and the CLI alike:
+// whether the job has ended (it will not change state again), and which of the training
+// run's steps are the job's.
 #pragma once
+
+#include <algorithm>
+#include <cstdint>
 
 #include "pipetrain/v1/job.pb.h"
 
@@ -10,6 +14,16 @@ inline bool JobEnded(pipetrain::v1::JobStatus::State state) {
   return state == pipetrain::v1::JobStatus::SUCCEEDED ||
          state == pipetrain::v1::JobStatus::FAILED ||
          state == pipetrain::v1::JobStatus::CANCELLED;
+}
+
+// A job runs the training run's steps first_step .. JobLastStep: first_step is 1, or one
+// past the optimizer step of the checkpoint it started from (unset, 0, before it started
+// and in records of older coordinators: taken as 1).
+inline int64_t JobFirstStep(const pipetrain::v1::JobStatus& job) {
+  return std::max<int64_t>(job.first_step(), 1);
+}
+inline int64_t JobLastStep(const pipetrain::v1::JobStatus& job) {
+  return JobFirstStep(job) - 1 + job.spec().training().steps();
 }
 
 }  // namespace pipetrain::common

@@ -18,6 +18,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "coordinator/job_events.h"
+#include "coordinator/job_recovery.h"
 #include "coordinator/job_runner.h"
 #include "coordinator/job_store.h"
 #include "coordinator/stage_registry.h"
@@ -34,8 +35,9 @@ struct ManagerOptions {
 
 class JobManager {
  public:
-  // Opens the store; jobs a previous coordinator left RUNNING are marked FAILED (their
-  // stages were lost with it), jobs left QUEUED are queued again.
+  // Opens the store; jobs left QUEUED are queued again, and jobs a previous coordinator
+  // left RUNNING or RECOVERING are continued (RECOVERING until their stages register
+  // again) unless fault_tolerance.max_restarts is 0, which marks them FAILED.
   static absl::StatusOr<std::unique_ptr<JobManager>> Create(ManagerOptions options);
   ~JobManager();  // Shutdown()
   // Running jobs stop after their current step and end FAILED, naming their latest
@@ -80,7 +82,14 @@ class JobManager {
   absl::Status CheckFits(const pipetrain::v1::JobSpec& spec);
   void Enqueue(pipetrain::v1::JobStatus status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SchedulerLoop();
-  void Drive(LiveJob* job, std::vector<StageRecord> stages);
+  // Runs the job to its end, restarting it after a lost stage (job_recovery.h);
+  // `resumed` continues a job a previous coordinator was running.
+  void Drive(LiveJob* job, std::vector<StageRecord> stages,
+             std::optional<Continuation> resumed = std::nullopt);
+  void SetStages(LiveJob* job, const std::vector<StageRecord>& stages);
+  // A job a previous coordinator was running: waits for its stages to register again
+  // and continues it (Drive) from the newest state they or its checkpoint hold.
+  void ResumeAfterRestart(LiveJob* job);
   // Records a new state (store, events); the last one also ends the event stream.
   void SetState(LiveJob* job, pipetrain::v1::JobStatus::State state, const std::string& reason);
   void Log(LiveJob* job, const std::string& text);

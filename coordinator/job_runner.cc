@@ -27,36 +27,47 @@ namespace pb = ::pipetrain::v1;
 class Runner {
  public:
   Runner(std::string job_id, const pb::JobSpec& spec, const std::vector<RunnerStage>& stages,
-         const RunnerOptions& options, const RunnerHooks& hooks)
+         const RunnerOptions& options, const RunnerHooks& hooks, const RunStart& start)
       : job_id_(std::move(job_id)),
         spec_(spec),
         options_(options),
         hooks_(hooks),
+        start_(start),
         group_(stages, options.security) {}
 
   RunOutcome Run() {
     if (absl::Status s = Prepare(); !s.ok()) return Fail(s);
-    const int64_t steps = spec_.training().steps();
     const int every = spec_.checkpoint().every_steps();
     const int validate = spec_.data().validate_every_steps();
-    for (int64_t step = 1; step <= steps; ++step) {
+    // Steps are the training run's: a job continued from step N runs N+1 .. last_.
+    for (int64_t step = first_; step <= last_; ++step) {
       if (hooks_.cancelled()) return Cancelled(step);
       absl::StatusOr<pb::StepRecord> record = Step(step);
       if (!record.ok()) return Fail(record.status());
-      if (validate > 0 && (step % validate == 0 || step == steps)) {
+      if (validate > 0 && (step % validate == 0 || step == last_)) {
         absl::StatusOr<double> val = Validate(step);
         if (!val.ok()) return Fail(val.status());
         record->set_val_loss(*val);
         record->set_has_val_loss(true);
       }
-      if (step % 20 == 0 || step == steps) ReportMeasured(step);
+      if (step % 20 == 0 || step == last_) ReportMeasured(step);
       hooks_.step(*record, std::move(timeline_));
-      if ((every > 0 && step % every == 0) || step == steps) {
-        if (absl::Status s = Checkpoint(step); !s.ok()) return Fail(s);
+      steps_done_ = step;
+      if (every > 0 && step % every == 0 && step != last_) {
+        if (absl::Status s = Checkpoint(step); !s.ok()) {
+          // The training is healthy and the newest complete checkpoint stays valid (a
+          // failed one leaves no folder): only the job's last checkpoint must succeed.
+          hooks_.log(absl::StrCat("warning: ", s.message(), "; the job goes on and tries "
+                                  "again at the next checkpoint"));
+        }
       }
     }
+    // Also when a restart restored the last step itself: the job ends with its checkpoint.
+    if (absl::Status s = Checkpoint(last_); !s.ok()) return Fail(s);
     RunOutcome out;
     out.state = pb::JobStatus::SUCCEEDED;
+    out.steps_done = steps_done_;
+    out.configured = true;
     return out;
   }
 
@@ -93,8 +104,37 @@ class Runner {
                        planner::ForwardOnlySchedule(K(), po.micro_batches, po.chunks));
     }
     RETURN_IF_ERROR(ConfigureAll());
-    if (!spec_.init_from().empty()) RETURN_IF_ERROR(LoadInitCheckpoint());
+    configured_ = true;
+    int64_t job_first = start_.job_first_step;
+    if (start_.restored != nullptr) {
+      const RestoredState& r = *start_.restored;
+      RETURN_IF_ERROR(ImportWhole(r.whole, absl::StrCat("restoring ", r.source, " on")));
+      first_ = r.step + 1;
+      hooks_.log(absl::StrCat("restored the state after step ", r.step, " from ", r.source,
+                              " on ", K(), K() == 1 ? " stage" : " stages"));
+    } else {
+      if (!spec_.init_from().empty()) RETURN_IF_ERROR(LoadInitCheckpoint());
+      first_ = init_step_ + 1;
+    }
+    if (job_first == 0) job_first = first_;
+    last_ = job_first - 1 + spec_.training().steps();
+    if (hooks_.first_step) hooks_.first_step(job_first);
+    steps_done_ = first_ - 1;
     return absl::OkStatus();
+  }
+
+  // Cuts a whole-model checkpoint into this plan's stages and chunks and loads each part.
+  absl::Status ImportWhole(const model::Checkpoint& whole, const std::string& what) {
+    return group_.Run(0, what.c_str(), [&](int s) -> absl::Status {
+      for (size_t c = 0; c < plan_.stages[s].layers.size(); ++c) {
+        auto [b, e] = plan_.stages[s].layers[c];
+        ASSIGN_OR_RETURN(model::Checkpoint part, model::SliceCheckpoint(whole, b, e));
+        ASSIGN_OR_RETURN(std::string bytes, model::SerializeCheckpoint(part));
+        RETURN_IF_ERROR(group_.client(s).ImportChunk(job_id_, static_cast<int>(c), bytes,
+                                                     options_.rpc_deadline));
+      }
+      return absl::OkStatus();
+    });
   }
 
   absl::Status ConfigureAll() {
@@ -130,17 +170,8 @@ class Runner {
       hooks_.log(absl::StrFormat("init_from holds %d positions; the job uses the first %d",
                                  file_positions, whole.config.seq_len));
     }
-    if (whole.optimizer) data_offset_ = whole.optimizer->step;
-    RETURN_IF_ERROR(group_.Run(0, "loading init_from on", [&](int s) -> absl::Status {
-      for (size_t c = 0; c < plan_.stages[s].layers.size(); ++c) {
-        auto [b, e] = plan_.stages[s].layers[c];
-        ASSIGN_OR_RETURN(model::Checkpoint part, model::SliceCheckpoint(whole, b, e));
-        ASSIGN_OR_RETURN(std::string bytes, model::SerializeCheckpoint(part));
-        RETURN_IF_ERROR(group_.client(s).ImportChunk(job_id_, static_cast<int>(c), bytes,
-                                                     options_.rpc_deadline));
-      }
-      return absl::OkStatus();
-    }));
+    if (whole.optimizer) init_step_ = whole.optimizer->step;
+    RETURN_IF_ERROR(ImportWhole(whole, "loading init_from on"));
     hooks_.log(absl::StrCat("started from ", spec_.init_from(),
                             whole.optimizer ? absl::StrCat(" (AdamW state at update ",
                                                            whole.optimizer->step,
@@ -205,12 +236,12 @@ class Runner {
     return group_.FirstError(st, step, "applying the optimizer on");
   }
 
-  // The rate of this job's step `step`. A job started from a checkpoint (init_from)
-  // continues its schedule: the warm-up counts the steps the checkpoint already took,
-  // as the data order and AdamW's step do, so a resumed run equals an unbroken one.
-  float LearningRate(int64_t job_step) const {
+  // The rate of the training run's step `step`. A job started from a checkpoint
+  // (init_from) continues its schedule: the warm-up counts the steps the checkpoint
+  // already took, as the data order and AdamW's step do, so a resumed run equals an
+  // unbroken one.
+  float LearningRate(int64_t step) const {
     const pb::TrainingSpec& t = spec_.training();
-    const int64_t step = data_offset_ + job_step;
     if (t.warmup_steps() > 0 && step < t.warmup_steps()) {
       return t.lr() * static_cast<float>(step) / static_cast<float>(t.warmup_steps());
     }
@@ -221,7 +252,7 @@ class Runner {
     const pb::TrainingSpec& t = spec_.training();
     ASSIGN_OR_RETURN(
         model::TokenBatch batch,
-        TrainingBatch(data_, plan_.options.model, t.batch_size(), t.seed(), data_offset_ + step));
+        TrainingBatch(data_, plan_.options.model, t.batch_size(), t.seed(), step));
     const absl::Time start = absl::Now();
     const float lr = LearningRate(step);
     // Clipping needs the norm over the whole model, which no stage has alone: two phases.
@@ -233,7 +264,7 @@ class Runner {
     timeline_ = TimelineOf(step, responses);
     const Prediction predicted = Predict();
     // The first step warms links and buffer pools up: it would skew the costs.
-    if (step > 1) {
+    if (step > first_) {
       if (absl::Status s = measured_->AddStep(timeline_); !s.ok()) {
         hooks_.log(absl::StrCat("step ", step, ": its timeline is not used for the fitted "
                                 "prediction: ", s.message()));
@@ -336,6 +367,8 @@ class Runner {
     out.state = pb::JobStatus::FAILED;
     out.reason = std::string(s.message());
     out.lost_stage_ids = group_.lost();
+    out.steps_done = steps_done_;
+    out.configured = configured_;
     return out;
   }
 
@@ -344,7 +377,10 @@ class Runner {
     RunOutcome out;
     out.state = pb::JobStatus::CANCELLED;
     out.reason = absl::StrCat("cancelled before step ", step);
-    if (step > 1) {
+    out.steps_done = steps_done_;
+    out.configured = true;
+    // A run restored from a snapshot holds a state no checkpoint may have yet.
+    if (step > first_ || (start_.restored != nullptr && step > 1)) {
       if (absl::Status s = Checkpoint(step - 1); !s.ok()) {
         absl::StrAppend(&out.reason, "; the checkpoint of step ", step - 1, " failed: ", s.message());
       }
@@ -356,6 +392,7 @@ class Runner {
   const pb::JobSpec& spec_;
   const RunnerOptions& options_;
   const RunnerHooks& hooks_;
+  const RunStart& start_;
   StageGroup group_;
   planner::Plan plan_;
   std::optional<planner::MeasuredCosts> measured_;  // of this job's steps, for Predict
@@ -363,7 +400,11 @@ class Runner {
   bool emulated_logged_ = false;
   schedule::Schedule eval_programs_;
   JobData data_;
-  int64_t data_offset_ = 0;
+  int64_t init_step_ = 0;   // the optimizer step of an init_from checkpoint
+  int64_t first_ = 1;       // this run's first and last step, of the training run
+  int64_t last_ = 0;
+  int64_t steps_done_ = 0;  // the last step finished
+  bool configured_ = false;
   std::vector<pb::TimelineEvent> timeline_;
 };
 
@@ -371,8 +412,8 @@ class Runner {
 
 RunOutcome RunJob(const std::string& job_id, const pb::JobSpec& spec,
                   const std::vector<RunnerStage>& stages, const RunnerOptions& options,
-                  const RunnerHooks& hooks) {
-  return Runner(job_id, spec, stages, options, hooks).Run();
+                  const RunnerHooks& hooks, const RunStart& start) {
+  return Runner(job_id, spec, stages, options, hooks, start).Run();
 }
 
 }  // namespace pipetrain::coordinator

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "common/model/checkpoint.h"
 #include "common/rpc_security.h"
 #include "coordinator/stage_group.h"
 #include "pipetrain/v1/coordinator.pb.h"
@@ -35,17 +36,37 @@ struct RunnerHooks {
   // The rates the latest steps measured (for `plan --costs-from`); may be unset.
   std::function<void(const pipetrain::v1::MeasuredCostRates&)> measured;
   std::function<bool()> cancelled;
+  // The training run's number of the job's first step (once, before the first step).
+  std::function<void(int64_t)> first_step;
+};
+
+// Where a restarted job continues: the whole model's state after step `step` of the
+// training run (weights and AdamW state), from a snapshot or a checkpoint.
+struct RestoredState {
+  int64_t step = 0;
+  model::Checkpoint whole;
+  std::string source;  // for the log: "the stages' snapshots", "checkpoint DIR"
+};
+
+// How this run of the job starts. A first run starts from init_from or fresh weights; a
+// restart from `restored` (or, without it, from the job's start again), with the job's
+// first step as the first run found it, so the steps keep their numbers.
+struct RunStart {
+  int64_t job_first_step = 0;  // 0: the first run (worked out from init_from)
+  const RestoredState* restored = nullptr;
 };
 
 struct RunOutcome {
   pipetrain::v1::JobStatus::State state = pipetrain::v1::JobStatus::FAILED;
   std::string reason;
   std::vector<std::string> lost_stage_ids;  // stages that stopped answering
+  int64_t steps_done = 0;  // the training run's last step this run finished (0 = none)
+  bool configured = false; // every stage was configured (the stages hold this run's state)
 };
 
 // `spec` must have passed ValidateJobSpec (with defaults filled in).
 RunOutcome RunJob(const std::string& job_id, const pipetrain::v1::JobSpec& spec,
                   const std::vector<RunnerStage>& stages, const RunnerOptions& options,
-                  const RunnerHooks& hooks);
+                  const RunnerHooks& hooks, const RunStart& start = {});
 
 }  // namespace pipetrain::coordinator

@@ -82,7 +82,7 @@ struct JobFamilies {
     info_labels.emplace_back("schedule", job.spec().pipeline().schedule());
     info.Add(info_labels, 1);
     steps_done.Add(id, static_cast<double>(job.steps_done()));
-    steps_planned.Add(id, job.spec().training().steps());
+    steps_planned.Add(id, static_cast<double>(common::JobLastStep(job)));
     auto with_val = std::find_if(job.history().rbegin(), job.history().rend(),
                                  [](const pb::StepRecord& r) { return r.has_val_loss(); });
     if (with_val != job.history().rend()) val_loss.Add(id, with_val->val_loss());

@@ -122,6 +122,31 @@ void StageRegistry::MarkLost(const std::string& stage_id) {
   }
 }
 
+void StageRegistry::ReleaseStage(const std::string& job_id, const std::string& stage_id) {
+  absl::MutexLock lock(&mu_);
+  for (StageRecord& stage : stages_) {
+    if (stage.stage_id == stage_id && stage.job_id == job_id) stage.job_id.clear();
+  }
+}
+
+std::vector<std::optional<StageRecord>> StageRegistry::AcquireAt(
+    const std::string& job_id, const std::vector<std::string>& addresses) {
+  std::vector<std::optional<StageRecord>> taken(addresses.size());
+  if (job_id.empty()) return taken;
+  absl::MutexLock lock(&mu_);
+  SweepLocked();
+  for (size_t a = 0; a < addresses.size(); ++a) {
+    for (StageRecord& stage : stages_) {
+      if (stage.address == addresses[a] && IsFree(stage, 0)) {
+        stage.job_id = job_id;
+        taken[a] = stage;
+        break;
+      }
+    }
+  }
+  return taken;
+}
+
 int StageRegistry::FreeCount(uint64_t min_memory_bytes) {
   absl::MutexLock lock(&mu_);
   SweepLocked();

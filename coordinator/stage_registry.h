@@ -52,6 +52,13 @@ class StageRegistry {
   void Release(const std::string& job_id);
   // Marks one stage lost now (the step driver found it unreachable).
   void MarkLost(const std::string& stage_id);
+  // Frees one stage of `job_id` (a lost stage its job no longer waits for), so that it
+  // is free when it comes back.
+  void ReleaseStage(const std::string& job_id, const std::string& stage_id);
+  // Takes for `job_id` the free, live stages at `addresses` (a job continuing on the
+  // stages it ran on): one entry per address, nullopt where no such stage is free.
+  std::vector<std::optional<StageRecord>> AcquireAt(const std::string& job_id,
+                                                    const std::vector<std::string>& addresses);
 
   // Stages that are free and not lost, and how many there are in all (not lost).
   int FreeCount(uint64_t min_memory_bytes = 0);

@@ -37,21 +37,37 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(const std::str
   std::unique_ptr<LocalCluster> c(new LocalCluster());
   c->state_dir_ = state_dir;
   c->options_ = std::move(options);
-  const std::vector<std::string>& stage_args = c->options_.stage_args;
   if (absl::Status s = c->StartCoordinator("127.0.0.1:0"); !s.ok()) return s;
   for (int i = 0; i < stages; ++i) {
-    std::vector<std::string> argv = {Bin("pipetrain-stage"), "--listen", "127.0.0.1:0", "--device",
-                                     "cpu", "--coordinator", c->address_};
-    argv.insert(argv.end(), stage_args.begin(), stage_args.end());
-    absl::StatusOr<Subprocess> p = Subprocess::Start(argv);
-    if (!p.ok()) return p.status();
-    c->stages_.push_back(std::make_unique<Subprocess>(*std::move(p)));
-    absl::StatusOr<std::string> line = c->stages_.back()->WaitForLine("stage listening on ", 30s);
-    if (!line.ok()) return line.status();
-    c->stage_addresses_.push_back(line->substr(line->rfind(' ') + 1));
+    c->stages_.emplace_back();
+    c->stage_addresses_.emplace_back();
+    if (absl::Status s = c->StartStage(i, "127.0.0.1:0"); !s.ok()) return s;
   }
   if (absl::Status s = c->WaitForIdleStages(stages); !s.ok()) return s;
   return c;
+}
+
+absl::Status LocalCluster::StartStage(size_t i, const std::string& listen) {
+  std::vector<std::string> argv = {Bin("pipetrain-stage"), "--listen", listen, "--device",
+                                   "cpu", "--coordinator", address_};
+  argv.insert(argv.end(), options_.stage_args.begin(), options_.stage_args.end());
+  absl::StatusOr<Subprocess> p = Subprocess::Start(argv);
+  if (!p.ok()) return p.status();
+  stages_[i] = std::make_unique<Subprocess>(*std::move(p));
+  absl::StatusOr<std::string> line = stages_[i]->WaitForLine("stage listening on ", 30s);
+  if (!line.ok()) return line.status();
+  stage_addresses_[i] = line->substr(line->rfind(' ') + 1);
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::RestartStage(const std::string& address) {
+  for (size_t i = 0; i < stages_.size(); ++i) {
+    if (stage_addresses_[i] != address) continue;
+    stages_[i]->Signal(SIGKILL);
+    if (absl::StatusOr<int> code = stages_[i]->Wait(30s); !code.ok()) return code.status();
+    return StartStage(i, address);
+  }
+  return absl::NotFoundError(absl::StrCat("no stage of this cluster listens on ", address));
 }
 
 absl::Status LocalCluster::StartCoordinator(const std::string& listen) {

@@ -50,11 +50,15 @@ class LocalCluster {
   bool SignalStage(const std::string& address, int signal);
   // SIGKILLs the stage server listening on `address`; false if none of ours does.
   bool KillStage(const std::string& address);
+  // SIGKILLs it if it still runs, then starts a new stage server on the same address
+  // (it registers again, as a restarted node would).
+  absl::Status RestartStage(const std::string& address);
   // Polls GetCluster until `count` stages are IDLE (deadline 30 s).
   absl::Status WaitForIdleStages(int count);
 
  private:
   absl::Status StartCoordinator(const std::string& listen);
+  absl::Status StartStage(size_t i, const std::string& listen);
 
   std::string state_dir_;
   LocalClusterOptions options_;

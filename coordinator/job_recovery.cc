@@ -1,0 +1,254 @@
+#include "coordinator/job_recovery.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/model/checkpoint_folder.h"
+#include "coordinator/job_spec.h"
+#include "coordinator/planner/planner.h"
+#include "coordinator/snapshot_choice.h"
+#include "coordinator/stage_client.h"
+#include "coordinator/stage_costs.h"
+
+namespace pipetrain::coordinator {
+namespace {
+
+namespace pb = ::pipetrain::v1;
+
+// The step of a checkpoint folder the runner named ROOT/step-N; 0 for none.
+int64_t CheckpointStep(const std::string& dir) {
+  const size_t slash = dir.find_last_of('/');
+  const std::string base = dir.substr(slash == std::string::npos ? 0 : slash + 1);
+  int64_t step = 0;
+  if (base.rfind("step-", 0) != 0 || !absl::SimpleAtoi(base.substr(5), &step)) return 0;
+  return std::max<int64_t>(step, 0);
+}
+
+void SetNow(google::protobuf::Timestamp* t) {
+  const int64_t us = absl::ToUnixMicros(absl::Now());
+  t->set_seconds(us / 1000000);
+  t->set_nanos(static_cast<int32_t>(us % 1000000) * 1000);
+}
+
+std::string Stages(size_t n) { return absl::StrCat(n, n == 1 ? " stage" : " stages"); }
+
+// What a stage holds of the job's snapshots.
+absl::StatusOr<std::vector<SnapshotEntry>> ListEntries(StageClient& client,
+                                                       const std::string& job_id,
+                                                       absl::Duration deadline) {
+  (void)client;
+  (void)job_id;
+  (void)deadline;
+  return absl::UnimplementedError("the stages keep no snapshots yet");
+}
+
+absl::StatusOr<std::string> FetchBlob(StageClient& client, const std::string& job_id,
+                                      const SnapshotPick& pick, int64_t step,
+                                      absl::Duration deadline) {
+  (void)client;
+  (void)job_id;
+  (void)pick;
+  (void)step;
+  (void)deadline;
+  return absl::UnimplementedError("the stages keep no snapshots yet");
+}
+
+}  // namespace
+
+JobRecovery::JobRecovery(StageRegistry& registry, common::RpcSecurity security,
+                         absl::Duration rpc_deadline, absl::Duration poll,
+                         std::function<void(const std::string&)> log, std::function<bool()> stop)
+    : registry_(registry), security_(std::move(security)), rpc_deadline_(rpc_deadline),
+      poll_(poll), log_(std::move(log)), stop_(std::move(stop)) {}
+
+absl::StatusOr<Continuation> JobRecovery::Recover(const LostRun& run,
+                                                  std::string* saved_checkpoint) {
+  pb::Recovery record;
+  SetNow(record.mutable_lost());
+  std::vector<std::string> lost = run.lost;
+  for (const std::string& id : lost) {
+    registry_.MarkLost(id);
+    registry_.ReleaseStage(run.job_id, id);  // free for the job when it comes back
+  }
+  std::vector<int> survivors;
+  for (int i = 0; i < static_cast<int>(run.stages.size()); ++i) {
+    if (std::find(lost.begin(), lost.end(), run.stages[i].stage_id) == lost.end()) {
+      survivors.push_back(i);
+    }
+  }
+  Source source = FindState(run, survivors, lost);
+  std::optional<Continuation> next = FindStages(run, survivors, lost);
+  const std::string who = absl::StrJoin(lost, " and ");
+  if (!next) {
+    // Nothing is lost: a state newer than the job's checkpoint goes to disk, for resume.
+    if (source.restored && source.restored->step > CheckpointStep(run.checkpoint_dir)) {
+      const std::string dir = absl::StrCat(run.checkpoint_root, "/step-", source.restored->step);
+      absl::StatusOr<std::string> bytes = model::SerializeCheckpoint(source.restored->whole);
+      absl::Status written = bytes.status();
+      if (bytes.ok()) written = model::WriteCheckpointFolder(dir, {{0, 0, *std::move(bytes)}}, 1);
+      if (written.ok()) {
+        *saved_checkpoint = dir;
+        log_(absl::StrCat("wrote the state after step ", source.restored->step, " from ",
+                          source.what, " to ", dir));
+      } else {
+        log_(absl::StrCat("could not write the state after step ", source.restored->step,
+                          " from ", source.what, ": ", written.message()));
+      }
+    }
+    if (stop_()) {
+      return absl::CancelledError(absl::StrCat("stopped while recovering from ", who,
+                                               " lost at step ", run.failed_step));
+    }
+    return absl::UnavailableError(absl::StrCat(
+        who, " lost at step ", run.failed_step, ": no free stage took its place within ",
+        run.spec.fault_tolerance().wait_for_stages_s(),
+        " s (fault_tolerance.wait_for_stages_s) and the model does not fit the ",
+        Stages(survivors.size()), " left"));
+  }
+  next->restored = std::move(source.restored);
+  const int64_t from = next->restored ? next->restored->step : 0;
+  for (const std::string& id : lost) record.add_lost_stage_ids(id);
+  record.set_failed_step(run.failed_step);
+  record.set_restored_step(from);
+  record.set_source(source.what);
+  record.set_stages(static_cast<int32_t>(next->stages.size()));
+  next->record = record;
+  log_(absl::StrCat(who, " lost at step ", run.failed_step, ": restarting from ",
+                    from > 0 ? absl::StrCat("step ", from) : std::string("the start"), " on ",
+                    Stages(next->stages.size()), " (restart ", run.restart, " of ",
+                    run.spec.fault_tolerance().max_restarts(), "; from ", source.what, ")"));
+  return *std::move(next);
+}
+
+JobRecovery::Source JobRecovery::FindState(const LostRun& run, std::vector<int>& survivors,
+                                           std::vector<std::string>& lost) {
+  const bool snapshots = run.stages_hold_state && run.spec.checkpoint().snapshot_every_steps() > 0;
+  std::vector<std::vector<SnapshotEntry>> listings;
+  std::vector<int> answered;
+  for (int i : survivors) {
+    const StageRecord& stage = run.stages[i];
+    StageClient client(stage.address, security_);
+    absl::Status alive = client.Ping(absl::Seconds(5));
+    if (!alive.ok()) {
+      // Lost as well (two stages at once): it cannot be continued on.
+      log_(absl::StrCat(stage.stage_id, " at ", stage.address, " does not answer either (",
+                        alive.message(), ")"));
+      lost.push_back(stage.stage_id);
+      registry_.MarkLost(stage.stage_id);
+      registry_.ReleaseStage(run.job_id, stage.stage_id);
+      continue;
+    }
+    answered.push_back(i);
+    listings.emplace_back();
+    if (!snapshots) continue;
+    absl::StatusOr<std::vector<SnapshotEntry>> listing =
+        ListEntries(client, run.job_id, absl::Seconds(10));
+    if (listing.ok()) {
+      listings.back() = *std::move(listing);
+    } else {
+      log_(absl::StrCat(stage.stage_id, ": its snapshots cannot be listed: ",
+                        listing.status().message()));
+    }
+  }
+  survivors = answered;
+
+  std::optional<RestoredState> snap;
+  if (snapshots) {
+    const int k = static_cast<int>(run.stages.size());
+    const int chunks = std::max(1, run.spec.pipeline().chunks());
+    std::optional<SnapshotChoice> choice = ChooseSnapshotStep(listings, k, chunks);
+    if (choice) {
+      absl::StatusOr<model::Checkpoint> whole = AssembleSnapshot(
+          *choice,
+          [&](const SnapshotPick& pick) -> absl::StatusOr<std::string> {
+            StageClient client(run.stages[survivors[pick.holder]].address, security_);
+            return FetchBlob(client, run.job_id, pick, choice->step, rpc_deadline_);
+          },
+          run.job_id);
+      if (whole.ok()) {
+        snap = RestoredState{choice->step, *std::move(whole), "the stages' snapshots"};
+      } else {
+        log_(std::string(whole.status().message()));
+      }
+    } else if (std::any_of(listings.begin(), listings.end(),
+                           [](const auto& l) { return !l.empty(); })) {
+      log_(absl::StrCat("the surviving stages' snapshots do not hold every stage's state at "
+                        "any one step"));
+    }
+  }
+  const int64_t disk_step = CheckpointStep(run.checkpoint_dir);
+  if (snap && snap->step >= disk_step) return {std::move(snap), "the stages' snapshots"};
+  if (disk_step > 0) {
+    absl::StatusOr<model::Checkpoint> whole =
+        model::LoadWholeCheckpoint(run.checkpoint_dir, "checkpoint");
+    if (whole.ok() && whole->optimizer) {
+      const int64_t step = whole->optimizer->step;
+      const std::string what = absl::StrCat("checkpoint ", run.checkpoint_dir);
+      return {RestoredState{step, *std::move(whole), what}, what};
+    }
+    log_(absl::StrCat("the checkpoint ", run.checkpoint_dir, " cannot be restored: ",
+                      whole.ok() ? "it holds no optimizer state" : whole.status().message()));
+  }
+  if (snap) return {std::move(snap), "the stages' snapshots"};
+  return {std::nullopt, "the start"};
+}
+
+std::optional<Continuation> JobRecovery::FindStages(const LostRun& run,
+                                                    const std::vector<int>& survivors,
+                                                    const std::vector<std::string>& lost) {
+  const int k = static_cast<int>(run.stages.size());
+  const int missing = k - static_cast<int>(survivors.size());
+  // A replacement needs as much memory as the least of the stages it replaces had.
+  uint64_t need = 0;
+  bool first = true;
+  for (const StageRecord& s : run.stages) {
+    if (std::find(lost.begin(), lost.end(), s.stage_id) == lost.end()) continue;
+    const uint64_t m = s.device.memory_bytes();
+    need = first ? m : std::min(need, m);
+    first = false;
+  }
+  auto with_replacements = [&](std::vector<StageRecord> replacements) {
+    Continuation next;
+    next.spec = run.spec;
+    size_t r = 0;
+    for (int i = 0; i < k; ++i) {
+      const bool survived = std::find(survivors.begin(), survivors.end(), i) != survivors.end();
+      next.stages.push_back(survived ? run.stages[i] : replacements[r++]);
+    }
+    return next;
+  };
+  if (missing == 0) return with_replacements({});
+  if (auto free = registry_.Acquire(run.job_id, missing, need)) return with_replacements(*free);
+  if (!survivors.empty()) {
+    Continuation next;
+    next.spec = run.spec;
+    next.spec.mutable_pipeline()->set_stages(static_cast<int32_t>(survivors.size()));
+    for (int i : survivors) next.stages.push_back(run.stages[i]);
+    if (Fits(next.spec, next.stages)) return next;
+  }
+  const absl::Duration wait = absl::Seconds(run.spec.fault_tolerance().wait_for_stages_s());
+  const absl::Time deadline = absl::Now() + wait;
+  log_(absl::StrCat("waiting up to ", absl::FormatDuration(wait), " for ", missing,
+                    " free stage", missing == 1 ? "" : "s", " (the model does not fit the ",
+                    Stages(survivors.size()), " left)"));
+  while (!stop_() && absl::Now() < deadline) {
+    absl::SleepFor(std::min(poll_, std::max(deadline - absl::Now(), absl::ZeroDuration())));
+    if (auto free = registry_.Acquire(run.job_id, missing, need)) return with_replacements(*free);
+  }
+  return std::nullopt;
+}
+
+bool JobRecovery::Fits(const pb::JobSpec& spec, const std::vector<StageRecord>& stages) const {
+  if (!ValidateJobSpec(spec).ok()) return false;
+  absl::StatusOr<planner::PlanOptions> po = planner::OptionsFromJobSpec(spec);
+  if (!po.ok()) return false;
+  std::vector<pb::DeviceInfo> devices;
+  for (const StageRecord& s : stages) devices.push_back(s.device);
+  SetCostsFromDevices(devices, *po);  // the memory cap is the least stage's
+  return planner::MakePlan(*po).ok();
+}
+
+}  // namespace pipetrain::coordinator

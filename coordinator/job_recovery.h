@@ -1,0 +1,79 @@
+// What the coordinator does when a stage of a running job is lost: finds the newest
+// complete state (the surviving stages' in-memory snapshots, else the job's newest
+// checkpoint, else its start) and the stages to continue on (a free stage in the lost
+// one's place, else the survivors when the model fits them, else a free stage within
+// fault_tolerance.wait_for_stages_s), and says so in one event line. The job manager
+// runs the job again from there (job_runner.h RunStart); the choice of snapshot is pure
+// (snapshot_choice.h), the calls to the stages go through StageClient.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/rpc_security.h"
+#include "coordinator/job_runner.h"
+#include "coordinator/stage_registry.h"
+#include "pipetrain/v1/job.pb.h"
+
+namespace pipetrain::coordinator {
+
+struct LostRun {
+  std::string job_id;
+  pipetrain::v1::JobSpec spec;      // as it ran (pipeline.stages = its K)
+  std::vector<StageRecord> stages;  // its stages, in pipeline order
+  std::vector<std::string> lost;    // the stage ids found lost
+  int64_t failed_step = 0;          // the step that was running
+  bool stages_hold_state = false;   // every stage was configured by this run
+  std::string checkpoint_dir;       // the job's newest checkpoint, "" if none
+  std::string checkpoint_root;      // where the job's checkpoints go
+  int restart = 1;                  // this restart's number, from 1
+};
+
+struct Continuation {
+  std::vector<StageRecord> stages;        // in pipeline order
+  pipetrain::v1::JobSpec spec;            // pipeline.stages = stages.size()
+  std::optional<RestoredState> restored;  // nullopt: from the job's start
+  pipetrain::v1::Recovery record;
+};
+
+class JobRecovery {
+ public:
+  // `stop` says the job was cancelled or the coordinator is stopping; `poll` is how
+  // often a wait for stages looks again.
+  JobRecovery(StageRegistry& registry, common::RpcSecurity security, absl::Duration rpc_deadline,
+              absl::Duration poll, std::function<void(const std::string&)> log,
+              std::function<bool()> stop);
+
+  // Where and from what the job continues. CANCELLED when `stop` said so while waiting,
+  // UNAVAILABLE when no stages could take it in time; either way, when it had fetched
+  // a state newer than the job's checkpoint, it wrote that state as a checkpoint first
+  // and `*saved_checkpoint` names it.
+  absl::StatusOr<Continuation> Recover(const LostRun& run, std::string* saved_checkpoint);
+
+ private:
+  struct Source {
+    std::optional<RestoredState> restored;
+    std::string what;  // "the stages' snapshots", "checkpoint DIR", "the start"
+  };
+  // Lists the survivors' snapshots (a survivor that does not answer is lost too, and
+  // leaves `survivors`), then takes the newer of the snapshot and the checkpoint.
+  Source FindState(const LostRun& run, std::vector<int>& survivors, std::vector<std::string>& lost);
+  // The stages to continue on, or nullopt after waiting in vain (or being stopped).
+  std::optional<Continuation> FindStages(const LostRun& run, const std::vector<int>& survivors,
+                                         const std::vector<std::string>& lost);
+  // Whether the job's model fits these stages, planned on them alone.
+  bool Fits(const pipetrain::v1::JobSpec& spec, const std::vector<StageRecord>& stages) const;
+
+  StageRegistry& registry_;
+  const common::RpcSecurity security_;
+  const absl::Duration rpc_deadline_;
+  const absl::Duration poll_;
+  const std::function<void(const std::string&)> log_;
+  const std::function<bool()> stop_;
+};
+
+}  // namespace pipetrain::coordinator

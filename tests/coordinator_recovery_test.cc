@@ -1,0 +1,264 @@
+// End to end, automatic recovery (issue 15): real coordinator, stage and CLI processes
+// on loopback. A stage killed or frozen mid-job is replaced by a free one, or the job
+// continues on the survivors, or waits for a stage (taking the lost one back when it
+// returns), and every case ends as the uninterrupted run would have: the same loss at
+// every step. A job that cannot recover fails naming its checkpoint; one cancelled while
+// recovering ends CANCELLED (coordinator_faults_test.cc: max_restarts 0 fails at once).
+#include <signal.h>
+
+#include <chrono>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/job_state.h"
+#include "coordinator/job_spec.h"
+#include "coordinator/planner/planner.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/cluster_jobs.h"
+#include "tests/testing/local_cluster.h"
+#include "tests/testing/loss_comparison.h"
+
+namespace pipetrain {
+namespace {
+
+using ::pipetrain::testing::LocalCluster;
+using ::pipetrain::testing::LocalClusterOptions;
+using ::pipetrain::testing::Losses;
+using ::pipetrain::testing::LossesMatch;
+using ::testing::HasSubstr;
+
+// Same layout: the same arithmetic in the same order, so the same bits.
+constexpr double kSameLayout = 1e-12;
+// Another number of stages: the same sums, grouped as the stages split them.
+constexpr double kOtherLayout = 1e-6;
+
+int64_t Int(const nlohmann::json& j, const char* key) {
+  if (!j.contains(key)) return 0;
+  if (j[key].is_number()) return j[key].get<int64_t>();
+  int64_t v = 0;
+  (void)absl::SimpleAtoi(j[key].get<std::string>(), &v);
+  return v;
+}
+
+class CoordinatorRecoveryTest : public testing::ClusterJobTest {
+ protected:
+  static constexpr int kSteps = 300;  // about 3 s: long enough to kill a stage mid-run
+
+  CoordinatorRecoveryTest() {
+    spec_["training"]["steps"] = kSteps;
+    spec_["data"]["validate_every_steps"] = 0;
+    spec_["checkpoint"]["every_steps"] = 0;
+    spec_["pipeline"]["schedule"] = "1f1b";
+  }
+
+  static bool Ended(const json& s) {
+    return s.contains("state") && s["state"] != "QUEUED" && s["state"] != "RUNNING" &&
+           s["state"] != "RECOVERING";
+  }
+  static bool Recovered(const json& s) { return s.contains("recoveries"); }
+
+  // Waits until the job has done `steps` steps and kills stage `position` of it.
+  std::string KillAt(LocalCluster& c, const std::string& id, int64_t steps, int position) {
+    const json s = WaitFor(c, id, [&](const json& j) { return Int(j, "steps_done") >= steps; });
+    const std::string victim = s["stage_ids"][position];
+    EXPECT_TRUE(c.KillStage(StageAddress(c, victim))) << victim;
+    return victim;
+  }
+
+  // The uninterrupted run's losses, from a job run to its end on `stages` stages.
+  std::vector<double> Reference(LocalCluster& c, int stages) {
+    const std::string id = SubmitAndFollow(c, {absl::StrCat("pipeline.stages=", stages)});
+    const json s = Status(c, id);
+    EXPECT_EQ(s["state"], "SUCCEEDED") << s.dump();
+    return Losses(s);
+  }
+
+  // A per-stage memory the job's model fits on `fits` stages of but not on `fits - 1`.
+  uint64_t MemoryBetween(int fits) {
+    auto parsed = coordinator::ParseJobSpec(spec_.dump());
+    EXPECT_TRUE(parsed.ok()) << parsed.status();
+    double peak[2] = {0, 0};
+    for (int i = 0; i < 2; ++i) {
+      pipetrain::v1::JobSpec spec = coordinator::WithDefaults(*parsed);
+      spec.mutable_pipeline()->set_stages(fits - i);
+      auto po = planner::OptionsFromJobSpec(spec);
+      EXPECT_TRUE(po.ok()) << po.status();
+      auto plan = planner::MakePlan(*po);
+      EXPECT_TRUE(plan.ok()) << plan.status();
+      for (const auto& st : plan->stages) {
+        peak[i] = std::max(peak[i], st.state_bytes + st.peak_activation_bytes);
+      }
+    }
+    EXPECT_LT(peak[0], peak[1]);
+    return static_cast<uint64_t>((peak[0] + peak[1]) / 2);
+  }
+};
+
+TEST_F(CoordinatorRecoveryTest, AKilledStageIsReplacedByAFreeOneAndEveryLossIsTheSame) {
+  auto cluster = LocalCluster::Start(dir_.File("state"), 4);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  const std::vector<double> expected = Reference(c, 3);
+  ASSERT_EQ(expected.size(), static_cast<size_t>(kSteps));
+
+  const std::string id = SubmitNoWait(c, {"pipeline.stages=3"});
+  const std::string victim = KillAt(c, id, 5, 1);
+  const json done = WaitFor(c, id, Ended);
+  EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
+  ASSERT_EQ(done["recoveries"].size(), 1u) << done.dump();
+  const json& r = done["recoveries"][0];
+  EXPECT_EQ(r["lost_stage_ids"][0], victim);
+  EXPECT_EQ(r["stages"], 3) << "a free stage took the lost one's place";
+  EXPECT_GE(Int(r, "failed_step"), 6);
+  EXPECT_EQ(Int(done, "steps_done"), kSteps);
+  EXPECT_TRUE(LossesMatch(Losses(Status(c, id)), expected, kSameLayout));
+  EXPECT_THAT(done["stage_ids"].dump(), ::testing::Not(HasSubstr(victim)));
+}
+
+TEST_F(CoordinatorRecoveryTest, WithoutAFreeStageTheJobContinuesOnTheSurvivors) {
+  auto cluster = LocalCluster::Start(dir_.File("state"), 3);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  const std::vector<double> expected = Reference(c, 3);
+
+  const std::string id = SubmitNoWait(c, {"pipeline.stages=3"});
+  KillAt(c, id, 4, 2);
+  const json done = WaitFor(c, id, Ended);
+  EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
+  ASSERT_EQ(done["recoveries"].size(), 1u) << done.dump();
+  EXPECT_EQ(done["recoveries"][0]["stages"], 2);
+  EXPECT_EQ(done["stage_ids"].size(), 2u);
+  EXPECT_TRUE(LossesMatch(Losses(Status(c, id)), expected, kOtherLayout));
+}
+
+TEST_F(CoordinatorRecoveryTest, WithSnapshotsOffItContinuesFromTheNewestCheckpoint) {
+  spec_["checkpoint"]["every_steps"] = 4;
+  spec_["checkpoint"]["snapshot_every_steps"] = 0;
+  auto cluster = LocalCluster::Start(dir_.File("state"), 3);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  const std::vector<double> expected = Reference(c, 2);
+
+  const std::string id = SubmitNoWait(c, {"pipeline.stages=2"});
+  KillAt(c, id, 9, 0);
+  const json done = WaitFor(c, id, Ended);
+  EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
+  ASSERT_EQ(done["recoveries"].size(), 1u) << done.dump();
+  const json& r = done["recoveries"][0];
+  EXPECT_THAT(r["source"].get<std::string>(), HasSubstr("checkpoint"));
+  const int64_t restored = Int(r, "restored_step");
+  EXPECT_EQ(restored % 4, 0);
+  EXPECT_GE(restored, 8);
+  EXPECT_LT(restored, Int(r, "failed_step"));
+  EXPECT_TRUE(LossesMatch(Losses(Status(c, id)), expected, kSameLayout));
+  EXPECT_THAT(done["checkpoint_dir"].get<std::string>(), HasSubstr(absl::StrCat("step-", kSteps)));
+}
+
+TEST_F(CoordinatorRecoveryTest, TwoStagesLostAtOnceStillEndAsTheUninterruptedRun) {
+  auto cluster = LocalCluster::Start(dir_.File("state"), 3);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  const std::vector<double> expected = Reference(c, 3);
+
+  const std::string id = SubmitNoWait(c, {"pipeline.stages=3"});
+  const json s = WaitFor(c, id, [](const json& j) { return Int(j, "steps_done") >= 4; });
+  for (int position : {1, 2}) {
+    ASSERT_TRUE(c.KillStage(StageAddress(c, s["stage_ids"][position])));
+  }
+  const json done = WaitFor(c, id, Ended);
+  EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
+  EXPECT_EQ(done["stage_ids"].size(), 1u) << done.dump();
+  EXPECT_TRUE(LossesMatch(Losses(Status(c, id)), expected, kOtherLayout));
+}
+
+// The survivors cannot hold the model: the job waits for a stage, and the lost one
+// restarted on its address is taken back.
+TEST_F(CoordinatorRecoveryTest, ItWaitsForAStageAndTakesTheLostOneBackWhenItReturns) {
+  LocalClusterOptions options;
+  options.stage_args = {"--memory-limit", absl::StrCat(MemoryBetween(2))};
+  auto cluster = LocalCluster::Start(dir_.File("state"), 2, options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  const std::vector<double> expected = Reference(c, 2);
+
+  const std::string id = SubmitNoWait(c, {"pipeline.stages=2"});
+  const std::string victim = KillAt(c, id, 4, 1);
+  WaitFor(c, id, [](const json& j) { return j["state"] == "RECOVERING"; });
+  ASSERT_TRUE(c.RestartStage(StageAddress(c, victim)).ok());
+  const json done = WaitFor(c, id, Ended);
+  EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
+  ASSERT_EQ(done["recoveries"].size(), 1u) << done.dump();
+  EXPECT_EQ(done["recoveries"][0]["stages"], 2);
+  EXPECT_TRUE(LossesMatch(Losses(Status(c, id)), expected, kSameLayout));
+  auto logs = c.Cli({"logs", id});
+  ASSERT_TRUE(logs.ok());
+  EXPECT_THAT(logs->out, HasSubstr("waiting up to"));
+  EXPECT_THAT(logs->out, HasSubstr(victim + " lost at step"));
+}
+
+TEST_F(CoordinatorRecoveryTest, ACancelWhileRecoveringEndsTheJobCancelled) {
+  LocalClusterOptions options;
+  options.stage_args = {"--memory-limit", absl::StrCat(MemoryBetween(2))};
+  auto cluster = LocalCluster::Start(dir_.File("state"), 2, options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  const std::string id = SubmitNoWait(c, {"pipeline.stages=2"});
+  KillAt(c, id, 4, 0);
+  WaitFor(c, id, [](const json& j) { return j["state"] == "RECOVERING"; });
+  auto listed = c.Cli({"list"});
+  ASSERT_TRUE(listed.ok());
+  EXPECT_THAT(listed->out, HasSubstr("RECOVERING"));
+  ASSERT_EQ(c.Cli({"cancel", id})->exit_code, 0);
+  const json done = WaitFor(c, id, Ended);
+  EXPECT_EQ(done["state"], "CANCELLED") << done.dump();
+}
+
+TEST_F(CoordinatorRecoveryTest, AfterMaxRestartsTheJobFailsNamingItsCheckpoint) {
+  spec_["training"]["steps"] = 100000;
+  spec_["checkpoint"]["every_steps"] = 2;
+  spec_["fault_tolerance"]["max_restarts"] = 1;
+  auto cluster = LocalCluster::Start(dir_.File("state"), 4);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  const std::string id = SubmitNoWait(c, {"pipeline.stages=2"});
+  KillAt(c, id, 3, 0);
+  WaitFor(c, id, [](const json& j) { return j.contains("recoveries") && j["state"] == "RUNNING"; });
+  const json before = Status(c, id);
+  KillAt(c, id, Int(before, "steps_done") + 2, 1);
+  const json done = WaitFor(c, id, Ended);
+  EXPECT_EQ(done["state"], "FAILED") << done.dump();
+  const std::string reason = done["reason"];
+  EXPECT_THAT(reason, HasSubstr("max_restarts"));
+  EXPECT_THAT(reason, HasSubstr("pipetrain resume " + id));
+}
+
+// A stage that stops answering without dying is lost within --stage-deadline, and the
+// job goes on without it.
+TEST_F(CoordinatorRecoveryTest, AFrozenStageIsLostWithinTheDeadlineAndTheJobGoesOn) {
+  LocalClusterOptions options;
+  options.coordinator_args = {"--stage-deadline", "3"};
+  auto cluster = LocalCluster::Start(dir_.File("state"), 3, options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  spec_["training"]["steps"] = 60;
+  const std::string id = SubmitNoWait(c, {"pipeline.stages=3"});
+  const json running = WaitFor(c, id, [](const json& j) { return Int(j, "steps_done") >= 3; });
+  const std::string victim = running["stage_ids"][1];
+  const std::string victim_address = StageAddress(c, victim);
+  ASSERT_TRUE(c.SignalStage(victim_address, SIGSTOP)) << victim;
+  const auto frozen_at = std::chrono::steady_clock::now();
+  const json recovering = WaitFor(c, id, Recovered);
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - frozen_at).count();
+  EXPECT_LT(took, 20.0) << recovering.dump();
+  const json done = WaitFor(c, id, Ended);
+  ASSERT_TRUE(c.KillStage(victim_address));  // a stopped process still takes SIGKILL
+  EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
+  ASSERT_EQ(done["recoveries"].size(), 1u);
+  EXPECT_EQ(done["recoveries"][0]["lost_stage_ids"][0], victim);
+  EXPECT_EQ(Int(done, "steps_done"), 60);
+}
+
+}  // namespace
+}  // namespace pipetrain
