@@ -15,6 +15,11 @@ namespace pipetrain::common {
 namespace {
 
 absl::Status ErrnoError(int error, absl::string_view what, absl::string_view path) {
+  // Both mean there is no room for the file (EFBIG: a file-size limit such as
+  // RLIMIT_FSIZE or a quota); say so in the words an operator acts on.
+  if (error == ENOSPC || error == EFBIG) {
+    return absl::ErrnoToStatus(error, absl::StrCat(what, " ", path, ": disk full"));
+  }
   return absl::ErrnoToStatus(error, absl::StrCat(what, " ", path));
 }
 

@@ -615,11 +615,14 @@ absl::StatusOr<pb::Timeline> JobManager::Timeline(const std::string& job_id, int
 
 absl::StatusOr<pb::RegisterStageResponse> JobManager::RegisterStage(
     const pb::RegisterStageRequest& request) {
-  ASSIGN_OR_RETURN(std::string id, registry_.Register(request.address(), request.device()));
-  common::LogInfo("coordinator", absl::StrCat(id, " registered from ", request.address(), " (",
-                                              request.device().name(), ")"));
+  ASSIGN_OR_RETURN(StageRegistration registered,
+                   registry_.Register(request.address(), request.device()));
+  common::LogInfo("coordinator", absl::StrCat(registered.stage_id, " registered from ",
+                                              request.address(), " (", request.device().name(),
+                                              ")"));
   pb::RegisterStageResponse response;
-  response.set_stage_id(id);
+  response.set_stage_id(registered.stage_id);
+  response.set_registration_secret(registered.secret);
   response.set_heartbeat_interval_ms(
       static_cast<int32_t>(absl::ToInt64Milliseconds(options_.heartbeat_interval)));
   absl::MutexLock lock(&mu_);
@@ -629,7 +632,8 @@ absl::StatusOr<pb::RegisterStageResponse> JobManager::RegisterStage(
 
 pb::HeartbeatResponse JobManager::Heartbeat(const pb::HeartbeatRequest& request) {
   pb::HeartbeatResponse response;
-  response.set_known(registry_.Heartbeat(request.stage_id()));
+  // An id with the wrong secret is answered as unknown: the stage registers again.
+  response.set_known(registry_.Heartbeat(request.stage_id(), request.registration_secret()));
   return response;
 }
 

@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace pipetrain::coordinator {
 namespace {
@@ -28,6 +29,11 @@ bool IsFree(const StageRecord& stage, uint64_t min_memory_bytes) {
   return !stage.lost && stage.job_id.empty() && stage.device.memory_bytes() >= min_memory_bytes;
 }
 
+// 128 bits: two registrations never share a secret, whichever coordinator made them.
+std::string NewSecret(absl::BitGen& gen) {
+  return absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(gen), absl::Uniform<uint64_t>(gen));
+}
+
 void ToTimestamp(absl::Time t, google::protobuf::Timestamp* out) {
   int64_t seconds = absl::ToUnixSeconds(t);
   out->set_seconds(seconds);
@@ -39,7 +45,7 @@ void ToTimestamp(absl::Time t, google::protobuf::Timestamp* out) {
 StageRegistry::StageRegistry(absl::Duration heartbeat_timeout, std::function<absl::Time()> now)
     : timeout_(heartbeat_timeout), now_(std::move(now)) {}
 
-absl::StatusOr<std::string> StageRegistry::Register(const std::string& address,
+absl::StatusOr<StageRegistration> StageRegistry::Register(const std::string& address,
                                                     const pipetrain::v1::DeviceInfo& device) {
   if (address.empty()) {
     return absl::InvalidArgumentError("register stage: address is empty");
@@ -50,10 +56,12 @@ absl::StatusOr<std::string> StageRegistry::Register(const std::string& address,
     if (stage.address == address) {
       // The same server restarted (or retried): keep its id, its place in the
       // oldest-first order and any job holding it, which will find out on its own.
+      // A new secret: heartbeats of the earlier registration are refused from now on.
       stage.device = device;
       stage.last_heartbeat = now;
       stage.lost = false;
-      return stage.stage_id;
+      stage.secret = NewSecret(secrets_);
+      return StageRegistration{stage.stage_id, stage.secret};
     }
   }
   StageRecord& stage = stages_.emplace_back();
@@ -62,14 +70,18 @@ absl::StatusOr<std::string> StageRegistry::Register(const std::string& address,
   stage.device = device;
   stage.registered = now;
   stage.last_heartbeat = now;
-  return stage.stage_id;
+  stage.secret = NewSecret(secrets_);
+  return StageRegistration{stage.stage_id, stage.secret};
 }
 
-bool StageRegistry::Heartbeat(const std::string& stage_id) {
+bool StageRegistry::Heartbeat(const std::string& stage_id, const std::string& secret) {
   absl::Time now = now_();
   absl::MutexLock lock(&mu_);
   for (StageRecord& stage : stages_) {
     if (stage.stage_id == stage_id) {
+      // Same id, other secret: a registration this registry did not make (an earlier
+      // coordinator's, whose id now names another stage) or an older one of this stage.
+      if (stage.secret != secret) return false;
       stage.last_heartbeat = now;
       stage.lost = false;
       return true;

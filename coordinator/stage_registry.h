@@ -2,6 +2,15 @@
 // misses heartbeats for longer than the timeout is LOST until it heartbeats or
 // registers again. Jobs take idle stages and give them back. Pure and thread-safe; the
 // clock is injected so tests control time.
+//
+// Identity across a coordinator restart: ids ("stage-1", ...) start again from 1 in a
+// new registry, so a stage that registered with the previous coordinator may heartbeat
+// with an id that now names another stage. Ids are therefore not trusted alone: every
+// registration gets a fresh random secret, and a heartbeat counts only when its id and
+// secret both match a registration of this registry. A stage whose heartbeat is
+// refused registers again and gets an id (and secret) of its own, so a reused id never
+// makes a dead stage look alive. The secret is not authentication (that is the
+// bearer token's job); it only tells registrations apart.
 #pragma once
 
 #include <functional>
@@ -9,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/random/random.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -24,6 +34,13 @@ struct StageRecord {
   absl::Time last_heartbeat;
   std::string job_id;  // the job holding it, "" when free
   bool lost = false;
+  std::string secret;  // of its latest registration; heartbeats must carry it
+};
+
+// What a stage is told when it registers: its id and the secret its heartbeats carry.
+struct StageRegistration {
+  std::string stage_id;
+  std::string secret;  // 128 random bits as 32 hex digits, new with each registration
 };
 
 class StageRegistry {
@@ -32,12 +49,14 @@ class StageRegistry {
                          std::function<absl::Time()> now = [] { return absl::Now(); });
 
   // A stage registering again from an address already known keeps its id (and any
-  // job holding it); otherwise it gets a new id. INVALID_ARGUMENT if address is empty.
-  absl::StatusOr<std::string> Register(const std::string& address,
-                                       const pipetrain::v1::DeviceInfo& device);
-  // False if the id is unknown (the stage should register again). A lost stage that
+  // job holding it); otherwise it gets a new id. Either way it gets a new secret, and
+  // the earlier one is no longer accepted. INVALID_ARGUMENT if address is empty.
+  absl::StatusOr<StageRegistration> Register(const std::string& address,
+                                             const pipetrain::v1::DeviceInfo& device);
+  // False unless `stage_id` is known and `secret` is its latest registration's (the
+  // stage should register again); the record is not touched then. A lost stage that
   // heartbeats is no longer lost.
-  bool Heartbeat(const std::string& stage_id);
+  bool Heartbeat(const std::string& stage_id, const std::string& secret);
 
   // Marks stages whose last heartbeat is older than the timeout as lost; returns the
   // ids newly marked. Called by Snapshot/Acquire and by the coordinator's timer.
@@ -75,6 +94,7 @@ class StageRegistry {
   absl::Mutex mu_;
   std::vector<StageRecord> stages_ ABSL_GUARDED_BY(mu_);
   int next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::BitGen secrets_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pipetrain::coordinator

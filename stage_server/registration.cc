@@ -28,6 +28,11 @@ std::string Registration::stage_id() const {
   return stage_id_;
 }
 
+std::string Registration::registration_secret() const {
+  absl::MutexLock lock(&mu_);
+  return secret_;
+}
+
 void Registration::Run() {
   absl::Duration interval = absl::Seconds(2);
   std::string last_problem;
@@ -39,13 +44,20 @@ void Registration::Run() {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     security_.AddToken(ctx);
-    const std::string id = stage_id();
+    std::string id;
+    std::string secret;
+    {
+      absl::MutexLock lock(&mu_);
+      id = stage_id_;
+      secret = secret_;
+    }
     if (id.empty()) {
       pipetrain::v1::RegisterStageResponse resp;
       grpc::Status s = stub_->RegisterStage(&ctx, request_, &resp);
       if (s.ok()) {
         absl::MutexLock lock(&mu_);
         stage_id_ = resp.stage_id();
+        secret_ = resp.registration_secret();
         if (resp.heartbeat_interval_ms() > 0) {
           interval = absl::Milliseconds(resp.heartbeat_interval_ms());
         }
@@ -60,11 +72,21 @@ void Registration::Run() {
       pipetrain::v1::HeartbeatRequest req;
       req.set_stage_id(id);
       req.set_job_id(job_id_());
+      req.set_registration_secret(secret);
       pipetrain::v1::HeartbeatResponse resp;
       grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
       if (s.ok() && !resp.known()) {
-        absl::MutexLock lock(&mu_);
-        stage_id_.clear();  // the coordinator restarted or dropped us: register again
+        // The coordinator restarted or dropped us, or our id is now another stage's:
+        // register again at once, so the coordinator sees this stage as soon as it can.
+        {
+          absl::MutexLock lock(&mu_);
+          stage_id_.clear();
+          secret_.clear();
+        }
+        common::LogInfo("stage", absl::StrCat("the coordinator at ", coordinator_,
+                                              " does not know ", id,
+                                              " with its secret: registering again"));
+        continue;
       } else if (!s.ok()) {
         problem(absl::StrCat("heartbeat to ", coordinator_, " failed: ", s.error_message()));
       } else {

@@ -1,5 +1,8 @@
 // Keeps a stage server registered with its coordinator: registers (again whenever the
 // coordinator has forgotten it) and heartbeats on a background thread until stopped.
+// Every heartbeat carries the secret of the registration that gave the id, so a
+// restarted coordinator that has handed the same id to another stage refuses it and
+// this stage registers again instead of passing for the other one.
 // Failures are logged when the state changes, not on every attempt. Calls carry the
 // stage's TLS certificate and bearer token when it has them.
 #pragma once
@@ -23,6 +26,8 @@ class Registration {
   ~Registration();  // stops the thread
 
   std::string stage_id() const;
+  // The latest registration's secret ("" while unregistered), for tests.
+  std::string registration_secret() const;
 
  private:
   void Run();
@@ -35,6 +40,7 @@ class Registration {
   absl::Notification stop_;
   mutable absl::Mutex mu_;
   std::string stage_id_ ABSL_GUARDED_BY(mu_);
+  std::string secret_ ABSL_GUARDED_BY(mu_);  // goes with stage_id_; both or neither
   std::thread thread_;
 };
 

@@ -1,5 +1,10 @@
 #include "common/model/checkpoint_folder.h"
 
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -17,13 +22,13 @@ model::GptConfig Tiny() {
 }
 
 // A whole-model checkpoint with random weights and optimizer state.
-model::Checkpoint Whole() {
+model::Checkpoint Whole(uint32_t seed = 1) {
   model::Checkpoint c;
   c.config = Tiny();
   c.layer_begin = 0;
   c.layer_end = c.config.n_layers + 2;
   c.optimizer.emplace().step = 7;
-  uint32_t x = 1;
+  uint32_t x = seed;
   auto fill = [&](const model::ParamSpec& p) {
     common::Tensor t = *common::Tensor::Create(common::DType::kF32, p.shape);
     for (float& v : t.data<float>())
@@ -49,19 +54,25 @@ bool SameTensors(const model::ParamMap& a, const model::ParamMap& b) {
   return true;
 }
 
+// The files of three stages holding [0, 2), [2, 4) and [4, 5), in `order` of stages.
+std::vector<ChunkFile> StageFiles(const model::Checkpoint& whole,
+                                  std::vector<int> order = {0, 1, 2}) {
+  const std::pair<int, int> ranges[] = {{0, 2}, {2, 4}, {4, 5}};
+  std::vector<ChunkFile> files;
+  for (int s : order) {
+    auto part = SliceCheckpoint(whole, ranges[s].first, ranges[s].second);
+    EXPECT_THAT(part.status(), IsOk());
+    auto bytes = model::SerializeCheckpoint(*part);
+    EXPECT_THAT(bytes.status(), IsOk());
+    files.push_back({s, 0, *bytes});
+  }
+  return files;
+}
+
 TEST(CheckpointFilesTest, FolderOfSlicesLoadsBackAsTheWholeModel) {
   testing::TempDir dir;
   const model::Checkpoint whole = Whole();
-  // Three stages: [0, 2), [2, 4), [4, 5).
-  std::vector<ChunkFile> files;
-  const std::pair<int, int> ranges[] = {{0, 2}, {2, 4}, {4, 5}};
-  for (int s = 0; s < 3; ++s) {
-    auto part = SliceCheckpoint(whole, ranges[s].first, ranges[s].second);
-    ASSERT_THAT(part.status(), IsOk());
-    auto bytes = model::SerializeCheckpoint(*part);
-    ASSERT_THAT(bytes.status(), IsOk());
-    files.push_back({s, 0, *bytes});
-  }
+  const std::vector<ChunkFile> files = StageFiles(whole);
   ASSERT_THAT(WriteCheckpointFolder(dir.File("ckpt"), files, 1), IsOk());
   EXPECT_EQ(testing::ListFolder(dir.File("ckpt")),
             (std::vector<std::string>{"model.safetensors.index.json", "stage-0.safetensors",
@@ -94,6 +105,116 @@ TEST(CheckpointFilesTest, ErrorsNameTheFieldAndWhatIsWrong) {
                                  " holds pipeline layers [0, 2) of 5; eval needs the whole model")));
   EXPECT_THAT(SliceCheckpoint(Whole(), 3, 9).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[3, 9)")));
+}
+
+struct ChildResult {
+  int exit_code = -1;   // 0: the write returned OK, 1: it returned an error
+  std::string message;  // the error's text
+};
+
+// Runs WriteCheckpointFolder in a forked child whose files may not grow past
+// `max_file_bytes` (RLIMIT_FSIZE, with SIGXFSZ ignored so that the write that crosses
+// it fails with EFBIG, as on a full disk, instead of killing the child).
+ChildResult WriteWithFileSizeLimit(const std::string& dir, const std::vector<ChunkFile>& files,
+                                   uint64_t max_file_bytes) {
+  int fds[2];
+  if (pipe(fds) != 0) return {-1, "pipe failed"};
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit{max_file_bytes, max_file_bytes};
+    if (setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(2);
+    const absl::Status s = WriteCheckpointFolder(dir, files, 1);
+    const std::string text(s.message());
+    if (write(fds[1], text.data(), text.size()) < 0) _exit(3);
+    _exit(s.ok() ? 0 : 1);
+  }
+  close(fds[1]);
+  ChildResult result;
+  char buffer[4096];
+  for (ssize_t n; (n = read(fds[0], buffer, sizeof buffer)) > 0;) result.message.append(buffer, n);
+  close(fds[0]);
+  int status = 0;
+  if (pid > 0 && waitpid(pid, &status, 0) == pid && WIFEXITED(status)) {
+    result.exit_code = WEXITSTATUS(status);
+  }
+  return result;
+}
+
+// Stage 2's file (the head) first and stage 0's (the embedding) second, and a size
+// limit that the first fits under and the second does not: the 2nd write fails.
+struct FailingWrite {
+  std::vector<ChunkFile> files;
+  uint64_t limit = 0;
+};
+FailingWrite SecondFileTooLarge(const model::Checkpoint& whole) {
+  FailingWrite w{StageFiles(whole, {2, 0, 1}), 0};
+  w.limit = w.files[0].bytes.size();
+  EXPECT_GT(w.files[1].bytes.size(), w.limit);
+  return w;
+}
+
+TEST(CheckpointFolderWriteTest, ReplacesAnOlderFolderWholeAndLeavesNoTemporaryFolder) {
+  testing::TempDir dir;
+  ASSERT_THAT(WriteCheckpointFolder(dir.File("step-3"), StageFiles(Whole(1)), 1), IsOk());
+  const model::Checkpoint newer = Whole(2);
+  // Written through a path with a trailing slash, which names the same folder.
+  ASSERT_THAT(WriteCheckpointFolder(dir.File("step-3/"), StageFiles(newer), 1), IsOk());
+  EXPECT_EQ(testing::ListFolder(dir.path()), std::vector<std::string>{"step-3"});
+  auto back = LoadWholeCheckpoint(dir.File("step-3"), "init_from");
+  ASSERT_THAT(back.status(), IsOk());
+  EXPECT_TRUE(SameTensors(back->params, newer.params));
+  EXPECT_FALSE(SameTensors(back->params, Whole(1).params));
+  // A parent that does not exist yet is created.
+  EXPECT_THAT(WriteCheckpointFolder(dir.File("job-1/step-1"), StageFiles(newer), 1), IsOk());
+  EXPECT_EQ(testing::ListFolder(dir.File("job-1")), std::vector<std::string>{"step-1"});
+}
+
+TEST(CheckpointFolderWriteTest, FailurePartWayLeavesNoFolderAndKeepsTheOlderOne) {
+  testing::TempDir dir;
+  const model::Checkpoint older = Whole(1);
+  ASSERT_THAT(WriteCheckpointFolder(dir.File("step-1"), StageFiles(older), 1), IsOk());
+  const std::vector<std::string> older_files = testing::ListFolder(dir.File("step-1"));
+
+  const FailingWrite w = SecondFileTooLarge(Whole(2));
+  const ChildResult child = WriteWithFileSizeLimit(dir.File("step-2"), w.files, w.limit);
+  EXPECT_EQ(child.exit_code, 1) << child.message;
+  EXPECT_THAT(child.message, HasSubstr("step-2"));
+  EXPECT_THAT(child.message, HasSubstr("stage-0.safetensors"));
+  EXPECT_THAT(child.message, HasSubstr("disk full"));
+  // No step-2, no step-2.tmp-*: only the older, complete folder, as it was.
+  EXPECT_EQ(testing::ListFolder(dir.path()), std::vector<std::string>{"step-1"});
+  EXPECT_EQ(testing::ListFolder(dir.File("step-1")), older_files);
+  auto back = LoadWholeCheckpoint(dir.File("step-1"), "init_from");
+  ASSERT_THAT(back.status(), IsOk());
+  EXPECT_TRUE(SameTensors(back->params, older.params));
+
+  // The same limit without a second file that crosses it succeeds: the limit, not
+  // something else, made the write above fail.
+  const std::vector<ChunkFile> first_only(w.files.begin(), w.files.begin() + 1);
+  EXPECT_EQ(WriteWithFileSizeLimit(dir.File("step-2"), first_only, w.limit).exit_code, 0);
+  EXPECT_EQ(testing::ListFolder(dir.path()), (std::vector<std::string>{"step-1", "step-2"}));
+}
+
+TEST(CheckpointFolderWriteTest, FailedRewriteOfTheSameFolderKeepsTheOlderOne) {
+  testing::TempDir dir;
+  const model::Checkpoint older = Whole(1);
+  ASSERT_THAT(WriteCheckpointFolder(dir.File("step-1"), StageFiles(older), 1), IsOk());
+  const FailingWrite w = SecondFileTooLarge(Whole(2));
+  const ChildResult child = WriteWithFileSizeLimit(dir.File("step-1"), w.files, w.limit);
+  EXPECT_EQ(child.exit_code, 1) << child.message;
+  EXPECT_THAT(child.message, HasSubstr("disk full"));
+  EXPECT_EQ(testing::ListFolder(dir.path()), std::vector<std::string>{"step-1"});
+  auto back = LoadWholeCheckpoint(dir.File("step-1"), "init_from");
+  ASSERT_THAT(back.status(), IsOk());
+  EXPECT_TRUE(SameTensors(back->params, older.params));
+}
+
+TEST(CheckpointFolderWriteTest, TemporaryFolderNamesAreRecognised) {
+  EXPECT_TRUE(IsTemporaryCheckpointFolder("step-7.tmp-Ab12Cd"));
+  EXPECT_FALSE(IsTemporaryCheckpointFolder("step-7"));
+  EXPECT_FALSE(IsTemporaryCheckpointFolder("step-17"));
 }
 
 }  // namespace

@@ -1,6 +1,9 @@
-// Tests of the stage registry under a fake clock: ids, heartbeats and loss, acquiring
-// and releasing stages for jobs, and the snapshot the API shows.
+// Tests of the stage registry under a fake clock: ids, secrets, heartbeats and loss,
+// acquiring and releasing stages for jobs, the snapshot the API shows, and a stage of
+// an earlier coordinator's registry heartbeating to a new one.
 #include "coordinator/stage_registry.h"
+
+#include <map>
 
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -29,10 +32,17 @@ DeviceInfo Device(uint64_t memory_bytes, const std::string& name = "cpu0") {
 
 class StageRegistryTest : public ::testing::Test {
  protected:
+  // Registers and keeps the secret for Beat; returns the id.
   std::string RegisterOrDie(const std::string& address, uint64_t memory = kGiB) {
-    auto id = registry_.Register(address, Device(memory));
-    EXPECT_THAT(id, IsOk());
-    return id.value_or("");
+    auto registered = registry_.Register(address, Device(memory));
+    EXPECT_THAT(registered, IsOk());
+    if (!registered.ok()) return "";
+    secrets_[registered->stage_id] = registered->secret;
+    return registered->stage_id;
+  }
+  // A heartbeat with the secret of the stage's latest registration.
+  bool Beat(const std::string& stage_id) {
+    return registry_.Heartbeat(stage_id, secrets_[stage_id]);
   }
   static std::vector<std::string> Ids(const std::vector<StageRecord>& stages) {
     std::vector<std::string> ids;
@@ -42,6 +52,7 @@ class StageRegistryTest : public ::testing::Test {
 
   absl::Time now_ = absl::FromUnixSeconds(1'700'000'000);
   StageRegistry registry_{kTimeout, [this] { return now_; }};
+  std::map<std::string, std::string> secrets_;  // stage id -> its latest secret
 };
 
 TEST_F(StageRegistryTest, RegisterGivesIdsAndKeepsThemPerAddress) {
@@ -51,7 +62,7 @@ TEST_F(StageRegistryTest, RegisterGivesIdsAndKeepsThemPerAddress) {
   now_ += absl::Seconds(3);
   auto again = registry_.Register("10.0.0.1:5000", Device(2 * kGiB, "cpu-new"));
   ASSERT_THAT(again, IsOk());
-  EXPECT_EQ(*again, "stage-1");
+  EXPECT_EQ(again->stage_id, "stage-1");
   auto found = registry_.Find("stage-1");
   ASSERT_TRUE(found.has_value());
   EXPECT_EQ(found->device.name(), "cpu-new");
@@ -66,10 +77,10 @@ TEST_F(StageRegistryTest, RegisterGivesIdsAndKeepsThemPerAddress) {
 TEST_F(StageRegistryTest, HeartbeatsKeepStagesAliveAndRevive) {
   const std::string a = RegisterOrDie("a:1");
   const std::string b = RegisterOrDie("b:1");
-  EXPECT_FALSE(registry_.Heartbeat("stage-99"));
+  EXPECT_FALSE(registry_.Heartbeat("stage-99", secrets_[a]));
 
   now_ += absl::Seconds(8);
-  EXPECT_TRUE(registry_.Heartbeat(a));
+  EXPECT_TRUE(Beat(a));
   now_ += absl::Seconds(2);  // b is exactly at the timeout: not lost yet
   EXPECT_THAT(registry_.Sweep(), IsEmpty());
   now_ += absl::Seconds(1);
@@ -78,7 +89,7 @@ TEST_F(StageRegistryTest, HeartbeatsKeepStagesAliveAndRevive) {
   EXPECT_EQ(registry_.LiveCount(), 1);
   EXPECT_TRUE(registry_.Find(b)->lost);
 
-  EXPECT_TRUE(registry_.Heartbeat(b));
+  EXPECT_TRUE(Beat(b));
   EXPECT_FALSE(registry_.Find(b)->lost);
   EXPECT_EQ(registry_.LiveCount(), 2);
 }
@@ -129,7 +140,7 @@ TEST_F(StageRegistryTest, AcquireNeverTakesLostStages) {
   const std::string s3 = RegisterOrDie("c:1");
   registry_.MarkLost(s1);
   now_ += absl::Seconds(11);             // s2 and s3 time out too...
-  EXPECT_TRUE(registry_.Heartbeat(s3));  // ...but s3 comes back
+  EXPECT_TRUE(Beat(s3));  // ...but s3 comes back
   EXPECT_EQ(registry_.FreeCount(), 1);
   EXPECT_FALSE(registry_.Acquire("job-1", 2).has_value());
   auto taken = registry_.Acquire("job-1", 1);
@@ -151,7 +162,7 @@ TEST_F(StageRegistryTest, LostStageStaysHeldUntilReleased) {
   EXPECT_EQ(registry_.FreeCount(), 1);  // s1 only: s2 is free but lost
   registry_.MarkLost("stage-99");       // unknown ids are ignored
   EXPECT_EQ(registry_.LiveCount(), 1);
-  EXPECT_TRUE(registry_.Heartbeat(s2));
+  EXPECT_TRUE(Beat(s2));
   EXPECT_EQ(registry_.FreeCount(), 2);
 }
 
@@ -161,7 +172,7 @@ TEST_F(StageRegistryTest, SnapshotShowsStatesJobsAndHeartbeats) {
   RegisterOrDie("c:1");
   ASSERT_TRUE(registry_.Acquire("job-7", 1).has_value());  // stage-1
   now_ += absl::Milliseconds(1500);
-  ASSERT_TRUE(registry_.Heartbeat("stage-2"));
+  ASSERT_TRUE(Beat("stage-2"));
   registry_.MarkLost("stage-3");
 
   std::vector<StageInfo> stages = registry_.Snapshot();
@@ -185,6 +196,76 @@ TEST_F(StageRegistryTest, SnapshotShowsStatesJobsAndHeartbeats) {
   EXPECT_EQ(stages[0].state(), StageInfo::LOST);
   EXPECT_EQ(stages[0].job_id(), "job-7");
   EXPECT_EQ(stages[1].state(), StageInfo::LOST);
+}
+
+TEST_F(StageRegistryTest, HeartbeatsNeedTheLatestRegistrationsSecret) {
+  auto first = registry_.Register("a:1", Device(kGiB));
+  ASSERT_THAT(first, IsOk());
+  EXPECT_EQ(first->secret.size(), 32u);
+  EXPECT_EQ(first->secret.find_first_not_of("0123456789abcdef"), std::string::npos);
+  auto other = registry_.Register("b:1", Device(kGiB));
+  ASSERT_THAT(other, IsOk());
+  EXPECT_NE(other->secret, first->secret);
+
+  now_ += absl::Seconds(11);  // both time out
+  EXPECT_FALSE(registry_.Heartbeat(first->stage_id, ""));
+  EXPECT_FALSE(registry_.Heartbeat(first->stage_id, other->secret));
+  EXPECT_TRUE(registry_.Find(first->stage_id)->lost);  // refused heartbeats revive nothing
+
+  // Registering again from the same address keeps the id but replaces the secret.
+  auto second = registry_.Register("a:1", Device(kGiB));
+  ASSERT_THAT(second, IsOk());
+  EXPECT_EQ(second->stage_id, first->stage_id);
+  EXPECT_NE(second->secret, first->secret);
+  now_ += absl::Seconds(11);
+  EXPECT_FALSE(registry_.Heartbeat(first->stage_id, first->secret));
+  EXPECT_TRUE(registry_.Find(first->stage_id)->lost);
+  EXPECT_TRUE(registry_.Heartbeat(second->stage_id, second->secret));
+  EXPECT_FALSE(registry_.Find(first->stage_id)->lost);
+  EXPECT_TRUE(registry_.Heartbeat(other->stage_id, other->secret));
+}
+
+// The ghost of a coordinator restart, without processes: P registered with the old
+// coordinator's registry as stage-1; the new registry gave stage-1 to Q. P's heartbeat
+// must not pass for Q's: it is refused, P registers and gets an id of its own, and Q's
+// record is as it was.
+TEST_F(StageRegistryTest, StageOfAnEarlierRegistryIsRefusedAndRegistersAnew) {
+  StageRegistry before_restart{kTimeout, [this] { return now_; }};
+  auto p_old = before_restart.Register("p:1", Device(kGiB, "p-device"));
+  ASSERT_THAT(p_old, IsOk());
+  ASSERT_EQ(p_old->stage_id, "stage-1");
+
+  now_ += absl::Seconds(5);
+  auto q = registry_.Register("q:1", Device(2 * kGiB, "q-device"));
+  ASSERT_THAT(q, IsOk());
+  ASSERT_EQ(q->stage_id, "stage-1");
+  ASSERT_TRUE(registry_.Acquire("job-1", 1).has_value());
+  const absl::Time q_seen = now_;
+
+  now_ += absl::Seconds(1);
+  EXPECT_FALSE(registry_.Heartbeat(p_old->stage_id, p_old->secret));
+  auto p_new = registry_.Register("p:1", Device(kGiB, "p-device"));
+  ASSERT_THAT(p_new, IsOk());
+  EXPECT_EQ(p_new->stage_id, "stage-2");
+  EXPECT_TRUE(registry_.Heartbeat(p_new->stage_id, p_new->secret));
+
+  auto q_record = registry_.Find("stage-1");
+  ASSERT_TRUE(q_record.has_value());
+  EXPECT_EQ(q_record->address, "q:1");
+  EXPECT_EQ(q_record->device.name(), "q-device");
+  EXPECT_EQ(q_record->job_id, "job-1");
+  EXPECT_EQ(q_record->last_heartbeat, q_seen);  // P's refused heartbeat did not count for Q
+  EXPECT_EQ(q_record->secret, q->secret);
+  // Q, dead since, times out although P kept heartbeating.
+  now_ += absl::Seconds(10);
+  EXPECT_TRUE(registry_.Heartbeat(p_new->stage_id, p_new->secret));
+  EXPECT_THAT(registry_.Sweep(), ElementsAre("stage-1"));
+  std::vector<StageInfo> stages = registry_.Snapshot();
+  ASSERT_EQ(stages.size(), 2u);
+  EXPECT_EQ(stages[0].address(), "q:1");
+  EXPECT_EQ(stages[0].state(), StageInfo::LOST);
+  EXPECT_EQ(stages[1].address(), "p:1");
+  EXPECT_EQ(stages[1].state(), StageInfo::IDLE);
 }
 
 }  // namespace

@@ -1,11 +1,19 @@
 #include "common/model/checkpoint_folder.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
 
+#include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
 #include "common/model/hf_gpt2.h"
@@ -21,19 +29,112 @@ std::string ChunkFileName(int stage, int chunk, int num_chunks) {
   return absl::StrCat("stage-", stage, "-chunk-", chunk, ".safetensors");
 }
 
-absl::Status WriteCheckpointFolder(const std::string& dir, const std::vector<ChunkFile>& files,
-                                   int num_chunks) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("checkpoint folder ", dir, ": ", ec.message()));
+namespace {
+
+// The infix that marks a folder as not (yet) a checkpoint.
+constexpr absl::string_view kTemporaryInfix = ".tmp-";
+
+absl::Status FolderError(int error, const std::string& dir, absl::string_view what) {
+  return absl::ErrnoToStatus(error, absl::StrCat("checkpoint folder ", dir, ": ", what));
+}
+
+// Creates an empty "TARGET.tmp-XXXXXX" next to `target` (same parent, so renames stay
+// on one file system).
+absl::StatusOr<std::string> MakeSiblingFolder(const std::string& target) {
+  std::string name = absl::StrCat(target, kTemporaryInfix, "XXXXXX");
+  if (mkdtemp(name.data()) == nullptr) {
+    return FolderError(errno, target, absl::StrCat("cannot create a temporary folder ", name));
+  }
+  // mkdtemp makes it 0700; a checkpoint is ordinary data that others may read.
+  chmod(name.c_str(), 0755);
+  return name;
+}
+
+absl::Status SyncFolder(const std::string& dir, const std::string& folder) {
+  const int fd = open(folder.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return FolderError(errno, dir, absl::StrCat("cannot open ", folder));
+  const int rc = fsync(fd);
+  const int error = errno;
+  close(fd);
+  if (rc != 0) return FolderError(error, dir, absl::StrCat("cannot fsync ", folder));
+  return absl::OkStatus();
+}
+
+// Fills `folder` with the chunk files and the index; every file is fsynced (and the
+// folder with it) by WriteFileAtomically.
+absl::Status FillFolder(const std::string& dir, const std::string& folder,
+                        const std::vector<ChunkFile>& files, int num_chunks) {
   std::vector<std::string> paths;
   for (const ChunkFile& s : files) {
-    const std::string path = (fs::path(dir) / ChunkFileName(s.stage, s.chunk, num_chunks)).string();
-    RETURN_IF_ERROR(common::WriteFileAtomically(path, s.bytes));
+    const std::string name = ChunkFileName(s.stage, s.chunk, num_chunks);
+    const std::string path = (fs::path(folder) / name).string();
+    if (absl::Status written = common::WriteFileAtomically(path, s.bytes); !written.ok()) {
+      return absl::Status(written.code(), absl::StrCat("checkpoint folder ", dir, ": ", name,
+                                                       ": ", written.message()));
+    }
     paths.push_back(path);
   }
-  return model::WriteCheckpointIndex((fs::path(dir) / model::kCheckpointIndexFileName).string(),
-                                     paths);
+  absl::Status index = model::WriteCheckpointIndex(
+      (fs::path(folder) / model::kCheckpointIndexFileName).string(), paths);
+  if (!index.ok()) {
+    return absl::Status(index.code(), absl::StrCat("checkpoint folder ", dir, ": ",
+                                                   model::kCheckpointIndexFileName, ": ",
+                                                   index.message()));
+  }
+  return absl::OkStatus();
+}
+
+// Puts the finished `folder` in place of `target`, an older `target` renamed away
+// first (rename cannot replace a folder that has files) and removed after.
+absl::Status ReplaceFolder(const std::string& dir, const std::string& folder,
+                           const std::string& target) {
+  std::error_code ec;
+  std::string old;
+  if (fs::exists(target, ec)) {
+    ASSIGN_OR_RETURN(old, MakeSiblingFolder(target));
+    // rename(2) may replace an empty folder, which `old` is.
+    if (rename(target.c_str(), old.c_str()) != 0) {
+      const int error = errno;
+      rmdir(old.c_str());
+      return FolderError(error, dir, absl::StrCat("cannot move the older folder to ", old));
+    }
+  }
+  if (rename(folder.c_str(), target.c_str()) != 0) {
+    const int error = errno;
+    if (!old.empty()) rename(old.c_str(), target.c_str());  // put the older one back
+    return FolderError(error, dir, absl::StrCat("cannot rename ", folder, " to ", target));
+  }
+  const std::string parent = fs::path(target).parent_path().string();
+  absl::Status synced = SyncFolder(dir, parent.empty() ? "." : parent);
+  // The new folder is in place whatever the fsync said; the older one goes either way.
+  if (!old.empty()) fs::remove_all(old, ec);
+  return synced;
+}
+
+}  // namespace
+
+bool IsTemporaryCheckpointFolder(absl::string_view name) {
+  return absl::StrContains(name, kTemporaryInfix);
+}
+
+absl::Status WriteCheckpointFolder(const std::string& dir, const std::vector<ChunkFile>& files,
+                                   int num_chunks) {
+  fs::path target_path = fs::path(dir).lexically_normal();
+  if (!target_path.has_filename()) target_path = target_path.parent_path();  // "ckpt/"
+  const std::string target = target_path.string();
+  if (target.empty() || target == "." || target == "..") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint folder '", dir, "': not a folder name"));
+  }
+  std::error_code ec;
+  if (target_path.has_parent_path()) fs::create_directories(target_path.parent_path(), ec);
+  if (ec) return absl::InternalError(absl::StrCat("checkpoint folder ", dir, ": ", ec.message()));
+  ASSIGN_OR_RETURN(const std::string folder, MakeSiblingFolder(target));
+  absl::Status s = FillFolder(dir, folder, files, num_chunks);
+  if (s.ok()) s = ReplaceFolder(dir, folder, target);
+  // After a failure nothing of this write is left: no partial folder, no temporary one.
+  fs::remove_all(folder, ec);
+  return s;
 }
 
 absl::StatusOr<model::Checkpoint> LoadWholeModel(const std::string& path, const std::string& field,

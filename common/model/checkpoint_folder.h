@@ -1,8 +1,8 @@
 // A checkpoint as a folder: one safetensors file per stage (per
 // model chunk when a stage holds several) and model.safetensors.index.json in Hugging
-// Face form, each written atomically and the index last, so a folder with an index is
-// complete. And the way back: a checkpoint folder (or one file) cut into the layer
-// ranges of a new job's stages for `submit --init-from`.
+// Face form. The folder appears complete or not at all: it is written as a sibling
+// DIR.tmp-XXXXXX and renamed into place. And the way back: a checkpoint folder (or one
+// file) cut into the layer ranges of a new job's stages for `submit --init-from`.
 #pragma once
 
 #include <string>
@@ -23,9 +23,18 @@ struct ChunkFile {
 // "stage-S.safetensors", or "stage-S-chunk-C.safetensors" when stages hold several chunks.
 std::string ChunkFileName(int stage, int chunk, int num_chunks);
 
-// Writes `files` and then the index into `dir` (created if needed).
+// Writes `files` and then the index into a temporary folder next to `dir`, fsyncs
+// them, and renames it to `dir` (its parent is created if needed). An older `dir` is
+// renamed away first and removed after, so `dir` is always either the old folder or
+// the whole new one. On any error the temporary folder is removed, `dir` is as it was,
+// and the error names the file (and says "disk full" for ENOSPC or EFBIG).
 absl::Status WriteCheckpointFolder(const std::string& dir, const std::vector<ChunkFile>& files,
                                    int num_chunks);
+
+// Whether a folder name is one of WriteCheckpointFolder's temporary folders
+// ("step-7.tmp-Ab12Cd"): a folder being written, or left by a crash. Whoever scans a
+// checkpoints folder for step-N folders must skip these.
+bool IsTemporaryCheckpointFolder(absl::string_view name);
 
 // A whole-model checkpoint from a folder with model.safetensors.index.json (every
 // file it names, merged), from a Hugging Face GPT-2 folder (hf_gpt2.h: IsHfFolder,

@@ -40,6 +40,54 @@ std::vector<std::string> FakeCoordinator::cancelled() const {
   return cancelled_;
 }
 
+std::vector<pb::HeartbeatRequest> FakeCoordinator::heartbeats() const {
+  absl::MutexLock lock(&mu_);
+  return heartbeats_;
+}
+std::vector<pb::RegisterStageRequest> FakeCoordinator::registrations() const {
+  absl::MutexLock lock(&mu_);
+  return registrations_;
+}
+std::vector<pb::RegisterStageResponse> FakeCoordinator::ForgetStages(
+    const std::vector<pb::RegisterStageRequest>& first) {
+  absl::MutexLock lock(&mu_);
+  secrets_.clear();
+  next_stage_ = 1;
+  std::vector<pb::RegisterStageResponse> answers;
+  for (const pb::RegisterStageRequest& request : first) answers.push_back(RegisterLocked(request));
+  return answers;
+}
+
+pb::RegisterStageResponse FakeCoordinator::RegisterLocked(const pb::RegisterStageRequest& request) {
+  registrations_.push_back(request);
+  const std::string id = absl::StrCat("stage-", next_stage_++);
+  secrets_[id] = absl::StrCat("secret-", next_secret_++);
+  pb::RegisterStageResponse response;
+  response.set_stage_id(id);
+  response.set_registration_secret(secrets_[id]);
+  response.set_heartbeat_interval_ms(20);  // tests should not wait for heartbeats
+  return response;
+}
+
+grpc::Status FakeCoordinator::RegisterStage(grpc::ServerContext*,
+                                            const pb::RegisterStageRequest* request,
+                                            pb::RegisterStageResponse* response) {
+  absl::MutexLock lock(&mu_);
+  ++calls_;
+  *response = RegisterLocked(*request);
+  return grpc::Status::OK;
+}
+
+grpc::Status FakeCoordinator::Heartbeat(grpc::ServerContext*, const pb::HeartbeatRequest* request,
+                                        pb::HeartbeatResponse* response) {
+  absl::MutexLock lock(&mu_);
+  ++calls_;
+  heartbeats_.push_back(*request);
+  auto it = secrets_.find(request->stage_id());
+  response->set_known(it != secrets_.end() && it->second == request->registration_secret());
+  return grpc::Status::OK;
+}
+
 grpc::Status FakeCoordinator::Known(const std::string& id) const {
   if (id == job_id) return grpc::Status::OK;
   return grpc::Status(grpc::StatusCode::NOT_FOUND, absl::StrCat("job '", id, "' not found"));

@@ -1,7 +1,10 @@
 // An in-process Coordinator service for CLI tests: it answers every RPC from canned
 // messages, records what it was sent, and runs on 127.0.0.1 with a port the OS picked.
+// Stage registration is the one stateful part: ids and secrets as a real coordinator
+// hands them out, and a restart that forgets them (for the stage's Registration).
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -30,6 +33,16 @@ class FakeCoordinator final : public pipetrain::v1::Coordinator::Service {
   std::vector<pipetrain::v1::GetJobRequest> gets() const;
   std::vector<pipetrain::v1::GetTimelineRequest> timeline_requests() const;
   std::vector<std::string> cancelled() const;
+  // Registration: "stage-N" in order with secret "secret-M" (M counts every
+  // registration ever, so a secret is never given twice); a heartbeat is known when
+  // its id and secret are a current registration's. Every heartbeat is recorded.
+  std::vector<pipetrain::v1::HeartbeatRequest> heartbeats() const;
+  std::vector<pipetrain::v1::RegisterStageRequest> registrations() const;
+  // Forgets every registration and hands out ids from stage-1 again, as a restarted
+  // coordinator does; the stages of `first` register at once, before any heartbeat
+  // can come in between. Returns their answers.
+  std::vector<pipetrain::v1::RegisterStageResponse> ForgetStages(
+      const std::vector<pipetrain::v1::RegisterStageRequest>& first = {});
 
   grpc::Status SubmitJob(grpc::ServerContext*, const pipetrain::v1::SubmitJobRequest* request,
                          pipetrain::v1::SubmitJobResponse* response) override;
@@ -45,9 +58,16 @@ class FakeCoordinator final : public pipetrain::v1::Coordinator::Service {
                            pipetrain::v1::Timeline* response) override;
   grpc::Status GetCluster(grpc::ServerContext*, const pipetrain::v1::GetClusterRequest* request,
                           pipetrain::v1::ClusterStatus* response) override;
+  grpc::Status RegisterStage(grpc::ServerContext*,
+                             const pipetrain::v1::RegisterStageRequest* request,
+                             pipetrain::v1::RegisterStageResponse* response) override;
+  grpc::Status Heartbeat(grpc::ServerContext*, const pipetrain::v1::HeartbeatRequest* request,
+                         pipetrain::v1::HeartbeatResponse* response) override;
 
  private:
   grpc::Status Known(const std::string& id) const;
+  pipetrain::v1::RegisterStageResponse RegisterLocked(
+      const pipetrain::v1::RegisterStageRequest& request) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   mutable absl::Mutex mu_;
   int calls_ ABSL_GUARDED_BY(mu_) = 0;
@@ -56,6 +76,11 @@ class FakeCoordinator final : public pipetrain::v1::Coordinator::Service {
   std::vector<pipetrain::v1::GetJobRequest> gets_ ABSL_GUARDED_BY(mu_);
   std::vector<pipetrain::v1::GetTimelineRequest> timeline_requests_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> cancelled_ ABSL_GUARDED_BY(mu_);
+  std::vector<pipetrain::v1::RegisterStageRequest> registrations_ ABSL_GUARDED_BY(mu_);
+  std::vector<pipetrain::v1::HeartbeatRequest> heartbeats_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::string> secrets_ ABSL_GUARDED_BY(mu_);  // id -> secret
+  int next_stage_ ABSL_GUARDED_BY(mu_) = 1;
+  int next_secret_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
 // Serves a service on 127.0.0.1:0 until destroyed.

@@ -124,13 +124,28 @@ absl::Status LocalCluster::WaitForIdleStages(int count) {
 }
 
 absl::Status LocalCluster::RestartCoordinator(int stages) {
-  coordinator_->Signal(SIGTERM);
+  return RestartCoordinator(stages, SIGTERM);
+}
+
+absl::Status LocalCluster::RestartCoordinator(int stages, int signal) {
+  if (absl::Status s = KillCoordinator(signal); !s.ok()) return s;
+  return StartCoordinatorAgain(stages);
+}
+
+absl::Status LocalCluster::KillCoordinator(int signal) {
+  if (coordinator_ == nullptr) return absl::FailedPreconditionError("no coordinator is running");
+  coordinator_->Signal(signal);
   absl::StatusOr<int> code = coordinator_->Wait(30s);
   if (!code.ok()) return code.status();
-  if (*code != 0) {
+  if (signal == SIGTERM && *code != 0) {
     return absl::InternalError(absl::StrCat("coordinator exited with ", *code, ": ",
                                             coordinator_->stderr_text()));
   }
+  coordinator_.reset();
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::StartCoordinatorAgain(int stages) {
   if (absl::Status s = StartCoordinator(address_); !s.ok()) return s;
   return WaitForIdleStages(stages);
 }

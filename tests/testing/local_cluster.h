@@ -4,6 +4,8 @@
 // Only the processes it started are stopped.
 #pragma once
 
+#include <signal.h>
+
 #include <chrono>
 #include <memory>
 #include <string>
@@ -45,6 +47,14 @@ class LocalCluster {
   // Stops the coordinator (SIGTERM, expecting exit 0) and starts it again on the same
   // port and state dir; waits for `stages` registered stages.
   absl::Status RestartCoordinator(int stages);
+  // The same with another signal: SIGKILL is a coordinator that died (no exit code
+  // is expected then, only that it ends).
+  absl::Status RestartCoordinator(int stages, int signal);
+  // The two halves, for a test that acts while no coordinator runs: sends `signal`
+  // and waits for the coordinator to end (exit 0 expected after SIGTERM only); then
+  // starts it on the same port and state dir and waits for `stages` idle stages.
+  absl::Status KillCoordinator(int signal = SIGKILL);
+  absl::Status StartCoordinatorAgain(int stages);
   // Sends `signal` to the stage server listening on `address`; false if none of ours
   // does.
   bool SignalStage(const std::string& address, int signal);
