@@ -268,6 +268,9 @@ absl::Status TrainOnce(const model::GptConfig& m, int k, pb::RecomputeMode recom
   ASSIGN_OR_RETURN(planner::Plan plan,
                    planner::MakePlan(OptionsFor(m, k, recompute, settings.cap_bytes)));
   ASSIGN_OR_RETURN(ScratchDir dir, ScratchDir::Make("model_size"));
+  // The largest model without in-memory snapshots (OptionsFor plans none either): the
+  // figures in docs/PERFORMANCE.md were measured that way, and snapshots would take
+  // 2 x 12 bytes per parameter of the stage and of its ring predecessor on top.
   const json spec = {
       {"name", absl::StrFormat("model-size %s K=%d %s", FamilyName(figures.family), k,
                                planner::RecomputeName(recompute))},
@@ -283,7 +286,8 @@ absl::Status TrainOnce(const model::GptConfig& m, int k, pb::RecomputeMode recom
         {"schedule", "gpipe"},
         {"recompute", planner::RecomputeName(recompute)}}},
       {"training", {{"steps", kSteps}, {"batch_size", kBatch}, {"seed", 1}, {"lr", 1e-3}}},
-      {"data", {{"corpus", corpus}}}};
+      {"data", {{"corpus", corpus}}},
+      {"checkpoint", {{"snapshot_every_steps", 0}}}};
   const std::string spec_file = dir.path() + "/job.json";
   RETURN_IF_ERROR(common::WriteFileAtomically(spec_file, spec.dump(2)));
   const std::string cap = absl::StrCat(static_cast<int64_t>(settings.cap_bytes));

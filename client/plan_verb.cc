@@ -8,6 +8,7 @@
 #include "client/costs_from.h"
 #include "client/remote.h"
 #include "common/flags.h"
+#include "coordinator/job_spec.h"
 #include "coordinator/planner/plan_report.h"
 #include "coordinator/planner/planner.h"
 #include "google/protobuf/util/json_util.h"
@@ -122,6 +123,9 @@ int RunPlan(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   if (!schedule_name.empty()) p->set_schedule(schedule_name);
   if (!recompute.empty()) p->set_recompute(recompute);
 
+  // Snapshots are on unless the spec turns them off, as for a submitted job, so the
+  // memory shown is what the job will take.
+  *spec.mutable_checkpoint() = coordinator::WithDefaults(spec).checkpoint();
   auto options = planner::OptionsFromJobSpec(spec);
   auto mode = planner::ParsePartitionMode(partition);
   if (!options.ok() || !mode.ok()) {

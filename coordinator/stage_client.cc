@@ -82,20 +82,54 @@ absl::StatusOr<std::string> StageClient::ExportChunk(const std::string& job_id, 
   request.set_job_id(job_id);
   request.set_chunk(chunk);
   auto reader = stub_->ExportChunk(&ctx, request);
+  return ReadPieces(ctx, *reader, "ExportChunk");
+}
+
+absl::StatusOr<std::string> StageClient::ReadPieces(grpc::ClientContext& ctx,
+                                                    grpc::ClientReader<pb::ChunkPiece>& reader,
+                                                    const char* call) const {
   std::string bytes;
   pb::ChunkPiece piece;
-  while (reader->Read(&piece)) {
+  while (reader.Read(&piece)) {
     if (piece.offset() != bytes.size()) {
       ctx.TryCancel();
-      reader->Finish();
-      return absl::DataLossError(absl::StrCat("ExportChunk on ", address_, ": piece at offset ",
+      reader.Finish();
+      return absl::DataLossError(absl::StrCat(call, " on ", address_, ": piece at offset ",
                                               piece.offset(), ", expected ", bytes.size()));
     }
     if (bytes.empty()) bytes.reserve(piece.total_bytes());
     bytes += piece.data();
   }
-  if (absl::Status s = Annotate(reader->Finish(), "ExportChunk"); !s.ok()) return s;
+  if (absl::Status s = Annotate(reader.Finish(), call); !s.ok()) return s;
   return bytes;
+}
+
+absl::StatusOr<std::vector<pb::SnapshotInfo>> StageClient::ListSnapshots(const std::string& job_id,
+                                                                         absl::Duration deadline) {
+  grpc::ClientContext ctx;
+  Prepare(ctx, deadline);
+  pb::ListSnapshotsRequest request;
+  request.set_job_id(job_id);
+  pb::ListSnapshotsResponse response;
+  if (absl::Status s = Annotate(stub_->ListSnapshots(&ctx, request, &response), "ListSnapshots");
+      !s.ok()) {
+    return s;
+  }
+  return std::vector<pb::SnapshotInfo>(response.snapshots().begin(), response.snapshots().end());
+}
+
+absl::StatusOr<std::string> StageClient::FetchSnapshot(const std::string& job_id, int owner_stage,
+                                                       int chunk, int64_t step,
+                                                       absl::Duration deadline) {
+  grpc::ClientContext ctx;
+  Prepare(ctx, deadline);
+  pb::FetchSnapshotRequest request;
+  request.set_job_id(job_id);
+  request.set_owner_stage(owner_stage);
+  request.set_chunk(chunk);
+  request.set_step(step);
+  auto reader = stub_->FetchSnapshot(&ctx, request);
+  return ReadPieces(ctx, *reader, "FetchSnapshot");
 }
 
 absl::Status StageClient::ImportChunk(const std::string& job_id, int chunk,

@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -37,6 +38,13 @@ class StageClient {
                                           absl::Duration deadline);
   absl::Status ImportChunk(const std::string& job_id, int chunk, const std::string& bytes,
                            absl::Duration deadline);
+  // What the stage holds of the job's in-memory snapshots, own and held. It answers
+  // while a step is stuck on the stage (the stage's snapshots have their own lock).
+  absl::StatusOr<std::vector<pipetrain::v1::SnapshotInfo>> ListSnapshots(
+      const std::string& job_id, absl::Duration deadline);
+  // One snapshot blob (a chunk's checkpoint file, as ExportChunk gives), reassembled.
+  absl::StatusOr<std::string> FetchSnapshot(const std::string& job_id, int owner_stage, int chunk,
+                                            int64_t step, absl::Duration deadline);
   // Whether the server answers at all (gRPC health), without waiting for a running step.
   absl::Status Ping(absl::Duration deadline);
 
@@ -44,6 +52,10 @@ class StageClient {
   // Sets the deadline and adds the token.
   void Prepare(grpc::ClientContext& ctx, absl::Duration deadline) const;
   absl::Status Annotate(const grpc::Status& status, const char* call) const;
+  // Reads a stream of ChunkPieces into one blob (ExportChunk, FetchSnapshot).
+  absl::StatusOr<std::string> ReadPieces(grpc::ClientContext& ctx,
+                                         grpc::ClientReader<pipetrain::v1::ChunkPiece>& reader,
+                                         const char* call) const;
 
   std::string address_;
   const common::RpcSecurity security_;

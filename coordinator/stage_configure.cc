@@ -43,6 +43,11 @@ pb::ConfigureRequest BuildConfigureRequest(const planner::Plan& plan, int stage,
   r.set_micro_batch_size(plan.options.batch_size / plan.options.micro_batches);
   r.set_peer_secret(wiring.peer_secret);
   r.set_recv_deadline_ms(wiring.recv_deadline_ms);
+  if (plan.options.snapshots) {
+    // The ring successor holds this stage's copy; with one stage it is kept here only.
+    if (K > 1) r.set_snapshot_peer_address(wiring.addresses[(stage + 1) % K]);
+    r.set_snapshot_reserve_bytes(static_cast<uint64_t>(plan.stages[stage].snapshot_bytes));
+  }
   return r;
 }
 

@@ -27,7 +27,8 @@ pipetrain::v1::OptimizerConfig OptimizerFromSpec(const pipetrain::v1::TrainingSp
 
 // Stage `stage`'s request: its layer ranges (one per chunk), the model, seed and
 // optimizer, its neighbours on the ring of stages (none with one stage), recompute and
-// micro-batch size from the plan.
+// micro-batch size from the plan; with snapshots, the ring successor as snapshot peer
+// and the plan's snapshot bytes as the stage's reserve.
 pipetrain::v1::ConfigureRequest BuildConfigureRequest(
     const planner::Plan& plan, int stage, uint64_t seed,
     const pipetrain::v1::OptimizerConfig& optimizer, const StageWiring& wiring);

@@ -1,5 +1,7 @@
 #include "stage_server/stage_runtime.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/channel_args.h"
 #include "common/model/checkpoint.h"
@@ -11,6 +13,7 @@
 #include "stage_server/compute/cpu_backend.h"
 #include "stage_server/compute/cuda_backend.h"
 #include "stage_server/emulated_chunk.h"
+#include "stage_server/snapshot_pusher.h"
 
 namespace pipetrain::stage_server {
 
@@ -26,7 +29,30 @@ struct StageRuntime::Job {
   std::optional<uint64_t> last_step;
   bool emulated = false;
   uint64_t state_bytes = 0;
+  // A deferred step run with snapshot: ApplyOptimizer takes the snapshot of this step.
+  std::optional<uint64_t> snapshot_after_apply;
+  // Copies snapshots to the ring successor; last, so it stops before the rest goes.
+  std::unique_ptr<SnapshotPusher> pusher;
 };
+
+namespace {
+
+// A chunk's weights, AdamW moments and step as a safetensors file's bytes: what
+// ExportChunk sends and what a snapshot keeps.
+absl::StatusOr<std::string> SerializeChunk(BackendChunk& chunk) {
+  ASSIGN_OR_RETURN(model::Checkpoint ckpt,
+                   compute::CheckpointOfChunk(chunk.layers(), /*with_optimizer=*/true));
+  return model::SerializeCheckpoint(ckpt);
+}
+
+bool HasOptimizerStep(const schedule::StageProgram& program) {
+  for (const schedule::Action& a : program.actions) {
+    if (a.kind == schedule::ActionKind::kOptimizerStep) return true;
+  }
+  return false;
+}
+
+}  // namespace
 
 StageRuntime::StageRuntime(RuntimeOptions options) : options_(std::move(options)) {}
 
@@ -79,12 +105,18 @@ absl::Status StageRuntime::ValidateConfig(const JobConfig& c) const {
 absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config) {
   RETURN_IF_ERROR(ValidateConfig(config));
   const uint64_t state = StateBytes(config);
-  if (options_.memory_limit_bytes > 0 && state > options_.memory_limit_bytes) {
+  const uint64_t reserve = config.snapshot_reserve_bytes;
+  if (options_.memory_limit_bytes > 0 && state + reserve > options_.memory_limit_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "configure job '", config.job_id, "' stage ", config.stage,
         ": its share of the model needs ", state,
-        " bytes for weights, gradients and optimizer state, but this stage has ",
-        options_.memory_limit_bytes, " (--memory-limit); use more stages or a smaller model"));
+        " bytes for weights, gradients and optimizer state",
+        reserve > 0 ? absl::StrCat(" plus ", reserve,
+                                   " for in-memory snapshots (field snapshot_reserve_bytes)")
+                    : "",
+        ", but this stage has ", options_.memory_limit_bytes,
+        " (--memory-limit); use more stages or a smaller model",
+        reserve > 0 ? ", or turn snapshots off (checkpoint.snapshot_every_steps 0)" : ""));
   }
 
   absl::MutexLock lock(&mu_);
@@ -96,7 +128,10 @@ absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config)
   {
     absl::MutexLock id_lock(&job_id_mu_);
     job_id_.clear();
+    peer_secret_.clear();
   }
+  // The coordinator fetched what it needed of them before it reconfigured.
+  snapshots_.Reset("");
 
   auto job = std::make_unique<Job>();
   job->config = config;
@@ -154,11 +189,26 @@ absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config)
   ec.tie_embeddings = config.model.tie_embeddings;
   // The links are made at the first step; the executor reaches them through these.
   job->executor = std::make_unique<Executor>(ec, std::move(chunks), nullptr, nullptr, job->pool);
+  if (!job->emulated && K > 1 && !config.snapshot_peer_address.empty()) {
+    SnapshotPusherOptions po;
+    po.job_id = config.job_id;
+    po.stage = config.stage;
+    po.peer_stage = (config.stage + 1) % K;
+    po.peer_address = config.snapshot_peer_address;
+    po.peer_secret = config.peer_secret;
+    // A copy may take longer than one tensor, but never longer than a step may wait.
+    po.deadline = std::max(config.recv_timeout, absl::Seconds(10));
+    job->pusher = std::make_unique<SnapshotPusher>(po, options_.security.ChannelCredentials());
+  }
   job_ = std::move(job);
   steps_run_ = 0;
+  snapshots_.Reset(config.job_id);
   {
     absl::MutexLock id_lock(&job_id_mu_);
     job_id_ = config.job_id;
+    stage_ = config.stage;
+    num_stages_ = K;
+    peer_secret_ = config.peer_secret;
   }
   ConfigureResult r;
   r.weight_bytes = state / 4;
@@ -211,6 +261,7 @@ absl::StatusOr<StepReport> StageRuntime::RunStep(StepRequest request) {
   }
   // Before any link work: the pending optimizer step must be applied first.
   RETURN_IF_ERROR(job.executor->CheckNoPendingOptimizer(absl::StrCat("step ", request.step)));
+  job.snapshot_after_apply.reset();
   // A failed link is rebuilt at the next step rather than leaving the stage stuck.
   if (job.next && !job.next->status().ok()) job.next.reset();
   if (job.prev && !job.prev->status().ok()) job.prev.reset();
@@ -223,11 +274,21 @@ absl::StatusOr<StepReport> StageRuntime::RunStep(StepRequest request) {
   Executor& ex = *job.executor;
   ex.SetNeighbours(job.next.get(), job.prev.get());
   request.inputs.step = request.step;
+  const bool deferred = request.inputs.defer_optimizer;
   ASSIGN_OR_RETURN(StepResult result, ex.RunStep(request.program, std::move(request.inputs)));
   job.last_step = request.step;
   ++steps_run_;
+  // Emulated stages hold no weights; an evaluation updates nothing to keep.
+  if (request.snapshot && !job.emulated && HasOptimizerStep(request.program)) {
+    if (deferred) {
+      job.snapshot_after_apply = request.step;
+    } else {
+      RETURN_IF_ERROR(TakeSnapshot(job, request.step));
+    }
+  }
   StepReport report;
-  report.peak_memory_bytes = job.state_bytes + result.peak_activation_bytes;
+  report.snapshots = snapshot_figures();
+  report.peak_memory_bytes = job.state_bytes + report.snapshots.bytes + result.peak_activation_bytes;
   report.emulated = job.emulated;
   report.result = std::move(result);
   return report;
@@ -236,7 +297,85 @@ absl::StatusOr<StepReport> StageRuntime::RunStep(StepRequest request) {
 absl::StatusOr<ActionTiming> StageRuntime::ApplyOptimizer(const ApplyOptimizerRequest& request) {
   absl::MutexLock lock(&mu_);
   RETURN_IF_ERROR(CheckJob(request.job_id, absl::StrCat("apply optimizer (step ", request.step, ")")));
-  return job_->executor->ApplyOptimizer(request.step, request.global_grad_norm, request.lr);
+  ASSIGN_OR_RETURN(ActionTiming timing, job_->executor->ApplyOptimizer(
+                                            request.step, request.global_grad_norm, request.lr));
+  if (job_->snapshot_after_apply == request.step) {
+    job_->snapshot_after_apply.reset();
+    RETURN_IF_ERROR(TakeSnapshot(*job_, request.step));
+  }
+  return timing;
+}
+
+absl::Status StageRuntime::TakeSnapshot(Job& job, uint64_t step) {
+  const JobConfig& c = job.config;
+  SnapshotPush push;
+  push.step = static_cast<int64_t>(step);
+  for (size_t i = 0; i < job.backend_chunks.size(); ++i) {
+    auto bytes = SerializeChunk(*job.backend_chunks[i]);
+    if (!bytes.ok()) {
+      return absl::Status(bytes.status().code(),
+                          absl::StrCat("snapshot of job '", c.job_id, "' stage ", c.stage, " step ",
+                                       step, " chunk ", i, ": ", bytes.status().message()));
+    }
+    auto blob = std::make_shared<const std::string>(std::move(*bytes));
+    SnapshotMeta meta;
+    meta.owner_stage = c.stage;
+    meta.chunk = static_cast<int>(i);
+    meta.step = push.step;
+    meta.begin_layer = c.chunks[i].first;
+    meta.end_layer = c.chunks[i].second;
+    meta.num_stages = c.num_stages;
+    meta.bytes = blob->size();
+    RETURN_IF_ERROR(snapshots_.Put(c.job_id, meta, blob));
+    meta.held = true;  // what it is on the peer
+    push.blobs.push_back({meta, std::move(blob)});
+  }
+  if (job.pusher) job.pusher->Enqueue(std::move(push));
+  return absl::OkStatus();
+}
+
+absl::Status StageRuntime::AdmitSnapshot(const std::string& job_id, const std::string& peer_secret,
+                                         const SnapshotMeta& meta) const {
+  absl::MutexLock lock(&job_id_mu_);
+  const std::string what = absl::StrCat("snapshot push of job '", job_id, "' stage ",
+                                        meta.owner_stage, " step ", meta.step);
+  if (job_id_.empty() || job_id != job_id_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, ": this stage is configured for ",
+        job_id_.empty() ? std::string("no job") : absl::StrCat("job '", job_id_, "'")));
+  }
+  if (peer_secret != peer_secret_) {
+    return absl::PermissionDeniedError(absl::StrCat(what, ": wrong peer_secret"));
+  }
+  const int K = num_stages_, predecessor = (stage_ + K - 1) % K;
+  if (K < 2 || meta.owner_stage != predecessor || meta.num_stages != K) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " of ", meta.num_stages, " stages: stage ", stage_, " of ", K,
+        K < 2 ? " has no snapshot peer" : absl::StrCat(" holds only its ring predecessor's, stage ",
+                                                       predecessor, "'s")));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StageRuntime::HoldSnapshot(const std::string& job_id, const std::string& peer_secret,
+                                        SnapshotMeta meta, std::shared_ptr<const std::string> blob) {
+  RETURN_IF_ERROR(AdmitSnapshot(job_id, peer_secret, meta));
+  meta.held = true;
+  return snapshots_.Put(job_id, meta, std::move(blob));
+}
+
+absl::StatusOr<std::vector<SnapshotMeta>> StageRuntime::ListSnapshots(
+    const std::string& job_id) const {
+  return snapshots_.List(job_id);
+}
+
+absl::StatusOr<std::shared_ptr<const std::string>> StageRuntime::FetchSnapshot(
+    const std::string& job_id, int owner_stage, int chunk, int64_t step) const {
+  return snapshots_.Get(job_id, owner_stage, chunk, step);
+}
+
+SnapshotFigures StageRuntime::snapshot_figures() const {
+  return {snapshots_.bytes(), snapshots_.NewestOwnStep().value_or(0)};
 }
 
 RuntimeStats StageRuntime::Stats() const {
@@ -246,7 +385,7 @@ RuntimeStats StageRuntime::Stats() const {
   s.steps_run = steps_run_;
   if (job_) {
     s.job_id = job_->config.job_id;
-    s.memory_used_bytes = job_->state_bytes;
+    s.memory_used_bytes = job_->state_bytes + snapshots_.bytes();
     for (PeerLink* l : {job_->next.get(), job_->prev.get()}) {
       if (l == nullptr) continue;
       s.bytes_sent += l->bytes_sent();
@@ -307,9 +446,7 @@ absl::StatusOr<std::string> StageRuntime::ExportChunk(const std::string& job_id,
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(BackendChunk * backend_chunk, ChunkOf(job_id, chunk, "export"));
   RETURN_IF_ERROR(job_->executor->CheckNoPendingOptimizer("export"));
-  ASSIGN_OR_RETURN(model::Checkpoint ckpt,
-                   compute::CheckpointOfChunk(backend_chunk->layers(), /*with_optimizer=*/true));
-  return model::SerializeCheckpoint(ckpt);
+  return SerializeChunk(*backend_chunk);
 }
 
 absl::Status StageRuntime::ImportChunk(const std::string& job_id, int chunk,

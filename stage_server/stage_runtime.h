@@ -21,6 +21,7 @@
 #include "stage_server/device_spec.h"
 #include "stage_server/executor.h"
 #include "stage_server/peer_link.h"
+#include "stage_server/snapshot_store.h"
 
 namespace pipetrain::stage_server {
 
@@ -47,6 +48,9 @@ struct JobConfig {
   int micro_batch_size = 1;
   std::string peer_secret;
   absl::Duration recv_timeout = absl::Seconds(60);
+  // Where this stage's snapshots are copied (the ring successor); "" = kept here only.
+  std::string snapshot_peer_address;
+  uint64_t snapshot_reserve_bytes = 0;  // counted with the state against --memory-limit
 };
 
 struct ConfigureResult {
@@ -59,6 +63,9 @@ struct StepRequest {
   uint64_t step = 0;
   schedule::StageProgram program;
   StepInputs inputs;
+  // After the step's optimizer update (ApplyOptimizer's when deferred), keep a snapshot
+  // of every chunk and copy it to the snapshot peer.
+  bool snapshot = false;
 };
 
 // Phase 2 of a deferred step (StepInputs::defer_optimizer).
@@ -69,10 +76,17 @@ struct ApplyOptimizerRequest {
   std::optional<float> lr;  // default: the one the step ran with
 };
 
+// What the stage's snapshots take now, own and held, and the newest own step.
+struct SnapshotFigures {
+  uint64_t bytes = 0;
+  int64_t newest_step = 0;  // 0 = none
+};
+
 struct StepReport {
   StepResult result;
   uint64_t peak_memory_bytes = 0;
   bool emulated = false;
+  SnapshotFigures snapshots;
 };
 
 struct RuntimeStats {
@@ -115,6 +129,21 @@ class StageRuntime {
   absl::StatusOr<std::string> ExportChunk(const std::string& job_id, int chunk) const;
   absl::Status ImportChunk(const std::string& job_id, int chunk, const std::string& bytes);
 
+  // Snapshots. None of these take the step lock: they answer while a step waits.
+  // Whether a push of `meta` from a peer is admitted: the configured job's id and
+  // peer_secret, from the ring predecessor, in this layout (PERMISSION_DENIED for a
+  // wrong secret, FAILED_PRECONDITION otherwise, naming job and stages).
+  absl::Status AdmitSnapshot(const std::string& job_id, const std::string& peer_secret,
+                             const SnapshotMeta& meta) const;
+  // Keeps a pushed blob, received whole, as a held copy (admitted again first).
+  absl::Status HoldSnapshot(const std::string& job_id, const std::string& peer_secret,
+                            SnapshotMeta meta, std::shared_ptr<const std::string> blob);
+  absl::StatusOr<std::vector<SnapshotMeta>> ListSnapshots(const std::string& job_id) const;
+  absl::StatusOr<std::shared_ptr<const std::string>> FetchSnapshot(const std::string& job_id,
+                                                                   int owner_stage, int chunk,
+                                                                   int64_t step) const;
+  SnapshotFigures snapshot_figures() const;
+
   LinkAcceptor& acceptor() { return acceptor_; }
   const RuntimeOptions& options() const { return options_; }
 
@@ -125,6 +154,8 @@ class StageRuntime {
   struct Job;
   absl::Status ValidateConfig(const JobConfig& config) const;
   absl::Status EnsureLinks(Job& job);
+  // The own snapshot of `step`, right after its optimizer update; queues the copy.
+  absl::Status TakeSnapshot(Job& job, uint64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION "WHAT of job 'ID': ..." unless `job_id` is the configured job.
   absl::Status CheckJob(const std::string& job_id, const std::string& what) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -138,6 +169,11 @@ class StageRuntime {
   int64_t steps_run_ ABSL_GUARDED_BY(mu_) = 0;
   mutable absl::Mutex job_id_mu_;  // never held across a step
   std::string job_id_ ABSL_GUARDED_BY(job_id_mu_);
+  // What admits a snapshot push, readable while a step runs.
+  int stage_ ABSL_GUARDED_BY(job_id_mu_) = 0;
+  int num_stages_ ABSL_GUARDED_BY(job_id_mu_) = 0;
+  std::string peer_secret_ ABSL_GUARDED_BY(job_id_mu_);
+  SnapshotStore snapshots_;  // its own lock
 };
 
 }  // namespace pipetrain::stage_server

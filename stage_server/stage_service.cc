@@ -1,5 +1,7 @@
 #include "stage_server/stage_service.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/frame_proto.h"
 #include "common/grpc_status.h"
@@ -42,6 +44,8 @@ absl::StatusOr<JobConfig> JobConfigFromProto(const pb::ConfigureRequest& r) {
   c.micro_batch_size = r.micro_batch_size();
   c.peer_secret = r.peer_secret();
   if (r.recv_deadline_ms() > 0) c.recv_timeout = absl::Milliseconds(r.recv_deadline_ms());
+  c.snapshot_peer_address = r.snapshot_peer_address();
+  c.snapshot_reserve_bytes = r.snapshot_reserve_bytes();
   return c;
 }
 
@@ -62,6 +66,7 @@ absl::StatusOr<StepRequest> StepRequestFromProto(const pb::RunStepRequest& r) {
   }
   if (r.lr() > 0) s.inputs.lr = r.lr();
   s.inputs.defer_optimizer = r.defer_optimizer();
+  s.snapshot = r.snapshot();
   return s;
 }
 
@@ -95,7 +100,65 @@ void StepReportToProto(const StepReport& report, pb::RunStepResponse* out) {
   out->set_bytes_received(r.bytes_received);
   out->set_grad_norm_sq(r.grad_norm_sq);
   out->set_emulated(report.emulated);
+  out->set_snapshot_bytes(report.snapshots.bytes);
+  out->set_snapshot_step(report.snapshots.newest_step);
 }
+
+absl::StatusOr<SnapshotMeta> SnapshotMetaFromProto(const pb::SnapshotInfo& info) {
+  if (info.owner_stage() < 0) return absl::InvalidArgumentError("field info.owner_stage must be >= 0");
+  if (info.step() < 0) return absl::InvalidArgumentError("field info.step must be >= 0");
+  if (info.begin_layer() < 0 || info.end_layer() <= info.begin_layer()) {
+    return absl::InvalidArgumentError(absl::StrCat("fields info.begin_layer ", info.begin_layer(),
+                                                   " and info.end_layer ", info.end_layer(),
+                                                   " are not a non-empty range"));
+  }
+  SnapshotMeta m;
+  m.owner_stage = info.owner_stage();
+  m.chunk = static_cast<int>(info.chunk());
+  m.step = info.step();
+  m.held = info.held();
+  m.begin_layer = info.begin_layer();
+  m.end_layer = info.end_layer();
+  m.num_stages = info.num_stages();
+  m.bytes = info.bytes();
+  return m;
+}
+
+void SnapshotMetaToProto(const SnapshotMeta& m, pb::SnapshotInfo* out) {
+  out->set_owner_stage(m.owner_stage);
+  out->set_chunk(m.chunk);
+  out->set_step(m.step);
+  out->set_bytes(m.bytes);
+  out->set_held(m.held);
+  out->set_begin_layer(m.begin_layer);
+  out->set_end_layer(m.end_layer);
+  out->set_num_stages(m.num_stages);
+}
+
+namespace {
+
+constexpr size_t kPieceBytes = size_t{4} << 20;
+// Refused before buffering: a chunk can be no larger than what a stage may hold.
+constexpr uint64_t kMaxChunkBytes = uint64_t{64} << 30;
+
+// A chunk's bytes (an export, or a snapshot) as ChunkPieces of 4 MiB.
+grpc::Status WriteChunkPieces(const std::string& job_id, uint32_t chunk, const std::string& bytes,
+                              grpc::ServerWriter<pb::ChunkPiece>* writer) {
+  for (size_t offset = 0; offset == 0 || offset < bytes.size(); offset += kPieceBytes) {
+    pb::ChunkPiece piece;
+    piece.set_job_id(job_id);
+    piece.set_chunk(chunk);
+    piece.set_offset(offset);
+    piece.set_total_bytes(bytes.size());
+    piece.set_data(bytes.data() + offset, std::min(kPieceBytes, bytes.size() - offset));
+    if (!writer->Write(piece)) {
+      return grpc::Status(grpc::StatusCode::CANCELLED, "the reader went away");
+    }
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace
 
 grpc::Status StageService::Authorize(const grpc::ServerContext& context) const {
   grpc::Status s = runtime_->options().security.Authorize(context);
@@ -176,6 +239,9 @@ grpc::Status StageService::ApplyOptimizer(grpc::ServerContext* context,
   response->set_job_id(request->job_id());
   response->set_step(request->step());
   ActionTimingToProto(*timing, response->mutable_timing());
+  const SnapshotFigures snapshots = runtime_->snapshot_figures();
+  response->set_snapshot_bytes(snapshots.bytes);
+  response->set_snapshot_step(snapshots.newest_step);
   return grpc::Status::OK;
 }
 
@@ -185,19 +251,7 @@ grpc::Status StageService::ExportChunk(grpc::ServerContext* context,
   if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
   auto bytes = runtime_->ExportChunk(request->job_id(), static_cast<int>(request->chunk()));
   if (!bytes.ok()) return common::ToGrpcStatus(bytes.status());
-  constexpr size_t kPiece = size_t{4} << 20;
-  for (size_t offset = 0; offset == 0 || offset < bytes->size(); offset += kPiece) {
-    pb::ChunkPiece piece;
-    piece.set_job_id(request->job_id());
-    piece.set_chunk(request->chunk());
-    piece.set_offset(offset);
-    piece.set_total_bytes(bytes->size());
-    piece.set_data(bytes->substr(offset, kPiece));
-    if (!writer->Write(piece)) {
-      return grpc::Status(grpc::StatusCode::CANCELLED, "the reader went away");
-    }
-  }
-  return grpc::Status::OK;
+  return WriteChunkPieces(request->job_id(), request->chunk(), *bytes, writer);
 }
 
 grpc::Status StageService::ImportChunk(grpc::ServerContext* context,
@@ -214,8 +268,7 @@ grpc::Status StageService::ImportChunk(grpc::ServerContext* context,
       job_id = piece.job_id();
       chunk = piece.chunk();
       total = piece.total_bytes();
-      // Refused before buffering: a chunk can be no larger than what a stage may hold.
-      if (total > (uint64_t{64} << 30)) {
+      if (total > kMaxChunkBytes) {
         return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                             absl::StrCat("import: field total_bytes ", total, " is too large"));
       }
@@ -254,6 +307,64 @@ grpc::Status StageService::GetStats(grpc::ServerContext* context, const pb::GetS
   response->set_bytes_received(s.bytes_received);
   response->set_steps_run(s.steps_run);
   return grpc::Status::OK;
+}
+
+grpc::Status StageService::HoldSnapshot(grpc::ServerContext* context,
+                                        grpc::ServerReader<pb::SnapshotPiece>* reader,
+                                        pb::HoldSnapshotResponse* response) {
+  const uint64_t limit = runtime_->options().memory_limit_bytes;
+  SnapshotAssembler assembler(limit > 0 ? std::min(limit, kMaxChunkBytes) : kMaxChunkBytes);
+  pb::SnapshotPiece piece;
+  std::string secret;
+  while (reader->Read(&piece)) {
+    auto meta = SnapshotMetaFromProto(piece.info());
+    if (!meta.ok()) {
+      return common::ToGrpcStatus(absl::Status(
+          meta.status().code(), absl::StrCat("snapshot push of job '", piece.job_id(), "' from ",
+                                             context->peer(), ": ", meta.status().message())));
+    }
+    if (!assembler.started()) {
+      // Admitted before a byte is buffered, as an Exchange stream is by its hello.
+      absl::Status admitted = runtime_->AdmitSnapshot(piece.job_id(), piece.peer_secret(), *meta);
+      if (!admitted.ok()) {
+        common::LogWarning("stage", absl::StrCat("refused a ", admitted.message(), " from ",
+                                                 context->peer()));
+        return common::ToGrpcStatus(admitted);
+      }
+      secret = piece.peer_secret();
+    }
+    absl::Status added = assembler.Add(piece.job_id(), *meta, piece.offset(), piece.data());
+    if (!added.ok()) return common::ToGrpcStatus(added);
+  }
+  auto blob = assembler.Finish();
+  if (!blob.ok()) return common::ToGrpcStatus(blob.status());
+  const uint64_t bytes = (*blob)->size();
+  absl::Status held = runtime_->HoldSnapshot(assembler.job_id(), secret, assembler.meta(),
+                                             std::move(*blob));
+  if (!held.ok()) return common::ToGrpcStatus(held);
+  response->set_bytes(bytes);
+  return grpc::Status::OK;
+}
+
+grpc::Status StageService::ListSnapshots(grpc::ServerContext* context,
+                                         const pb::ListSnapshotsRequest* request,
+                                         pb::ListSnapshotsResponse* response) {
+  if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
+  auto list = runtime_->ListSnapshots(request->job_id());
+  if (!list.ok()) return common::ToGrpcStatus(list.status());
+  for (const SnapshotMeta& m : *list) SnapshotMetaToProto(m, response->add_snapshots());
+  return grpc::Status::OK;
+}
+
+grpc::Status StageService::FetchSnapshot(grpc::ServerContext* context,
+                                         const pb::FetchSnapshotRequest* request,
+                                         grpc::ServerWriter<pb::ChunkPiece>* writer) {
+  if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
+  auto blob = runtime_->FetchSnapshot(request->job_id(), request->owner_stage(),
+                                      static_cast<int>(request->chunk()), request->step());
+  if (!blob.ok()) return common::ToGrpcStatus(blob.status());
+  // The shared blob stays alive while it is written, even if a newer step drops it.
+  return WriteChunkPieces(request->job_id(), request->chunk(), **blob, writer);
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StageService::Exchange(

@@ -34,6 +34,17 @@ class StageService final
                            pipetrain::v1::ImportChunkResponse* response) override;
   grpc::Status GetStats(grpc::ServerContext* context, const pipetrain::v1::GetStatsRequest* request,
                         pipetrain::v1::StageStats* response) override;
+  // A peer's push: admitted on its first piece (job, peer_secret, ring predecessor),
+  // before anything is buffered; held only once every piece arrived.
+  grpc::Status HoldSnapshot(grpc::ServerContext* context,
+                            grpc::ServerReader<pipetrain::v1::SnapshotPiece>* reader,
+                            pipetrain::v1::HoldSnapshotResponse* response) override;
+  grpc::Status ListSnapshots(grpc::ServerContext* context,
+                             const pipetrain::v1::ListSnapshotsRequest* request,
+                             pipetrain::v1::ListSnapshotsResponse* response) override;
+  grpc::Status FetchSnapshot(grpc::ServerContext* context,
+                             const pipetrain::v1::FetchSnapshotRequest* request,
+                             grpc::ServerWriter<pipetrain::v1::ChunkPiece>* writer) override;
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Exchange(
       grpc::CallbackServerContext* context) override;
 
@@ -53,5 +64,8 @@ void StepReportToProto(const StepReport& report, pipetrain::v1::RunStepResponse*
 absl::StatusOr<ApplyOptimizerRequest> ApplyOptimizerRequestFromProto(
     const pipetrain::v1::ApplyOptimizerRequest& request);
 void ActionTimingToProto(const ActionTiming& timing, pipetrain::v1::ActionTiming* out);
+// INVALID_ARGUMENT naming the field for a negative stage, step or layer.
+absl::StatusOr<SnapshotMeta> SnapshotMetaFromProto(const pipetrain::v1::SnapshotInfo& info);
+void SnapshotMetaToProto(const SnapshotMeta& meta, pipetrain::v1::SnapshotInfo* out);
 
 }  // namespace pipetrain::stage_server

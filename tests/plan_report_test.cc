@@ -56,5 +56,29 @@ TEST(PlanReportTest, ChromeTraceHasStageProcessesAndCompleteEvents) {
   EXPECT_EQ(computes, 2 * (4 + 1));  // F, B per micro-batch and OPT, per stage
 }
 
+TEST(PlanReportTest, SnapshotBytesAreShownInTextAndJson) {
+  PlanOptions o;
+  o.model = {.vocab_size = 256, .seq_len = 32, .d_model = 64, .n_heads = 4, .n_layers = 2};
+  o.stages = 2;
+  o.micro_batches = 2;
+  o.batch_size = 4;
+  o.snapshots = true;
+  auto plan = MakePlan(o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const nlohmann::json j = nlohmann::json::parse(PlanJson(*plan));
+  EXPECT_TRUE(j["snapshots"].get<bool>());
+  for (int s = 0; s < 2; ++s) {
+    const nlohmann::json& st = j["stages"][s];
+    EXPECT_EQ(st["snapshot_bytes"].get<double>(), plan->stages[s].snapshot_bytes);
+    EXPECT_GT(st["snapshot_bytes"].get<double>(), 0);
+    EXPECT_EQ(st["peak_memory_bytes"].get<double>(),
+              st["state_bytes"].get<double>() + st["snapshot_bytes"].get<double>() +
+                  st["peak_activation_bytes"].get<double>());
+  }
+  const std::string text = RenderPlanText(*plan);
+  EXPECT_THAT(text, HasSubstr("snapshots"));
+  EXPECT_THAT(text, HasSubstr("snapshots = 2 steps x 12 bytes per parameter"));
+}
+
 }  // namespace
 }  // namespace pipetrain::planner

@@ -1,5 +1,7 @@
 #include "coordinator/planner/planner.h"
 
+#include <algorithm>
+
 #include "common/schedule/validator.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -145,6 +147,60 @@ TEST(PlannerTest, TooManyStagesOrTooLittleMemoryAreClearErrors) {
   o->chunks = 2;
   EXPECT_THAT(MakePlan(*o), StatusIs(absl::StatusCode::kResourceExhausted,
                                      AllOf(HasSubstr("stage 0 needs"), HasSubstr("but has"))));
+}
+
+// In-memory snapshots: checkpoint.snapshot_every_steps > 0 turns them on; each stage
+// counts 2 steps x 12 bytes per parameter of its own and its ring predecessor's layers
+// (its own only with one stage), in its peak memory and against the cap.
+TEST(PlannerTest, SnapshotsComeFromTheSpec) {
+  pipetrain::v1::JobSpec spec = Spec();
+  EXPECT_FALSE(OptionsFromJobSpec(spec)->snapshots) << "unset: as the defaults left it, 0";
+  spec.mutable_checkpoint()->set_snapshot_every_steps(0);
+  EXPECT_FALSE(OptionsFromJobSpec(spec)->snapshots);
+  spec.mutable_checkpoint()->set_snapshot_every_steps(5);
+  EXPECT_TRUE(OptionsFromJobSpec(spec)->snapshots);
+}
+
+TEST(PlannerTest, SnapshotBytesCountTheStageAndItsRingPredecessor) {
+  for (int k : {1, 3, 4}) {
+    pipetrain::v1::JobSpec spec = Spec();
+    spec.mutable_pipeline()->set_stages(k);
+    spec.mutable_checkpoint()->set_snapshot_every_steps(1);
+    auto o = OptionsFromJobSpec(spec);
+    ASSERT_THAT(o, IsOk());
+    auto with = MakePlan(*o);
+    ASSERT_THAT(with, IsOk());
+    o->snapshots = false;
+    auto without = MakePlan(*o);
+    ASSERT_THAT(without, IsOk());
+    for (int s = 0; s < k; ++s) {
+      const StagePlan& sp = with->stages[s];
+      const int64_t held = k > 1 ? with->stages[(s + k - 1) % k].params : 0;
+      EXPECT_EQ(sp.snapshot_bytes, 24.0 * static_cast<double>(sp.params + held)) << "K " << k << " stage " << s;
+      EXPECT_EQ(sp.peak_memory_bytes(),
+                sp.state_bytes + sp.snapshot_bytes + sp.peak_activation_bytes);
+      EXPECT_EQ(without->stages[s].snapshot_bytes, 0);
+      EXPECT_EQ(without->stages[s].layers, sp.layers) << "without a cap the split is the same";
+    }
+  }
+}
+
+TEST(PlannerTest, SnapshotsCountAgainstTheMemoryCap) {
+  pipetrain::v1::JobSpec spec = Spec();
+  spec.mutable_pipeline()->set_stages(1);  // one split only: the cap cannot move layers
+  auto o = OptionsFromJobSpec(spec);
+  ASSERT_THAT(o, IsOk());
+  auto plain = MakePlan(*o);
+  ASSERT_THAT(plain, IsOk());
+  double most = 0;
+  for (const StagePlan& sp : plain->stages) most = std::max(most, sp.peak_memory_bytes());
+  // Fits without snapshots, not with their 24 bytes per parameter on top.
+  o->memory_cap_bytes = most * 1.001;
+  EXPECT_THAT(MakePlan(*o), IsOk());
+  o->snapshots = true;
+  EXPECT_THAT(MakePlan(*o),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("snapshots"), HasSubstr("snapshot_every_steps 0"))));
 }
 
 }  // namespace

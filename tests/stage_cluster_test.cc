@@ -7,9 +7,14 @@
 // step with UNAVAILABLE naming it, within the deadline, and the survivor serves the
 // next job; a job over the memory limit is refused before anything is allocated; a
 // deferred optimizer step waits for ApplyOptimizer and blocks the job's other calls.
+// Snapshots: K = 3 stages keep their own and their predecessor's two newest steps,
+// equal to ExportChunk's bytes, listed while a step waits on a dead neighbour; a wrong
+// peer_secret is refused, Configure drops them, --memory-limit counts their reserve.
 #include <signal.h>
 
 #include <chrono>
+#include <functional>
+#include <map>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -19,6 +24,7 @@
 #include "common/testing/status_matchers.h"
 #include "coordinator/planner/forward_only.h"
 #include "coordinator/planner/planner.h"
+#include "coordinator/stage_client.h"
 #include "coordinator/stage_configure.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -109,7 +115,7 @@ pb::ConfigureRequest ConfigureFor(const planner::Plan& plan, const std::string& 
 std::vector<grpc::Status> RunStep(const schedule::Schedule& programs, const std::string& job,
                                   int step, const model::TokenBatch& batch,
                                   std::vector<Stage>& stages, std::vector<pb::RunStepResponse>& out,
-                                  bool defer_optimizer = false) {
+                                  bool defer_optimizer = false, bool snapshot = false) {
   const int K = static_cast<int>(programs.size()), rows = kBatch / kMicroBatches;
   std::vector<grpc::Status> status(K);
   out.assign(K, {});
@@ -121,6 +127,7 @@ std::vector<grpc::Status> RunStep(const schedule::Schedule& programs, const std:
       req.set_step(step);
       *req.mutable_program() = schedule::ToProto(programs[s]);
       req.set_defer_optimizer(defer_optimizer);
+      req.set_snapshot(snapshot);
       for (int mb = 0; mb < kMicroBatches; ++mb) {
         if (s == 0) common::TensorToProto(testing::Rows(batch.inputs, mb, rows), req.add_tokens());
         if (s == K - 1) common::TensorToProto(testing::Rows(batch.targets, mb, rows), req.add_targets());
@@ -548,6 +555,276 @@ TEST(StageFaultTest, ConfigureOverTheMemoryLimitIsRefusedBeforeAllocation) {
   }, bad, &resp);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(st.error_message(), HasSubstr("layers[0]"));
+  stages[0].process->Signal(SIGTERM);
+  EXPECT_TRUE(stages[0].process->Wait(20s).ok());
+}
+
+// Snapshots --------------------------------------------------------------------------
+
+std::map<std::pair<int64_t, bool>, pb::SnapshotInfo> ByStepAndHeld(
+    const std::vector<pb::SnapshotInfo>& list) {
+  std::map<std::pair<int64_t, bool>, pb::SnapshotInfo> out;
+  for (const pb::SnapshotInfo& i : list) out[{i.step(), i.held()}] = i;
+  return out;
+}
+
+// Polls until `done` holds for the stage's list, or 20 s pass; returns the last list.
+std::vector<pb::SnapshotInfo> WaitForSnapshots(
+    coordinator::StageClient& client, const std::string& job,
+    const std::function<bool(const std::vector<pb::SnapshotInfo>&)>& done) {
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  std::vector<pb::SnapshotInfo> list;
+  while (std::chrono::steady_clock::now() < deadline) {
+    auto got = client.ListSnapshots(job, absl::Seconds(5));
+    EXPECT_TRUE(got.ok()) << got.status();
+    if (got.ok()) list = *got;
+    if (done(list)) break;
+    std::this_thread::sleep_for(50ms);
+  }
+  return list;
+}
+
+grpc::Status PushSnapshot(Stage& stage, const std::string& job, const std::string& secret,
+                          int owner, int64_t step, const std::string& bytes) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + 20s);
+  pb::HoldSnapshotResponse resp;
+  auto writer = stage.stub->HoldSnapshot(&ctx, &resp);
+  pb::SnapshotPiece piece;
+  piece.set_job_id(job);
+  piece.set_peer_secret(secret);
+  piece.mutable_info()->set_owner_stage(owner);
+  piece.mutable_info()->set_step(step);
+  piece.mutable_info()->set_bytes(bytes.size());
+  piece.mutable_info()->set_held(true);
+  piece.mutable_info()->set_begin_layer(0);
+  piece.mutable_info()->set_end_layer(1);
+  piece.mutable_info()->set_num_stages(3);
+  piece.set_data(bytes);
+  writer->Write(piece);
+  writer->WritesDone();
+  return writer->Finish();
+}
+
+TEST(StageSnapshotTest, ThreeStagesKeepTheirOwnAndTheirPredecessorsTwoNewestSteps) {
+  constexpr int K = 3;
+  std::vector<Stage> stages;
+  for (int s = 0; s < K; ++s) stages.push_back(StartStage());
+  planner::PlanOptions po;
+  po.model = testing::TinyModel();
+  po.stages = K;
+  po.micro_batches = kMicroBatches;
+  po.schedule = planner::ScheduleKind::kOneFOneB;
+  po.batch_size = kBatch;
+  po.snapshots = true;
+  auto made = planner::MakePlan(po);
+  ASSERT_TRUE(made.ok()) << made.status();
+  const planner::Plan& plan = *made;
+  const std::string job = "snap";
+  for (int s = 0; s < K; ++s) {
+    pb::ConfigureRequest req = ConfigureFor(plan, job, s, stages);
+    EXPECT_EQ(req.snapshot_peer_address(), stages[(s + 1) % K].address);
+    EXPECT_GT(req.snapshot_reserve_bytes(), 0u);
+    req.set_recv_deadline_ms(3000);  // the stuck step below waits this long
+    pb::ConfigureResponse resp;
+    grpc::Status st = Call3([&](grpc::ClientContext* c, const pb::ConfigureRequest& q,
+                                pb::ConfigureResponse* r) { return stages[s].stub->Configure(c, q, r); },
+                            req, &resp);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+  }
+  std::vector<std::unique_ptr<coordinator::StageClient>> clients;
+  for (const Stage& stage : stages) {
+    clients.push_back(std::make_unique<coordinator::StageClient>(stage.address, common::RpcSecurity()));
+  }
+
+  // Steps 1..3 with snapshots; each stage's ExportChunk right after each step.
+  std::map<std::pair<int, int64_t>, std::string> exported;  // (stage, step) -> bytes
+  auto ex = [&](int s, int64_t step) -> const std::string& { return exported[{s, step}]; };
+  std::vector<pb::RunStepResponse> out;
+  for (int64_t step = 1; step <= 3; ++step) {
+    for (const grpc::Status& st : RunStep(plan.programs, job, static_cast<int>(step),
+                                          testing::RandomBatch(static_cast<int>(step)), stages, out,
+                                          /*defer_optimizer=*/false, /*snapshot=*/true)) {
+      ASSERT_TRUE(st.ok()) << st.error_message();
+    }
+    for (int s = 0; s < K; ++s) {
+      EXPECT_EQ(out[s].snapshot_step(), step) << "stage " << s;
+      EXPECT_GT(out[s].snapshot_bytes(), 0u) << "stage " << s;
+      exported[{s, step}] = Export(stages[s], job, 0);
+    }
+  }
+
+  for (int s = 0; s < K; ++s) {
+    const int pred = (s + K - 1) % K;
+    // The copies travel in the background: wait until the newest arrived.
+    const auto list = WaitForSnapshots(*clients[s], job, [&](const auto& l) {
+      return ByStepAndHeld(l).contains({3, true});
+    });
+    const auto by = ByStepAndHeld(list);
+    ASSERT_EQ(list.size(), 4u) << "own and held, steps 2 and 3, on stage " << s;
+    uint64_t total = 0;
+    for (int64_t step : {2, 3}) {
+      ASSERT_TRUE(by.contains({step, false}) && by.contains({step, true})) << "stage " << s;
+      const pb::SnapshotInfo& own = by.at({step, false});
+      const pb::SnapshotInfo& held = by.at({step, true});
+      EXPECT_EQ(own.owner_stage(), s);
+      EXPECT_EQ(held.owner_stage(), pred);
+      EXPECT_EQ(own.begin_layer(), plan.stages[s].layers[0].first);
+      EXPECT_EQ(held.end_layer(), plan.stages[pred].layers[0].second);
+      EXPECT_EQ(held.num_stages(), K);
+      EXPECT_EQ(own.bytes(), ex(s, step).size());
+      total += own.bytes() + held.bytes();
+
+      // The held copy is the owner's state at that step, AdamW's step count included.
+      auto blob = clients[s]->FetchSnapshot(job, pred, 0, step, absl::Seconds(10));
+      ASSERT_TRUE(blob.ok()) << blob.status();
+      EXPECT_TRUE(*blob == ex(pred, step)) << "stage " << s << " step " << step;
+      auto own_blob = clients[s]->FetchSnapshot(job, s, 0, step, absl::Seconds(10));
+      ASSERT_TRUE(own_blob.ok()) << own_blob.status();
+      EXPECT_TRUE(*own_blob == ex(s, step));
+      auto ckpt = model::ParseCheckpoint(*blob, "held snapshot");
+      ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+      ASSERT_TRUE(ckpt->optimizer.has_value());
+      EXPECT_EQ(ckpt->optimizer->step, step);
+      // The planner's 12 bytes per parameter: weights and the two moments.
+      size_t tensor_bytes = 0;
+      for (const model::ParamMap* m : {&ckpt->params, &ckpt->optimizer->m, &ckpt->optimizer->v}) {
+        for (const auto& [name, t] : *m) tensor_bytes += t.num_bytes();
+      }
+      EXPECT_EQ(tensor_bytes, 12 * plan.stages[pred].params);
+    }
+    EXPECT_FALSE(ex(pred, 2) == ex(pred, 3)) << "the steps differ";
+    // Step 1 was dropped.
+    auto old = clients[s]->FetchSnapshot(job, pred, 0, 1, absl::Seconds(10));
+    EXPECT_EQ(old.status().code(), absl::StatusCode::kNotFound) << old.status();
+    pb::StageStats stats;
+    ASSERT_TRUE(Call3([&](grpc::ClientContext* c, const pb::GetStatsRequest& q, pb::StageStats* r) {
+                  return stages[s].stub->GetStats(c, q, r);
+                }, pb::GetStatsRequest(), &stats).ok());
+    EXPECT_EQ(stats.memory_used_bytes(), static_cast<uint64_t>(plan.stages[s].state_bytes) + total)
+        << "GetStats counts the snapshots";
+  }
+
+  // Other jobs are not answered; pushes need the job's secret, from the predecessor.
+  EXPECT_EQ(clients[0]->ListSnapshots("other", absl::Seconds(5)).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  grpc::Status pushed = PushSnapshot(stages[1], job, "wrong", 0, 4, "x");
+  EXPECT_EQ(pushed.error_code(), grpc::StatusCode::PERMISSION_DENIED) << pushed.error_message();
+  EXPECT_THAT(pushed.error_message(), HasSubstr("peer_secret"));
+  pushed = PushSnapshot(stages[1], job, "secret-" + job, 2, 4, "x");
+  EXPECT_EQ(pushed.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << pushed.error_message();
+  EXPECT_THAT(pushed.error_message(), HasSubstr("stage 0's"));
+  EXPECT_EQ(ByStepAndHeld(*clients[1]->ListSnapshots(job, absl::Seconds(5))).size(), 4u)
+      << "refused pushes change nothing";
+
+  // Stage 2 dies; stage 0 runs step 4 alone and waits for stage 1's gradients (up to
+  // 3 s): both survivors still list what they hold while that step is stuck.
+  stages[2].process->Signal(SIGKILL);
+  ASSERT_TRUE(stages[2].process->Wait(20s).ok());
+  std::thread stuck([&] {
+    pb::RunStepRequest req;
+    req.set_job_id(job);
+    req.set_step(4);
+    req.set_snapshot(true);
+    *req.mutable_program() = schedule::ToProto(plan.programs[0]);
+    const model::TokenBatch batch = testing::RandomBatch(4);
+    for (int mb = 0; mb < kMicroBatches; ++mb) {
+      common::TensorToProto(testing::Rows(batch.inputs, mb, kBatch / kMicroBatches), req.add_tokens());
+    }
+    pb::RunStepResponse resp;
+    grpc::Status st = Call3([&](grpc::ClientContext* c, const pb::RunStepRequest& q,
+                                pb::RunStepResponse* r) { return stages[0].stub->RunStep(c, q, r); },
+                            req, &resp);
+    EXPECT_FALSE(st.ok()) << "no gradient comes back";
+  });
+  std::this_thread::sleep_for(500ms);
+  for (int s : {0, 1}) {
+    const auto start = std::chrono::steady_clock::now();
+    auto list = clients[s]->ListSnapshots(job, absl::Seconds(2));
+    ASSERT_TRUE(list.ok()) << list.status();
+    EXPECT_EQ(list->size(), 4u);
+    auto blob = clients[s]->FetchSnapshot(job, (s + K - 1) % K, 0, 3, absl::Seconds(2));
+    ASSERT_TRUE(blob.ok()) << blob.status();
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 1500ms) << "did not wait for the step";
+  }
+  stuck.join();
+
+  // A Configure of the job again drops its snapshots.
+  pb::ConfigureResponse cresp;
+  grpc::Status st = Call3([&](grpc::ClientContext* c, const pb::ConfigureRequest& q,
+                              pb::ConfigureResponse* r) { return stages[1].stub->Configure(c, q, r); },
+                          ConfigureFor(plan, job, 1, stages), &cresp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  auto after = clients[1]->ListSnapshots(job, absl::Seconds(5));
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_TRUE(after->empty());
+  for (int s : {0, 1}) {
+    stages[s].process->Signal(SIGTERM);
+    EXPECT_TRUE(stages[s].process->Wait(20s).ok());
+  }
+}
+
+// One stage: the snapshot reserve counts against --memory-limit at Configure, and a
+// deferred step's snapshot is taken at ApplyOptimizer, kept here only (no peer).
+TEST(StageSnapshotTest, TheReserveCountsAgainstTheMemoryLimitAndADeferredStepSnapshotsAtApply) {
+  planner::PlanOptions po;
+  po.model = testing::TinyModel();
+  po.micro_batches = kMicroBatches;
+  po.schedule = planner::ScheduleKind::kGpipe;
+  po.batch_size = kBatch;
+  po.snapshots = true;
+  auto made = planner::MakePlan(po);
+  ASSERT_TRUE(made.ok()) << made.status();
+  const planner::Plan& plan = *made;
+  const uint64_t state = static_cast<uint64_t>(plan.stages[0].state_bytes);
+  const uint64_t reserve = static_cast<uint64_t>(plan.stages[0].snapshot_bytes);
+  std::vector<Stage> stages;
+  stages.push_back(StartStage({"--memory-limit", absl::StrCat(state + reserve)}));
+  auto configure = [&](uint64_t with_reserve) {
+    pb::ConfigureRequest req = ConfigureFor(plan, "solo", 0, stages);
+    EXPECT_EQ(req.snapshot_peer_address(), "") << "one stage has no peer";
+    EXPECT_EQ(req.snapshot_reserve_bytes(), reserve);
+    req.set_snapshot_reserve_bytes(with_reserve);
+    pb::ConfigureResponse resp;
+    return Call3([&](grpc::ClientContext* c, const pb::ConfigureRequest& q,
+                     pb::ConfigureResponse* r) { return stages[0].stub->Configure(c, q, r); },
+                 req, &resp);
+  };
+  grpc::Status st = configure(reserve + 1);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+  EXPECT_THAT(st.error_message(), AllOf(HasSubstr(absl::StrCat(reserve + 1)),
+                                        HasSubstr("snapshot_reserve_bytes"),
+                                        HasSubstr("--memory-limit")));
+  st = configure(reserve);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+
+  std::vector<pb::RunStepResponse> out;
+  for (const grpc::Status& s : RunStep(plan.programs, "solo", 1, testing::RandomBatch(1), stages, out,
+                                       /*defer_optimizer=*/true, /*snapshot=*/true)) {
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  EXPECT_EQ(out[0].snapshot_step(), 0) << "not before the optimizer step is applied";
+  EXPECT_EQ(out[0].snapshot_bytes(), 0u);
+  pb::ApplyOptimizerRequest apply;
+  apply.set_job_id("solo");
+  apply.set_step(1);
+  apply.set_global_grad_norm(1.0);
+  pb::ApplyOptimizerResponse applied;
+  st = Call3([&](grpc::ClientContext* c, const pb::ApplyOptimizerRequest& q,
+                 pb::ApplyOptimizerResponse* r) { return stages[0].stub->ApplyOptimizer(c, q, r); },
+             apply, &applied);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(applied.snapshot_step(), 1);
+  const std::string exported = Export(stages[0], "solo", 0);
+  EXPECT_EQ(applied.snapshot_bytes(), exported.size());
+  coordinator::StageClient client(stages[0].address, common::RpcSecurity());
+  auto list = client.ListSnapshots("solo", absl::Seconds(5));
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_EQ(list->size(), 1u);
+  EXPECT_FALSE((*list)[0].held());
+  auto blob = client.FetchSnapshot("solo", 0, 0, 1, absl::Seconds(5));
+  ASSERT_TRUE(blob.ok()) << blob.status();
+  EXPECT_TRUE(*blob == exported);
   stages[0].process->Signal(SIGTERM);
   EXPECT_TRUE(stages[0].process->Wait(20s).ok());
 }

@@ -100,15 +100,18 @@ std::string RenderPlanText(const Plan& plan) {
         "(--link-gbps), optimizer step not counted\n",
         o.device_flops / 1e12, o.link_bytes_per_s / 1e9);
   }
-  out += "\nPartition (state = weights + gradients + AdamW moments, 16 bytes per parameter):\n";
-  out += absl::StrFormat("  %-6s %-28s %10s %12s %12s %12s %10s\n", "stage", "layers", "params",
-                         "state", "activations", "memory", "in-flight");
+  out += "\nPartition (state = weights + gradients + AdamW moments, 16 bytes per parameter";
+  out += o.snapshots ? "; snapshots = 2 steps x 12 bytes per parameter, own and the ring "
+                       "predecessor's):\n"
+                     : "; in-memory snapshots off):\n";
+  out += absl::StrFormat("  %-6s %-28s %10s %12s %12s %12s %12s %10s\n", "stage", "layers",
+                         "params", "state", "snapshots", "activations", "memory", "in-flight");
   for (const StagePlan& sp : plan.stages) {
-    out += absl::StrFormat("  %-6d %-28s %10s %12s %12s %12s %10d%s\n", sp.stage, Layers(plan, sp),
-                           Count(static_cast<double>(sp.params)), Bytes(sp.state_bytes),
-                           Bytes(sp.peak_activation_bytes),
-                           Bytes(sp.state_bytes + sp.peak_activation_bytes), sp.max_in_flight,
-                           sp.recompute ? "  (recompute)" : "");
+    out += absl::StrFormat("  %-6d %-28s %10s %12s %12s %12s %12s %10d%s\n", sp.stage,
+                           Layers(plan, sp), Count(static_cast<double>(sp.params)),
+                           Bytes(sp.state_bytes), Bytes(sp.snapshot_bytes),
+                           Bytes(sp.peak_activation_bytes), Bytes(sp.peak_memory_bytes()),
+                           sp.max_in_flight, sp.recompute ? "  (recompute)" : "");
   }
   const char* unit = o.equal_stage_cost ? " units" : " s";
   out += absl::StrFormat("\nPredicted step time: %.6g%s\n", plan.simulation.step_time_s, unit);
@@ -129,6 +132,7 @@ std::string PlanJson(const Plan& plan) {
   j["micro_batches"] = plan.options.micro_batches;
   j["chunks"] = plan.options.chunks;
   j["recompute"] = RecomputeName(plan.options.recompute);
+  j["snapshots"] = plan.options.snapshots;
   j["time_unit"] = plan.options.equal_stage_cost ? "stage forward" : "s";
   j["device_flops"] = plan.options.device_flops;
   j["link_bytes_per_s"] = plan.options.link_bytes_per_s;
@@ -152,7 +156,8 @@ std::string PlanJson(const Plan& plan) {
     s["params"] = sp.params;
     s["state_bytes"] = sp.state_bytes;
     s["peak_activation_bytes"] = sp.peak_activation_bytes;
-    s["peak_memory_bytes"] = sp.state_bytes + sp.peak_activation_bytes;
+    s["snapshot_bytes"] = sp.snapshot_bytes;
+    s["peak_memory_bytes"] = sp.peak_memory_bytes();
     s["max_in_flight"] = sp.max_in_flight;
     s["recompute"] = sp.recompute;
     j["stages"].push_back(s);

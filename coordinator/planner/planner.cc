@@ -91,6 +91,7 @@ absl::StatusOr<PlanOptions> OptionsFromJobSpec(const pb::JobSpec& spec) {
         absl::StrCat("training.batch_size (", o.batch_size,
                      ") must be a multiple of pipeline.micro_batches (", o.micro_batches, ")"));
   }
+  o.snapshots = spec.checkpoint().snapshot_every_steps() > 0;
   return o;
 }
 
@@ -122,15 +123,28 @@ absl::StatusOr<Plan> MakePlan(const PlanOptions& o) {
   } else if (o.memory_cap_bytes > 0 && v == 1) {
     MemoryLimit limit;
     const bool all = o.recompute == pb::RECOMPUTE_ALWAYS;
+    // A stage's own snapshots count here; its predecessor's copy depends on the other
+    // part's split, so it is checked on the whole plan below.
+    const double per_param =
+        kStateBytesPerParam + (o.snapshots ? kSnapshotSteps * kSnapshotBytesPerParam : 0);
     for (const model::LayerCost& c : cost) {
-      limit.weight_bytes.push_back(kStateBytesPerParam * c.params);
+      limit.weight_bytes.push_back(per_param * c.params);
       limit.activation_bytes.push_back((all ? c.activation_bytes_recompute : c.activation_bytes) *
                                        tokens);
     }
     for (int s = 0; s < k; ++s)
       limit.in_flight.push_back(InFlightBound(o.schedule, k, o.micro_batches, v, s));
     limit.cap_bytes = o.memory_cap_bytes;
-    ASSIGN_OR_RETURN(partition, PartitionByCost(LayerWeights(o), parts, &limit));
+    absl::StatusOr<Partition> capped = PartitionByCost(LayerWeights(o), parts, &limit);
+    if (!capped.ok() && o.snapshots) {
+      return absl::Status(capped.status().code(),
+                          absl::StrCat(capped.status().message(), " (with in-memory snapshots, ",
+                                       kSnapshotSteps * kSnapshotBytesPerParam,
+                                       " bytes per parameter more; "
+                                       "checkpoint.snapshot_every_steps 0 turns them off)"));
+    }
+    RETURN_IF_ERROR(capped.status());
+    partition = *std::move(capped);
   } else {
     ASSIGN_OR_RETURN(partition, PartitionByCost(LayerWeights(o), parts));
   }
@@ -187,6 +201,13 @@ absl::StatusOr<Plan> MakePlan(const PlanOptions& o) {
     }
   }
   for (StagePlan& sp : plan.stages) sp.state_bytes = kStateBytesPerParam * sp.params;
+  if (o.snapshots) {
+    for (int s = 0; s < k; ++s) {
+      const int64_t held = k > 1 ? plan.stages[(s + k - 1) % k].params : 0;
+      plan.stages[s].snapshot_bytes =
+          kSnapshotSteps * kSnapshotBytesPerParam * static_cast<double>(plan.stages[s].params + held);
+    }
+  }
   if (o.rates && !o.equal_stage_cost) {
     for (const StagePlan& sp : plan.stages) {
       plan.costs.optimizer_stage_s.push_back(static_cast<double>(sp.params) *
@@ -202,12 +223,16 @@ absl::StatusOr<Plan> MakePlan(const PlanOptions& o) {
   for (int s = 0; s < k; ++s) {
     StagePlan& sp = plan.stages[s];
     sp.peak_activation_bytes = plan.simulation.peak_activation_bytes[s];
-    const double total = sp.state_bytes + sp.peak_activation_bytes;
+    const double total = sp.peak_memory_bytes();
     if (o.memory_cap_bytes > 0 && total > o.memory_cap_bytes) {
       return absl::ResourceExhaustedError(absl::StrFormat(
           "the model does not fit: stage %d needs %.2f GiB (%.2f GiB weights and optimizer "
-          "state, %.2f GiB activations) but has %.2f GiB",
+          "state, %.2f GiB activations%s) but has %.2f GiB",
           s, total / (1 << 30), sp.state_bytes / (1 << 30), sp.peak_activation_bytes / (1 << 30),
+          o.snapshots ? absl::StrFormat(", %.2f GiB in-memory snapshots (turn them off with "
+                                        "checkpoint.snapshot_every_steps 0)",
+                                        sp.snapshot_bytes / (1 << 30))
+                      : "",
           o.memory_cap_bytes / (1 << 30)));
     }
   }

@@ -29,6 +29,10 @@ std::string RecomputeName(pipetrain::v1::RecomputeMode mode);
 
 // Bytes of training state per parameter: f32 weight, gradient and AdamW's two moments.
 inline constexpr double kStateBytesPerParam = 16;
+// An in-memory snapshot of a parameter: f32 weight and AdamW's two moments (no gradient).
+inline constexpr double kSnapshotBytesPerParam = 12;
+// A stage keeps the two newest steps' snapshots (stage_server/snapshot_store.h).
+inline constexpr int kSnapshotSteps = 2;
 
 // Seconds a unit of work takes on measured hardware (planner/cost_fit.h fits them from
 // a job's timelines): they replace the FLOP and link rates' guess when a plan has them.
@@ -58,6 +62,9 @@ struct PlanOptions {
   PartitionMode partition = PartitionMode::kCost;
   double memory_cap_bytes = 0;  // per stage; 0 = unlimited
   std::optional<CostRates> rates;  // measured costs in place of device_flops and the link's
+  // In-memory snapshots (checkpoint.snapshot_every_steps > 0): each stage keeps its own
+  // and its ring predecessor's, counted in its memory.
+  bool snapshots = false;
 };
 
 // Reads model, pipeline and training.batch_size from a job spec; every error names the
@@ -69,9 +76,13 @@ struct StagePlan {
   std::vector<std::pair<int, int>> layers;  // per chunk: pipeline layers [first, end)
   int64_t params = 0;
   double state_bytes = 0;            // weights, gradients, optimizer state
+  // With snapshots: 2 steps x 12 bytes/param x (its own params + its ring predecessor's;
+  // only its own with one stage). Part of its peak memory.
+  double snapshot_bytes = 0;
   double peak_activation_bytes = 0;  // simulated
   int max_in_flight = 0;             // the schedule's bound
   bool recompute = false;
+  double peak_memory_bytes() const { return state_bytes + snapshot_bytes + peak_activation_bytes; }
 };
 
 struct Plan {
