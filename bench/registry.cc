@@ -6,6 +6,7 @@
 #include "bench/link_bench.h"
 #include "bench/scaling_bench.h"
 #include "bench/model_size_bench.h"
+#include "bench/recovery_bench.h"
 #include "bench/compute_bench.h"
 #include "bench/cuda_bench.h"
 #include "bench/tokenize_bench.h"
@@ -35,6 +36,12 @@ const std::vector<Benchmark>& AllBenchmarks() {
        "with and without re-materialization, deeper and wider: params vs K x the K = 1 "
        "maximum, and measured peaks vs the planner's (GPipe's first experiment)",
        RunModelSizeBench},
+      {"recovery",
+       "fault tolerance on the quickstart's model, 4 real cpu stages and a spare: step time "
+       "with in-memory snapshots vs without (ratio, 1.0 = free) and their memory; a stage "
+       "and the coordinator SIGKILLed mid-job: losses vs an uninterrupted run, steps done "
+       "again, seconds from the kill to the next step",
+       RunRecoveryBench},
       {"compute",
        "cpu backend: training tokens/s of d_model 256, 8 layers, seq 128, batch 32 on 1 "
        "and 2 threads, achieved GFLOP/s vs sgemm GFLOP/s, and PyTorch CPU on the same "

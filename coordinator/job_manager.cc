@@ -88,6 +88,7 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(ManagerOptions op
         live->events.Append(StateEvent(job));
         LiveJob* p = live.get();
         m->live_[job.job_id()] = std::move(live);
+        ++m->resuming_;
         p->thread = std::thread([m = m.get(), p] { m->ResumeAfterRestart(p); });
       } else if (was_running) {
         job.set_state(pb::JobStatus::FAILED);
@@ -212,7 +213,8 @@ void JobManager::SchedulerLoop() {
       common::LogWarning("coordinator", absl::StrCat(id, " missed its heartbeats: lost"));
     }
     mu_.Lock();
-    for (auto it = queue_.begin(); it != queue_.end() && !stopping_;) {
+    // Jobs a previous coordinator ran get their stages back first.
+    for (auto it = queue_.begin(); it != queue_.end() && !stopping_ && resuming_ == 0;) {
       LiveJob* job = live_[*it].get();
       const int k = job->status.spec().pipeline().stages();
       std::optional<std::vector<StageRecord>> stages = registry_.Acquire(*it, k);
@@ -291,6 +293,11 @@ void JobManager::ResumeAfterRestart(LiveJob* job) {
     if (have == k || stop() || absl::Now() >= deadline) break;
     absl::SleepFor(std::min(options_.heartbeat_interval, absl::Milliseconds(200)));
   }
+  {
+    absl::MutexLock lock(&mu_);
+    --resuming_;  // queued jobs may take the stages it did not find
+    wake_.SignalAll();
+  }
   LostRun run;
   run.job_id = id;
   run.spec = status.spec();
@@ -337,6 +344,10 @@ void JobManager::ResumeAfterRestart(LiveJob* job) {
     absl::MutexLock lock(&mu_);
     job->status.set_checkpoint_dir(dir);
   }
+  if (shutting_down_.load() && !job->cancel.load()) {
+    LeaveForNextCoordinator(job, std::string(next.status().message()));
+    return;
+  }
   const pb::JobStatus::State state =
       job->cancel.load() ? pb::JobStatus::CANCELLED : pb::JobStatus::FAILED;
   const std::string reason = absl::StrCat(next.status().message(),
@@ -346,6 +357,22 @@ void JobManager::ResumeAfterRestart(LiveJob* job) {
   SetState(job, state, reason);
   absl::MutexLock lock(&mu_);
   wake_.SignalAll();
+}
+
+void JobManager::LeaveForNextCoordinator(LiveJob* job, const std::string& why) {
+  std::string id;
+  int64_t done = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    id = job->status.job_id();
+    done = job->status.steps_done();
+  }
+  registry_.Release(id);
+  const std::string reason = absl::StrCat(
+      "the coordinator stopped while the job was running (after step ", done, "; ", why,
+      "): a coordinator started on the same --state-dir continues it");
+  Log(job, reason);
+  SetState(job, pb::JobStatus::RECOVERING, reason);
 }
 
 void JobManager::SetStages(LiveJob* job, const std::vector<StageRecord>& stages) {
@@ -494,6 +521,12 @@ void JobManager::Drive(LiveJob* job, std::vector<StageRecord> stages,
   {
     absl::MutexLock lock(&mu_);
     dir = job->status.checkpoint_dir();
+  }
+  if (out.state == pb::JobStatus::CANCELLED && !job->cancel.load() &&
+      spec.fault_tolerance().max_restarts() > 0) {
+    // The coordinator is stopping: the next one on this --state-dir continues the job.
+    LeaveForNextCoordinator(job, out.reason);
+    return;
   }
   if (out.state == pb::JobStatus::CANCELLED && !job->cancel.load()) {
     out.state = pb::JobStatus::FAILED;

@@ -40,8 +40,9 @@ class JobManager {
   // again) unless fault_tolerance.max_restarts is 0, which marks them FAILED.
   static absl::StatusOr<std::unique_ptr<JobManager>> Create(ManagerOptions options);
   ~JobManager();  // Shutdown()
-  // Running jobs stop after their current step and end FAILED, naming their latest
-  // checkpoint; waits for their threads.
+  // Running jobs stop after their current step (with a checkpoint) and are recorded
+  // RECOVERING, for the next coordinator to continue (FAILED, naming the checkpoint,
+  // with fault_tolerance.max_restarts 0); waits for their threads.
   void Shutdown();
 
   // INVALID_ARGUMENT naming the field for a bad spec, a corpus or token file the
@@ -90,6 +91,8 @@ class JobManager {
   // A job a previous coordinator was running: waits for its stages to register again
   // and continues it (Drive) from the newest state they or its checkpoint hold.
   void ResumeAfterRestart(LiveJob* job);
+  // Records the job RECOVERING as the coordinator stops, for the next one to continue.
+  void LeaveForNextCoordinator(LiveJob* job, const std::string& why);
   // Records a new state (store, events); the last one also ends the event stream.
   void SetState(LiveJob* job, pipetrain::v1::JobStatus::State state, const std::string& reason);
   void Log(LiveJob* job, const std::string& text);
@@ -104,6 +107,7 @@ class JobManager {
   std::map<std::string, std::unique_ptr<LiveJob>> live_ ABSL_GUARDED_BY(mu_);
   std::deque<std::string> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int resuming_ ABSL_GUARDED_BY(mu_) = 0;  // jobs still waiting for their old stages
   std::atomic<bool> shutting_down_{false};
   std::thread scheduler_;
 };

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/model/checkpoint_folder.h"
+#include "common/status_macros.h"
 #include "coordinator/job_spec.h"
 #include "coordinator/planner/planner.h"
 #include "coordinator/snapshot_choice.h"
@@ -35,25 +36,17 @@ void SetNow(google::protobuf::Timestamp* t) {
 
 std::string Stages(size_t n) { return absl::StrCat(n, n == 1 ? " stage" : " stages"); }
 
-// What a stage holds of the job's snapshots.
+// What a stage holds of the job's snapshots (of the layout it ran).
 absl::StatusOr<std::vector<SnapshotEntry>> ListEntries(StageClient& client,
-                                                       const std::string& job_id,
+                                                       const std::string& job_id, int stages,
                                                        absl::Duration deadline) {
-  (void)client;
-  (void)job_id;
-  (void)deadline;
-  return absl::UnimplementedError("the stages keep no snapshots yet");
-}
-
-absl::StatusOr<std::string> FetchBlob(StageClient& client, const std::string& job_id,
-                                      const SnapshotPick& pick, int64_t step,
-                                      absl::Duration deadline) {
-  (void)client;
-  (void)job_id;
-  (void)pick;
-  (void)step;
-  (void)deadline;
-  return absl::UnimplementedError("the stages keep no snapshots yet");
+  ASSIGN_OR_RETURN(std::vector<pb::SnapshotInfo> infos, client.ListSnapshots(job_id, deadline));
+  std::vector<SnapshotEntry> out;
+  for (const pb::SnapshotInfo& i : infos) {
+    if (i.num_stages() != stages) continue;  // a layout before this one
+    out.push_back({i.owner_stage(), static_cast<int>(i.chunk()), i.step(), i.held()});
+  }
+  return out;
 }
 
 }  // namespace
@@ -145,7 +138,7 @@ JobRecovery::Source JobRecovery::FindState(const LostRun& run, std::vector<int>&
     listings.emplace_back();
     if (!snapshots) continue;
     absl::StatusOr<std::vector<SnapshotEntry>> listing =
-        ListEntries(client, run.job_id, absl::Seconds(10));
+        ListEntries(client, run.job_id, static_cast<int>(run.stages.size()), absl::Seconds(10));
     if (listing.ok()) {
       listings.back() = *std::move(listing);
     } else {
@@ -159,13 +152,14 @@ JobRecovery::Source JobRecovery::FindState(const LostRun& run, std::vector<int>&
   if (snapshots) {
     const int k = static_cast<int>(run.stages.size());
     const int chunks = std::max(1, run.spec.pipeline().chunks());
-    std::optional<SnapshotChoice> choice = ChooseSnapshotStep(listings, k, chunks);
+    std::optional<SnapshotChoice> choice = ChooseSnapshotStep(listings, k, chunks, run.failed_step - 1);
     if (choice) {
       absl::StatusOr<model::Checkpoint> whole = AssembleSnapshot(
           *choice,
           [&](const SnapshotPick& pick) -> absl::StatusOr<std::string> {
             StageClient client(run.stages[survivors[pick.holder]].address, security_);
-            return FetchBlob(client, run.job_id, pick, choice->step, rpc_deadline_);
+            return client.FetchSnapshot(run.job_id, pick.owner_stage, pick.chunk, choice->step,
+                                        rpc_deadline_);
           },
           run.job_id);
       if (whole.ok()) {

@@ -186,7 +186,8 @@ class Runner {
                                                             const schedule::Schedule& programs,
                                                             const model::TokenBatch& batch,
                                                             float lr, const char* what,
-                                                            bool defer_optimizer = false) {
+                                                            bool defer_optimizer = false,
+                                                            bool snapshot = false) {
     const int M = plan_.options.micro_batches, T = plan_.options.model.seq_len;
     const int rows = batch.rows / M;
     std::vector<pb::RunStepResponse> out(K());
@@ -207,6 +208,7 @@ class Runner {
           }
           req.set_lr(lr);
           req.set_defer_optimizer(defer_optimizer);
+          req.set_snapshot(snapshot);
           ASSIGN_OR_RETURN(out[s], group_.client(s).RunStep(ctx, req));
           return absl::OkStatus();
         });
@@ -248,6 +250,13 @@ class Runner {
     return t.lr();
   }
 
+  // Whether the stages keep (and copy to their ring neighbour) an in-memory snapshot of
+  // their state after this step: what a lost stage is restored from.
+  bool SnapshotAfter(int64_t step) const {
+    const int every = spec_.checkpoint().snapshot_every_steps();
+    return every > 0 && step % every == 0;
+  }
+
   absl::StatusOr<pb::StepRecord> Step(int64_t step) {
     const pb::TrainingSpec& t = spec_.training();
     ASSIGN_OR_RETURN(
@@ -258,7 +267,8 @@ class Runner {
     // Clipping needs the norm over the whole model, which no stage has alone: two phases.
     const bool two_phase = t.grad_clip_norm() > 0 && K() > 1;
     ASSIGN_OR_RETURN(std::vector<pb::RunStepResponse> responses,
-                     RunOnAll(step, plan_.programs, batch, lr, "running", two_phase));
+                     RunOnAll(step, plan_.programs, batch, lr, "running", two_phase,
+                              SnapshotAfter(step)));
     if (two_phase) RETURN_IF_ERROR(ApplyOnAll(step, lr, responses));
     const double wall = absl::ToDoubleSeconds(absl::Now() - start);
     timeline_ = TimelineOf(step, responses);

@@ -9,14 +9,15 @@
 namespace pipetrain::coordinator {
 
 std::optional<SnapshotChoice> ChooseSnapshotStep(
-    const std::vector<std::vector<SnapshotEntry>>& listings, int stages, int chunks) {
+    const std::vector<std::vector<SnapshotEntry>>& listings, int stages, int chunks,
+    int64_t max_step) {
   if (stages <= 0 || chunks <= 0) return std::nullopt;
   // step -> (owner, chunk) -> the best holder so far (own copies first).
   std::map<int64_t, std::map<std::pair<int, int>, std::pair<bool, int>>> by_step;
   for (int h = 0; h < static_cast<int>(listings.size()); ++h) {
     for (const SnapshotEntry& e : listings[h]) {
       if (e.owner_stage < 0 || e.owner_stage >= stages || e.chunk < 0 || e.chunk >= chunks ||
-          e.step <= 0) {
+          e.step <= 0 || e.step > max_step) {
         continue;  // not of this layout
       }
       const bool own = !e.held;

@@ -35,11 +35,14 @@ struct SnapshotChoice {
   std::vector<SnapshotPick> picks;  // one per chunk of the old layout, in layer order
 };
 
-// `listings[h]` is what holder h has. The newest step at which each (owner_stage <
-// stages, chunk < chunks) is listed by some holder, taking the owner's own copy over a
-// held one; nullopt when no step is complete.
+// `listings[h]` is what holder h has. The newest step up to `max_step` (the last step
+// the job recorded: a later one, finished on the stages but never recorded, would leave
+// a step without its record) at which each (owner_stage < stages, chunk < chunks) is
+// listed by some holder, taking the owner's own copy over a held one; nullopt when no
+// step is complete.
 std::optional<SnapshotChoice> ChooseSnapshotStep(
-    const std::vector<std::vector<SnapshotEntry>>& listings, int stages, int chunks);
+    const std::vector<std::vector<SnapshotEntry>>& listings, int stages, int chunks,
+    int64_t max_step);
 
 // Fetches every pick (`fetch` returns the safetensors bytes), checks that each holds
 // AdamW state of exactly `choice.step` updates (a blob of another step is an error naming

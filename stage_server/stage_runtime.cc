@@ -58,7 +58,18 @@ StageRuntime::StageRuntime(RuntimeOptions options) : options_(std::move(options)
 
 StageRuntime::~StageRuntime() {
   absl::MutexLock lock(&mu_);
+  ForgetLinks();
   job_.reset();
+}
+
+void StageRuntime::AbortRunningStep() {
+  absl::MutexLock lock(&links_mu_);
+  for (PeerLink* link : links_) link->Close();  // idempotent; fails its waits at once
+}
+
+void StageRuntime::ForgetLinks() {
+  absl::MutexLock lock(&links_mu_);
+  links_.clear();
 }
 
 uint64_t StageRuntime::StateBytes(const JobConfig& config) {
@@ -119,11 +130,13 @@ absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config)
         reserve > 0 ? ", or turn snapshots off (checkpoint.snapshot_every_steps 0)" : ""));
   }
 
+  // A step still running (waiting on a lost neighbour up to its receive deadline, or for
+  // an ApplyOptimizer that will never come) ends now: a job restarted after a lost stage
+  // reconfigures its survivors, and breaking their links ends their neighbours' waits too.
+  AbortRunningStep();
   absl::MutexLock lock(&mu_);
-  if (job_ && job_->config.job_id == config.job_id) {
-    RETURN_IF_ERROR(job_->executor->CheckNoPendingOptimizer("configure"));
-  }
   if (job_) acceptor_.Forget(job_->config.job_id);
+  ForgetLinks();
   job_.reset();  // frees the previous job's memory before allocating the new one
   {
     absl::MutexLock id_lock(&job_id_mu_);
@@ -235,6 +248,11 @@ absl::Status StageRuntime::EnsureLinks(Job& job) {
   if (job.has_prev && job.prev == nullptr) {
     ASSIGN_OR_RETURN(job.prev,
                      acceptor_.WaitForPeer(c.job_id, (c.stage + K - 1) % K, deadline));
+  }
+  absl::MutexLock lock(&links_mu_);
+  links_.clear();
+  for (PeerLink* link : {job.next.get(), job.prev.get()}) {
+    if (link != nullptr) links_.push_back(link);
   }
   return absl::OkStatus();
 }

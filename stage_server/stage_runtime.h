@@ -103,10 +103,10 @@ class StageRuntime {
   explicit StageRuntime(RuntimeOptions options);
   ~StageRuntime();
 
-  // Replaces any configured job; refused (FAILED_PRECONDITION) for the configured job
-  // itself while its optimizer step is pending. Another job replaces it even then:
-  // a coordinator that failed between the phases must not leave the stage unusable.
-  // Bad fields are INVALID_ARGUMENT naming the field; a
+  // Replaces any configured job, the same one too (a job restarted after a lost stage),
+  // even while its optimizer step is pending; a step still running is broken off first
+  // (its links closed), so a stage waiting on a lost neighbour is free at once. Bad
+  // fields are INVALID_ARGUMENT naming the field; a
   // job over the memory limit is RESOURCE_EXHAUSTED naming bytes needed and available,
   // refused before anything is allocated.
   absl::StatusOr<ConfigureResult> Configure(const JobConfig& config);
@@ -167,6 +167,13 @@ class StageRuntime {
   mutable absl::Mutex mu_;  // held for a whole step: one step at a time
   std::unique_ptr<Job> job_ ABSL_GUARDED_BY(mu_);
   int64_t steps_run_ ABSL_GUARDED_BY(mu_) = 0;
+  // Closes the configured job's links, so that a step waiting on them fails at once.
+  void AbortRunningStep() ABSL_LOCKS_EXCLUDED(links_mu_);
+  void ForgetLinks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) ABSL_LOCKS_EXCLUDED(links_mu_);
+  // The configured job's links (owned by job_), reachable without mu_: Configure
+  // breaks a running step with them. Cleared before job_ goes.
+  absl::Mutex links_mu_;  // never held across a step
+  std::vector<PeerLink*> links_ ABSL_GUARDED_BY(links_mu_);
   mutable absl::Mutex job_id_mu_;  // never held across a step
   std::string job_id_ ABSL_GUARDED_BY(job_id_mu_);
   // What admits a snapshot push, readable while a step runs.

@@ -237,6 +237,7 @@ TEST_F(CoordinatorMemoryTest, AModelThatFitsOnlyWhenSplitWithinTheMemoryIsAccept
   json spec = spec_;
   spec["pipeline"] = {{"stages", 2}, {"micro_batches", 4}, {"schedule", "1f1b"}};
   spec["model"]["n_layers"] = layers;
+  spec["checkpoint"]["snapshot_every_steps"] = 0;  // planned as `o` is: no snapshot memory
   auto r = (*cluster)->Cli({"submit", WriteSpec(spec), "--no-wait"});
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(r->exit_code, 0) << r->out << r->err;

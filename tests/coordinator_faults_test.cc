@@ -52,14 +52,17 @@ TEST_F(CoordinatorFaultsTest, ARestartedCoordinatorStillListsFinishedJobs) {
   EXPECT_TRUE(LossesMatch(Losses(status), before)) << "after restart";
 }
 
-// A job that was running when its coordinator stopped is FAILED after the restart, and
-// its reason says how to continue it: `pipetrain resume ID`, from its checkpoint.
+// With fault_tolerance.max_restarts 0, a job that was running when its coordinator
+// stopped is FAILED after the restart, and its reason says how to continue it:
+// `pipetrain resume ID`, from its checkpoint (coordinator_recovery_test.cc: by default
+// the next coordinator continues it).
 TEST_F(CoordinatorFaultsTest, AJobCutOffByACoordinatorStopSaysHowToResumeIt) {
   auto cluster = LocalCluster::Start(dir_.File("state"), 4);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   LocalCluster& c = **cluster;
   RunUntilStopped();
   spec_["checkpoint"]["every_steps"] = 1;
+  spec_["fault_tolerance"]["max_restarts"] = 0;  // else the next coordinator continues it
   const std::string id = SubmitNoWait(c, {"pipeline.stages=2"});
   WaitFor(c, id, [](const json& s) { return s.value("checkpoint_dir", "") != ""; });
 

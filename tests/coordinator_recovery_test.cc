@@ -56,7 +56,7 @@ class CoordinatorRecoveryTest : public testing::ClusterJobTest {
     return s.contains("state") && s["state"] != "QUEUED" && s["state"] != "RUNNING" &&
            s["state"] != "RECOVERING";
   }
-  static bool Recovered(const json& s) { return s.contains("recoveries"); }
+  static bool Recovered(const json& s) { return !s.value("recoveries", json::array()).empty(); }
 
   // Waits until the job has done `steps` steps and kills stage `position` of it.
   std::string KillAt(LocalCluster& c, const std::string& id, int64_t steps, int position) {
@@ -87,7 +87,7 @@ class CoordinatorRecoveryTest : public testing::ClusterJobTest {
       auto plan = planner::MakePlan(*po);
       EXPECT_TRUE(plan.ok()) << plan.status();
       for (const auto& st : plan->stages) {
-        peak[i] = std::max(peak[i], st.state_bytes + st.peak_activation_bytes);
+        peak[i] = std::max(peak[i], st.peak_memory_bytes());
       }
     }
     EXPECT_LT(peak[0], peak[1]);
@@ -111,6 +111,10 @@ TEST_F(CoordinatorRecoveryTest, AKilledStageIsReplacedByAFreeOneAndEveryLossIsTh
   EXPECT_EQ(r["lost_stage_ids"][0], victim);
   EXPECT_EQ(r["stages"], 3) << "a free stage took the lost one's place";
   EXPECT_GE(Int(r, "failed_step"), 6);
+  // From the snapshots: the step before the lost one, or (when the lost stage's newest
+  // copy was still on its way to its neighbour) the one before that.
+  EXPECT_EQ(r["source"], "the stages' snapshots");
+  EXPECT_GE(Int(r, "restored_step"), Int(r, "failed_step") - 2);
   EXPECT_EQ(Int(done, "steps_done"), kSteps);
   EXPECT_TRUE(LossesMatch(Losses(Status(c, id)), expected, kSameLayout));
   EXPECT_THAT(done["stage_ids"].dump(), ::testing::Not(HasSubstr(victim)));
@@ -223,7 +227,7 @@ TEST_F(CoordinatorRecoveryTest, AfterMaxRestartsTheJobFailsNamingItsCheckpoint) 
   LocalCluster& c = **cluster;
   const std::string id = SubmitNoWait(c, {"pipeline.stages=2"});
   KillAt(c, id, 3, 0);
-  WaitFor(c, id, [](const json& j) { return j.contains("recoveries") && j["state"] == "RUNNING"; });
+  WaitFor(c, id, [](const json& j) { return Recovered(j) && j["state"] == "RUNNING"; });
   const json before = Status(c, id);
   KillAt(c, id, Int(before, "steps_done") + 2, 1);
   const json done = WaitFor(c, id, Ended);
@@ -232,6 +236,35 @@ TEST_F(CoordinatorRecoveryTest, AfterMaxRestartsTheJobFailsNamingItsCheckpoint) 
   EXPECT_THAT(reason, HasSubstr("max_restarts"));
   EXPECT_THAT(reason, HasSubstr("pipetrain resume " + id));
 }
+
+// A coordinator killed (SIGKILL) or stopped (SIGTERM) and started again on the same
+// --state-dir continues the job it was running, from the state its stages kept.
+class CoordinatorRestartRecoveryTest : public CoordinatorRecoveryTest,
+                                       public ::testing::WithParamInterface<int> {};
+
+TEST_P(CoordinatorRestartRecoveryTest, TheNextCoordinatorContinuesTheJobFromItsStages) {
+  auto cluster = LocalCluster::Start(dir_.File("state"), 2);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  const std::vector<double> expected = Reference(c, 2);
+
+  const std::string id = SubmitNoWait(c, {"pipeline.stages=2"});
+  const json before = WaitFor(c, id, [](const json& j) { return Int(j, "steps_done") >= 5; });
+  ASSERT_TRUE(c.KillCoordinator(GetParam()).ok());
+  ASSERT_TRUE(c.StartCoordinatorAgain(0).ok());
+  const json done = WaitFor(c, id, Ended);
+  EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
+  ASSERT_EQ(done["recoveries"].size(), 1u) << done.dump();
+  const json& r = done["recoveries"][0];
+  EXPECT_EQ(r["source"], "the stages' snapshots") << r.dump();
+  EXPECT_GE(Int(r, "restored_step"), Int(before, "steps_done"));
+  EXPECT_EQ(r["stages"], 2);
+  EXPECT_TRUE(LossesMatch(Losses(Status(c, id)), expected, kSameLayout));
+}
+
+INSTANTIATE_TEST_SUITE_P(Signals, CoordinatorRestartRecoveryTest,
+                         ::testing::Values(SIGKILL, SIGTERM),
+                         [](const auto& info) { return info.param == SIGKILL ? "Sigkill" : "Sigterm"; });
 
 // A stage that stops answering without dying is lost within --stage-deadline, and the
 // job goes on without it.

@@ -30,7 +30,7 @@ TEST(ChooseSnapshotStepTest, TakesTheNewestStepEveryStageIsHeldAtOwnCopiesFirst)
   // Stage 1 of 3 is lost; stage 2 holds its copies of steps 4 and 5.
   const std::vector<std::vector<SnapshotEntry>> listings = {Ring(0, 3, {4, 5}, {4, 5}),
                                                             Ring(2, 3, {4, 5}, {4, 5})};
-  auto choice = ChooseSnapshotStep(listings, 3, 1);
+  auto choice = ChooseSnapshotStep(listings, 3, 1, 100);
   ASSERT_TRUE(choice.has_value());
   EXPECT_EQ(choice->step, 5);
   ASSERT_EQ(choice->picks.size(), 3u);
@@ -44,25 +44,35 @@ TEST(ChooseSnapshotStepTest, FallsBackToTheStepBeforeWhenTheNewestCopyNeverArriv
   // Stage 1 was lost while its copy of step 5 was on the way: only 4 is complete.
   const std::vector<std::vector<SnapshotEntry>> listings = {Ring(0, 3, {4, 5}, {4, 5}),
                                                             Ring(2, 3, {4, 5}, {4})};
-  auto choice = ChooseSnapshotStep(listings, 3, 1);
+  auto choice = ChooseSnapshotStep(listings, 3, 1, 100);
   ASSERT_TRUE(choice.has_value());
   EXPECT_EQ(choice->step, 4);
+}
+
+TEST(ChooseSnapshotStepTest, NeverAStepTheJobHasNotRecorded) {
+  // The stages finished step 5 after the coordinator recorded step 4.
+  const std::vector<std::vector<SnapshotEntry>> listings = {Ring(0, 2, {4, 5}, {4, 5}),
+                                                            Ring(1, 2, {4, 5}, {4, 5})};
+  auto choice = ChooseSnapshotStep(listings, 2, 1, 4);
+  ASSERT_TRUE(choice.has_value());
+  EXPECT_EQ(choice->step, 4);
+  EXPECT_FALSE(ChooseSnapshotStep(listings, 2, 1, 3).has_value());
 }
 
 TEST(ChooseSnapshotStepTest, NoneWhenAStageAndItsCopyAreBothGone) {
   // Stages 1 and 2 of 3 lost at once: stage 1's copy was on stage 2.
   const std::vector<std::vector<SnapshotEntry>> listings = {Ring(0, 3, {4, 5}, {4, 5})};
-  EXPECT_FALSE(ChooseSnapshotStep(listings, 3, 1).has_value());
-  EXPECT_FALSE(ChooseSnapshotStep({}, 3, 1).has_value());
+  EXPECT_FALSE(ChooseSnapshotStep(listings, 3, 1, 100).has_value());
+  EXPECT_FALSE(ChooseSnapshotStep({}, 3, 1, 100).has_value());
 }
 
 TEST(ChooseSnapshotStepTest, NeedsEveryChunkOfAnInterleavedLayoutAndIgnoresOtherLayouts) {
   std::vector<std::vector<SnapshotEntry>> listings = {
       {{0, 0, 3, false}, {0, 1, 3, false}, {1, 0, 3, true}},
       {{7, 0, 3, false}}};  // not a stage of a 2-stage layout
-  EXPECT_FALSE(ChooseSnapshotStep(listings, 2, 2).has_value()) << "stage 1 chunk 1 missing";
+  EXPECT_FALSE(ChooseSnapshotStep(listings, 2, 2, 100).has_value()) << "stage 1 chunk 1 missing";
   listings[0].push_back({1, 1, 3, true});
-  auto choice = ChooseSnapshotStep(listings, 2, 2);
+  auto choice = ChooseSnapshotStep(listings, 2, 2, 100);
   ASSERT_TRUE(choice.has_value());
   EXPECT_EQ(choice->step, 3);
   EXPECT_EQ(choice->picks.size(), 4u);

@@ -2,7 +2,8 @@
 // own network namespace with its own address on a private bridge, running the real
 // binaries with mutual TLS and a bearer token on every connection. A pipeline across
 // hosts trains with the losses of one stage, and a stage host whose link goes down
-// mid-job fails the job in bounded time, naming that stage.
+// mid-job is found lost in bounded time, naming that stage, and the job goes on without
+// it (on the two other hosts) to the losses of an uninterrupted run.
 // Skips where network namespaces cannot be made (not root).
 #include <unistd.h>
 
@@ -200,7 +201,7 @@ TEST_F(MultiHostTest, APipelineAcrossHostsTrainsLikeOneStage) {
   EXPECT_TRUE(stopped.ok()) << stopped;
 }
 
-TEST_F(MultiHostTest, AStageHostWhoseLinkGoesDownFailsTheJobInBoundedTime) {
+TEST_F(MultiHostTest, AStageHostWhoseLinkGoesDownIsLostInBoundedTimeAndTheJobGoesOn) {
   MultiHostOptions options;
   options.stage_hosts = 3;
   options.coordinator_args = {"--stage-deadline", "5"};
@@ -209,7 +210,10 @@ TEST_F(MultiHostTest, AStageHostWhoseLinkGoesDownFailsTheJobInBoundedTime) {
   ASSERT_NE(cluster, nullptr);
   MultiHostCluster& c = *cluster;
 
-  spec_["training"]["steps"] = 100000;
+  // Long enough (a few seconds) to pull the link mid-job.
+  spec_["training"]["steps"] = 300;
+  const std::vector<double> ref = Losses(Status(c, Submit(c, {"pipeline.stages=3"}, false)));
+  ASSERT_EQ(ref.size(), 300u);
   const std::string id = Submit(c, {"pipeline.stages=3"}, true);
   const json running =
       WaitFor(c, id, 60s, [](const json& s) { return s.value("steps_done", "0") != "0"; });
@@ -224,16 +228,28 @@ TEST_F(MultiHostTest, AStageHostWhoseLinkGoesDownFailsTheJobInBoundedTime) {
   // --stage-deadline 5: a neighbour gives up on the victim after 5 s, and the
   // coordinator's health check on it takes 3 s more; 30 s bounds it with room for a
   // loaded machine.
-  const json failed = WaitFor(c, id, 30s, [](const json& s) { return s["state"] == "FAILED"; });
+  const json lost = WaitFor(c, id, 30s, [](const json& s) {
+    return !s.value("recoveries", json::array()).empty();
+  });
   const double took =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - pulled).count();
-  ASSERT_EQ(failed["state"], "FAILED") << failed.dump();
+  ASSERT_FALSE(lost.value("recoveries", json::array()).empty()) << lost.dump();
   EXPECT_LT(took, 30.0);
-  const std::string reason = failed["reason"];
-  EXPECT_THAT(reason, HasSubstr(victim));
-  EXPECT_THAT(reason, HasSubstr(addresses.at(victim)));
-  EXPECT_THAT(reason, HasSubstr("stopped answering"));
-  std::cout << "the job failed " << took << " s after the link went down: " << reason << "\n";
+  EXPECT_EQ(lost["recoveries"][0]["lost_stage_ids"][0], victim);
+  auto logs = c.Cli({"logs", id});
+  ASSERT_TRUE(logs.ok());
+  EXPECT_THAT(logs->out, HasSubstr(victim));
+  EXPECT_THAT(logs->out, HasSubstr(addresses.at(victim)));
+  EXPECT_THAT(logs->out, HasSubstr("stopped answering"));
+  std::cout << "the stage was found lost " << took << " s after the link went down\n";
+  // No host is free: it continues on the two it has, to the same losses.
+  const json done = WaitFor(c, id, 120s, [](const json& s) {
+    const std::string state = s.value("state", "");
+    return state == "SUCCEEDED" || state == "FAILED" || state == "CANCELLED";
+  });
+  ASSERT_EQ(done["state"], "SUCCEEDED") << done.dump();
+  EXPECT_EQ(done["stage_ids"].size(), 2u);
+  EXPECT_TRUE(LossesMatch(Losses(done), ref, 1e-6)) << "after the link went down";
 
   // The cluster goes on without that host: the victim is LOST, the others take a job.
   absl::Status idle = c.WaitForIdleStages(2);
