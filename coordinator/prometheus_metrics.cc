@@ -58,7 +58,11 @@ struct JobFamilies {
                     "1 for each job with series; its state and schedule as labels."};
   MetricFamily steps_done{"pipetrain_job_steps_done", "Optimizer steps the job has finished."};
   MetricFamily steps_planned{"pipetrain_job_steps_planned",
-                             "Optimizer steps the job's spec asks for (training.steps)."};
+                             "The job's last step (steps count the training run's: one past "
+                             "an init_from checkpoint's, plus training.steps)."};
+  MetricFamily restarts{"pipetrain_job_restarts",
+                        "Automatic restarts of the job after a lost stage or a coordinator "
+                        "restart."};
   MetricFamily loss{"pipetrain_job_loss", "Mean training loss of the job's latest step."};
   MetricFamily val_loss{"pipetrain_job_validation_loss",
                         "The job's latest validation loss (only once one was measured)."};
@@ -83,6 +87,7 @@ struct JobFamilies {
     info.Add(info_labels, 1);
     steps_done.Add(id, static_cast<double>(job.steps_done()));
     steps_planned.Add(id, static_cast<double>(common::JobLastStep(job)));
+    restarts.Add(id, static_cast<double>(job.recoveries_size()));
     auto with_val = std::find_if(job.history().rbegin(), job.history().rend(),
                                  [](const pb::StepRecord& r) { return r.has_val_loss(); });
     if (with_val != job.history().rend()) val_loss.Add(id, with_val->val_loss());
@@ -105,7 +110,7 @@ struct JobFamilies {
   }
 
   void AppendTo(std::string& out) const {
-    for (const MetricFamily* f : {&info, &steps_done, &steps_planned, &loss, &val_loss,
+    for (const MetricFamily* f : {&info, &steps_done, &steps_planned, &restarts, &loss, &val_loss,
                                   &step_seconds, &tokens, &bubble, &peak_memory,
                                   &peak_activations}) {
       f->AppendTo(out);

@@ -53,7 +53,18 @@ class CoordinatorClusterTest : public testing::SharedClusterTest {
     if (!r.ok()) return {};
     const std::string resumed = SubmittedId(r->out.substr(0, r->out.find('\n')));
     EXPECT_FALSE(resumed.empty()) << r->out;
-    return resumed.empty() ? std::vector<double>{} : Losses(Status(*c_, resumed));
+    if (resumed.empty()) return {};
+    // Its steps are the training run's: 3 and 4, and so is its checkpoint.
+    const json s = Status(*c_, resumed);
+    EXPECT_EQ(s.value("first_step", ""), "3") << s.dump();
+    EXPECT_EQ(s.value("steps_done", ""), "4");
+    const json history = s.value("history", json::array());
+    EXPECT_FALSE(history.empty());
+    if (!history.empty()) {
+      EXPECT_EQ(history[0].value("step", ""), "3");
+    }
+    EXPECT_THAT(s.value("checkpoint_dir", ""), ::testing::EndsWith("/step-4"));
+    return Losses(s);
   }
 
   // The events of `id`'s Chrome trace, as `pipetrain timeline ID --out FILE FLAGS` writes it.

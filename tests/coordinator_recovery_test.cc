@@ -7,6 +7,8 @@
 #include <signal.h>
 
 #include <chrono>
+#include <filesystem>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -18,6 +20,7 @@
 #include "tests/testing/cluster_jobs.h"
 #include "tests/testing/local_cluster.h"
 #include "tests/testing/loss_comparison.h"
+#include "tests/testing/temp_files.h"
 
 namespace pipetrain {
 namespace {
@@ -235,6 +238,93 @@ TEST_F(CoordinatorRecoveryTest, AfterMaxRestartsTheJobFailsNamingItsCheckpoint) 
   const std::string reason = done["reason"];
   EXPECT_THAT(reason, HasSubstr("max_restarts"));
   EXPECT_THAT(reason, HasSubstr("pipetrain resume " + id));
+}
+
+// A checkpoint every step: the kill lands during (or between) the checkpoints'
+// exports and writes; the job restores the newest complete one or the snapshots.
+TEST_F(CoordinatorRecoveryTest, AStageKilledWhileCheckpointsAreWrittenEveryStep) {
+  spec_["checkpoint"]["every_steps"] = 1;
+  spec_["training"]["steps"] = 60;
+  auto cluster = LocalCluster::Start(dir_.File("state"), 3);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  const std::vector<double> expected = Reference(c, 2);
+  const std::string id = SubmitNoWait(c, {"pipeline.stages=2"});
+  KillAt(c, id, 5, 1);
+  const json done = WaitFor(c, id, Ended);
+  EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
+  EXPECT_EQ(done.value("recoveries", json::array()).size(), 1u);
+  EXPECT_TRUE(LossesMatch(Losses(Status(c, id)), expected, kSameLayout));
+}
+
+// With global-norm clipping the optimizer waits for ApplyOptimizer (and the snapshot is
+// taken after it): a stage lost then still ends as the uninterrupted run.
+TEST_F(CoordinatorRecoveryTest, WithGradientClippingALostStageStillGivesTheSameLosses) {
+  spec_["training"]["grad_clip_norm"] = 0.5;
+  auto cluster = LocalCluster::Start(dir_.File("state"), 4);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  const std::vector<double> expected = Reference(c, 3);
+  const std::string id = SubmitNoWait(c, {"pipeline.stages=3"});
+  KillAt(c, id, 5, 0);
+  const json done = WaitFor(c, id, Ended);
+  EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
+  EXPECT_EQ(done.value("recoveries", json::array()).size(), 1u);
+  EXPECT_TRUE(LossesMatch(Losses(Status(c, id)), expected, kSameLayout));
+}
+
+// A stage lost again as soon as the job has restarted (during or right after the
+// recovery) costs one more restart, and the job still ends as the uninterrupted run.
+TEST_F(CoordinatorRecoveryTest, AStageLostDuringTheRecoveryCostsOneMoreRestart) {
+  auto cluster = LocalCluster::Start(dir_.File("state"), 5);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  const std::vector<double> expected = Reference(c, 3);
+  const std::string id = SubmitNoWait(c, {"pipeline.stages=3"});
+  const std::string first = KillAt(c, id, 5, 1);
+  const json restarted = WaitFor(c, id, Recovered);
+  // The stage that took the lost one's place.
+  std::string second;
+  for (const json& s : restarted["stage_ids"]) {
+    if (s != first) second = s;
+  }
+  ASSERT_TRUE(c.KillStage(StageAddress(c, second))) << second;
+  const json done = WaitFor(c, id, Ended);
+  EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
+  EXPECT_EQ(done.value("recoveries", json::array()).size(), 2u) << done.dump();
+  EXPECT_TRUE(LossesMatch(Losses(Status(c, id)), expected, kOtherLayout));
+}
+
+// A checkpoint that cannot be written (here its folder's place is taken by a file)
+// warns and does not fail a job whose training is healthy; the next interval writes it.
+TEST_F(CoordinatorRecoveryTest, ACheckpointThatCannotBeWrittenWarnsAndTheNextOneIsWritten) {
+  spec_["checkpoint"]["every_steps"] = 20;
+  auto cluster = LocalCluster::Start(dir_.File("state"), 1);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  // The fresh cluster's first job is job-000001: its checkpoints cannot go where a file is.
+  const std::string blocker = dir_.File("state") + "/checkpoints/job-000001";
+  std::filesystem::create_directories(dir_.File("state") + "/checkpoints");
+  testing::WriteFileOrDie(blocker, "not a folder");
+  const std::string id = SubmitNoWait(c, {});
+  ASSERT_EQ(id, "job-000001");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  std::string logs;
+  while (std::chrono::steady_clock::now() < deadline && logs.find("warning:") == std::string::npos) {
+    auto r = c.Cli({"logs", id});
+    if (r.ok()) logs = r->out;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_THAT(logs, HasSubstr("the job goes on and tries again at the next checkpoint"));
+  EXPECT_THAT(logs, HasSubstr("step-20"));
+  std::filesystem::remove(blocker);
+  const json done = WaitFor(c, id, Ended);
+  EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
+  EXPECT_THAT(done.value("checkpoint_dir", ""), ::testing::EndsWith(absl::StrCat("/step-", kSteps)));
+  for (const auto& entry : std::filesystem::directory_iterator(blocker)) {
+    EXPECT_EQ(entry.path().filename().string().find(".tmp-"), std::string::npos)
+        << "a partial folder was left: " << entry.path();
+  }
 }
 
 // A coordinator killed (SIGKILL) or stopped (SIGTERM) and started again on the same
