@@ -276,10 +276,13 @@ void JobManager::ResumeAfterRestart(LiveJob* job) {
   const int k = status.stage_addresses_size();
   std::vector<std::string> addresses(status.stage_addresses().begin(),
                                      status.stage_addresses().end());
-  // Its stages register again within a few heartbeats when they survived.
+  // Its stages register again within a few heartbeats when they survived: one not back
+  // by then is lost, and the recovery takes a free stage, the others, or waits for one.
   std::vector<std::optional<StageRecord>> found(k);
-  const absl::Time deadline =
-      absl::Now() + absl::Seconds(status.spec().fault_tolerance().wait_for_stages_s());
+  const absl::Duration grace =
+      std::min(absl::Seconds(status.spec().fault_tolerance().wait_for_stages_s()),
+               std::max(absl::Seconds(10), 3 * options_.heartbeat_timeout));
+  const absl::Time deadline = absl::Now() + grace;
   auto stop = [&] { return job->cancel.load() || shutting_down_.load(); };
   for (;;) {
     std::vector<std::string> missing(k);

@@ -356,6 +356,30 @@ INSTANTIATE_TEST_SUITE_P(Signals, CoordinatorRestartRecoveryTest,
                          ::testing::Values(SIGKILL, SIGTERM),
                          [](const auto& info) { return info.param == SIGKILL ? "Sigkill" : "Sigterm"; });
 
+// A stage that dies while the coordinator is down does not come back with the others:
+// the restarted coordinator gives up on it after a few heartbeat timeouts, takes the
+// free stage in its place and restores its slice from the copy its neighbour holds.
+TEST_F(CoordinatorRecoveryTest, AStageLostWhileTheCoordinatorWasDownIsReplaced) {
+  auto cluster = LocalCluster::Start(dir_.File("state"), 3);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  const std::vector<double> expected = Reference(c, 2);
+  const std::string id = SubmitNoWait(c, {"pipeline.stages=2"});
+  const json before = WaitFor(c, id, [](const json& j) { return Int(j, "steps_done") >= 5; });
+  const std::string victim_address = StageAddress(c, before["stage_ids"][1]);
+  ASSERT_TRUE(c.KillCoordinator(SIGKILL).ok());
+  ASSERT_TRUE(c.KillStage(victim_address));
+  ASSERT_TRUE(c.StartCoordinatorAgain(0).ok());
+  const json done = WaitFor(c, id, Ended);
+  EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
+  ASSERT_EQ(done.value("recoveries", json::array()).size(), 1u) << done.dump();
+  const json& r = done["recoveries"][0];
+  EXPECT_EQ(r["source"], "the stages' snapshots") << r.dump();
+  EXPECT_EQ(r["stages"], 2);
+  EXPECT_THAT(r["lost_stage_ids"][0].get<std::string>(), HasSubstr(victim_address));
+  EXPECT_TRUE(LossesMatch(Losses(Status(c, id)), expected, kSameLayout));
+}
+
 // A stage that stops answering without dying is lost within --stage-deadline, and the
 // job goes on without it.
 TEST_F(CoordinatorRecoveryTest, AFrozenStageIsLostWithinTheDeadlineAndTheJobGoesOn) {
