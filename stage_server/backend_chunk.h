@@ -34,6 +34,9 @@ class BackendChunk final : public ChunkCompute {
   void Abandon() override { layers_->Abandon(); }
   absl::Status ZeroGrads() override { return layers_->ZeroGrads(); }
   absl::StatusOr<double> GradSquaredNorm() override { return layers_->GradSquaredNorm(); }
+  absl::Status ReduceGradients(const GradientAverage& average) override {
+    return layers_->ReduceGrads(average);
+  }
   absl::StatusOr<common::Tensor> TiedGradient(bool embedding_side) override;
   absl::Status AddTiedGradient(bool embedding_side, const common::PiecewiseTensor& other) override;
   absl::Status OptimizerStep(const OptimizerSettings& settings,

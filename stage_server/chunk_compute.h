@@ -13,13 +13,18 @@
 //   grad_input   dL/d input (B, T, C); empty for a chunk holding the embedding
 #pragma once
 
+#include <functional>
 #include <optional>
+#include <span>
 
 #include "absl/status/statusor.h"
 #include "common/piecewise_tensor.h"
 #include "common/tensor.h"
 
 namespace pipetrain::stage_server {
+
+// Sums a buffer with the other data-parallel replicas' and divides by their number.
+using GradientAverage = std::function<absl::Status(std::span<float>)>;
 
 struct OptimizerSettings {
   float lr = 3e-4f;
@@ -60,6 +65,9 @@ class ChunkCompute {
   virtual absl::Status ZeroGrads() = 0;
   // This chunk's share of the squared global gradient norm.
   virtual absl::StatusOr<double> GradSquaredNorm() = 0;
+  // Data-parallel replicas: `average` sums this chunk's gradients (one flat f32 buffer)
+  // with the other replicas' of the same chunk and divides by their number, in place.
+  virtual absl::Status ReduceGradients(const GradientAverage& average) = 0;
   // Tied embeddings (model.tie_embeddings): the gradient of the shared (V, C) f32
   // matrix as this chunk holds it, wte's (embedding_side) or the head's copy's, and
   // adding the other holder's to it, so that both hold the sum before the optimizer.

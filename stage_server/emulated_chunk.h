@@ -43,6 +43,8 @@ class EmulatedChunk final : public ChunkCompute {
   void Abandon() override;
   absl::Status ZeroGrads() override { return absl::OkStatus(); }
   absl::StatusOr<double> GradSquaredNorm() override { return 0.0; }
+  // No weights, so nothing to reduce (the reduction's time is not emulated yet).
+  absl::Status ReduceGradients(const GradientAverage&) override { return absl::OkStatus(); }
   // The tied gradient has its real size on the wire; its values mean nothing.
   absl::StatusOr<common::Tensor> TiedGradient(bool embedding_side) override;
   absl::Status AddTiedGradient(bool, const common::PiecewiseTensor&) override {

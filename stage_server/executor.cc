@@ -131,6 +131,18 @@ absl::StatusOr<StepResult> Executor::RunStep(const schedule::StageProgram& progr
     if (a.kind == ActionKind::kOptimizerStep) {
       // The tied gradients are summed first: the norm and the update need the sum.
       if (config_.tie_embeddings) failure = SumTiedGradients(st);
+      // The norm and the update need the replicas' mean gradient.
+      for (auto& chunk : chunks_) {
+        if (!failure.ok() || !config_.average_gradients) break;
+        failure = chunk->ReduceGradients(config_.average_gradients);
+        if (!failure.ok()) {
+          failure = absl::Status(failure.code(),
+                                 absl::StrCat("job '", config_.job_id, "' stage ", config_.stage,
+                                              " step ", st.inputs.step,
+                                              ": averaging the gradients over the replicas: ",
+                                              failure.message()));
+        }
+      }
       for (auto& chunk : chunks_) {
         if (!failure.ok()) break;
         auto sq = chunk->GradSquaredNorm();

@@ -38,6 +38,9 @@ struct ExecutorConfig {
   // (virtual stage 0) and of the head (the last) swap their (V, C) gradients, over the
   // ring link when they are different stages, and both add the other's.
   bool tie_embeddings = false;
+  // Data-parallel replicas (R > 1): at the optimizer step, after the tied exchange and
+  // before the norm, every chunk's gradients are averaged over the replicas with it.
+  GradientAverage average_gradients;
   absl::Duration recv_timeout = absl::Seconds(60);
   OptimizerSettings optimizer;
 };

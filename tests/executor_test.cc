@@ -324,7 +324,7 @@ struct Single {
 };
 
 Single MakeSingle(int stages = 1, int stage = 0, OptimizerSettings optimizer = {},
-                  bool recompute = false) {
+                  bool recompute = false, GradientAverage average = {}) {
   Single s;
   auto pool = std::make_shared<common::BufferPool>();
   auto layers = *compute::ModelChunk::Create(Tiny(), 0, Tiny().num_pipeline_layers(),
@@ -338,6 +338,7 @@ Single MakeSingle(int stages = 1, int stage = 0, OptimizerSettings optimizer = {
   ec.num_stages = stages;
   ec.recv_timeout = absl::Milliseconds(100);
   ec.optimizer = optimizer;
+  ec.average_gradients = std::move(average);
   s.executor = std::make_unique<Executor>(ec, std::move(chunks), nullptr, nullptr, pool);
   s.program.stage = stage;
   s.program.num_stages = stages;
@@ -372,6 +373,113 @@ std::vector<std::vector<float>> Weights(Executor& ex) {
   compute::ModelChunk& layers = static_cast<BackendChunk&>(ex.chunk(0)).layers();
   for (const model::ParamSpec& p : layers.Params()) out.push_back(*layers.GetParam(p.name));
   return out;
+}
+
+// Stands in for the collective between data-parallel replicas in one process: each of
+// `parties` threads hands its buffer in, and all get the element-wise mean back.
+class InProcessAverage {
+ public:
+  explicit InProcessAverage(int parties) : parties_(parties) {}
+  GradientAverage For() {
+    return [this](std::span<float> data) { return Average(data); };
+  }
+
+ private:
+  absl::Status Average(std::span<float> data) {
+    absl::MutexLock lock(&mu_);
+    const int round = round_;
+    parts_.push_back(data);
+    if (static_cast<int>(parts_.size()) == parties_) {
+      std::vector<float> mean(data.size(), 0.0f);
+      for (std::span<float> p : parts_) {
+        for (size_t i = 0; i < mean.size(); ++i) mean[i] += p[i];
+      }
+      for (float& v : mean) v /= static_cast<float>(parties_);
+      for (std::span<float> p : parts_) std::copy(mean.begin(), mean.end(), p.begin());
+      parts_.clear();
+      ++round_;
+    } else {
+      auto next = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return round_ != round; };
+      if (!mu_.AwaitWithTimeout(absl::Condition(&next), absl::Seconds(30))) {
+        return absl::DeadlineExceededError("the other replicas never came");
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  const int parties_;
+  absl::Mutex mu_;
+  std::vector<std::span<float>> parts_ ABSL_GUARDED_BY(mu_);
+  int round_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Two data-parallel replicas, each on half of the batch's micro-batches, with their
+// gradients averaged at the optimizer step, end up with the weights of one stage that
+// ran the whole batch: equal to each other bit for bit, and to it up to the order of
+// the sums.
+TEST(ExecutorTest, ReplicasAveragingTheirGradientsTrainAsOneOnTheWholeBatch) {
+  OptimizerSettings adam = Adam();
+  Single whole = MakeSingle(1, 0, adam);
+  whole.program.num_micro_batches = 4;
+  whole.program.actions = *schedule::ParseActions("F0 F1 F2 F3 B0 B1 B2 B3 OPT");
+  InProcessAverage average(2);
+  std::vector<Single> replicas;
+  for (int r = 0; r < 2; ++r) replicas.push_back(MakeSingle(1, 0, adam, false, average.For()));
+  for (uint64_t step = 1; step <= 2; ++step) {
+    SCOPED_TRACE(absl::StrCat("step ", step));
+    const model::TokenBatch batch = RandomBatch(static_cast<int>(step));
+    StepInputs all;
+    all.step = step;
+    for (int mb = 0; mb < 4; ++mb) {
+      all.tokens.push_back(Rows(batch.inputs, mb, 2));
+      all.targets.push_back(Rows(batch.targets, mb, 2));
+    }
+    auto want = whole.executor->RunStep(whole.program, std::move(all));
+    ASSERT_THAT(want.status(), IsOk());
+    std::vector<absl::StatusOr<StepResult>> got(2);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        StepInputs half;
+        half.step = step;
+        for (int mb = 2 * r; mb < 2 * r + 2; ++mb) {
+          half.tokens.push_back(Rows(batch.inputs, mb, 2));
+          half.targets.push_back(Rows(batch.targets, mb, 2));
+        }
+        got[r] = replicas[r].executor->RunStep(replicas[r].program, std::move(half));
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < 2; ++r) ASSERT_THAT(got[r].status(), IsOk());
+    // The losses are each replica's half of the batch's (the same bits at the first
+    // step, from the same weights).
+    const double tolerance = step == 1 ? 0.0 : 1e-5;
+    EXPECT_NEAR(got[0]->losses[0], want->losses[0], tolerance);
+    EXPECT_NEAR(got[1]->losses[1], want->losses[3], tolerance);
+    const auto w0 = Weights(*replicas[0].executor), w1 = Weights(*replicas[1].executor);
+    EXPECT_TRUE(w0 == w1) << "the replicas' weights drifted apart";
+    const auto ref = Weights(*whole.executor);
+    ASSERT_EQ(w0.size(), ref.size());
+    double worst = 0;
+    for (size_t p = 0; p < ref.size(); ++p) {
+      for (size_t i = 0; i < ref[p].size(); ++i) {
+        worst = std::max(worst, static_cast<double>(std::fabs(w0[p][i] - ref[p][i])));
+      }
+    }
+    EXPECT_LT(worst, 1e-6) << "the replicas' update differs from the whole batch's";
+  }
+  // Without averaging, one replica's own half gives another update.
+  Single alone = MakeSingle(1, 0, adam);
+  StepInputs half;
+  half.step = 1;
+  const model::TokenBatch batch = RandomBatch(1);
+  for (int mb = 0; mb < 2; ++mb) {
+    half.tokens.push_back(Rows(batch.inputs, mb, 2));
+    half.targets.push_back(Rows(batch.targets, mb, 2));
+  }
+  ASSERT_THAT(alone.executor->RunStep(alone.program, std::move(half)).status(), IsOk());
+  Single fresh = MakeSingle(1, 0, adam);
+  EXPECT_FALSE(Weights(*alone.executor) == Weights(*fresh.executor));
 }
 
 // B and I report the forward they re-ran as recompute_us, within their own time; no

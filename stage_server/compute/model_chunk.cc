@@ -359,6 +359,28 @@ absl::StatusOr<double> ModelChunkT<Real>::GradSquaredNorm() {
 }
 
 template <typename Real>
+absl::Status ModelChunkT<Real>::ReduceGrads(
+    const std::function<absl::Status(std::span<Real>)>& reduce) {
+  size_t total = 0;
+  for (auto& layer : layers_) total += static_cast<size_t>(layer->num_params());
+  std::vector<Real> flat(total);
+  size_t at = 0;
+  for (auto& layer : layers_) {
+    const size_t n = static_cast<size_t>(layer->num_params());
+    RETURN_IF_ERROR(backend_->CopyToHost(flat.data() + at, layer->all_grads(), n * sizeof(Real)));
+    at += n;
+  }
+  RETURN_IF_ERROR(reduce(std::span<Real>(flat)));
+  at = 0;
+  for (auto& layer : layers_) {
+    const size_t n = static_cast<size_t>(layer->num_params());
+    RETURN_IF_ERROR(backend_->CopyFromHost(layer->all_grads(), flat.data() + at, n * sizeof(Real)));
+    at += n;
+  }
+  return absl::OkStatus();
+}
+
+template <typename Real>
 absl::Status ModelChunkT<Real>::AddToGrad(absl::string_view name, const std::vector<Real>& other) {
   ASSIGN_OR_RETURN(std::vector<Real> mine, CopyOut(name, Field::kGrad));
   if (mine.size() != other.size()) {

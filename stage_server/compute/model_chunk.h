@@ -15,9 +15,11 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -145,6 +147,10 @@ class ModelChunkT {
   // Sum of squares of every gradient in this chunk (add across stages, then sqrt, for
   // the global norm). A tied copy is left out: its original counts once.
   absl::StatusOr<double> GradSquaredNorm();
+  // Data-parallel replicas: every gradient of the chunk in one host buffer (layer by
+  // layer, each layer's gradients as they lie), handed to `reduce` (which sums them
+  // across the replicas and averages, in place), and written back. One call a step.
+  absl::Status ReduceGrads(const std::function<absl::Status(std::span<Real>)>& reduce);
 
   // One AdamW step (the step counter starts at 1). With max_grad_norm > 0 the gradients
   // are clipped by `global_grad_norm`, or by this chunk's own norm if not given (right
