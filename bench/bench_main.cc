@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "absl/strings/str_format.h"
+#include "bench/allreduce_bench.h"
 #include "bench/benchmark.h"
 #include "common/flags.h"
 #include "common/malloc_tuning.h"
@@ -11,6 +12,10 @@
 int main(int argc, char** argv) {
   using namespace pipetrain;
   common::KeepFreedMemoryForReuse();
+  // `allreduce`'s processes: hidden, not a benchmark of its own.
+  if (argc > 1 && std::string(argv[1]) == "--allreduce-worker") {
+    return bench::RunAllreduceWorker(argc, argv);
+  }
   bool help = false, version = false, json = false, list = false;
   int64_t reps = 0;
   common::SecurityFlags security_flags;

@@ -1,5 +1,6 @@
 #include <algorithm>
 
+#include "bench/allreduce_bench.h"
 #include "bench/benchmark.h"
 #include "bench/codec_bench.h"
 #include "bench/executor_bench.h"
@@ -52,6 +53,11 @@ const std::vector<Benchmark>& AllBenchmarks() {
        "and TF32, TFLOP/s against a cuBLAS product of its MLP shape in the same run; "
        "64 MiB host copies staged through pinned memory against plain pageable ones",
        RunCudaBench},
+      {"allreduce",
+       "gloo ring all-reduce of 16 and 64 MiB of floats between 2 and 4 processes on "
+       "loopback: bus bandwidth vs raw TCP moving the same bytes in a ring (ratio, higher "
+       "is better, 1.0 = raw TCP speed)",
+       RunAllreduceBench},
       {"tokenize",
        "GPT-2 BPE: MB/s of text on 1, 2 and 4 threads vs npm's gpt-3-encoder under node "
        "on the same text (ratio, higher is better, 1.0 = JavaScript speed)",

@@ -12,6 +12,14 @@ find_package(PkgConfig REQUIRED)
 pkg_check_modules(HTTPLIB REQUIRED IMPORTED_TARGET cpp-httplib)
 # The GPT-2 tokenizer's pre-tokenizer pattern (\p{L}, \p{N}, look-ahead), JIT-compiled.
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
+# Data-parallel replicas' gradient all-reduce between CPU stages (stage_server/collective).
+# Debian's GlooConfig.cmake defines the imported target `gloo` (with its include folder)
+# for its RelWithDebInfo build only; other build types fall back to that one.
+find_package(Gloo CONFIG REQUIRED)
+if(NOT TARGET gloo)
+  message(FATAL_ERROR "GlooConfig.cmake defined no target `gloo`: install libgloo-dev "
+                      "(deploy/install-deps.sh)")
+endif()
 
 # Debian's OpenBLASConfig.cmake only sets variables: wrap them in a target.
 find_package(OpenBLAS CONFIG REQUIRED)

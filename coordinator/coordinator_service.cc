@@ -1,6 +1,7 @@
 #include "coordinator/coordinator_service.h"
 
 #include "common/grpc_status.h"
+#include "coordinator/rendezvous_service.h"
 
 namespace pipetrain::coordinator {
 
@@ -84,6 +85,20 @@ grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* ctx, const pb::H
   if (grpc::Status denied = security_.Authorize(*ctx); !denied.ok()) return denied;
   *resp = manager_->Heartbeat(*req);
   return grpc::Status::OK;
+}
+
+grpc::Status CoordinatorService::RendezvousSet(grpc::ServerContext* ctx,
+                                               const pb::RendezvousSetRequest* req,
+                                               pb::RendezvousSetResponse*) {
+  if (grpc::Status denied = security_.Authorize(*ctx); !denied.ok()) return denied;
+  return ServeRendezvousSet(manager_->rendezvous(), *req);
+}
+
+grpc::Status CoordinatorService::RendezvousGet(grpc::ServerContext* ctx,
+                                               const pb::RendezvousGetRequest* req,
+                                               pb::RendezvousGetResponse* resp) {
+  if (grpc::Status denied = security_.Authorize(*ctx); !denied.ok()) return denied;
+  return ServeRendezvousGet(manager_->rendezvous(), *ctx, *req, resp);
 }
 
 }  // namespace pipetrain::coordinator

@@ -34,6 +34,10 @@ class CoordinatorService final : public pipetrain::v1::Coordinator::Service {
                              pipetrain::v1::RegisterStageResponse*) override;
   grpc::Status Heartbeat(grpc::ServerContext*, const pipetrain::v1::HeartbeatRequest*,
                          pipetrain::v1::HeartbeatResponse*) override;
+  grpc::Status RendezvousSet(grpc::ServerContext*, const pipetrain::v1::RendezvousSetRequest*,
+                             pipetrain::v1::RendezvousSetResponse*) override;
+  grpc::Status RendezvousGet(grpc::ServerContext*, const pipetrain::v1::RendezvousGetRequest*,
+                             pipetrain::v1::RendezvousGetResponse*) override;
 
  private:
   JobManager* manager_;

@@ -263,6 +263,7 @@ void JobManager::SetState(LiveJob* job, pb::JobStatus::State state, const std::s
     common::LogWarning("coordinator", std::string(s.message()));
   }
   job->events.Append(StateEvent(copy));
+  if (common::JobEnded(state)) rendezvous_.Forget(copy.job_id());
   if (common::JobEnded(state)) job->events.End();
 }
 

@@ -21,6 +21,7 @@
 #include "coordinator/job_recovery.h"
 #include "coordinator/job_runner.h"
 #include "coordinator/job_store.h"
+#include "coordinator/rendezvous_store.h"
 #include "coordinator/stage_registry.h"
 #include "pipetrain/v1/coordinator.pb.h"
 
@@ -74,6 +75,9 @@ class JobManager {
   absl::StatusOr<pipetrain::v1::RegisterStageResponse> RegisterStage(
       const pipetrain::v1::RegisterStageRequest& request);
   pipetrain::v1::HeartbeatResponse Heartbeat(const pipetrain::v1::HeartbeatRequest& request);
+  // The stages' collective rendezvous (RendezvousSet/Get); a job's keys are dropped
+  // when it ends.
+  RendezvousStore& rendezvous() { return rendezvous_; }
   pipetrain::v1::ClusterStatus Cluster();
 
  private:
@@ -100,6 +104,7 @@ class JobManager {
 
   const ManagerOptions options_;
   std::unique_ptr<JobStore> store_;
+  RendezvousStore rendezvous_;  // the jobs' collective rendezvous keys, dropped as they end
   StageRegistry registry_;
 
   absl::Mutex mu_;

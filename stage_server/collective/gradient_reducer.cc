@@ -1,0 +1,191 @@
+#include "stage_server/collective/gradient_reducer.h"
+
+#include <chrono>
+#include <exception>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "gloo/allreduce.h"
+#include "gloo/common/error.h"
+#include "gloo/math.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/transport/tcp/device.h"
+#include "stage_server/collective/coordinator_store.h"
+
+namespace pipetrain::stage_server::collective {
+
+namespace {
+
+// The keys this file publishes next to gloo's own (which are bare ranks).
+std::string ArrivalKey(int rank) { return absl::StrCat("arrived/", rank); }
+
+std::chrono::milliseconds ToMillis(absl::Duration d) {
+  return std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
+}
+
+// R = 1: nothing to sum with.
+class SoloReducer final : public GradientReducer {
+ public:
+  absl::Status AllReduceSum(std::span<float>, absl::Duration) override { return absl::OkStatus(); }
+  int rank() const override { return 0; }
+  int size() const override { return 1; }
+};
+
+class GlooReducer final : public GradientReducer {
+ public:
+  GlooReducer(ReducerOptions options, std::vector<std::string> hosts,
+              std::shared_ptr<gloo::transport::Device> device,
+              std::shared_ptr<gloo::rendezvous::Context> context)
+      : options_(std::move(options)), hosts_(std::move(hosts)), device_(std::move(device)),
+        context_(std::move(context)) {}
+
+  ~GlooReducer() override {
+    // Closing the pairs can throw inside gloo when a peer is already gone.
+    try {
+      context_.reset();
+      device_.reset();
+    } catch (...) {
+    }
+  }
+
+  int rank() const override { return options_.replica; }
+  int size() const override { return options_.replicas; }
+
+  absl::Status AllReduceSum(std::span<float> data, absl::Duration deadline) override {
+    if (deadline <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Who(), ": all-reduce deadline must be positive, got ",
+                       absl::FormatDuration(deadline)));
+    }
+    if (!broken_.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(Who(), ": the reducer failed earlier and cannot be used again: ",
+                       broken_.message()));
+    }
+    if (data.empty()) return absl::OkStatus();
+    absl::StatusCode code = absl::StatusCode::kUnavailable;
+    std::string what;
+    try {
+      gloo::AllreduceOptions opts(context_);
+      opts.setOutput(data.data(), data.size());
+      opts.setReduceFunction(
+          static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+      opts.setTag(next_tag_++);
+      opts.setTimeout(ToMillis(deadline));
+      gloo::allreduce(opts);
+      return absl::OkStatus();
+    } catch (const gloo::IoException& e) {
+      what = e.what();
+      if (absl::StrContains(what, "Timed out")) code = absl::StatusCode::kDeadlineExceeded;
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+      what = "unknown exception from gloo";
+    }
+    broken_ = absl::Status(
+        code, absl::StrCat(Who(), ": all-reduce of ", data.size(), " floats (deadline ",
+                           absl::FormatDuration(deadline), ") failed; ring neighbours ",
+                           Peer(Left()), " and ", Peer(Right()), ": ", what));
+    return broken_;
+  }
+
+ private:
+  std::string Who() const {
+    return absl::StrCat("job ", options_.job_id, ", stage ", options_.stage, ", replica ",
+                        options_.replica, " of ", options_.replicas);
+  }
+  int Left() const { return (options_.replica + options_.replicas - 1) % options_.replicas; }
+  int Right() const { return (options_.replica + 1) % options_.replicas; }
+  std::string Peer(int r) const { return absl::StrCat("replica ", r, " (host ", hosts_[r], ")"); }
+
+  const ReducerOptions options_;
+  const std::vector<std::string> hosts_;  // each replica's listen_host
+  std::shared_ptr<gloo::transport::Device> device_;
+  std::shared_ptr<gloo::rendezvous::Context> context_;
+  uint32_t next_tag_ = 0;
+  absl::Status broken_;
+};
+
+absl::Status CheckOptions(const ReducerOptions& o) {
+  auto bad = [&](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat("gradient reducer for job ", o.job_id,
+                                                   ", stage ", o.stage, ": ", what));
+  };
+  if (o.job_id.empty()) return bad("job_id is empty");
+  if (o.replicas < 1) return bad(absl::StrCat("replicas is ", o.replicas, ", must be >= 1"));
+  if (o.replica < 0 || o.replica >= o.replicas) {
+    return bad(absl::StrCat("replica is ", o.replica, ", must be in [0, ", o.replicas, ")"));
+  }
+  if (o.stage < 0) return bad(absl::StrCat("stage is ", o.stage, ", must be >= 0"));
+  if (o.replicas == 1) return absl::OkStatus();
+  if (o.coordinator_address.empty()) return bad("coordinator_address is empty");
+  if (o.listen_host.empty()) return bad("listen_host is empty");
+  if (o.connect_deadline <= absl::ZeroDuration()) return bad("connect_deadline must be positive");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GradientReducer>> CreateGlooReducer(const ReducerOptions& options) {
+  if (absl::Status s = CheckOptions(options); !s.ok()) return s;
+  if (options.replicas == 1) return std::make_unique<SoloReducer>();
+  const std::string who = absl::StrCat("job ", options.job_id, ", stage ", options.stage,
+                                       ", replica ", options.replica, " of ", options.replicas);
+  const absl::Time deadline = absl::Now() + options.connect_deadline;
+  CoordinatorStore store(options.coordinator_address, options.security, options.job_id,
+                         absl::StrCat(options.rendezvous_prefix, "/stage-", options.stage, "/"),
+                         options.connect_deadline);
+
+  // Everyone announces itself first, so that a replica that never comes is named (gloo
+  // itself would only say that a key was missing).
+  if (absl::Status s = store.Set(ArrivalKey(options.replica), options.listen_host); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat(who, ": ", s.message()));
+  }
+  std::vector<std::string> hosts(options.replicas);
+  hosts[options.replica] = options.listen_host;
+  std::vector<int> missing;
+  for (int r = 0; r < options.replicas; ++r) {
+    if (r == options.replica) continue;
+    // Once one is late, the deadline has passed: the rest are only looked up.
+    absl::StatusOr<std::string> host = store.Get(ArrivalKey(r), deadline - absl::Now());
+    if (host.ok()) {
+      hosts[r] = *host;
+    } else if (host.status().code() == absl::StatusCode::kDeadlineExceeded ||
+               host.status().code() == absl::StatusCode::kNotFound) {
+      missing.push_back(r);
+    } else {
+      return absl::Status(host.status().code(),
+                          absl::StrCat(who, ": waiting for replica ", r, ": ", host.status().message()));
+    }
+  }
+  if (!missing.empty()) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        who, ": replica", missing.size() > 1 ? "s " : " ", absl::StrJoin(missing, ", "),
+        " did not arrive within ", absl::FormatDuration(options.connect_deadline),
+        " (rendezvous through coordinator ", options.coordinator_address, ")"));
+  }
+
+  std::string what;
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options.listen_host;
+    std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
+    auto context = std::make_shared<gloo::rendezvous::Context>(options.replica, options.replicas);
+    context->setTimeout(ToMillis(deadline - absl::Now()));
+    context->connectFullMesh(store, device);
+    return std::make_unique<GlooReducer>(options, std::move(hosts), std::move(device),
+                                         std::move(context));
+  } catch (const std::exception& e) {
+    what = e.what();
+  } catch (...) {
+    what = "unknown exception from gloo";
+  }
+  return absl::UnavailableError(absl::StrCat(who, ": connecting to replicas on hosts ",
+                                             absl::StrJoin(hosts, ", "), " failed: ", what));
+}
+
+}  // namespace pipetrain::stage_server::collective

@@ -1,0 +1,55 @@
+// The data-parallel gradient reduction the stage runtime calls before its optimizer
+// step: the R replicas of one stage position sum their gradient buffers. The gloo
+// implementation (CPU stages) rendezvous through the coordinator (CoordinatorStore)
+// and turns every gloo exception into a status; nothing gloo throws escapes.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/rpc_security.h"
+
+namespace pipetrain::stage_server::collective {
+
+// Sums float buffers across the R replicas of one stage position; each call a
+// deadline; errors name the job, the stage position, this replica and the peer.
+class GradientReducer {
+ public:
+  virtual ~GradientReducer() = default;
+  // In place: afterwards every replica's `data` holds the element-wise sum of all
+  // replicas' buffers. Every replica must call it with the same length, in the same
+  // order of calls. After an error the reducer is broken (its connections are in an
+  // unknown state): later calls fail at once; make a new one (with a new prefix).
+  virtual absl::Status AllReduceSum(std::span<float> data, absl::Duration deadline) = 0;
+  virtual int rank() const = 0;  // this replica
+  virtual int size() const = 0;  // R
+};
+
+struct ReducerOptions {
+  std::string job_id;
+  int stage = 0;    // the stage position; the replicas of one position reduce together
+  int replica = 0;  // this replica, 0 .. replicas - 1
+  int replicas = 1;
+  // Unique per attempt of the job (e.g. "run-3"): a restarted job must not find the
+  // addresses its previous attempt published. The stage position is appended.
+  std::string rendezvous_prefix;
+  std::string coordinator_address;
+  common::RpcSecurity security;
+  // The host this stage listens on for its peers (gloo binds an ephemeral TCP port).
+  std::string listen_host = "127.0.0.1";
+  // How long to wait for every replica to arrive and connect.
+  absl::Duration connect_deadline = absl::Seconds(60);
+};
+
+// Connects this replica to the others of its stage position (blocking up to
+// connect_deadline): INVALID_ARGUMENT for bad options naming the field,
+// DEADLINE_EXCEEDED naming the replicas that did not arrive, UNAVAILABLE when the
+// coordinator or a peer cannot be reached. With replicas = 1: a no-op reducer, no
+// connection at all.
+absl::StatusOr<std::unique_ptr<GradientReducer>> CreateGlooReducer(const ReducerOptions& options);
+
+}  // namespace pipetrain::stage_server::collective
