@@ -137,6 +137,15 @@ int main(int argc, char** argv) {
   options.threads = static_cast<int>(threads);
   options.memory_limit_bytes = static_cast<uint64_t>(memory_limit);
   options.security = *security;
+  // Replicas of a stage position meet through the coordinator and connect to each other
+  // (gloo) on the host the others reach this stage at.
+  options.coordinator_address = coordinator;
+  options.listen_host = address->host;
+  if (!advertise.empty()) {
+    if (auto a = common::ParseHostPort(advertise, 0, "--advertise"); a.ok()) {
+      options.listen_host = a->host;
+    }
+  }
   stage_server::StageRuntime runtime(options);
   stage_server::StageService service(&runtime);
 

@@ -9,6 +9,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "stage_server/backend_chunk.h"
+#include "stage_server/collective/gradient_reducer.h"
 #include "stage_server/compute/chunk_checkpoint.h"
 #include "stage_server/compute/cpu_backend.h"
 #include "stage_server/compute/cuda_backend.h"
@@ -33,6 +34,8 @@ struct StageRuntime::Job {
   std::optional<uint64_t> snapshot_after_apply;
   // Copies snapshots to the ring successor; last, so it stops before the rest goes.
   std::unique_ptr<SnapshotPusher> pusher;
+  // The other replicas of this stage position (replicas > 1), made at the first step.
+  std::unique_ptr<collective::GradientReducer> reducer;
 };
 
 namespace {
@@ -101,6 +104,17 @@ absl::Status StageRuntime::ValidateConfig(const JobConfig& c) const {
     }
   }
   if (c.micro_batch_size < 1) return bad("field micro_batch_size must be >= 1");
+  if (c.replicas < 1 || c.replica < 0 || c.replica >= c.replicas) {
+    return bad(absl::StrCat("field replica ", c.replica, " must be in [0, replicas ", c.replicas,
+                            ")"));
+  }
+  if (c.replicas > 1 && options_.coordinator_address.empty()) {
+    return bad("data-parallel replicas meet through the coordinator, and this stage runs "
+               "without --coordinator");
+  }
+  if (c.replicas > 1 && c.rendezvous_prefix.empty()) {
+    return bad("field rendezvous_prefix is empty but the job has replicas");
+  }
   if (c.frame_bytes == 0) return bad("field frame_bytes must be > 0");
   const int v = static_cast<int>(c.chunks.size());
   const bool ring = v > 1;
@@ -200,6 +214,20 @@ absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config)
   ec.recv_timeout = config.recv_timeout;
   ec.optimizer = config.optimizer;
   ec.tie_embeddings = config.model.tie_embeddings;
+  if (config.replicas > 1) {
+    // Set before the executor's first step by EnsureLinks; the job outlives its executor.
+    Job* owner = job.get();
+    const float scale = 1.0f / static_cast<float>(config.replicas);
+    const absl::Duration deadline = config.recv_timeout;
+    ec.average_gradients = [owner, scale, deadline](std::span<float> data) -> absl::Status {
+      if (owner->reducer == nullptr) {
+        return absl::FailedPreconditionError("the replicas of this stage are not connected");
+      }
+      RETURN_IF_ERROR(owner->reducer->AllReduceSum(data, deadline));
+      for (float& v : data) v *= scale;
+      return absl::OkStatus();
+    };
+  }
   // The links are made at the first step; the executor reaches them through these.
   job->executor = std::make_unique<Executor>(ec, std::move(chunks), nullptr, nullptr, job->pool);
   if (!job->emulated && K > 1 && !config.snapshot_peer_address.empty()) {
@@ -248,6 +276,19 @@ absl::Status StageRuntime::EnsureLinks(Job& job) {
   if (job.has_prev && job.prev == nullptr) {
     ASSIGN_OR_RETURN(job.prev,
                      acceptor_.WaitForPeer(c.job_id, (c.stage + K - 1) % K, deadline));
+  }
+  if (c.replicas > 1 && job.reducer == nullptr && !job.emulated) {
+    collective::ReducerOptions ro;
+    ro.job_id = c.job_id;
+    ro.stage = c.stage;
+    ro.replica = c.replica;
+    ro.replicas = c.replicas;
+    ro.rendezvous_prefix = c.rendezvous_prefix;
+    ro.coordinator_address = options_.coordinator_address;
+    ro.security = options_.security;
+    ro.listen_host = options_.listen_host;
+    ro.connect_deadline = c.recv_timeout;
+    ASSIGN_OR_RETURN(job.reducer, collective::CreateGlooReducer(ro));
   }
   absl::MutexLock lock(&links_mu_);
   links_.clear();

@@ -25,10 +25,18 @@
 
 namespace pipetrain::stage_server {
 
+namespace collective {
+class GradientReducer;
+}
+
 struct RuntimeOptions {
   DeviceSpec device;
   int threads = 1;                // CPU compute threads
   uint64_t memory_limit_bytes = 0;  // 0 = no limit
+  // Where replicas of a stage position meet (its --coordinator; "" without one) and the
+  // host its gloo connections listen on.
+  std::string coordinator_address;
+  std::string listen_host = "127.0.0.1";
   // TLS for the peer links this stage opens, and the token its control calls require.
   common::RpcSecurity security;
 };
@@ -51,6 +59,10 @@ struct JobConfig {
   // Where this stage's snapshots are copied (the ring successor); "" = kept here only.
   std::string snapshot_peer_address;
   uint64_t snapshot_reserve_bytes = 0;  // counted with the state against --memory-limit
+  // Data-parallel replicas (ConfigureRequest.replica, replicas, rendezvous_prefix).
+  int replica = 0;
+  int replicas = 1;
+  std::string rendezvous_prefix;
 };
 
 struct ConfigureResult {

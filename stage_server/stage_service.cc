@@ -46,6 +46,9 @@ absl::StatusOr<JobConfig> JobConfigFromProto(const pb::ConfigureRequest& r) {
   if (r.recv_deadline_ms() > 0) c.recv_timeout = absl::Milliseconds(r.recv_deadline_ms());
   c.snapshot_peer_address = r.snapshot_peer_address();
   c.snapshot_reserve_bytes = r.snapshot_reserve_bytes();
+  c.replica = r.replica();
+  c.replicas = std::max(1, r.replicas());
+  c.rendezvous_prefix = r.rendezvous_prefix();
   return c;
 }
 
