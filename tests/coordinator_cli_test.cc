@@ -145,6 +145,13 @@ const BadRequest kBadRequests[] = {
      .args = {"submit", "SPEC", "--set", "training.batch_size=10"},
      .exit_code = 2,
      .says = "training.batch_size"},
+    // Planned by `pipetrain plan`, but the runner does not run replicas yet.
+    {.name = "ReplicasNotYetRun",
+     .args = {"submit", "SPEC", "--set", "pipeline.replicas=2", "--set",
+              "training.batch_size=8", "--set", "pipeline.micro_batches=2"},
+     .exit_code = 2,
+     .says = "pipeline.replicas: data-parallel replicas are planned (`pipetrain plan`) but not "
+             "yet run by this coordinator"},
     {.name = "MissingCorpus",
      .args = {"submit", "SPEC", "--set", "data.corpus=/no/such/file"},
      .exit_code = 2,
