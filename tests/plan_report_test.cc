@@ -56,12 +56,19 @@ TEST(PlanReportTest, ChromeTraceHasStageProcessesAndCompleteEvents) {
   EXPECT_EQ(computes, 2 * (4 + 1));  // F, B per micro-batch and OPT, per stage
 }
 
-TEST(PlanReportTest, SnapshotBytesAreShownInTextAndJson) {
+// A 2-block model on 2 stages, 2 micro-batches of 2 sequences per replica.
+PlanOptions TwoStages(int replicas) {
   PlanOptions o;
   o.model = {.vocab_size = 256, .seq_len = 32, .d_model = 64, .n_heads = 4, .n_layers = 2};
   o.stages = 2;
   o.micro_batches = 2;
-  o.batch_size = 4;
+  o.replicas = replicas;
+  o.batch_size = 4 * replicas;
+  return o;
+}
+
+TEST(PlanReportTest, SnapshotBytesAreShownInTextAndJson) {
+  PlanOptions o = TwoStages(1);
   o.snapshots = true;
   auto plan = MakePlan(o);
   ASSERT_TRUE(plan.ok()) << plan.status();
@@ -83,12 +90,7 @@ TEST(PlanReportTest, SnapshotBytesAreShownInTextAndJson) {
 // Two replicas of a 2-stage plan: the text shows the layout and the reductions, the JSON
 // carries the plan's figures, and the trace puts each reduction on its stage's own track.
 TEST(PlanReportTest, ReplicasAreShownInTextJsonAndTrace) {
-  PlanOptions o;
-  o.model = {.vocab_size = 256, .seq_len = 32, .d_model = 64, .n_heads = 4, .n_layers = 2};
-  o.stages = 2;
-  o.micro_batches = 2;
-  o.replicas = 2;
-  o.batch_size = 8;
+  PlanOptions o = TwoStages(2);
   o.link_bytes_per_s = 1e9;
   auto plan = MakePlan(o);
   ASSERT_TRUE(plan.ok()) << plan.status();
