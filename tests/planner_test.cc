@@ -120,6 +120,23 @@ TEST(PlannerTest, OneReplicaIsTodaysPlan) {
   ASSERT_THAT(same, IsOk());
   EXPECT_EQ(same->simulation.step_time_s, plan->simulation.step_time_s);
   EXPECT_EQ(same->simulation.bubble_fraction, plan->simulation.bubble_fraction);
+  // pipeline.replicas 1 plans as a spec without it, for every schedule.
+  for (const char* name : {"gpipe", "1f1b", "zb-h1"}) {
+    pipetrain::v1::JobSpec unset = Spec();
+    unset.mutable_pipeline()->set_schedule(name);
+    pipetrain::v1::JobSpec one = unset;
+    one.mutable_pipeline()->set_replicas(1);
+    auto a = MakePlan(*OptionsFromJobSpec(unset));
+    auto b = MakePlan(*OptionsFromJobSpec(one));
+    ASSERT_THAT(a, IsOk());
+    ASSERT_THAT(b, IsOk());
+    EXPECT_EQ(a->simulation.step_time_s, b->simulation.step_time_s) << name;
+    EXPECT_EQ(a->simulation.bubble_fraction, b->simulation.bubble_fraction) << name;
+    EXPECT_EQ(schedule::ToText(a->programs), schedule::ToText(b->programs)) << name;
+    for (size_t s = 0; s < a->stages.size(); ++s) {
+      EXPECT_EQ(a->stages[s].peak_memory_bytes(), b->stages[s].peak_memory_bytes()) << name;
+    }
+  }
 }
 
 // On one stage nothing can hide the reduction: R = 2 at equal per-replica work adds
