@@ -111,6 +111,11 @@ TEST(CliPlanTest, ReplicasShowTheLayoutAndEachStagesAllReduce) {
   EXPECT_THAT(out, HasSubstr("Gradient all-reduce between the 2 copies of each stage"));
   EXPECT_THAT(out, HasSubstr("with the all-reduce ("));
   EXPECT_THAT(out, HasSubstr("  reduce|"));
+  // In the formulas' setting the reduction is free, as the links are, and says so.
+  ASSERT_EQ(Cli({"plan", kJob, "--replicas", "2", "--equal-stage-cost"}, &out, &err), kExitOk)
+      << err;
+  EXPECT_THAT(out, HasSubstr("free with equal stage costs"));
+  EXPECT_THAT(out, HasSubstr("Predicted step time: 33 units\n"));
   // Without replicas none of it is shown.
   ASSERT_EQ(Cli({"plan", kJob}, &out, &err), kExitOk) << err;
   EXPECT_THAT(out, Not(HasSubstr("Layout:")));

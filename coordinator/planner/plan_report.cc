@@ -144,7 +144,12 @@ std::string RenderPlanText(const Plan& plan) {
   }
   const char* unit = o.equal_stage_cost ? " units" : " s";
   const SimulationResult& sim = plan.simulation;
-  if (o.replicas > 1) {
+  if (o.replicas > 1 && o.equal_stage_cost) {
+    out += absl::StrFormat(
+        "\nGradient all-reduce between the %d copies of each stage: free with equal stage costs "
+        "(as the links are); plan without --equal-stage-cost for its time\n",
+        o.replicas);
+  } else if (o.replicas > 1) {
     out += absl::StrFormat(
         "\nGradient all-reduce between the %d copies of each stage (ring: 2(R-1)/R x 4 bytes "
         "per parameter at %g GB/s%s, + %g us a call; on its own lane after the stage's last "

@@ -229,9 +229,11 @@ absl::StatusOr<Plan> MakePlan(const PlanOptions& o) {
   }
   for (StagePlan& sp : plan.stages) {
     sp.state_bytes = kStateBytesPerParam * sp.params;
-    // Free transfer in the formulas' setting, as for the stage links.
-    if (o.replicas > 1 && !o.equal_stage_cost) {
+    // Free transfer in the formulas' setting, as for the stage links: the bytes stay real.
+    if (o.replicas > 1) {
       sp.allreduce_bytes = kGradientBytesPerParam * static_cast<double>(sp.params);
+    }
+    if (o.replicas > 1 && !o.equal_stage_cost) {
       sp.allreduce_s = RingAllReduceSeconds(sp.allreduce_bytes, o.replicas, o.collective_rate());
       plan.costs.allreduce_stage_s.resize(k, 0);
       plan.costs.allreduce_stage_s[sp.stage] = sp.allreduce_s;
