@@ -70,7 +70,8 @@ absl::StatusOr<planner::Plan> PlanWithMeasuredCosts(planner::PlanOptions options
   const bool same = options.model == m.model && options.stages == m.stages &&
                     options.micro_batches == m.micro_batches && options.chunks == m.chunks &&
                     options.schedule == m.schedule && options.recompute == m.recompute &&
-                    options.batch_size == m.batch_size && options.partition == m.partition;
+                    options.batch_size == m.batch_size && options.replicas == m.replicas &&
+                    options.partition == m.partition;
   if (same && measured.costs.steps() > 0) {
     plan.costs = measured.costs.Fit(plan.costs);
     ASSIGN_OR_RETURN(plan.simulation, planner::Simulate(plan.programs, plan.costs));

@@ -49,11 +49,11 @@ int FetchMeasuredJob(const RemoteFlags& connection, const std::string& job_id, s
 }  // namespace
 
 int RunPlan(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  int64_t stages = 0, micro_batches = 0, chunks = 0;
+  int64_t stages = 0, micro_batches = 0, chunks = 0, replicas = 0;
   std::string schedule_name, recompute, partition = "cost", trace, costs_from;
   RemoteFlags connection;
   bool equal = false, json = false, help = false;
-  double device_tflops = 100, link_gbps = 10, memory_cap_gib = 0;
+  double device_tflops = 100, link_gbps = 10, memory_cap_gib = 0, collective_gbps = 0;
   common::FlagSet flags(
       "pipetrain plan", "JOB.json [flags]",
       "Plans a job offline: partitions the model over the stages, generates the schedule,\n"
@@ -61,10 +61,16 @@ int RunPlan(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       "Flags override the job spec's pipeline fields. With --costs-from JOB_ID the costs are\n"
       "the ones that job measured on its latest steps (kept by the coordinator at --address\n"
       "while it runs): what would this model take with another schedule, K or M on the same\n"
-      "hardware?");
+      "hardware? With --replicas R (or pipeline.replicas) it plans R data-parallel copies of\n"
+      "the pipeline: each takes batch_size / R sequences, and each stage's gradient ring\n"
+      "all-reduce between its R copies is part of the predicted step. The coordinator does\n"
+      "not run R > 1 yet; this only plans it.");
   flags.AddInt("stages", &stages, "K, number of stages (0 = from the spec)", "K");
   flags.AddInt("micro-batches", &micro_batches, "M, micro-batches per step (0 = from the spec)",
                "M");
+  flags.AddInt("replicas", &replicas,
+               "R, data-parallel copies of the pipeline (0 = from the spec, which defaults to 1)",
+               "R");
   flags.AddString("schedule", &schedule_name, "gpipe, 1f1b, interleaved or zb-h1", "NAME");
   flags.AddInt("chunks", &chunks, "v, model chunks per stage for interleaved (0 = from the spec)",
                "V");
@@ -76,6 +82,10 @@ int RunPlan(const std::vector<std::string>& args, std::ostream& out, std::ostrea
                   "MODE");
   flags.AddDouble("device-flops", &device_tflops, "achieved TFLOP/s of one device (100 means 1e14 FLOP/s)", "TFLOPS");
   flags.AddDouble("link-gbps", &link_gbps, "stage-to-stage bandwidth in GB/s", "GBPS");
+  flags.AddDouble("collective-gbps", &collective_gbps,
+                  "bandwidth between the R copies of a stage for the gradient all-reduce, in "
+                  "GB/s (0 = --link-gbps)",
+                  "GBPS");
   flags.AddDouble("memory-cap-gib", &memory_cap_gib, "memory per stage in GiB (0 = unlimited)",
                   "GIB");
   flags.AddString("costs-from", &costs_from,
@@ -120,6 +130,7 @@ int RunPlan(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   if (stages != 0) p->set_stages(static_cast<int>(stages));
   if (micro_batches != 0) p->set_micro_batches(static_cast<int>(micro_batches));
   if (chunks != 0) p->set_chunks(static_cast<int>(chunks));
+  if (replicas != 0) p->set_replicas(static_cast<int>(replicas));
   if (!schedule_name.empty()) p->set_schedule(schedule_name);
   if (!recompute.empty()) p->set_recompute(recompute);
 
@@ -133,14 +144,16 @@ int RunPlan(const std::vector<std::string>& args, std::ostream& out, std::ostrea
         << (options.ok() ? mode.status() : options.status()).message() << "\n";
     return kExitUsage;
   }
-  if (device_tflops <= 0 || link_gbps <= 0 || memory_cap_gib < 0) {
-    err << "pipetrain plan: --device-flops and --link-gbps must be > 0, --memory-cap-gib >= 0\n";
+  if (device_tflops <= 0 || link_gbps <= 0 || memory_cap_gib < 0 || collective_gbps < 0) {
+    err << "pipetrain plan: --device-flops and --link-gbps must be > 0, --memory-cap-gib and "
+           "--collective-gbps >= 0\n";
     return kExitUsage;
   }
   options->partition = *mode;
   options->equal_stage_cost = equal;
   options->device_flops = device_tflops * 1e12;
   options->link_bytes_per_s = link_gbps * 1e9;
+  options->collective_bytes_per_s = collective_gbps * 1e9;
   options->memory_cap_bytes = memory_cap_gib * 1024 * 1024 * 1024;
   std::string measured_line;
   absl::StatusOr<planner::Plan> plan;

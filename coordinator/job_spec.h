@@ -28,7 +28,7 @@ absl::StatusOr<pipetrain::v1::JobSpec> ParseJobSpec(absl::string_view json);
 
 // The spec with every unset field given its default: pipeline.schedule "1f1b",
 // pipeline.chunks 1 (2 for interleaved), pipeline.recompute "never",
-// pipeline.micro_batches = stages, training.beta1 0.9, beta2 0.95, weight_decay 0.1,
+// pipeline.micro_batches = stages, pipeline.replicas 1, training.beta1 0.9, beta2 0.95, weight_decay 0.1,
 // data.validation_fraction 0.05 (none with data.validation_tokens), data.format "llmc"
 // for data.tokens, checkpoint.snapshot_every_steps 1, fault_tolerance.max_restarts 3 and
 // wait_for_stages_s 60, name = the name of the corpus file or of the first data.tokens entry.
@@ -36,12 +36,17 @@ pipetrain::v1::JobSpec WithDefaults(pipetrain::v1::JobSpec spec);
 
 // Checks a spec (after WithDefaults) without looking at the cluster or the data files:
 // model shape, pipeline (schedule and recompute names, chunks, stages <= pipeline layers,
-// micro-batches dividing the batch), training (steps > 0, lr > 0, betas in [0, 1),
+// replicas in [1, 1024], replicas x micro-batches dividing the batch: "training.batch_size:
+// 12 is not divisible by pipeline.replicas 2 x pipeline.micro_batches 4 = 8; ..."), training (steps > 0, lr > 0, betas in [0, 1),
 // grad_clip_norm >= 0), data (exactly one of corpus and tokens, format, no empty path,
 // validation_tokens only with tokens and without validation_fraction, which is in [0, 1)),
 // checkpoint (every_steps >= 0, snapshot_every_steps >= 0), fault_tolerance
 // (max_restarts in [0, 1000], wait_for_stages_s in [0, 86400]). The first error, naming its field, e.g.
 // "training.batch_size: 10 is not divisible by pipeline.micro_batches 4".
+// Until the job runner runs data-parallel replicas, a spec that passes every other check
+// but has pipeline.replicas > 1 is refused last ("pipeline.replicas: data-parallel
+// replicas are planned (`pipetrain plan`) but not yet run by this coordinator");
+// `pipetrain plan` does not call this and plans them.
 absl::Status ValidateJobSpec(const pipetrain::v1::JobSpec& spec);
 
 // The spec as pretty JSON (snake_case names, defaults included), for `status --json`.

@@ -22,6 +22,18 @@ constexpr float kDefaultBeta2 = 0.95f;
 constexpr float kDefaultWeightDecay = 0.1f;
 constexpr float kDefaultValidationFraction = 0.05f;
 
+// The job runner and the stage runtime do not run data-parallel replicas yet: a spec
+// with pipeline.replicas > 1 is planned (`pipetrain plan`) but refused at submit. Remove
+// this constant and RefuseReplicasNotYetRun once the runner runs R x K stages.
+constexpr int kMaxReplicasRunByThisCoordinator = 1;
+
+absl::Status RefuseReplicasNotYetRun(const pb::PipelineSpec& p) {
+  if (p.replicas() <= kMaxReplicasRunByThisCoordinator) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "pipeline.replicas: data-parallel replicas are planned (`pipetrain plan`) but not yet "
+      "run by this coordinator (got ", p.replicas(), "; set 1 or leave it out)"));
+}
+
 absl::Status Invalid(absl::string_view field, absl::string_view problem) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", problem));
 }
@@ -126,6 +138,7 @@ pb::JobSpec WithDefaults(pb::JobSpec spec) {
   if (p->chunks() == 0) p->set_chunks(p->schedule() == "interleaved" ? 2 : 1);
   if (p->recompute().empty()) p->set_recompute("never");
   if (p->micro_batches() == 0) p->set_micro_batches(p->stages());
+  if (p->replicas() == 0) p->set_replicas(1);
   pb::TrainingSpec* t = spec.mutable_training();
   if (!t->has_beta1()) t->set_beta1(kDefaultBeta1);
   if (!t->has_beta2()) t->set_beta2(kDefaultBeta2);
@@ -157,7 +170,8 @@ absl::Status ValidateJobSpec(const pb::JobSpec& spec) {
     return Invalid("model", "missing; give vocab_size, seq_len, d_model, n_heads and n_layers "
                             "(see examples/tiny-gpt.json)");
   }
-  // Model shape, schedule and recompute names, (K, M, v) and the batch's divisibility.
+  // Model shape, schedule and recompute names, (K, M, v), pipeline.replicas' range and
+  // the batch's split into R x M.
   ASSIGN_OR_RETURN(const planner::PlanOptions options, planner::OptionsFromJobSpec(spec));
   const int layers = options.model.num_pipeline_layers();
   const int parts = options.stages * options.chunks;
@@ -191,7 +205,8 @@ absl::Status ValidateJobSpec(const pb::JobSpec& spec) {
                    absl::StrCat("must be in [0, 86400] seconds (got ", f.wait_for_stages_s(),
                                 ")"));
   }
-  return absl::OkStatus();
+  // Last, so that a spec the planner would refuse says why first.
+  return RefuseReplicasNotYetRun(spec.pipeline());
 }
 
 }  // namespace pipetrain::coordinator

@@ -122,6 +122,58 @@ TEST(BatchTest, StreamErrors) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("need at least 51")));
 }
 
+// Each replica's share is the next B / R rows of the global batch: concatenated in replica
+// order the shares are the batch itself, row for row, inputs and targets, for every R.
+TEST(BatchTest, ReplicaSharesAreDisjointInOrderAndCoverTheBatch) {
+  const std::string text = Bytes0To255();
+  auto batch = SampleBatch(text, Config(256), 12, 7, 3);
+  ASSERT_THAT(batch, IsOk());
+  for (int replicas : {1, 2, 3, 4, 6, 12}) {
+    std::vector<int32_t> inputs, targets;
+    for (int r = 0; r < replicas; ++r) {
+      auto share = ReplicaRows(*batch, r, replicas);
+      ASSERT_THAT(share, IsOk()) << r << " of " << replicas;
+      ASSERT_EQ(share->rows, 12 / replicas);
+      ASSERT_EQ(share->inputs.size(), static_cast<size_t>(share->rows) * kT);
+      // Its rows are the batch's rows [r * B / R, (r + 1) * B / R), in order.
+      for (int row = 0; row < share->rows; ++row) {
+        EXPECT_EQ(share->inputs[row * kT], batch->inputs[(r * share->rows + row) * kT])
+            << "replica " << r << " of " << replicas << " row " << row;
+      }
+      inputs.insert(inputs.end(), share->inputs.begin(), share->inputs.end());
+      targets.insert(targets.end(), share->targets.begin(), share->targets.end());
+    }
+    EXPECT_THAT(inputs, ElementsAreArray(batch->inputs)) << replicas << " replicas";
+    EXPECT_THAT(targets, ElementsAreArray(batch->targets)) << replicas << " replicas";
+  }
+  // A replica's rows follow from (seed, step): the same share of the same step's batch.
+  auto again = SampleBatch(text, Config(256), 12, 7, 3);
+  ASSERT_THAT(again, IsOk());
+  EXPECT_THAT(ReplicaRows(*again, 1, 3)->inputs,
+              ElementsAreArray(ReplicaRows(*batch, 1, 3)->inputs));
+  auto other = SampleBatch(text, Config(256), 12, 7, 4);
+  ASSERT_THAT(other, IsOk());
+  EXPECT_NE(RowStarts(*ReplicaRows(*other, 1, 3)), RowStarts(*ReplicaRows(*batch, 1, 3)));
+}
+
+TEST(BatchTest, ABadReplicaSplitNamesTheCounts) {
+  auto batch = SampleBatch(Bytes0To255(), Config(256), 12, 7, 3);
+  ASSERT_THAT(batch, IsOk());
+  EXPECT_THAT(ReplicaRows(*batch, 0, 5),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("a batch of 12 rows does not split into 5 equal replica shares")));
+  EXPECT_THAT(ReplicaRows(*batch, 0, 0),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("replicas must be >= 1 (got 0)")));
+  EXPECT_THAT(ReplicaRows(*batch, 4, 4),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("replica 4 is outside [0, 4)")));
+  TokenBatch torn = *batch;
+  torn.targets.pop_back();
+  EXPECT_THAT(ReplicaRows(torn, 0, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("12 rows hold")));
+}
+
 // The 256-token stream cut into files of 10, 0, 100 and 146 tokens: the same batches as
 // the stream in one piece, and the row at 100 spans the boundary at 110.
 TEST(BatchTest, RowsSpanTheFilesOfADataset) {

@@ -101,6 +101,60 @@ TEST(CliPlanTest, JsonHasTheFiguresAndTraceIsWritten) {
   EXPECT_FALSE(t["traceEvents"].empty());
 }
 
+// plan_job.json: K = 4, M = 8, batch 32, no replicas.
+TEST(CliPlanTest, ReplicasShowTheLayoutAndEachStagesAllReduce) {
+  std::string out, err;
+  ASSERT_EQ(Cli({"plan", kJob, "--replicas", "2", "--link-gbps", "1"}, &out, &err), kExitOk)
+      << err;
+  EXPECT_THAT(out, HasSubstr("2 replicas x 4 stages = 8 stage servers; per replica 16 "
+                             "sequences in 8 micro-batches"));
+  EXPECT_THAT(out, HasSubstr("Gradient all-reduce between the 2 copies of each stage"));
+  EXPECT_THAT(out, HasSubstr("with the all-reduce ("));
+  EXPECT_THAT(out, HasSubstr("  reduce|"));
+  // In the formulas' setting the reduction is free, as the links are, and says so.
+  ASSERT_EQ(Cli({"plan", kJob, "--replicas", "2", "--equal-stage-cost"}, &out, &err), kExitOk)
+      << err;
+  EXPECT_THAT(out, HasSubstr("free with equal stage costs"));
+  EXPECT_THAT(out, HasSubstr("Predicted step time: 33 units\n"));
+  // Without replicas none of it is shown.
+  ASSERT_EQ(Cli({"plan", kJob}, &out, &err), kExitOk) << err;
+  EXPECT_THAT(out, Not(HasSubstr("Layout:")));
+  EXPECT_THAT(out, Not(HasSubstr("all-reduce")));
+
+  // The spec's pipeline.replicas is read, and the flag overrides it.
+  const std::string four = TempFile(
+      "replicas.json",
+      R"({"model": {"vocab_size": 256, "seq_len": 16, "d_model": 32, "n_heads": 4,
+          "n_layers": 2}, "pipeline": {"stages": 2, "micro_batches": 2, "schedule": "1f1b",
+          "replicas": 4}, "training": {"batch_size": 16}})");
+  ASSERT_EQ(Cli({"plan", four, "--json"}, &out, &err), kExitOk) << err;
+  nlohmann::json j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["replicas"], 4);
+  ASSERT_EQ(j["stages"].size(), 2u);
+  for (const auto& st : j["stages"]) {
+    EXPECT_EQ(st["allreduce_bytes"].get<double>(), 4 * st["params"].get<double>());
+    EXPECT_GT(st["allreduce_s"].get<double>(), 0);
+    EXPECT_GE(st["allreduce_hidden_fraction"].get<double>(), 0);
+    EXPECT_LE(st["allreduce_hidden_fraction"].get<double>(), 1);
+  }
+  EXPECT_GT(j["step_time_s"].get<double>(), j["step_time_without_allreduce_s"].get<double>());
+  ASSERT_EQ(Cli({"plan", four, "--json", "--replicas", "1"}, &out, &err), kExitOk) << err;
+  j = nlohmann::json::parse(out);
+  EXPECT_EQ(j["replicas"], 1);
+  EXPECT_EQ(j["stages"][0]["allreduce_s"].get<double>(), 0);
+  EXPECT_EQ(j["step_time_s"].get<double>(), j["step_time_without_allreduce_s"].get<double>());
+
+  // A split the batch does not allow names the counts; so does a replica count out of range.
+  EXPECT_EQ(Cli({"plan", kJob, "--replicas", "3"}, &out, &err), kExitUsage);
+  EXPECT_THAT(err, HasSubstr("training.batch_size: 32 is not divisible by pipeline.replicas 3 "
+                             "x pipeline.micro_batches 8 = 24"));
+  EXPECT_EQ(Cli({"plan", kJob, "--replicas", "-1"}, &out, &err), kExitUsage);
+  EXPECT_THAT(err, HasSubstr("pipeline.replicas: must be in [1, 1024]"));
+  EXPECT_EQ(Cli({"plan", kJob, "--replicas", "2", "--collective-gbps", "-1"}, &out, &err),
+            kExitUsage);
+  EXPECT_THAT(err, HasSubstr("--collective-gbps"));
+}
+
 TEST(CliPlanTest, BadSpecsExitTwoNamingTheField) {
   std::string out, err;
   const std::string bad_schedule = TempFile(
@@ -129,6 +183,8 @@ TEST(CliPlanTest, BadSpecsExitTwoNamingTheField) {
   EXPECT_THAT(err, HasSubstr("--stages"));
   EXPECT_EQ(Cli({"plan", "--help"}, &out, &err), kExitOk);
   EXPECT_THAT(out, HasSubstr("--equal-stage-cost"));
+  EXPECT_THAT(out, HasSubstr("--replicas"));
+  EXPECT_THAT(out, HasSubstr("does\nnot run R > 1 yet"));
 }
 
 }  // namespace

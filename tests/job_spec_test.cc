@@ -138,6 +138,7 @@ TEST(JobSpecTest, DefaultsFillOnlyWhatIsUnset) {
   EXPECT_EQ(d.pipeline().chunks(), 1);
   EXPECT_EQ(d.pipeline().recompute(), "never");
   EXPECT_EQ(d.pipeline().micro_batches(), 3);
+  EXPECT_EQ(d.pipeline().replicas(), 1);
   EXPECT_FLOAT_EQ(d.training().beta1(), 0.9f);
   EXPECT_FLOAT_EQ(d.training().beta2(), 0.95f);
   EXPECT_FLOAT_EQ(d.training().weight_decay(), 0.1f);
@@ -148,8 +149,10 @@ TEST(JobSpecTest, DefaultsFillOnlyWhatIsUnset) {
   spec.mutable_training()->set_weight_decay(0);  // explicit 0 stays 0
   spec.mutable_data()->set_validation_fraction(0);
   spec.set_name("mine");
+  spec.mutable_pipeline()->set_replicas(4);
   d = WithDefaults(spec);
   EXPECT_EQ(d.pipeline().chunks(), 2);
+  EXPECT_EQ(d.pipeline().replicas(), 4);
   EXPECT_FLOAT_EQ(d.training().weight_decay(), 0);
   EXPECT_FLOAT_EQ(d.data().validation_fraction(), 0);
   EXPECT_EQ(d.name(), "mine");
@@ -299,6 +302,19 @@ TEST(JobSpecTest, EveryValidationRuleNamesItsField) {
        "data.validate_every_steps"},
       {"checkpoint", [](pb::JobSpec& s) { s.mutable_checkpoint()->set_every_steps(-1); },
        "checkpoint.every_steps"},
+      {"replicas negative", [](pb::JobSpec& s) { s.mutable_pipeline()->set_replicas(-1); },
+       "pipeline.replicas: must be in [1, 1024] (got -1)"},
+      {"replicas too many", [](pb::JobSpec& s) { s.mutable_pipeline()->set_replicas(1025); },
+       "pipeline.replicas: must be in [1, 1024] (got 1025)"},
+      {"replicas split",
+       [](pb::JobSpec& s) {
+         s.mutable_training()->set_batch_size(12);
+         s.mutable_pipeline()->set_micro_batches(4);
+         s.mutable_pipeline()->set_replicas(2);
+       },
+       "training.batch_size: 12 is not divisible by pipeline.replicas 2 x "
+       "pipeline.micro_batches 4 = 8; each replica takes batch_size / replicas sequences in "
+       "micro_batches micro-batches"},
   };
   for (const Rule& rule : rules) {
     pb::JobSpec spec = Example();
@@ -317,6 +333,25 @@ TEST(JobSpecTest, ClippingIsFineOnAnyNumberOfStages) {
     spec.mutable_training()->set_grad_clip_norm(1);
     EXPECT_THAT(ValidateJobSpec(spec), IsOk()) << stages << " stages";
   }
+}
+
+// Until the runner runs replicas, a spec that is right in every other way is refused
+// for its replicas alone, and one replica (set or left out) is as before.
+TEST(JobSpecTest, ReplicasArePlannedButRefusedAtSubmit) {
+  pb::JobSpec spec = Example();  // batch 16, M 8
+  EXPECT_THAT(ValidateJobSpec(spec), IsOk()) << "replicas left out";
+  spec.mutable_pipeline()->set_replicas(1);
+  EXPECT_THAT(ValidateJobSpec(spec), IsOk()) << "replicas 1";
+  spec.mutable_pipeline()->set_replicas(2);  // 16 = 2 x 8: a good split
+  EXPECT_THAT(ValidateJobSpec(spec),
+              StatusIs(kInvalid, HasSubstr("pipeline.replicas: data-parallel replicas are "
+                                           "planned (`pipetrain plan`) but not yet run by this "
+                                           "coordinator")));
+  // A bad split says so rather than the refusal.
+  spec.mutable_pipeline()->set_replicas(4);  // 16 / (4 x 8)
+  EXPECT_THAT(ValidateJobSpec(spec),
+              StatusIs(kInvalid, HasSubstr("training.batch_size: 16 is not divisible by "
+                                           "pipeline.replicas 4 x pipeline.micro_batches 8 = 32")));
 }
 
 TEST(JobSpecTest, ToJsonUsesSnakeCaseAndRoundTrips) {

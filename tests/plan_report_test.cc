@@ -56,12 +56,19 @@ TEST(PlanReportTest, ChromeTraceHasStageProcessesAndCompleteEvents) {
   EXPECT_EQ(computes, 2 * (4 + 1));  // F, B per micro-batch and OPT, per stage
 }
 
-TEST(PlanReportTest, SnapshotBytesAreShownInTextAndJson) {
+// A 2-block model on 2 stages, 2 micro-batches of 2 sequences per replica.
+PlanOptions TwoStages(int replicas) {
   PlanOptions o;
   o.model = {.vocab_size = 256, .seq_len = 32, .d_model = 64, .n_heads = 4, .n_layers = 2};
   o.stages = 2;
   o.micro_batches = 2;
-  o.batch_size = 4;
+  o.replicas = replicas;
+  o.batch_size = 4 * replicas;
+  return o;
+}
+
+TEST(PlanReportTest, SnapshotBytesAreShownInTextAndJson) {
+  PlanOptions o = TwoStages(1);
   o.snapshots = true;
   auto plan = MakePlan(o);
   ASSERT_TRUE(plan.ok()) << plan.status();
@@ -78,6 +85,49 @@ TEST(PlanReportTest, SnapshotBytesAreShownInTextAndJson) {
   const std::string text = RenderPlanText(*plan);
   EXPECT_THAT(text, HasSubstr("snapshots"));
   EXPECT_THAT(text, HasSubstr("snapshots = 2 steps x 12 bytes per parameter"));
+}
+
+// Two replicas of a 2-stage plan: the text shows the layout and the reductions, the JSON
+// carries the plan's figures, and the trace puts each reduction on its stage's own track.
+TEST(PlanReportTest, ReplicasAreShownInTextJsonAndTrace) {
+  PlanOptions o = TwoStages(2);
+  o.link_bytes_per_s = 1e9;
+  auto plan = MakePlan(o);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const std::string text = RenderPlanText(*plan);
+  EXPECT_THAT(text, HasSubstr("Layout: 2 replicas x 2 stages = 4 stage servers; per replica 4 "
+                              "sequences in 2 micro-batches of 2"));
+  EXPECT_THAT(text, HasSubstr("batch 8 sequences\n"));
+  EXPECT_THAT(text, HasSubstr("at 1 GB/s, the links' rate"));
+
+  const nlohmann::json j = nlohmann::json::parse(PlanJson(*plan));
+  EXPECT_EQ(j["replicas"], 2);
+  EXPECT_EQ(j["collective_bytes_per_s"].get<double>(), 1e9);
+  ASSERT_EQ(plan->simulation.reductions.size(), 2u);
+  for (int s = 0; s < 2; ++s) {
+    const nlohmann::json& st = j["stages"][s];
+    EXPECT_EQ(st["allreduce_bytes"].get<double>(), plan->stages[s].allreduce_bytes);
+    EXPECT_EQ(st["allreduce_s"].get<double>(), plan->stages[s].allreduce_s);
+    EXPECT_EQ(st["allreduce_hidden_fraction"].get<double>(),
+              plan->simulation.reductions[s].hidden_fraction);
+  }
+  EXPECT_EQ(j["step_time_without_allreduce_s"].get<double>(),
+            plan->simulation.step_time_without_reduction_s);
+
+  const nlohmann::json trace = nlohmann::json::parse(ChromeTrace(plan->simulation, 2));
+  int reductions = 0;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] != "X" || e["cat"] != "allreduce") continue;
+    EXPECT_EQ(e["tid"], 1);
+    const int s = e["pid"].get<int>();
+    EXPECT_DOUBLE_EQ(e["ts"].get<double>(), plan->simulation.reductions[s].start_s * 1e6);
+    ++reductions;
+  }
+  EXPECT_EQ(reductions, 2);
+  // The picture gives each stage a reduce lane; one replica has none.
+  EXPECT_THAT(RenderPicture(plan->simulation, 2), HasSubstr("  reduce| "));
+  EXPECT_THAT(RenderPicture(Sim(ScheduleKind::kOneFOneB, 2, 2), 2),
+              ::testing::Not(HasSubstr("reduce")));
 }
 
 }  // namespace

@@ -66,6 +66,12 @@ TEST(PlannerTest, SpecErrorsNameTheField) {
          s.mutable_training()->set_batch_size(12);
        },
        "pipeline.micro_batches"},
+      {[](auto& s) { s.mutable_pipeline()->set_replicas(-2); }, "pipeline.replicas"},
+      {[](auto& s) { s.mutable_pipeline()->set_replicas(1025); }, "pipeline.replicas"},
+      // 16 sequences do not split into 4 replicas x 8 micro-batches.
+      {[](auto& s) { s.mutable_pipeline()->set_replicas(4); },
+       "training.batch_size: 16 is not divisible by pipeline.replicas 4 x "
+       "pipeline.micro_batches 8 = 32"},
   };
   for (const Case& c : cases) {
     pipetrain::v1::JobSpec spec = Spec();
@@ -73,6 +79,116 @@ TEST(PlannerTest, SpecErrorsNameTheField) {
     EXPECT_THAT(OptionsFromJobSpec(spec),
                 StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(c.field)))
         << c.field;
+  }
+}
+
+TEST(PlannerTest, ReplicasComeFromTheSpec) {
+  pipetrain::v1::JobSpec spec = Spec();
+  EXPECT_EQ(OptionsFromJobSpec(spec)->replicas, 1) << "unset";
+  spec.mutable_pipeline()->set_replicas(2);
+  auto o = OptionsFromJobSpec(spec);
+  ASSERT_THAT(o, IsOk());
+  EXPECT_EQ(o->replicas, 2);
+  EXPECT_EQ(o->batch_size, 16) << "the global batch";
+  EXPECT_EQ(o->replica_batch_size(), 8);
+}
+
+// The same plan, per replica, as the one-replica plan of that replica's share.
+PlanOptions OneStage(int replicas, int per_replica_batch) {
+  PlanOptions o;
+  o.model = {.vocab_size = 256, .seq_len = 64, .d_model = 128, .n_heads = 4, .n_layers = 2};
+  o.stages = 1;
+  o.micro_batches = 2;
+  o.replicas = replicas;
+  o.batch_size = replicas * per_replica_batch;
+  o.link_bytes_per_s = 1e9;
+  return o;
+}
+
+TEST(PlannerTest, OneReplicaIsTodaysPlan) {
+  PlanOptions today = OneStage(1, 4);
+  auto plan = MakePlan(today);
+  ASSERT_THAT(plan, IsOk());
+  EXPECT_TRUE(plan->costs.allreduce_stage_s.empty());
+  EXPECT_TRUE(plan->simulation.reductions.empty());
+  EXPECT_EQ(plan->stages[0].allreduce_bytes, 0);
+  EXPECT_EQ(plan->stages[0].allreduce_s, 0);
+  EXPECT_EQ(plan->simulation.step_time_without_reduction_s, plan->simulation.step_time_s);
+  // A collective rate changes nothing with nobody to reduce with.
+  today.collective_bytes_per_s = 1;
+  auto same = MakePlan(today);
+  ASSERT_THAT(same, IsOk());
+  EXPECT_EQ(same->simulation.step_time_s, plan->simulation.step_time_s);
+  EXPECT_EQ(same->simulation.bubble_fraction, plan->simulation.bubble_fraction);
+  // pipeline.replicas 1 plans as a spec without it, for every schedule.
+  for (const char* name : {"gpipe", "1f1b", "zb-h1"}) {
+    pipetrain::v1::JobSpec unset = Spec();
+    unset.mutable_pipeline()->set_schedule(name);
+    pipetrain::v1::JobSpec one = unset;
+    one.mutable_pipeline()->set_replicas(1);
+    auto a = MakePlan(*OptionsFromJobSpec(unset));
+    auto b = MakePlan(*OptionsFromJobSpec(one));
+    ASSERT_THAT(a, IsOk());
+    ASSERT_THAT(b, IsOk());
+    EXPECT_EQ(a->simulation.step_time_s, b->simulation.step_time_s) << name;
+    EXPECT_EQ(a->simulation.bubble_fraction, b->simulation.bubble_fraction) << name;
+    EXPECT_EQ(schedule::ToText(a->programs), schedule::ToText(b->programs)) << name;
+    for (size_t s = 0; s < a->stages.size(); ++s) {
+      EXPECT_EQ(a->stages[s].peak_memory_bytes(), b->stages[s].peak_memory_bytes()) << name;
+    }
+  }
+}
+
+// On one stage nothing can hide the reduction: R = 2 at equal per-replica work adds
+// exactly 2(R-1)/R x 4 bytes per parameter / bandwidth + the call latency to the step,
+// and changes neither the memory nor the programs.
+TEST(PlannerTest, TwoReplicasAddTheRingAllReduceToAOneStagePlansStep) {
+  auto one = MakePlan(OneStage(1, 4));
+  auto two = MakePlan(OneStage(2, 4));
+  ASSERT_THAT(one, IsOk());
+  ASSERT_THAT(two, IsOk());
+  const double bytes = 4.0 * static_cast<double>(one->stages[0].params);
+  EXPECT_EQ(two->stages[0].allreduce_bytes, bytes);
+  const double ring_s = 2.0 * (2 - 1) / 2 * bytes / 1e9 + kAllReduceCallLatencyS;
+  EXPECT_NEAR(two->stages[0].allreduce_s, ring_s, 1e-15);
+  EXPECT_NEAR(two->simulation.step_time_s, one->simulation.step_time_s + ring_s, 1e-12);
+  EXPECT_NEAR(two->simulation.step_time_without_reduction_s, one->simulation.step_time_s, 1e-15);
+  ASSERT_EQ(two->simulation.reductions.size(), 1u);
+  EXPECT_EQ(two->simulation.reductions[0].hidden_fraction, 0);
+  EXPECT_EQ(two->stages[0].peak_memory_bytes(), one->stages[0].peak_memory_bytes());
+  EXPECT_EQ(schedule::ToText(two->programs), schedule::ToText(one->programs));
+  // A collective bandwidth of its own replaces the links' rate.
+  PlanOptions fast = OneStage(2, 4);
+  fast.collective_bytes_per_s = 4e9;
+  auto f = MakePlan(fast);
+  ASSERT_THAT(f, IsOk());
+  EXPECT_NEAR(f->stages[0].allreduce_s, bytes / 4e9 + kAllReduceCallLatencyS, 1e-15);
+}
+
+// More replicas at equal per-replica work never shorten the step, and each stage's
+// reduction grows towards (but never reaches) 2 x bytes / bandwidth.
+TEST(PlannerTest, StepAndReductionAreMonotoneInReplicas) {
+  for (const char* name : {"gpipe", "1f1b", "zb-h1"}) {
+    double last_step = 0, last_reduce = 0;
+    for (int r : {1, 2, 3, 4, 8, 16, 64}) {
+      pipetrain::v1::JobSpec spec = Spec();
+      spec.mutable_pipeline()->set_schedule(name);
+      spec.mutable_pipeline()->set_replicas(r);
+      spec.mutable_training()->set_batch_size(8 * r);
+      auto o = OptionsFromJobSpec(spec);
+      ASSERT_THAT(o, IsOk()) << name << " R " << r;
+      o->link_bytes_per_s = 1e9;
+      auto plan = MakePlan(*o);
+      ASSERT_THAT(plan, IsOk()) << name << " R " << r;
+      EXPECT_GE(plan->simulation.step_time_s, last_step) << name << " R " << r;
+      const StagePlan& first = plan->stages[0];
+      EXPECT_LT(first.allreduce_s, 2 * first.allreduce_bytes / 1e9 + kAllReduceCallLatencyS);
+      if (r > 1) {
+        EXPECT_GT(first.allreduce_s, last_reduce) << name << " R " << r;
+      }
+      last_step = plan->simulation.step_time_s;
+      last_reduce = first.allreduce_s;
+    }
   }
 }
 

@@ -1,5 +1,7 @@
 #include "coordinator/planner/simulator.h"
 
+#include <algorithm>
+
 #include "common/testing/status_matchers.h"
 #include "coordinator/planner/generators.h"
 #include "coordinator/planner/lowering.h"
@@ -101,6 +103,100 @@ TEST(SimulatorTest, ErrorsOnMismatchedCostsAndDeadlock) {
   std::swap(s[0].actions[1], s[0].actions[2]);  // RECV_B0 before SEND_F0
   EXPECT_THAT(Simulate(s, EqualStageCost(2)),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("deadlock")));
+}
+
+// The event of `kind` (and micro-batch) on a stage; fails the test when there is none.
+TimelineEvent EventOf(const SimulationResult& sim, int stage, schedule::ActionKind kind,
+                      int micro_batch = 0) {
+  for (const TimelineEvent& e : sim.events) {
+    if (e.stage == stage && e.action.kind == kind &&
+        (kind == schedule::ActionKind::kOptimizerStep || e.action.micro_batch == micro_batch)) {
+      return e;
+    }
+  }
+  ADD_FAILURE() << "no such event on stage " << stage;
+  return {};
+}
+
+// 1F1B, K = 2, M = 2, forward 1, backward 2: stage 1's last B ends at 7, stage 0's at 9.
+// Stage 1's reduction runs beside its SEND_B1 and delays only its optimizer step; stage
+// 0's comes after the step's last backward, so all of it adds to the step.
+TEST(SimulatorTest, TheReductionRunsOnItsOwnLaneBeforeTheOptimizerStep) {
+  const schedule::Schedule programs = Lowered(ScheduleKind::kOneFOneB, 2, 2);
+  auto plain = Simulate(programs, EqualStageCost(2));
+  ASSERT_THAT(plain, IsOk());
+  EXPECT_DOUBLE_EQ(plain->step_time_s, 9);
+  EXPECT_TRUE(plain->reductions.empty());
+  EXPECT_DOUBLE_EQ(plain->step_time_without_reduction_s, 9);
+
+  CostModel costs = EqualStageCost(2);
+  costs.allreduce_stage_s = {0.5, 3};
+  auto sim = Simulate(programs, costs);
+  ASSERT_THAT(sim, IsOk());
+  ASSERT_EQ(sim->reductions.size(), 2u);
+  const ReductionEvent& r0 = sim->reductions[0];
+  const ReductionEvent& r1 = sim->reductions[1];
+  EXPECT_EQ(r0.stage, 0);
+  EXPECT_EQ(r1.stage, 1);
+  using schedule::ActionKind;
+  EXPECT_DOUBLE_EQ(r1.start_s, EventOf(*sim, 1, ActionKind::kBackward, 1).end_s);
+  EXPECT_DOUBLE_EQ(r1.start_s, 7);
+  EXPECT_DOUBLE_EQ(r1.end_s, 10);
+  EXPECT_DOUBLE_EQ(r0.start_s, 9);
+  EXPECT_DOUBLE_EQ(r0.end_s, 9.5);
+  // The send of the last gradient is not held up; the optimizer step is.
+  EXPECT_DOUBLE_EQ(EventOf(*sim, 1, ActionKind::kSendGradient, 1).start_s, 7);
+  EXPECT_DOUBLE_EQ(EventOf(*sim, 1, ActionKind::kOptimizerStep).start_s, 10);
+  EXPECT_DOUBLE_EQ(EventOf(*sim, 0, ActionKind::kOptimizerStep).start_s, 9.5);
+  // Nothing else moved: every compute action is where it was.
+  for (size_t i = 0; i < sim->events.size(); ++i) {
+    if (sim->events[i].action.kind == ActionKind::kOptimizerStep) continue;
+    EXPECT_DOUBLE_EQ(sim->events[i].start_s, plain->events[i].start_s) << i;
+  }
+  EXPECT_DOUBLE_EQ(sim->step_time_s, 10);
+  EXPECT_DOUBLE_EQ(sim->step_time_without_reduction_s, 9);
+  // Stage 1's reduction reaches 1 of its 3 units past the step without reductions;
+  // stage 0's ends past it by all its length.
+  EXPECT_DOUBLE_EQ(r1.hidden_fraction, 2.0 / 3);
+  EXPECT_DOUBLE_EQ(r0.hidden_fraction, 0);
+  EXPECT_DOUBLE_EQ(sim->busy_s[0], plain->busy_s[0]) << "a reduction is not compute";
+
+  // Short enough to end before stage 0 does, stage 1's reduction is hidden entirely.
+  costs.allreduce_stage_s = {0.5, 1.5};
+  sim = Simulate(programs, costs);
+  ASSERT_THAT(sim, IsOk());
+  EXPECT_DOUBLE_EQ(sim->reductions[1].hidden_fraction, 1);
+  EXPECT_DOUBLE_EQ(sim->step_time_s, 9.5);
+}
+
+// With split backwards the gradients are final only after the stage's last W.
+TEST(SimulatorTest, TheReductionStartsAfterTheLastWeightGradient) {
+  const schedule::Schedule programs = Lowered(ScheduleKind::kZbH1, 3, 6);
+  CostModel costs = EqualStageCost(3);
+  costs.allreduce_stage_s = {1, 1, 1};
+  auto sim = Simulate(programs, costs);
+  ASSERT_THAT(sim, IsOk());
+  ASSERT_EQ(sim->reductions.size(), 3u);
+  for (const ReductionEvent& r : sim->reductions) {
+    double last_w = -1, last_i = -1;
+    for (const TimelineEvent& e : sim->events) {
+      if (e.stage != r.stage) continue;
+      using schedule::ActionKind;
+      if (e.action.kind == ActionKind::kBackwardWeight) last_w = std::max(last_w, e.end_s);
+      if (e.action.kind == ActionKind::kBackwardInput) last_i = std::max(last_i, e.end_s);
+    }
+    EXPECT_DOUBLE_EQ(r.start_s, last_w) << "stage " << r.stage;
+    EXPECT_LT(last_i, last_w) << "stage " << r.stage;
+    EXPECT_DOUBLE_EQ(r.end_s, r.start_s + 1);
+    EXPECT_DOUBLE_EQ(EventOf(*sim, r.stage, schedule::ActionKind::kOptimizerStep).start_s,
+                     std::max(r.end_s, last_w));
+  }
+  EXPECT_THAT(Simulate(programs, [] {
+                CostModel c = EqualStageCost(3);
+                c.allreduce_stage_s = {1, 1};
+                return c;
+              }()),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("all-reduce costs for 2")));
 }
 
 }  // namespace

@@ -107,6 +107,37 @@ absl::StatusOr<TokenBatch> LeadingBatch(absl::string_view text, const GptConfig&
   return Leading(static_cast<int64_t>(text.size()), TextCopier(text), config, rows, kTextWords);
 }
 
+absl::StatusOr<TokenBatch> ReplicaRows(const TokenBatch& batch, int replica, int replicas) {
+  if (replicas < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replica rows: replicas must be >= 1 (got ", replicas, ")"));
+  }
+  if (replica < 0 || replica >= replicas) {
+    return absl::InvalidArgumentError(absl::StrCat("replica rows: replica ", replica,
+                                                   " is outside [0, ", replicas, ")"));
+  }
+  if (batch.rows < 0 || batch.rows % replicas != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replica rows: a batch of ", batch.rows, " rows does not split into ",
+                     replicas, " equal replica shares"));
+  }
+  const size_t size = batch.inputs.size();
+  if (batch.targets.size() != size || (batch.rows == 0 ? size != 0 : size % batch.rows != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "replica rows: the batch's ", batch.rows, " rows hold ", size, " inputs and ",
+        batch.targets.size(), " targets; expected the same whole number of tokens per row"));
+  }
+  const size_t per_row = batch.rows == 0 ? 0 : size / batch.rows;
+  const int rows = batch.rows / replicas;
+  const size_t first = static_cast<size_t>(replica) * rows * per_row;
+  const size_t end = first + static_cast<size_t>(rows) * per_row;
+  TokenBatch share;
+  share.rows = rows;
+  share.inputs.assign(batch.inputs.begin() + first, batch.inputs.begin() + end);
+  share.targets.assign(batch.targets.begin() + first, batch.targets.begin() + end);
+  return share;
+}
+
 common::Tensor MicroBatchRows(const std::vector<int32_t>& tokens, int mb, int rows,
                               int seq_len) {
   common::Tensor t = *common::Tensor::Create(common::DType::kI32, {rows, seq_len});

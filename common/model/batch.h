@@ -43,6 +43,14 @@ absl::StatusOr<TokenBatch> LeadingBatch(absl::string_view text, const GptConfig&
 // Checks that a text holds at least `needed` bytes (rows of seq_len + 1 bytes).
 absl::Status CheckTextLength(absl::string_view text, int64_t needed);
 
+// Replica `replica`'s share of a step's global batch for R = `replicas` data-parallel
+// copies of the pipeline: the contiguous rows [r * B / R, (r + 1) * B / R), inputs and
+// targets. The shares are disjoint, in order and together exactly the batch, so which
+// sequences a replica trains on depends only on (seed, step) and R, and the job's data is
+// the same for every R and K. INVALID_ARGUMENT, naming the counts, when R < 1, replica is
+// outside [0, R), B is not divisible by R, or the batch's matrices are not B rows.
+absl::StatusOr<TokenBatch> ReplicaRows(const TokenBatch& batch, int replica, int replicas);
+
 // Rows [mb * rows, (mb + 1) * rows) of a (B, T) token matrix as one (rows, T) int32
 // tensor: micro-batch `mb` of a batch split into micro-batches of `rows` rows.
 common::Tensor MicroBatchRows(const std::vector<int32_t>& tokens, int mb, int rows,

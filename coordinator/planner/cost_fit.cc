@@ -243,8 +243,10 @@ absl::StatusOr<CostRates> RatesFromMeasured(const Plan& plan, const MeasuredCost
     return absl::FailedPreconditionError("measured costs: no training step was measured");
   }
   const model::GptConfig& cfg = plan.options.model;
+  // A measured stage ran one replica's micro-batches.
   const double tokens =
-      static_cast<double>(plan.options.batch_size / plan.options.micro_batches) * cfg.seq_len;
+      static_cast<double>(plan.options.replica_batch_size() / plan.options.micro_batches) *
+      cfg.seq_len;
   const auto means = m.Means();
   double f_s = 0, f_flops = 0, i_s = 0, i_flops = 0, w_s = 0, w_flops = 0, iw_s = 0, iw_flops = 0;
   double send_s = 0, recv_s = 0;

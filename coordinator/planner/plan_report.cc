@@ -35,6 +35,14 @@ std::string Layers(const Plan& plan, const StagePlan& sp) {
   return out;
 }
 
+// Stage s's gradient all-reduce in a simulation, or nullptr (one replica).
+const ReductionEvent* ReductionOf(const SimulationResult& sim, int stage) {
+  for (const ReductionEvent& e : sim.reductions) {
+    if (e.stage == stage) return &e;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 std::string RenderPicture(const SimulationResult& sim, int stages, int max_columns) {
@@ -52,40 +60,61 @@ std::string RenderPicture(const SimulationResult& sim, int stages, int max_colum
     slot = sim.step_time_s / max_columns;
     columns = max_columns;
   }
-  std::vector<std::vector<std::string>> grid(stages, std::vector<std::string>(columns, "."));
+  using Grid = std::vector<std::vector<std::string>>;
+  Grid grid(stages, std::vector<std::string>(columns, "."));
+  // The gradient all-reduce's own lane under each stage, drawn only when there is one.
+  Grid reduce(stages, std::vector<std::string>(columns, " "));
+  auto fill = [&](Grid& g, int stage, double start_s, double end_s, const std::string& label) {
+    if (stage < 0 || stage >= stages) return;
+    int first = static_cast<int>(std::lround(start_s / slot));
+    int last = std::max(first + 1, static_cast<int>(std::lround(end_s / slot)));
+    for (int c = std::max(first, 0); c < std::min(last, columns); ++c) g[stage][c] = label;
+  };
   for (const TimelineEvent& e : sim.events) {
     if (!schedule::IsCompute(e.action.kind)) continue;
-    int first = static_cast<int>(std::lround(e.start_s / slot));
-    int last = std::max(first + 1, static_cast<int>(std::lround(e.end_s / slot)));
-    for (int c = std::max(first, 0); c < std::min(last, columns); ++c) {
-      grid[e.stage][c] = schedule::ToString(e.action);
-    }
+    fill(grid, e.stage, e.start_s, e.end_s, schedule::ToString(e.action));
   }
+  width = std::max(width, std::string("AR").size());
+  for (const ReductionEvent& e : sim.reductions) {
+    if (e.end_s > e.start_s) fill(reduce, e.stage, e.start_s, e.end_s, "AR");
+  }
+  auto row_text = [&](std::string row, const std::vector<std::string>& cells) {
+    for (const std::string& cell : cells) row += " " + cell + std::string(width - cell.size(), ' ');
+    while (!row.empty() && row.back() == ' ') row.pop_back();
+    return row + "\n";
+  };
   std::string out;
   for (int s = 0; s < stages; ++s) {
-    std::string row = absl::StrFormat("stage %-2d|", s);
-    for (const std::string& cell : grid[s]) {
-      row += " " + cell + std::string(width - cell.size(), ' ');
-    }
-    while (!row.empty() && row.back() == ' ') row.pop_back();
-    out += row + "\n";
+    out += row_text(absl::StrFormat("stage %-2d|", s), grid[s]);
+    if (ReductionOf(sim, s) != nullptr) out += row_text("  reduce|", reduce[s]);
   }
   return out;
 }
 
 std::string RenderPlanText(const Plan& plan) {
   const PlanOptions& o = plan.options;
+  // With replicas the batch is the global one; the layout line gives each replica's share.
+  const std::string batch =
+      o.replicas > 1 ? absl::StrFormat("batch %d sequences", o.batch_size)
+                     : absl::StrFormat("batch %d sequences (%d per micro-batch)", o.batch_size,
+                                       o.batch_size / o.micro_batches);
   std::string out = absl::StrFormat(
       "Plan: %s schedule, K=%d stages, M=%d micro-batches%s, recompute %s\n"
-      "Model: %d blocks, d_model %d, %d heads, seq_len %d, vocab %d%s; batch %d sequences "
-      "(%d per micro-batch)\n",
+      "Model: %d blocks, d_model %d, %d heads, seq_len %d, vocab %d%s; %s\n",
       ScheduleName(o.schedule), o.stages, o.micro_batches,
       o.chunks > 1 ? absl::StrCat(", v=", o.chunks, " chunks per stage") : "",
       RecomputeName(o.recompute), o.model.n_layers, o.model.d_model, o.model.n_heads,
       o.model.seq_len, o.model.vocab_size,
       // Each holder of the shared matrix keeps it (and its gradient and moments).
       o.model.tie_embeddings ? " (tied embeddings: first and last stage each hold wte)" : "",
-      o.batch_size, o.batch_size / o.micro_batches);
+      batch);
+  if (o.replicas > 1) {
+    out += absl::StrFormat(
+        "Layout: %d replicas x %d stages = %d stage servers; per replica %d sequences in %d "
+        "micro-batches of %d\n",
+        o.replicas, o.stages, o.replicas * o.stages, o.replica_batch_size(), o.micro_batches,
+        o.replica_batch_size() / o.micro_batches);
+  }
   if (o.equal_stage_cost) {
     out +=
         "Costs: equal stage costs (forward 1 unit, backward 2 units = I 1 + W 1, free "
@@ -114,13 +143,42 @@ std::string RenderPlanText(const Plan& plan) {
                            sp.max_in_flight, sp.recompute ? "  (recompute)" : "");
   }
   const char* unit = o.equal_stage_cost ? " units" : " s";
-  out += absl::StrFormat("\nPredicted step time: %.6g%s\n", plan.simulation.step_time_s, unit);
+  const SimulationResult& sim = plan.simulation;
+  if (o.replicas > 1 && o.equal_stage_cost) {
+    out += absl::StrFormat(
+        "\nGradient all-reduce between the %d copies of each stage: free with equal stage costs "
+        "(as the links are); plan without --equal-stage-cost for its time\n",
+        o.replicas);
+  } else if (o.replicas > 1) {
+    out += absl::StrFormat(
+        "\nGradient all-reduce between the %d copies of each stage (ring: 2(R-1)/R x 4 bytes "
+        "per parameter at %g GB/s%s, + %g us a call; on its own lane after the stage's last "
+        "B/W, before its optimizer step):\n",
+        o.replicas, o.collective_rate() / 1e9,
+        o.collective_bytes_per_s > 0 ? " (--collective-gbps)" : ", the links' rate",
+        kAllReduceCallLatencyS * 1e6);
+    out += absl::StrFormat("  %-6s %12s %12s %8s\n", "stage", "gradients", "time", "hidden");
+    for (const StagePlan& sp : plan.stages) {
+      const ReductionEvent* e = ReductionOf(sim, sp.stage);
+      out += absl::StrFormat("  %-6d %12s %10.4g%s %7.0f%%\n", sp.stage, Bytes(sp.allreduce_bytes),
+                             sp.allreduce_s, unit, e ? 100 * e->hidden_fraction : 0.0);
+    }
+  }
+  out += absl::StrFormat("\nPredicted step time: %.6g%s", sim.step_time_s, unit);
+  out += sim.reductions.empty()
+             ? "\n"
+             : absl::StrFormat(" with the all-reduce (%.6g%s without it, +%.2f%%)\n",
+                               sim.step_time_without_reduction_s, unit,
+                               sim.step_time_without_reduction_s > 0
+                                   ? 100 * (sim.step_time_s / sim.step_time_without_reduction_s - 1)
+                                   : 0.0);
   out += absl::StrFormat("Bubble fraction: %.4f simulated, %.4f textbook %s\n",
                          plan.simulation.bubble_fraction, plan.textbook_bubble,
                          TextbookFormula(o.schedule));
   out +=
       "\nSchedule (one column per time slot, '.' = idle; F forward, B backward, I/W its "
-      "input/weight parts, @c model chunk):\n";
+      "input/weight parts, @c model chunk";
+  out += sim.reductions.empty() ? "):\n" : "; AR the stage's gradient all-reduce):\n";
   out += RenderPicture(plan.simulation, o.stages);
   return out;
 }
@@ -136,6 +194,8 @@ std::string PlanJson(const Plan& plan) {
   j["time_unit"] = plan.options.equal_stage_cost ? "stage forward" : "s";
   j["device_flops"] = plan.options.device_flops;
   j["link_bytes_per_s"] = plan.options.link_bytes_per_s;
+  j["replicas"] = plan.options.replicas;
+  j["collective_bytes_per_s"] = plan.options.collective_rate();
   if (plan.options.rates) {
     const CostRates& r = *plan.options.rates;
     j["measured_rates"] = {{"forward_s_per_flop", r.forward_s_per_flop},
@@ -160,9 +220,14 @@ std::string PlanJson(const Plan& plan) {
     s["peak_memory_bytes"] = sp.peak_memory_bytes();
     s["max_in_flight"] = sp.max_in_flight;
     s["recompute"] = sp.recompute;
+    const ReductionEvent* e = ReductionOf(plan.simulation, sp.stage);
+    s["allreduce_bytes"] = sp.allreduce_bytes;
+    s["allreduce_s"] = sp.allreduce_s;
+    s["allreduce_hidden_fraction"] = e ? e->hidden_fraction : 0.0;
     j["stages"].push_back(s);
   }
   j["step_time_s"] = plan.simulation.step_time_s;
+  j["step_time_without_allreduce_s"] = plan.simulation.step_time_without_reduction_s;
   j["bubble_fraction"] = plan.simulation.bubble_fraction;
   j["textbook_bubble"] = plan.textbook_bubble;
   j["peak_activation_bytes"] = plan.simulation.peak_activation_bytes;
@@ -191,6 +256,22 @@ std::string ChromeTrace(const SimulationResult& sim, int stages) {
                       {"tid", 0},
                       {"ts", e.start_s * 1e6},
                       {"dur", (e.end_s - e.start_s) * 1e6}});
+  }
+  // Each stage's gradient all-reduce on its own track (tid 1) under the stage.
+  for (const ReductionEvent& e : sim.reductions) {
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", e.stage},
+                      {"tid", 1},
+                      {"args", {{"name", "all-reduce"}}}});
+    events.push_back({{"name", "all-reduce"},
+                      {"cat", "allreduce"},
+                      {"ph", "X"},
+                      {"pid", e.stage},
+                      {"tid", 1},
+                      {"ts", e.start_s * 1e6},
+                      {"dur", (e.end_s - e.start_s) * 1e6},
+                      {"args", {{"hidden_fraction", e.hidden_fraction}}}});
   }
   nlohmann::json trace;
   trace["traceEvents"] = events;

@@ -37,7 +37,35 @@ std::vector<double> LayerWeights(const PlanOptions& o) {
   return w;
 }
 
+// pipeline.replicas in [1, kMaxReplicas], and the batch cut into R shares of M
+// micro-batches each.
+absl::Status CheckReplicaSplit(const PlanOptions& o) {
+  if (o.replicas < 1 || o.replicas > kMaxReplicas) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline.replicas: must be in [1, ", kMaxReplicas, "] (got ", o.replicas,
+        "); it is the number of data-parallel copies of the pipeline, 1 for none"));
+  }
+  if (o.replicas == 1 && o.batch_size % o.micro_batches != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "training.batch_size: ", o.batch_size, " is not divisible by pipeline.micro_batches ",
+        o.micro_batches, "; each micro-batch takes batch_size / micro_batches sequences"));
+  }
+  const int64_t split = int64_t{o.replicas} * o.micro_batches;
+  if (o.batch_size % split != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "training.batch_size: ", o.batch_size, " is not divisible by pipeline.replicas ",
+        o.replicas, " x pipeline.micro_batches ", o.micro_batches, " = ", split,
+        "; each replica takes batch_size / replicas sequences in micro_batches micro-batches"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+double RingAllReduceSeconds(double bytes, int replicas, double bytes_per_s) {
+  if (replicas <= 1) return 0;
+  return kAllReduceCallLatencyS + 2.0 * (replicas - 1) / replicas * bytes / bytes_per_s;
+}
 
 absl::StatusOr<PartitionMode> ParsePartitionMode(absl::string_view name) {
   if (name == "count") return PartitionMode::kCount;
@@ -86,11 +114,8 @@ absl::StatusOr<PlanOptions> OptionsFromJobSpec(const pb::JobSpec& spec) {
     return absl::InvalidArgumentError(
         absl::StrCat("training.batch_size must be >= 1 (got ", o.batch_size, ")"));
   }
-  if (o.batch_size % o.micro_batches != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("training.batch_size (", o.batch_size,
-                     ") must be a multiple of pipeline.micro_batches (", o.micro_batches, ")"));
-  }
+  o.replicas = p.replicas() == 0 ? 1 : p.replicas();
+  RETURN_IF_ERROR(CheckReplicaSplit(o));
   o.snapshots = spec.checkpoint().snapshot_every_steps() > 0;
   return o;
 }
@@ -98,11 +123,11 @@ absl::StatusOr<PlanOptions> OptionsFromJobSpec(const pb::JobSpec& spec) {
 absl::StatusOr<Plan> MakePlan(const PlanOptions& o) {
   RETURN_IF_ERROR(model::ValidateConfig(o.model));
   RETURN_IF_ERROR(CheckShape(o.schedule, o.stages, o.micro_batches, o.chunks));
-  if (o.batch_size < 1 || o.batch_size % o.micro_batches != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "training.batch_size (", o.batch_size,
-        ") must be a positive multiple of pipeline.micro_batches (", o.micro_batches, ")"));
+  if (o.batch_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("training.batch_size must be >= 1 (got ", o.batch_size, ")"));
   }
+  RETURN_IF_ERROR(CheckReplicaSplit(o));
   const int k = o.stages, v = o.chunks, parts = k * v;
   const int layers = o.model.num_pipeline_layers();
   if (parts > layers) {
@@ -111,7 +136,9 @@ absl::StatusOr<Plan> MakePlan(const PlanOptions& o) {
                      ") is more than the model's ", layers, " pipeline layers (embedding, ",
                      o.model.n_layers, " blocks, head): every stage needs at least one layer"));
   }
-  const double tokens = static_cast<double>(o.batch_size / o.micro_batches) * o.model.seq_len;
+  // What one replica's stage computes per micro-batch: its share of the global batch.
+  const double tokens =
+      static_cast<double>(o.replica_batch_size() / o.micro_batches) * o.model.seq_len;
   std::vector<model::LayerCost> cost(layers);
   for (int l = 0; l < layers; ++l) cost[l] = model::CostOfLayer(o.model, l);
 
@@ -200,7 +227,18 @@ absl::StatusOr<Plan> MakePlan(const PlanOptions& o) {
       cc.recompute_s = cc.send_activation_s = cc.send_gradient_s = 0;
     }
   }
-  for (StagePlan& sp : plan.stages) sp.state_bytes = kStateBytesPerParam * sp.params;
+  for (StagePlan& sp : plan.stages) {
+    sp.state_bytes = kStateBytesPerParam * sp.params;
+    // Free transfer in the formulas' setting, as for the stage links: the bytes stay real.
+    if (o.replicas > 1) {
+      sp.allreduce_bytes = kGradientBytesPerParam * static_cast<double>(sp.params);
+    }
+    if (o.replicas > 1 && !o.equal_stage_cost) {
+      sp.allreduce_s = RingAllReduceSeconds(sp.allreduce_bytes, o.replicas, o.collective_rate());
+      plan.costs.allreduce_stage_s.resize(k, 0);
+      plan.costs.allreduce_stage_s[sp.stage] = sp.allreduce_s;
+    }
+  }
   if (o.snapshots) {
     for (int s = 0; s < k; ++s) {
       const int64_t held = k > 1 ? plan.stages[(s + k - 1) % k].params : 0;

@@ -34,6 +34,20 @@ inline constexpr double kSnapshotBytesPerParam = 12;
 // A stage keeps the two newest steps' snapshots (stage_server/snapshot_store.h).
 inline constexpr int kSnapshotSteps = 2;
 
+// Data-parallel replicas: at most this many copies of the pipeline (pipeline.replicas).
+inline constexpr int kMaxReplicas = 1024;
+// Bytes of one parameter's gradient as the R copies of a stage all-reduce it (f32).
+inline constexpr double kGradientBytesPerParam = 4;
+// The fixed cost of one all-reduce call on top of its bytes: the 2(R - 1) hops of a ring
+// each pay a TCP round of a few tens of microseconds on a LAN; 100 us in all is gloo's
+// order of magnitude for one call, a guess until `pipetrain-bench allreduce` measures it.
+inline constexpr double kAllReduceCallLatencyS = 100e-6;
+
+// Seconds a ring all-reduce of `bytes` takes between `replicas` copies at
+// `bytes_per_s`: each copy sends and receives 2(R - 1)/R of the bytes (reduce-scatter
+// then all-gather), plus kAllReduceCallLatencyS. 0 for one replica (nothing to reduce).
+double RingAllReduceSeconds(double bytes, int replicas, double bytes_per_s);
+
 // Seconds a unit of work takes on measured hardware (planner/cost_fit.h fits them from
 // a job's timelines): they replace the FLOP and link rates' guess when a plan has them.
 struct CostRates {
@@ -54,21 +68,33 @@ struct PlanOptions {
   int chunks = 1;
   ScheduleKind schedule = ScheduleKind::kOneFOneB;
   pipetrain::v1::RecomputeMode recompute = pipetrain::v1::RECOMPUTE_NEVER;
-  int batch_size = 1;  // sequences per mini-batch, all micro-batches together
+  int batch_size = 1;  // sequences per mini-batch, all micro-batches of all replicas together
+  // R, data-parallel copies of the pipeline; each takes batch_size / R sequences and the
+  // R copies of every stage all-reduce its gradients before the optimizer step.
+  int replicas = 1;
   // Forward 1, backward 2 time units per stage and free transfer (memory stays real).
   bool equal_stage_cost = false;
   double device_flops = 100e12;    // achieved FLOP/s of one device
   double link_bytes_per_s = 10e9;  // stage-to-stage bandwidth
+  // Between the R copies of a stage, for the gradient all-reduce; 0 = link_bytes_per_s.
+  double collective_bytes_per_s = 0;
   PartitionMode partition = PartitionMode::kCost;
   double memory_cap_bytes = 0;  // per stage; 0 = unlimited
   std::optional<CostRates> rates;  // measured costs in place of device_flops and the link's
   // In-memory snapshots (checkpoint.snapshot_every_steps > 0): each stage keeps its own
   // and its ring predecessor's, counted in its memory.
   bool snapshots = false;
+
+  // Sequences one replica takes per step (the whole batch with one replica).
+  int replica_batch_size() const { return batch_size / replicas; }
+  double collective_rate() const {
+    return collective_bytes_per_s > 0 ? collective_bytes_per_s : link_bytes_per_s;
+  }
 };
 
-// Reads model, pipeline and training.batch_size from a job spec; every error names the
-// field (model.d_model, pipeline.micro_batches, training.batch_size, ...).
+// Reads model, pipeline (replicas 0/unset = 1) and training.batch_size from a job spec;
+// every error names the field (model.d_model, pipeline.micro_batches,
+// pipeline.replicas, training.batch_size, ...). The batch must divide into R x M.
 absl::StatusOr<PlanOptions> OptionsFromJobSpec(const pipetrain::v1::JobSpec& spec);
 
 struct StagePlan {
@@ -82,6 +108,11 @@ struct StagePlan {
   double peak_activation_bytes = 0;  // simulated
   int max_in_flight = 0;             // the schedule's bound
   bool recompute = false;
+  // With R > 1 replicas: the gradient bytes the R copies of this stage all-reduce each
+  // step, and the ring all-reduce's predicted time (0 with one replica). The reduction is
+  // in place: it adds no memory.
+  double allreduce_bytes = 0;
+  double allreduce_s = 0;
   double peak_memory_bytes() const { return state_bytes + snapshot_bytes + peak_activation_bytes; }
 };
 

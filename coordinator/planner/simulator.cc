@@ -39,6 +39,11 @@ absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
                                                    costs.optimizer_stage_s.size(),
                                                    " stages, schedule has ", k));
   }
+  if (!costs.allreduce_stage_s.empty() && static_cast<int>(costs.allreduce_stage_s.size()) != k) {
+    return absl::InvalidArgumentError(absl::StrCat("simulate: all-reduce costs for ",
+                                                   costs.allreduce_stage_s.size(),
+                                                   " stages, schedule has ", k));
+  }
   const int vj = k * v;
   // Arrival time of the activation into / gradient out of virtual stage j; -1 = unsent.
   std::vector<std::vector<double>> act_at(vj, std::vector<double>(m, -1)), grad_at = act_at;
@@ -47,6 +52,21 @@ absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
   r.peak_activation_bytes.assign(k, 0);
   std::vector<double> clock(k, 0), held(k, 0);
   std::vector<size_t> pc(k, 0);
+  // Per stage: the index of its last B or W (after which its gradients are final; -1 =
+  // none), when its reduction ends, and how long its optimizer step waited for it.
+  std::vector<int> last_gradient(k, -1);
+  std::vector<double> reduce_end(k, 0), reduce_wait(k, 0);
+  const bool reduces = !costs.allreduce_stage_s.empty();
+  if (reduces) {
+    for (int s = 0; s < k; ++s) {
+      for (int i = 0; i < static_cast<int>(programs[s].actions.size()); ++i) {
+        const ActionKind kind = programs[s].actions[i].kind;
+        if (kind == ActionKind::kBackward || kind == ActionKind::kBackwardWeight) {
+          last_gradient[s] = i;
+        }
+      }
+    }
+  }
 
   // The simulator trusts a validated schedule for order, but never indexes out of range.
   for (int s = 0; s < k; ++s) {
@@ -113,6 +133,11 @@ absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
         held[s] -= c->stored_bytes + c->backward_extra_bytes + c->weight_grad_bytes;
         break;
       case ActionKind::kOptimizerStep:
+        // The step applies the reduced gradients: it waits for the stage's all-reduce.
+        if (last_gradient[s] >= 0 && reduce_end[s] > start) {
+          reduce_wait[s] = reduce_end[s] - start;
+          start = reduce_end[s];
+        }
         end = start + (costs.optimizer_stage_s.empty() ? costs.optimizer_s
                                                        : costs.optimizer_stage_s[s]);
         break;
@@ -124,6 +149,10 @@ absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
     }
     r.events.push_back({s, a, start, end});
     clock[s] = end;
+    if (static_cast<int>(pc[s]) == last_gradient[s]) {
+      reduce_end[s] = end + costs.allreduce_stage_s[s];
+      r.reductions.push_back({s, end, reduce_end[s], 0});
+    }
     return true;
   };
 
@@ -145,7 +174,26 @@ absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
   }
   std::stable_sort(r.events.begin(), r.events.end(),
                    [](const auto& a, const auto& b) { return a.stage < b.stage; });
+  // Without the reductions every stage would end as much earlier as its optimizer step
+  // waited: that step is each program's last action, so nothing else waited on them.
+  // A program without one (not a training step) still ends only once its reduction has.
+  for (int s = 0; s < k; ++s) {
+    r.step_time_without_reduction_s =
+        std::max(r.step_time_without_reduction_s, clock[s] - reduce_wait[s]);
+    if (last_gradient[s] >= 0) clock[s] = std::max(clock[s], reduce_end[s]);
+  }
   r.step_time_s = *std::max_element(clock.begin(), clock.end());
+  std::sort(r.reductions.begin(), r.reductions.end(),
+            [](const ReductionEvent& a, const ReductionEvent& b) { return a.stage < b.stage; });
+  for (ReductionEvent& e : r.reductions) {
+    const double length = e.end_s - e.start_s;
+    if (length <= 0) continue;
+    // How far this stage now ends past the step without reductions is what its
+    // reduction adds to the step (at most its whole length).
+    const double exposed =
+        std::clamp(clock[e.stage] - r.step_time_without_reduction_s, 0.0, length);
+    e.hidden_fraction = 1.0 - exposed / length;
+  }
   double busy = 0;
   for (double b : r.busy_s) busy += b;
   r.bubble_fraction = r.step_time_s > 0 ? 1.0 - busy / (k * r.step_time_s) : 0;

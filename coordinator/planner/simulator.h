@@ -3,6 +3,8 @@
 // the data arrives, then take recv_busy_s; a send occupies the sender for send_busy_s
 // and arrives the link's transfer time after it starts (a tensor may arrive before the
 // sender is done with it; links run in parallel, with no contention between messages).
+// With data-parallel replicas, each stage's gradient all-reduce runs on a lane of its own
+// from the end of its last backward (B or W) to the start of its optimizer step.
 #pragma once
 
 #include <functional>
@@ -40,6 +42,9 @@ struct CostModel {
   // the figures above (a value < 0 keeps them): one draw of a run whose action times
   // vary (planner/cost_fit.h).
   std::function<double(int stage, const schedule::Action& action)> draw_compute_s;
+  // Per stage, the all-reduce of its gradients between the R copies of the stage (R
+  // data-parallel replicas; planner.h's RingAllReduceSeconds). Empty: one replica.
+  std::vector<double> allreduce_stage_s;
 };
 
 // Forward 1, backward 2 (I 1, W 1) per stage, split evenly over v chunks; free
@@ -53,12 +58,31 @@ struct TimelineEvent {
   double end_s = 0;  // a receive lasts from when the stage starts waiting to arrival
 };
 
+// One stage's gradient all-reduce: on its own lane, from the end of the stage's last
+// B or W (its gradients are final) until done; the optimizer step waits for it, while
+// the stage's other actions (the last SEND_B) go on beside it.
+struct ReductionEvent {
+  int stage = 0;
+  double start_s = 0;
+  double end_s = 0;
+  // The part of its time that does not lengthen the step: 1 when the reduction ends
+  // before the step would have without any reduction (hidden behind other stages' tail),
+  // 0 when all of it adds to the step. 0 for a reduction of no time.
+  double hidden_fraction = 0;
+};
+
 struct SimulationResult {
   std::vector<TimelineEvent> events;  // every action, per stage in program order
   double step_time_s = 0;
   double bubble_fraction = 0;                 // 1 - compute time / (K * step time)
   std::vector<double> busy_s;                 // compute and optimizer time per stage
   std::vector<double> peak_activation_bytes;  // per stage
+  // With CostModel::allreduce_stage_s: one per stage that runs a backward, by stage.
+  std::vector<ReductionEvent> reductions;
+  // The step time the same run would have without any reduction (= step_time_s when
+  // there is none): the optimizer step ends every program, so a reduction delays only
+  // its own stage's optimizer step.
+  double step_time_without_reduction_s = 0;
 };
 
 // Errors: cost model shape mismatch, or a deadlock (validate the schedule first).
