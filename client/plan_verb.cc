@@ -63,8 +63,7 @@ int RunPlan(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       "while it runs): what would this model take with another schedule, K or M on the same\n"
       "hardware? With --replicas R (or pipeline.replicas) it plans R data-parallel copies of\n"
       "the pipeline: each takes batch_size / R sequences, and each stage's gradient ring\n"
-      "all-reduce between its R copies is part of the predicted step. The coordinator does\n"
-      "not run R > 1 yet; this only plans it.");
+      "all-reduce between its R copies is part of the predicted step.");
   flags.AddInt("stages", &stages, "K, number of stages (0 = from the spec)", "K");
   flags.AddInt("micro-batches", &micro_batches, "M, micro-batches per step (0 = from the spec)",
                "M");

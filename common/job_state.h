@@ -16,6 +16,11 @@ inline bool JobEnded(pipetrain::v1::JobStatus::State state) {
          state == pipetrain::v1::JobStatus::CANCELLED;
 }
 
+// The stage servers a job runs on: pipeline.replicas copies of pipeline.stages.
+inline int JobStageServers(const pipetrain::v1::JobSpec& spec) {
+  return std::max(1, spec.pipeline().replicas()) * spec.pipeline().stages();
+}
+
 // A job runs the training run's steps first_step .. JobLastStep: first_step is 1, or one
 // past the optimizer step of the checkpoint it started from (unset, 0, before it started
 // and in records of older coordinators: taken as 1).

@@ -137,7 +137,7 @@ absl::Status JobManager::CheckFits(const pb::JobSpec& spec) {
     memory.push_back(bytes == 0 ? std::numeric_limits<double>::infinity()
                                 : static_cast<double>(bytes));
   }
-  const int k = spec.pipeline().stages();
+  const int k = common::JobStageServers(spec);
   // Too few stages yet: it waits in the queue, but a spec the planner refuses fails now.
   if (static_cast<int>(memory.size()) < k) return planner::MakePlan(po).status();
   std::sort(memory.begin(), memory.end(), std::greater<>());
@@ -182,7 +182,7 @@ absl::StatusOr<std::string> JobManager::Submit(pb::JobSpec spec) {
     Enqueue(status);
     job = live_[id].get();
   }
-  const int free = registry_.FreeCount(), k = spec.pipeline().stages();
+  const int free = registry_.FreeCount(), k = common::JobStageServers(spec);
   if (free < k) {
     Log(job, absl::StrCat("queued: needs ", k, " free stages, ", free, " free of ",
                           registry_.LiveCount(), " registered"));
@@ -216,7 +216,7 @@ void JobManager::SchedulerLoop() {
     // Jobs a previous coordinator ran get their stages back first.
     for (auto it = queue_.begin(); it != queue_.end() && !stopping_ && resuming_ == 0;) {
       LiveJob* job = live_[*it].get();
-      const int k = job->status.spec().pipeline().stages();
+      const int k = common::JobStageServers(job->status.spec());
       std::optional<std::vector<StageRecord>> stages = registry_.Acquire(*it, k);
       if (!stages) {
         ++it;
@@ -305,7 +305,7 @@ void JobManager::ResumeAfterRestart(LiveJob* job) {
   LostRun run;
   run.job_id = id;
   run.spec = status.spec();
-  run.spec.mutable_pipeline()->set_stages(k);
+  run.spec.mutable_pipeline()->set_stages(k / std::max(1, run.spec.pipeline().replicas()));
   for (int i = 0; i < k; ++i) {
     if (found[i]) {
       run.stages.push_back(*found[i]);

@@ -138,7 +138,7 @@ JobRecovery::Source JobRecovery::FindState(const LostRun& run, std::vector<int>&
     listings.emplace_back();
     if (!snapshots) continue;
     absl::StatusOr<std::vector<SnapshotEntry>> listing =
-        ListEntries(client, run.job_id, static_cast<int>(run.stages.size()), absl::Seconds(10));
+        ListEntries(client, run.job_id, run.spec.pipeline().stages(), absl::Seconds(10));
     if (listing.ok()) {
       listings.back() = *std::move(listing);
     } else {
@@ -150,7 +150,8 @@ JobRecovery::Source JobRecovery::FindState(const LostRun& run, std::vector<int>&
 
   std::optional<RestoredState> snap;
   if (snapshots) {
-    const int k = static_cast<int>(run.stages.size());
+    // A pipeline's stages: with replicas, every replica's snapshots are of the same state.
+    const int k = run.spec.pipeline().stages();
     const int chunks = std::max(1, run.spec.pipeline().chunks());
     std::optional<SnapshotChoice> choice = ChooseSnapshotStep(listings, k, chunks, run.failed_step - 1);
     if (choice) {
@@ -216,7 +217,8 @@ std::optional<Continuation> JobRecovery::FindStages(const LostRun& run,
   };
   if (missing == 0) return with_replacements({});
   if (auto free = registry_.Acquire(run.job_id, missing, need)) return with_replacements(*free);
-  if (!survivors.empty()) {
+  // Re-planned on the survivors: a single pipeline only (replicas need whole copies).
+  if (!survivors.empty() && std::max(1, run.spec.pipeline().replicas()) == 1) {
     Continuation next;
     next.spec = run.spec;
     next.spec.mutable_pipeline()->set_stages(static_cast<int32_t>(survivors.size()));

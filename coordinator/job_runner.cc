@@ -72,9 +72,16 @@ class Runner {
   }
 
  private:
-  int K() const { return group_.size(); }
+  // A job of R data-parallel replicas runs on R x K stages: stage s of replica r is
+  // group index r * K + s; every replica runs the plan's K programs on its share of the
+  // batch, and the stages of one position average their gradients (stage runtime).
+  int K() const { return group_.size() / R(); }
+  int R() const { return std::max(1, spec_.pipeline().replicas()); }
+  int N() const { return group_.size(); }
+  int StageOf(int i) const { return i % K(); }
+  int ReplicaOf(int i) const { return i / K(); }
   bool Emulated() const {
-    for (int s = 0; s < K(); ++s) {
+    for (int s = 0; s < N(); ++s) {
       if (group_.stage(s).device.kind() == "emulated") return true;
     }
     return false;
@@ -83,16 +90,26 @@ class Runner {
 
   absl::Status Prepare() {
     ASSIGN_OR_RETURN(planner::PlanOptions po, planner::OptionsFromJobSpec(spec_));
-    std::vector<pb::DeviceInfo> devices;
-    for (int s = 0; s < K(); ++s) devices.push_back(group_.stage(s).device);
+    if (N() != R() * spec_.pipeline().stages()) {
+      return absl::InternalError(absl::StrCat("job ", job_id_, ": ", N(), " stages for ", R(),
+                                              " replicas of ", spec_.pipeline().stages()));
+    }
+    std::vector<pb::DeviceInfo> devices;  // every stage's: the cap is the least memory
+    for (int s = 0; s < N(); ++s) devices.push_back(group_.stage(s).device);
     SetCostsFromDevices(devices, po);
     ASSIGN_OR_RETURN(plan_, planner::MakePlan(po));
     // A short window follows a machine whose load changes (CPU stages sharing cores).
     measured_.emplace(K(), po.chunks, /*window=*/5);
     hooks_.log(absl::StrFormat(
         "planned %d stages, schedule %s, %d micro-batches of %d sequences; predicted bubble %.3f",
-        K(), spec_.pipeline().schedule(), po.micro_batches, po.batch_size / po.micro_batches,
-        plan_.simulation.bubble_fraction));
+        K(), spec_.pipeline().schedule(), po.micro_batches,
+        po.replica_batch_size() / po.micro_batches, plan_.simulation.bubble_fraction));
+    if (R() > 1) {
+      hooks_.log(absl::StrFormat(
+          "%d data-parallel replicas of the %d stages (%d stage servers; replica r's stage s "
+          "is stage r x %d + s), each on %d of the %d sequences a step",
+          R(), K(), N(), K(), po.replica_batch_size(), po.batch_size));
+    }
     for (int s = 0; s < K(); ++s) {
       std::string ranges;
       for (auto [b, e] : plan_.stages[s].layers) absl::StrAppend(&ranges, " [", b, ", ", e, ")");
@@ -125,12 +142,13 @@ class Runner {
 
   // Cuts a whole-model checkpoint into this plan's stages and chunks and loads each part.
   absl::Status ImportWhole(const model::Checkpoint& whole, const std::string& what) {
-    return group_.Run(0, what.c_str(), [&](int s) -> absl::Status {
+    return group_.Run(0, what.c_str(), [&](int i) -> absl::Status {
+      const int s = StageOf(i);  // every replica starts from the same state
       for (size_t c = 0; c < plan_.stages[s].layers.size(); ++c) {
         auto [b, e] = plan_.stages[s].layers[c];
         ASSIGN_OR_RETURN(model::Checkpoint part, model::SliceCheckpoint(whole, b, e));
         ASSIGN_OR_RETURN(std::string bytes, model::SerializeCheckpoint(part));
-        RETURN_IF_ERROR(group_.client(s).ImportChunk(job_id_, static_cast<int>(c), bytes,
+        RETURN_IF_ERROR(group_.client(i).ImportChunk(job_id_, static_cast<int>(c), bytes,
                                                      options_.rpc_deadline));
       }
       return absl::OkStatus();
@@ -141,16 +159,25 @@ class Runner {
     absl::BitGen gen;
     const std::string secret =
         absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(gen), absl::Uniform<uint64_t>(gen));
-    StageWiring wiring{job_id_, {}, secret, options_.recv_deadline_ms};
-    for (int s = 0; s < K(); ++s) wiring.addresses.push_back(group_.stage(s).address);
+    // Each replica is a pipeline of its own (its links and snapshot ring); the replicas
+    // of a stage position meet under a prefix no other run of the job uses.
+    std::vector<StageWiring> wiring(R(), StageWiring{job_id_, {}, secret, options_.recv_deadline_ms});
+    for (int i = 0; i < N(); ++i) wiring[ReplicaOf(i)].addresses.push_back(group_.stage(i).address);
+    const std::string prefix = absl::StrCat(job_id_, "/run-", secret.substr(0, 16));
     const pb::OptimizerConfig optimizer = OptimizerFromSpec(spec_.training());
-    return group_.Run(0, "configuring", [&](int s) -> absl::Status {
-      absl::StatusOr<pb::ConfigureResponse> r = group_.client(s).Configure(
-          BuildConfigureRequest(plan_, s, spec_.training().seed(), optimizer, wiring),
-          options_.rpc_deadline);
+    return group_.Run(0, "configuring", [&](int i) -> absl::Status {
+      pb::ConfigureRequest request = BuildConfigureRequest(
+          plan_, StageOf(i), spec_.training().seed(), optimizer, wiring[ReplicaOf(i)]);
+      if (R() > 1) {
+        request.set_replica(ReplicaOf(i));
+        request.set_replicas(R());
+        request.set_rendezvous_prefix(prefix);
+      }
+      absl::StatusOr<pb::ConfigureResponse> r =
+          group_.client(i).Configure(request, options_.rpc_deadline);
       if (!r.ok()) return r.status();
       hooks_.log(absl::StrFormat("%s configured: %.1f MiB of weights, %.1f MiB of optimizer state",
-                                 StageName(s), r->weight_bytes() / 1048576.0,
+                                 StageName(i), r->weight_bytes() / 1048576.0,
                                  r->optimizer_bytes() / 1048576.0));
       return absl::OkStatus();
     });
@@ -189,27 +216,35 @@ class Runner {
                                                             bool defer_optimizer = false,
                                                             bool snapshot = false) {
     const int M = plan_.options.micro_batches, T = plan_.options.model.seq_len;
-    const int rows = batch.rows / M;
-    std::vector<pb::RunStepResponse> out(K());
+    // Each replica's share of the batch (the whole batch with one).
+    std::vector<model::TokenBatch> shares;
+    for (int r = 0; r < R(); ++r) {
+      ASSIGN_OR_RETURN(model::TokenBatch share, model::ReplicaRows(batch, r, R()));
+      shares.push_back(std::move(share));
+    }
+    const int rows = shares[0].rows / M;
+    std::vector<pb::RunStepResponse> out(N());
     std::vector<absl::Status> st = group_.OnEveryStageCancellingOnError(
-        options_.step_deadline, [&](int s, grpc::ClientContext& ctx) -> absl::Status {
+        options_.step_deadline, [&](int i, grpc::ClientContext& ctx) -> absl::Status {
+          const int s = StageOf(i);
+          const model::TokenBatch& share = shares[ReplicaOf(i)];
           pb::RunStepRequest req;
           req.set_job_id(job_id_);
           req.set_step(step);
           *req.mutable_program() = schedule::ToProto(programs[s]);
           for (int mb = 0; mb < M; ++mb) {
             if (s == 0)
-              common::TensorToProto(model::MicroBatchRows(batch.inputs, mb, rows, T),
+              common::TensorToProto(model::MicroBatchRows(share.inputs, mb, rows, T),
                                     req.add_tokens());
             if (s == K() - 1) {
-              common::TensorToProto(model::MicroBatchRows(batch.targets, mb, rows, T),
+              common::TensorToProto(model::MicroBatchRows(share.targets, mb, rows, T),
                                     req.add_targets());
             }
           }
           req.set_lr(lr);
           req.set_defer_optimizer(defer_optimizer);
           req.set_snapshot(snapshot);
-          ASSIGN_OR_RETURN(out[s], group_.client(s).RunStep(ctx, req));
+          ASSIGN_OR_RETURN(out[i], group_.client(i).RunStep(ctx, req));
           return absl::OkStatus();
         });
     RETURN_IF_ERROR(group_.FirstError(st, step, what));
@@ -221,8 +256,10 @@ class Runner {
   // torch.nn.utils.clip_grad_norm_ on one device). Each optimizer action's timing joins
   // its stage's response, so the step's record and timeline show it.
   absl::Status ApplyOnAll(int64_t step, float lr, std::vector<pb::RunStepResponse>& responses) {
+    // After the replicas' averaging every replica holds the same gradients: one
+    // replica's stages make the whole model.
     double sum_sq = 0;
-    for (const pb::RunStepResponse& r : responses) sum_sq += r.grad_norm_sq();
+    for (int s = 0; s < K(); ++s) sum_sq += responses[s].grad_norm_sq();
     const double global_norm = std::sqrt(sum_sq);
     std::vector<absl::Status> st = group_.OnEveryStageCancellingOnError(
         options_.step_deadline, [&](int s, grpc::ClientContext& ctx) -> absl::Status {
@@ -275,7 +312,10 @@ class Runner {
     const Prediction predicted = Predict();
     // The first step warms links and buffer pools up: it would skew the costs.
     if (step > first_) {
-      if (absl::Status s = measured_->AddStep(timeline_); !s.ok()) {
+      // The costs are a pipeline's: replica 0's stages (the others run the same).
+      const std::vector<pb::RunStepResponse> one(responses.begin(), responses.begin() + K());
+      if (absl::Status s = measured_->AddStep(R() == 1 ? timeline_ : TimelineOf(step, one));
+          !s.ok()) {
         hooks_.log(absl::StrCat("step ", step, ": its timeline is not used for the fitted "
                                 "prediction: ", s.message()));
       }
@@ -355,6 +395,7 @@ class Runner {
     const int chunks = plan_.options.chunks;
     std::vector<std::vector<model::ChunkFile>> files(K());
     RETURN_IF_ERROR(group_.Run(step, "checkpointing", [&](int s) -> absl::Status {
+      if (s >= K()) return absl::OkStatus();  // the replicas hold the same state: one is saved
       for (int c = 0; c < static_cast<int>(plan_.stages[s].layers.size()); ++c) {
         ASSIGN_OR_RETURN(std::string bytes,
                          group_.client(s).ExportChunk(job_id_, c, options_.rpc_deadline));

@@ -22,18 +22,6 @@ constexpr float kDefaultBeta2 = 0.95f;
 constexpr float kDefaultWeightDecay = 0.1f;
 constexpr float kDefaultValidationFraction = 0.05f;
 
-// The job runner and the stage runtime do not run data-parallel replicas yet: a spec
-// with pipeline.replicas > 1 is planned (`pipetrain plan`) but refused at submit. Remove
-// this constant and RefuseReplicasNotYetRun once the runner runs R x K stages.
-constexpr int kMaxReplicasRunByThisCoordinator = 1;
-
-absl::Status RefuseReplicasNotYetRun(const pb::PipelineSpec& p) {
-  if (p.replicas() <= kMaxReplicasRunByThisCoordinator) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      "pipeline.replicas: data-parallel replicas are planned (`pipetrain plan`) but not yet "
-      "run by this coordinator (got ", p.replicas(), "; set 1 or leave it out)"));
-}
-
 absl::Status Invalid(absl::string_view field, absl::string_view problem) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", problem));
 }
@@ -205,8 +193,7 @@ absl::Status ValidateJobSpec(const pb::JobSpec& spec) {
                    absl::StrCat("must be in [0, 86400] seconds (got ", f.wait_for_stages_s(),
                                 ")"));
   }
-  // Last, so that a spec the planner would refuse says why first.
-  return RefuseReplicasNotYetRun(spec.pipeline());
+  return absl::OkStatus();
 }
 
 }  // namespace pipetrain::coordinator

@@ -40,7 +40,7 @@ pb::ConfigureRequest BuildConfigureRequest(const planner::Plan& plan, int stage,
     r.set_downstream_address(wiring.addresses[(stage + 1) % K]);
   }
   r.set_recompute(plan.options.recompute);
-  r.set_micro_batch_size(plan.options.batch_size / plan.options.micro_batches);
+  r.set_micro_batch_size(plan.options.replica_batch_size() / plan.options.micro_batches);
   r.set_peer_secret(wiring.peer_secret);
   r.set_recv_deadline_ms(wiring.recv_deadline_ms);
   if (plan.options.snapshots) {

@@ -184,7 +184,7 @@ TEST(CliPlanTest, BadSpecsExitTwoNamingTheField) {
   EXPECT_EQ(Cli({"plan", "--help"}, &out, &err), kExitOk);
   EXPECT_THAT(out, HasSubstr("--equal-stage-cost"));
   EXPECT_THAT(out, HasSubstr("--replicas"));
-  EXPECT_THAT(out, HasSubstr("does\nnot run R > 1 yet"));
+  EXPECT_THAT(out, HasSubstr("gradient ring\nall-reduce between its R copies"));
 }
 
 }  // namespace

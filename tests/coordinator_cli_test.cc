@@ -2,8 +2,7 @@
 // cancel keeps a checkpoint, logs and list tell of it, `pipetrain resume` continues it;
 // the API serves the same records; bad specs, unknown ids and unreachable coordinators
 // get their exit codes; a model too big for the stages is refused naming the memory;
-// GET /metrics agrees with `pipetrain status`; the coordinator refuses pipeline.replicas > 1
-// (planned, not yet run) over its own RPC.
+// GET /metrics agrees with `pipetrain status`.
 #include <map>
 #include <ostream>
 #include <string>
@@ -149,13 +148,10 @@ const BadRequest kBadRequests[] = {
      .args = {"submit", "SPEC", "--set", "training.batch_size=10"},
      .exit_code = 2,
      .says = "training.batch_size"},
-    // Planned by `pipetrain plan`, but the runner does not run replicas yet.
-    {.name = "ReplicasNotYetRun",
-     .args = {"submit", "SPEC", "--set", "pipeline.replicas=2", "--set",
-              "training.batch_size=8", "--set", "pipeline.micro_batches=2"},
+    {.name = "ReplicasThatDoNotSplitTheBatch",
+     .args = {"submit", "SPEC", "--set", "pipeline.replicas=3"},
      .exit_code = 2,
-     .says = "pipeline.replicas: data-parallel replicas are planned (`pipetrain plan`) but not "
-             "yet run by this coordinator"},
+     .says = "is not divisible by pipeline.replicas 3"},
     {.name = "MissingCorpus",
      .args = {"submit", "SPEC", "--set", "data.corpus=/no/such/file"},
      .exit_code = 2,
@@ -206,42 +202,6 @@ INSTANTIATE_TEST_SUITE_P(BadRequests, CoordinatorExitCodeTest, ::testing::Values
                          [](const ::testing::TestParamInfo<BadRequest>& info) {
                            return info.param.name;
                          });
-
-// The coordinator itself, not only the CLI's own check, refuses replicas it cannot run
-// yet, and stores no job for the spec.
-TEST_F(CoordinatorCliTest, TheCoordinatorRefusesReplicasAtSubmit) {
-  json spec = spec_;
-  spec["pipeline"]["replicas"] = 2;
-  spec["pipeline"]["micro_batches"] = 2;
-  spec["training"]["batch_size"] = 8;
-  auto parsed = coordinator::ParseJobSpec(spec.dump());
-  ASSERT_TRUE(parsed.ok()) << parsed.status();
-  // The ids of the stored jobs (other tests' jobs may still be running).
-  auto list = [&] {
-    std::vector<std::string> ids;
-    auto r = c_->Cli({"list", "--json"});
-    EXPECT_TRUE(r.ok() && r->exit_code == 0);
-    if (!r.ok()) return ids;
-    const json jobs = json::parse(r->out, nullptr, false);
-    if (jobs.is_discarded() || !jobs.contains("jobs")) return ids;
-    for (const json& j : jobs["jobs"]) ids.push_back(j.value("job_id", ""));
-    return ids;
-  };
-  const std::vector<std::string> before = list();
-  auto stub = v1::Coordinator::NewStub(
-      grpc::CreateChannel(c_->address(), grpc::InsecureChannelCredentials()));
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + 30s);
-  v1::SubmitJobRequest request;
-  *request.mutable_spec() = *parsed;
-  v1::SubmitJobResponse response;
-  const grpc::Status st = stub->SubmitJob(&context, request, &response);
-  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
-  EXPECT_THAT(st.error_message(),
-              HasSubstr("pipeline.replicas: data-parallel replicas are planned (`pipetrain "
-                        "plan`) but not yet run by this coordinator"));
-  EXPECT_EQ(list(), before);
-}
 
 // A cluster of its own: its stages report a memory limit.
 using CoordinatorMemoryTest = testing::ClusterJobTest;

@@ -110,6 +110,46 @@ INSTANTIATE_TEST_SUITE_P(Schedules, CoordinatorPipelineTest, ::testing::Values("
                            return std::string(info.param);
                          });
 
+// Data-parallel replicas (R x K stage servers): R copies of the pipeline on their shares
+// of each step's batch, averaging their gradients (gloo) before the optimizer, give the
+// losses of one stage, for every schedule; R = 4 on one stage each too.
+class CoordinatorReplicasTest : public CoordinatorClusterTest,
+                                public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(CoordinatorReplicasTest, TwoReplicasOfTwoStagesGiveTheLossesOfOne) {
+  const std::vector<double> ref = ReferenceLosses();
+  ASSERT_EQ(ref.size(), 4u);
+  std::vector<std::string> sets = {"pipeline.replicas=2", "pipeline.stages=2",
+                                   absl::StrCat("pipeline.schedule=", GetParam()),
+                                   "pipeline.micro_batches=2"};
+  if (std::string(GetParam()) == "interleaved") sets.push_back("pipeline.chunks=2");
+  const json s = Status(*c_, FinishedJob(sets));
+  EXPECT_EQ(s["state"], "SUCCEEDED") << s.dump();
+  EXPECT_EQ(s["stage_ids"].size(), 4u);
+  EXPECT_TRUE(LossesMatch(Losses(s), ref));
+}
+
+INSTANTIATE_TEST_SUITE_P(Schedules, CoordinatorReplicasTest,
+                         ::testing::Values("gpipe", "1f1b", "interleaved", "zb-h1"),
+                         [](const ::testing::TestParamInfo<const char*>& info) {
+                           std::string n = info.param;
+                           for (char& ch : n) if (ch == '-') ch = '_';
+                           return n;
+                         });
+
+TEST_F(CoordinatorClusterTest, FourReplicasOfOneStageGiveTheLossesOfOne) {
+  const std::vector<double> ref = ReferenceLosses();
+  ASSERT_EQ(ref.size(), 4u);
+  const json s = Status(*c_, FinishedJob({"pipeline.replicas=4", "pipeline.micro_batches=2"}));
+  EXPECT_EQ(s["state"], "SUCCEEDED") << s.dump();
+  EXPECT_EQ(s["stage_ids"].size(), 4u);
+  EXPECT_TRUE(LossesMatch(Losses(s), ref));
+  // Validation runs on every replica's share of the held-out batch: the same loss.
+  const json reference = Status(*c_, Reference());
+  EXPECT_NEAR(s["history"][3]["val_loss"].get<double>(),
+              reference["history"][3]["val_loss"].get<double>(), 1e-5);
+}
+
 // A job started from the step-2 checkpoint of the reference runs its steps 3 and 4
 // exactly (weights, AdamW state, data position and the warm-up all carry over).
 TEST_F(CoordinatorClusterTest, AJobFromACheckpointContinuesItsLosses) {

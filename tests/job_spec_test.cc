@@ -335,19 +335,14 @@ TEST(JobSpecTest, ClippingIsFineOnAnyNumberOfStages) {
   }
 }
 
-// Until the runner runs replicas, a spec that is right in every other way is refused
-// for its replicas alone, and one replica (set or left out) is as before.
-TEST(JobSpecTest, ReplicasArePlannedButRefusedAtSubmit) {
+// Replicas that split the batch evenly are accepted; a bad split names the counts.
+TEST(JobSpecTest, ReplicasThatSplitTheBatchAreAccepted) {
   pb::JobSpec spec = Example();  // batch 16, M 8
   EXPECT_THAT(ValidateJobSpec(spec), IsOk()) << "replicas left out";
   spec.mutable_pipeline()->set_replicas(1);
   EXPECT_THAT(ValidateJobSpec(spec), IsOk()) << "replicas 1";
   spec.mutable_pipeline()->set_replicas(2);  // 16 = 2 x 8: a good split
-  EXPECT_THAT(ValidateJobSpec(spec),
-              StatusIs(kInvalid, HasSubstr("pipeline.replicas: data-parallel replicas are "
-                                           "planned (`pipetrain plan`) but not yet run by this "
-                                           "coordinator")));
-  // A bad split says so rather than the refusal.
+  EXPECT_THAT(ValidateJobSpec(spec), IsOk()) << "replicas 2";
   spec.mutable_pipeline()->set_replicas(4);  // 16 / (4 x 8)
   EXPECT_THAT(ValidateJobSpec(spec),
               StatusIs(kInvalid, HasSubstr("training.batch_size: 16 is not divisible by "
