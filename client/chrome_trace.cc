@@ -77,6 +77,17 @@ std::string TimelineToChromeTrace(const pb::Timeline& timeline) {
                         {"args", {{"step", e.step()}, {"micro_batch", e.action().micro_batch()},
                                   {"chunk", e.action().chunk()}}}});
     }
+    // The data-parallel replicas' gradient all-reduce an optimizer step begins with.
+    if (e.reduce_us() > 0) {
+      events.push_back({{"name", "allreduce"},
+                        {"cat", "collective"},
+                        {"ph", "X"},
+                        {"pid", e.stage()},
+                        {"tid", kComputeTid},
+                        {"ts", start},
+                        {"dur", std::min(e.reduce_us(), std::max<int64_t>(0, e.end_us() - e.start_us()))},
+                        {"args", {{"step", e.step()}}}});
+    }
   }
   nlohmann::json trace;
   trace["traceEvents"] = std::move(events);

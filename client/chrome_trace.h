@@ -14,7 +14,8 @@ namespace pipetrain::client {
 // "SEND_B2@1", args {step, micro_batch, chunk, bytes}), and ph "M" metadata naming each
 // process "stage S" and its threads. Each step starts where the previous steps' latest
 // action ended. Events of another lane go to the compute thread. A backward that re-ran
-// its forward (recompute_us) holds a nested "recompute" span at its start.
+// its forward (recompute_us) holds a nested "recompute" span at its start, and an
+// optimizer step of data-parallel replicas (reduce_us) a nested "allreduce" span.
 std::string TimelineToChromeTrace(const pipetrain::v1::Timeline& timeline);
 
 }  // namespace pipetrain::client

@@ -83,6 +83,7 @@ std::vector<pb::TimelineEvent> TimelineOf(int64_t step,
       e.set_end_us(t.end_us());
       e.set_bytes(t.bytes());
       e.set_recompute_us(t.recompute_us());
+      e.set_reduce_us(t.reduce_us());
     }
   }
   return events;

@@ -132,6 +132,7 @@ absl::StatusOr<StepResult> Executor::RunStep(const schedule::StageProgram& progr
       // The tied gradients are summed first: the norm and the update need the sum.
       if (config_.tie_embeddings) failure = SumTiedGradients(st);
       // The norm and the update need the replicas' mean gradient.
+      const absl::Time reduce_start = absl::Now();
       for (auto& chunk : chunks_) {
         if (!failure.ok() || !config_.average_gradients) break;
         failure = chunk->ReduceGradients(config_.average_gradients);
@@ -142,6 +143,9 @@ absl::StatusOr<StepResult> Executor::RunStep(const schedule::StageProgram& progr
                                               ": averaging the gradients over the replicas: ",
                                               failure.message()));
         }
+      }
+      if (config_.average_gradients) {
+        t.reduce_us = absl::ToInt64Microseconds(absl::Now() - reduce_start);
       }
       for (auto& chunk : chunks_) {
         if (!failure.ok()) break;
@@ -165,6 +169,7 @@ absl::StatusOr<StepResult> Executor::RunStep(const schedule::StageProgram& progr
       st.peak_bytes = std::max(st.peak_bytes, total);
     }
     t.end_us = absl::ToInt64Microseconds(absl::Now() - st.start);
+    t.reduce_us = std::min(t.reduce_us, std::max<int64_t>(t.end_us - t.start_us, 0));
     if (s.ok() && schedule::ProducesInputGradient(a.kind)) {
       // Never more than the action itself: both are truncated to microseconds.
       const auto recompute =

@@ -67,6 +67,8 @@ struct ActionTiming {
   // Of a B or I, the time inside [start_us, end_us] (at its start) spent re-running the
   // forward (ChunkCompute::LastRecomputeSeconds); 0 for every other action.
   int64_t recompute_us = 0;
+  // Of an OPT action, the replicas' gradient averaging at its start (0 with one replica).
+  int64_t reduce_us = 0;
 };
 
 struct StepResult {

@@ -79,6 +79,26 @@ TEST(ChromeTraceTest, ARecomputingBackwardHoldsANestedRecomputeSpan) {
   EXPECT_EQ(spans[2]["name"], "F5");
 }
 
+TEST(ChromeTraceTest, AReplicasOptimizerStepHoldsANestedAllReduceSpan) {
+  pb::Timeline t;
+  pb::TimelineEvent opt = Event(2, 0, pb::OPTIMIZER_STEP, 0, 0, "compute", 600, 900);
+  opt.set_reduce_us(200);
+  *t.add_events() = opt;
+  *t.add_events() = Event(2, 1, pb::OPTIMIZER_STEP, 0, 0, "compute", 600, 700);  // R = 1
+  const nlohmann::json trace = Trace(t);
+  std::vector<nlohmann::json> spans;
+  for (const auto& e : trace["traceEvents"]) {
+    if (e["ph"] == "X") spans.push_back(e);
+  }
+  ASSERT_EQ(spans.size(), 3u);
+  EXPECT_EQ(spans[0]["name"], "OPT");
+  EXPECT_EQ(spans[1]["name"], "allreduce");
+  EXPECT_EQ(spans[1]["ts"], 600);
+  EXPECT_EQ(spans[1]["dur"], 200);
+  EXPECT_EQ(spans[1]["pid"], 0);
+  EXPECT_EQ(spans[2]["name"], "OPT");
+}
+
 TEST(ChromeTraceTest, MetadataNamesEveryStageAndBothLanes) {
   pb::Timeline t;
   *t.add_events() = Event(1, 0, pb::FORWARD, 0, 0, "compute", 0, 5);

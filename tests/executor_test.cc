@@ -456,6 +456,16 @@ TEST(ExecutorTest, ReplicasAveragingTheirGradientsTrainAsOneOnTheWholeBatch) {
     const double tolerance = step == 1 ? 0.0 : 1e-5;
     EXPECT_NEAR(got[0]->losses[0], want->losses[0], tolerance);
     EXPECT_NEAR(got[1]->losses[1], want->losses[3], tolerance);
+    // The optimizer step reports its averaging, within its own time; no other action.
+    for (const ActionTiming& t : got[0]->timings) {
+      if (t.action.kind == schedule::ActionKind::kOptimizerStep) {
+        EXPECT_GT(t.reduce_us, 0);
+        EXPECT_LE(t.reduce_us, t.end_us - t.start_us);
+      } else {
+        EXPECT_EQ(t.reduce_us, 0);
+      }
+    }
+    for (const ActionTiming& t : want->timings) EXPECT_EQ(t.reduce_us, 0) << "one replica";
     const auto w0 = Weights(*replicas[0].executor), w1 = Weights(*replicas[1].executor);
     EXPECT_TRUE(w0 == w1) << "the replicas' weights drifted apart";
     const auto ref = Weights(*whole.executor);
