@@ -1,0 +1,41 @@
+// What the job manager's two files share (job_manager.cc: the API, queue and stages;
+// job_driver.cc: running a job and restarting it): the live job and two small helpers.
+// Internal to the coordinator library.
+#pragma once
+
+#include <atomic>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "coordinator/job_events.h"
+#include "coordinator/job_manager.h"
+#include "google/protobuf/timestamp.pb.h"
+#include "pipetrain/v1/job.pb.h"
+
+namespace pipetrain::coordinator {
+
+struct JobManager::LiveJob {
+  pipetrain::v1::JobStatus status;  // guarded by JobManager::mu_
+  JobEvents events;
+  std::atomic<bool> cancel{false};
+  std::thread thread;
+};
+
+inline void SetNow(google::protobuf::Timestamp* t) {
+  const absl::Duration since = absl::Now() - absl::UnixEpoch();
+  const int64_t us = absl::ToInt64Microseconds(since);
+  t->set_seconds(us / 1000000);
+  t->set_nanos(static_cast<int32_t>(us % 1000000) * 1000);
+}
+
+// What a user does about a job the coordinator's stop interrupted: `pipetrain resume`
+// continues it from its latest checkpoint (nothing to add without one).
+inline std::string ResumeHint(const std::string& job_id, const std::string& checkpoint_dir) {
+  if (checkpoint_dir.empty()) return "";
+  return absl::StrCat("; continue it with 'pipetrain resume ", job_id, "' (from ", checkpoint_dir,
+                      ")");
+}
+
+}  // namespace pipetrain::coordinator
