@@ -2,9 +2,9 @@
 
 #include <string>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/job_state.h"
+#include "common/model/checkpoint_folder.h"
 
 namespace pipetrain::client {
 
@@ -34,14 +34,13 @@ absl::StatusOr<pb::JobSpec> ResumeSpec(const pb::JobStatus& job) {
             "submit its spec again (checkpoint.every_steps makes checkpoints more often)"));
   }
   // The coordinator names checkpoints DIR/step-N, N the training run's step.
-  const size_t slash = dir.find_last_of('/');
-  const std::string base = dir.substr(slash == std::string::npos ? 0 : slash + 1);
-  int64_t step = 0;
-  if (base.rfind("step-", 0) != 0 || !absl::SimpleAtoi(base.substr(5), &step) || step < 0) {
+  const std::optional<int64_t> found = model::CheckpointFolderStep(dir);
+  if (!found) {
     return absl::InvalidArgumentError(absl::StrCat(
         id, ": cannot tell the step of checkpoint '", dir,
         "' (expected a folder named step-N); submit with --init-from it instead"));
   }
+  const int64_t step = *found;
   // Both count the training run's steps: the job ran first_step .. its last step.
   const int64_t planned = common::JobLastStep(job);
   if (step >= planned) {

@@ -254,9 +254,8 @@ void JobManager::Drive(LiveJob* job, std::vector<StageRecord> stages,
       job->status.set_checkpoint_dir(saved);
     }
     if (!next.ok()) {
-      out.state = job->cancel.load() ? pb::JobStatus::CANCELLED
-                  : shutting_down_.load() ? pb::JobStatus::CANCELLED
-                                          : pb::JobStatus::FAILED;
+      out.state = job->cancel.load() || shutting_down_.load() ? pb::JobStatus::CANCELLED
+                                                               : pb::JobStatus::FAILED;
       out.reason = std::string(next.status().message());
       out.lost_stage_ids.clear();  // marked lost by the recovery already
       break;

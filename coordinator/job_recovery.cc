@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/model/checkpoint_folder.h"
 #include "common/status_macros.h"
+#include "coordinator/job_manager_internal.h"
 #include "coordinator/job_spec.h"
 #include "coordinator/planner/planner.h"
 #include "coordinator/snapshot_choice.h"
@@ -21,18 +21,9 @@ namespace pb = ::pipetrain::v1;
 
 // The step of a checkpoint folder the runner named ROOT/step-N; 0 for none.
 int64_t CheckpointStep(const std::string& dir) {
-  const size_t slash = dir.find_last_of('/');
-  const std::string base = dir.substr(slash == std::string::npos ? 0 : slash + 1);
-  int64_t step = 0;
-  if (base.rfind("step-", 0) != 0 || !absl::SimpleAtoi(base.substr(5), &step)) return 0;
-  return std::max<int64_t>(step, 0);
+  return model::CheckpointFolderStep(dir).value_or(0);
 }
 
-void SetNow(google::protobuf::Timestamp* t) {
-  const int64_t us = absl::ToUnixMicros(absl::Now());
-  t->set_seconds(us / 1000000);
-  t->set_nanos(static_cast<int32_t>(us % 1000000) * 1000);
-}
 
 std::string Stages(size_t n) { return absl::StrCat(n, n == 1 ? " stage" : " stages"); }
 

@@ -217,5 +217,15 @@ TEST(CheckpointFolderWriteTest, TemporaryFolderNamesAreRecognised) {
   EXPECT_FALSE(IsTemporaryCheckpointFolder("step-17"));
 }
 
+// The step of a folder named step-N, for resume and recovery; nothing else is one.
+TEST(CheckpointFolderStepTest, ReadsTheStepOfStepNFoldersOnly) {
+  EXPECT_EQ(CheckpointFolderStep("/state/checkpoints/job-000001/step-40"), 40);
+  EXPECT_EQ(CheckpointFolderStep("step-0"), 0);
+  EXPECT_EQ(CheckpointFolderStep("/x/step-7.tmp-ab12cd"), std::nullopt);
+  EXPECT_EQ(CheckpointFolderStep("/x/step--3"), std::nullopt);
+  EXPECT_EQ(CheckpointFolderStep("/x/model"), std::nullopt);
+  EXPECT_EQ(CheckpointFolderStep(""), std::nullopt);
+}
+
 }  // namespace
 }  // namespace pipetrain::model

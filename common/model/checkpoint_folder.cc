@@ -14,6 +14,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
 #include "common/model/hf_gpt2.h"
@@ -112,6 +114,15 @@ absl::Status ReplaceFolder(const std::string& dir, const std::string& folder,
 }
 
 }  // namespace
+
+std::optional<int64_t> CheckpointFolderStep(absl::string_view dir) {
+  const size_t slash = dir.find_last_of('/');
+  absl::string_view base = dir.substr(slash == absl::string_view::npos ? 0 : slash + 1);
+  int64_t step = 0;
+  if (!absl::ConsumePrefix(&base, "step-")) return std::nullopt;
+  if (!absl::SimpleAtoi(base, &step) || step < 0) return std::nullopt;
+  return step;
+}
 
 bool IsTemporaryCheckpointFolder(absl::string_view name) {
   return absl::StrContains(name, kTemporaryInfix);

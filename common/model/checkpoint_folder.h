@@ -5,6 +5,8 @@
 // file) cut into the layer ranges of a new job's stages for `submit --init-from`.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,6 +37,10 @@ absl::Status WriteCheckpointFolder(const std::string& dir, const std::vector<Chu
 // ("step-7.tmp-Ab12Cd"): a folder being written, or left by a crash. Whoever scans a
 // checkpoints folder for step-N folders must skip these.
 bool IsTemporaryCheckpointFolder(absl::string_view name);
+
+// N of a checkpoint folder the coordinator named DIR/step-N (N the training run's step,
+// >= 0); nullopt for any other name.
+std::optional<int64_t> CheckpointFolderStep(absl::string_view dir);
 
 // A whole-model checkpoint from a folder with model.safetensors.index.json (every
 // file it names, merged), from a Hugging Face GPT-2 folder (hf_gpt2.h: IsHfFolder,
