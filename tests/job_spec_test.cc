@@ -139,6 +139,14 @@ TEST(JobSpecTest, DefaultsFillOnlyWhatIsUnset) {
   EXPECT_EQ(d.pipeline().recompute(), "never");
   EXPECT_EQ(d.pipeline().micro_batches(), 3);
   EXPECT_EQ(d.pipeline().replicas(), 1);
+  EXPECT_EQ(d.checkpoint().snapshot_every_steps(), 1);
+  EXPECT_EQ(d.fault_tolerance().max_restarts(), 3);
+  EXPECT_EQ(d.fault_tolerance().wait_for_stages_s(), 60);
+  // An explicit 0 is kept: no restarts, no snapshots.
+  spec.mutable_fault_tolerance()->set_max_restarts(0);
+  spec.mutable_checkpoint()->set_snapshot_every_steps(0);
+  EXPECT_EQ(WithDefaults(spec).fault_tolerance().max_restarts(), 0);
+  EXPECT_EQ(WithDefaults(spec).checkpoint().snapshot_every_steps(), 0);
   EXPECT_FLOAT_EQ(d.training().beta1(), 0.9f);
   EXPECT_FLOAT_EQ(d.training().beta2(), 0.95f);
   EXPECT_FLOAT_EQ(d.training().weight_decay(), 0.1f);
@@ -302,6 +310,15 @@ TEST(JobSpecTest, EveryValidationRuleNamesItsField) {
        "data.validate_every_steps"},
       {"checkpoint", [](pb::JobSpec& s) { s.mutable_checkpoint()->set_every_steps(-1); },
        "checkpoint.every_steps"},
+      {"snapshots", [](pb::JobSpec& s) { s.mutable_checkpoint()->set_snapshot_every_steps(-2); },
+       "checkpoint.snapshot_every_steps: must be >= 0 (got -2)"},
+      {"restarts", [](pb::JobSpec& s) { s.mutable_fault_tolerance()->set_max_restarts(-1); },
+       "fault_tolerance.max_restarts: must be in [0, 1000] (got -1)"},
+      {"restarts too many",
+       [](pb::JobSpec& s) { s.mutable_fault_tolerance()->set_max_restarts(1001); },
+       "fault_tolerance.max_restarts: must be in [0, 1000] (got 1001)"},
+      {"wait", [](pb::JobSpec& s) { s.mutable_fault_tolerance()->set_wait_for_stages_s(-5); },
+       "fault_tolerance.wait_for_stages_s: must be in [0, 86400] seconds (got -5)"},
       {"replicas negative", [](pb::JobSpec& s) { s.mutable_pipeline()->set_replicas(-1); },
        "pipeline.replicas: must be in [1, 1024] (got -1)"},
       {"replicas too many", [](pb::JobSpec& s) { s.mutable_pipeline()->set_replicas(1025); },
