@@ -55,7 +55,9 @@ class Runner {
       steps_done_ = step;
       if (every > 0 && step % every == 0 && step != last_) {
         if (absl::Status s = Checkpoint(step); !s.ok()) {
-          // The training is healthy and the newest complete checkpoint stays valid (a
+          // A stage that stopped answering is lost: recover now, not at the next step.
+          if (!group_.lost().empty()) return Fail(s);
+          // Otherwise the training is healthy and the newest complete checkpoint stays valid (a
           // failed one leaves no folder): only the job's last checkpoint must succeed.
           hooks_.log(absl::StrCat("warning: ", s.message(), "; the job goes on and tries "
                                   "again at the next checkpoint"));

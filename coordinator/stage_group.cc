@@ -1,5 +1,6 @@
 #include "coordinator/stage_group.h"
 
+#include <algorithm>
 #include <mutex>
 #include <thread>
 
@@ -78,7 +79,9 @@ absl::Status StageGroup::FirstError(const std::vector<absl::Status>& st, int64_t
   absl::Status status = AttributeError(
       st, step, what, [&](int s) { return StageName(s); },
       [&](int s) { return clients_[s]->Ping(absl::Seconds(3)).ok(); }, &lost);
-  if (lost >= 0) lost_.push_back(stages_[lost].stage_id);
+  if (lost >= 0 && std::find(lost_.begin(), lost_.end(), stages_[lost].stage_id) == lost_.end()) {
+    lost_.push_back(stages_[lost].stage_id);
+  }
   return status;
 }
 

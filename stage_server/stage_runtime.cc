@@ -48,6 +48,17 @@ absl::StatusOr<std::string> SerializeChunk(BackendChunk& chunk) {
   return model::SerializeCheckpoint(ckpt);
 }
 
+// The link this stage accepts from its upstream neighbour.
+PeerLinkOptions UpstreamLinkOptions(const JobConfig& config) {
+  PeerLinkOptions o;
+  o.job_id = config.job_id;
+  o.local_stage = config.stage;
+  o.peer_stage = (config.stage + config.num_stages - 1) % config.num_stages;
+  o.peer_address = config.upstream_address;
+  o.frame_bytes = config.frame_bytes;
+  return o;
+}
+
 bool HasOptimizerStep(const schedule::StageProgram& program) {
   for (const schedule::Action& a : program.actions) {
     if (a.kind == schedule::ActionKind::kOptimizerStep) return true;
@@ -66,8 +77,25 @@ StageRuntime::~StageRuntime() {
 }
 
 void StageRuntime::AbortRunningStep() {
-  absl::MutexLock lock(&links_mu_);
-  for (PeerLink* link : links_) link->Close();  // idempotent; fails its waits at once
+  {
+    absl::MutexLock lock(&links_mu_);
+    for (PeerLink* link : links_) link->Close();  // idempotent; fails its waits at once
+  }
+  // A step still waiting for its upstream neighbour to connect stops waiting too.
+  std::string job_id;
+  {
+    absl::MutexLock lock(&job_id_mu_);
+    job_id = job_id_;
+  }
+  if (!job_id.empty()) acceptor_.Forget(job_id);
+}
+
+void StageRuntime::DropLink(std::unique_ptr<PeerLink>& link) {
+  {
+    absl::MutexLock lock(&links_mu_);
+    links_.erase(std::remove(links_.begin(), links_.end(), link.get()), links_.end());
+  }
+  link.reset();
 }
 
 void StageRuntime::ForgetLinks() {
@@ -197,15 +225,7 @@ absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config)
       chunks.push_back(std::move(backend_chunk));
     }
   }
-  if (job->has_prev) {
-    PeerLinkOptions o;
-    o.job_id = config.job_id;
-    o.local_stage = config.stage;
-    o.peer_stage = (config.stage + K - 1) % K;
-    o.peer_address = config.upstream_address;
-    o.frame_bytes = config.frame_bytes;
-    acceptor_.Expect(o, config.peer_secret);
-  }
+  if (job->has_prev) acceptor_.Expect(UpstreamLinkOptions(config), config.peer_secret);
   ExecutorConfig ec;
   ec.job_id = config.job_id;
   ec.stage = config.stage;
@@ -321,9 +341,13 @@ absl::StatusOr<StepReport> StageRuntime::RunStep(StepRequest request) {
   // Before any link work: the pending optimizer step must be applied first.
   RETURN_IF_ERROR(job.executor->CheckNoPendingOptimizer(absl::StrCat("step ", request.step)));
   job.snapshot_after_apply.reset();
-  // A failed link is rebuilt at the next step rather than leaving the stage stuck.
-  if (job.next && !job.next->status().ok()) job.next.reset();
-  if (job.prev && !job.prev->status().ok()) job.prev.reset();
+  // A failed link is rebuilt at the next step rather than leaving the stage stuck: the
+  // upstream neighbour connects again, so it is expected again.
+  if (job.next && !job.next->status().ok()) DropLink(job.next);
+  if (job.prev && !job.prev->status().ok()) {
+    DropLink(job.prev);
+    acceptor_.Expect(UpstreamLinkOptions(job.config), job.config.peer_secret);
+  }
   if (absl::Status s = EnsureLinks(job); !s.ok()) {
     return absl::Status(s.code(), absl::StrCat("step ", request.step, " of job '",
                                                request.job_id, "' stage ", job.config.stage,

@@ -182,6 +182,8 @@ class StageRuntime {
   // Closes the configured job's links, so that a step waiting on them fails at once.
   void AbortRunningStep() ABSL_LOCKS_EXCLUDED(links_mu_);
   void ForgetLinks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) ABSL_LOCKS_EXCLUDED(links_mu_);
+  // Destroys a job's link, first taking it out of links_ (AbortRunningStep closes those).
+  void DropLink(std::unique_ptr<PeerLink>& link) ABSL_LOCKS_EXCLUDED(links_mu_);
   // The configured job's links (owned by job_), reachable without mu_: Configure
   // breaks a running step with them. Cleared before job_ goes.
   absl::Mutex links_mu_;  // never held across a step

@@ -5,7 +5,7 @@
 // (forward-only step) between training steps reports the reference's losses and
 // changes nothing. Faults: a neighbour killed mid-step fails the
 // step with UNAVAILABLE naming it, within the deadline, and the survivor serves the
-// next job; a job over the memory limit is refused before anything is allocated; a
+// next job (also a downstream survivor whose next step waits for the lost upstream); a job over the memory limit is refused before anything is allocated; a
 // deferred optimizer step waits for ApplyOptimizer and blocks the job's other calls.
 // Snapshots: K = 3 stages keep their own and their predecessor's two newest steps,
 // equal to ExportChunk's bytes, listed while a step waits on a dead neighbour; a wrong
@@ -380,6 +380,72 @@ TEST(StageFaultTest, AKilledNeighbourFailsTheStepWithUnavailableNotAHang) {
   std::vector<Stage> one;
   one.push_back(std::move(stages[0]));
   for (const grpc::Status& s : RunStep(solo, "after-fault", 0, one, out)) EXPECT_TRUE(s.ok()) << s.error_message();
+  one[0].process->Signal(SIGTERM);
+  EXPECT_TRUE(one[0].process->Wait(20s).ok());
+}
+
+// The downstream survivor of a killed upstream stage: its next step waits for the
+// upstream to connect again (a failed link is rebuilt), and a Configure for the next
+// job ends that wait at once and is served, not a crash or a 20 s hang.
+TEST(StageFaultTest, AfterItsUpstreamDiesAWaitingStepEndsAtConfigureAndTheStageServes) {
+  std::vector<Stage> stages;
+  stages.push_back(StartStage());
+  stages.push_back(StartStage());
+  const planner::Plan plan = MakeTestPlan(planner::ScheduleKind::kOneFOneB, 2, 1, pb::RECOMPUTE_NEVER);
+  for (int s = 0; s < 2; ++s) {
+    pb::ConfigureResponse resp;
+    grpc::Status st = Call3([&](grpc::ClientContext* c, const pb::ConfigureRequest& q,
+                                pb::ConfigureResponse* r) { return stages[s].stub->Configure(c, q, r); },
+                            ConfigureFor(plan, "lost-upstream", s, stages), &resp);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+  }
+  std::vector<pb::RunStepResponse> out;
+  for (const grpc::Status& st : RunStep(plan, "lost-upstream", 0, stages, out)) {
+    ASSERT_TRUE(st.ok()) << st.error_message();
+  }
+  stages[0].process->Signal(SIGKILL);
+  ASSERT_TRUE(stages[0].process->Wait(20s).ok());
+
+  auto step_on_survivor = [&](int step) {
+    pb::RunStepRequest req;
+    req.set_job_id("lost-upstream");
+    req.set_step(step);
+    *req.mutable_program() = schedule::ToProto(plan.programs[1]);
+    const model::TokenBatch batch = testing::RandomBatch(step);
+    for (int mb = 0; mb < kMicroBatches; ++mb) {
+      common::TensorToProto(testing::Rows(batch.targets, mb, kBatch / kMicroBatches), req.add_targets());
+    }
+    pb::RunStepResponse resp;
+    return Call3([&](grpc::ClientContext* c, const pb::RunStepRequest& q, pb::RunStepResponse* r) {
+      return stages[1].stub->RunStep(c, q, r);
+    }, req, &resp);
+  };
+  // Step 1 finds its link from stage 0 broken and rebuilds it: it waits for stage 0 to
+  // connect again.
+  grpc::Status waiting;
+  std::chrono::steady_clock::time_point waiting_ended;
+  std::thread step1([&] {
+    waiting = step_on_survivor(1);
+    waiting_ended = std::chrono::steady_clock::now();
+  });
+  std::this_thread::sleep_for(500ms);
+  const planner::Plan solo = MakeTestPlan(planner::ScheduleKind::kOneFOneB, 1, 1, pb::RECOMPUTE_NEVER);
+  std::vector<Stage> one;
+  one.push_back(std::move(stages[1]));
+  const auto configure_sent = std::chrono::steady_clock::now();
+  pb::ConfigureResponse cresp;
+  grpc::Status st = Call3([&](grpc::ClientContext* c, const pb::ConfigureRequest& q,
+                              pb::ConfigureResponse* r) { return one[0].stub->Configure(c, q, r); },
+                          ConfigureFor(solo, "after-lost-upstream", 0, one), &cresp);
+  const auto configured = std::chrono::steady_clock::now();
+  step1.join();
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_LT(configured - configure_sent, 10s) << "the waiting step's 20 s deadline held it";
+  EXPECT_FALSE(waiting.ok()) << "stage 0 never came back";
+  EXPECT_LT(waiting_ended - configure_sent, 10s);
+  for (const grpc::Status& s : RunStep(solo, "after-lost-upstream", 0, one, out)) {
+    EXPECT_TRUE(s.ok()) << s.error_message();
+  }
   one[0].process->Signal(SIGTERM);
   EXPECT_TRUE(one[0].process->Wait(20s).ok());
 }

@@ -86,6 +86,20 @@ absl::Status LocalCluster::StartCoordinator(const std::string& listen) {
   return absl::OkStatus();
 }
 
+std::string LocalCluster::coordinator_log() const {
+  return coordinator_ ? coordinator_->stderr_text() : std::string();
+}
+
+std::string LocalCluster::stage_logs() const {
+  std::string out;
+  for (size_t i = 0; i < stages_.size(); ++i) {
+    if (!stages_[i]) continue;
+    absl::StrAppend(&out, "--- stage at ", i < stage_addresses_.size() ? stage_addresses_[i] : "?",
+                    "\n", stages_[i]->stderr_text());
+  }
+  return out;
+}
+
 LocalCluster::~LocalCluster() {
   for (auto& s : stages_) s->Signal(SIGTERM);
   if (coordinator_) coordinator_->Signal(SIGTERM);

@@ -39,6 +39,10 @@ class LocalCluster {
   const std::string& address() const { return address_; }
   int http_port() const { return http_port_; }
   const std::vector<std::string>& stage_addresses() const { return stage_addresses_; }
+  // What the coordinator now running wrote to stderr so far (for a failing test's message).
+  std::string coordinator_log() const;
+  // ... and what every stage wrote, each under its address.
+  std::string stage_logs() const;
 
   // Runs `pipetrain ARGS --address ADDRESS CLI_ARGS` to completion.
   absl::StatusOr<RunResult> Cli(std::vector<std::string> args,
