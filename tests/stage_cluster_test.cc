@@ -332,20 +332,26 @@ TEST_F(StageClusterTest, AnEvaluationBetweenStepsReportsTheReferenceLossAndChang
   }
 }
 
-TEST(StageFaultTest, AKilledNeighbourFailsTheStepWithUnavailableNotAHang) {
-  std::vector<Stage> stages;
+// Two new stage processes configured for `plan` as job `job`, step 0 run on both.
+void StartTwoStageJob(const planner::Plan& plan, const std::string& job, std::vector<Stage>& stages,
+                      std::vector<pb::RunStepResponse>& out) {
   stages.push_back(StartStage());
   stages.push_back(StartStage());
-  const planner::Plan plan = MakeTestPlan(planner::ScheduleKind::kOneFOneB, 2, 1, pb::RECOMPUTE_NEVER);
   for (int s = 0; s < 2; ++s) {
     pb::ConfigureResponse resp;
     grpc::Status st = Call3([&](grpc::ClientContext* c, const pb::ConfigureRequest& q,
                                 pb::ConfigureResponse* r) { return stages[s].stub->Configure(c, q, r); },
-                            ConfigureFor(plan, "fault", s, stages), &resp);
+                            ConfigureFor(plan, job, s, stages), &resp);
     ASSERT_TRUE(st.ok()) << st.error_message();
   }
+  for (const grpc::Status& st : RunStep(plan, job, 0, stages, out)) ASSERT_TRUE(st.ok()) << st.error_message();
+}
+
+TEST(StageFaultTest, AKilledNeighbourFailsTheStepWithUnavailableNotAHang) {
+  std::vector<Stage> stages;
+  const planner::Plan plan = MakeTestPlan(planner::ScheduleKind::kOneFOneB, 2, 1, pb::RECOMPUTE_NEVER);
   std::vector<pb::RunStepResponse> out;
-  for (const grpc::Status& st : RunStep(plan, "fault", 0, stages, out)) ASSERT_TRUE(st.ok()) << st.error_message();
+  ASSERT_NO_FATAL_FAILURE(StartTwoStageJob(plan, "fault", stages, out));
 
   // Step 1: stage 1 dies while stage 0 runs its program.
   pb::RunStepRequest req;
@@ -389,20 +395,9 @@ TEST(StageFaultTest, AKilledNeighbourFailsTheStepWithUnavailableNotAHang) {
 // job ends that wait at once and is served, not a crash or a 20 s hang.
 TEST(StageFaultTest, AfterItsUpstreamDiesAWaitingStepEndsAtConfigureAndTheStageServes) {
   std::vector<Stage> stages;
-  stages.push_back(StartStage());
-  stages.push_back(StartStage());
   const planner::Plan plan = MakeTestPlan(planner::ScheduleKind::kOneFOneB, 2, 1, pb::RECOMPUTE_NEVER);
-  for (int s = 0; s < 2; ++s) {
-    pb::ConfigureResponse resp;
-    grpc::Status st = Call3([&](grpc::ClientContext* c, const pb::ConfigureRequest& q,
-                                pb::ConfigureResponse* r) { return stages[s].stub->Configure(c, q, r); },
-                            ConfigureFor(plan, "lost-upstream", s, stages), &resp);
-    ASSERT_TRUE(st.ok()) << st.error_message();
-  }
   std::vector<pb::RunStepResponse> out;
-  for (const grpc::Status& st : RunStep(plan, "lost-upstream", 0, stages, out)) {
-    ASSERT_TRUE(st.ok()) << st.error_message();
-  }
+  ASSERT_NO_FATAL_FAILURE(StartTwoStageJob(plan, "lost-upstream", stages, out));
   stages[0].process->Signal(SIGKILL);
   ASSERT_TRUE(stages[0].process->Wait(20s).ok());
 
