@@ -14,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "bench/replica_step_bench.h"
+#include "common/status_macros.h"
 #include "coordinator/rendezvous_service.h"
 #include "coordinator/rendezvous_store.h"
 #include "grpcpp/security/server_credentials.h"
@@ -245,6 +247,7 @@ absl::StatusOr<BenchResult> RunAllreduceBench(const BenchOptions& options) {
     }
   }
   server->Shutdown();
+  RETURN_IF_ERROR(AddReplicaStepFigures(options, result));
   return result;
 }
 

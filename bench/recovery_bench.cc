@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "bench/cluster_jobs.h"
 #include "bench/scratch_dir.h"
 #include "common/atomic_file.h"
 #include "common/logging.h"
@@ -43,81 +44,15 @@ json Spec(const ScratchDir& dir, int steps, int snapshot_every, int checkpoint_e
                           {"snapshot_every_steps", snapshot_every}}}};
 }
 
-int64_t Int(const json& j, const char* key) {
-  if (!j.contains(key)) return 0;
-  if (j[key].is_number()) return j[key].get<int64_t>();
-  int64_t v = 0;
-  (void)absl::SimpleAtoi(j[key].get<std::string>(), &v);
-  return v;
-}
-
-absl::Time Time(const json& j, const char* key) {
-  absl::Time t = absl::InfinitePast();
-  std::string err;
-  if (j.contains(key)) (void)absl::ParseTime(absl::RFC3339_full, j[key].get<std::string>(), &t, &err);
-  return t;
-}
-
-absl::StatusOr<json> Status(testing::LocalCluster& c, const std::string& id) {
-  ASSIGN_OR_RETURN(testing::RunResult r, c.Cli({"status", id, "--json"}));
-  json j = json::parse(r.out, nullptr, false);
-  if (r.exit_code != 0 || j.is_discarded()) {
-    return absl::InternalError(absl::StrCat("recovery: pipetrain status ", id, ": ", r.err));
-  }
-  return j;
-}
-
-absl::StatusOr<std::string> Submit(testing::LocalCluster& c, const std::string& spec_file,
-                                   bool wait) {
-  std::vector<std::string> args = {"submit", spec_file};
-  if (!wait) args.push_back("--no-wait");
-  ASSIGN_OR_RETURN(testing::RunResult r, c.Cli(args, std::chrono::minutes(10)));
-  const size_t at = r.out.find("job-");
-  if (at == std::string::npos) {
-    return absl::InternalError(absl::StrCat("recovery: pipetrain submit exited ", r.exit_code,
-                                            " without a job: ", r.out, r.err));
-  }
-  std::string id = r.out.substr(at);
-  return id.substr(0, id.find_first_of(" \n"));
-}
-
-// Polls the job until `pred` holds (deadline 5 minutes).
-absl::StatusOr<json> WaitFor(testing::LocalCluster& c, const std::string& id,
-                             const std::function<bool(const json&)>& pred) {
-  const absl::Time deadline = absl::Now() + absl::Minutes(5);
-  while (absl::Now() < deadline) {
-    absl::StatusOr<json> s = Status(c, id);
-    if (s.ok() && pred(*s)) return s;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
-  return absl::DeadlineExceededError(absl::StrCat("recovery: job ", id, " did not get there"));
-}
-
-bool Ended(const json& s) {
-  const std::string st = s.value("state", "");
-  return st == "SUCCEEDED" || st == "FAILED" || st == "CANCELLED";
-}
-
-std::vector<double> Losses(const json& s) {
-  std::vector<double> out;
-  for (const json& h : s.value("history", json::array())) out.push_back(h.value("loss", 0.0));
-  return out;
-}
-
-double MedianStepTime(const json& s) {
-  std::vector<double> t;
-  const json history = s.value("history", json::array());
-  for (size_t i = kWarmSteps; i < history.size(); ++i) t.push_back(history[i].value("step_time_s", 0.0));
-  return Median(t);
-}
+double MedianStepTime(const json& s) { return MedianStepSeconds(s, kWarmSteps); }
 
 // Each stage's peak memory (weights, optimizer, activations and snapshots), median over steps.
 std::vector<double> StagePeaks(const json& s) {
   std::vector<std::vector<double>> per(kStages);
   for (const json& h : s.value("history", json::array())) {
     for (const json& st : h.value("stages", json::array())) {
-      const int64_t i = Int(st, "stage");
-      if (i >= 0 && i < kStages) per[i].push_back(static_cast<double>(Int(st, "peak_memory_bytes")));
+      const int64_t i = JsonInt(st, "stage");
+      if (i >= 0 && i < kStages) per[i].push_back(static_cast<double>(JsonInt(st, "peak_memory_bytes")));
     }
   }
   std::vector<double> out;
@@ -135,9 +70,9 @@ absl::Status FaultRun(testing::LocalCluster& c, const ScratchDir& dir, const std
   const std::string file = dir.File(name + ".json");
   RETURN_IF_ERROR(common::WriteFileAtomically(
       file, Spec(dir, kFaultSteps, snapshot_every, checkpoint_every).dump(2)));
-  ASSIGN_OR_RETURN(std::string id, Submit(c, file, /*wait=*/false));
+  ASSIGN_OR_RETURN(std::string id, SubmitJob(c, file, /*wait=*/false));
   ASSIGN_OR_RETURN(json running,
-                   WaitFor(c, id, [](const json& s) { return Int(s, "steps_done") >= kKillAfter; }));
+                   WaitForJob(c, id, [](const json& s) { return JsonInt(s, "steps_done") >= kKillAfter; }));
   const absl::Time killed = absl::Now();
   if (fault == Fault::kStage) {
     const std::string victim = running["stage_ids"][2];
@@ -153,7 +88,7 @@ absl::Status FaultRun(testing::LocalCluster& c, const ScratchDir& dir, const std
     RETURN_IF_ERROR(c.KillCoordinator(SIGKILL));
     RETURN_IF_ERROR(c.StartCoordinatorAgain(0));
   }
-  ASSIGN_OR_RETURN(json done, WaitFor(c, id, Ended));
+  ASSIGN_OR_RETURN(json done, WaitForJob(c, id, JobEnded));
   const json recoveries = done.value("recoveries", json::array());
   if (done.value("state", "") != "SUCCEEDED" || recoveries.size() != 1) {
     return absl::InternalError(absl::StrCat("recovery: ", name, ": job ", id, " ended ",
@@ -161,7 +96,7 @@ absl::Status FaultRun(testing::LocalCluster& c, const ScratchDir& dir, const std
                                             " restarts: ", done.value("reason", "")));
   }
   const json& r = recoveries[0];
-  const std::vector<double> losses = Losses(done);
+  const std::vector<double> losses = JobLosses(done);
   double worst = losses.size() == expected.size() ? 0 : INFINITY;
   int same = 0;
   for (size_t i = 0; i < std::min(losses.size(), expected.size()); ++i) {
@@ -174,11 +109,11 @@ absl::Status FaultRun(testing::LocalCluster& c, const ScratchDir& dir, const std
   out.Add(name + "_steps", static_cast<double>(losses.size()));
   // Steps recorded before the loss that had to be run again (the one running is extra).
   out.Add(name + "_steps_recomputed",
-          static_cast<double>(Int(r, "failed_step") - 1 - Int(r, "restored_step")));
-  out.Add(name + "_kill_to_found_s", absl::ToDoubleSeconds(Time(r, "lost") - killed));
+          static_cast<double>(JsonInt(r, "failed_step") - 1 - JsonInt(r, "restored_step")));
+  out.Add(name + "_kill_to_found_s", absl::ToDoubleSeconds(JsonTime(r, "lost") - killed));
   out.Add(name + "_found_to_next_step_s",
-          absl::ToDoubleSeconds(Time(r, "continued") - Time(r, "lost")));
-  out.Add(name + "_kill_to_next_step_s", absl::ToDoubleSeconds(Time(r, "continued") - killed));
+          absl::ToDoubleSeconds(JsonTime(r, "continued") - JsonTime(r, "lost")));
+  out.Add(name + "_kill_to_next_step_s", absl::ToDoubleSeconds(JsonTime(r, "continued") - killed));
   out.Add(name + "_median_step_s", MedianStepTime(done));
   out.Label(name + "_source", r.value("source", ""));
   return absl::OkStatus();
@@ -206,8 +141,8 @@ absl::StatusOr<BenchResult> RunRecoveryBench(const BenchOptions& options) {
     for (int every : {0, 1}) {
       const std::string file = dir.File(absl::StrCat("overhead-", every, ".json"));
       RETURN_IF_ERROR(common::WriteFileAtomically(file, Spec(dir, kOverheadSteps, every, 0).dump(2)));
-      ASSIGN_OR_RETURN(std::string id, Submit(c, file, /*wait=*/true));
-      ASSIGN_OR_RETURN(json s, Status(c, id));
+      ASSIGN_OR_RETURN(std::string id, SubmitJob(c, file, /*wait=*/true));
+      ASSIGN_OR_RETURN(json s, JobStatus(c, id));
       (every == 0 ? off_steps : on_steps).push_back(MedianStepTime(s));
       if (rep == 0) (every == 0 ? off_peak : on_peak) = StagePeaks(s);
     }
@@ -234,9 +169,9 @@ absl::StatusOr<BenchResult> RunRecoveryBench(const BenchOptions& options) {
   // 2. Faults, each against the uninterrupted run (same layout: the spare takes over).
   const std::string file = dir.File("reference.json");
   RETURN_IF_ERROR(common::WriteFileAtomically(file, Spec(dir, kFaultSteps, 1, 0).dump(2)));
-  ASSIGN_OR_RETURN(std::string ref_id, Submit(c, file, /*wait=*/true));
-  ASSIGN_OR_RETURN(json ref, Status(c, ref_id));
-  const std::vector<double> expected = Losses(ref);
+  ASSIGN_OR_RETURN(std::string ref_id, SubmitJob(c, file, /*wait=*/true));
+  ASSIGN_OR_RETURN(json ref, JobStatus(c, ref_id));
+  const std::vector<double> expected = JobLosses(ref);
   RETURN_IF_ERROR(FaultRun(c, dir, "stage_kill_snapshots", Fault::kStage, 1, 0, expected, out));
   // The killed stage is gone: bring its address back for the next run's spare.
   for (const std::string& a : c.stage_addresses()) (void)c.RestartStage(a).ok();

@@ -107,6 +107,7 @@ absl::string_view TimeCategoryName(TimeCategory c) {
     case TimeCategory::kBackwardInput: return "backward_input";
     case TimeCategory::kBackwardWeight: return "backward_weight";
     case TimeCategory::kRecompute: return "recompute";
+    case TimeCategory::kAllReduce: return "allreduce";
     case TimeCategory::kOptimizer: return "optimizer";
     case TimeCategory::kSend: return "send";
     case TimeCategory::kRecvWait: return "recv_wait";
@@ -122,6 +123,11 @@ absl::string_view TimeCategoryColumn(TimeCategory c) {
     case TimeCategory::kRecvWait: return "recv-wait";
     default: return TimeCategoryName(c);
   }
+}
+
+double StageTimes::AllReduceHidden() const {
+  if (allreduce_total_s <= 0) return 0;
+  return std::clamp(1 - (*this)[TimeCategory::kAllReduce] / allreduce_total_s, 0.0, 1.0);
 }
 
 double StageTimes::Total() const {
@@ -143,6 +149,7 @@ absl::StatusOr<TimelineBreakdown> BreakDownTimeline(const pb::Timeline& timeline
   // step -> stage -> its segments; step -> its longest span.
   std::map<int64_t, std::map<int, std::vector<Segment>>> segments;
   std::map<int64_t, int64_t> step_us;
+  std::map<int, int64_t> reduce_total_us;  // stage -> over all steps
   std::set<int> stages;
   for (int i = 0; i < timeline.events_size(); ++i) {
     const pb::TimelineEvent& e = timeline.events(i);
@@ -164,6 +171,13 @@ absl::StatusOr<TimelineBreakdown> BreakDownTimeline(const pb::Timeline& timeline
       const int64_t recompute = std::clamp<int64_t>(e.recompute_us(), 0, length);
       if (recompute > 0) mine.push_back({begin, begin + recompute, TimeCategory::kRecompute});
       begin += recompute;
+    }
+    if (*category == TimeCategory::kOptimizer) {
+      const int64_t length = std::max<int64_t>(e.end_us() - e.start_us(), 0);
+      const int64_t reduce = std::clamp<int64_t>(e.reduce_us(), 0, length);
+      if (reduce > 0) mine.push_back({begin, begin + reduce, TimeCategory::kAllReduce});
+      begin += reduce;
+      reduce_total_us[e.stage()] += std::max<int64_t>(e.reduce_total_us(), 0);
     }
     mine.push_back({begin, e.end_us(), *category});
   }
@@ -196,6 +210,7 @@ absl::StatusOr<TimelineBreakdown> BreakDownTimeline(const pb::Timeline& timeline
   b.step_time_s /= n;
   for (StageTimes& st : b.stages) {
     for (double& s : st.seconds) s /= n;
+    st.allreduce_total_s = static_cast<double>(reduce_total_us[st.stage]) / 1e6 / n;
   }
   return b;
 }
@@ -228,6 +243,13 @@ std::string BreakdownTable(const TimelineBreakdown& b) {
     }
     absl::StrAppend(&out, line, "\n");
   }
+  for (const StageTimes& st : b.stages) {
+    if (st.allreduce_total_s <= 0) continue;
+    absl::StrAppend(&out, "stage ", st.stage, ": the replicas' gradient all-reduce took ",
+                    Duration(st.allreduce_total_s), " a step, ",
+                    absl::StrFormat("%.0f%%", 100 * st.AllReduceHidden()),
+                    " of it hidden behind the backward\n");
+  }
   return out;
 }
 
@@ -248,6 +270,8 @@ std::string BreakdownJson(const TimelineBreakdown& b) {
       stage[name + "_s"] = st[c];
       shares[name] = ShareOfStep(st[c], b.step_time_s);
     }
+    stage["allreduce_total_s"] = st.allreduce_total_s;
+    stage["allreduce_hidden"] = st.AllReduceHidden();
     stage["shares"] = std::move(shares);
     j["stages"].push_back(std::move(stage));
   }

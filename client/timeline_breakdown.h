@@ -9,7 +9,9 @@
 //    event of the step (as coordinator/step_metrics.cc's MeasuredBubble counts it), so
 //    a stage that finished early is idle until the slowest one ends.
 //  - A B or I event's first recompute_us (clamped to its length) is recompute, the
-//    rest backward / backward input; so B and I exclude the recompute.
+//    rest backward / backward input; so B and I exclude the recompute. Likewise an
+//    OPT event's first reduce_us is allreduce (the data-parallel replicas' averaging
+//    it waited for), the rest optimizer.
 //  - Every instant of [0, step time) goes to exactly one category: the first active
 //    one in the order forward, backward, input, weight, recompute, optimizer, send,
 //    recv-wait, else idle. Overlapping events (the executor runs one action at a time,
@@ -37,27 +39,34 @@ enum class TimeCategory {
   kBackwardInput,   // I, less its recompute
   kBackwardWeight,  // W
   kRecompute,       // the forward re-run at the start of B or I
+  kAllReduce,       // the replicas' gradient averaging the OPT waited for, at its start
   kOptimizer,
   kSend,      // SEND_* action time
   kRecvWait,  // RECV_* action time: waiting for the neighbour's tensor
   kIdle,      // the rest of the step
 };
-inline constexpr int kNumTimeCategories = 9;
+inline constexpr int kNumTimeCategories = 10;
 inline constexpr std::array<TimeCategory, kNumTimeCategories> kAllTimeCategories = {
-    TimeCategory::kForward,   TimeCategory::kBackward,  TimeCategory::kBackwardInput,
-    TimeCategory::kBackwardWeight, TimeCategory::kRecompute, TimeCategory::kOptimizer,
-    TimeCategory::kSend,      TimeCategory::kRecvWait,  TimeCategory::kIdle};
+    TimeCategory::kForward,        TimeCategory::kBackward,  TimeCategory::kBackwardInput,
+    TimeCategory::kBackwardWeight, TimeCategory::kRecompute, TimeCategory::kAllReduce,
+    TimeCategory::kOptimizer,      TimeCategory::kSend,      TimeCategory::kRecvWait,
+    TimeCategory::kIdle};
 
 // The JSON name ("forward", "backward", "backward_input", "backward_weight",
-// "recompute", "optimizer", "send", "recv_wait", "idle"; seconds add "_s") and the
-// table's column ("forward", "backward", "input", "weight", "recompute", "optimizer",
-// "send", "recv-wait", "idle").
+// "recompute", "allreduce", "optimizer", "send", "recv_wait", "idle"; seconds add
+// "_s") and the table's column ("forward", "backward", "input", "weight", "recompute",
+// "allreduce", "optimizer", "send", "recv-wait", "idle").
 absl::string_view TimeCategoryName(TimeCategory c);
 absl::string_view TimeCategoryColumn(TimeCategory c);
 
 struct StageTimes {
   int stage = 0;
   std::array<double, kNumTimeCategories> seconds{};  // indexed by TimeCategory
+  // All of the replicas' averaging (reduce_total_us), hidden behind the backward or not:
+  // seconds[kAllReduce] is the part that was not.
+  double allreduce_total_s = 0;
+  // The share of allreduce_total_s the step did not wait for (0 without averaging).
+  double AllReduceHidden() const;
 
   double& operator[](TimeCategory c) { return seconds[static_cast<int>(c)]; }
   double operator[](TimeCategory c) const { return seconds[static_cast<int>(c)]; }
@@ -86,11 +95,14 @@ double ShareOfStep(double seconds, double step_time_s);
 absl::StatusOr<TimelineBreakdown> BreakDownTimeline(const pipetrain::v1::Timeline& timeline);
 
 // A first line naming the job, the steps averaged and the mean step time, then a
-// header and one row per stage: each category as time and share, e.g. "12.3 ms  41%".
+// header and one row per stage: each category as time and share, e.g. "12.3 ms  41%";
+// with data-parallel replicas a last line per stage: its averaging and how much of
+// it was hidden.
 std::string BreakdownTable(const TimelineBreakdown& breakdown);
 
 // {"job_id", "steps": [...], "step_time_s", "stages": [{"stage", "forward_s", ...,
-// "idle_s", "shares": {"forward", ..., "idle"}}]}: the means over the steps.
+// "idle_s", "allreduce_total_s", "allreduce_hidden", "shares": {"forward", ...,
+// "idle"}}]}: the means over the steps.
 std::string BreakdownJson(const TimelineBreakdown& breakdown);
 
 }  // namespace pipetrain::client

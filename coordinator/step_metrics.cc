@@ -59,11 +59,15 @@ absl::StatusOr<pb::StepRecord> MakeStepRecord(int64_t step,
     st->set_peak_activation_bytes(r.peak_activation_bytes());
     st->set_bytes_sent(r.bytes_sent());
     st->set_bytes_received(r.bytes_received());
-    double compute_us = 0;
+    double compute_us = 0, reduce_us = 0, reduce_total_us = 0;
     for (const pb::ActionTiming& t : r.timings()) {
       if (t.lane() == "compute") compute_us += static_cast<double>(t.end_us() - t.start_us());
+      reduce_us += static_cast<double>(t.reduce_us());
+      reduce_total_us += static_cast<double>(t.reduce_total_us());
     }
     st->set_compute_s(compute_us * 1e-6);
+    st->set_reduce_s(reduce_us * 1e-6);
+    st->set_reduce_total_s(reduce_total_us * 1e-6);
     st->set_emulated(r.emulated());
   }
   return record;
@@ -84,6 +88,7 @@ std::vector<pb::TimelineEvent> TimelineOf(int64_t step,
       e.set_bytes(t.bytes());
       e.set_recompute_us(t.recompute_us());
       e.set_reduce_us(t.reduce_us());
+      e.set_reduce_total_us(t.reduce_total_us());
     }
   }
   return events;

@@ -34,8 +34,16 @@ class BackendChunk final : public ChunkCompute {
   void Abandon() override { layers_->Abandon(); }
   absl::Status ZeroGrads() override { return layers_->ZeroGrads(); }
   absl::StatusOr<double> GradSquaredNorm() override { return layers_->GradSquaredNorm(); }
-  absl::Status ReduceGradients(const GradientAverage& average) override {
-    return layers_->ReduceGrads(average);
+  int NumGradientLayers() const override { return layers_->num_layers(); }
+  absl::StatusOr<std::vector<float>> LayerGradients(int layer) override {
+    return layers_->LayerGrads(layer);
+  }
+  absl::Status SetLayerGradients(int layer, std::span<const float> values) override {
+    return layers_->SetLayerGrads(layer, values);
+  }
+  bool LayerHoldsTiedParam(int layer) const override { return layers_->LayerHoldsTiedParam(layer); }
+  void OnFinalGradients(std::function<void(int)> on_final) override {
+    layers_->set_grads_added_hook(std::move(on_final));
   }
   absl::StatusOr<common::Tensor> TiedGradient(bool embedding_side) override;
   absl::Status AddTiedGradient(bool embedding_side, const common::PiecewiseTensor& other) override;

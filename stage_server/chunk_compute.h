@@ -16,6 +16,7 @@
 #include <functional>
 #include <optional>
 #include <span>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/piecewise_tensor.h"
@@ -65,9 +66,20 @@ class ChunkCompute {
   virtual absl::Status ZeroGrads() = 0;
   // This chunk's share of the squared global gradient norm.
   virtual absl::StatusOr<double> GradSquaredNorm() = 0;
-  // Data-parallel replicas: `average` sums this chunk's gradients (one flat f32 buffer)
-  // with the other replicas' of the same chunk and divides by their number, in place.
-  virtual absl::Status ReduceGradients(const GradientAverage& average) = 0;
+  // Data-parallel replicas: the chunk's gradients are averaged layer by layer, each
+  // layer's as soon as they are final. The layers with gradients (0: nothing to average,
+  // as on an emulated device), and layer i's gradients as one f32 host buffer, as they
+  // lie, and back.
+  virtual int NumGradientLayers() const = 0;
+  virtual absl::StatusOr<std::vector<float>> LayerGradients(int layer) = 0;
+  virtual absl::Status SetLayerGradients(int layer, std::span<const float> values) = 0;
+  // With tied embeddings: layer i holds wte or the head's copy, whose gradient is summed
+  // with its other holder's at the optimizer step, so averaged only after that.
+  virtual bool LayerHoldsTiedParam(int layer) const = 0;
+  // `on_final(i)` runs inside the next Backward or BackwardWeight each time layer i's
+  // gradients are complete: set it for the step's last gradient action of the chunk.
+  // An empty function clears it.
+  virtual void OnFinalGradients(std::function<void(int)> on_final) = 0;
   // Tied embeddings (model.tie_embeddings): the gradient of the shared (V, C) f32
   // matrix as this chunk holds it, wte's (embedding_side) or the head's copy's, and
   // adding the other holder's to it, so that both hold the sum before the optimizer.

@@ -44,7 +44,16 @@ class EmulatedChunk final : public ChunkCompute {
   absl::Status ZeroGrads() override { return absl::OkStatus(); }
   absl::StatusOr<double> GradSquaredNorm() override { return 0.0; }
   // No weights, so nothing to reduce (the reduction's time is not emulated yet).
-  absl::Status ReduceGradients(const GradientAverage&) override { return absl::OkStatus(); }
+  // No weights: nothing to average.
+  int NumGradientLayers() const override { return 0; }
+  absl::StatusOr<std::vector<float>> LayerGradients(int) override {
+    return absl::FailedPreconditionError("an emulated chunk holds no gradients");
+  }
+  absl::Status SetLayerGradients(int, std::span<const float>) override {
+    return absl::FailedPreconditionError("an emulated chunk holds no gradients");
+  }
+  bool LayerHoldsTiedParam(int) const override { return false; }
+  void OnFinalGradients(std::function<void(int)>) override {}
   // The tied gradient has its real size on the wire; its values mean nothing.
   absl::StatusOr<common::Tensor> TiedGradient(bool embedding_side) override;
   absl::Status AddTiedGradient(bool, const common::PiecewiseTensor&) override {

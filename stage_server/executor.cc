@@ -38,7 +38,20 @@ struct Executor::StepState {
   double grad_norm_sq = 0;  // this stage's, summed when the optimizer step comes
   std::optional<PendingOptimizer> deferred;  // held back by defer_optimizer
   size_t peak_bytes = 0;    // activations of all chunks together, at their most
+  // Replicas: per chunk, the action after which its gradients are final (-1: none),
+  // and which of its layers' averages have started.
+  std::vector<int> last_gradient_action;
+  std::vector<std::vector<bool>> averaging;
+  absl::Status averaging_failure;  // a layer's gradients could not be read
 };
+
+namespace {
+
+bool AddsParamGradients(ActionKind k) {
+  return k == ActionKind::kBackward || k == ActionKind::kBackwardWeight;
+}
+
+}  // namespace
 
 Executor::Executor(ExecutorConfig config, std::vector<std::unique_ptr<ChunkCompute>> chunks,
                    TensorChannel* next, TensorChannel* prev,
@@ -47,7 +60,41 @@ Executor::Executor(ExecutorConfig config, std::vector<std::unique_ptr<ChunkCompu
       chunks_(std::move(chunks)),
       next_(next),
       prev_(prev),
-      pool_(std::move(pool)) {}
+      pool_(std::move(pool)) {
+  if (config_.average_gradients) {
+    reduction_ = std::make_unique<OverlappedReduction>(config_.average_gradients);
+  }
+}
+
+Executor::~Executor() = default;
+
+void Executor::StartAveraging(int c, int layer, StepState& st) {
+  if (st.averaging[c][layer] || !st.averaging_failure.ok()) return;
+  ChunkCompute& chunk = *chunks_[c];
+  st.averaging[c][layer] = true;
+  absl::StatusOr<std::vector<float>> grads = chunk.LayerGradients(layer);
+  if (!grads.ok()) {
+    st.averaging_failure = grads.status();
+    return;
+  }
+  reduction_->Start(*std::move(grads), [&chunk, layer](std::span<const float> average) {
+    return chunk.SetLayerGradients(layer, average);
+  });
+}
+
+absl::Status Executor::AverageGradients(StepState& st, ActionTiming& t) {
+  // What the backward did not start: the tied layers (summed with their other holder
+  // just now) and any other, chunk by chunk in layer order, the same on every replica.
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    for (int l = 0; l < chunks_[c]->NumGradientLayers(); ++l) StartAveraging(c, l, st);
+  }
+  ReductionTimes times;
+  absl::Status s = reduction_->Finish(&times);
+  if (s.ok()) s = std::exchange(st.averaging_failure, absl::OkStatus());
+  t.reduce_us = absl::ToInt64Microseconds(times.exposed);
+  t.reduce_total_us = absl::ToInt64Microseconds(times.busy);
+  return s;
+}
 
 std::shared_ptr<const Tensor> Executor::Share(Tensor tensor) {
   std::shared_ptr<common::BufferPool> pool = pool_;
@@ -120,6 +167,18 @@ absl::StatusOr<StepResult> Executor::RunStep(const schedule::StageProgram& progr
   if (!st.forward_only) {
     for (auto& chunk : chunks_) RETURN_IF_ERROR(chunk->ZeroGrads());
   }
+  const bool averaging = reduction_ != nullptr && !st.forward_only;
+  if (averaging) {
+    st.last_gradient_action.assign(chunks_.size(), -1);
+    st.averaging.resize(chunks_.size());
+    for (size_t c = 0; c < chunks_.size(); ++c) {
+      st.averaging[c].assign(chunks_[c]->NumGradientLayers(), false);
+    }
+    for (size_t i = 0; i < program.actions.size(); ++i) {
+      const Action& a = program.actions[i];
+      if (AddsParamGradients(a.kind)) st.last_gradient_action[a.chunk] = static_cast<int>(i);
+    }
+  }
   st.start = absl::Now();
   absl::Status failure;
   for (size_t i = 0; i < program.actions.size(); ++i) {
@@ -132,10 +191,8 @@ absl::StatusOr<StepResult> Executor::RunStep(const schedule::StageProgram& progr
       // The tied gradients are summed first: the norm and the update need the sum.
       if (config_.tie_embeddings) failure = SumTiedGradients(st);
       // The norm and the update need the replicas' mean gradient.
-      const absl::Time reduce_start = absl::Now();
-      for (auto& chunk : chunks_) {
-        if (!failure.ok() || !config_.average_gradients) break;
-        failure = chunk->ReduceGradients(config_.average_gradients);
+      if (failure.ok() && averaging) {
+        failure = AverageGradients(st, t);
         if (!failure.ok()) {
           failure = absl::Status(failure.code(),
                                  absl::StrCat("job '", config_.job_id, "' stage ", config_.stage,
@@ -143,9 +200,6 @@ absl::StatusOr<StepResult> Executor::RunStep(const schedule::StageProgram& progr
                                               ": averaging the gradients over the replicas: ",
                                               failure.message()));
         }
-      }
-      if (config_.average_gradients) {
-        t.reduce_us = absl::ToInt64Microseconds(absl::Now() - reduce_start);
       }
       for (auto& chunk : chunks_) {
         if (!failure.ok()) break;
@@ -159,7 +213,21 @@ absl::StatusOr<StepResult> Executor::RunStep(const schedule::StageProgram& progr
     }
     const bool compute = schedule::IsCompute(a.kind);
     if (compute) chunks_[a.chunk]->ResetPeak();
+    // The chunk's last gradient action: each layer's average starts as it completes.
+    const bool last_gradients = averaging && compute && st.last_gradient_action[a.chunk] == static_cast<int>(i);
+    if (last_gradients) {
+      const int c = a.chunk;
+      chunks_[c]->OnFinalGradients([this, c, &st](int layer) {
+        // Tied gradients change at the optimizer step: those wait for it.
+        if (config_.tie_embeddings && chunks_[c]->LayerHoldsTiedParam(layer)) return;
+        StartAveraging(c, layer, st);
+      });
+    }
     absl::Status s = failure.ok() ? RunAction(a, st, t) : failure;
+    if (last_gradients) {
+      chunks_[a.chunk]->OnFinalGradients({});
+      if (s.ok()) s = st.averaging_failure;
+    }
     if (compute && s.ok()) {
       // The chunk's peak during the action, with what the other chunks hold meanwhile.
       size_t total = chunks_[a.chunk]->PeakActivationBytes();
@@ -184,8 +252,15 @@ absl::StatusOr<StepResult> Executor::RunStep(const schedule::StageProgram& progr
                                                     "): ", s.message()));
       break;
     }
-    // A held-back optimizer step reports its timing when ApplyOptimizer runs it.
-    if (a.kind == ActionKind::kOptimizerStep && st.inputs.defer_optimizer) continue;
+    // A held-back optimizer step reports its timing (and its averaging's) when
+    // ApplyOptimizer runs it.
+    if (a.kind == ActionKind::kOptimizerStep && st.inputs.defer_optimizer) {
+      if (st.deferred) {
+        st.deferred->reduce_us = t.reduce_us;
+        st.deferred->reduce_total_us = t.reduce_total_us;
+      }
+      continue;
+    }
     result.timings.push_back(t);
   }
   if (failure.ok()) {
@@ -204,6 +279,12 @@ absl::StatusOr<StepResult> Executor::RunStep(const schedule::StageProgram& progr
   }
   if (!failure.ok()) {
     for (auto& chunk : chunks_) chunk->Abandon();
+    if (averaging) {
+      // The averages already started end (each within its deadline) before the
+      // buffers they write back to change; the next step starts afresh.
+      ReductionTimes ignored;
+      (void)reduction_->Finish(&ignored);
+    }
     return failure;
   }
   result.peak_activation_bytes = st.peak_bytes;
@@ -410,6 +491,8 @@ absl::StatusOr<ActionTiming> Executor::ApplyOptimizer(uint64_t step, double glob
   ActionTiming t;
   t.action = p.action;
   t.start_us = absl::ToInt64Microseconds(absl::Now() - p.step_start);
+  t.reduce_us = p.reduce_us;  // at the end of the step's first phase, before this
+  t.reduce_total_us = p.reduce_total_us;
   for (auto& c : chunks_) {
     if (absl::Status s = c->OptimizerStep(p.settings, global_grad_norm); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat(where, ": ", s.message()));

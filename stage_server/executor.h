@@ -25,6 +25,7 @@
 #include "common/schedule/stage_program.h"
 #include "common/tensor.h"
 #include "stage_server/chunk_compute.h"
+#include "stage_server/overlapped_reduction.h"
 #include "stage_server/tensor_channel.h"
 
 namespace pipetrain::stage_server {
@@ -38,8 +39,10 @@ struct ExecutorConfig {
   // (virtual stage 0) and of the head (the last) swap their (V, C) gradients, over the
   // ring link when they are different stages, and both add the other's.
   bool tie_embeddings = false;
-  // Data-parallel replicas (R > 1): at the optimizer step, after the tied exchange and
-  // before the norm, every chunk's gradients are averaged over the replicas with it.
+  // Data-parallel replicas (R > 1): every chunk's gradients are averaged over the
+  // replicas with it, layer by layer, each starting (on a worker thread) as soon as the
+  // layer's gradients are final; the optimizer step waits for them all, after the
+  // tied exchange (tied layers are averaged after it) and before the norm.
   GradientAverage average_gradients;
   absl::Duration recv_timeout = absl::Seconds(60);
   OptimizerSettings optimizer;
@@ -67,8 +70,12 @@ struct ActionTiming {
   // Of a B or I, the time inside [start_us, end_us] (at its start) spent re-running the
   // forward (ChunkCompute::LastRecomputeSeconds); 0 for every other action.
   int64_t recompute_us = 0;
-  // Of an OPT action, the replicas' gradient averaging at its start (0 with one replica).
+  // Of an OPT action, data-parallel replicas (0 with one): the part of the step's
+  // gradient averaging it waited for at its start (what the backward did not hide),
+  // and all of the averaging's own time (each layer's average starts as soon as its
+  // gradients are final, on a worker, while the backward goes on).
   int64_t reduce_us = 0;
+  int64_t reduce_total_us = 0;
 };
 
 struct StepResult {
@@ -86,6 +93,7 @@ class Executor {
   // topology has no such neighbour; the pool serves outgoing tensors.
   Executor(ExecutorConfig config, std::vector<std::unique_ptr<ChunkCompute>> chunks,
            TensorChannel* next, TensorChannel* prev, std::shared_ptr<common::BufferPool> pool);
+  ~Executor();
 
   // Runs the program. On error the step's partial state is dropped and the status
   // names the job, stage, step and action.
@@ -122,6 +130,7 @@ class Executor {
     schedule::Action action;
     OptimizerSettings settings;  // with the step's learning rate
     absl::Time step_start;       // the step's clock, for the action's timing
+    int64_t reduce_us = 0, reduce_total_us = 0;  // its averaging, done in phase 1
   };
 
   absl::Status CheckProgram(const schedule::StageProgram& program,
@@ -129,6 +138,10 @@ class Executor {
   absl::Status RunAction(const schedule::Action& action, StepState& st, ActionTiming& timing);
   // The tied-embedding gradient exchange (see ExecutorConfig::tie_embeddings).
   absl::Status SumTiedGradients(StepState& st);
+  // Replicas: starts the average of layer `layer` of chunk `c` (once a step); at the
+  // optimizer step, starts the rest and waits for all, timing it into `t`.
+  void StartAveraging(int c, int layer, StepState& st);
+  absl::Status AverageGradients(StepState& st, ActionTiming& t);
   int VirtualStage(int chunk) const { return chunk * config_.num_stages + config_.stage; }
   int LastVirtualStage() const { return config_.num_chunks * config_.num_stages - 1; }
   // Wraps a host tensor so that its buffer returns to the pool once sent.
@@ -140,6 +153,7 @@ class Executor {
   TensorChannel* prev_;
   std::shared_ptr<common::BufferPool> pool_;
   std::optional<PendingOptimizer> pending_;
+  std::unique_ptr<OverlappedReduction> reduction_;  // with average_gradients only
 };
 
 }  // namespace pipetrain::stage_server

@@ -92,6 +92,7 @@ void ActionTimingToProto(const ActionTiming& t, pb::ActionTiming* p) {
   p->set_bytes(t.bytes);
   p->set_recompute_us(t.recompute_us);
   p->set_reduce_us(t.reduce_us);
+  p->set_reduce_total_us(t.reduce_total_us);
 }
 
 void StepReportToProto(const StepReport& report, pb::RunStepResponse* out) {

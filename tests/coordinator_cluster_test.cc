@@ -137,6 +137,24 @@ INSTANTIATE_TEST_SUITE_P(Schedules, CoordinatorReplicasTest,
                            return n;
                          });
 
+// The averaging of each layer starts during the backward; the tied embedding's waits
+// for its exchange between the first and last stage, and clipping's global norm (the
+// two-phase optimizer step) comes after it: still the losses of one stage.
+TEST_F(CoordinatorClusterTest, TwoReplicasWithTiedEmbeddingsAndClippingGiveTheLossesOfOne) {
+  spec_["model"]["tie_embeddings"] = true;
+  spec_["training"]["grad_clip_norm"] = 0.05;
+  const std::vector<double> ref = ReferenceLosses();
+  ASSERT_EQ(ref.size(), 4u);
+  for (const char* schedule : {"1f1b", "zb-h1"}) {
+    SCOPED_TRACE(schedule);
+    const json s = Status(*c_, FinishedJob({"pipeline.replicas=2", "pipeline.stages=2",
+                                            absl::StrCat("pipeline.schedule=", schedule),
+                                            "pipeline.micro_batches=2"}));
+    EXPECT_EQ(s["state"], "SUCCEEDED") << s.dump();
+    EXPECT_TRUE(LossesMatch(Losses(s), ref));
+  }
+}
+
 TEST_F(CoordinatorClusterTest, FourReplicasOfOneStageGiveTheLossesOfOne) {
   const std::vector<double> ref = ReferenceLosses();
   ASSERT_EQ(ref.size(), 4u);

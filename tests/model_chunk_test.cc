@@ -3,6 +3,7 @@
 // backward of zero-bubble schedules, activation accounting, deterministic init, AdamW and
 // errors.
 // The backends here keep tensors in host memory, so tests pass host pointers directly.
+#include <algorithm>
 #include "stage_server/compute/model_chunk.h"
 
 #include <cmath>
@@ -270,6 +271,68 @@ TEST(ModelChunkTest, SplitBackwardInAnyOrderMatchesFused) {
     for (size_t i = 0; i < g.size(); ++i) {
       ASSERT_NEAR(b.at(name)[i], g[i], 1e-6 + 1e-5 * std::fabs(g[i])) << name;
     }
+  }
+}
+
+// Data-parallel replicas average each layer's gradients as soon as they are final: the
+// hook sees layer i right after its gradients were added (the backward goes from the
+// last layer down, the weight half from the first up), when the next one's are still
+// zero, and LayerGrads / SetLayerGrads read and write exactly that layer's.
+TEST(ModelChunkTest, TheGradientsAddedHookSeesEachLayerAsItsGradientsAreAdded) {
+  auto cpu = CpuBackend::Create(1);
+  ASSERT_THAT(cpu, IsOk());
+  const model::GptConfig c = Tiny();
+  const Batch batch = MakeBatch(c, 2);
+  for (bool split : {false, true}) {
+    SCOPED_TRACE(split ? "BackwardWeight" : "Backward");
+    Stages<float> one = MakeStages<float>(cpu->get(), c, {});
+    ModelChunk& chunk = *one[0];
+    const int n = chunk.num_layers();
+    ASSERT_EQ(n, c.num_pipeline_layers());
+    float loss = 0;
+    ASSERT_THAT(chunk.Forward(0, batch.rows, batch.tokens.data(), batch.targets.data(), &loss), IsOk());
+    std::vector<int> order;
+    std::vector<std::vector<float>> at_hook(n);
+    chunk.set_grads_added_hook([&](int i) {
+      order.push_back(i);
+      at_hook[i] = *chunk.LayerGrads(i);
+      // The layer the backward reaches next has nothing yet.
+      const int next = split ? i + 1 : i - 1;
+      if (next >= 0 && next < n) {
+        const std::vector<float> g = *chunk.LayerGrads(next);
+        EXPECT_TRUE(std::all_of(g.begin(), g.end(), [](float v) { return v == 0.0f; })) << next;
+      }
+    });
+    if (split) {
+      ASSERT_THAT(chunk.BackwardInput(0, nullptr, nullptr), IsOk());
+      EXPECT_TRUE(order.empty()) << "the input half adds no parameter gradient";
+      ASSERT_THAT(chunk.BackwardWeight(0), IsOk());
+    } else {
+      ASSERT_THAT(chunk.Backward(0, nullptr, nullptr), IsOk());
+    }
+    chunk.set_grads_added_hook({});
+    std::vector<int> want(n);
+    for (int i = 0; i < n; ++i) want[i] = split ? i : n - 1 - i;
+    EXPECT_EQ(order, want);
+    for (int i = 0; i < n; ++i) {
+      EXPECT_EQ(at_hook[i], *chunk.LayerGrads(i)) << "layer " << i << " was final at its hook";
+      EXPECT_FALSE(std::all_of(at_hook[i].begin(), at_hook[i].end(), [](float v) { return v == 0.0f; }));
+    }
+    // Written back: the layer's gradients are the values given, the others unchanged.
+    std::vector<float> halves = at_hook[1];
+    for (float& v : halves) v *= 0.5f;
+    ASSERT_THAT(chunk.SetLayerGrads(1, halves), IsOk());
+    EXPECT_EQ(*chunk.LayerGrads(1), halves);
+    EXPECT_EQ(*chunk.LayerGrads(0), at_hook[0]);
+    EXPECT_THAT(chunk.SetLayerGrads(1, std::vector<float>(3)), StatusIs(absl::StatusCode::kInvalidArgument));
+    EXPECT_THAT(chunk.LayerGrads(n).status(), StatusIs(absl::StatusCode::kOutOfRange));
+    EXPECT_FALSE(chunk.LayerHoldsTiedParam(0)) << "untied";
+  }
+  model::GptConfig tied = c;
+  tied.tie_embeddings = true;
+  Stages<float> one = MakeStages<float>(cpu->get(), tied, {});
+  for (int i = 0; i < one[0]->num_layers(); ++i) {
+    EXPECT_EQ(one[0]->LayerHoldsTiedParam(i), i == 0 || i == one[0]->num_layers() - 1) << i;
   }
 }
 

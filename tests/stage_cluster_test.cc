@@ -24,11 +24,14 @@
 #include "common/testing/status_matchers.h"
 #include "coordinator/planner/forward_only.h"
 #include "coordinator/planner/planner.h"
+#include "coordinator/rendezvous_service.h"
+#include "coordinator/rendezvous_store.h"
 #include "coordinator/stage_client.h"
 #include "coordinator/stage_configure.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
 #include "pipetrain/v1/stage.grpc.pb.h"
 #include "tests/testing/loss_comparison.h"
@@ -443,6 +446,88 @@ TEST(StageFaultTest, AfterItsUpstreamDiesAWaitingStepEndsAtConfigureAndTheStageS
   }
   one[0].process->Signal(SIGTERM);
   EXPECT_TRUE(one[0].process->Wait(20s).ok());
+}
+
+// Two data-parallel replicas of one stage meeting through a rendezvous server (as the
+// coordinator serves it): replica 0 runs a step alone and waits in the gradient
+// all-reduce for replica 1, which is killed meanwhile. Replica 0's step fails at once
+// (not at its 20 s deadline) with an error naming the job, the stage, the step, the
+// averaging and the replicas, and it serves the next job.
+TEST(StageFaultTest, AReplicaKilledMidReductionFailsItsCopysStepWithinTheDeadline) {
+  coordinator::RendezvousStore store;
+  coordinator::RendezvousService rendezvous(&store);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&rendezvous);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_TRUE(server != nullptr && port > 0);
+  std::vector<Stage> replicas;
+  for (int r = 0; r < 2; ++r) {
+    replicas.push_back(StartStage({"--coordinator", absl::StrCat("127.0.0.1:", port)}));
+  }
+  const planner::Plan plan = MakeTestPlan(planner::ScheduleKind::kOneFOneB, 1, 1, pb::RECOMPUTE_NEVER);
+  for (int r = 0; r < 2; ++r) {
+    // Each replica is a one-stage pipeline of its own: no neighbour addresses are used.
+    pb::ConfigureRequest req = ConfigureFor(plan, "replicas", 0, replicas);
+    req.set_replica(r);
+    req.set_replicas(2);
+    req.set_rendezvous_prefix("run-1");
+    pb::ConfigureResponse resp;
+    grpc::Status st = Call3([&](grpc::ClientContext* c, const pb::ConfigureRequest& q,
+                                pb::ConfigureResponse* rr) { return replicas[r].stub->Configure(c, q, rr); },
+                            req, &resp);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+  }
+  auto step_on = [&](int r, int step) {
+    std::vector<Stage> one;
+    one.push_back(std::move(replicas[r]));
+    std::vector<pb::RunStepResponse> out;
+    grpc::Status st = RunStep(plan, "replicas", step, one, out)[0];
+    replicas[r] = std::move(one[0]);
+    return st;
+  };
+  // Step 0 on both: the replicas connect and average.
+  grpc::Status first[2];
+  std::thread other([&] { first[1] = step_on(1, 0); });
+  first[0] = step_on(0, 0);
+  other.join();
+  ASSERT_TRUE(first[0].ok()) << first[0].error_message();
+  ASSERT_TRUE(first[1].ok()) << first[1].error_message();
+
+  // Step 1 on replica 0 only: it waits in the all-reduce for replica 1.
+  grpc::Status waited;
+  std::chrono::steady_clock::time_point failed;
+  std::thread alone([&] {
+    waited = step_on(0, 1);
+    failed = std::chrono::steady_clock::now();
+  });
+  std::this_thread::sleep_for(1s);
+  const auto killed = std::chrono::steady_clock::now();
+  replicas[1].process->Signal(SIGKILL);
+  alone.join();
+  EXPECT_FALSE(waited.ok());
+  EXPECT_LT(failed - killed, 10s) << "the 20 s deadline, not the peer's death, ended it";
+  EXPECT_THAT(waited.error_message(),
+              AllOf(HasSubstr("job 'replicas'"), HasSubstr("stage 0"), HasSubstr("step 1"),
+                    HasSubstr("averaging the gradients over the replicas"), HasSubstr("replica")))
+      << waited.error_message();
+
+  // The survivor serves the next job.
+  std::vector<Stage> one;
+  one.push_back(std::move(replicas[0]));
+  pb::ConfigureResponse cresp;
+  grpc::Status st = Call3([&](grpc::ClientContext* c, const pb::ConfigureRequest& q,
+                              pb::ConfigureResponse* r) { return one[0].stub->Configure(c, q, r); },
+                          ConfigureFor(plan, "after-replicas", 0, one), &cresp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  std::vector<pb::RunStepResponse> out;
+  for (const grpc::Status& s : RunStep(plan, "after-replicas", 0, one, out)) {
+    EXPECT_TRUE(s.ok()) << s.error_message();
+  }
+  one[0].process->Signal(SIGTERM);
+  EXPECT_TRUE(one[0].process->Wait(20s).ok());
+  server->Shutdown();
 }
 
 TEST(StageFaultTest, ChunksExportAndImportWithOptimizerStateToResumeExactly) {

@@ -67,6 +67,42 @@ pb::Timeline RecomputingStep() {
   return t;
 }
 
+// Two replicas of one stage, two steps: the OPT's first reduce_us is the all-reduce it
+// waited for; reduce_total_us, all of it, gives the share hidden behind the backward.
+TEST(TimelineBreakdownTest, TheAllReduceTheOptimizerWaitedForIsItsOwnCategoryWithItsHiddenShare) {
+  pb::Timeline t;
+  t.set_job_id("job-8");
+  for (int64_t step : {1, 2}) {
+    for (int stage : {0, 1}) {
+      Add(t, step, stage, pb::FORWARD, 0, 100);
+      Add(t, step, stage, pb::BACKWARD, 100, 300);
+      Add(t, step, stage, pb::OPTIMIZER_STEP, 300, 400);
+      pb::TimelineEvent& opt = *t.mutable_events(t.events_size() - 1);
+      opt.set_reduce_us(stage == 0 ? 40 : 500);  // more than the action: clamped to it
+      opt.set_reduce_total_us(stage == 0 ? 160 : 100);
+    }
+  }
+  auto b = BreakDownTimeline(t);
+  ASSERT_THAT(b.status(), IsOk());
+  ASSERT_EQ(b->stages.size(), 2u);
+  ExpectTimes(b->stages[0], {{TC::kForward, 100}, {TC::kBackward, 200}, {TC::kAllReduce, 40},
+                             {TC::kOptimizer, 60}});
+  ExpectTimes(b->stages[1], {{TC::kForward, 100}, {TC::kBackward, 200}, {TC::kAllReduce, 100}});
+  EXPECT_DOUBLE_EQ(b->stages[0].allreduce_total_s, 160e-6);  // a step's, the mean of two
+  EXPECT_DOUBLE_EQ(b->stages[0].AllReduceHidden(), 0.75);
+  EXPECT_DOUBLE_EQ(b->stages[1].AllReduceHidden(), 0.0);
+  const std::string table = BreakdownTable(*b);
+  EXPECT_THAT(table, HasSubstr("allreduce"));
+  EXPECT_THAT(table, HasSubstr("stage 0: the replicas' gradient all-reduce took 160 us a step, "
+                               "75% of it hidden behind the backward"));
+  const nlohmann::json j = nlohmann::json::parse(BreakdownJson(*b));
+  EXPECT_DOUBLE_EQ(j["stages"][0]["allreduce_s"].get<double>(), 40e-6);
+  EXPECT_DOUBLE_EQ(j["stages"][0]["allreduce_hidden"].get<double>(), 0.75);
+  // Without replicas there is no such line.
+  EXPECT_THAT(BreakdownTable(*BreakDownTimeline(RecomputingStep())),
+              ::testing::Not(HasSubstr("all-reduce")));
+}
+
 TEST(TimelineBreakdownTest, RecomputeIsTakenOutOfTheBackwardAndIdleFillsTheStep) {
   auto b = BreakDownTimeline(RecomputingStep());
   ASSERT_THAT(b.status(), IsOk());

@@ -209,6 +209,7 @@ absl::Status ModelChunkT<Real>::RunBackwardInput(MicroBatch& mb, const Real* gra
     }
     if (fused) {
       RETURN_IF_ERROR(layers_[i]->Backward(mb.stashes[i], g, loss_grad, gi));
+      if (grads_added_) grads_added_(i);
     } else {
       RETURN_IF_ERROR(layers_[i]->BackwardInput(mb.stashes[i], g, loss_grad, gi));
     }
@@ -254,6 +255,7 @@ absl::Status ModelChunkT<Real>::BackwardWeight(int mb_id) {
   }
   for (size_t i = 0; i < layers_.size(); ++i) {
     RETURN_IF_ERROR(layers_[i]->BackwardWeight(mb->stashes[i]));
+    if (grads_added_) grads_added_(static_cast<int>(i));
   }
   micro_batches_.erase(mb_id);
   return absl::OkStatus();
@@ -359,25 +361,37 @@ absl::StatusOr<double> ModelChunkT<Real>::GradSquaredNorm() {
 }
 
 template <typename Real>
-absl::Status ModelChunkT<Real>::ReduceGrads(
-    const std::function<absl::Status(std::span<Real>)>& reduce) {
-  size_t total = 0;
-  for (auto& layer : layers_) total += static_cast<size_t>(layer->num_params());
-  std::vector<Real> flat(total);
-  size_t at = 0;
-  for (auto& layer : layers_) {
-    const size_t n = static_cast<size_t>(layer->num_params());
-    RETURN_IF_ERROR(backend_->CopyToHost(flat.data() + at, layer->all_grads(), n * sizeof(Real)));
-    at += n;
+absl::StatusOr<std::vector<Real>> ModelChunkT<Real>::LayerGrads(int i) const {
+  if (i < 0 || i >= num_layers()) {
+    return absl::OutOfRangeError(absl::StrCat("layer ", i, " of layers [", begin_, ", ", end_,
+                                              "): the chunk has ", num_layers()));
   }
-  RETURN_IF_ERROR(reduce(std::span<Real>(flat)));
-  at = 0;
-  for (auto& layer : layers_) {
-    const size_t n = static_cast<size_t>(layer->num_params());
-    RETURN_IF_ERROR(backend_->CopyFromHost(layer->all_grads(), flat.data() + at, n * sizeof(Real)));
-    at += n;
+  std::vector<Real> out(static_cast<size_t>(layers_[i]->num_params()));
+  RETURN_IF_ERROR(backend_->CopyToHost(out.data(), layers_[i]->all_grads(), out.size() * sizeof(Real)));
+  return out;
+}
+
+template <typename Real>
+absl::Status ModelChunkT<Real>::SetLayerGrads(int i, std::span<const Real> values) {
+  if (i < 0 || i >= num_layers()) {
+    return absl::OutOfRangeError(absl::StrCat("layer ", i, " of layers [", begin_, ", ", end_,
+                                              "): the chunk has ", num_layers()));
   }
-  return absl::OkStatus();
+  if (values.size() != static_cast<size_t>(layers_[i]->num_params())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gradients of layer ", begin_ + i, ": ", values.size(), " values for ",
+        layers_[i]->num_params(), " parameters"));
+  }
+  return backend_->CopyFromHost(layers_[i]->all_grads(), values.data(), values.size() * sizeof(Real));
+}
+
+template <typename Real>
+bool ModelChunkT<Real>::LayerHoldsTiedParam(int i) const {
+  if (!config_.tie_embeddings || i < 0 || i >= num_layers()) return false;
+  for (const model::ParamSpec& spec : layers_[i]->specs()) {
+    if (spec.name == TiedParamName(true) || spec.name == TiedParamName(false)) return true;
+  }
+  return false;
 }
 
 template <typename Real>

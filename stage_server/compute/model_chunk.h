@@ -147,10 +147,16 @@ class ModelChunkT {
   // Sum of squares of every gradient in this chunk (add across stages, then sqrt, for
   // the global norm). A tied copy is left out: its original counts once.
   absl::StatusOr<double> GradSquaredNorm();
-  // Data-parallel replicas: every gradient of the chunk in one host buffer (layer by
-  // layer, each layer's gradients as they lie), handed to `reduce` (which sums them
-  // across the replicas and averages, in place), and written back. One call a step.
-  absl::Status ReduceGrads(const std::function<absl::Status(std::span<Real>)>& reduce);
+  // Data-parallel replicas (averaged layer by layer, see ChunkCompute): layer i's
+  // (0-based in this chunk) gradients as one host buffer, as they lie, and back.
+  int num_layers() const { return static_cast<int>(layers_.size()); }
+  absl::StatusOr<std::vector<Real>> LayerGrads(int i) const;
+  absl::Status SetLayerGrads(int i, std::span<const Real> values);
+  // With model.tie_embeddings: layer i holds wte or the head's copy of it.
+  bool LayerHoldsTiedParam(int i) const;
+  // Called with i right after layer i's parameter gradients were added to by Backward
+  // or BackwardWeight (not BackwardInput, which adds none); empty: not called.
+  void set_grads_added_hook(std::function<void(int)> hook) { grads_added_ = std::move(hook); }
 
   // One AdamW step (the step counter starts at 1). With max_grad_norm > 0 the gradients
   // are clipped by `global_grad_norm`, or by this chunk's own norm if not given (right
@@ -198,6 +204,7 @@ class ModelChunkT {
   size_t peak_bytes_ = 0;
   double last_recompute_s_ = 0;
   int step_ = 0;
+  std::function<void(int)> grads_added_;
 };
 
 using ModelChunk = ModelChunkT<float>;
