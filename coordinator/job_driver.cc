@@ -55,7 +55,15 @@ void JobManager::ResumeAfterRestart(LiveJob* job) {
   LostRun run;
   run.job_id = id;
   run.spec = status.spec();
-  run.spec.mutable_pipeline()->set_stages(k / std::max(1, run.spec.pipeline().replicas()));
+  // The layout it last ran: a job of replicas continues on fewer replicas of the same K
+  // (job_recovery.h), a single pipeline on fewer stages.
+  const int replicas = std::max(1, run.spec.pipeline().replicas());
+  const int stages = run.spec.pipeline().stages();
+  if (replicas > 1 && stages > 0 && k % stages == 0) {
+    run.spec.mutable_pipeline()->set_replicas(k / stages);
+  } else {
+    run.spec.mutable_pipeline()->set_stages(k / replicas);
+  }
   for (int i = 0; i < k; ++i) {
     if (found[i]) {
       run.stages.push_back(*found[i]);

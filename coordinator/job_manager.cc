@@ -16,6 +16,7 @@
 #include "coordinator/job_data.h"
 #include "coordinator/job_manager_internal.h"
 #include "coordinator/job_spec.h"
+#include "coordinator/placement.h"
 #include "coordinator/planner/planner.h"
 
 namespace pipetrain::coordinator {
@@ -195,14 +196,22 @@ void JobManager::SchedulerLoop() {
     // Jobs a previous coordinator ran get their stages back first.
     for (auto it = queue_.begin(); it != queue_.end() && !stopping_ && resuming_ == 0;) {
       LiveJob* job = live_[*it].get();
-      const int k = common::JobStageServers(job->status.spec());
-      std::optional<std::vector<StageRecord>> stages = registry_.Acquire(*it, k);
+      const int n = common::JobStageServers(job->status.spec());
+      std::optional<std::vector<StageRecord>> stages = registry_.Acquire(*it, n);
       if (!stages) {
         ++it;
         continue;
       }
       it = queue_.erase(it);
-      job->thread = std::thread([this, job, s = *std::move(stages)] { Drive(job, s); });
+      // The replicas' copies of each stage position on as few hosts as possible, so
+      // their all-reduce stays on a host's own links where the stages allow it.
+      const int replicas = std::max(1, job->status.spec().pipeline().replicas());
+      const int k = job->status.spec().pipeline().stages();
+      std::vector<StageRecord> placed = PlaceReplicas(*std::move(stages), replicas, k);
+      job->thread = std::thread([this, job, replicas, k, s = std::move(placed)] {
+        if (replicas > 1) Log(job, DescribePlacement(s, replicas, k));  // Log takes mu_
+        Drive(job, s);
+      });
     }
     wake_.WaitWithTimeout(&mu_, options_.heartbeat_interval);
   }

@@ -9,6 +9,7 @@
 #include "common/status_macros.h"
 #include "coordinator/job_manager_internal.h"
 #include "coordinator/job_spec.h"
+#include "coordinator/placement.h"
 #include "coordinator/planner/planner.h"
 #include "coordinator/snapshot_choice.h"
 #include "coordinator/stage_client.h"
@@ -26,6 +27,18 @@ int64_t CheckpointStep(const std::string& dir) {
 
 
 std::string Stages(size_t n) { return absl::StrCat(n, n == 1 ? " stage" : " stages"); }
+
+// What a run continues on: "3 stages", or for a job that ran replicas "1 replica of 2
+// stages" (also when one is left).
+std::string Layout(int replicas_before, int replicas, size_t stages) {
+  if (replicas_before <= 1) return Stages(stages);
+  return absl::StrCat(replicas, replicas == 1 ? " replica" : " replicas", " of ",
+                      Stages(stages / std::max(1, replicas)));
+}
+
+bool Contains(const std::vector<int>& v, int x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
 
 // What a stage holds of the job's snapshots (of the layout it ran).
 absl::StatusOr<std::vector<SnapshotEntry>> ListEntries(StageClient& client,
@@ -100,9 +113,11 @@ absl::StatusOr<Continuation> JobRecovery::Recover(const LostRun& run,
   record.set_source(source.what);
   record.set_stages(static_cast<int32_t>(next->stages.size()));
   next->record = record;
+  const std::string on = Layout(run.spec.pipeline().replicas(),
+                                std::max(1, next->spec.pipeline().replicas()), next->stages.size());
   log_(absl::StrCat(who, " lost at step ", run.failed_step, ": restarting from ",
                     from > 0 ? absl::StrCat("step ", from) : std::string("the start"), " on ",
-                    Stages(next->stages.size()), " (restart ", run.restart, " of ",
+                    on, " (restart ", run.restart, " of ",
                     run.spec.fault_tolerance().max_restarts(), "; from ", source.what, ")"));
   return *std::move(next);
 }
@@ -208,7 +223,7 @@ std::optional<Continuation> JobRecovery::FindStages(const LostRun& run,
   };
   if (missing == 0) return with_replacements({});
   if (auto free = registry_.Acquire(run.job_id, missing, need)) return with_replacements(*free);
-  // Re-planned on the survivors: a single pipeline only (replicas need whole copies).
+  // Re-planned on the survivors: a single pipeline only (replicas go on fewer, below).
   if (!survivors.empty() && std::max(1, run.spec.pipeline().replicas()) == 1) {
     Continuation next;
     next.spec = run.spec;
@@ -216,15 +231,72 @@ std::optional<Continuation> JobRecovery::FindStages(const LostRun& run,
     for (int i : survivors) next.stages.push_back(run.stages[i]);
     if (Fits(next.spec, next.stages)) return next;
   }
+  // Fewer replicas: a wait is only for when no replica can go on alone.
+  std::string why = absl::StrCat("the model does not fit the ", Stages(survivors.size()), " left");
+  if (std::max(1, run.spec.pipeline().replicas()) > 1) {
+    if (std::optional<Continuation> fewer = OnFewerReplicas(run, survivors, why)) return fewer;
+  }
   const absl::Duration wait = absl::Seconds(run.spec.fault_tolerance().wait_for_stages_s());
   const absl::Time deadline = absl::Now() + wait;
   log_(absl::StrCat("waiting up to ", absl::FormatDuration(wait), " for ", missing,
-                    " free stage", missing == 1 ? "" : "s", " (the model does not fit the ",
-                    Stages(survivors.size()), " left)"));
+                    " free stage", missing == 1 ? "" : "s", " (", why, ")"));
   while (!stop_() && absl::Now() < deadline) {
     absl::SleepFor(std::min(poll_, std::max(deadline - absl::Now(), absl::ZeroDuration())));
     if (auto free = registry_.Acquire(run.job_id, missing, need)) return with_replacements(*free);
   }
+  return std::nullopt;
+}
+
+std::optional<Continuation> JobRecovery::OnFewerReplicas(const LostRun& run,
+                                                         const std::vector<int>& survivors,
+                                                         std::string& why) {
+  const int replicas = std::max(1, run.spec.pipeline().replicas());
+  const int k = run.spec.pipeline().stages();
+  std::vector<int> whole;  // the replicas that lost none of their stages
+  for (int r = 0; r < replicas; ++r) {
+    bool all = true;
+    for (int s = 0; s < k; ++s) all = all && Contains(survivors, r * k + s);
+    if (all) whole.push_back(r);
+  }
+  if (whole.empty()) {
+    why = absl::StrCat("each of the ", replicas, " replicas lost a stage");
+    return std::nullopt;
+  }
+  const int64_t batch = run.spec.training().batch_size();
+  const int m = std::max(1, run.spec.pipeline().micro_batches());
+  // The most replicas the batch still splits over and the model fits (the data of a
+  // step depends only on the seed and the step, so any R' gives the same losses).
+  for (int n = static_cast<int>(whole.size()); n >= 1; --n) {
+    if (batch % (static_cast<int64_t>(n) * m) != 0) continue;
+    Continuation next;
+    next.spec = run.spec;
+    next.spec.mutable_pipeline()->set_replicas(n);
+    for (int i = 0; i < n; ++i) {
+      for (int s = 0; s < k; ++s) next.stages.push_back(run.stages[whole[i] * k + s]);
+    }
+    if (!Fits(next.spec, next.stages)) continue;
+    next.stages = PlaceReplicas(std::move(next.stages), n, k);
+    // The other survivors go back to the registry: free for the next job.
+    std::vector<std::string> freed;
+    for (int i : survivors) {
+      const std::string& id = run.stages[i].stage_id;
+      const bool kept = std::any_of(next.stages.begin(), next.stages.end(),
+                                    [&](const StageRecord& s) { return s.stage_id == id; });
+      if (kept) continue;
+      registry_.ReleaseStage(run.job_id, id);
+      freed.push_back(id);
+    }
+    log_(absl::StrCat("no free stage takes the lost one's place: continuing on ", n, " of the ",
+                      replicas, " replicas (training.batch_size ", batch, " = ", n, " x ", m,
+                      " micro-batches x ", batch / (static_cast<int64_t>(n) * m), ")",
+                      freed.empty() ? std::string()
+                                    : absl::StrCat("; freed ", absl::StrJoin(freed, ", "))));
+    if (n > 1) log_(DescribePlacement(next.stages, n, k));
+    return next;
+  }
+  why = absl::StrCat("training.batch_size ", batch, " does not split over the ", whole.size(),
+                     " whole replica", whole.size() == 1 ? "" : "s", " left in ", m,
+                     " micro-batches each, or the model does not fit them");
   return std::nullopt;
 }
 

@@ -1,10 +1,11 @@
 // What the coordinator does when a stage of a running job is lost: finds the newest
 // complete state (the surviving stages' in-memory snapshots, else the job's newest
 // checkpoint, else its start) and the stages to continue on (a free stage in the lost
-// one's place, else the survivors when the model fits them, else a free stage within
-// fault_tolerance.wait_for_stages_s), and says so in one event line. The job manager
-// runs the job again from there (job_runner.h RunStart); the choice of snapshot is pure
-// (snapshot_choice.h), the calls to the stages go through StageClient.
+// one's place, else the survivors when the model fits them, with replicas the replicas
+// that lost no stage, else a free stage within fault_tolerance.wait_for_stages_s), and
+// says so in one event line. The job manager runs the job again from there
+// (job_runner.h RunStart); the choice of snapshot is pure (snapshot_choice.h), the
+// calls to the stages go through StageClient.
 #pragma once
 
 #include <functional>
@@ -35,7 +36,7 @@ struct LostRun {
 
 struct Continuation {
   std::vector<StageRecord> stages;        // in pipeline order
-  pipetrain::v1::JobSpec spec;            // pipeline.stages = stages.size()
+  pipetrain::v1::JobSpec spec;            // replicas x stages = stages.size()
   std::optional<RestoredState> restored;  // nullopt: from the job's start
   pipetrain::v1::Recovery record;
 };
@@ -65,6 +66,11 @@ class JobRecovery {
   // The stages to continue on, or nullopt after waiting in vain (or being stopped).
   std::optional<Continuation> FindStages(const LostRun& run, const std::vector<int>& survivors,
                                          const std::vector<std::string>& lost);
+  // With replicas and no free stage: the replicas that lost no stage, as many of them as
+  // the batch splits over and the model fits (the others' survivors are freed), or
+  // nullopt with `why` saying why not.
+  std::optional<Continuation> OnFewerReplicas(const LostRun& run, const std::vector<int>& survivors,
+                                              std::string& why);
   // Whether the job's model fits these stages, planned on them alone.
   bool Fits(const pipetrain::v1::JobSpec& spec, const std::vector<StageRecord>& stages) const;
 

@@ -35,6 +35,8 @@ using ::testing::HasSubstr;
 constexpr double kSameLayout = 1e-12;
 // Another number of stages: the same sums, grouped as the stages split them.
 constexpr double kOtherLayout = 1e-6;
+// Another number of replicas over a short job (the transparency target of issue 16).
+constexpr double kOtherReplicas = 1e-5;
 
 int64_t Int(const nlohmann::json& j, const char* key) {
   if (!j.contains(key)) return 0;
@@ -300,6 +302,54 @@ TEST_F(CoordinatorRecoveryTest, AReplicasLostStageIsReplacedAndTheLossesStayTheS
   EXPECT_EQ(done.value("recoveries", json::array()).size(), 1u);
   EXPECT_EQ(done["stage_ids"].size(), 4u);
   EXPECT_TRUE(LossesMatch(Losses(Status(c, id)), expected, kSameLayout));
+}
+
+// Data-parallel replicas with no free stage to take a lost one's place: the replica that
+// lost nothing goes on alone (1 of 2) rather than waiting, the lost replica's surviving
+// stage is freed, and the losses are one pipeline's of the same K (which sequences a
+// step takes depends only on the seed and the step, not on R).
+//
+// Another R sums the gradients in another order, and over many steps the float rounding
+// of two such runs drifts apart (beyond 1e-5 after some 50 steps here): the job is short,
+// and a checkpoint every 4 steps keeps it running long enough to lose a stage in.
+TEST_F(CoordinatorRecoveryTest, WithoutAFreeStageTheReplicaThatLostNothingGoesOnAlone) {
+  constexpr int kShort = 40;
+  spec_["training"]["steps"] = kShort;
+  spec_["checkpoint"]["every_steps"] = 4;
+  spec_["fault_tolerance"]["wait_for_stages_s"] = 120;  // a wait would outlast WaitFor
+  auto cluster = LocalCluster::Start(dir_.File("state"), 4);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  const std::vector<double> expected =
+      Losses(Status(c, SubmitAndFollow(c, {"pipeline.stages=2", "pipeline.micro_batches=2"})));
+  ASSERT_EQ(expected.size(), static_cast<size_t>(kShort));
+
+  const std::string id = SubmitNoWait(
+      c, {"pipeline.replicas=2", "pipeline.stages=2", "pipeline.micro_batches=2"});
+  const json running = WaitFor(c, id, [](const json& j) { return Int(j, "steps_done") >= 3; });
+  ASSERT_EQ(running["stage_ids"].size(), 4u) << running.dump();
+  const std::string victim = KillAt(c, id, 5, 3);  // replica 1's last stage
+  const json done = WaitFor(c, id, Ended);
+  EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
+  ASSERT_EQ(done.value("recoveries", json::array()).size(), 1u)
+      << done.dump() << "\ncoordinator: " << c.coordinator_log() << c.stage_logs();
+  const json& r = done["recoveries"][0];
+  EXPECT_EQ(r["lost_stage_ids"][0], victim);
+  EXPECT_EQ(r["stages"], 2) << "one replica of 2 stages";
+  EXPECT_LT(Int(r, "restored_step"), Int(r, "failed_step"));
+  EXPECT_GE(Int(r, "restored_step"), 3);
+  // Replica 0's stages, in their places.
+  ASSERT_EQ(done["stage_ids"].size(), 2u) << done.dump();
+  EXPECT_EQ(done["stage_ids"][0], running["stage_ids"][0]);
+  EXPECT_EQ(done["stage_ids"][1], running["stage_ids"][1]);
+  EXPECT_EQ(Int(done, "steps_done"), kShort);
+  EXPECT_TRUE(LossesMatch(Losses(Status(c, id)), expected, kOtherReplicas));
+  auto logs = c.Cli({"logs", id});
+  ASSERT_TRUE(logs.ok());
+  EXPECT_THAT(logs->out, HasSubstr(victim + " lost at step"));
+  EXPECT_THAT(logs->out, HasSubstr("on 1 replica of 2 stages (restart 1 of"));
+  EXPECT_THAT(logs->out, HasSubstr(absl::StrCat("freed ", running["stage_ids"][2].get<std::string>())));
+  EXPECT_THAT(logs->out, ::testing::Not(HasSubstr("waiting up to")));
 }
 
 // With global-norm clipping the optimizer waits for ApplyOptimizer (and the snapshot is
