@@ -107,6 +107,11 @@ class Executor {
   // when no optimizer step of `step` is pending; nothing is pending afterwards.
   absl::StatusOr<ActionTiming> ApplyOptimizer(uint64_t step, double global_grad_norm,
                                               std::optional<float> lr);
+  // From any thread: a step waiting for the replicas' averages ends now with ABORTED
+  // naming `why`, and so does every later one (the executor is about to be replaced).
+  void AbortReduction(const std::string& why) {
+    if (reduction_) reduction_->Abort(why);
+  }
   // The step whose optimizer step is pending, if any.
   std::optional<uint64_t> pending_optimizer_step() const;
   // OK, or FAILED_PRECONDITION naming the job, stage and pending step and `what` was

@@ -5,44 +5,50 @@
 namespace pipetrain::stage_server {
 
 OverlappedReduction::OverlappedReduction(GradientAverage average)
-    : average_(std::move(average)), worker_([this] { Work(); }) {}
+    : state_(std::make_shared<State>(std::move(average))),
+      worker_([s = state_] { Work(s); }) {}
 
 OverlappedReduction::~OverlappedReduction() {
+  bool aborted = false;
   {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
+    absl::MutexLock lock(&state_->mu);
+    state_->stopping = true;
+    aborted = !state_->aborted.empty();
   }
-  worker_.join();
+  if (aborted) {
+    worker_.detach();  // it holds the state; it ends after the average it is in
+  } else {
+    worker_.join();
+  }
 }
 
 void OverlappedReduction::Start(std::vector<float> data, WriteBack write_back) {
-  absl::MutexLock lock(&mu_);
-  items_.push_back({std::move(data), std::move(write_back), false});
+  absl::MutexLock lock(&state_->mu);
+  if (!state_->aborted.empty()) return;
+  state_->items.push_back({std::move(data), std::move(write_back)});
 }
 
-void OverlappedReduction::Work() {
-  absl::MutexLock lock(&mu_);
+void OverlappedReduction::Work(std::shared_ptr<State> s) {
+  absl::MutexLock lock(&s->mu);
   for (;;) {
-    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return next_ < items_.size() || stopping_;
+    auto ready = [&s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s->mu) {
+      return s->next < s->items.size() || s->stopping;
     };
-    mu_.Await(absl::Condition(&ready));
-    if (next_ >= items_.size()) return;  // stopping, nothing left to do
-    Item& item = items_[next_];
-    if (!failure_.ok()) {
-      item.done = true;  // skipped: the collective is broken
-      ++next_;
+    s->mu.Await(absl::Condition(&ready));
+    if (s->next >= s->items.size()) return;  // stopping, nothing left to do
+    Item& item = s->items[s->next];
+    if (!s->failure.ok() || !s->aborted.empty()) {
+      ++s->next;  // skipped: the collective is broken, or nobody waits for it
       continue;
     }
-    mu_.Unlock();
+    s->mu.Unlock();
     const absl::Time start = absl::Now();
-    absl::Status s = average_(std::span<float>(item.data));
+    absl::Status status = s->average(std::span<float>(item.data));
     const absl::Duration took = absl::Now() - start;
-    mu_.Lock();
-    busy_ += took;
-    if (!s.ok() && failure_.ok()) failure_ = std::move(s);
-    item.done = true;
-    ++next_;
+    s->mu.Lock();
+    s->busy += took;
+    if (!status.ok() && s->failure.ok()) s->failure = std::move(status);
+    ++s->next;
   }
 }
 
@@ -51,13 +57,20 @@ absl::Status OverlappedReduction::Finish(ReductionTimes* times) {
   std::deque<Item> items;
   absl::Status status;
   {
-    absl::MutexLock lock(&mu_);
-    auto all_done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return next_ == items_.size(); };
-    mu_.Await(absl::Condition(&all_done));
-    items.swap(items_);
-    next_ = 0;
-    status = std::exchange(failure_, absl::OkStatus());
-    times->busy = std::exchange(busy_, absl::ZeroDuration());
+    State& s = *state_;
+    absl::MutexLock lock(&s.mu);
+    auto done = [&s]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(s.mu) {
+      return s.next == s.items.size() || !s.aborted.empty();
+    };
+    s.mu.Await(absl::Condition(&done));
+    if (!s.aborted.empty()) {
+      times->exposed = absl::Now() - start;
+      return absl::AbortedError(s.aborted);  // the worker keeps the items it works on
+    }
+    items.swap(s.items);
+    s.next = 0;
+    status = std::exchange(s.failure, absl::OkStatus());
+    times->busy = std::exchange(s.busy, absl::ZeroDuration());
   }
   times->calls = static_cast<int>(items.size());
   for (Item& item : items) {
@@ -68,9 +81,14 @@ absl::Status OverlappedReduction::Finish(ReductionTimes* times) {
   return status;
 }
 
+void OverlappedReduction::Abort(const std::string& why) {
+  absl::MutexLock lock(&state_->mu);
+  if (state_->aborted.empty()) state_->aborted = why.empty() ? "aborted" : why;
+}
+
 int OverlappedReduction::pending() const {
-  absl::MutexLock lock(&mu_);
-  return static_cast<int>(items_.size() - next_);
+  absl::MutexLock lock(&state_->mu);
+  return static_cast<int>(state_->items.size() - state_->next);
 }
 
 }  // namespace pipetrain::stage_server

@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -30,14 +32,18 @@ struct ReductionTimes {
 
 // One step's averages, in the order they were started. Every replica of a stage runs
 // the same program, so they start the same buffers in the same order: the collective
-// underneath pairs calls by their order.
+// underneath pairs calls by their order. Start, Finish and Abort may be called from
+// different threads.
 class OverlappedReduction {
  public:
   // Writes a buffer's average back where it came from (on Finish's thread).
   using WriteBack = std::function<absl::Status(std::span<const float>)>;
 
+  // `average` may outlive this object after an Abort (see the destructor): what it
+  // uses must be owned by it, not borrowed.
   explicit OverlappedReduction(GradientAverage average);
-  // Waits for the averages already started (each is bounded by its own deadline).
+  // Waits for the averages already started (each is bounded by its own deadline);
+  // after an Abort it does not: the worker finishes the one it is in on its own.
   ~OverlappedReduction();
   OverlappedReduction(const OverlappedReduction&) = delete;
   OverlappedReduction& operator=(const OverlappedReduction&) = delete;
@@ -49,6 +55,10 @@ class OverlappedReduction {
   // (an average's or a write-back's). Resets for the next step; `times` gets this
   // step's figures.
   absl::Status Finish(ReductionTimes* times);
+  // For good: a Finish waiting now, and every later one, returns ABORTED with `why` at
+  // once, writing nothing back (a step stuck in the collective while the stage is
+  // reconfigured). The average in progress is not interrupted; later ones are skipped.
+  void Abort(const std::string& why);
   // Averages started and not yet finished by the worker (for tests).
   int pending() const;
 
@@ -56,17 +66,22 @@ class OverlappedReduction {
   struct Item {
     std::vector<float> data;
     WriteBack write_back;
-    bool done = false;
   };
-  void Work();
+  // Shared with the worker, which may outlive this object after an Abort.
+  struct State {
+    explicit State(GradientAverage a) : average(std::move(a)) {}
+    const GradientAverage average;
+    mutable absl::Mutex mu;
+    std::deque<Item> items ABSL_GUARDED_BY(mu);  // grows without moving the others
+    size_t next ABSL_GUARDED_BY(mu) = 0;           // the worker's next item
+    absl::Status failure ABSL_GUARDED_BY(mu);
+    absl::Duration busy ABSL_GUARDED_BY(mu);
+    bool stopping ABSL_GUARDED_BY(mu) = false;
+    std::string aborted ABSL_GUARDED_BY(mu);  // why, once aborted
+  };
+  static void Work(std::shared_ptr<State> state);
 
-  const GradientAverage average_;
-  mutable absl::Mutex mu_;
-  std::deque<Item> items_ ABSL_GUARDED_BY(mu_);  // grows without moving the others
-  size_t next_ ABSL_GUARDED_BY(mu_) = 0;  // the worker's next item
-  absl::Status failure_ ABSL_GUARDED_BY(mu_);
-  absl::Duration busy_ ABSL_GUARDED_BY(mu_);
-  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<State> state_;
   std::thread worker_;
 };
 

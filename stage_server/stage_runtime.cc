@@ -35,7 +35,13 @@ struct StageRuntime::Job {
   // Copies snapshots to the ring successor; last, so it stops before the rest goes.
   std::unique_ptr<SnapshotPusher> pusher;
   // The other replicas of this stage position (replicas > 1), made at the first step.
-  std::unique_ptr<collective::GradientReducer> reducer;
+  // Shared with the executor's averaging, which may finish an all-reduce after the job
+  // is gone (a step aborted while it waited in one).
+  struct ReducerSlot {
+    absl::Mutex mu;
+    std::shared_ptr<collective::GradientReducer> reducer ABSL_GUARDED_BY(mu);
+  };
+  std::shared_ptr<ReducerSlot> reducer = std::make_shared<ReducerSlot>();
 };
 
 namespace {
@@ -80,6 +86,12 @@ void StageRuntime::AbortRunningStep() {
   {
     absl::MutexLock lock(&links_mu_);
     for (PeerLink* link : links_) link->Close();  // idempotent; fails its waits at once
+    // A step waiting in the replicas' all-reduce stops waiting (the collective itself
+    // cannot be interrupted; its call ends at its own deadline, on its worker).
+    if (executor_ != nullptr) {
+      executor_->AbortReduction("the stage was configured again while this step waited "
+                                "for the other replicas' gradients");
+    }
   }
   // A step still waiting for its upstream neighbour to connect stops waiting too.
   std::string job_id;
@@ -101,6 +113,7 @@ void StageRuntime::DropLink(std::unique_ptr<PeerLink>& link) {
 void StageRuntime::ForgetLinks() {
   absl::MutexLock lock(&links_mu_);
   links_.clear();
+  executor_ = nullptr;  // the job that owns it goes next
 }
 
 uint64_t StageRuntime::StateBytes(const JobConfig& config) {
@@ -236,14 +249,19 @@ absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config)
   ec.tie_embeddings = config.model.tie_embeddings;
   if (config.replicas > 1) {
     // Set before the executor's first step by EnsureLinks; the job outlives its executor.
-    Job* owner = job.get();
+    std::shared_ptr<Job::ReducerSlot> slot = job->reducer;
     const float scale = 1.0f / static_cast<float>(config.replicas);
     const absl::Duration deadline = config.recv_timeout;
-    ec.average_gradients = [owner, scale, deadline](std::span<float> data) -> absl::Status {
-      if (owner->reducer == nullptr) {
+    ec.average_gradients = [slot, scale, deadline](std::span<float> data) -> absl::Status {
+      std::shared_ptr<collective::GradientReducer> reducer;
+      {
+        absl::MutexLock lock(&slot->mu);
+        reducer = slot->reducer;
+      }
+      if (reducer == nullptr) {
         return absl::FailedPreconditionError("the replicas of this stage are not connected");
       }
-      RETURN_IF_ERROR(owner->reducer->AllReduceSum(data, deadline));
+      RETURN_IF_ERROR(reducer->AllReduceSum(data, deadline));
       for (float& v : data) v *= scale;
       return absl::OkStatus();
     };
@@ -260,6 +278,10 @@ absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config)
     // A copy may take longer than one tensor, but never longer than a step may wait.
     po.deadline = std::max(config.recv_timeout, absl::Seconds(10));
     job->pusher = std::make_unique<SnapshotPusher>(po, options_.security.ChannelCredentials());
+  }
+  {
+    absl::MutexLock lock(&links_mu_);
+    executor_ = job->executor.get();
   }
   job_ = std::move(job);
   steps_run_ = 0;
@@ -297,7 +319,12 @@ absl::Status StageRuntime::EnsureLinks(Job& job) {
     ASSIGN_OR_RETURN(job.prev,
                      acceptor_.WaitForPeer(c.job_id, (c.stage + K - 1) % K, deadline));
   }
-  if (c.replicas > 1 && job.reducer == nullptr && !job.emulated) {
+  bool connected = false;
+  {
+    absl::MutexLock lock(&job.reducer->mu);
+    connected = job.reducer->reducer != nullptr;
+  }
+  if (c.replicas > 1 && !connected && !job.emulated) {
     collective::ReducerOptions ro;
     ro.job_id = c.job_id;
     ro.stage = c.stage;
@@ -308,7 +335,10 @@ absl::Status StageRuntime::EnsureLinks(Job& job) {
     ro.security = options_.security;
     ro.listen_host = options_.listen_host;
     ro.connect_deadline = c.recv_timeout;
-    ASSIGN_OR_RETURN(job.reducer, collective::CreateGlooReducer(ro));
+    ASSIGN_OR_RETURN(std::unique_ptr<collective::GradientReducer> reducer,
+                     collective::CreateGlooReducer(ro));
+    absl::MutexLock lock(&job.reducer->mu);
+    job.reducer->reducer = std::move(reducer);
   }
   absl::MutexLock lock(&links_mu_);
   links_.clear();

@@ -188,6 +188,7 @@ class StageRuntime {
   // breaks a running step with them. Cleared before job_ goes.
   absl::Mutex links_mu_;  // never held across a step
   std::vector<PeerLink*> links_ ABSL_GUARDED_BY(links_mu_);
+  Executor* executor_ ABSL_GUARDED_BY(links_mu_) = nullptr;  // the job's, for its aborts
   mutable absl::Mutex job_id_mu_;  // never held across a step
   std::string job_id_ ABSL_GUARDED_BY(job_id_mu_);
   // What admits a snapshot push, readable while a step runs.

@@ -4,6 +4,8 @@
 #include "stage_server/overlapped_reduction.h"
 
 #include <atomic>
+#include <memory>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
@@ -98,6 +100,51 @@ TEST(OverlappedReductionTest, DestroyingItWaitsForTheAveragesStarted) {
     for (int i = 0; i < 3; ++i) reduction.Start({1}, [](std::span<const float>) { return absl::OkStatus(); });
   }
   EXPECT_EQ(done.load(), 3);
+}
+
+// A step stuck waiting for an average that will not come (the other replicas are
+// gone) while the stage is reconfigured: Abort ends the wait at once, later Finishes
+// too, destroying the reduction does not wait for the stuck average, which finishes on
+// its own later with everything it uses still alive.
+TEST(OverlappedReductionTest, AbortEndsAFinishWaitingForAStuckAverageAndDestroyingItDoesNotWait) {
+  auto release = std::make_shared<absl::Notification>();
+  auto finished = std::make_shared<std::atomic<bool>>(false);
+  auto reduction = std::make_unique<OverlappedReduction>([release, finished](std::span<float> d) {
+    release->WaitForNotification();
+    d[0] = 7;  // its buffer is still there
+    *finished = true;
+    return absl::OkStatus();
+  });
+  bool written = false;
+  reduction->Start({1, 2}, [&](std::span<const float>) {
+    written = true;
+    return absl::OkStatus();
+  });
+  reduction->Start({3}, [&](std::span<const float>) {
+    written = true;
+    return absl::OkStatus();
+  });
+  absl::Status waited;
+  std::thread finish([&] {
+    ReductionTimes times;
+    waited = reduction->Finish(&times);
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  reduction->Abort("stage 1 of job 'j' was configured again");
+  finish.join();
+  EXPECT_EQ(waited.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(std::string(waited.message()), ::testing::HasSubstr("configured again"));
+  ReductionTimes times;
+  EXPECT_EQ(reduction->Finish(&times).code(), absl::StatusCode::kAborted) << "for good";
+  const absl::Time before = absl::Now();
+  reduction.reset();
+  EXPECT_LT(absl::Now() - before, absl::Seconds(5)) << "the destructor waited for the average";
+  EXPECT_FALSE(*finished);
+  release->Notify();
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!*finished && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(5));
+  EXPECT_TRUE(*finished);
+  EXPECT_FALSE(written) << "nothing is written back after an abort";
 }
 
 }  // namespace

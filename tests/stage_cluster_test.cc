@@ -448,86 +448,122 @@ TEST(StageFaultTest, AfterItsUpstreamDiesAWaitingStepEndsAtConfigureAndTheStageS
   EXPECT_TRUE(one[0].process->Wait(20s).ok());
 }
 
-// Two data-parallel replicas of one stage meeting through a rendezvous server (as the
-// coordinator serves it): replica 0 runs a step alone and waits in the gradient
-// all-reduce for replica 1, which is killed meanwhile. Replica 0's step fails at once
-// (not at its 20 s deadline) with an error naming the job, the stage, the step, the
-// averaging and the replicas, and it serves the next job.
-TEST(StageFaultTest, AReplicaKilledMidReductionFailsItsCopysStepWithinTheDeadline) {
-  coordinator::RendezvousStore store;
-  coordinator::RendezvousService rendezvous(&store);
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&rendezvous);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_TRUE(server != nullptr && port > 0);
-  std::vector<Stage> replicas;
-  for (int r = 0; r < 2; ++r) {
-    replicas.push_back(StartStage({"--coordinator", absl::StrCat("127.0.0.1:", port)}));
+// Two data-parallel replicas of one stage (each a one-stage pipeline) meeting through a
+// rendezvous server as the coordinator serves it, configured, step 0 run on both.
+class ReplicaFaultTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    builder_.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder_.RegisterService(&rendezvous_);
+    server_ = builder_.BuildAndStart();
+    ASSERT_TRUE(server_ != nullptr && port_ > 0);
+    for (int r = 0; r < 2; ++r) {
+      replicas_.push_back(StartStage({"--coordinator", absl::StrCat("127.0.0.1:", port_)}));
+    }
+    address0_ = replicas_[0].address;
+    for (int r = 0; r < 2; ++r) {
+      // No neighbour addresses are used by a one-stage pipeline.
+      pb::ConfigureRequest req = ConfigureFor(plan_, "replicas", 0, replicas_);
+      req.set_replica(r);
+      req.set_replicas(2);
+      req.set_rendezvous_prefix("run-1");
+      pb::ConfigureResponse resp;
+      grpc::Status st = Call3([&](grpc::ClientContext* c, const pb::ConfigureRequest& q,
+                                  pb::ConfigureResponse* rr) { return replicas_[r].stub->Configure(c, q, rr); },
+                              req, &resp);
+      ASSERT_TRUE(st.ok()) << st.error_message();
+    }
+    grpc::Status first[2];
+    std::thread other([&] { first[1] = StepOn(1, 0); });
+    first[0] = StepOn(0, 0);
+    other.join();
+    ASSERT_TRUE(first[0].ok()) << first[0].error_message();
+    ASSERT_TRUE(first[1].ok()) << first[1].error_message();
   }
-  const planner::Plan plan = MakeTestPlan(planner::ScheduleKind::kOneFOneB, 1, 1, pb::RECOMPUTE_NEVER);
-  for (int r = 0; r < 2; ++r) {
-    // Each replica is a one-stage pipeline of its own: no neighbour addresses are used.
-    pb::ConfigureRequest req = ConfigureFor(plan, "replicas", 0, replicas);
-    req.set_replica(r);
-    req.set_replicas(2);
-    req.set_rendezvous_prefix("run-1");
-    pb::ConfigureResponse resp;
-    grpc::Status st = Call3([&](grpc::ClientContext* c, const pb::ConfigureRequest& q,
-                                pb::ConfigureResponse* rr) { return replicas[r].stub->Configure(c, q, rr); },
-                            req, &resp);
-    ASSERT_TRUE(st.ok()) << st.error_message();
-  }
-  auto step_on = [&](int r, int step) {
-    std::vector<Stage> one;
-    one.push_back(std::move(replicas[r]));
-    std::vector<pb::RunStepResponse> out;
-    grpc::Status st = RunStep(plan, "replicas", step, one, out)[0];
-    replicas[r] = std::move(one[0]);
-    return st;
-  };
-  // Step 0 on both: the replicas connect and average.
-  grpc::Status first[2];
-  std::thread other([&] { first[1] = step_on(1, 0); });
-  first[0] = step_on(0, 0);
-  other.join();
-  ASSERT_TRUE(first[0].ok()) << first[0].error_message();
-  ASSERT_TRUE(first[1].ok()) << first[1].error_message();
+  void TearDown() override { server_->Shutdown(); }
 
-  // Step 1 on replica 0 only: it waits in the all-reduce for replica 1.
-  grpc::Status waited;
-  std::chrono::steady_clock::time_point failed;
-  std::thread alone([&] {
-    waited = step_on(0, 1);
-    failed = std::chrono::steady_clock::now();
-  });
-  std::this_thread::sleep_for(1s);
-  const auto killed = std::chrono::steady_clock::now();
-  replicas[1].process->Signal(SIGKILL);
-  alone.join();
+  grpc::Status StepOn(int r, int step) {
+    std::vector<Stage> one;
+    one.push_back(std::move(replicas_[r]));
+    std::vector<pb::RunStepResponse> out;
+    grpc::Status st = RunStep(plan_, "replicas", step, one, out)[0];
+    replicas_[r] = std::move(one[0]);
+    return st;
+  }
+
+  // Replica 0 alone runs step 1 (so it waits in the all-reduce for replica 1) while
+  // `meanwhile` runs, a second after the step began; the step's status and how long
+  // after `meanwhile` began it ended.
+  std::pair<grpc::Status, std::chrono::steady_clock::duration> StepAloneWhile(
+      const std::function<void()>& meanwhile) {
+    grpc::Status waited;
+    std::chrono::steady_clock::time_point ended;
+    std::thread alone([&] {
+      waited = StepOn(0, 1);
+      ended = std::chrono::steady_clock::now();
+    });
+    std::this_thread::sleep_for(1s);
+    const auto began = std::chrono::steady_clock::now();
+    meanwhile();
+    alone.join();
+    return {waited, ended - began};
+  }
+
+  // Replica 0 runs a job of its own: it still serves. (Through a stub of its own: a
+  // step of the replicas' job may be using replicas_[0] meanwhile.)
+  void ExpectReplica0ServesAnotherJob() {
+    std::vector<Stage> one(1);
+    one[0].address = address0_;
+    one[0].stub = pb::Stage::NewStub(grpc::CreateChannel(address0_, grpc::InsecureChannelCredentials()));
+    pb::ConfigureResponse cresp;
+    grpc::Status st = Call3([&](grpc::ClientContext* c, const pb::ConfigureRequest& q,
+                                pb::ConfigureResponse* r) { return one[0].stub->Configure(c, q, r); },
+                            ConfigureFor(plan_, "after-replicas", 0, one), &cresp);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    std::vector<pb::RunStepResponse> out;
+    for (const grpc::Status& s : RunStep(plan_, "after-replicas", 0, one, out)) {
+      EXPECT_TRUE(s.ok()) << s.error_message();
+    }
+  }
+
+  const planner::Plan plan_ = MakeTestPlan(planner::ScheduleKind::kOneFOneB, 1, 1, pb::RECOMPUTE_NEVER);
+  coordinator::RendezvousStore store_;
+  coordinator::RendezvousService rendezvous_{&store_};
+  grpc::ServerBuilder builder_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+  std::vector<Stage> replicas_;
+  std::string address0_;
+};
+
+// Replica 1 killed while replica 0 waits in the all-reduce: replica 0's step fails at
+// once (not at its 20 s deadline), naming the job, stage, step, the averaging and the
+// replicas, and replica 0 serves the next job.
+TEST_F(ReplicaFaultTest, AReplicaKilledMidReductionFailsItsCopysStepWithinTheDeadline) {
+  auto [waited, took] = StepAloneWhile([&] { replicas_[1].process->Signal(SIGKILL); });
   EXPECT_FALSE(waited.ok());
-  EXPECT_LT(failed - killed, 10s) << "the 20 s deadline, not the peer's death, ended it";
+  EXPECT_LT(took, 10s) << "the 20 s deadline, not the peer's death, ended it";
   EXPECT_THAT(waited.error_message(),
               AllOf(HasSubstr("job 'replicas'"), HasSubstr("stage 0"), HasSubstr("step 1"),
                     HasSubstr("averaging the gradients over the replicas"), HasSubstr("replica")))
       << waited.error_message();
+  ExpectReplica0ServesAnotherJob();
+}
 
-  // The survivor serves the next job.
-  std::vector<Stage> one;
-  one.push_back(std::move(replicas[0]));
-  pb::ConfigureResponse cresp;
-  grpc::Status st = Call3([&](grpc::ClientContext* c, const pb::ConfigureRequest& q,
-                              pb::ConfigureResponse* r) { return one[0].stub->Configure(c, q, r); },
-                          ConfigureFor(plan, "after-replicas", 0, one), &cresp);
-  ASSERT_TRUE(st.ok()) << st.error_message();
-  std::vector<pb::RunStepResponse> out;
-  for (const grpc::Status& s : RunStep(plan, "after-replicas", 0, one, out)) {
-    EXPECT_TRUE(s.ok()) << s.error_message();
-  }
-  one[0].process->Signal(SIGTERM);
-  EXPECT_TRUE(one[0].process->Wait(20s).ok());
-  server->Shutdown();
+// Replica 1 alive but never running step 1 (its pipeline lost another stage): a
+// Configure of replica 0 (the recovery's) ends the wait at once instead of waiting for
+// the all-reduce's deadline, and is served.
+TEST_F(ReplicaFaultTest, AConfigureEndsAStepWaitingInTheAllReduce) {
+  std::chrono::steady_clock::duration configure_took{};
+  auto [waited, took] = StepAloneWhile([&] {
+    const auto start = std::chrono::steady_clock::now();
+    ExpectReplica0ServesAnotherJob();
+    configure_took = std::chrono::steady_clock::now() - start;
+  });
+  EXPECT_EQ(waited.error_code(), grpc::StatusCode::ABORTED) << waited.error_message();
+  EXPECT_THAT(waited.error_message(), HasSubstr("configured again"));
+  EXPECT_LT(took, 10s);
+  EXPECT_LT(configure_took, 10s) << "the 20 s all-reduce deadline held the Configure";
 }
 
 TEST(StageFaultTest, ChunksExportAndImportWithOptimizerStateToResumeExactly) {
