@@ -168,6 +168,25 @@ TEST_F(CoordinatorClusterTest, FourReplicasOfOneStageGiveTheLossesOfOne) {
               reference["history"][3]["val_loss"].get<double>(), 1e-5);
 }
 
+// The replicas' checkpoint is one pipeline's (written from replica 0): the step-2
+// checkpoint of an R = 2 x K = 2 job continues on one stage, R = 1, as the one-stage
+// reference's steps 3 and 4.
+TEST_F(CoordinatorClusterTest, AReplicasCheckpointContinuesOnAnotherLayout) {
+  const std::vector<double> ref = ReferenceLosses();
+  ASSERT_EQ(ref.size(), 4u);
+  const std::string replicas =
+      FinishedJob({"pipeline.replicas=2", "pipeline.stages=2", "pipeline.micro_batches=2"});
+  const std::string ckpt = StateDir() + "/checkpoints/" + replicas + "/step-2";
+  auto r = c_->Cli({"submit", WriteSpec(spec_), "--set", "training.steps=2", "--init-from", ckpt});
+  ASSERT_TRUE(r.ok() && r->exit_code == 0) << (r.ok() ? r->out + r->err : r.status().ToString());
+  const std::string resumed = SubmittedId(r->out.substr(0, r->out.find('\n')));
+  ASSERT_FALSE(resumed.empty()) << r->out;
+  const json s = Status(*c_, resumed);
+  EXPECT_EQ(s["state"], "SUCCEEDED") << s.dump();
+  EXPECT_EQ(s["stage_ids"].size(), 1u);
+  EXPECT_TRUE(LossesMatch(Losses(s), {ref[2], ref[3]}));
+}
+
 // A job started from the step-2 checkpoint of the reference runs its steps 3 and 4
 // exactly (weights, AdamW state, data position and the warm-up all carry over).
 TEST_F(CoordinatorClusterTest, AJobFromACheckpointContinuesItsLosses) {
