@@ -31,8 +31,9 @@ int main(int argc, char** argv) {
   common::SecurityFlags security_flags;
   common::FlagSet flags(
       "pipetrain-coordinator",
-      "--state-dir DIR [--listen HOST:PORT] [--http HOST:PORT] [--tensorboard-dir DIR]\n"
-      "    [--tls-cert FILE --tls-key FILE --tls-ca FILE] [--token-file FILE]",
+      "--state-dir DIR [--listen HOST:PORT] [--http HOST:PORT]\n"
+      "    [--tensorboard-dir DIR] [--tls-cert FILE --tls-key FILE --tls-ca FILE]\n"
+      "    [--token-file FILE]",
       "Plans pipeline-parallel training jobs over the registered stage servers, drives\n"
       "them step by step, checkpoints them, and serves the pipetrain API (gRPC service\n"
       "pipetrain.v1.Coordinator, gRPC health and reflection; JSON and /metrics over HTTP\n"
