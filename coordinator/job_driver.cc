@@ -12,6 +12,7 @@
 #include "common/logging.h"
 #include "coordinator/job_manager.h"
 #include "coordinator/job_manager_internal.h"
+#include "coordinator/tensorboard_writer.h"
 
 namespace pipetrain::coordinator {
 
@@ -158,9 +159,21 @@ void JobManager::Drive(LiveJob* job, std::vector<StageRecord> stages,
   }
   RunnerOptions options = options_.runner;
   options.checkpoint_root = absl::StrCat(options_.state_dir, "/checkpoints/", id);
+  const std::string tensorboard_root = options_.tensorboard_dir.empty()
+                                           ? absl::StrCat(options_.state_dir, "/tensorboard")
+                                           : options_.tensorboard_dir;
+  // A failed write is a warning in the job's log, once; the job goes on.
+  TensorBoardJobLog tensorboard(absl::StrCat(tensorboard_root, "/", id),
+                                [&](const absl::Status& s) {
+                                  const std::string text = absl::StrCat(
+                                      "no more TensorBoard events for this job: ", s.message());
+                                  common::LogWarning("coordinator", absl::StrCat(id, ": ", text));
+                                  Log(job, text);
+                                });
   RunnerHooks hooks;
   hooks.log = [&](const std::string& text) { Log(job, text); };
   hooks.step = [&](const pb::StepRecord& record, std::vector<pb::TimelineEvent> timeline) {
+    tensorboard.Step(record, absl::Now());
     pb::JobStatus copy;
     {
       absl::MutexLock lock(&mu_);
@@ -225,6 +238,7 @@ void JobManager::Drive(LiveJob* job, std::vector<StageRecord> stages,
       start.job_first_step = job->status.first_step();
     }
     start.restored = restored ? &*restored : nullptr;
+    tensorboard.NewRun();  // a restarted run continues in a file of its own
     out = RunJob(id, run_spec, runner_stages, options, hooks, start);
     if (out.state != pb::JobStatus::FAILED || out.lost_stage_ids.empty() || hooks.cancelled()) {
       break;

@@ -29,6 +29,9 @@ namespace pipetrain::coordinator {
 
 struct ManagerOptions {
   std::string state_dir;  // jobs.db and checkpoints/JOB/step-N/
+  // Where each job's TensorBoard event files go, in a JOB_ID folder; "" is
+  // STATE_DIR/tensorboard.
+  std::string tensorboard_dir;
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(5);
   RunnerOptions runner;  // checkpoint_root is set per job

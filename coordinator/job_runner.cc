@@ -253,16 +253,21 @@ class Runner {
     return out;
   }
 
+  // The norm over the whole model, before clipping, from every stage's share (each
+  // reports it at its optimizer step, deferred or not). After the replicas' averaging
+  // every replica holds the same gradients: one replica's stages make the whole model.
+  double GlobalGradNorm(const std::vector<pb::RunStepResponse>& responses) const {
+    double sum_sq = 0;
+    for (int s = 0; s < K(); ++s) sum_sq += responses[s].grad_norm_sq();
+    return std::sqrt(sum_sq);
+  }
+
   // Phase 2 of a step whose optimizer was deferred: the norm over the whole model from
   // every stage's share, then every stage's optimizer step clipped by it (as
   // torch.nn.utils.clip_grad_norm_ on one device). Each optimizer action's timing joins
   // its stage's response, so the step's record and timeline show it.
   absl::Status ApplyOnAll(int64_t step, float lr, std::vector<pb::RunStepResponse>& responses) {
-    // After the replicas' averaging every replica holds the same gradients: one
-    // replica's stages make the whole model.
-    double sum_sq = 0;
-    for (int s = 0; s < K(); ++s) sum_sq += responses[s].grad_norm_sq();
-    const double global_norm = std::sqrt(sum_sq);
+    const double global_norm = GlobalGradNorm(responses);
     std::vector<absl::Status> st = group_.OnEveryStageCancellingOnError(
         options_.step_deadline, [&](int s, grpc::ClientContext& ctx) -> absl::Status {
           pb::ApplyOptimizerRequest req;
@@ -329,6 +334,8 @@ class Runner {
                                     predicted.bubble));
     record.set_step_time_predicted_s(predicted.step_time_s);
     record.set_predicted_fitted(predicted.fitted);
+    record.set_lr(lr);
+    record.set_grad_norm(GlobalGradNorm(responses));  // what clip_grad_norm_ returns
     return record;
   }
 

@@ -25,21 +25,24 @@ int main(int argc, char** argv) {
   common::BlockTerminationSignals();
   common::KeepFreedMemoryForReuse();
 
-  std::string listen = "127.0.0.1:7400", state_dir, http, health_listen;
+  std::string listen = "127.0.0.1:7400", state_dir, http, health_listen, tensorboard_dir;
   double heartbeat_timeout = 5, stage_deadline = 30;
   bool help = false, version = false;
   common::SecurityFlags security_flags;
   common::FlagSet flags(
       "pipetrain-coordinator",
       "--state-dir DIR [--listen HOST:PORT] [--http HOST:PORT]\n"
-      "    [--tls-cert FILE --tls-key FILE --tls-ca FILE] [--token-file FILE]",
+      "    [--tensorboard-dir DIR] [--tls-cert FILE --tls-key FILE --tls-ca FILE]\n"
+      "    [--token-file FILE]",
       "Plans pipeline-parallel training jobs over the registered stage servers, drives\n"
       "them step by step, checkpoints them, and serves the pipetrain API (gRPC service\n"
       "pipetrain.v1.Coordinator, gRPC health and reflection; JSON and /metrics over HTTP\n"
       "with --http).\n"
       "Jobs, their step history and logs are kept in DIR/jobs.db (SQLite), checkpoints in\n"
-      "DIR/checkpoints/JOB/step-N/. Runs until SIGINT or SIGTERM; a job running then\n"
-      "stops after its current step and is recorded as FAILED, naming its last checkpoint.\n"
+      "DIR/checkpoints/JOB/step-N/, TensorBoard event files (every step's scalars) in\n"
+      "DIR/tensorboard/JOB/ (tensorboard --logdir DIR/tensorboard). Runs until SIGINT or\n"
+      "SIGTERM; a job running then stops after its current step and is recorded as\n"
+      "FAILED, naming its last checkpoint.\n"
       "\n"
       "Security: with --tls-cert/--tls-key/--tls-ca every gRPC connection (CLI, stages) is\n"
       "mutual TLS: clients must show a certificate signed by the CA, and the coordinator\n"
@@ -50,6 +53,10 @@ int main(int argc, char** argv) {
   flags.AddString("listen", &listen, "gRPC address to serve on; port 0 picks a free port",
                   "HOST:PORT");
   flags.AddString("state-dir", &state_dir, "folder for the job store and checkpoints (created)",
+                  "DIR");
+  flags.AddString("tensorboard-dir", &tensorboard_dir,
+                  "write each job's TensorBoard event files to DIR/JOB instead of "
+                  "STATE_DIR/tensorboard/JOB (created)",
                   "DIR");
   flags.AddString("health-listen", &health_listen,
                   "serve only the gRPC health service here, in plaintext, for probes that cannot "
@@ -123,6 +130,7 @@ int main(int argc, char** argv) {
 
   coordinator::ManagerOptions options;
   options.state_dir = state_dir;
+  options.tensorboard_dir = tensorboard_dir;
   options.heartbeat_timeout = absl::Seconds(heartbeat_timeout);
   options.heartbeat_interval = std::min(absl::Seconds(1), options.heartbeat_timeout / 3);
   options.runner.recv_deadline_ms = static_cast<int>(stage_deadline * 1000);
