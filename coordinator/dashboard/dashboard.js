@@ -8,7 +8,8 @@
 const POLL_MS = 1000;
 const LOGS_EVERY = 5;  // polls between two reads of a job's log lines
 const $ = (sel) => document.querySelector(sel);
-const SVG_W = 800;
+// Charts are drawn at their box's width in pixels, so text keeps its size.
+const widthOf = (sel) => Math.max(document.querySelector(sel).clientWidth, 300);
 
 const page = {
   jobId: null,
@@ -135,7 +136,8 @@ function smooth(values, weight) {
 
 // A line chart as SVG: series [{cls, points: [[x, y], ...]}], x and y axes with the
 // range's ends labelled; log: a log10 y axis.
-function lineChart(series, {height = 220, log = false, yFormat = (v) => v.toPrecision(3)} = {}) {
+function lineChart(series, {width = 800, height = 220, log = false, yFormat = (v) => v.toPrecision(3)} = {}) {
+  const SVG_W = width;
   const pad = {l: 56, r: 10, t: 8, b: 22};
   const all = series.flatMap((s) => s.points);
   if (all.length === 0) return `<svg viewBox="0 0 ${SVG_W} ${height}"><text x="${SVG_W / 2}" y="${height / 2}" text-anchor="middle">no steps yet</text></svg>`;
@@ -148,7 +150,7 @@ function lineChart(series, {height = 220, log = false, yFormat = (v) => v.toPrec
   const sx = (x) => pad.l + ((x - x0) / (x1 - x0)) * w;
   const sy = (y) => pad.t + (1 - (ty(y) - y0) / (y1 - y0)) * h;
   const untransform = (v) => (log ? Math.pow(10, v) : v);
-  let out = `<svg viewBox="0 0 ${SVG_W} ${height}" preserveAspectRatio="none">`;
+  let out = `<svg viewBox="0 0 ${SVG_W} ${height}">`;
   out += `<line class="axis" x1="${pad.l}" y1="${pad.t + h}" x2="${pad.l + w}" y2="${pad.t + h}"/>`;
   out += `<line class="axis" x1="${pad.l}" y1="${pad.t}" x2="${pad.l}" y2="${pad.t + h}"/>`;
   for (const f of [0, 0.5, 1]) {
@@ -177,13 +179,13 @@ function renderCurves() {
     {cls: 'raw loss', points: loss},
     {cls: 'smoothed loss', points: loss.map((p, i) => [p[0], smoothed[i]])},
     {cls: 'val', points: val},
-  ], {log});
+  ], {log, width: widthOf('#loss-curve'), height: 260});
   $('#tps-curve').innerHTML = lineChart([{cls: 'tps', points: steps.map((r) => [Number(r.step), r.tokens_per_s])}],
-    {height: 160, yFormat: (v) => v.toFixed(0)});
+    {width: widthOf('#tps-curve'), height: 160, yFormat: (v) => v.toFixed(0)});
   $('#bubble-curve').innerHTML = lineChart([
     {cls: 'measured', points: steps.map((r) => [Number(r.step), r.bubble_measured])},
     {cls: 'predicted', points: steps.map((r) => [Number(r.step), r.bubble_predicted])},
-  ], {height: 160, yFormat: (v) => v.toFixed(2)});
+  ], {width: widthOf('#bubble-curve'), height: 160, yFormat: (v) => v.toFixed(2)});
 }
 
 // ---- the Gantt ----
@@ -211,6 +213,7 @@ function renderGantt() {
   $('#gantt-step').textContent = Number(events[0].step);
   const stages = [...new Set(events.map((e) => e.stage || 0))].sort((a, b) => a - b);
   const end = Math.max(...events.map((e) => Number(e.end_us)), 1);
+  const SVG_W = widthOf('#gantt');
   const pad = {l: 70, r: 10}, rowH = 34, top = 4, axisH = 20;
   const w = SVG_W - pad.l - pad.r;
   const sx = (us) => pad.l + (us / end) * w;
@@ -297,7 +300,7 @@ function renderMemory() {
     const used = Number(st.peak_memory_bytes);
     const share = limit ? Math.min(used / limit, 1) : 0;
     return `<tr data-stage="${index}"><td>${index}</td><td class="num">${fmtBytes(used)}</td>` +
-      `<td class="num">${fmtBytes(limit)}</td><td><div class="bar-box"><div class="bar" style="width:${(share * 100).toFixed(1)}%"></div></div></td></tr>`;
+      `<td class="num">${limit ? fmtBytes(limit) : 'no limit'}</td><td><div class="bar-box"><div class="bar" style="width:${(share * 100).toFixed(1)}%"></div></div></td></tr>`;
   });
   $('#memory tbody').innerHTML = rows.join('') || '<tr><td colspan="4">no steps yet</td></tr>';
 }
