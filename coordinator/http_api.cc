@@ -6,6 +6,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/rpc_security.h"
 #include "common/version.h"
 #include "coordinator/dashboard/dashboard_assets.h"
@@ -225,6 +227,14 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(JobManager* m, const std
   }
   api->port_ = bound;
   api->thread_ = std::thread([p = api.get()] { p->server_->listen_after_bind(); });
+  // Until the loop runs, httplib's stop() is lost and the destructor's join would wait
+  // forever (a server stopped right after it started: tests).
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (!s.is_running() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  if (!s.is_running()) {
+    return absl::InternalError(absl::StrCat("--http: the server on ", host, ":", bound,
+                                            " did not start within 10 s"));
+  }
   return api;
 }
 

@@ -28,6 +28,18 @@ bool ConstantTimeEqual(absl::string_view a, absl::string_view b) {
   return diff == 0;
 }
 
+// The token as the cookie holds it: hex, so no byte of it is special to a cookie
+// (; , space) or to cpp-httplib, which %-decodes header values as it reads them.
+std::string Hex(absl::string_view text) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : text) {
+    out.push_back(kHex[c >> 4]);
+    out.push_back(kHex[c & 15]);
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string PercentEncode(absl::string_view text) {
@@ -84,13 +96,11 @@ std::optional<std::string> CookieValue(absl::string_view header, absl::string_vi
 bool CookieHoldsToken(absl::string_view cookie_header, const std::string& token) {
   if (token.empty()) return false;
   std::optional<std::string> value = CookieValue(cookie_header, kDashboardCookie);
-  if (!value) return false;
-  std::optional<std::string> decoded = PercentDecode(*value);
-  return decoded && ConstantTimeEqual(*decoded, token);
+  return value && ConstantTimeEqual(*value, Hex(token));
 }
 
 std::string LoginCookie(const std::string& token) {
-  return absl::StrCat(kDashboardCookie, "=", PercentEncode(token),
+  return absl::StrCat(kDashboardCookie, "=", Hex(token),
                       "; Path=/; HttpOnly; SameSite=Strict");
 }
 

@@ -12,7 +12,7 @@ namespace pipetrain::coordinator {
 
 inline constexpr char kDashboardCookie[] = "pipetrain_token";
 
-// %XX for every byte but A-Z a-z 0-9 - . _ ~ (a cookie value or a form field).
+// %XX for every byte but A-Z a-z 0-9 - . _ ~ (a form field's value).
 std::string PercentEncode(absl::string_view text);
 // The inverse; '+' is a space (form encoding). nullopt for a malformed %XX.
 std::optional<std::string> PercentDecode(absl::string_view text);
@@ -26,8 +26,8 @@ std::optional<std::string> CookieValue(absl::string_view header, absl::string_vi
 // independent of where the values differ. False for an empty token.
 bool CookieHoldsToken(absl::string_view cookie_header, const std::string& token);
 
-// The Set-Cookie value that logs a browser in: HttpOnly (no script reads the token),
-// SameSite=Strict (no other site's page sends it), for every path.
+// The Set-Cookie value that logs a browser in: the token in hex; HttpOnly (no script
+// reads it), SameSite=Strict (no other site's page sends it), for every path.
 std::string LoginCookie(const std::string& token);
 
 // Where to send the browser after logging in: `next` if it is a path of this server

@@ -108,13 +108,17 @@ class Cluster:
         self.coordinator = None
         self.address = "127.0.0.1:0"
         self.http = "127.0.0.1:0"
-        self.start_coordinator()
         self.stages = []
-        for _ in range(stages):
-            p = Process([os.path.join(ARGS.bin, "pipetrain-stage"), "--listen", "127.0.0.1:0",
-                         "--device", "cpu", "--coordinator", self.address] + self.auth)
-            self.stages.append(p)
-            p.address = p.wait_for_line("stage listening on ").rsplit(" ", 1)[1]
+        try:
+            self.start_coordinator()
+            for _ in range(stages):
+                p = Process([os.path.join(ARGS.bin, "pipetrain-stage"), "--listen", "127.0.0.1:0",
+                             "--device", "cpu", "--coordinator", self.address] + self.auth)
+                self.stages.append(p)
+                p.address = p.wait_for_line("stage listening on ").rsplit(" ", 1)[1]
+        except BaseException:
+            self.stop()  # what did start, before the failure goes up
+            raise
 
     def start_coordinator(self):
         self.coordinator = Process(
@@ -226,8 +230,12 @@ class DashboardTest(unittest.TestCase):
     def setUpClass(cls):
         cls.dir = tempfile.mkdtemp(prefix="pipetrain-dashboard-")
         cls.cluster = Cluster(os.path.join(cls.dir, "state"), stages=3)
-        cls.job = submit(cls.cluster, write_spec(cls.dir, steps=ARGS.steps, stages=2))
-        cls.driver = browser()
+        try:
+            cls.job = submit(cls.cluster, write_spec(cls.dir, steps=ARGS.steps, stages=2))
+            cls.driver = browser()
+        except BaseException:
+            cls.cluster.stop()
+            raise
 
     @classmethod
     def tearDownClass(cls):
@@ -355,8 +363,12 @@ class TokenGateTest(unittest.TestCase):
             f.write("s3cret-dashboard-token\n")
         os.chmod(cls.token_file, 0o600)
         cls.cluster = Cluster(os.path.join(cls.dir, "state"), stages=1, token_file=cls.token_file)
-        cls.job = submit(cls.cluster, write_spec(cls.dir, steps=3, stages=1))
-        cls.driver = browser()
+        try:
+            cls.job = submit(cls.cluster, write_spec(cls.dir, steps=3, stages=1))
+            cls.driver = browser()
+        except BaseException:
+            cls.cluster.stop()
+            raise
 
     @classmethod
     def tearDownClass(cls):
