@@ -176,7 +176,7 @@ def browser():
     options = Options()
     options.binary_location = "/usr/bin/chromium"
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                "--window-size=1400,1900"):
+                "--window-size=1400,1200"):
         options.add_argument(arg)
     driver = webdriver.Chrome(service=Service("/usr/bin/chromedriver"), options=options)
     driver.set_page_load_timeout(30)
@@ -327,10 +327,19 @@ class DashboardTest(unittest.TestCase):
         self.assertEqual(int(d.find_element(By.CSS_SELECTOR, ".step-counter").text), steps)
         vals = sum(1 for h in job["history"] if h.get("has_val_loss"))
         self.assertEqual(polyline_points(d, "#loss-curve polyline.val"), vals)
-        # The log-scale toggle redraws the same points.
+        shot(d, "dashboard-job-done.png")
+        # The log-scale toggle redraws the same points, higher up for the small losses.
+        linear = d.find_element(By.CSS_SELECTOR, "#loss-curve polyline.raw").get_attribute("points")
         d.find_element(By.ID, "log-scale").click()
         self.assertEqual(polyline_points(d, "#loss-curve polyline.raw"), steps)
-        shot(d, "dashboard-job-done.png")
+        logged = d.find_element(By.CSS_SELECTOR, "#loss-curve polyline.raw").get_attribute("points")
+        self.assertNotEqual(linear, logged)
+        # Smoothing 0 is the raw curve; the default (0.6) is not.
+        points = lambda cls: d.find_element(By.CSS_SELECTOR, f"#loss-curve polyline.{cls}").get_attribute("points")
+        self.assertNotEqual(points("smoothed"), points("raw"))
+        d.execute_script("const s = document.getElementById('smoothing'); s.value = '0';"
+                         "s.dispatchEvent(new Event('input'));")
+        self.assertEqual(points("smoothed"), points("raw"))
 
     def test_7_unknown_job_is_404(self):
         d = self.driver
