@@ -172,8 +172,11 @@ def wait_until(what, predicate, timeout):
                          (f" (last error: {last_error})" if last_error else ""))
 
 
-def browser():
+def browser(downloads=None):
     options = Options()
+    if downloads:
+        options.add_experimental_option("prefs", {"download.default_directory": downloads,
+                                                  "download.prompt_for_download": False})
     options.binary_location = "/usr/bin/chromium"
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
                 "--window-size=1400,1200"):
@@ -232,7 +235,9 @@ class DashboardTest(unittest.TestCase):
         cls.cluster = Cluster(os.path.join(cls.dir, "state"), stages=3)
         try:
             cls.job = submit(cls.cluster, write_spec(cls.dir, steps=ARGS.steps, stages=2))
-            cls.driver = browser()
+            cls.downloads = os.path.join(cls.dir, "downloads")
+            os.makedirs(cls.downloads)
+            cls.driver = browser(cls.downloads)
         except BaseException:
             cls.cluster.stop()
             raise
@@ -340,6 +345,28 @@ class DashboardTest(unittest.TestCase):
         d.execute_script("const s = document.getElementById('smoothing'); s.value = '0';"
                          "s.dispatchEvent(new Event('input'));")
         self.assertEqual(points("smoothed"), points("raw"))
+
+    def test_6b_chrome_trace_download(self):
+        d = self.driver
+        wait_until("the Gantt", lambda: d.find_elements(By.CSS_SELECTOR, "#gantt .row"), 20)
+        d.find_element(By.ID, "download-trace").click()
+        path = os.path.join(self.downloads, f"{self.job}-trace.json")
+        wait_until("the downloaded trace", lambda: os.path.exists(path) and os.path.getsize(path) > 0, 20)
+        with open(path) as f:
+            trace = json.load(f)
+        timeline = self.cluster.api(f"/api/jobs/{self.job}/timeline?steps=20")
+        actions = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+        self.assertEqual(len(actions), len(timeline["events"]))
+        names = {e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "process_name"}
+        self.assertEqual(names, {"stage 0", "stage 1"})
+        # Steps are laid end to end: a step's actions start after the previous one's end.
+        self.assertTrue(all(e["ts"] >= 0 and e["dur"] >= 0 for e in actions))
+        steps = sorted({e["args"]["step"] for e in actions})
+        self.assertGreater(len(steps), 1, "20 steps kept")
+        for a, b in zip(steps, steps[1:]):
+            end_a = max(e["ts"] + e["dur"] for e in actions if e["args"]["step"] == a)
+            start_b = min(e["ts"] for e in actions if e["args"]["step"] == b)
+            self.assertGreaterEqual(start_b, end_a, f"step {b} after step {a}")
 
     def test_7_unknown_job_is_404(self):
         d = self.driver
