@@ -1,9 +1,11 @@
-// The monitoring API as JSON over HTTP (`pipetrain-coordinator --http`), for dashboards
-// and curl: GET /api/jobs, /api/jobs/ID (with every step), /api/jobs/ID/timeline
-// (?steps=N), /api/cluster. The bodies are the gRPC messages in the protobuf JSON
-// mapping with snake_case names; GET /metrics is for Prometheus (prometheus_metrics.h).
-// Read-only; translation only. With a token, every request needs
-// "Authorization: Bearer <token>" (401 otherwise).
+// The monitoring API as JSON over HTTP (`pipetrain-coordinator --http`), for the
+// dashboard and curl: GET /api/jobs, /api/jobs/ID (with every step, or ?since_step=N the
+// steps after N), /api/jobs/ID/timeline (?steps=N), /api/jobs/ID/logs, /api/cluster. The
+// bodies are the gRPC messages in the protobuf JSON mapping with snake_case names; GET
+// /metrics is for Prometheus (prometheus_metrics.h). GET / and /jobs/ID serve the
+// dashboard (coordinator/dashboard/, compiled in). Read-only; translation only. With a
+// token, every request needs "Authorization: Bearer <token>" or the login cookie that
+// POST /login sets (401 otherwise; the pages show the login form).
 #pragma once
 
 #include <memory>
