@@ -12,6 +12,7 @@
 #include <set>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/job_state.h"
@@ -46,6 +47,20 @@ int64_t Int(const nlohmann::json& j, const char* key) {
   int64_t v = 0;
   (void)absl::SimpleAtoi(j[key].get<std::string>(), &v);
   return v;
+}
+
+// Whether `job_dir` holds a checkpoint folder step-N with N >= `step` (an older one may
+// be gone already when retention keeps only the newest).
+bool HasCheckpointFrom(const std::filesystem::path& job_dir, int64_t step) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(job_dir, ec)) {
+    const std::string name = e.path().filename().string();
+    int64_t n = 0;
+    if (absl::StartsWith(name, "step-") && absl::SimpleAtoi(name.substr(5), &n) && n >= step) {
+      return true;
+    }
+  }
+  return false;
 }
 
 class CoordinatorRecoveryTest : public testing::ClusterJobTest {
@@ -326,7 +341,7 @@ TEST_F(CoordinatorRecoveryTest, WithoutAFreeStageTheReplicaThatLostNothingGoesOn
       Losses(Status(c, SubmitAndFollow(c, {"pipeline.stages=2", "pipeline.micro_batches=2"})));
   ASSERT_EQ(expected.size(), static_cast<size_t>(kSteps));
 
-  // As soon as the job's step-4 checkpoint is on disk (before its submit has even
+  // As soon as the job's step-4 (or a later) checkpoint is on disk (before its submit has even
   // returned: the job is that fast) every stage is frozen, so that the job advances no
   // further while replica 1's last stage is found and killed; then the others go on.
   std::map<std::string, std::string> address;
@@ -342,7 +357,7 @@ TEST_F(CoordinatorRecoveryTest, WithoutAFreeStageTheReplicaThatLostNothingGoesOn
          std::chrono::steady_clock::now() < end;) {
       std::error_code ec;
       for (const auto& e : std::filesystem::directory_iterator(checkpoints, ec)) {
-        if (before.count(e.path().string()) == 0 && std::filesystem::exists(e.path() / "step-4")) {
+        if (before.count(e.path().string()) == 0 && HasCheckpointFrom(e.path(), 4)) {
           for (const auto& [stage, at] : address) c.SignalStage(at, SIGSTOP);
           return;
         }
@@ -358,7 +373,9 @@ TEST_F(CoordinatorRecoveryTest, WithoutAFreeStageTheReplicaThatLostNothingGoesOn
   const std::string victim = running["stage_ids"][3];
   ASSERT_TRUE(c.KillStage(address[victim])) << victim;
   for (const auto& [stage, at] : address) {
-    if (stage != victim) ASSERT_TRUE(c.SignalStage(at, SIGCONT)) << stage;
+    if (stage != victim) {
+      ASSERT_TRUE(c.SignalStage(at, SIGCONT)) << stage;
+    }
   }
   const json done = WaitFor(c, id, Ended);
   EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
