@@ -78,6 +78,10 @@ class CoordinatorRecoveryTest : public testing::ClusterJobTest {
     return s.contains("state") && s["state"] != "QUEUED" && s["state"] != "RUNNING" &&
            s["state"] != "RECOVERING";
   }
+  // Every process's log so far, for the message of a failed expectation.
+  static std::string ProcessLogs(const LocalCluster& c) {
+    return "\ncoordinator: " + c.coordinator_log() + c.stage_logs();
+  }
   static bool Recovered(const json& s) { return !s.value("recoveries", json::array()).empty(); }
 
   // Waits until the job has done `steps` steps and kills stage `position` of it.
@@ -128,7 +132,7 @@ TEST_F(CoordinatorRecoveryTest, AKilledStageIsReplacedByAFreeOneAndEveryLossIsTh
   const std::string victim = KillAt(c, id, 5, 1);
   const json done = WaitFor(c, id, Ended);
   EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
-  ASSERT_EQ(done["recoveries"].size(), 1u) << done.dump() << "\ncoordinator: " << c.coordinator_log() << c.stage_logs();
+  ASSERT_EQ(done["recoveries"].size(), 1u) << done.dump() << ProcessLogs(c);
   const json& r = done["recoveries"][0];
   EXPECT_EQ(r["lost_stage_ids"][0], victim);
   EXPECT_EQ(r["stages"], 3) << "a free stage took the lost one's place";
@@ -152,7 +156,7 @@ TEST_F(CoordinatorRecoveryTest, WithoutAFreeStageTheJobContinuesOnTheSurvivors) 
   KillAt(c, id, 4, 2);
   const json done = WaitFor(c, id, Ended);
   EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
-  ASSERT_EQ(done["recoveries"].size(), 1u) << done.dump() << "\ncoordinator: " << c.coordinator_log() << c.stage_logs();
+  ASSERT_EQ(done["recoveries"].size(), 1u) << done.dump() << ProcessLogs(c);
   EXPECT_EQ(done["recoveries"][0]["stages"], 2);
   EXPECT_EQ(done["stage_ids"].size(), 2u);
   EXPECT_TRUE(LossesMatch(Losses(Status(c, id)), expected, kOtherLayout));
@@ -170,7 +174,7 @@ TEST_F(CoordinatorRecoveryTest, WithSnapshotsOffItContinuesFromTheNewestCheckpoi
   KillAt(c, id, 9, 0);
   const json done = WaitFor(c, id, Ended);
   EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
-  ASSERT_EQ(done["recoveries"].size(), 1u) << done.dump() << "\ncoordinator: " << c.coordinator_log() << c.stage_logs();
+  ASSERT_EQ(done["recoveries"].size(), 1u) << done.dump() << ProcessLogs(c);
   const json& r = done["recoveries"][0];
   EXPECT_THAT(r["source"].get<std::string>(), HasSubstr("checkpoint"));
   const int64_t restored = Int(r, "restored_step");
@@ -197,7 +201,7 @@ TEST_F(CoordinatorRecoveryTest, AStageKilledWhileACheckpointIsWrittenIsOneRestar
   const std::string victim = KillAt(c, id, 9, 0);
   const json done = WaitFor(c, id, Ended);
   EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
-  ASSERT_EQ(done["recoveries"].size(), 1u) << done.dump() << "\ncoordinator: " << c.coordinator_log() << c.stage_logs();
+  ASSERT_EQ(done["recoveries"].size(), 1u) << done.dump() << ProcessLogs(c);
   const json& r = done["recoveries"][0];
   EXPECT_EQ(r["lost_stage_ids"].size(), 1u) << r.dump();
   EXPECT_EQ(r["lost_stage_ids"][0], victim);
@@ -238,7 +242,7 @@ TEST_F(CoordinatorRecoveryTest, ItWaitsForAStageAndTakesTheLostOneBackWhenItRetu
   ASSERT_TRUE(c.RestartStage(StageAddress(c, victim)).ok());
   const json done = WaitFor(c, id, Ended);
   EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
-  ASSERT_EQ(done["recoveries"].size(), 1u) << done.dump() << "\ncoordinator: " << c.coordinator_log() << c.stage_logs();
+  ASSERT_EQ(done["recoveries"].size(), 1u) << done.dump() << ProcessLogs(c);
   EXPECT_EQ(done["recoveries"][0]["stages"], 2);
   EXPECT_TRUE(LossesMatch(Losses(Status(c, id)), expected, kSameLayout));
   auto logs = c.Cli({"logs", id});
@@ -380,7 +384,7 @@ TEST_F(CoordinatorRecoveryTest, WithoutAFreeStageTheReplicaThatLostNothingGoesOn
   const json done = WaitFor(c, id, Ended);
   EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
   ASSERT_EQ(done.value("recoveries", json::array()).size(), 1u)
-      << done.dump() << "\ncoordinator: " << c.coordinator_log() << c.stage_logs();
+      << done.dump() << ProcessLogs(c);
   const json& r = done["recoveries"][0];
   EXPECT_EQ(r["lost_stage_ids"][0], victim);
   EXPECT_EQ(r["stages"], 2) << "one replica of 2 stages";
@@ -491,7 +495,7 @@ TEST_P(CoordinatorRestartRecoveryTest, TheNextCoordinatorContinuesTheJobFromItsS
   ASSERT_TRUE(c.StartCoordinatorAgain(0).ok());
   const json done = WaitFor(c, id, Ended);
   EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
-  ASSERT_EQ(done["recoveries"].size(), 1u) << done.dump() << "\ncoordinator: " << c.coordinator_log() << c.stage_logs();
+  ASSERT_EQ(done["recoveries"].size(), 1u) << done.dump() << ProcessLogs(c);
   const json& r = done["recoveries"][0];
   EXPECT_EQ(r["source"], "the stages' snapshots") << r.dump();
   EXPECT_GE(Int(r, "restored_step"), Int(before, "steps_done"));
