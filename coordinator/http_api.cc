@@ -155,7 +155,8 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(JobManager* m, const std
   s.Get("/api", [](const httplib::Request&, httplib::Response& res) {
     res.set_content(
         "pipetrain coordinator API (JSON):\n  GET /api/jobs\n  GET /api/jobs/ID[?since_step=N]\n"
-        "  GET /api/jobs/ID/timeline?steps=N\n  GET /api/jobs/ID/logs\n  GET /api/cluster\n"
+        "  GET /api/jobs/ID/timeline?steps=N\n  GET /api/jobs/ID/timeline?predicted=1\n"
+        "  GET /api/jobs/ID/logs\n  GET /api/cluster\n"
         "Prometheus metrics (text format 0.0.4):\n  GET /metrics\n"
         "The dashboard (HTML):\n  GET /\n  GET /jobs/ID\n",
         "text/plain");
@@ -193,6 +194,11 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(JobManager* m, const std
     int steps = 1;
     if (req.has_param("steps") && !absl::SimpleAtoi(req.get_param_value("steps"), &steps)) {
       return Error(res, absl::InvalidArgumentError("steps: not a number"));
+    }
+    // ?predicted=1: the simulator's picture of the latest step, from the costs measured
+    // on the steps before it; drawn under the measured one on the same time axis.
+    if (req.has_param("predicted") && req.get_param_value("predicted") != "0") {
+      return Reply(res, m->PredictedTimeline(req.matches[1]));
     }
     Reply(res, m->Timeline(req.matches[1], steps));
   });

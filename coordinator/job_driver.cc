@@ -196,6 +196,9 @@ void JobManager::Drive(LiveJob* job, std::vector<StageRecord> stages,
     *e.mutable_step() = record;
     job->events.Append(std::move(e));
   };
+  hooks.predicted_timeline = [&](std::vector<pb::TimelineEvent> events) {
+    job->events.SetPredictedTimeline(std::move(events));
+  };
   hooks.checkpoint = [&](const std::string& dir, int64_t step) {
     {
       absl::MutexLock lock(&mu_);

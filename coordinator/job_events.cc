@@ -46,4 +46,14 @@ std::vector<pb::TimelineEvent> JobEvents::Timeline(int steps) {
   return out;
 }
 
+void JobEvents::SetPredictedTimeline(std::vector<pb::TimelineEvent> events) {
+  absl::MutexLock lock(&mu_);
+  predicted_ = std::move(events);
+}
+
+std::vector<pb::TimelineEvent> JobEvents::PredictedTimeline() {
+  absl::MutexLock lock(&mu_);
+  return predicted_;
+}
+
 }  // namespace pipetrain::coordinator

@@ -29,6 +29,10 @@ class JobEvents {
   void AddTimeline(std::vector<pipetrain::v1::TimelineEvent> events);
   // The last `steps` steps' events (at least the latest one), oldest step first.
   std::vector<pipetrain::v1::TimelineEvent> Timeline(int steps);
+  // The simulator's prediction of the latest step, from the costs measured before it
+  // (only the latest: it is drawn next to the measured step).
+  void SetPredictedTimeline(std::vector<pipetrain::v1::TimelineEvent> events);
+  std::vector<pipetrain::v1::TimelineEvent> PredictedTimeline();
 
  private:
   const int timeline_steps_;
@@ -37,6 +41,7 @@ class JobEvents {
   std::vector<pipetrain::v1::JobEvent> events_ ABSL_GUARDED_BY(mu_);
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<std::vector<pipetrain::v1::TimelineEvent>> timeline_ ABSL_GUARDED_BY(mu_);
+  std::vector<pipetrain::v1::TimelineEvent> predicted_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pipetrain::coordinator

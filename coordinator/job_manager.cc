@@ -344,7 +344,7 @@ absl::Status JobManager::Watch(const std::string& job_id, int64_t from_step, boo
   return absl::OkStatus();
 }
 
-absl::StatusOr<pb::Timeline> JobManager::Timeline(const std::string& job_id, int last_steps) {
+absl::StatusOr<JobManager::LiveJob*> JobManager::FindLiveForTimeline(const std::string& job_id) {
   RETURN_IF_ERROR(store_->Get(job_id, false).status());
   LiveJob* job = FindLive(job_id);
   if (job == nullptr) {
@@ -352,9 +352,22 @@ absl::StatusOr<pb::Timeline> JobManager::Timeline(const std::string& job_id, int
         "job '", job_id, "' ran before this coordinator started; timelines are kept in "
         "memory only, for the latest 20 steps of jobs run since the coordinator started"));
   }
+  return job;
+}
+
+absl::StatusOr<pb::Timeline> JobManager::Timeline(const std::string& job_id, int last_steps) {
+  ASSIGN_OR_RETURN(LiveJob * job, FindLiveForTimeline(job_id));
   pb::Timeline t;
   t.set_job_id(job_id);
   for (pb::TimelineEvent& e : job->events.Timeline(last_steps)) *t.add_events() = std::move(e);
+  return t;
+}
+
+absl::StatusOr<pb::Timeline> JobManager::PredictedTimeline(const std::string& job_id) {
+  ASSIGN_OR_RETURN(LiveJob * job, FindLiveForTimeline(job_id));
+  pb::Timeline t;
+  t.set_job_id(job_id);
+  for (pb::TimelineEvent& e : job->events.PredictedTimeline()) *t.add_events() = std::move(e);
   return t;
 }
 

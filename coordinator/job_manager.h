@@ -74,6 +74,9 @@ class JobManager {
                      const std::function<bool(const pipetrain::v1::JobEvent&)>& sink,
                      const std::function<bool()>& wanted = [] { return true; });
   absl::StatusOr<pipetrain::v1::Timeline> Timeline(const std::string& job_id, int last_steps);
+  // The simulator's prediction of the latest step (from the costs measured before it);
+  // no events before the first step. Kept, like the measured ones, in memory only.
+  absl::StatusOr<pipetrain::v1::Timeline> PredictedTimeline(const std::string& job_id);
 
   absl::StatusOr<pipetrain::v1::RegisterStageResponse> RegisterStage(
       const pipetrain::v1::RegisterStageRequest& request);
@@ -104,6 +107,8 @@ class JobManager {
   void SetState(LiveJob* job, pipetrain::v1::JobStatus::State state, const std::string& reason);
   void Log(LiveJob* job, const std::string& text);
   LiveJob* FindLive(const std::string& job_id);
+  // The live job for a timeline: FAILED_PRECONDITION for one this coordinator did not run.
+  absl::StatusOr<LiveJob*> FindLiveForTimeline(const std::string& job_id);
 
   const ManagerOptions options_;
   std::unique_ptr<JobStore> store_;

@@ -317,6 +317,13 @@ class Runner {
     const double wall = absl::ToDoubleSeconds(absl::Now() - start);
     timeline_ = TimelineOf(step, responses);
     const Prediction predicted = Predict();
+    if (hooks_.predicted_timeline) {
+      // With each action's mean: one picture of the step, where Predict's figures average
+      // draws from each action's spread.
+      absl::StatusOr<planner::SimulationResult> sim =
+          planner::Simulate(plan_.programs, measured_->Fit(plan_.costs));
+      if (sim.ok()) hooks_.predicted_timeline(PredictedTimelineOf(step, *sim));
+    }
     // The first step warms links and buffer pools up: it would skew the costs.
     if (step > first_) {
       // The costs are a pipeline's: replica 0's stages (the others run the same).

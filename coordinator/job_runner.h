@@ -33,6 +33,9 @@ struct RunnerHooks {
   std::function<void(const pipetrain::v1::StepRecord&,
                      std::vector<pipetrain::v1::TimelineEvent>)> step;
   std::function<void(const std::string& dir, int64_t step)> checkpoint;
+  // Each step as the simulator predicted it from the costs measured on the steps before
+  // (the planner's costs before any), drawn under the measured step; may be unset.
+  std::function<void(std::vector<pipetrain::v1::TimelineEvent>)> predicted_timeline;
   // The rates the latest steps measured (for `plan --costs-from`); may be unset.
   std::function<void(const pipetrain::v1::MeasuredCostRates&)> measured;
   std::function<bool()> cancelled;

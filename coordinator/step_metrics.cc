@@ -1,8 +1,11 @@
 #include "coordinator/step_metrics.h"
 
 #include <algorithm>
+#include <cmath>
+#include <map>
 
 #include "absl/strings/str_cat.h"
+#include "common/schedule/stage_program.h"
 
 namespace pipetrain::coordinator {
 
@@ -89,6 +92,30 @@ std::vector<pb::TimelineEvent> TimelineOf(int64_t step,
       e.set_recompute_us(t.recompute_us());
       e.set_reduce_us(t.reduce_us());
       e.set_reduce_total_us(t.reduce_total_us());
+    }
+  }
+  return events;
+}
+
+std::vector<pb::TimelineEvent> PredictedTimelineOf(int64_t step,
+                                                   const planner::SimulationResult& simulated) {
+  const auto us = [](double s) { return static_cast<int64_t>(std::llround(s * 1e6)); };
+  std::map<int, const planner::ReductionEvent*> reduction;  // by stage
+  for (const planner::ReductionEvent& r : simulated.reductions) reduction[r.stage] = &r;
+  std::vector<pb::TimelineEvent> events;
+  events.reserve(simulated.events.size());
+  for (const planner::TimelineEvent& t : simulated.events) {
+    pb::TimelineEvent& e = events.emplace_back();
+    e.set_step(step);
+    e.set_stage(t.stage);
+    *e.mutable_action() = schedule::ActionToProto(t.action);
+    e.set_lane(schedule::IsCommunication(t.action.kind) ? "link" : "compute");
+    e.set_start_us(us(t.start_s));
+    e.set_end_us(us(t.end_s));
+    const auto r = reduction.find(t.stage);
+    if (t.action.kind == schedule::ActionKind::kOptimizerStep && r != reduction.end()) {
+      const planner::ReductionEvent& red = *r->second;
+      e.set_reduce_total_us(us(red.end_s - red.start_s));
     }
   }
   return events;

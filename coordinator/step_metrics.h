@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "coordinator/planner/simulator.h"
 #include "pipetrain/v1/coordinator.pb.h"
 #include "pipetrain/v1/job.pb.h"
 #include "pipetrain/v1/stage.pb.h"
@@ -31,5 +32,13 @@ absl::StatusOr<pipetrain::v1::StepRecord> MakeStepRecord(
 // Every action of every stage of the step, as the timeline API returns it.
 std::vector<pipetrain::v1::TimelineEvent> TimelineOf(
     int64_t step, const std::vector<pipetrain::v1::RunStepResponse>& responses);
+
+// The simulated step as timeline events of `step`, in the measured timeline's form: sends
+// and receives on the "link" lane, the rest on "compute"; seconds become microseconds.
+// A simulated receive lasts from when its stage starts waiting to the arrival, as the
+// stages measure it. An optimizer step carries its stage's simulated all-reduce time in
+// reduce_total_us.
+std::vector<pipetrain::v1::TimelineEvent> PredictedTimelineOf(
+    int64_t step, const planner::SimulationResult& simulated);
 
 }  // namespace pipetrain::coordinator

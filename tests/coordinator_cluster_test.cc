@@ -5,6 +5,7 @@
 // stage, and really clips; a job on token files gives on 2 and 4 stages the losses of 1
 // and resumes exactly. The CLI verbs and the API: coordinator_cli_test.cc; faults:
 // coordinator_faults_test.cc.
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <set>
@@ -14,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "httplib.h"
 #include "tests/testing/cluster_jobs.h"
 #include "tests/testing/loss_comparison.h"
 #include "tests/testing/temp_files.h"
@@ -203,6 +205,50 @@ TEST_F(CoordinatorClusterTest, TimelineHasALaneForEveryStage) {
     if (e["ph"] == "X") pids.insert(e["pid"].get<int>());
   }
   EXPECT_EQ(pids, (std::set<int>{0, 1, 2, 3}));
+}
+
+// The dashboard's Gantt draws the simulator's prediction of the latest step under the
+// measured one: the same step, every stage, and each stage's actions.
+TEST_F(CoordinatorClusterTest, ThePredictedTimelineIsTheLatestStepsActionsOnEveryStage) {
+  const std::string id = FinishedJob({"pipeline.stages=4", "pipeline.schedule=1f1b"});
+  httplib::Client http("127.0.0.1", c_->http_port());
+  auto measured = http.Get("/api/jobs/" + id + "/timeline?steps=1");
+  auto predicted = http.Get("/api/jobs/" + id + "/timeline?predicted=1");
+  ASSERT_TRUE(measured && predicted);
+  ASSERT_EQ(measured->status, 200) << measured->body;
+  ASSERT_EQ(predicted->status, 200) << predicted->body;
+  // Per stage, its actions sorted (links report when they end, not in program order).
+  const auto by_stage = [](const json& timeline, std::set<std::string>* steps) {
+    std::map<int, std::vector<std::string>> kinds;
+    for (const json& e : timeline.value("events", json::array())) {
+      steps->insert(e.value("step", "?"));
+      const json action = e.value("action", json::object());
+      kinds[e.value("stage", 0)].push_back(action.value("kind", "?") + "/" +
+                                           std::to_string(action.value("micro_batch", 0)));
+    }
+    for (auto& [stage, list] : kinds) std::sort(list.begin(), list.end());
+    return kinds;
+  };
+  std::set<std::string> measured_steps, predicted_steps;
+  const auto m = by_stage(json::parse(measured->body), &measured_steps);
+  const auto p = by_stage(json::parse(predicted->body), &predicted_steps);
+  EXPECT_EQ(measured_steps, std::set<std::string>{"4"});
+  EXPECT_EQ(predicted_steps, measured_steps);
+  ASSERT_EQ(p.size(), 4u);
+  EXPECT_EQ(p, m);
+  // Fitted from the steps measured before it: about as long as the measured step (the
+  // planner's own guess for this tiny model, before any measurement, is far shorter).
+  const auto step_end_us = [](const json& timeline) {
+    int64_t end = 0;
+    for (const json& e : timeline.value("events", json::array())) {
+      end = std::max<int64_t>(end, std::stoll(e.value("end_us", "0")));
+    }
+    return end;
+  };
+  const int64_t measured_end = step_end_us(json::parse(measured->body));
+  const int64_t predicted_end = step_end_us(json::parse(predicted->body));
+  EXPECT_GT(predicted_end, measured_end / 10) << predicted->body.substr(0, 600);
+  EXPECT_LT(predicted_end, measured_end * 10) << predicted->body.substr(0, 600);
 }
 
 // Global-norm clipping small enough to clip every step: with 2 and 4 stages (GPipe and

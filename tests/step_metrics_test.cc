@@ -1,6 +1,11 @@
 #include "coordinator/step_metrics.h"
 
+#include <cmath>
+
 #include "common/testing/status_matchers.h"
+#include "coordinator/planner/generators.h"
+#include "coordinator/planner/lowering.h"
+#include "coordinator/planner/simulator.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -8,6 +13,7 @@ namespace pipetrain::coordinator {
 namespace {
 
 namespace pb = ::pipetrain::v1;
+using ::pipetrain::testing::IsOk;
 using ::pipetrain::testing::StatusIs;
 
 void AddTiming(pb::RunStepResponse& r, const std::string& lane, int64_t start, int64_t end,
@@ -79,6 +85,38 @@ TEST(StepMetricsTest, TimelineHasEveryActionOfEveryStage) {
   EXPECT_EQ(t[2].recompute_us(), 0);  // a forward recomputes nothing
   EXPECT_EQ(t[3].action().kind(), pb::BACKWARD);
   EXPECT_EQ(t[3].recompute_us(), 4);
+}
+
+TEST(StepMetricsTest, PredictedTimelineIsTheSimulatedStepInMicroseconds) {
+  auto generated = planner::Generate(planner::ScheduleKind::kOneFOneB, 2, 2, 1);
+  ASSERT_THAT(generated, IsOk());
+  const schedule::Schedule programs = planner::Lower(*generated);
+  planner::CostModel costs = planner::EqualStageCost(2);
+  costs.allreduce_stage_s = {0.002, 0.003};
+  auto sim = planner::Simulate(programs, costs);
+  ASSERT_THAT(sim, IsOk());
+  const std::vector<pb::TimelineEvent> t = PredictedTimelineOf(9, *sim);
+  ASSERT_EQ(t.size(), sim->events.size());
+  int links = 0, opts = 0;
+  for (size_t i = 0; i < t.size(); ++i) {
+    const planner::TimelineEvent& e = sim->events[i];
+    EXPECT_EQ(t[i].step(), 9);
+    EXPECT_EQ(t[i].stage(), e.stage);
+    EXPECT_EQ(t[i].action().micro_batch(), e.action.micro_batch);
+    EXPECT_EQ(t[i].start_us(), std::llround(e.start_s * 1e6));
+    EXPECT_EQ(t[i].end_us(), std::llround(e.end_s * 1e6));
+    const bool link = schedule::IsCommunication(e.action.kind);
+    EXPECT_EQ(t[i].lane(), link ? "link" : "compute");
+    links += link;
+    if (t[i].action().kind() == pb::OPTIMIZER_STEP) {
+      ++opts;
+      EXPECT_EQ(t[i].reduce_total_us(), e.stage == 0 ? 2000 : 3000);
+    } else {
+      EXPECT_EQ(t[i].reduce_total_us(), 0);
+    }
+  }
+  EXPECT_GT(links, 0);
+  EXPECT_EQ(opts, 2);
 }
 
 }  // namespace

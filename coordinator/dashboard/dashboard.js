@@ -18,6 +18,7 @@ const page = {
   lastStep: 0,
   cluster: null,
   timeline: null,
+  predicted: null,
   timelineStep: -1,
   logs: [],
   polls: 0,
@@ -204,23 +205,13 @@ function latestStepEvents(timeline) {
   return events.filter((e) => Number(e.step) === last);
 }
 
-function renderGantt() {
-  const events = latestStepEvents(page.timeline);
-  if (events.length === 0) {
-    $('#gantt').innerHTML = '<p class="note">no timeline yet</p>';
-    return;
-  }
-  $('#gantt-step').textContent = Number(events[0].step);
-  const stages = [...new Set(events.map((e) => e.stage || 0))].sort((a, b) => a - b);
-  const end = Math.max(...events.map((e) => Number(e.end_us)), 1);
-  const SVG_W = widthOf('#gantt');
-  const pad = {l: 70, r: 10}, rowH = 34, top = 4, axisH = 20;
-  const w = SVG_W - pad.l - pad.r;
-  const sx = (us) => pad.l + (us / end) * w;
-  let out = `<svg viewBox="0 0 ${SVG_W} ${top + stages.length * rowH + axisH}">`;
+// One block of rows, a row per stage: compute above, link (send/receive) below.
+function ganttRows(events, stages, y0, sx, {rowClass, title}) {
+  const rowH = 34;
+  let out = '';
   stages.forEach((s, i) => {
-    const y = top + i * rowH;
-    out += `<g class="row" data-stage="${s}"><text x="4" y="${y + 15}">stage ${s}</text>`;
+    const y = y0 + i * rowH;
+    out += `<g class="${rowClass}" data-stage="${s}"><text x="4" y="${y + 15}">${title} ${s}</text>`;
     for (const e of events.filter((ev) => (ev.stage || 0) === s)) {
       const [label, colour] = kindOf(e);
       const link = e.lane === 'link';
@@ -232,7 +223,35 @@ function renderGantt() {
     }
     out += '</g>';
   });
-  const axisY = top + stages.length * rowH;
+  return out;
+}
+
+// The measured step above the simulator's prediction of it, on one time axis.
+function renderGantt() {
+  const events = latestStepEvents(page.timeline);
+  if (events.length === 0) {
+    $('#gantt').innerHTML = '<p class="note">no timeline yet</p>';
+    return;
+  }
+  const step = Number(events[0].step);
+  $('#gantt-step').textContent = step;
+  const predicted = ((page.predicted && page.predicted.events) || [])
+    .filter((e) => Number(e.step) === step);
+  const stages = [...new Set(events.map((e) => e.stage || 0))].sort((a, b) => a - b);
+  const end = Math.max(...events.concat(predicted).map((e) => Number(e.end_us)), 1);
+  const SVG_W = widthOf('#gantt');
+  const pad = {l: 92, r: 10}, rowH = 34, top = 4, gap = 18, axisH = 20;
+  const w = SVG_W - pad.l - pad.r;
+  const sx = (us) => pad.l + (us / end) * w;
+  const predictedTop = top + stages.length * rowH + gap;
+  const height = (predicted.length ? predictedTop + stages.length * rowH : top + stages.length * rowH) + axisH;
+  let out = `<svg viewBox="0 0 ${SVG_W} ${height}">`;
+  out += ganttRows(events, stages, top, sx, {rowClass: 'row', title: 'stage'});
+  if (predicted.length) {
+    out += `<text class="block-title" x="4" y="${predictedTop - 5}">predicted from the costs measured before step ${step}</text>`;
+    out += ganttRows(predicted, stages, predictedTop, sx, {rowClass: 'row-predicted', title: 'predicted'});
+  }
+  const axisY = height - axisH;
   out += `<line class="axis" x1="${pad.l}" y1="${axisY}" x2="${pad.l + w}" y2="${axisY}"/>`;
   out += `<text x="${pad.l}" y="${axisY + 14}">0</text><text x="${pad.l + w}" y="${axisY + 14}" text-anchor="end">${(end / 1000).toFixed(1)} ms</text>`;
   $('#gantt').innerHTML = out + '</svg>';
@@ -240,8 +259,10 @@ function renderGantt() {
   $('#gantt-legend').innerHTML = [...seen].map(([l, c]) =>
     `<span class="key" style="background:${c}"></span>${l}`).join(' ') +
     ' &middot; compute above, link (send/receive) below in each row';
-  $('#gantt-note').textContent = 'Measured timeline. The coordinator serves no predicted ' +
-    'timeline over HTTP; the predicted bubble is in the chart above.';
+  $('#gantt-note').textContent = predicted.length
+    ? 'Measured step above; below, the simulator\'s prediction of the same step from each ' +
+      'action\'s mean cost measured on the steps before it. Where they differ: the runtime\'s own overhead, and the spread of the actions\' times.'
+    : 'Measured step; the prediction appears after the first step.';
 }
 
 // The timeline as Chrome trace JSON (chrome://tracing, Perfetto), as client/chrome_trace.cc
@@ -351,7 +372,9 @@ async function pollJob() {
   if (added > 0 || page.polls === 0) renderCurves();
   if (added > 0 || page.polls === 0) {
     try {
-      page.timeline = await getJson(`/api/jobs/${id}/timeline?steps=1`);
+      [page.timeline, page.predicted] = await Promise.all([
+        getJson(`/api/jobs/${id}/timeline?steps=1`),
+        getJson(`/api/jobs/${id}/timeline?predicted=1`)]);
       renderGantt();
     } catch (e) {
       if (e.status !== 409) throw e;  // 409: ran before this coordinator; no timeline kept

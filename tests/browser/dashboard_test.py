@@ -297,6 +297,17 @@ class DashboardTest(unittest.TestCase):
             kinds = {r.get_attribute("class") for r in row.find_elements(By.CSS_SELECTOR, "rect")}
             self.assertIn("action kind-F", kinds)
             self.assertIn("action kind-B", kinds)
+        # Under the measured rows, the predicted step: a row per stage, the same kinds.
+        predicted = wait_until("the Gantt's predicted rows", lambda: d.find_elements(
+            By.CSS_SELECTOR, "#gantt .row-predicted"), 20)
+        self.assertEqual(len(predicted), 2)
+        for row, measured in zip(predicted, d.find_elements(By.CSS_SELECTOR, "#gantt .row")):
+            self.assertEqual(row.get_attribute("data-stage"), measured.get_attribute("data-stage"))
+            kinds = {r.get_attribute("class") for r in row.find_elements(By.CSS_SELECTOR, "rect")}
+            self.assertIn("action kind-F", kinds)
+            self.assertIn("action kind-B", kinds)
+            # Drawn below the measured block, on the same axis.
+            self.assertGreater(row.location["y"], measured.location["y"])
         memory = d.find_elements(By.CSS_SELECTOR, "#memory tbody tr[data-stage]")
         self.assertEqual(len(memory), 2)
         time.sleep(1.5)  # a few more points on the curves for the screenshot
