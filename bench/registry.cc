@@ -9,6 +9,7 @@
 #include "bench/model_size_bench.h"
 #include "bench/recovery_bench.h"
 #include "bench/compute_bench.h"
+#include "bench/coordinator_load_bench.h"
 #include "bench/cuda_bench.h"
 #include "bench/tokenize_bench.h"
 
@@ -64,6 +65,12 @@ const std::vector<Benchmark>& AllBenchmarks() {
        "GPT-2 BPE: MB/s of text on 1, 2 and 4 threads vs npm's gpt-3-encoder under node "
        "on the same text (ratio, higher is better, 1.0 = JavaScript speed)",
        RunTokenizeBench},
+      {"coordinator-load",
+       "the coordinator under load: its memory over 200 small jobs run one after another "
+       "(flat = bounded per finished job), then 50 WatchJob streams, 50 clients polling "
+       "GetJob every 100 ms and 20 queued jobs for 20 s, three times (GetJob p50/p99 ms, errors, "
+       "memory before and after), then 1000 short-lived connections",
+       RunCoordinatorLoadBench},
   };
   return all;
 }

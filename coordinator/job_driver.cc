@@ -172,6 +172,12 @@ void JobManager::Drive(LiveJob* job, std::vector<StageRecord> stages,
                                 });
   RunnerHooks hooks;
   hooks.log = [&](const std::string& text) { Log(job, text); };
+  // The runner predicts a step's timeline just before it reports the step.
+  pb::Timeline predicted;
+  hooks.predicted_timeline = [&](std::vector<pb::TimelineEvent> events) {
+    predicted.Clear();
+    for (pb::TimelineEvent& e : events) *predicted.add_events() = std::move(e);
+  };
   hooks.step = [&](const pb::StepRecord& record, std::vector<pb::TimelineEvent> timeline) {
     tensorboard.Step(record, absl::Now());
     pb::JobStatus copy;
@@ -184,20 +190,20 @@ void JobManager::Drive(LiveJob* job, std::vector<StageRecord> stages,
       }
       copy = job->status;
     }
-    // A step run again after a restart replaces its first record.
-    if (absl::Status s = store_->AppendStep(id, record); !s.ok()) {
+    pb::Timeline measured;
+    for (pb::TimelineEvent& e : timeline) *measured.add_events() = std::move(e);
+    if (!predicted.events().empty() && predicted.events(0).step() != record.step()) {
+      predicted.Clear();  // not this step's
+    }
+    // A step run again after a restart replaces its first record (and its timelines).
+    if (absl::Status s = store_->RecordStep(copy, record, measured, predicted, kTimelineSteps);
+        !s.ok()) {
       common::LogWarning("coordinator", std::string(s.message()));
     }
-    if (absl::Status s = store_->Update(copy); !s.ok()) {
-      common::LogWarning("coordinator", std::string(s.message()));
-    }
-    job->events.AddTimeline(std::move(timeline));
+    predicted.Clear();
     pb::JobEvent e;
     *e.mutable_step() = record;
     job->events.Append(std::move(e));
-  };
-  hooks.predicted_timeline = [&](std::vector<pb::TimelineEvent> events) {
-    job->events.SetPredictedTimeline(std::move(events));
   };
   hooks.checkpoint = [&](const std::string& dir, int64_t step) {
     {

@@ -1,8 +1,10 @@
 // The live events of one job, in order (state changes, steps, log lines), kept in memory
-// while the coordinator runs so that any number of WatchJob streams can replay them from
-// the start and then wait for more; and the timeline of the job's latest steps.
+// while the coordinator runs it so that any number of WatchJob streams can follow it. Only
+// the latest `keep` events are kept (everything is in the job store as well): a reader
+// that asks for older ones is told what it missed, and reads that from the store.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <vector>
@@ -15,33 +17,33 @@ namespace pipetrain::coordinator {
 
 class JobEvents {
  public:
-  explicit JobEvents(int timeline_steps = 20) : timeline_steps_(timeline_steps) {}
+  explicit JobEvents(size_t keep = 1024) : keep_(keep < 1 ? 1 : keep) {}
 
   void Append(pipetrain::v1::JobEvent event);
   // After the last event: readers get what is left, then `ended` is true.
   void End();
 
-  // Events from index `from` on. Waits up to `wait` for one when there are none yet and
-  // the job has not ended. `ended` says no more will ever come after these.
-  std::vector<pipetrain::v1::JobEvent> Read(size_t from, absl::Duration wait, bool* ended);
-
-  // Keeps the timeline of the latest `timeline_steps` steps.
-  void AddTimeline(std::vector<pipetrain::v1::TimelineEvent> events);
-  // The last `steps` steps' events (at least the latest one), oldest step first.
-  std::vector<pipetrain::v1::TimelineEvent> Timeline(int steps);
-  // The simulator's prediction of the latest step, from the costs measured before it
-  // (only the latest: it is drawn next to the measured step).
-  void SetPredictedTimeline(std::vector<pipetrain::v1::TimelineEvent> events);
-  std::vector<pipetrain::v1::TimelineEvent> PredictedTimeline();
+  // What a reader missed when the events it asked for were no longer kept: every event
+  // before index `until`, among them the job's first `logs` log lines and its steps up to
+  // `last_step`. until == 0: nothing was missed.
+  struct Missed {
+    size_t until = 0;
+    size_t logs = 0;
+    int64_t last_step = 0;
+  };
+  // Events from index `from` on (from `missed->until` when older ones were dropped).
+  // Waits up to `wait` for one when there are none yet and the job has not ended.
+  // `ended` says no more will ever come after these.
+  std::vector<pipetrain::v1::JobEvent> Read(size_t from, absl::Duration wait, bool* ended,
+                                            Missed* missed);
 
  private:
-  const int timeline_steps_;
+  const size_t keep_;
   absl::Mutex mu_;
   absl::CondVar changed_;
-  std::vector<pipetrain::v1::JobEvent> events_ ABSL_GUARDED_BY(mu_);
+  std::deque<pipetrain::v1::JobEvent> events_ ABSL_GUARDED_BY(mu_);
+  Missed dropped_ ABSL_GUARDED_BY(mu_);  // until = the index of events_.front()
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
-  std::deque<std::vector<pipetrain::v1::TimelineEvent>> timeline_ ABSL_GUARDED_BY(mu_);
-  std::vector<pipetrain::v1::TimelineEvent> predicted_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pipetrain::coordinator

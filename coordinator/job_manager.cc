@@ -63,13 +63,16 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(ManagerOptions op
         job.set_reason(absl::StrCat("the coordinator restarted while the job was running (after "
                                     "step ", job.steps_done(), "): waiting for its stages"));
         RETURN_IF_ERROR(m->store_->Update(job));
-        auto live = std::make_unique<LiveJob>();
+        auto live = std::make_shared<LiveJob>(m->options_.events_in_memory);
         live->status = job;
         live->events.Append(StateEvent(job));
         LiveJob* p = live.get();
         m->live_[job.job_id()] = std::move(live);
         ++m->resuming_;
-        p->thread = std::thread([m = m.get(), p] { m->ResumeAfterRestart(p); });
+        p->thread = std::thread([m = m.get(), p, id = job.job_id()] {
+          m->ResumeAfterRestart(p);
+          m->Retire(id);
+        });
       } else if (was_running) {
         job.set_state(pb::JobStatus::FAILED);
         job.set_reason(
@@ -99,12 +102,34 @@ void JobManager::Shutdown() {
     wake_.SignalAll();
   }
   if (scheduler_.joinable()) scheduler_.join();
-  std::vector<std::thread*> threads;
+  std::vector<std::shared_ptr<LiveJob>> jobs;
   {
     absl::MutexLock lock(&mu_);
-    for (auto& [id, job] : live_) threads.push_back(&job->thread);
+    for (auto& [id, job] : live_) jobs.push_back(job);
+    jobs.insert(jobs.end(), retired_.begin(), retired_.end());
+    retired_.clear();
   }
-  for (std::thread* t : threads) if (t->joinable()) t->join();
+  for (auto& job : jobs) if (job->thread.joinable()) job->thread.join();
+}
+
+void JobManager::Retire(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  auto it = live_.find(job_id);
+  // One the coordinator's stop left RECOVERING stays: Shutdown joins it.
+  if (it == live_.end() || !common::JobEnded(it->second->status.state())) return;
+  retired_.push_back(std::move(it->second));
+  live_.erase(it);
+  wake_.SignalAll();
+}
+
+void JobManager::ReapRetired() {
+  std::vector<std::shared_ptr<LiveJob>> done;
+  {
+    absl::MutexLock lock(&mu_);
+    done.swap(retired_);
+  }
+  // Retire is the last thing a job's thread does: these joins end at once.
+  for (auto& job : done) if (job->thread.joinable()) job->thread.join();
 }
 
 absl::Status JobManager::CheckFits(const pb::JobSpec& spec) {
@@ -152,7 +177,7 @@ absl::StatusOr<std::string> JobManager::Submit(pb::JobSpec spec) {
   *status.mutable_spec() = spec;
   status.set_state(pb::JobStatus::QUEUED);
   SetNow(status.mutable_created());
-  LiveJob* job = nullptr;
+  std::shared_ptr<LiveJob> job;
   {
     // Checked and recorded under one lock, so a job refused during shutdown is never
     // stored (it would otherwise be queued again at the next start).
@@ -160,18 +185,18 @@ absl::StatusOr<std::string> JobManager::Submit(pb::JobSpec spec) {
     if (stopping_) return absl::UnavailableError("the coordinator is stopping; submit again later");
     RETURN_IF_ERROR(store_->Insert(status));
     Enqueue(status);
-    job = live_[id].get();
+    job = live_[id];
   }
   const int free = registry_.FreeCount(), k = common::JobStageServers(spec);
   if (free < k) {
-    Log(job, absl::StrCat("queued: needs ", k, " free stages, ", free, " free of ",
-                          registry_.LiveCount(), " registered"));
+    Log(job.get(), absl::StrCat("queued: needs ", k, " free stages, ", free, " free of ",
+                                registry_.LiveCount(), " registered"));
   }
   return id;
 }
 
 void JobManager::Enqueue(pb::JobStatus status) {
-  auto job = std::make_unique<LiveJob>();
+  auto job = std::make_shared<LiveJob>(options_.events_in_memory);
   job->status = status;
   job->events.Append(StateEvent(status));
   queue_.push_back(status.job_id());
@@ -179,10 +204,10 @@ void JobManager::Enqueue(pb::JobStatus status) {
   wake_.SignalAll();
 }
 
-JobManager::LiveJob* JobManager::FindLive(const std::string& job_id) {
+std::shared_ptr<JobManager::LiveJob> JobManager::FindLive(const std::string& job_id) {
   absl::MutexLock lock(&mu_);
   auto it = live_.find(job_id);
-  return it == live_.end() ? nullptr : it->second.get();
+  return it == live_.end() ? nullptr : it->second;
 }
 
 void JobManager::SchedulerLoop() {
@@ -192,6 +217,7 @@ void JobManager::SchedulerLoop() {
     for (const std::string& id : registry_.Sweep()) {
       common::LogWarning("coordinator", absl::StrCat(id, " missed its heartbeats: lost"));
     }
+    ReapRetired();
     mu_.Lock();
     // Jobs a previous coordinator ran get their stages back first.
     for (auto it = queue_.begin(); it != queue_.end() && !stopping_ && resuming_ == 0;) {
@@ -202,15 +228,17 @@ void JobManager::SchedulerLoop() {
         ++it;
         continue;
       }
+      const std::string id = *it;
       it = queue_.erase(it);
       // The replicas' copies of each stage position on as few hosts as possible, so
       // their all-reduce stays on a host's own links where the stages allow it.
       const int replicas = std::max(1, job->status.spec().pipeline().replicas());
       const int k = job->status.spec().pipeline().stages();
       std::vector<StageRecord> placed = PlaceReplicas(*std::move(stages), replicas, k);
-      job->thread = std::thread([this, job, replicas, k, s = std::move(placed)] {
+      job->thread = std::thread([this, job, id, replicas, k, s = std::move(placed)] {
         if (replicas > 1) Log(job, DescribePlacement(s, replicas, k));  // Log takes mu_
         Drive(job, s);
+        Retire(id);
       });
     }
     wake_.WaitWithTimeout(&mu_, options_.heartbeat_interval);
@@ -256,6 +284,12 @@ void JobManager::SetState(LiveJob* job, pb::JobStatus::State state, const std::s
 }
 
 absl::StatusOr<pb::JobStatus> JobManager::Get(const std::string& job_id, bool history) {
+  // A live job's status is in memory, as new as the store's or newer: pollers of running
+  // jobs then never wait behind the store's writes.
+  if (!history) {
+    absl::MutexLock lock(&mu_);
+    if (auto it = live_.find(job_id); it != live_.end()) return it->second->status;
+  }
   return store_->Get(job_id, history);
 }
 
@@ -277,12 +311,12 @@ absl::StatusOr<std::vector<pb::StepRecord>> JobManager::Steps(const std::string&
 }
 
 absl::StatusOr<pb::JobStatus> JobManager::Cancel(const std::string& job_id) {
-  LiveJob* queued = nullptr;
+  std::shared_ptr<LiveJob> queued;
   {
     absl::MutexLock lock(&mu_);
     auto it = live_.find(job_id);
     if (it != live_.end() && !common::JobEnded(it->second->status.state())) {
-      LiveJob* job = it->second.get();
+      const std::shared_ptr<LiveJob>& job = it->second;
       job->cancel = true;
       auto q = std::find(queue_.begin(), queue_.end(), job_id);
       if (q != queue_.end()) {
@@ -292,10 +326,11 @@ absl::StatusOr<pb::JobStatus> JobManager::Cancel(const std::string& job_id) {
     }
   }
   if (queued != nullptr) {
-    Log(queued, "cancelled while queued");
-    SetState(queued, pb::JobStatus::CANCELLED, "cancelled while queued");
-  } else if (LiveJob* job = FindLive(job_id); job != nullptr && job->cancel) {
-    Log(job, "cancel requested: stopping after the current step");
+    Log(queued.get(), "cancelled while queued");
+    SetState(queued.get(), pb::JobStatus::CANCELLED, "cancelled while queued");
+    Retire(job_id);  // it has no thread
+  } else if (std::shared_ptr<LiveJob> job = FindLive(job_id); job != nullptr && job->cancel) {
+    Log(job.get(), "cancel requested: stopping after the current step");
     ASSIGN_OR_RETURN(pb::JobStatus status, store_->Get(job_id, false));
     if (status.state() == pb::JobStatus::RUNNING) {
       status.set_reason("cancelling: stops after the current step, with a checkpoint");
@@ -309,24 +344,40 @@ absl::Status JobManager::Watch(const std::string& job_id, int64_t from_step, boo
                                const std::function<bool(const pb::JobEvent&)>& sink,
                                const std::function<bool()>& still_wanted) {
   auto wanted = [&](const pb::JobEvent& e) { return !e.has_step() || e.step().step() >= from_step; };
-  if (LiveJob* job = FindLive(job_id)) {
+  if (std::shared_ptr<LiveJob> job = FindLive(job_id)) {
     size_t next = 0;
+    size_t logs_seen = 0;       // log events passed to the watcher (or not wanted)
+    int64_t last_step = -1;     // the latest step event passed
+    auto pass = [&](const pb::JobEvent& e) {
+      if (e.has_log()) ++logs_seen;
+      if (e.has_step()) last_step = std::max(last_step, e.step().step());
+      return !wanted(e) || sink(e);
+    };
     for (;;) {
       bool ended = false;
-      std::vector<pb::JobEvent> events =
-          job->events.Read(next, no_follow ? absl::ZeroDuration() : absl::Seconds(1), &ended);
+      JobEvents::Missed missed;
+      std::vector<pb::JobEvent> events = job->events.Read(
+          next, no_follow ? absl::ZeroDuration() : absl::Seconds(1), &ended, &missed);
+      if (missed.until > 0) {
+        // Older than the events kept in memory: the store has them (the missed state
+        // changes are not replayed; the latest state comes with the events that follow).
+        RETURN_IF_ERROR(ReplayMissed(job_id, from_step, missed, &logs_seen, &last_step, pass));
+        next = missed.until;
+      }
       next += events.size();
       for (const pb::JobEvent& e : events) {
-        if (wanted(e) && !sink(e)) return absl::CancelledError("the watcher went away");
+        if (!pass(e)) return absl::CancelledError("the watcher went away");
       }
       if (no_follow || (ended && events.empty())) return absl::OkStatus();
       if (events.empty() && !still_wanted()) return absl::CancelledError("the watcher went away");
       if (shutting_down_ && events.empty()) {
         return absl::UnavailableError("the coordinator is stopping");
       }
+      // Many watchers of a fast job: take its events in batches, not one wake-up each.
+      if (!events.empty()) absl::SleepFor(kWatchBatch);
     }
   }
-  // A job from before this coordinator started: it has ended; replay the record.
+  // A job that has ended (and left memory, or ran before this coordinator): its record.
   ASSIGN_OR_RETURN(pb::JobStatus status, store_->Get(job_id, false));
   ASSIGN_OR_RETURN(std::vector<pb::LogLine> logs, store_->Logs(job_id));
   for (const pb::LogLine& line : logs) {
@@ -344,31 +395,39 @@ absl::Status JobManager::Watch(const std::string& job_id, int64_t from_step, boo
   return absl::OkStatus();
 }
 
-absl::StatusOr<JobManager::LiveJob*> JobManager::FindLiveForTimeline(const std::string& job_id) {
-  RETURN_IF_ERROR(store_->Get(job_id, false).status());
-  LiveJob* job = FindLive(job_id);
-  if (job == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job '", job_id, "' ran before this coordinator started; timelines are kept in "
-        "memory only, for the latest 20 steps of jobs run since the coordinator started"));
+absl::Status JobManager::ReplayMissed(const std::string& job_id, int64_t from_step,
+                                      const JobEvents::Missed& missed, size_t* logs_seen,
+                                      int64_t* last_step,
+                                      const std::function<bool(const pb::JobEvent&)>& pass) {
+  if (*logs_seen < missed.logs) {
+    ASSIGN_OR_RETURN(std::vector<pb::LogLine> logs, store_->Logs(job_id));
+    for (size_t i = *logs_seen; i < std::min(missed.logs, logs.size()); ++i) {
+      pb::JobEvent e;
+      *e.mutable_log() = std::move(logs[i]);
+      if (!pass(e)) return absl::CancelledError("the watcher went away");
+    }
+    *logs_seen = missed.logs;
   }
-  return job;
+  if (*last_step < missed.last_step) {
+    ASSIGN_OR_RETURN(std::vector<pb::StepRecord> steps,
+                     store_->Steps(job_id, std::max(*last_step + 1, from_step)));
+    for (pb::StepRecord& step : steps) {
+      if (step.step() > missed.last_step) break;
+      pb::JobEvent e;
+      *e.mutable_step() = std::move(step);
+      if (!pass(e)) return absl::CancelledError("the watcher went away");
+    }
+    *last_step = missed.last_step;
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<pb::Timeline> JobManager::Timeline(const std::string& job_id, int last_steps) {
-  ASSIGN_OR_RETURN(LiveJob * job, FindLiveForTimeline(job_id));
-  pb::Timeline t;
-  t.set_job_id(job_id);
-  for (pb::TimelineEvent& e : job->events.Timeline(last_steps)) *t.add_events() = std::move(e);
-  return t;
+  return store_->Timelines(job_id, /*predicted=*/false, last_steps);
 }
 
 absl::StatusOr<pb::Timeline> JobManager::PredictedTimeline(const std::string& job_id) {
-  ASSIGN_OR_RETURN(LiveJob * job, FindLiveForTimeline(job_id));
-  pb::Timeline t;
-  t.set_job_id(job_id);
-  for (pb::TimelineEvent& e : job->events.PredictedTimeline()) *t.add_events() = std::move(e);
-  return t;
+  return store_->Timelines(job_id, /*predicted=*/true, 1);
 }
 
 absl::StatusOr<pb::RegisterStageResponse> JobManager::RegisterStage(

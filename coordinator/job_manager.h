@@ -32,6 +32,8 @@ struct ManagerOptions {
   // Where each job's TensorBoard event files go, in a JOB_ID folder; "" is
   // STATE_DIR/tensorboard.
   std::string tensorboard_dir;
+  // Events of each running job kept in memory for its watchers (older: the store).
+  size_t events_in_memory = 1024;
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(5);
   RunnerOptions runner;  // checkpoint_root is set per job
@@ -106,9 +108,22 @@ class JobManager {
   // Records a new state (store, events); the last one also ends the event stream.
   void SetState(LiveJob* job, pipetrain::v1::JobStatus::State state, const std::string& reason);
   void Log(LiveJob* job, const std::string& text);
-  LiveJob* FindLive(const std::string& job_id);
-  // The live job for a timeline: FAILED_PRECONDITION for one this coordinator did not run.
-  absl::StatusOr<LiveJob*> FindLiveForTimeline(const std::string& job_id);
+  // Null once the job has ended and left memory (Retire): its record is in the store.
+  std::shared_ptr<LiveJob> FindLive(const std::string& job_id);
+  // The job's thread is done with it: an ended job leaves live_ (watchers that still
+  // hold it keep it), and the scheduler joins its thread (ReapRetired).
+  void Retire(const std::string& job_id);
+  void ReapRetired();
+  // For a watcher behind the events kept in memory: the log lines and steps it missed,
+  // from the store, through `pass` (which counts them in logs_seen and last_step).
+  absl::Status ReplayMissed(const std::string& job_id, int64_t from_step,
+                            const JobEvents::Missed& missed, size_t* logs_seen,
+                            int64_t* last_step,
+                            const std::function<bool(const pipetrain::v1::JobEvent&)>& pass);
+  // Steps whose timelines the store keeps per job (`pipetrain timeline --steps`).
+  static constexpr int kTimelineSteps = 20;
+  // How long a watcher waits after a batch of events before it reads the next.
+  static constexpr absl::Duration kWatchBatch = absl::Milliseconds(20);
 
   const ManagerOptions options_;
   std::unique_ptr<JobStore> store_;
@@ -117,7 +132,9 @@ class JobManager {
 
   absl::Mutex mu_;
   absl::CondVar wake_;  // a job was queued, a stage came or went, a job ended
-  std::map<std::string, std::unique_ptr<LiveJob>> live_ ABSL_GUARDED_BY(mu_);
+  // The jobs queued or running (and the ended ones until their thread is done).
+  std::map<std::string, std::shared_ptr<LiveJob>> live_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<LiveJob>> retired_ ABSL_GUARDED_BY(mu_);  // to join
   std::deque<std::string> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int resuming_ ABSL_GUARDED_BY(mu_) = 0;  // jobs still waiting for their old stages

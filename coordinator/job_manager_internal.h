@@ -17,6 +17,7 @@
 namespace pipetrain::coordinator {
 
 struct JobManager::LiveJob {
+  explicit LiveJob(size_t events_kept) : events(events_kept) {}
   pipetrain::v1::JobStatus status;  // guarded by JobManager::mu_
   JobEvents events;
   std::atomic<bool> cancel{false};

@@ -5,6 +5,7 @@
 
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <system_error>
 #include <utility>
@@ -22,6 +23,7 @@ namespace {
 using pipetrain::v1::JobStatus;
 using pipetrain::v1::LogLine;
 using pipetrain::v1::StepRecord;
+using pipetrain::v1::Timeline;
 
 constexpr int kBusyTimeoutMs = 5000;
 constexpr char kSchema[] = R"sql(
@@ -34,6 +36,9 @@ CREATE TABLE IF NOT EXISTS steps(job_id TEXT NOT NULL, step INTEGER NOT NULL,
 CREATE TABLE IF NOT EXISTS logs(seq INTEGER PRIMARY KEY, job_id TEXT NOT NULL,
                                 line BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS logs_by_job ON logs(job_id, seq);
+CREATE TABLE IF NOT EXISTS timelines(job_id TEXT NOT NULL, predicted INTEGER NOT NULL,
+                                     step INTEGER NOT NULL, timeline BLOB NOT NULL,
+                                     PRIMARY KEY(job_id, predicted, step));
 INSERT OR IGNORE INTO meta(key, value) VALUES('next_job_id', 1);
 )sql";
 
@@ -268,6 +273,69 @@ absl::StatusOr<std::vector<LogLine>> JobStore::Logs(const std::string& job_id) c
       ReadAll<LogLine>(db_, select, absl::StrCat("reading the log of job '", job_id, "'")));
   RETURN_IF_ERROR(tx.Commit());
   return lines;
+}
+
+absl::Status JobStore::RecordStep(const JobStatus& job, const StepRecord& step,
+                                  const Timeline& measured, const Timeline& predicted,
+                                  int keep_timelines) {
+  const std::string& id = job.job_id();
+  const std::string what = absl::StrCat("recording step ", step.step(), " of job '", id, "'");
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(SqliteTransaction tx, SqliteTransaction::Begin(db_, /*write=*/true));
+  ASSIGN_OR_RETURN(SqliteStatement update,
+                   SqliteStatement::Prepare(db_, "UPDATE jobs SET status = ? WHERE id = ?"));
+  update.BindBlob(1, StatusBlob(job)).Bind(2, id);
+  RETURN_IF_ERROR(update.Run(what));
+  if (sqlite3_changes(db_) == 0) return UnknownJob(id);
+  ASSIGN_OR_RETURN(SqliteStatement insert,
+                   SqliteStatement::Prepare(db_,
+                                            "INSERT OR REPLACE INTO steps(job_id, "
+                                            "step, record) VALUES(?, ?, ?)"));
+  insert.Bind(1, id).Bind(2, step.step()).BindBlob(3, step.SerializeAsString());
+  RETURN_IF_ERROR(insert.Run(what));
+  for (const auto& [timeline, kind] : {std::pair{&measured, 0}, std::pair{&predicted, 1}}) {
+    if (timeline->events_size() == 0) continue;
+    ASSIGN_OR_RETURN(SqliteStatement put,
+                     SqliteStatement::Prepare(db_,
+                                              "INSERT OR REPLACE INTO timelines(job_id, "
+                                              "predicted, step, timeline) VALUES(?, ?, ?, ?)"));
+    put.Bind(1, id).Bind(2, int64_t{kind}).Bind(3, step.step());
+    put.BindBlob(4, timeline->SerializeAsString());
+    RETURN_IF_ERROR(put.Run(what));
+    // The latest steps only; a step run again after a restart drops the later ones, which
+    // the run it continues no longer has.
+    ASSIGN_OR_RETURN(SqliteStatement trim,
+                     SqliteStatement::Prepare(db_,
+                                              "DELETE FROM timelines WHERE job_id = ?1 AND "
+                                              "predicted = ?2 AND (step <= ?3 - ?4 OR step > ?3)"));
+    trim.Bind(1, id).Bind(2, int64_t{kind}).Bind(3, step.step());
+    trim.Bind(4, int64_t{std::max(keep_timelines, 1)});
+    RETURN_IF_ERROR(trim.Run(what));
+  }
+  return tx.Commit();
+}
+
+absl::StatusOr<Timeline> JobStore::Timelines(const std::string& job_id, bool predicted,
+                                             int last_steps) const {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(SqliteTransaction tx, SqliteTransaction::Begin(db_, /*write=*/false));
+  RETURN_IF_ERROR(RequireJob(db_, job_id));
+  ASSIGN_OR_RETURN(SqliteStatement select,
+                   SqliteStatement::Prepare(db_,
+                                            "SELECT timeline FROM timelines WHERE job_id = ? "
+                                            "AND predicted = ? ORDER BY step DESC LIMIT ?"));
+  select.Bind(1, job_id).Bind(2, int64_t{predicted ? 1 : 0});
+  select.Bind(3, int64_t{std::max(last_steps, 1)});
+  ASSIGN_OR_RETURN(
+      std::vector<Timeline> steps,
+      ReadAll<Timeline>(db_, select, absl::StrCat("reading the timeline of job '", job_id, "'")));
+  RETURN_IF_ERROR(tx.Commit());
+  Timeline all;
+  all.set_job_id(job_id);
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    for (pipetrain::v1::TimelineEvent& e : *it->mutable_events()) *all.add_events() = std::move(e);
+  }
+  return all;
 }
 
 }  // namespace pipetrain::coordinator

@@ -1,6 +1,8 @@
 // The coordinator's durable record of jobs: every job's status, its step history and its
-// log lines, in one SQLite database under the state dir, so `pipetrain list` and
-// `status` survive a coordinator restart. Thread-safe; every call is one transaction.
+// log lines, and the timelines of its latest steps, in one SQLite database under the
+// state dir, so `pipetrain list`, `status` and `timeline` survive a coordinator restart
+// and the coordinator need not keep any of it in memory. Thread-safe; every call is one
+// transaction.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +37,13 @@ class JobStore {
   // Records one finished step; replaces a record with the same step number.
   absl::Status AppendStep(const std::string& job_id, const pipetrain::v1::StepRecord& step);
   absl::Status AppendLog(const std::string& job_id, const pipetrain::v1::LogLine& line);
+  // A finished step in one transaction: its record (as AppendStep), the job's status (as
+  // Update), and the step's measured and predicted timelines (an empty one is not
+  // stored), of which the latest `keep_timelines` steps' of each kind are kept.
+  absl::Status RecordStep(const pipetrain::v1::JobStatus& job,
+                          const pipetrain::v1::StepRecord& step,
+                          const pipetrain::v1::Timeline& measured,
+                          const pipetrain::v1::Timeline& predicted, int keep_timelines);
 
   // NOT_FOUND "unknown job 'ID'" if absent. With include_history, history holds every
   // step in order.
@@ -46,6 +55,10 @@ class JobStore {
   absl::StatusOr<std::vector<pipetrain::v1::StepRecord>> Steps(const std::string& job_id,
                                                                int64_t from_step) const;
   absl::StatusOr<std::vector<pipetrain::v1::LogLine>> Logs(const std::string& job_id) const;
+  // The stored timelines of the latest `last_steps` (at least 1) steps, oldest first, as
+  // one Timeline; no events when none is stored. NOT_FOUND for an unknown job.
+  absl::StatusOr<pipetrain::v1::Timeline> Timelines(const std::string& job_id, bool predicted,
+                                                    int last_steps) const;
 
  private:
   explicit JobStore(sqlite3* db) : db_(db) {}

@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
 
   std::string listen = "127.0.0.1:7400", state_dir, http, health_listen, tensorboard_dir;
   double heartbeat_timeout = 5, stage_deadline = 30;
+  int64_t events_in_memory = 1024;
   bool help = false, version = false;
   common::SecurityFlags security_flags;
   common::FlagSet flags(
@@ -41,8 +42,9 @@ int main(int argc, char** argv) {
       "Jobs, their step history and logs are kept in DIR/jobs.db (SQLite), checkpoints in\n"
       "DIR/checkpoints/JOB/step-N/, TensorBoard event files (every step's scalars) in\n"
       "DIR/tensorboard/JOB/ (tensorboard --logdir DIR/tensorboard). Runs until SIGINT or\n"
-      "SIGTERM; a job running then stops after its current step and is recorded as\n"
-      "FAILED, naming its last checkpoint.\n"
+      "SIGTERM; a job running then stops after its current step and is recorded\n"
+      "RECOVERING, for the next coordinator on DIR to continue (FAILED, naming its last\n"
+      "checkpoint, with fault_tolerance.max_restarts 0).\n"
       "\n"
       "Security: with --tls-cert/--tls-key/--tls-ca every gRPC connection (CLI, stages) is\n"
       "mutual TLS: clients must show a certificate signed by the CA, and the coordinator\n"
@@ -73,6 +75,11 @@ int main(int argc, char** argv) {
                   "job whose stage dies or drops off the network fails within about S + 3 s, "
                   "naming it (keep S above one micro-batch's pass on the slowest stage)",
                   "S");
+  flags.AddInt("events-in-memory", &events_in_memory,
+               "events (steps, log lines) of each running job kept in memory for its "
+               "watchers; older ones are read from the job store, so memory stays bounded "
+               "however long a job runs",
+               "N");
   common::AddSecurityFlags(flags, &security_flags,
                            "require this bearer token (the file's contents, trimmed) on every "
                            "call and HTTP request, and send it to the stages");
@@ -128,8 +135,15 @@ int main(int argc, char** argv) {
     return 2;
   }
 
+  if (events_in_memory < 1 || events_in_memory > 1000000) {
+    std::cerr << "pipetrain-coordinator: --events-in-memory must be between 1 and 1000000 "
+                 "(default 1024)\n";
+    return 2;
+  }
+
   coordinator::ManagerOptions options;
   options.state_dir = state_dir;
+  options.events_in_memory = static_cast<size_t>(events_in_memory);
   options.tensorboard_dir = tensorboard_dir;
   options.heartbeat_timeout = absl::Seconds(heartbeat_timeout);
   options.heartbeat_interval = std::min(absl::Seconds(1), options.heartbeat_timeout / 3);

@@ -27,6 +27,7 @@ namespace {
 using ::pipetrain::testing::LocalCluster;
 using ::pipetrain::testing::SubmittedId;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using namespace std::chrono_literals;
 
 class CoordinatorCliTest : public testing::SharedClusterTest {
@@ -206,6 +207,66 @@ INSTANTIATE_TEST_SUITE_P(BadRequests, CoordinatorExitCodeTest, ::testing::Values
 // A cluster of its own: its stages report a memory limit.
 using CoordinatorMemoryTest = testing::ClusterJobTest;
 
+// A coordinator that keeps only 4 events of a job in memory: a watcher that starts
+// behind them, and one that falls behind while it follows (the job runs steps faster
+// than a watcher's batches), still get every step once, in order, and every log line,
+// from the store; one that starts after the job ended gets the same.
+using CoordinatorWatchTest = testing::ClusterJobTest;
+
+TEST_F(CoordinatorWatchTest, WatchersBehindTheEventsInMemoryGetEveryStepOnce) {
+  testing::LocalClusterOptions options;
+  options.coordinator_args = {"--events-in-memory", "4"};
+  auto cluster = LocalCluster::Start(dir_.File("state"), 1, options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  LocalCluster& c = **cluster;
+  spec_["training"]["steps"] = 300;
+  spec_["checkpoint"]["every_steps"] = 50;  // a log line every 50 steps
+  const std::string id = SubmitNoWait(c, {"pipeline.stages=1"});
+  ASSERT_FALSE(id.empty());
+  WaitFor(c, id, [](const json& s) { return std::stoi(s.value("steps_done", "0")) >= 30; });
+  auto stub = pipetrain::v1::Coordinator::NewStub(
+      grpc::CreateChannel(c.address(), grpc::InsecureChannelCredentials()));
+  struct Seen {
+    std::vector<int64_t> steps;
+    int logs = 0;
+    std::string last_state;
+  };
+  auto watch = [&] {
+    Seen seen;
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    pipetrain::v1::WatchJobRequest req;
+    req.set_job_id(id);
+    auto reader = stub->WatchJob(&ctx, req);
+    pipetrain::v1::JobEvent e;
+    while (reader->Read(&e)) {
+      if (e.has_step()) seen.steps.push_back(e.step().step());
+      if (e.has_log()) ++seen.logs;
+      if (e.has_state_change()) {
+        seen.last_state = pipetrain::v1::JobStatus::State_Name(e.state_change().state());
+      }
+    }
+    EXPECT_TRUE(reader->Finish().ok());
+    return seen;
+  };
+  const Seen live = watch();
+  std::vector<int64_t> every(300);
+  for (int i = 0; i < 300; ++i) every[i] = i + 1;
+  EXPECT_EQ(live.steps, every);
+  EXPECT_EQ(live.last_state, "SUCCEEDED");
+  // Every log line the store has (the job's own account, read over HTTP).
+  httplib::Client http("127.0.0.1", c.http_port());
+  auto logs = http.Get("/api/jobs/" + id + "/logs");
+  ASSERT_TRUE(logs && logs->status == 200);
+  const size_t stored = json::parse(logs->body)["logs"].size();
+  EXPECT_GE(stored, 6u) << "a checkpoint line every 50 steps";
+  EXPECT_EQ(static_cast<size_t>(live.logs), stored);
+  const Seen after = watch();
+  EXPECT_EQ(after.steps, every);
+  EXPECT_EQ(static_cast<size_t>(after.logs), stored);
+  EXPECT_EQ(after.last_state, "SUCCEEDED");
+}
+
 TEST_F(CoordinatorMemoryTest, AModelTooBigForTheStagesIsRefusedNamingTheMemory) {
   auto cluster = LocalCluster::Start(dir_.File("state"), 2, {"--memory-limit", "100000"});
   ASSERT_TRUE(cluster.ok()) << cluster.status();
@@ -257,11 +318,11 @@ TEST_F(CoordinatorMemoryTest, AModelThatFitsOnlyWhenSplitWithinTheMemoryIsAccept
   EXPECT_THAT(r->err, HasSubstr("does not fit the stages' memory"));
 }
 
-// A job's measured costs are stored with it, so `plan --costs-from` works after the
-// coordinator that ran it has restarted (and lost its timelines).
+// A job's measured costs and its latest steps' timelines are stored with it, so `plan
+// --costs-from` and `timeline` work the same after the coordinator that ran it restarted.
 using CoordinatorCostsTest = testing::ClusterJobTest;
 
-TEST_F(CoordinatorCostsTest, MeasuredCostsOutliveTheCoordinatorsTimelines) {
+TEST_F(CoordinatorCostsTest, MeasuredCostsAndTimelinesOutliveTheCoordinator) {
   auto cluster = LocalCluster::Start(dir_.File("state"), 2);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string spec = WriteSpec(spec_);
@@ -283,7 +344,16 @@ TEST_F(CoordinatorCostsTest, MeasuredCostsOutliveTheCoordinatorsTimelines) {
   auto later = (*cluster)->Cli({"plan", spec, "--costs-from", "job-000001", "--stages", "1"});
   ASSERT_TRUE(later.ok());
   EXPECT_EQ(later->exit_code, 0) << later->err;
-  EXPECT_THAT(later->out, HasSubstr("as recorded with the job"));
+  // From the stored timelines, as before the restart (not the rates kept as a fallback).
+  EXPECT_THAT(later->out, HasSubstr("Costs measured on job-000001 (steps 2-4: 2 stages"));
+  EXPECT_THAT(later->out, Not(HasSubstr("as recorded with the job")));
+  auto timeline = (*cluster)->Cli({"timeline", "job-000001", "--breakdown", "--json",
+                                   "--steps", "3"});
+  ASSERT_TRUE(timeline.ok());
+  EXPECT_EQ(timeline->exit_code, 0) << timeline->err;
+  const json breakdown = json::parse(timeline->out, nullptr, false);
+  ASSERT_FALSE(breakdown.is_discarded()) << timeline->out;
+  EXPECT_EQ(breakdown.value("stages", json::array()).size(), 2u) << timeline->out;
 }
 
 // Emulated stages run the job's programs without weights: the job ends SUCCEEDED with

@@ -216,6 +216,75 @@ TEST(JobStoreTest, EverythingSurvivesReopen) {
   EXPECT_THAT(Ids(*list), ElementsAre("job-000001"));
 }
 
+// A timeline of one step: `n` events of stage 0 whose start_us is the step (to tell apart).
+pipetrain::v1::Timeline StepTimeline(int64_t step, int n) {
+  pipetrain::v1::Timeline t;
+  for (int i = 0; i < n; ++i) {
+    pipetrain::v1::TimelineEvent* e = t.add_events();
+    e->set_step(step);
+    e->set_start_us(step);
+    e->set_end_us(step + i + 1);
+  }
+  return t;
+}
+
+std::vector<int64_t> StepsOf(const pipetrain::v1::Timeline& t) {
+  std::vector<int64_t> steps;
+  for (const auto& e : t.events()) {
+    if (steps.empty() || steps.back() != e.step()) steps.push_back(e.step());
+  }
+  return steps;
+}
+
+TEST(JobStoreTest, RecordStepKeepsTheLatestTimelinesOfEachKindAcrossReopen) {
+  TempDir dir;
+  const std::string path = dir.File("jobs.db");
+  {
+    auto store = OpenOrDie(path);
+    ASSERT_NE(store, nullptr);
+    JobStatus job = MakeJob("job-000001", 5);
+    ASSERT_THAT(store->Insert(job), IsOk());
+    for (int64_t step = 1; step <= 30; ++step) {
+      job.set_steps_done(step);
+      // Odd steps have no predicted timeline (an empty one is not stored).
+      ASSERT_THAT(store->RecordStep(job, MakeStep(step, 1.0 / step), StepTimeline(step, 3),
+                                    StepTimeline(step, step % 2 == 0 ? 2 : 0), /*keep=*/5),
+                  IsOk());
+    }
+  }
+  auto store = OpenOrDie(path);
+  ASSERT_NE(store, nullptr);
+  auto job = store->Get("job-000001", /*include_history=*/true);
+  ASSERT_THAT(job, IsOk());
+  EXPECT_EQ(job->steps_done(), 30);
+  EXPECT_EQ(job->history_size(), 30);
+  auto measured = store->Timelines("job-000001", /*predicted=*/false, 20);
+  ASSERT_THAT(measured, IsOk());
+  EXPECT_EQ(measured->job_id(), "job-000001");
+  EXPECT_THAT(StepsOf(*measured), ElementsAre(26, 27, 28, 29, 30)) << "oldest first, 5 kept";
+  EXPECT_EQ(measured->events_size(), 15);
+  auto last = store->Timelines("job-000001", false, 1);
+  ASSERT_THAT(last, IsOk());
+  EXPECT_THAT(StepsOf(*last), ElementsAre(30));
+  auto predicted = store->Timelines("job-000001", /*predicted=*/true, 20);
+  ASSERT_THAT(predicted, IsOk());
+  EXPECT_THAT(StepsOf(*predicted), ElementsAre(26, 28, 30));
+  EXPECT_EQ(predicted->events_size(), 6);
+  // A step run again after a restart: the later steps' timelines belong to the old run.
+  JobStatus again = *job;
+  ASSERT_THAT(store->RecordStep(again, MakeStep(28, 0.5), StepTimeline(28, 1),
+                                pipetrain::v1::Timeline(), 5),
+              IsOk());
+  auto after = store->Timelines("job-000001", false, 20);
+  ASSERT_THAT(after, IsOk());
+  EXPECT_THAT(StepsOf(*after), ElementsAre(26, 27, 28));
+  EXPECT_EQ(after->events_size(), 7);
+  EXPECT_THAT(store->Timelines("job-000404", false, 1), StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(store->RecordStep(MakeJob("job-000404", 1), MakeStep(1, 1), StepTimeline(1, 1),
+                                StepTimeline(1, 1), 5),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("job-000404")));
+}
+
 TEST(JobStoreTest, OpenRejectsMissingFolderAndNonDatabase) {
   TempDir dir;
   const std::string missing = dir.File("no/such/folder/jobs.db");

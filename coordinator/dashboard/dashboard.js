@@ -371,15 +371,10 @@ async function pollJob() {
   renderJobHead();
   if (added > 0 || page.polls === 0) renderCurves();
   if (added > 0 || page.polls === 0) {
-    try {
-      [page.timeline, page.predicted] = await Promise.all([
-        getJson(`/api/jobs/${id}/timeline?steps=1`),
-        getJson(`/api/jobs/${id}/timeline?predicted=1`)]);
-      renderGantt();
-    } catch (e) {
-      if (e.status !== 409) throw e;  // 409: ran before this coordinator; no timeline kept
-      $('#gantt').innerHTML = `<p class="note">${esc(e.message)}</p>`;
-    }
+    [page.timeline, page.predicted] = await Promise.all([
+      getJson(`/api/jobs/${id}/timeline?steps=1`),
+      getJson(`/api/jobs/${id}/timeline?predicted=1`)]);
+    renderGantt();
   }
   if (stateChanged || page.polls % LOGS_EVERY === 0) {
     page.logs = (await getJson(`/api/jobs/${id}/logs`)).logs || [];

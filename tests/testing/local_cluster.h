@@ -38,6 +38,8 @@ class LocalCluster {
 
   const std::string& address() const { return address_; }
   int http_port() const { return http_port_; }
+  // The coordinator now running (benchmarks read its memory from /proc); 0 if none.
+  pid_t coordinator_pid() const { return coordinator_ ? coordinator_->pid() : 0; }
   const std::vector<std::string>& stage_addresses() const { return stage_addresses_; }
   // What the coordinator now running wrote to stderr so far (for a failing test's message).
   std::string coordinator_log() const;
