@@ -105,7 +105,10 @@ TEST(RequestChecksTest, SpecStringsListsAndStepSizeAreBounded) {
   EXPECT_THAT(CheckJobSpecBounds(big),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("init_from is 5000 bytes")));
   big = spec;
-  for (int i = 0; i <= common::kMaxTokenFiles; ++i) big.mutable_data()->add_validation_tokens("v");
+  const std::string one_file = "val.bin";
+  for (int i = 0; i <= common::kMaxTokenFiles; ++i) {
+    *big.mutable_data()->add_validation_tokens() = one_file;
+  }
   EXPECT_THAT(CheckJobSpecBounds(big),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("data.validation_tokens has 4097 entries; the limit is 4096")));
