@@ -110,7 +110,8 @@ void JobManager::Shutdown() {
 
 absl::Status JobManager::CheckFits(const pb::JobSpec& spec) {
   ASSIGN_OR_RETURN(planner::PlanOptions po, planner::OptionsFromJobSpec(spec));
-  // The live stages' memory, largest first; a stage that reports none counts as unlimited.
+  // The live stages' memory, largest first. Registration refuses a stage that reports
+  // none (CheckRegisterStageRequest), so the unlimited case below is only a guard.
   std::vector<double> memory;
   for (const pb::StageInfo& s : registry_.Snapshot()) {
     if (s.state() == pb::StageInfo::LOST) continue;

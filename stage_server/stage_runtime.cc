@@ -129,12 +129,12 @@ uint64_t StageRuntime::StateBytes(const JobConfig& config) {
 
 absl::Status StageRuntime::CheckAllocation(const JobConfig& config, uint64_t state) const {
   // Checked before anything is allocated: a request whose buffers cannot be had gets
-  // RESOURCE_EXHAUSTED, not a std::bad_alloc in the handler (issue 18). Without
-  // --memory-limit a CPU or emulated stage has the host's memory; a CUDA stage's
-  // backend refuses what its GPU cannot hold.
-  const bool from_flag = options_.memory_limit_bytes > 0;
-  uint64_t available = options_.memory_limit_bytes;
-  if (!from_flag && options_.device.kind != DeviceSpec::Kind::kCuda) available = HostMemoryBytes();
+  // RESOURCE_EXHAUSTED, not a std::bad_alloc in the handler (issue 18). --memory-limit
+  // bounds the state and snapshot reserve (Configure's own check; the planner fits the
+  // activations within it); this bounds everything a CPU or emulated stage allocates by
+  // the host's memory. A CUDA stage's backend refuses what its GPU cannot hold.
+  if (options_.device.kind == DeviceSpec::Kind::kCuda) return absl::OkStatus();
+  const uint64_t available = HostMemoryBytes();
   if (available == 0) return absl::OkStatus();
   // One micro-batch's activations at least (in double: micro_batch_size x seq_len x
   // bytes per token cannot wrap); an emulated stage holds no weights.
@@ -153,9 +153,10 @@ absl::Status StageRuntime::CheckAllocation(const JobConfig& config, uint64_t sta
       "configure job '%s' stage %d: fields model, layers, micro_batch_size (%d rows of %d "
       "tokens) and snapshot_reserve_bytes ask for %.0f bytes (%.0f weights, gradients and "
       "optimizer state, %.0f activations of one micro-batch, %.0f snapshot reserve), but "
-      "this stage has %d bytes (%s); use more stages, smaller micro-batches or a smaller model",
+      "this stage's host has %d bytes of memory; use more stages, smaller micro-batches or a "
+      "smaller model",
       config.job_id, config.stage, config.micro_batch_size, config.model.seq_len, asked, weights,
-      activations, reserve, available, from_flag ? "--memory-limit" : "the host's memory"));
+      activations, reserve, available));
 }
 
 absl::Status StageRuntime::ValidateConfig(const JobConfig& c) const {
@@ -224,7 +225,9 @@ absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config)
   RETURN_IF_ERROR(ValidateConfig(config));
   const uint64_t state = StateBytes(config);
   const uint64_t reserve = config.snapshot_reserve_bytes;
-  if (options_.memory_limit_bytes > 0 && state + reserve > options_.memory_limit_bytes) {
+  // Compared without the sum, which a huge snapshot_reserve_bytes would wrap.
+  if (options_.memory_limit_bytes > 0 &&
+      (reserve > options_.memory_limit_bytes || state > options_.memory_limit_bytes - reserve)) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "configure job '", config.job_id, "' stage ", config.stage,
         ": its share of the model needs ", state,

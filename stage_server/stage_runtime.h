@@ -166,7 +166,7 @@ class StageRuntime {
   struct Job;
   absl::Status ValidateConfig(const JobConfig& config) const;
   // RESOURCE_EXHAUSTED when the job's weights, one micro-batch's activations and the
-  // snapshot reserve exceed this stage's memory (--memory-limit, else the host's).
+  // snapshot reserve exceed the host's memory (CPU and emulated stages).
   absl::Status CheckAllocation(const JobConfig& config, uint64_t state) const;
   absl::Status EnsureLinks(Job& job);
   // The own snapshot of `step`, right after its optimizer update; queues the copy.
