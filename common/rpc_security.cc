@@ -130,6 +130,17 @@ void RpcSecurity::AddToken(grpc::ClientContext& context) const {
   if (!token_.empty()) context.AddMetadata(kAuthorizationKey, absl::StrCat("Bearer ", token_));
 }
 
+std::string RpcSecurity::PeerIdentity(const grpc::ServerContextBase& context) {
+  std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  if (auth == nullptr || !auth->IsPeerAuthenticated()) return "";
+  std::string identity;
+  for (const grpc::string_ref& id : auth->GetPeerIdentity()) {
+    absl::StrAppend(&identity, identity.empty() ? "" : ",",
+                    absl::string_view(id.data(), id.size()));
+  }
+  return identity;
+}
+
 grpc::Status RpcSecurity::Authorize(const grpc::ServerContextBase& context) const {
   if (token_.empty()) return grpc::Status::OK;
   const auto& metadata = context.client_metadata();

@@ -65,6 +65,9 @@ class RpcSecurity {
   void AddToken(grpc::ClientContext& context) const;
   // The server side: OK when no token is required or the call carries this token.
   grpc::Status Authorize(const grpc::ServerContextBase& context) const;
+  // The caller's verified certificate identity (its subject alternative names, else
+  // its common name, joined by ","), or "" without TLS: what a registration is tied to.
+  static std::string PeerIdentity(const grpc::ServerContextBase& context);
 
  private:
   std::string cert_pem_, key_pem_, ca_pem_;

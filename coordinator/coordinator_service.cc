@@ -1,6 +1,7 @@
 #include "coordinator/coordinator_service.h"
 
 #include "common/grpc_status.h"
+#include "coordinator/request_checks.h"
 #include "coordinator/rendezvous_service.h"
 
 namespace pipetrain::coordinator {
@@ -32,12 +33,14 @@ grpc::Status CoordinatorService::SubmitJob(grpc::ServerContext* ctx, const pb::S
 grpc::Status CoordinatorService::GetJob(grpc::ServerContext* ctx, const pb::GetJobRequest* req,
                                         pb::JobStatus* resp) {
   if (grpc::Status denied = security_.Authorize(*ctx); !denied.ok()) return denied;
+  if (absl::Status bad = CheckJobId(req->job_id()); !bad.ok()) return ToGrpcStatus(bad);
   return Answer(manager_->Get(req->job_id(), req->include_history()), resp);
 }
 
 grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx, const pb::ListJobsRequest* req,
                                           pb::ListJobsResponse* resp) {
   if (grpc::Status denied = security_.Authorize(*ctx); !denied.ok()) return denied;
+  if (absl::Status bad = CheckListJobsRequest(*req); !bad.ok()) return ToGrpcStatus(bad);
   absl::StatusOr<std::vector<pb::JobStatus>> jobs = manager_->List(req->limit());
   if (!jobs.ok()) return ToGrpcStatus(jobs.status());
   for (pb::JobStatus& j : *jobs) *resp->add_jobs() = std::move(j);
@@ -47,12 +50,14 @@ grpc::Status CoordinatorService::ListJobs(grpc::ServerContext* ctx, const pb::Li
 grpc::Status CoordinatorService::CancelJob(grpc::ServerContext* ctx, const pb::CancelJobRequest* req,
                                            pb::JobStatus* resp) {
   if (grpc::Status denied = security_.Authorize(*ctx); !denied.ok()) return denied;
+  if (absl::Status bad = CheckJobId(req->job_id()); !bad.ok()) return ToGrpcStatus(bad);
   return Answer(manager_->Cancel(req->job_id()), resp);
 }
 
 grpc::Status CoordinatorService::WatchJob(grpc::ServerContext* ctx, const pb::WatchJobRequest* req,
                                           grpc::ServerWriter<pb::JobEvent>* writer) {
   if (grpc::Status denied = security_.Authorize(*ctx); !denied.ok()) return denied;
+  if (absl::Status bad = CheckWatchJobRequest(*req); !bad.ok()) return ToGrpcStatus(bad);
   return ToGrpcStatus(manager_->Watch(
       req->job_id(), req->from_step(), req->no_follow(),
       [&](const pb::JobEvent& e) { return !ctx->IsCancelled() && writer->Write(e); },
@@ -63,6 +68,7 @@ grpc::Status CoordinatorService::GetTimeline(grpc::ServerContext* ctx,
                                              const pb::GetTimelineRequest* req,
                                              pb::Timeline* resp) {
   if (grpc::Status denied = security_.Authorize(*ctx); !denied.ok()) return denied;
+  if (absl::Status bad = CheckGetTimelineRequest(*req); !bad.ok()) return ToGrpcStatus(bad);
   return Answer(manager_->Timeline(req->job_id(), req->last_steps()), resp);
 }
 
@@ -77,12 +83,13 @@ grpc::Status CoordinatorService::RegisterStage(grpc::ServerContext* ctx,
                                                const pb::RegisterStageRequest* req,
                                                pb::RegisterStageResponse* resp) {
   if (grpc::Status denied = security_.Authorize(*ctx); !denied.ok()) return denied;
-  return Answer(manager_->RegisterStage(*req), resp);
+  return Answer(manager_->RegisterStage(*req, common::RpcSecurity::PeerIdentity(*ctx)), resp);
 }
 
 grpc::Status CoordinatorService::Heartbeat(grpc::ServerContext* ctx, const pb::HeartbeatRequest* req,
                                            pb::HeartbeatResponse* resp) {
   if (grpc::Status denied = security_.Authorize(*ctx); !denied.ok()) return denied;
+  if (absl::Status bad = CheckHeartbeatRequest(*req); !bad.ok()) return ToGrpcStatus(bad);
   *resp = manager_->Heartbeat(*req);
   return grpc::Status::OK;
 }

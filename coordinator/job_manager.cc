@@ -18,6 +18,7 @@
 #include "coordinator/job_spec.h"
 #include "coordinator/placement.h"
 #include "coordinator/planner/planner.h"
+#include "coordinator/request_checks.h"
 
 namespace pipetrain::coordinator {
 
@@ -134,7 +135,8 @@ void JobManager::ReapRetired() {
 
 absl::Status JobManager::CheckFits(const pb::JobSpec& spec) {
   ASSIGN_OR_RETURN(planner::PlanOptions po, planner::OptionsFromJobSpec(spec));
-  // The live stages' memory, largest first; a stage that reports none counts as unlimited.
+  // The live stages' memory, largest first. Registration refuses a stage that reports
+  // none (CheckRegisterStageRequest), so the unlimited case below is only a guard.
   std::vector<double> memory;
   for (const pb::StageInfo& s : registry_.Snapshot()) {
     if (s.state() == pb::StageInfo::LOST) continue;
@@ -161,6 +163,8 @@ absl::Status JobManager::CheckFits(const pb::JobSpec& spec) {
 }
 
 absl::StatusOr<std::string> JobManager::Submit(pb::JobSpec spec) {
+  // Sizes first: nothing of an oversized spec is read, stored or echoed.
+  RETURN_IF_ERROR(CheckJobSpecBounds(spec));
   spec = WithDefaults(std::move(spec));
   RETURN_IF_ERROR(ValidateJobSpec(spec));
   // Maps and scans the token files (layout, ids against the vocabulary): a bad file
@@ -431,9 +435,11 @@ absl::StatusOr<pb::Timeline> JobManager::PredictedTimeline(const std::string& jo
 }
 
 absl::StatusOr<pb::RegisterStageResponse> JobManager::RegisterStage(
-    const pb::RegisterStageRequest& request) {
+    const pb::RegisterStageRequest& request, const std::string& peer_identity) {
+  RETURN_IF_ERROR(CheckRegisterStageRequest(request));
   ASSIGN_OR_RETURN(StageRegistration registered,
-                   registry_.Register(request.address(), request.device()));
+                   registry_.Register(request.address(), request.device(),
+                                      request.registration_secret(), peer_identity));
   common::LogInfo("coordinator", absl::StrCat(registered.stage_id, " registered from ",
                                               request.address(), " (", request.device().name(),
                                               ")"));

@@ -80,8 +80,10 @@ class JobManager {
   // no events before the first step. Kept, like the measured ones, in memory only.
   absl::StatusOr<pipetrain::v1::Timeline> PredictedTimeline(const std::string& job_id);
 
+  // Every field checked (CheckRegisterStageRequest); `peer_identity` is the caller's
+  // TLS identity ("" without TLS), tied to the record (StageRegistry::Register).
   absl::StatusOr<pipetrain::v1::RegisterStageResponse> RegisterStage(
-      const pipetrain::v1::RegisterStageRequest& request);
+      const pipetrain::v1::RegisterStageRequest& request, const std::string& peer_identity = "");
   pipetrain::v1::HeartbeatResponse Heartbeat(const pipetrain::v1::HeartbeatRequest& request);
   // The stages' collective rendezvous (RendezvousSet/Get); a job's keys are dropped
   // when it ends.

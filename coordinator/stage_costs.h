@@ -15,7 +15,8 @@ namespace pipetrain::coordinator {
 // Sets options.device_flops and options.link_bytes_per_s for stages with these devices,
 // and options.memory_cap_bytes to the smallest DeviceInfo.memory_bytes among them (a
 // stage's --memory-limit, or its GPU's memory); 0 (no cap) when any stage's memory is
-// unknown (0), since a cap from the others would be a guess for that one.
+// unknown (0), since a cap from the others would be a guess for that one (registration
+// refuses such a stage, so the registry never hands one out).
 void SetCostsFromDevices(const std::vector<pipetrain::v1::DeviceInfo>& devices,
                          planner::PlanOptions& options);
 

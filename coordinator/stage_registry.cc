@@ -2,6 +2,7 @@
 // computed lazily (every reader sweeps first), so no timer is needed for correctness.
 #include "coordinator/stage_registry.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/status/status.h"
@@ -46,23 +47,46 @@ StageRegistry::StageRegistry(absl::Duration heartbeat_timeout, std::function<abs
     : timeout_(heartbeat_timeout), now_(std::move(now)) {}
 
 absl::StatusOr<StageRegistration> StageRegistry::Register(const std::string& address,
-                                                    const pipetrain::v1::DeviceInfo& device) {
+                                                          const pipetrain::v1::DeviceInfo& device,
+                                                          const std::string& secret,
+                                                          const std::string& identity) {
   if (address.empty()) {
     return absl::InvalidArgumentError("register stage: address is empty");
   }
   absl::Time now = now_();
   absl::MutexLock lock(&mu_);
   for (StageRecord& stage : stages_) {
-    if (stage.address == address) {
-      // The same server restarted (or retried): keep its id, its place in the
-      // oldest-first order and any job holding it, which will find out on its own.
-      // A new secret: heartbeats of the earlier registration are refused from now on.
-      stage.device = device;
-      stage.last_heartbeat = now;
-      stage.lost = false;
-      stage.secret = NewSecret(secrets_);
-      return StageRegistration{stage.stage_id, stage.secret};
+    if (stage.address != address) continue;
+    const absl::Duration silent = now - stage.last_heartbeat;
+    const bool live = !stage.lost && silent <= timeout_;
+    if (live && !stage.identity.empty() && identity != stage.identity) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "register stage at ", address, ": ", stage.stage_id, " registered there as '",
+          stage.identity, "' and is alive; this client's TLS identity is '", identity,
+          "', which cannot replace it"));
     }
+    if (live && secret != stage.secret) {
+      // Another client, or this stage's new process that has no secret yet: the live
+      // record stays until it misses its heartbeats.
+      // At least a tenth of a second: at the boundary it is still live for that long.
+      const absl::Duration wait =
+          std::max(absl::Ceil(timeout_ - silent, absl::Milliseconds(100)), absl::Milliseconds(100));
+      return absl::AlreadyExistsError(absl::StrCat(
+          "register stage at ", address, ": ", stage.stage_id,
+          " is registered there and alive (last heartbeat ", absl::FormatDuration(silent),
+          " ago); a registration without its registration_secret takes the address only "
+          "once it has missed heartbeats for ", absl::FormatDuration(timeout_), ": retry in ",
+          absl::FormatDuration(wait)));
+    }
+    // The same stage again (it has the secret), or one whose record is lost: keep its
+    // id, its place in the oldest-first order and any job holding it, which will find
+    // out on its own. A new secret: the earlier registration's heartbeats are refused.
+    stage.device = device;
+    stage.last_heartbeat = now;
+    stage.lost = false;
+    stage.secret = NewSecret(secrets_);
+    stage.identity = identity;
+    return StageRegistration{stage.stage_id, stage.secret};
   }
   StageRecord& stage = stages_.emplace_back();
   stage.stage_id = absl::StrCat("stage-", next_id_++);
@@ -71,6 +95,7 @@ absl::StatusOr<StageRegistration> StageRegistry::Register(const std::string& add
   stage.registered = now;
   stage.last_heartbeat = now;
   stage.secret = NewSecret(secrets_);
+  stage.identity = identity;
   return StageRegistration{stage.stage_id, stage.secret};
 }
 

@@ -11,6 +11,14 @@
 // refused registers again and gets an id (and secret) of its own, so a reused id never
 // makes a dead stage look alive. The secret is not authentication (that is the
 // bearer token's job); it only tells registrations apart.
+//
+// No takeover of a live stage: a registration from an address a live stage holds
+// replaces that record only when it carries the record's secret (the same stage
+// registering again) or once the record has missed its heartbeats for the timeout (a
+// restarted process, which has no secret); else ALREADY_EXISTS says how long to wait.
+// With mutual TLS the peer's certificate identity is kept too, and a live record
+// refuses another identity even with the secret. A lost record may be taken by any
+// authenticated client: a stage redeployed with a new certificate must get back in.
 #pragma once
 
 #include <functional>
@@ -35,6 +43,7 @@ struct StageRecord {
   std::string job_id;  // the job holding it, "" when free
   bool lost = false;
   std::string secret;  // of its latest registration; heartbeats must carry it
+  std::string identity;  // the TLS peer identity it registered with, "" without TLS
 };
 
 // What a stage is told when it registers: its id and the secret its heartbeats carry.
@@ -51,8 +60,14 @@ class StageRegistry {
   // A stage registering again from an address already known keeps its id (and any
   // job holding it); otherwise it gets a new id. Either way it gets a new secret, and
   // the earlier one is no longer accepted. INVALID_ARGUMENT if address is empty.
+  // At the address of a live record: `secret` must be that record's, and `identity`
+  // (the TLS peer identity, "" without TLS) the one it registered with; else
+  // ALREADY_EXISTS (PERMISSION_DENIED for another identity) naming the stage and
+  // address, and the record is not touched.
   absl::StatusOr<StageRegistration> Register(const std::string& address,
-                                             const pipetrain::v1::DeviceInfo& device);
+                                             const pipetrain::v1::DeviceInfo& device,
+                                             const std::string& secret = "",
+                                             const std::string& identity = "");
   // False unless `stage_id` is known and `secret` is its latest registration's (the
   // stage should register again); the record is not touched then. A lost stage that
   // heartbeats is no longer lost.

@@ -1,5 +1,7 @@
 #include "stage_server/device_spec.h"
 
+#include <unistd.h>
+
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -37,6 +39,13 @@ absl::StatusOr<DeviceSpec> ParseDeviceSpec(const std::string& text) {
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "--device '", text, "' is not one of cpu, cuda:N or emulated:NAME"));
+}
+
+uint64_t HostMemoryBytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page_size <= 0) return 0;
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size);
 }
 
 }  // namespace pipetrain::stage_server

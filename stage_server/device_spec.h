@@ -1,6 +1,8 @@
-// The --device flag of pipetrain-stage: "cpu", "cuda:N" or "emulated:NAME".
+// The --device flag of pipetrain-stage: "cpu", "cuda:N" or "emulated:NAME", and the
+// host memory a CPU or emulated stage may use when no --memory-limit is given.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -16,5 +18,10 @@ struct DeviceSpec {
 };
 
 absl::StatusOr<DeviceSpec> ParseDeviceSpec(const std::string& text);
+
+// The host's physical memory in bytes (sysconf), 0 if it cannot be read. A stage without
+// --memory-limit reports it, since the coordinator refuses a stage of unknown memory,
+// and checks its allocations against it.
+uint64_t HostMemoryBytes();
 
 }  // namespace pipetrain::stage_server

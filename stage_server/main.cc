@@ -109,7 +109,10 @@ int main(int argc, char** argv) {
                                                                       : "emulated");
   info.set_name(spec->ToString());
   info.set_threads(static_cast<int>(threads));
-  info.set_memory_bytes(memory_limit);
+  // Without --memory-limit a CPU or emulated stage may use the host's memory (a CUDA
+  // stage its GPU's, below): the coordinator refuses a stage of unknown memory.
+  info.set_memory_bytes(memory_limit > 0 ? static_cast<uint64_t>(memory_limit)
+                                         : stage_server::HostMemoryBytes());
   if (spec->kind == stage_server::DeviceSpec::Kind::kCuda) {
     const common::CudaProbe& probe = common::ProbeCuda();
     if (spec->cuda_index >= static_cast<int>(probe.devices.size())) {

@@ -46,14 +46,18 @@ void Registration::Run() {
     security_.AddToken(ctx);
     std::string id;
     std::string secret;
+    std::string previous_secret;
     {
       absl::MutexLock lock(&mu_);
       id = stage_id_;
       secret = secret_;
+      previous_secret = previous_secret_;
     }
     if (id.empty()) {
+      pipetrain::v1::RegisterStageRequest request = request_;
+      request.set_registration_secret(previous_secret);
       pipetrain::v1::RegisterStageResponse resp;
-      grpc::Status s = stub_->RegisterStage(&ctx, request_, &resp);
+      grpc::Status s = stub_->RegisterStage(&ctx, request, &resp);
       if (s.ok()) {
         absl::MutexLock lock(&mu_);
         stage_id_ = resp.stage_id();
@@ -81,6 +85,7 @@ void Registration::Run() {
         {
           absl::MutexLock lock(&mu_);
           stage_id_.clear();
+          previous_secret_ = secret_;
           secret_.clear();
         }
         common::LogInfo("stage", absl::StrCat("the coordinator at ", coordinator_,

@@ -2,7 +2,8 @@
 // coordinator has forgotten it) and heartbeats on a background thread until stopped.
 // Every heartbeat carries the secret of the registration that gave the id, so a
 // restarted coordinator that has handed the same id to another stage refuses it and
-// this stage registers again instead of passing for the other one.
+// this stage registers again instead of passing for the other one. Registering again,
+// it sends its last secret, so the same coordinator lets it replace its own live record.
 // Failures are logged when the state changes, not on every attempt. Calls carry the
 // stage's TLS certificate and bearer token when it has them.
 #pragma once
@@ -41,6 +42,9 @@ class Registration {
   mutable absl::Mutex mu_;
   std::string stage_id_ ABSL_GUARDED_BY(mu_);
   std::string secret_ ABSL_GUARDED_BY(mu_);  // goes with stage_id_; both or neither
+  // The secret of the registration a refused heartbeat ended, sent when registering
+  // again: the coordinator lets a live stage's record be replaced only with it.
+  std::string previous_secret_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

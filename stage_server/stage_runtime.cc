@@ -1,9 +1,12 @@
 #include "stage_server/stage_runtime.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/channel_args.h"
+#include "common/input_limits.h"
 #include "common/model/checkpoint.h"
 #include "common/status_macros.h"
 #include "grpcpp/create_channel.h"
@@ -124,18 +127,68 @@ uint64_t StageRuntime::StateBytes(const JobConfig& config) {
   return params * 16;  // f32 weight, gradient, AdamW m and v
 }
 
+absl::Status StageRuntime::CheckAllocation(const JobConfig& config, uint64_t state) const {
+  // Checked before anything is allocated: a request whose buffers cannot be had gets
+  // RESOURCE_EXHAUSTED, not a std::bad_alloc in the handler (issue 18). --memory-limit
+  // bounds the state and snapshot reserve (Configure's own check; the planner fits the
+  // activations within it); this bounds everything a CPU or emulated stage allocates by
+  // the host's memory. A CUDA stage's backend refuses what its GPU cannot hold.
+  if (options_.device.kind == DeviceSpec::Kind::kCuda) return absl::OkStatus();
+  const uint64_t available = HostMemoryBytes();
+  if (available == 0) return absl::OkStatus();
+  // One micro-batch's activations at least (in double: micro_batch_size x seq_len x
+  // bytes per token cannot wrap); an emulated stage holds no weights.
+  double activations = 0;
+  for (const auto& [begin, end] : config.chunks) {
+    const model::ChunkMemory m =
+        model::ChunkActivationBytes(config.model, begin, end, config.recompute);
+    activations += (m.stored + m.backward_extra) * config.micro_batch_size * config.model.seq_len;
+  }
+  const bool emulated = options_.device.kind == DeviceSpec::Kind::kEmulated;
+  const double weights = emulated ? 0 : static_cast<double>(state);
+  const double reserve = static_cast<double>(config.snapshot_reserve_bytes);
+  const double asked = weights + activations + reserve;
+  if (asked <= static_cast<double>(available)) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrFormat(
+      "configure job '%s' stage %d: fields model, layers, micro_batch_size (%d rows of %d "
+      "tokens) and snapshot_reserve_bytes ask for %.0f bytes (%.0f weights, gradients and "
+      "optimizer state, %.0f activations of one micro-batch, %.0f snapshot reserve), but "
+      "this stage's host has %d bytes of memory; use more stages, smaller micro-batches or a "
+      "smaller model",
+      config.job_id, config.stage, config.micro_batch_size, config.model.seq_len, asked, weights,
+      activations, reserve, available));
+}
+
 absl::Status StageRuntime::ValidateConfig(const JobConfig& c) const {
   auto bad = [&](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat("configure job '", c.job_id, "' stage ",
                                                    c.stage, ": ", what));
   };
   if (c.job_id.empty()) return absl::InvalidArgumentError("configure: field job_id is empty");
+  RETURN_IF_ERROR(common::CheckLength("configure: field job_id", c.job_id, common::kMaxIdBytes));
+  for (const auto& [field, value, limit] :
+       {std::tuple<const char*, const std::string&, int64_t>{
+            "upstream_address", c.upstream_address, common::kMaxAddressBytes},
+        {"downstream_address", c.downstream_address, common::kMaxAddressBytes},
+        {"snapshot_peer_address", c.snapshot_peer_address, common::kMaxAddressBytes},
+        {"peer_secret", c.peer_secret, common::kMaxSecretBytes},
+        {"rendezvous_prefix", c.rendezvous_prefix, common::kMaxPathBytes}}) {
+    if (absl::Status s = common::CheckLength(absl::StrCat("field ", field), value, limit);
+        !s.ok()) {
+      return bad(std::string(s.message()));
+    }
+  }
   RETURN_IF_ERROR(model::ValidateConfig(c.model));
   if (c.num_stages < 1) return bad("field num_stages must be >= 1");
   if (c.stage < 0 || c.stage >= c.num_stages) {
     return bad(absl::StrCat("field stage must be in [0, ", c.num_stages, ")"));
   }
   if (c.chunks.empty()) return bad("field layers is empty");
+  // Non-empty ranges of a model this size cannot be more; more would only cost time.
+  if (static_cast<int64_t>(c.chunks.size()) > c.model.num_pipeline_layers()) {
+    return bad(absl::StrCat("field layers has ", c.chunks.size(), " ranges; the model has only ",
+                            c.model.num_pipeline_layers(), " pipeline layers"));
+  }
   for (size_t i = 0; i < c.chunks.size(); ++i) {
     const auto [begin, end] = c.chunks[i];
     if (begin < 0 || end > c.model.num_pipeline_layers() || begin >= end) {
@@ -172,7 +225,9 @@ absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config)
   RETURN_IF_ERROR(ValidateConfig(config));
   const uint64_t state = StateBytes(config);
   const uint64_t reserve = config.snapshot_reserve_bytes;
-  if (options_.memory_limit_bytes > 0 && state + reserve > options_.memory_limit_bytes) {
+  // Compared without the sum, which a huge snapshot_reserve_bytes would wrap.
+  if (options_.memory_limit_bytes > 0 &&
+      (reserve > options_.memory_limit_bytes || state > options_.memory_limit_bytes - reserve)) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "configure job '", config.job_id, "' stage ", config.stage,
         ": its share of the model needs ", state,
@@ -184,6 +239,8 @@ absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config)
         " (--memory-limit); use more stages or a smaller model",
         reserve > 0 ? ", or turn snapshots off (checkpoint.snapshot_every_steps 0)" : ""));
   }
+
+  RETURN_IF_ERROR(CheckAllocation(config, state));
 
   // A step still running (waiting on a lost neighbour up to its receive deadline, or for
   // an ApplyOptimizer that will never come) ends now: a job restarted after a lost stage

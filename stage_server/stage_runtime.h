@@ -165,6 +165,9 @@ class StageRuntime {
  private:
   struct Job;
   absl::Status ValidateConfig(const JobConfig& config) const;
+  // RESOURCE_EXHAUSTED when the job's weights, one micro-batch's activations and the
+  // snapshot reserve exceed the host's memory (CPU and emulated stages).
+  absl::Status CheckAllocation(const JobConfig& config, uint64_t state) const;
   absl::Status EnsureLinks(Job& job);
   // The own snapshot of `step`, right after its optimizer update; queues the copy.
   absl::Status TakeSnapshot(Job& job, uint64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

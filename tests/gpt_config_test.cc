@@ -1,5 +1,7 @@
 #include "common/model/gpt_config.h"
 
+#include <limits>
+
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -25,6 +27,32 @@ TEST(GptConfigTest, ValidatesWithFieldNames) {
   auto back = ConfigFromProto(ConfigToProto(Tiny()));
   ASSERT_THAT(back, IsOk());
   EXPECT_EQ(*back, Tiny());
+}
+
+// Shapes whose sizes overflow are refused by the field that made them overflow, not by a
+// wrapped negative figure blamed on another field (issue 18).
+TEST(GptConfigTest, SizesThatOverflowNameTheirField) {
+  GptConfig c = Tiny();
+  c.n_layers = std::numeric_limits<int>::max();  // n_layers + 2 would wrap negative
+  EXPECT_THAT(ValidateConfig(c),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model.n_layers must be <=")));
+  c = Tiny();
+  c.d_model = 1 << 30;  // 4 x d_model wraps int
+  c.n_heads = 1;
+  EXPECT_THAT(ValidateConfig(c),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model.d_model must be <=")));
+  c = Tiny();
+  c.d_model = 1 << 28;  // 12 d_model^2 x n_layers is past 2^63 with 1000 blocks
+  c.n_heads = 1;
+  c.n_layers = 1000;
+  EXPECT_THAT(ValidateConfig(c), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          HasSubstr("model.n_layers x block parameters")));
+  c = Tiny();
+  c.d_model = 1 << 24;  // the count fits, 16 bytes per parameter does not
+  c.n_heads = 1;
+  c.n_layers = 300;
+  EXPECT_THAT(ValidateConfig(c), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          HasSubstr("training state bytes")));
 }
 
 TEST(GptConfigTest, LayersAndNames) {

@@ -69,6 +69,10 @@ TEST(RegistrationTest, HeartbeatsCarryTheSecretAndARefusedOneRegistersAgain) {
   ASSERT_EQ(registrations.size(), 3u);
   EXPECT_EQ(registrations[0].address(), "127.0.0.1:7001");
   EXPECT_EQ(registrations[2].address(), "127.0.0.1:7001");
+  // The first registration carried no secret; the second the one its refused heartbeat
+  // had, so a coordinator that still holds this stage's live record lets it replace it.
+  EXPECT_EQ(registrations[0].registration_secret(), "");
+  EXPECT_EQ(registrations[2].registration_secret(), "secret-1");
 }
 
 }  // namespace

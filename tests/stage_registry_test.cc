@@ -16,7 +16,9 @@ using ::pipetrain::testing::IsOk;
 using ::pipetrain::testing::StatusIs;
 using pipetrain::v1::DeviceInfo;
 using pipetrain::v1::StageInfo;
+using ::testing::AllOf;
 using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
 constexpr absl::Duration kTimeout = absl::Seconds(10);
@@ -60,7 +62,8 @@ TEST_F(StageRegistryTest, RegisterGivesIdsAndKeepsThemPerAddress) {
   EXPECT_EQ(RegisterOrDie("10.0.0.2:5000"), "stage-2");
   ASSERT_TRUE(registry_.Acquire("job-1", 1).has_value());
   now_ += absl::Seconds(3);
-  auto again = registry_.Register("10.0.0.1:5000", Device(2 * kGiB, "cpu-new"));
+  auto again =
+      registry_.Register("10.0.0.1:5000", Device(2 * kGiB, "cpu-new"), secrets_["stage-1"]);
   ASSERT_THAT(again, IsOk());
   EXPECT_EQ(again->stage_id, "stage-1");
   auto found = registry_.Find("stage-1");
@@ -72,6 +75,60 @@ TEST_F(StageRegistryTest, RegisterGivesIdsAndKeepsThemPerAddress) {
   EXPECT_EQ(registry_.LiveCount(), 3);
   EXPECT_THAT(registry_.Register("", Device(kGiB)), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_FALSE(registry_.Find("stage-9").has_value());
+}
+
+// Issue 18: a second registration from a live stage's address, without that stage's
+// secret, is refused and changes nothing; a restarted process (no secret) gets in once
+// the old record's heartbeats have expired, and the message says how long that is.
+TEST_F(StageRegistryTest, NoOneTakesOverALiveStagesAddress) {
+  const std::string a = RegisterOrDie("10.0.0.1:5000", kGiB);
+  const std::string old_secret = secrets_[a];
+  now_ += absl::Seconds(4);
+  auto hijack = registry_.Register("10.0.0.1:5000", Device(64 * kGiB, "forged"), "guess");
+  EXPECT_THAT(hijack, StatusIs(absl::StatusCode::kAlreadyExists,
+                               AllOf(HasSubstr("stage-1"), HasSubstr("10.0.0.1:5000"),
+                                     HasSubstr("retry in 6s"))));
+  EXPECT_THAT(registry_.Register("10.0.0.1:5000", Device(kGiB)),
+              StatusIs(absl::StatusCode::kAlreadyExists));
+  // Untouched: the same device, and the stage's own heartbeats still count.
+  ASSERT_TRUE(registry_.Find(a).has_value());
+  EXPECT_EQ(registry_.Find(a)->device.name(), "cpu0");
+  EXPECT_TRUE(registry_.Heartbeat(a, old_secret));
+
+  // The heartbeat above restarted the clock: 10 s of silence is still live, 10.1 s not.
+  now_ += kTimeout;
+  EXPECT_THAT(registry_.Register("10.0.0.1:5000", Device(kGiB)),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("retry in 100ms")));
+  now_ += absl::Milliseconds(100);
+  auto restarted = registry_.Register("10.0.0.1:5000", Device(2 * kGiB, "cpu-restarted"));
+  ASSERT_THAT(restarted, IsOk());
+  EXPECT_EQ(restarted->stage_id, a);  // the same id, a new secret
+  EXPECT_NE(restarted->secret, old_secret);
+  EXPECT_FALSE(registry_.Heartbeat(a, old_secret));
+  EXPECT_TRUE(registry_.Heartbeat(a, restarted->secret));
+}
+
+TEST_F(StageRegistryTest, ALostOrMarkedLostRecordCanBeReplaced) {
+  const std::string a = RegisterOrDie("10.0.0.1:5000");
+  registry_.MarkLost(a);  // the step driver found it unreachable
+  auto back = registry_.Register("10.0.0.1:5000", Device(kGiB));
+  ASSERT_THAT(back, IsOk());
+  EXPECT_EQ(back->stage_id, a);
+  EXPECT_EQ(registry_.LiveCount(), 1);
+}
+
+// With TLS, the record keeps the certificate identity: while it is live, another
+// identity is refused even with the secret; once lost, anyone authenticated may take it.
+TEST_F(StageRegistryTest, ALiveRecordRefusesAnotherTlsIdentity) {
+  auto first = registry_.Register("10.0.0.1:5000", Device(kGiB), "", "stage-a.example");
+  ASSERT_THAT(first, IsOk());
+  EXPECT_THAT(registry_.Register("10.0.0.1:5000", Device(kGiB), first->secret, "intruder"),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       AllOf(HasSubstr("stage-a.example"), HasSubstr("intruder"))));
+  auto same = registry_.Register("10.0.0.1:5000", Device(kGiB), first->secret, "stage-a.example");
+  ASSERT_THAT(same, IsOk());
+  now_ += kTimeout + absl::Seconds(1);
+  EXPECT_THAT(registry_.Register("10.0.0.1:5000", Device(kGiB), "", "redeployed"), IsOk());
 }
 
 TEST_F(StageRegistryTest, HeartbeatsKeepStagesAliveAndRevive) {

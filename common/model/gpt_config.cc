@@ -1,11 +1,45 @@
 #include "common/model/gpt_config.h"
 
+#include <limits>
 #include <set>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/checked_math.h"
+#include "common/status_macros.h"
 
 namespace pipetrain::model {
+namespace {
+
+// Past this many blocks, n_layers + 2 pipeline layers and the per-layer loops of every
+// module would run close to int's range; no GPT has more than a few hundred.
+constexpr int kMaxLayers = 1 << 20;
+
+// The whole model's parameter count and its training state (f32 weight, gradient and
+// AdamW's m and v: 16 bytes a parameter) in checked 64-bit arithmetic, so a shape whose
+// count or bytes do not fit is refused here, naming the field, instead of wrapping in a
+// planner estimate or an allocation size later.
+absl::Status CheckModelSize(const GptConfig& c) {
+  const int64_t C = c.d_model, V = c.vocab_size, T = c.seq_len, L = c.n_layers;
+  ASSIGN_OR_RETURN(int64_t wte, common::CheckedMul(V, C, "model.vocab_size x model.d_model"));
+  ASSIGN_OR_RETURN(int64_t wpe, common::CheckedMul(T, C, "model.seq_len x model.d_model"));
+  // A block: 12 C^2 + 13 C parameters (attention 4 C^2 + 4 C, MLP 8 C^2 + 5 C, two
+  // LayerNorms 4 C).
+  ASSIGN_OR_RETURN(int64_t c2, common::CheckedMul(C, C, "model.d_model x model.d_model"));
+  ASSIGN_OR_RETURN(int64_t c2x12, common::CheckedMul(c2, 12, "model.d_model (12 d_model^2)"));
+  ASSIGN_OR_RETURN(int64_t block, common::CheckedAdd(c2x12, 13 * C, "model.d_model"));
+  ASSIGN_OR_RETURN(int64_t blocks,
+                   common::CheckedMul(block, L, "model.n_layers x block parameters"));
+  ASSIGN_OR_RETURN(int64_t total, common::CheckedAdd(blocks, wte, "model.vocab_size"));
+  ASSIGN_OR_RETURN(total, common::CheckedAdd(total, wpe, "model.seq_len"));
+  // The head: ln_f (2 C) and lm_head (V x C, a copy when tied).
+  ASSIGN_OR_RETURN(total, common::CheckedAdd(total, wte, "model.vocab_size"));
+  ASSIGN_OR_RETURN(total, common::CheckedAdd(total, 2 * C, "model.d_model"));
+  return common::CheckedMul(total, 16, "model: training state bytes (16 per parameter)")
+      .status();
+}
+
+}  // namespace
 
 absl::Status ValidateConfig(const GptConfig& c) {
   auto positive = [](int v, const char* field) -> absl::Status {
@@ -23,7 +57,17 @@ absl::Status ValidateConfig(const GptConfig& c) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model.n_heads (", c.n_heads, ") must divide model.d_model (", c.d_model, ")"));
   }
-  return absl::OkStatus();
+  if (c.n_layers > kMaxLayers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.n_layers must be <= ", kMaxLayers, " (got ", c.n_layers, ")"));
+  }
+  // mlp_dim() is 4 x d_model in int, and the attention scores per token H x T.
+  if (c.d_model > std::numeric_limits<int>::max() / 4) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.d_model must be <= ", std::numeric_limits<int>::max() / 4, " (got ", c.d_model,
+        "): the MLP's 4 x d_model would overflow"));
+  }
+  return CheckModelSize(c);
 }
 
 absl::StatusOr<GptConfig> ConfigFromProto(const pipetrain::v1::ModelConfig& p) {
