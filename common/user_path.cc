@@ -26,9 +26,13 @@ absl::Status Refuse(absl::string_view context, const std::string& path,
       absl::StrCat(context, context.empty() ? "" : " ", path, " ", problem));
 }
 
+// NOT_FOUND for a missing file (callers that judge a spec turn it into INVALID_ARGUMENT),
+// INVALID_ARGUMENT otherwise.
 absl::Status StatError(int error, absl::string_view context, const std::string& path) {
-  if (error == ENOENT) return Refuse(context, path, "does not exist");
-  return Refuse(context, path, absl::StrCat("cannot be read: ", std::strerror(error)));
+  const std::string message = absl::StrCat(context, context.empty() ? "" : " ", "cannot read ",
+                                           path, ": ", std::strerror(error));
+  if (error == ENOENT) return absl::NotFoundError(message);
+  return absl::InvalidArgumentError(message);
 }
 
 std::string Bytes(int64_t n) {

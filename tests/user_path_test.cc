@@ -96,8 +96,9 @@ TEST(UserPathTest, TooBigIsRefusedWithBothSizes) {
 TEST(UserPathTest, MissingFileSaysSo) {
   pipetrain::testing::TempDir dir;
   absl::Status s = CheckRegularFile(dir.File("nope"), 10, "data.tokens[0]").status();
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("data.tokens[0] " + dir.File("nope") + " does not exist"));
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(s.message(), HasSubstr("data.tokens[0] cannot read " + dir.File("nope") +
+                                     ": No such file or directory"));
 }
 
 TEST(UserPathTest, ResolvesMissingPathsThroughTheirNearestParent) {
@@ -165,8 +166,8 @@ TEST(UserPathTest, AllowAddsAFolderOnlyWhenConfining) {
 TEST(UserPathTest, RootMustBeAnExistingFolder) {
   pipetrain::testing::TempDir dir;
   absl::Status missing = DataRoots::Make({dir.File("nope")}).status();
-  EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(missing.message(), HasSubstr("--data-root " + dir.File("nope") + " does not exist"));
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.message(), HasSubstr("--data-root cannot read " + dir.File("nope")));
   pipetrain::testing::WriteFileOrDie(dir.File("f"), "x");
   EXPECT_THAT(DataRoots::Make({dir.File("f")}).status().message(), HasSubstr("not a folder"));
 }
