@@ -1,6 +1,11 @@
 #include "client/local_model.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -11,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "common/user_path.h"
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
 #include "pipetrain/v1/model.pb.h"
@@ -121,28 +127,24 @@ absl::StatusOr<model::GptConfig> ParseModelArg(const std::string& arg) {
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, int64_t max_bytes) {
-  std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) {
-    return absl::InvalidArgumentError(absl::StrCat("cannot read ", path, ": it is a folder"));
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::string contents;
-  if (max_bytes < 0) {
-    std::stringstream all;
-    all << in.rdbuf();
-    contents = all.str();
-  } else {
-    // Never more than the file holds, however large max_bytes is.
-    const std::uintmax_t size = std::filesystem::file_size(path, ec);
-    if (!ec && size < static_cast<std::uintmax_t>(max_bytes)) {
-      max_bytes = static_cast<int64_t>(size);
+  // Checked before it is opened: a FIFO or a device named here would block or never end.
+  if (max_bytes < 0) return common::ReadRegularFile(path, common::kMaxTextFileBytes, "");
+  ASSIGN_OR_RETURN(common::ReadOnlyFile file,
+                   common::OpenRegularFile(path, common::kMaxTextFileBytes, ""));
+  // Never more than the file holds, however large max_bytes is.
+  std::string contents(static_cast<size_t>(std::min(max_bytes, file.size())), '\0');
+  size_t have = 0;
+  while (have < contents.size()) {
+    const ssize_t n = ::read(file.fd(), contents.data() + have, contents.size() - have);
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return absl::DataLossError(
+          absl::StrCat("error while reading ", path, ": ", std::strerror(errno)));
     }
-    contents.resize(static_cast<size_t>(max_bytes));
-    in.read(contents.data(), max_bytes);
-    contents.resize(static_cast<size_t>(in.gcount()));
+    have += static_cast<size_t>(n);
   }
-  if (in.bad()) return absl::DataLossError(absl::StrCat("error while reading ", path));
+  contents.resize(have);
   return contents;
 }
 

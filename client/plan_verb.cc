@@ -8,6 +8,7 @@
 #include "client/costs_from.h"
 #include "client/remote.h"
 #include "common/flags.h"
+#include "common/user_path.h"
 #include "coordinator/job_spec.h"
 #include "coordinator/planner/plan_report.h"
 #include "coordinator/planner/planner.h"
@@ -111,16 +112,15 @@ int RunPlan(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     return kExitUsage;
   }
   const std::string& path = (*positionals)[0];
-  std::ifstream in(path);
-  if (!in) {
-    err << "pipetrain plan: cannot read " << path << "\n";
+  absl::StatusOr<std::string> text =
+      common::ReadRegularFile(path, common::kMaxJsonFileBytes, "job spec");
+  if (!text.ok()) {
+    err << "pipetrain plan: " << text.status().message() << "\n";
     return kExitUsage;
   }
-  std::stringstream text;
-  text << in.rdbuf();
   pipetrain::v1::JobSpec spec;
   google::protobuf::util::JsonParseOptions parse_options;
-  if (auto st = google::protobuf::util::JsonStringToMessage(text.str(), &spec, parse_options);
+  if (auto st = google::protobuf::util::JsonStringToMessage(*text, &spec, parse_options);
       !st.ok()) {
     err << "pipetrain plan: " << path << ": invalid job spec: " << st.message() << "\n";
     return kExitUsage;

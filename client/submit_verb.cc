@@ -16,6 +16,7 @@
 #include "client/remote_verbs.h"
 #include "client/submit_verb.h"
 #include "common/job_state.h"
+#include "common/user_path.h"
 #include "coordinator/job_spec.h"
 
 namespace pipetrain::client {
@@ -124,14 +125,14 @@ int RunSubmit(const std::vector<std::string>& args, std::ostream& out, std::ostr
   if (positionals.size() != 1) return UsageError(flags, "takes one job spec file (JOB.json)", err);
   if (!CheckRemoteFlags(flags, &connection, err)) return kExitUsage;
   const std::string& path = positionals[0];
-  std::ifstream in(path);
-  if (!in) {
-    err << "pipetrain submit: cannot read " << path << "; give the path of a job spec (JSON)\n";
+  absl::StatusOr<std::string> text =
+      common::ReadRegularFile(path, common::kMaxJsonFileBytes, "job spec");
+  if (!text.ok()) {
+    err << "pipetrain submit: " << text.status().message()
+        << "; give the path of a job spec (JSON)\n";
     return kExitUsage;
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  auto overridden = coordinator::ApplyOverrides(text.str(), sets);
+  auto overridden = coordinator::ApplyOverrides(*text, sets);
   if (!overridden.ok()) {
     err << "pipetrain submit: " << path << ": " << overridden.status().message() << "\n";
     return kExitUsage;

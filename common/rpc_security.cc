@@ -2,27 +2,23 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/grpc_status.h"
 #include "common/status_macros.h"
+#include "common/user_path.h"
 
 namespace pipetrain::common {
 namespace {
 
 absl::StatusOr<std::string> ReadFlagFile(const std::string& flag, const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::InvalidArgumentError(absl::StrCat("--", flag, " ", path, ": cannot read (",
-                                                   std::strerror(errno), ")"));
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  return text.str();
+  // A token or PEM file is small; a FIFO or device named here must not block start-up.
+  absl::StatusOr<std::string> text =
+      ReadRegularFile(path, kMaxSecretFileBytes, absl::StrCat("--", flag));
+  if (!text.ok()) return absl::InvalidArgumentError(text.status().message());
+  return text;
 }
 
 absl::StatusOr<std::string> ReadPem(const std::string& flag, const std::string& path) {

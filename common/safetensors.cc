@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
 #include "common/status_macros.h"
+#include "common/user_path.h"
 #include "nlohmann/json.hpp"
 
 namespace pipetrain::common {
@@ -379,12 +380,11 @@ struct OpenFile {
 };
 
 absl::StatusOr<OpenFile> OpenAndReadHeader(const std::string& path) {
-  auto fd = std::make_unique<Fd>(open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd->get() < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", path));
-  struct stat st;
-  if (fstat(fd->get(), &st) != 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot stat ", path));
-  if (!S_ISREG(st.st_mode)) return Invalid(path, "not a regular file");
-  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  // Never opens a FIFO or device; the size is the open file's (fstat), bounded.
+  ASSIGN_OR_RETURN(ReadOnlyFile opened,
+                   OpenRegularFile(path, kMaxSafetensorsBytes, "safetensors file"));
+  const uint64_t size = static_cast<uint64_t>(opened.size());
+  auto fd = std::make_unique<Fd>(opened.Release());
   char prefix[kLengthPrefixBytes] = {};
   if (size >= kLengthPrefixBytes) {
     RETURN_IF_ERROR(PreadFully(fd->get(), reinterpret_cast<std::byte*>(prefix),

@@ -1,12 +1,11 @@
 #include "coordinator/job_data.h"
 
 #include <cmath>
-#include <fstream>
-#include <sstream>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/user_path.h"
 
 namespace pipetrain::coordinator {
 namespace {
@@ -21,16 +20,16 @@ int64_t HeldOut(int64_t size, const pb::DataSpec& d) {
 
 absl::StatusOr<JobData> LoadText(const pb::JobSpec& spec) {
   const std::string& path = spec.data().corpus();
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
+  // Checked without opening first: a FIFO or a device would block or never end.
+  absl::StatusOr<std::string> read =
+      common::ReadRegularFile(path, common::kMaxTextFileBytes, "data.corpus:");
+  if (!read.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "data.corpus: cannot read '", path,
-        "' on the coordinator's machine; paths are read by the coordinator, so give one it "
-        "can open (absolute, or relative to its working directory)"));
+        read.status().message(),
+        " on the coordinator's machine; paths are read by the coordinator, so give a text "
+        "file it can open (absolute, or relative to its working directory)"));
   }
-  std::ostringstream read;
-  read << in.rdbuf();
-  auto text = std::make_shared<const std::string>(std::move(read).str());
+  auto text = std::make_shared<const std::string>(*std::move(read));
   const int64_t size = static_cast<int64_t>(text->size());
   const int64_t held = HeldOut(size, spec.data());
   JobData data;

@@ -13,6 +13,7 @@
 #include "common/job_state.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "coordinator/job_paths.h"
 #include "coordinator/job_data.h"
 #include "coordinator/job_manager_internal.h"
 #include "coordinator/job_spec.h"
@@ -167,13 +168,11 @@ absl::StatusOr<std::string> JobManager::Submit(pb::JobSpec spec) {
   RETURN_IF_ERROR(CheckJobSpecBounds(spec));
   spec = WithDefaults(std::move(spec));
   RETURN_IF_ERROR(ValidateJobSpec(spec));
+  // Kinds, sizes and --data-root before anything is opened: a FIFO would block here.
+  RETURN_IF_ERROR(CheckJobPaths(spec, options_.runner.data_roots));
   // Maps and scans the token files (layout, ids against the vocabulary): a bad file
   // fails here rather than when the job starts.
   RETURN_IF_ERROR(LoadJobData(spec).status());
-  if (!spec.init_from().empty() && !std::filesystem::exists(spec.init_from())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "init_from: '", spec.init_from(), "' does not exist on the coordinator's machine"));
-  }
   RETURN_IF_ERROR(CheckFits(spec));
   ASSIGN_OR_RETURN(std::string id, store_->NextJobId());
   pb::JobStatus status;

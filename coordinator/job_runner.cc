@@ -11,6 +11,7 @@
 #include "common/model/checkpoint_folder.h"
 #include "common/status_macros.h"
 #include "coordinator/job_data.h"
+#include "coordinator/job_paths.h"
 #include "coordinator/planner/cost_fit.h"
 #include "coordinator/planner/forward_only.h"
 #include "coordinator/planner/planner.h"
@@ -116,6 +117,12 @@ class Runner {
       std::string ranges;
       for (auto [b, e] : plan_.stages[s].layers) absl::StrAppend(&ranges, " [", b, ", ", e, ")");
       hooks_.log(absl::StrCat(StageName(s), " holds pipeline layers", ranges));
+    }
+    {
+      // A restored run reads no init_from (the state comes from a snapshot or checkpoint).
+      pb::JobSpec read = spec_;
+      if (start_.restored != nullptr) read.clear_init_from();
+      RETURN_IF_ERROR(CheckJobPaths(read, options_.data_roots));
     }
     ASSIGN_OR_RETURN(data_, LoadJobData(spec_));
     if (spec_.data().validate_every_steps() > 0) {

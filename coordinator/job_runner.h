@@ -14,6 +14,7 @@
 #include "absl/time/time.h"
 #include "common/model/checkpoint.h"
 #include "common/rpc_security.h"
+#include "common/user_path.h"
 #include "coordinator/stage_group.h"
 #include "pipetrain/v1/coordinator.pb.h"
 #include "pipetrain/v1/job.pb.h"
@@ -26,6 +27,9 @@ struct RunnerOptions {
   absl::Duration rpc_deadline = absl::Minutes(2);  // Configure, export, import
   int recv_deadline_ms = 30000;                 // a stage's longest wait for a peer
   common::RpcSecurity security;                 // TLS and token for calls to the stages
+  // --data-root: the folders a job's paths must resolve into (none: any path). Checked
+  // at Submit and again before each run reads them (a symlink may have changed).
+  common::DataRoots data_roots;
 };
 
 struct RunnerHooks {

@@ -1,6 +1,8 @@
 // pipetrain-coordinator: plans jobs, drives their steps and serves the API.
 #include <iostream>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/address.h"
@@ -26,13 +28,14 @@ int main(int argc, char** argv) {
   common::KeepFreedMemoryForReuse();
 
   std::string listen = "127.0.0.1:7400", state_dir, http, health_listen, tensorboard_dir;
+  std::vector<std::string> data_roots;
   double heartbeat_timeout = 5, stage_deadline = 30;
   int64_t events_in_memory = 1024;
   bool help = false, version = false;
   common::SecurityFlags security_flags;
   common::FlagSet flags(
       "pipetrain-coordinator",
-      "--state-dir DIR [--listen HOST:PORT] [--http HOST:PORT]\n"
+      "--state-dir DIR [--listen HOST:PORT] [--http HOST:PORT] [--data-root DIR]...\n"
       "    [--tensorboard-dir DIR] [--tls-cert FILE --tls-key FILE --tls-ca FILE]\n"
       "    [--token-file FILE]",
       "Plans pipeline-parallel training jobs over the registered stage servers, drives\n"
@@ -46,6 +49,13 @@ int main(int argc, char** argv) {
       "RECOVERING, for the next coordinator on DIR to continue (FAILED, naming its last\n"
       "checkpoint, with fault_tolerance.max_restarts 0).\n"
       "\n"
+      "Data: a job names files the coordinator reads (data.corpus, data.tokens,\n"
+      "data.validation_tokens, init_from). With --data-root DIR (repeatable) each must\n"
+      "resolve, after symlinks, inside one of the DIRs (or DIR/checkpoints of the state\n"
+      "dir, which 'pipetrain resume' names), else the job is refused; without it a job may\n"
+      "name any file this user can read. Whatever the roots, a path must be a regular file\n"
+      "(or a folder for init_from): FIFOs, devices and sockets are refused unopened.\n"
+      "\n"
       "Security: with --tls-cert/--tls-key/--tls-ca every gRPC connection (CLI, stages) is\n"
       "mutual TLS: clients must show a certificate signed by the CA, and the coordinator\n"
       "shows its own to the stages it calls. With --token-file every call (CLI, HTTP API,\n"
@@ -56,6 +66,10 @@ int main(int argc, char** argv) {
                   "HOST:PORT");
   flags.AddString("state-dir", &state_dir, "folder for the job store and checkpoints (created)",
                   "DIR");
+  flags.AddRepeated("data-root", &data_roots,
+                    "jobs' data, validation data and init_from must resolve inside DIR (after "
+                    "symlinks); unset: any file this user can read",
+                    "DIR");
   flags.AddString("tensorboard-dir", &tensorboard_dir,
                   "write each job's TensorBoard event files to DIR/JOB instead of "
                   "STATE_DIR/tensorboard/JOB (created)",
@@ -140,6 +154,21 @@ int main(int argc, char** argv) {
                  "(default 1024)\n";
     return 2;
   }
+  absl::StatusOr<common::DataRoots> roots = common::DataRoots::Make(data_roots);
+  if (!roots.ok()) {
+    std::cerr << "pipetrain-coordinator: " << roots.status().message() << "\n";
+    return 2;
+  }
+  // `pipetrain resume` names the coordinator's own checkpoint as init_from.
+  if (absl::Status s = roots->Allow(state_dir + "/checkpoints"); !s.ok()) {
+    std::cerr << "pipetrain-coordinator: --state-dir: " << s.message() << "\n";
+    return 1;
+  }
+  if (!roots->confining()) {
+    common::LogWarning("coordinator",
+                       "no --data-root: a job may name any file this user can read as its "
+                       "data or init_from; confine jobs with --data-root DIR (repeatable)");
+  }
 
   coordinator::ManagerOptions options;
   options.state_dir = state_dir;
@@ -149,6 +178,7 @@ int main(int argc, char** argv) {
   options.heartbeat_interval = std::min(absl::Seconds(1), options.heartbeat_timeout / 3);
   options.runner.recv_deadline_ms = static_cast<int>(stage_deadline * 1000);
   options.runner.security = *security;
+  options.runner.data_roots = *std::move(roots);
   auto manager = coordinator::JobManager::Create(options);
   if (!manager.ok()) {
     std::cerr << "pipetrain-coordinator: " << manager.status().message() << "\n";

@@ -15,6 +15,7 @@ namespace {
 
 using ::pipetrain::testing::IsOk;
 using ::pipetrain::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 model::GptConfig Tiny() {
@@ -105,6 +106,22 @@ TEST(CheckpointFilesTest, ErrorsNameTheFieldAndWhatIsWrong) {
                                  " holds pipeline layers [0, 2) of 5; eval needs the whole model")));
   EXPECT_THAT(SliceCheckpoint(Whole(), 3, 9).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[3, 9)")));
+}
+
+// An index entry names a file of the folder itself: one that climbs out (../, an
+// absolute path) would let a job read outside the folder it was allowed to name.
+TEST(CheckpointFilesTest, IndexEntriesThatLeaveTheFolderAreRefused) {
+  testing::TempDir dir;
+  ASSERT_THAT(WriteCheckpointFolder(dir.File("ckpt"), StageFiles(Whole()), 1), IsOk());
+  for (const std::string name : {"../outside.safetensors", "/etc/passwd", "sub/../../x"}) {
+    testing::WriteFileOrDie(dir.File("ckpt/model.safetensors.index.json"),
+                            R"({"weight_map": {"wte.weight": ")" + name + R"("}})");
+    EXPECT_THAT(LoadWholeCheckpoint(dir.File("ckpt"), "init_from").status(),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("init_from"), HasSubstr("'" + name + "'"),
+                               HasSubstr("not the name of a file in"))))
+        << name;
+  }
 }
 
 struct ChildResult {

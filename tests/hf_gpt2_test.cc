@@ -449,6 +449,16 @@ TEST(HfGpt2ReadTest, ShardedFolderErrorsNameTheIndexOrTheShard) {
               StatusIs(absl::StatusCode::kNotFound, HasSubstr(shard)));
 }
 
+TEST(HfGpt2ReadTest, AnIndexEntryOutsideTheFolderIsRefused) {
+  TempDir dir;
+  const std::string folder = CopyOf("untied", dir);
+  const std::string index = folder + "/model.safetensors.index.json";
+  WriteFileOrDie(index, R"({"weight_map": {"lm_head.weight": "../untied/x.safetensors"}})");
+  EXPECT_THAT(LoadHfGpt2Folder(folder).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr(index), HasSubstr("not a file name in the folder"))));
+}
+
 TEST(HfGpt2ReadTest, ATiedHeadEqualToWteIsDropped) {
   TempDir dir;
   const std::string folder = CopyOf("tied", dir);

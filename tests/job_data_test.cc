@@ -142,7 +142,7 @@ TEST(JobDataTest, BadDataNamesTheFieldAndTheFile) {
        {"data.tokens: pattern '", "fineweb_*.bin' matches no file"}},
       {"missing file",
        [](pb::DataSpec& d, const TempDir& t) { d.add_tokens(t.File("nope.bin")); },
-       {"data.tokens: '", "nope.bin': cannot read it"}},
+       {"data.tokens: token file cannot read ", "nope.bin: No such file"}},
       {"shorter than a sequence",
        [](pb::DataSpec& d, const TempDir& t) {
          d.add_tokens(t.File("short.bin"));

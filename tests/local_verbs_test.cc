@@ -241,7 +241,7 @@ TEST(EvalVerbTest, BadTokenFilesExitTwoNamingTheFlagAndFile) {
        {{"--checkpoint", weights, "--tokens", big_id, "--batch", "2"},
         "--tokens: '" + big_id + "': stream token 20 = 300 is outside the vocabulary (256)"},
        {{"--checkpoint", weights, "--tokens", dir.File("nope.bin"), "--batch", "1"},
-        "--tokens: '" + dir.File("nope.bin") + "': cannot read it"},
+        "--tokens: token file cannot read " + dir.File("nope.bin") + ": No such file"},
        {{"--checkpoint", weights, "--tokens", raw, "--format", "gpt2", "--batch", "1"},
         "--format: unknown format 'gpt2'"},
        {{"--checkpoint", weights, "--text", text, "--tokens", raw, "--batch", "1"},

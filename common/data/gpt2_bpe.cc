@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <limits>
 #include <queue>
@@ -20,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
+#include "common/user_path.h"
 #include "nlohmann/json.hpp"
 
 namespace pipetrain::data {
@@ -90,17 +90,17 @@ std::optional<std::vector<char32_t>> CodePoints(absl::string_view s) {
 }
 
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat(
-        "cannot read ", path, " (", std::strerror(errno),
-        "): the GPT-2 vocabulary (encoder.json, vocab.bpe) is installed by "
-        "deploy/install-deps.sh; or pass --tokenizer-dir DIR (or set PIPETRAIN_TOKENIZER_DIR)"));
+  absl::StatusOr<std::string> text =
+      common::ReadRegularFile(path, common::kMaxJsonFileBytes, "GPT-2 vocabulary:");
+  if (!text.ok()) {
+    return absl::Status(
+        text.status().code(),
+        absl::StrCat(text.status().message(),
+                     "; the GPT-2 vocabulary (encoder.json, vocab.bpe) is installed by "
+                     "deploy/install-deps.sh; or pass --tokenizer-dir DIR (or set "
+                     "PIPETRAIN_TOKENIZER_DIR)"));
   }
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat("error reading ", path));
-  return std::move(text).str();
+  return text;
 }
 
 // Line and column (from 1) of a byte offset, for parse errors.

@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "common/user_path.h"
 
 namespace pipetrain::data {
 namespace {
@@ -111,33 +112,21 @@ absl::string_view TokenFormatName(TokenFormat format) {
 }
 
 absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path, TokenFormat format) {
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0) {
-    return Invalid(path, absl::StrCat("cannot read it: ", std::strerror(errno)));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    return Invalid(path,
-                   S_ISDIR(st.st_mode) ? "is a folder, not a token file" : "is not a regular file");
-  }
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return Invalid(path, absl::StrCat("cannot open it: ", std::strerror(errno)));
-  // The size of the file as opened, not as stat saw it a moment before.
-  if (::fstat(fd, &st) != 0) {
-    const int error = errno;
-    ::close(fd);
-    return Invalid(path, absl::StrCat("cannot read its size: ", std::strerror(error)));
-  }
-  const int64_t bytes = st.st_size;
+  // Stats before opening (a FIFO is never opened) and again on the open descriptor: the
+  // size is the file's as opened, not as stat saw it a moment before.
+  absl::StatusOr<common::ReadOnlyFile> opened =
+      common::OpenRegularFile(path, common::kMaxTokenFileBytes, "token file");
+  // A missing file is a bad spec like any other: INVALID_ARGUMENT, naming it.
+  if (!opened.ok()) return absl::InvalidArgumentError(opened.status().message());
+  const int64_t bytes = opened->size();
   void* mapping = nullptr;
   if (bytes > 0) {
-    mapping = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ, MAP_PRIVATE, fd, 0);
+    mapping = ::mmap(nullptr, static_cast<size_t>(bytes), PROT_READ, MAP_PRIVATE, opened->fd(), 0);
     if (mapping == MAP_FAILED) {
-      const int error = errno;
-      ::close(fd);
-      return Invalid(path, absl::StrCat("cannot map it: ", std::strerror(error)));
+      return Invalid(path, absl::StrCat("cannot map it: ", std::strerror(errno)));
     }
   }
-  ::close(fd);  // the mapping keeps the file
+  *opened = common::ReadOnlyFile();  // closed: the mapping keeps the file
   // Owns the mapping from here on, so every error below unmaps it.
   TokenFile file(path, mapping, static_cast<size_t>(bytes), {});
   static const char kEmpty[1] = {0};

@@ -20,6 +20,7 @@
 #include "common/atomic_file.h"
 #include "common/model/hf_gpt2.h"
 #include "common/status_macros.h"
+#include "common/user_path.h"
 #include "nlohmann/json.hpp"
 
 namespace pipetrain::model {
@@ -179,17 +180,18 @@ absl::StatusOr<model::Checkpoint> LoadWholeCheckpoint(const std::string& path,
     return hf;
   }
   const fs::path index = fs::path(path) / model::kCheckpointIndexFileName;
-  std::ifstream in(index);
-  if (!in) {
+  std::error_code exists_ec;
+  if (!fs::exists(fs::symlink_status(index, exists_ec))) {
     return bad(absl::StrCat("'", path, "' has no ", model::kCheckpointIndexFileName, " and no ",
                             kHfConfigFileName,
                             "; give a checkpoint folder the coordinator wrote (its index is "
                             "written last, so a folder without one is incomplete), a Hugging "
                             "Face GPT-2 folder or one .safetensors file"));
   }
-  std::stringstream text;
-  text << in.rdbuf();
-  const nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, false);
+  absl::StatusOr<std::string> text =
+      common::ReadRegularFile(index.string(), common::kMaxJsonFileBytes, "checkpoint index");
+  if (!text.ok()) return bad(std::string(text.status().message()));
+  const nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
   if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") ||
       !j["weight_map"].is_object()) {
     return bad(absl::StrCat(index.string(), " is not a Hugging Face index (no weight_map)"));
@@ -198,7 +200,15 @@ absl::StatusOr<model::Checkpoint> LoadWholeCheckpoint(const std::string& path,
   for (const auto& [name, file] : j["weight_map"].items()) {
     if (!file.is_string())
       return bad(absl::StrCat(index.string(), ": weight_map['", name, "'] is not a string"));
-    files.insert(file.get<std::string>());
+    // A file of the folder itself: a name that climbs out of it (../x, /etc/x) would
+    // read outside the folder the job was allowed to name.
+    const std::string name_of_file = file.get<std::string>();
+    if (name_of_file.empty() || absl::StrContains(name_of_file, '/') || name_of_file == "." ||
+        name_of_file == "..") {
+      return bad(absl::StrCat(index.string(), ": weight_map['", name, "'] is '", name_of_file,
+                              "', not the name of a file in ", path));
+    }
+    files.insert(name_of_file);
   }
   std::vector<model::Checkpoint> parts;
   for (const std::string& f : files) {

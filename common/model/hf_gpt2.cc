@@ -4,7 +4,6 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <set>
@@ -20,6 +19,7 @@
 #include "common/atomic_file.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
+#include "common/user_path.h"
 #include "nlohmann/json.hpp"
 
 namespace pipetrain::model {
@@ -40,13 +40,19 @@ absl::Status Invalid(absl::string_view source, absl::string_view message) {
   return absl::InvalidArgumentError(absl::StrCat(source, ": ", message));
 }
 
+// Whether an index's file name stays inside the folder: not absolute, no '..' (a job
+// allowed one folder must not read another through its index).
+bool InFolder(const std::string& name) {
+  if (name.empty() || fs::path(name).is_absolute()) return false;
+  for (const fs::path& part : fs::path(name)) {
+    if (part == "..") return false;
+  }
+  return true;
+}
+
+// config.json and index files: bounded JSON, never a FIFO or device.
 absl::StatusOr<std::string> ReadText(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path.string()));
-  std::stringstream all;
-  all << in.rdbuf();
-  if (in.bad()) return absl::DataLossError(absl::StrCat("error while reading ", path.string()));
-  return all.str();
+  return common::ReadRegularFile(path.string(), common::kMaxJsonFileBytes, "");
 }
 
 // ---- config.json -------------------------------------------------------------------
@@ -177,8 +183,7 @@ absl::StatusOr<std::vector<std::string>> WeightFiles(const fs::path& dir, std::s
   }
   std::set<std::string> files;
   for (const auto& [name, file] : j["weight_map"].items()) {
-    if (!file.is_string() || file.get<std::string>().empty() ||
-        fs::path(file.get<std::string>()).is_absolute()) {
+    if (!file.is_string() || !InFolder(file.get<std::string>())) {
       return Invalid(index.string(), absl::StrCat("weight_map['", name, "'] is ", file.dump(),
                                                   ", not a file name in the folder"));
     }
@@ -325,8 +330,9 @@ bool IsHfFolder(const std::string& dir) {
       !j["weight_map"].begin()->is_string()) {
     return true;
   }
-  const fs::path shard = fs::path(dir) / j["weight_map"].begin()->get<std::string>();
-  return !ReadCheckpointInfo(shard.string()).ok();
+  const std::string first = j["weight_map"].begin()->get<std::string>();
+  if (!InFolder(first)) return true;  // the reader refuses it, naming the entry
+  return !ReadCheckpointInfo((fs::path(dir) / first).string()).ok();
 }
 
 absl::StatusOr<Checkpoint> LoadHfGpt2Folder(const std::string& dir) {

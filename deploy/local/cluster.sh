@@ -2,6 +2,7 @@
 # A pipetrain cluster on this machine: one coordinator and K stage servers on 127.0.0.1,
 # their logs and pids in the run folder.
 #   deploy/local/cluster.sh up     [--stages K] [--port P] [--device D] [--run-dir DIR] [--secure]
+#                                  [--data-root DIR]...
 #   deploy/local/cluster.sh status [--run-dir DIR]
 #   deploy/local/cluster.sh down   [--run-dir DIR]
 # `up` waits until every stage has registered and prints the address to use; `down`
@@ -10,18 +11,20 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 
 usage() {
-  sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'
+  sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//'
   echo "Options: --stages K (default 4), --port P for the coordinator (default 7400, 0 = any"
   echo "free port), --threads T compute threads per stage (default: cores / K, at least 1),"
   echo "--device D for every stage (default cpu; emulated:RATE runs no arithmetic, e.g."
   echo "emulated:1e11), --run-dir DIR (default build/local-cluster), --secure: mutual TLS and a bearer token"
   echo "(certificates and token made in DIR/certs, DIR/token). Binaries come from"
-  echo "\$PIPETRAIN_BIN (default build/bin)."
+  echo "\$PIPETRAIN_BIN (default build/bin). --data-root DIR (repeatable): jobs may read only"
+  echo "files under DIR; without it (the default here) any file you can read, with a warning."
 }
 
 cmd=${1:-}
 [ $# -gt 0 ] && shift
 stages=4 port=7400 run_dir=build/local-cluster threads=0 secure=0 device=cpu
+data_roots=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --stages) stages=${2:?--stages needs a number}; shift 2 ;;
@@ -30,6 +33,7 @@ while [ $# -gt 0 ]; do
     --device) device=${2:?--device needs cpu, cuda:N or emulated:RATE}; shift 2 ;;
     --run-dir) run_dir=${2:?--run-dir needs a folder}; shift 2 ;;
     --secure) secure=1; shift ;;
+    --data-root) data_roots+=(--data-root "${2:?--data-root needs a folder}"); shift 2 ;;
     -h|--help) usage; exit 0 ;;
     *) echo "cluster.sh: unknown argument '$1'" >&2; usage >&2; exit 2 ;;
   esac
@@ -106,6 +110,7 @@ case "$cmd" in
     fi
     "$bin/pipetrain-coordinator" --listen "127.0.0.1:$port" --state-dir "$run_dir/state" \
       --http 127.0.0.1:0 ${server_security[@]+"${server_security[@]}"} \
+      ${data_roots[@]+"${data_roots[@]}"} \
       > "$run_dir/logs/coordinator.log" 2>&1 &
     echo $! > "$run_dir/pids/coordinator.pid"
     if ! line=$(wait_for_line "$run_dir/logs/coordinator.log" "coordinator listening on" 30); then

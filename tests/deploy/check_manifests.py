@@ -359,7 +359,7 @@ def check_container(here, c, volumes, services_by_name):
     for m in mounts:
         if m["name"] not in volumes:
             problem(here, f"mounts volume {m['name']!r}, which the pod does not declare")
-    for flag in ("tls-cert", "tls-key", "tls-ca", "token-file", "state-dir"):
+    for flag in ("tls-cert", "tls-key", "tls-ca", "token-file", "state-dir", "data-root"):
         if flag in flags:
             path = flags[flag]
             if not any(path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/")

@@ -1,0 +1,160 @@
+// End to end, the coordinator judging the paths a job names: a FIFO, a device or a
+// folder as data is refused without being opened, and with --data-root a path that
+// resolves (after symlinks) outside the roots is refused, each INVALID_ARGUMENT (CLI
+// exit 2) naming the field; a job inside the roots trains, and one started from the
+// coordinator's own checkpoint (what `pipetrain resume` names) is allowed.
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/cluster_jobs.h"
+#include "tests/testing/corpus_text.h"
+#include "tests/testing/local_cluster.h"
+
+namespace pipetrain {
+namespace {
+
+using ::pipetrain::testing::LocalCluster;
+using ::pipetrain::testing::LocalClusterOptions;
+using ::pipetrain::testing::TempDir;
+using ::pipetrain::testing::WriteFileOrDie;
+using ::testing::HasSubstr;
+using namespace std::chrono_literals;
+
+namespace fs = std::filesystem;
+
+// One coordinator (1 stage) for the whole binary, confined to ROOT and to /dev (the
+// second root lets a device be judged as a device rather than as outside the roots).
+struct Confined {
+  TempDir dir;
+  std::string root = dir.File("root");
+  std::unique_ptr<LocalCluster> cluster;
+  absl::Status failure;
+};
+
+Confined& TheConfined() {
+  static Confined* c = [] {
+    static Confined made;
+    fs::create_directory(made.root);
+    WriteFileOrDie(made.root + "/corpus.txt", testing::EnglishLikeCorpus());
+    LocalClusterOptions options;
+    options.coordinator_args = {"--data-root", made.root, "--data-root", "/dev"};
+    auto started = LocalCluster::Start(made.dir.File("state"), 1, options);
+    if (started.ok()) {
+      made.cluster = *std::move(started);
+    } else {
+      made.failure = started.status();
+    }
+    return &made;
+  }();
+  return *c;
+}
+
+class CoordinatorPathsTest : public testing::ClusterJobTest {
+ protected:
+  void SetUp() override {
+    Confined& c = TheConfined();
+    ASSERT_NE(c.cluster, nullptr) << "the cluster did not start: " << c.failure;
+    c_ = c.cluster.get();
+    root_ = c.root;
+    spec_["data"]["corpus"] = root_ + "/corpus.txt";
+    spec_["training"]["steps"] = 2;
+  }
+
+  // Submits spec_ and expects the coordinator to refuse it (exit 2) with every one of
+  // `says` in the message; the CLI's deadline is the test's: a blocked coordinator
+  // thread shows as a failure, not a hang.
+  void ExpectRefused(const std::vector<std::string>& says) {
+    auto r = c_->Cli({"submit", WriteSpec(spec_), "--no-wait"}, 30s);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->exit_code, 2) << r->out << r->err;
+    for (const std::string& s : says) EXPECT_THAT(r->err, HasSubstr(s)) << r->err;
+    // And the coordinator still serves.
+    auto cluster = c_->Cli({"cluster", "--json"}, 30s);
+    ASSERT_TRUE(cluster.ok());
+    EXPECT_EQ(cluster->exit_code, 0) << cluster->err << "\n" << c_->coordinator_log();
+  }
+
+  LocalCluster* c_ = nullptr;
+  std::string root_;
+};
+
+TEST_F(CoordinatorPathsTest, AFifoAsCorpusIsRefusedWithoutBlocking) {
+  const std::string fifo = root_ + "/fifo.txt";
+  fs::remove(fifo);
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  spec_["data"]["corpus"] = fifo;
+  ExpectRefused({"data.corpus", fifo + " is a FIFO, not a regular file"});
+}
+
+TEST_F(CoordinatorPathsTest, ADeviceAsCorpusIsRefused) {
+  spec_["data"]["corpus"] = "/dev/zero";
+  ExpectRefused({"data.corpus /dev/zero is a character device, not a regular file"});
+}
+
+TEST_F(CoordinatorPathsTest, AFolderAsTokenFileIsRefused) {
+  fs::create_directories(root_ + "/shards.bin");
+  spec_["data"].erase("corpus");
+  spec_["data"]["tokens"] = {root_ + "/shards.bin"};
+  ExpectRefused({"data.tokens[0]", "shards.bin is a folder, not a regular file"});
+}
+
+TEST_F(CoordinatorPathsTest, ACorpusOutsideTheRootsIsRefusedNamingTheRoots) {
+  // dir_ is the test's own folder, outside the root.
+  spec_["data"]["corpus"] = dir_.File("corpus.txt");
+  ExpectRefused({"data.corpus " + dir_.File("corpus.txt"),
+                 "outside the coordinator's --data-root folders (" +
+                     fs::canonical(root_).string() + ", /dev, "});
+}
+
+TEST_F(CoordinatorPathsTest, ASymlinkOutOfTheRootIsRefused) {
+  const std::string link = root_ + "/escape.txt";
+  fs::remove(link);
+  fs::create_symlink(dir_.File("corpus.txt"), link);
+  spec_["data"]["corpus"] = link;
+  ExpectRefused({"data.corpus " + link + " resolves to", "outside the coordinator's --data-root"});
+}
+
+TEST_F(CoordinatorPathsTest, ATokenGlobOutsideTheRootsIsRefused) {
+  spec_["data"].erase("corpus");
+  spec_["data"]["tokens"] = {"/etc/*"};
+  ExpectRefused({"data.tokens[0] /etc/*", "outside the coordinator's --data-root"});
+}
+
+TEST_F(CoordinatorPathsTest, InitFromOutsideTheRootsIsRefused) {
+  fs::create_directory(dir_.File("ckpt"));
+  spec_["init_from"] = dir_.File("ckpt");
+  ExpectRefused({"init_from " + dir_.File("ckpt"), "outside the coordinator's --data-root"});
+}
+
+TEST_F(CoordinatorPathsTest, InitFromFolderWithASymlinkOutOfTheRootIsRefused) {
+  const std::string ckpt = root_ + "/ckpt-with-link";
+  fs::create_directories(ckpt);
+  WriteFileOrDie(dir_.File("model.safetensors"), "x");
+  fs::remove(ckpt + "/model.safetensors");
+  fs::create_symlink(dir_.File("model.safetensors"), ckpt + "/model.safetensors");
+  spec_["init_from"] = ckpt;
+  ExpectRefused({"init_from " + ckpt + "/model.safetensors resolves to",
+                 "outside the coordinator's --data-root"});
+}
+
+// Inside the root a job trains; its checkpoint, under the state dir, may start another.
+TEST_F(CoordinatorPathsTest, AJobInsideTheRootTrainsAndItsCheckpointMayStartAnother) {
+  const std::string id = SubmitAndFollow(*c_, {});
+  ASSERT_FALSE(id.empty());
+  const json first = Status(*c_, id);
+  ASSERT_EQ(first["state"], "SUCCEEDED") << first.dump() << c_->coordinator_log();
+  const std::string checkpoint = first["checkpoint_dir"];
+  ASSERT_FALSE(checkpoint.empty());
+  spec_["init_from"] = checkpoint;
+  const std::string next = SubmitAndFollow(*c_, {});
+  ASSERT_FALSE(next.empty());
+  EXPECT_EQ(Status(*c_, next)["state"], "SUCCEEDED") << c_->coordinator_log();
+}
+
+}  // namespace
+}  // namespace pipetrain
