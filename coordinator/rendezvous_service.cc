@@ -40,15 +40,19 @@ grpc::Status ServeRendezvousGet(RendezvousStore& store, const grpc::ServerContex
 grpc::Status RendezvousService::RendezvousSet(grpc::ServerContext* ctx,
                                               const pb::RendezvousSetRequest* req,
                                               pb::RendezvousSetResponse*) {
-  if (grpc::Status denied = security_.Authorize(*ctx); !denied.ok()) return denied;
-  return ServeRendezvousSet(*store_, *req);
+  return common::GuardHandler("Rendezvous.RendezvousSet", [&]() -> grpc::Status {
+    if (grpc::Status denied = security_.Authorize(*ctx); !denied.ok()) return denied;
+    return ServeRendezvousSet(*store_, *req);
+  });
 }
 
 grpc::Status RendezvousService::RendezvousGet(grpc::ServerContext* ctx,
                                               const pb::RendezvousGetRequest* req,
                                               pb::RendezvousGetResponse* resp) {
-  if (grpc::Status denied = security_.Authorize(*ctx); !denied.ok()) return denied;
-  return ServeRendezvousGet(*store_, *ctx, *req, resp);
+  return common::GuardHandler("Rendezvous.RendezvousGet", [&]() -> grpc::Status {
+    if (grpc::Status denied = security_.Authorize(*ctx); !denied.ok()) return denied;
+    return ServeRendezvousGet(*store_, *ctx, *req, resp);
+  });
 }
 
 }  // namespace pipetrain::coordinator

@@ -183,193 +183,211 @@ void StageService::SetServer(grpc::Server* server) {
 
 grpc::Status StageService::Configure(grpc::ServerContext* context, const pb::ConfigureRequest* request,
                                      pb::ConfigureResponse* response) {
-  if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
-  auto config = JobConfigFromProto(*request);
-  if (!config.ok()) {
-    return common::ToGrpcStatus(absl::Status(
-        config.status().code(), absl::StrCat("configure job '", request->job_id(), "' stage ",
-                                             request->stage(), ": ", config.status().message())));
-  }
-  auto result = runtime_->Configure(*config);
-  if (server_ && server_->GetHealthCheckService()) {
-    server_->GetHealthCheckService()->SetServingStatus(kHealthService, runtime_->configured());
-  }
-  if (!result.ok()) {
-    common::LogWarning("stage", std::string(result.status().message()));
-    return common::ToGrpcStatus(result.status());
-  }
-  common::LogInfo("stage", absl::StrCat("configured job '", config->job_id, "' stage ",
-                                        config->stage, " of ", config->num_stages));
-  response->set_weight_bytes(result->weight_bytes);
-  response->set_optimizer_bytes(result->optimizer_bytes);
-  return grpc::Status::OK;
+  return common::GuardHandler("Stage.Configure", [&]() -> grpc::Status {
+    if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
+    auto config = JobConfigFromProto(*request);
+    if (!config.ok()) {
+      return common::ToGrpcStatus(absl::Status(
+          config.status().code(), absl::StrCat("configure job '", request->job_id(), "' stage ",
+                                               request->stage(), ": ", config.status().message())));
+    }
+    auto result = runtime_->Configure(*config);
+    if (server_ && server_->GetHealthCheckService()) {
+      server_->GetHealthCheckService()->SetServingStatus(kHealthService, runtime_->configured());
+    }
+    if (!result.ok()) {
+      common::LogWarning("stage", std::string(result.status().message()));
+      return common::ToGrpcStatus(result.status());
+    }
+    common::LogInfo("stage", absl::StrCat("configured job '", config->job_id, "' stage ",
+                                          config->stage, " of ", config->num_stages));
+    response->set_weight_bytes(result->weight_bytes);
+    response->set_optimizer_bytes(result->optimizer_bytes);
+    return grpc::Status::OK;
+  });
 }
 
 grpc::Status StageService::RunStep(grpc::ServerContext* context, const pb::RunStepRequest* request,
                                    pb::RunStepResponse* response) {
-  if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
-  auto step = StepRequestFromProto(*request);
-  if (!step.ok()) {
-    return common::ToGrpcStatus(absl::Status(
-        step.status().code(), absl::StrCat("step ", request->step(), " of job '",
-                                           request->job_id(), "': ", step.status().message())));
-  }
-  auto report = runtime_->RunStep(std::move(*step));
-  if (!report.ok()) {
-    common::LogWarning("stage", std::string(report.status().message()));
-    return common::ToGrpcStatus(report.status());
-  }
-  response->set_job_id(request->job_id());
-  response->set_step(request->step());
-  StepReportToProto(*report, response);
-  return grpc::Status::OK;
+  return common::GuardHandler("Stage.RunStep", [&]() -> grpc::Status {
+    if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
+    auto step = StepRequestFromProto(*request);
+    if (!step.ok()) {
+      return common::ToGrpcStatus(absl::Status(
+          step.status().code(), absl::StrCat("step ", request->step(), " of job '",
+                                             request->job_id(), "': ", step.status().message())));
+    }
+    auto report = runtime_->RunStep(std::move(*step));
+    if (!report.ok()) {
+      common::LogWarning("stage", std::string(report.status().message()));
+      return common::ToGrpcStatus(report.status());
+    }
+    response->set_job_id(request->job_id());
+    response->set_step(request->step());
+    StepReportToProto(*report, response);
+    return grpc::Status::OK;
+  });
 }
 
 grpc::Status StageService::ApplyOptimizer(grpc::ServerContext* context,
                                           const pb::ApplyOptimizerRequest* request,
                                           pb::ApplyOptimizerResponse* response) {
-  if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
-  auto apply = ApplyOptimizerRequestFromProto(*request);
-  if (!apply.ok()) {
-    return common::ToGrpcStatus(absl::Status(
-        apply.status().code(), absl::StrCat("apply optimizer of job '", request->job_id(),
-                                            "' step ", request->step(), ": ",
-                                            apply.status().message())));
-  }
-  auto timing = runtime_->ApplyOptimizer(*apply);
-  if (!timing.ok()) {
-    common::LogWarning("stage", std::string(timing.status().message()));
-    return common::ToGrpcStatus(timing.status());
-  }
-  response->set_job_id(request->job_id());
-  response->set_step(request->step());
-  ActionTimingToProto(*timing, response->mutable_timing());
-  const SnapshotFigures snapshots = runtime_->snapshot_figures();
-  response->set_snapshot_bytes(snapshots.bytes);
-  response->set_snapshot_step(snapshots.newest_step);
-  return grpc::Status::OK;
+  return common::GuardHandler("Stage.ApplyOptimizer", [&]() -> grpc::Status {
+    if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
+    auto apply = ApplyOptimizerRequestFromProto(*request);
+    if (!apply.ok()) {
+      return common::ToGrpcStatus(absl::Status(
+          apply.status().code(), absl::StrCat("apply optimizer of job '", request->job_id(),
+                                              "' step ", request->step(), ": ",
+                                              apply.status().message())));
+    }
+    auto timing = runtime_->ApplyOptimizer(*apply);
+    if (!timing.ok()) {
+      common::LogWarning("stage", std::string(timing.status().message()));
+      return common::ToGrpcStatus(timing.status());
+    }
+    response->set_job_id(request->job_id());
+    response->set_step(request->step());
+    ActionTimingToProto(*timing, response->mutable_timing());
+    const SnapshotFigures snapshots = runtime_->snapshot_figures();
+    response->set_snapshot_bytes(snapshots.bytes);
+    response->set_snapshot_step(snapshots.newest_step);
+    return grpc::Status::OK;
+  });
 }
 
 grpc::Status StageService::ExportChunk(grpc::ServerContext* context,
                                        const pb::ExportChunkRequest* request,
                                        grpc::ServerWriter<pb::ChunkPiece>* writer) {
-  if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
-  auto bytes = runtime_->ExportChunk(request->job_id(), static_cast<int>(request->chunk()));
-  if (!bytes.ok()) return common::ToGrpcStatus(bytes.status());
-  return WriteChunkPieces(request->job_id(), request->chunk(), *bytes, writer);
+  return common::GuardHandler("Stage.ExportChunk", [&]() -> grpc::Status {
+    if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
+    auto bytes = runtime_->ExportChunk(request->job_id(), static_cast<int>(request->chunk()));
+    if (!bytes.ok()) return common::ToGrpcStatus(bytes.status());
+    return WriteChunkPieces(request->job_id(), request->chunk(), *bytes, writer);
+  });
 }
 
 grpc::Status StageService::ImportChunk(grpc::ServerContext* context,
                                        grpc::ServerReader<pb::ChunkPiece>* reader,
                                        pb::ImportChunkResponse* response) {
-  if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
-  pb::ChunkPiece piece;
-  std::string bytes, job_id;
-  uint32_t chunk = 0;
-  uint64_t total = 0;
-  bool first = true;
-  while (reader->Read(&piece)) {
-    if (first) {
-      job_id = piece.job_id();
-      chunk = piece.chunk();
-      total = piece.total_bytes();
-      if (total > kMaxChunkBytes) {
-        return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                            absl::StrCat("import: field total_bytes ", total, " is too large"));
+  return common::GuardHandler("Stage.ImportChunk", [&]() -> grpc::Status {
+    if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
+    pb::ChunkPiece piece;
+    std::string bytes, job_id;
+    uint32_t chunk = 0;
+    uint64_t total = 0;
+    bool first = true;
+    while (reader->Read(&piece)) {
+      if (first) {
+        job_id = piece.job_id();
+        chunk = piece.chunk();
+        total = piece.total_bytes();
+        if (total > kMaxChunkBytes) {
+          return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                              absl::StrCat("import: field total_bytes ", total, " is too large"));
+        }
+        bytes.reserve(total);
+        first = false;
       }
-      bytes.reserve(total);
-      first = false;
+      if (piece.job_id() != job_id || piece.chunk() != chunk || piece.total_bytes() != total ||
+          piece.offset() != bytes.size() || bytes.size() + piece.data().size() > total) {
+        return grpc::Status(
+            grpc::StatusCode::INVALID_ARGUMENT,
+            absl::StrCat("import of job '", job_id, "' chunk ", chunk, ": piece at offset ",
+                         piece.offset(), " does not continue the chunk (expected offset ",
+                         bytes.size(), " of ", total, " bytes, same job and chunk)"));
+      }
+      bytes += piece.data();
     }
-    if (piece.job_id() != job_id || piece.chunk() != chunk || piece.total_bytes() != total ||
-        piece.offset() != bytes.size() || bytes.size() + piece.data().size() > total) {
-      return grpc::Status(
-          grpc::StatusCode::INVALID_ARGUMENT,
-          absl::StrCat("import of job '", job_id, "' chunk ", chunk, ": piece at offset ",
-                       piece.offset(), " does not continue the chunk (expected offset ",
-                       bytes.size(), " of ", total, " bytes, same job and chunk)"));
+    if (first || bytes.size() != total) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          absl::StrCat("import of job '", job_id, "': the stream ended after ",
+                                       bytes.size(), " of ", total, " bytes"));
     }
-    bytes += piece.data();
-  }
-  if (first || bytes.size() != total) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("import of job '", job_id, "': the stream ended after ",
-                                     bytes.size(), " of ", total, " bytes"));
-  }
-  absl::Status s = runtime_->ImportChunk(job_id, static_cast<int>(chunk), bytes);
-  if (!s.ok()) return common::ToGrpcStatus(s);
-  response->set_bytes(bytes.size());
-  return grpc::Status::OK;
+    absl::Status s = runtime_->ImportChunk(job_id, static_cast<int>(chunk), bytes);
+    if (!s.ok()) return common::ToGrpcStatus(s);
+    response->set_bytes(bytes.size());
+    return grpc::Status::OK;
+  });
 }
 
 grpc::Status StageService::GetStats(grpc::ServerContext* context, const pb::GetStatsRequest*,
                                     pb::StageStats* response) {
-  if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
-  const RuntimeStats s = runtime_->Stats();
-  response->set_job_id(s.job_id);
-  response->set_memory_used_bytes(s.memory_used_bytes);
-  response->set_memory_limit_bytes(s.memory_limit_bytes);
-  response->set_bytes_sent(s.bytes_sent);
-  response->set_bytes_received(s.bytes_received);
-  response->set_steps_run(s.steps_run);
-  return grpc::Status::OK;
+  return common::GuardHandler("Stage.GetStats", [&]() -> grpc::Status {
+    if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
+    const RuntimeStats s = runtime_->Stats();
+    response->set_job_id(s.job_id);
+    response->set_memory_used_bytes(s.memory_used_bytes);
+    response->set_memory_limit_bytes(s.memory_limit_bytes);
+    response->set_bytes_sent(s.bytes_sent);
+    response->set_bytes_received(s.bytes_received);
+    response->set_steps_run(s.steps_run);
+    return grpc::Status::OK;
+  });
 }
 
 grpc::Status StageService::HoldSnapshot(grpc::ServerContext* context,
                                         grpc::ServerReader<pb::SnapshotPiece>* reader,
                                         pb::HoldSnapshotResponse* response) {
-  const uint64_t limit = runtime_->options().memory_limit_bytes;
-  SnapshotAssembler assembler(limit > 0 ? std::min(limit, kMaxChunkBytes) : kMaxChunkBytes);
-  pb::SnapshotPiece piece;
-  std::string secret;
-  while (reader->Read(&piece)) {
-    auto meta = SnapshotMetaFromProto(piece.info());
-    if (!meta.ok()) {
-      return common::ToGrpcStatus(absl::Status(
-          meta.status().code(), absl::StrCat("snapshot push of job '", piece.job_id(), "' from ",
-                                             context->peer(), ": ", meta.status().message())));
-    }
-    if (!assembler.started()) {
-      // Admitted before a byte is buffered, as an Exchange stream is by its hello.
-      absl::Status admitted = runtime_->AdmitSnapshot(piece.job_id(), piece.peer_secret(), *meta);
-      if (!admitted.ok()) {
-        common::LogWarning("stage", absl::StrCat("refused a ", admitted.message(), " from ",
-                                                 context->peer()));
-        return common::ToGrpcStatus(admitted);
+  return common::GuardHandler("Stage.HoldSnapshot", [&]() -> grpc::Status {
+    const uint64_t limit = runtime_->options().memory_limit_bytes;
+    SnapshotAssembler assembler(limit > 0 ? std::min(limit, kMaxChunkBytes) : kMaxChunkBytes);
+    pb::SnapshotPiece piece;
+    std::string secret;
+    while (reader->Read(&piece)) {
+      auto meta = SnapshotMetaFromProto(piece.info());
+      if (!meta.ok()) {
+        return common::ToGrpcStatus(absl::Status(
+            meta.status().code(), absl::StrCat("snapshot push of job '", piece.job_id(), "' from ",
+                                               context->peer(), ": ", meta.status().message())));
       }
-      secret = piece.peer_secret();
+      if (!assembler.started()) {
+        // Admitted before a byte is buffered, as an Exchange stream is by its hello.
+        absl::Status admitted = runtime_->AdmitSnapshot(piece.job_id(), piece.peer_secret(), *meta);
+        if (!admitted.ok()) {
+          common::LogWarning("stage", absl::StrCat("refused a ", admitted.message(), " from ",
+                                                   context->peer()));
+          return common::ToGrpcStatus(admitted);
+        }
+        secret = piece.peer_secret();
+      }
+      absl::Status added = assembler.Add(piece.job_id(), *meta, piece.offset(), piece.data());
+      if (!added.ok()) return common::ToGrpcStatus(added);
     }
-    absl::Status added = assembler.Add(piece.job_id(), *meta, piece.offset(), piece.data());
-    if (!added.ok()) return common::ToGrpcStatus(added);
-  }
-  auto blob = assembler.Finish();
-  if (!blob.ok()) return common::ToGrpcStatus(blob.status());
-  const uint64_t bytes = (*blob)->size();
-  absl::Status held = runtime_->HoldSnapshot(assembler.job_id(), secret, assembler.meta(),
-                                             std::move(*blob));
-  if (!held.ok()) return common::ToGrpcStatus(held);
-  response->set_bytes(bytes);
-  return grpc::Status::OK;
+    auto blob = assembler.Finish();
+    if (!blob.ok()) return common::ToGrpcStatus(blob.status());
+    const uint64_t bytes = (*blob)->size();
+    absl::Status held = runtime_->HoldSnapshot(assembler.job_id(), secret, assembler.meta(),
+                                               std::move(*blob));
+    if (!held.ok()) return common::ToGrpcStatus(held);
+    response->set_bytes(bytes);
+    return grpc::Status::OK;
+  });
 }
 
 grpc::Status StageService::ListSnapshots(grpc::ServerContext* context,
                                          const pb::ListSnapshotsRequest* request,
                                          pb::ListSnapshotsResponse* response) {
-  if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
-  auto list = runtime_->ListSnapshots(request->job_id());
-  if (!list.ok()) return common::ToGrpcStatus(list.status());
-  for (const SnapshotMeta& m : *list) SnapshotMetaToProto(m, response->add_snapshots());
-  return grpc::Status::OK;
+  return common::GuardHandler("Stage.ListSnapshots", [&]() -> grpc::Status {
+    if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
+    auto list = runtime_->ListSnapshots(request->job_id());
+    if (!list.ok()) return common::ToGrpcStatus(list.status());
+    for (const SnapshotMeta& m : *list) SnapshotMetaToProto(m, response->add_snapshots());
+    return grpc::Status::OK;
+  });
 }
 
 grpc::Status StageService::FetchSnapshot(grpc::ServerContext* context,
                                          const pb::FetchSnapshotRequest* request,
                                          grpc::ServerWriter<pb::ChunkPiece>* writer) {
-  if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
-  auto blob = runtime_->FetchSnapshot(request->job_id(), request->owner_stage(),
-                                      static_cast<int>(request->chunk()), request->step());
-  if (!blob.ok()) return common::ToGrpcStatus(blob.status());
-  // The shared blob stays alive while it is written, even if a newer step drops it.
-  return WriteChunkPieces(request->job_id(), request->chunk(), **blob, writer);
+  return common::GuardHandler("Stage.FetchSnapshot", [&]() -> grpc::Status {
+    if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
+    auto blob = runtime_->FetchSnapshot(request->job_id(), request->owner_stage(),
+                                        static_cast<int>(request->chunk()), request->step());
+    if (!blob.ok()) return common::ToGrpcStatus(blob.status());
+    // The shared blob stays alive while it is written, even if a newer step drops it.
+    return WriteChunkPieces(request->job_id(), request->chunk(), **blob, writer);
+  });
 }
 
 grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* StageService::Exchange(

@@ -539,9 +539,12 @@ TEST_F(CoordinatorRecoveryTest, AFrozenStageIsLostWithinTheDeadlineAndTheJobGoes
   auto cluster = LocalCluster::Start(dir_.File("state"), 3, options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   LocalCluster& c = **cluster;
-  spec_["training"]["steps"] = 60;
+  // Long enough (about 25 ms a step) that the job is still running when the status poll
+  // has seen its third step and the stage is frozen, however slow the poll.
+  spec_["training"]["steps"] = 400;
   const std::string id = SubmitNoWait(c, {"pipeline.stages=3"});
   const json running = WaitFor(c, id, [](const json& j) { return Int(j, "steps_done") >= 3; });
+  ASSERT_LT(Int(running, "steps_done"), 300) << "the job must still be running when frozen";
   const std::string victim = running["stage_ids"][1];
   const std::string victim_address = StageAddress(c, victim);
   ASSERT_TRUE(c.SignalStage(victim_address, SIGSTOP)) << victim;
@@ -555,7 +558,7 @@ TEST_F(CoordinatorRecoveryTest, AFrozenStageIsLostWithinTheDeadlineAndTheJobGoes
   EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
   ASSERT_EQ(done["recoveries"].size(), 1u);
   EXPECT_EQ(done["recoveries"][0]["lost_stage_ids"][0], victim);
-  EXPECT_EQ(Int(done, "steps_done"), 60);
+  EXPECT_EQ(Int(done, "steps_done"), 400);
 }
 
 }  // namespace

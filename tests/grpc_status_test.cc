@@ -1,14 +1,18 @@
 #include "common/grpc_status.h"
 
 #include <set>
+#include <stdexcept>
+#include <vector>
 
 #include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace pipetrain::common {
 namespace {
 
 using ::pipetrain::testing::StatusIs;
+using ::testing::HasSubstr;
 
 constexpr int kNumCodes = 17;  // OK .. UNAUTHENTICATED
 
@@ -58,4 +62,32 @@ TEST(GrpcStatusTest, StatusKeepsCodeAndMessageBothWays) {
 }
 
 }  // namespace
+// No exception leaves a handler: gRPC would answer UNKNOWN "Unexpected error" naming nothing.
+TEST(GrpcStatusTest, GuardHandlerTurnsExceptionsIntoStatusesNamingTheMethod) {
+  const grpc::Status fine = GuardHandler("Svc.Ok", [] { return grpc::Status::OK; });
+  EXPECT_TRUE(fine.ok());
+  const grpc::Status refused = GuardHandler("Svc.Refused", [] {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "field x: bad");
+  });
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(refused.error_message(), "field x: bad");
+  const grpc::Status oom = GuardHandler("Svc.Alloc", []() -> grpc::Status {
+    std::vector<char> huge;
+    huge.reserve(huge.max_size());  // throws std::length_error
+    return grpc::Status::OK;
+  });
+  EXPECT_EQ(oom.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(oom.error_message(), HasSubstr("Svc.Alloc"));
+  const grpc::Status bad_alloc = GuardHandler("Svc.New", []() -> grpc::Status {
+    throw std::bad_alloc();
+  });
+  EXPECT_EQ(bad_alloc.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(bad_alloc.error_message(), HasSubstr("Svc.New: out of memory"));
+  const grpc::Status other = GuardHandler("Svc.Throws", []() -> grpc::Status {
+    throw std::runtime_error("boom");
+  });
+  EXPECT_EQ(other.error_code(), grpc::StatusCode::INTERNAL);
+  EXPECT_EQ(other.error_message(), "Svc.Throws: unexpected error: boom");
+}
+
 }  // namespace pipetrain::common

@@ -291,23 +291,29 @@ class DashboardTest(unittest.TestCase):
 
     def test_4_gantt_has_a_row_per_stage(self):
         d = self.driver
-        rows = wait_until("the Gantt's rows", lambda: d.find_elements(By.CSS_SELECTOR, "#gantt .row"), 20)
+        # The page redraws the Gantt on each poll: read it in one script, not element by
+        # element (an element found before a redraw is stale after it).
+        snapshot = """
+            return [...document.querySelectorAll(arguments[0])].map((g) => ({
+              stage: g.getAttribute('data-stage'),
+              y: g.getBoundingClientRect().top,
+              kinds: [...new Set([...g.querySelectorAll('rect')].map((r) => r.getAttribute('class')))],
+            }));"""
+        rows = wait_until("the Gantt's rows", lambda: d.execute_script(snapshot, "#gantt .row"), 20)
         self.assertEqual(len(rows), 2)
         for row in rows:
-            kinds = {r.get_attribute("class") for r in row.find_elements(By.CSS_SELECTOR, "rect")}
-            self.assertIn("action kind-F", kinds)
-            self.assertIn("action kind-B", kinds)
+            self.assertIn("action kind-F", row["kinds"])
+            self.assertIn("action kind-B", row["kinds"])
         # Under the measured rows, the predicted step: a row per stage, the same kinds.
-        predicted = wait_until("the Gantt's predicted rows", lambda: d.find_elements(
-            By.CSS_SELECTOR, "#gantt .row-predicted"), 20)
-        self.assertEqual(len(predicted), 2)
-        for row, measured in zip(predicted, d.find_elements(By.CSS_SELECTOR, "#gantt .row")):
-            self.assertEqual(row.get_attribute("data-stage"), measured.get_attribute("data-stage"))
-            kinds = {r.get_attribute("class") for r in row.find_elements(By.CSS_SELECTOR, "rect")}
-            self.assertIn("action kind-F", kinds)
-            self.assertIn("action kind-B", kinds)
+        both = wait_until("the Gantt's predicted rows", lambda: (lambda r: r if len(r) == 4 else None)(
+            d.execute_script(snapshot, "#gantt .row, #gantt .row-predicted")), 20)
+        measured, predicted = both[:2], both[2:]
+        self.assertEqual([r["stage"] for r in predicted], [r["stage"] for r in measured])
+        for row, above in zip(predicted, measured):
+            self.assertIn("action kind-F", row["kinds"])
+            self.assertIn("action kind-B", row["kinds"])
             # Drawn below the measured block, on the same axis.
-            self.assertGreater(row.location["y"], measured.location["y"])
+            self.assertGreater(row["y"], above["y"])
         memory = d.find_elements(By.CSS_SELECTOR, "#memory tbody tr[data-stage]")
         self.assertEqual(len(memory), 2)
         time.sleep(1.5)  # a few more points on the curves for the screenshot
