@@ -42,7 +42,7 @@ constexpr int kPollers = 50;          // clients polling GetJob
 constexpr int kQueued = 20;           // jobs waiting behind the running one
 constexpr absl::Duration kPollEvery = absl::Milliseconds(100);  // each poller's period
 constexpr absl::Duration kLoadTime = absl::Seconds(20);         // of one load run
-constexpr int kLoadRuns = 3;
+constexpr int kLoadRuns = 3;  // --repetitions N for more
 constexpr int kChannelStorm = 1000;  // fresh connections, one GetJob each
 
 // The coordinator's resident set size, from /proc; -1 if unreadable.
@@ -253,7 +253,7 @@ absl::Status ChannelStorm(testing::LocalCluster& c, const std::string& id, Bench
 
 }  // namespace
 
-absl::StatusOr<BenchResult> RunCoordinatorLoadBench(const BenchOptions&) {
+absl::StatusOr<BenchResult> RunCoordinatorLoadBench(const BenchOptions& options) {
   ASSIGN_OR_RETURN(ScratchDir dir, ScratchDir::Make("coordinator_load"));
   RETURN_IF_ERROR(
       common::WriteFileAtomically(dir.File("corpus.txt"), testing::EnglishLikeCorpus()));
@@ -264,7 +264,8 @@ absl::StatusOr<BenchResult> RunCoordinatorLoadBench(const BenchOptions&) {
   out.Label("machine", "2 shared cores; coordinator and stage on the same machine");
   out.Add("coordinator_rss_mb_at_start", Mb(RssBytes(c.coordinator_pid())));
   RETURN_IF_ERROR(HistoryPhase(c, dir, out));
-  for (int run = 1; run <= kLoadRuns; ++run) RETURN_IF_ERROR(LoadRun(c, dir, run, out));
+  const int runs = options.repetitions > 0 ? options.repetitions : kLoadRuns;
+  for (int run = 1; run <= runs; ++run) RETURN_IF_ERROR(LoadRun(c, dir, run, out));
   RETURN_IF_ERROR(ChannelStorm(c, "job-000001", out));
   return out;
 }

@@ -8,7 +8,6 @@
 #include "common/address.h"
 #include "common/flags.h"
 #include "common/logging.h"
-#include "common/malloc_tuning.h"
 #include "common/rpc_security.h"
 #include "common/server_runner.h"
 #include "coordinator/coordinator_service.h"
@@ -25,7 +24,9 @@ constexpr int kDefaultHttpPort = 7401;
 int main(int argc, char** argv) {
   using namespace pipetrain;
   common::BlockTerminationSignals();
-  common::KeepFreedMemoryForReuse();
+  // Not common::KeepFreedMemoryForReuse(): that is for the stages' tensor buffers; the
+  // coordinator gives freed memory back, so its resident size follows what it holds
+  // (pipetrain-bench coordinator-load), not the peak of every burst of watchers.
 
   std::string listen = "127.0.0.1:7400", state_dir, http, health_listen, tensorboard_dir;
   std::vector<std::string> data_roots;
