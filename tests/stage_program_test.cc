@@ -93,6 +93,11 @@ TEST(StageProgramTest, TextErrorsNameTheLine) {
   EXPECT_THAT(ParseScheduleText(""), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(ParseScheduleText("schedule x stages 2\n"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("line 1")));
+  // A header without programs (tests/fuzz/corpus/schedule/header_only: the rest of
+  // the text a comment) would parse to an empty schedule that prints back as "".
+  EXPECT_THAT(ParseScheduleText("schedule gpipe stages 2 micro_batches 3 chunks 1\n"
+                                "# stage 0 max_in_flight 3: F0 SEND_F0\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no 'stage S")));
   EXPECT_THAT(ParseScheduleText("schedule x stages 1 micro_batches 1 chunks 1\nstage 0: F0\n"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("line 2")));
   EXPECT_THAT(ParseScheduleText(

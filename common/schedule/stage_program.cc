@@ -212,6 +212,12 @@ absl::StatusOr<Schedule> ParseScheduleText(absl::string_view text) {
     out.push_back(std::move(p));
   }
   if (!have_header) return absl::InvalidArgumentError("empty schedule text");
+  // A header alone would parse to no program at all, which drops the header and
+  // prints back as the empty text (found by tests/fuzz/schedule_fuzz).
+  if (out.empty()) {
+    return absl::InvalidArgumentError(
+        "schedule text has a header but no 'stage S max_in_flight N: ACTIONS' line");
+  }
   return out;
 }
 
