@@ -184,6 +184,17 @@ absl::StatusOr<Schedule> ParseScheduleText(absl::string_view text) {
         return s;
       }
       if (auto s = ReadNamedInt(w, 6, "chunks", &header.num_chunks, line_no); !s.ok()) return s;
+      // The text form has no "unset": 0 would read back from the proto form (where 0 is
+      // proto3's default) as 1 chunk (found by tests/fuzz/schedule_fuzz), and 0 stages
+      // or micro-batches describe no pipeline.
+      for (auto [value, name] : {std::pair{header.num_stages, "stages"},
+                                 {header.num_micro_batches, "micro_batches"},
+                                 {header.num_chunks, "chunks"}}) {
+        if (value < 1) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("line ", line_no, ": ", name, " must be >= 1 (got ", value, ")"));
+        }
+      }
       have_header = true;
       continue;
     }
