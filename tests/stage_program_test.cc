@@ -109,6 +109,15 @@ TEST(StageProgramTest, TextErrorsNameTheLine) {
                          AllOf(HasSubstr("line 1: "), HasSubstr("must be >= 1"))))
         << header;
   }
+  // stage -2 (tests/fuzz/corpus/schedule/negative_stage) cannot go into the proto form,
+  // whose numbers are unsigned; nor can a negative max_in_flight.
+  for (const char* line : {"stage -2 max_in_flight 2: F0\n", "stage 0 max_in_flight -1: F0\n"}) {
+    EXPECT_THAT(
+        ParseScheduleText(std::string("schedule x stages 2 micro_batches 1 chunks 1\n") + line),
+        StatusIs(absl::StatusCode::kInvalidArgument,
+                 AllOf(HasSubstr("line 2: "), HasSubstr("must be >= 0"))))
+        << line;
+  }
   EXPECT_THAT(ParseScheduleText("schedule x stages 1 micro_batches 1 chunks 1\nstage 0: F0\n"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("line 2")));
   EXPECT_THAT(ParseScheduleText(

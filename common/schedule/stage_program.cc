@@ -214,6 +214,14 @@ absl::StatusOr<Schedule> ParseScheduleText(absl::string_view text) {
     if (auto s = ReadNamedInt(w, 2, "max_in_flight", &p.max_in_flight, line_no); !s.ok()) {
       return s;
     }
+    // The proto form holds these unsigned: a negative one could not be sent to a stage
+    // (found by tests/fuzz/schedule_fuzz).
+    for (auto [value, name] : {std::pair{p.stage, "stage"}, {p.max_in_flight, "max_in_flight"}}) {
+      if (value < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("line ", line_no, ": ", name, " must be >= 0 (got ", value, ")"));
+      }
+    }
     auto actions = ParseActions(line.substr(colon + 1));
     if (!actions.ok()) {
       return absl::InvalidArgumentError(
