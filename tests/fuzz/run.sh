@@ -17,8 +17,10 @@ root=$PWD
 seconds=${1:-${PIPETRAIN_FUZZ_SECONDS:-20}}
 shift || true
 targets=("$@")
+build_targets=("${targets[@]/%/_fuzz}")
 if [ ${#targets[@]} -eq 0 ]; then
   targets=(frame job_spec schedule safetensors checkpoint token_file gpt2_bpe configure)
+  build_targets=(pipetrain-fuzz)  # one make run: its targets build in parallel
 fi
 
 launcher=()
@@ -26,7 +28,7 @@ if command -v ccache >/dev/null; then launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=cc
 cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
   -DPIPETRAIN_FUZZ=ON -DPIPETRAIN_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   "${launcher[@]}" >/dev/null
-cmake --build build-fuzz -j "$(nproc)" --target "${targets[@]/%/_fuzz}"
+cmake --build build-fuzz -j "$(nproc)" --target "${build_targets[@]}"
 
 vocab=${PIPETRAIN_TOKENIZER_DIR:-/usr/local/share/pipetrain/gpt2}
 runs=$root/build-fuzz/fuzz-runs
