@@ -52,7 +52,7 @@ run_one() {
 declare -A pids=()
 active=()
 for name in "${targets[@]}"; do
-  if [ "$name" = gpt2_bpe ] && [ ! -r "$vocab/encoder.json" -o ! -r "$vocab/vocab.bpe" ]; then
+  if [ "$name" = gpt2_bpe ] && { [ ! -r "$vocab/encoder.json" ] || [ ! -r "$vocab/vocab.bpe" ]; }; then
     echo "fuzz: skipping gpt2_bpe: no GPT-2 vocabulary in $vocab (deploy/install-deps.sh)"
     continue
   fi
