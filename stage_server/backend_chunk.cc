@@ -1,5 +1,7 @@
 #include "stage_server/backend_chunk.h"
 
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
@@ -32,6 +34,26 @@ absl::StatusOr<std::unique_ptr<BackendChunk>> BackendChunk::Create(
     ASSIGN_OR_RETURN(s->grad_input_, BackendBuffer<float>::Allocate(backend, act));
   }
   return s;
+}
+
+uint64_t BackendChunk::BufferBytes(const model::GptConfig& c, int begin, int end, int rows) {
+  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+  auto mul = [](uint64_t a, uint64_t b) {
+    uint64_t out;
+    return __builtin_mul_overflow(a, b, &out) ? kMax : out;
+  };
+  auto add = [](uint64_t a, uint64_t b) { return a > kMax - b ? kMax : a + b; };
+  if (rows <= 0 || c.seq_len <= 0 || c.d_model <= 0) return 0;  // Create refuses these
+  const uint64_t ids = mul(mul(4, static_cast<uint64_t>(rows)), static_cast<uint64_t>(c.seq_len));
+  const uint64_t act = mul(ids, static_cast<uint64_t>(c.d_model));
+  const bool emb = begin == 0, head = end == c.num_pipeline_layers();
+  // As Create allocates them: input, targets (head), output, grad_output, grad_input.
+  uint64_t total = emb ? ids : act;
+  if (head) total = add(total, ids);
+  total = add(total, head ? 4 : act);
+  if (!head) total = add(total, act);
+  if (!emb) total = add(total, act);
+  return total;
 }
 
 absl::Status BackendChunk::CheckShape(DType got_dtype, const std::vector<int64_t>& got_shape,

@@ -18,6 +18,11 @@ class BackendChunk final : public ChunkCompute {
   static absl::StatusOr<std::unique_ptr<BackendChunk>> Create(
       std::unique_ptr<compute::ModelChunk> layers, int rows,
       std::shared_ptr<common::BufferPool> pool);
+  // Bytes Create allocates on the backend for the chunk of pipeline layers [begin, end)
+  // with `rows` rows per micro-batch (its input, targets, output and their gradients),
+  // saturating at UINT64_MAX instead of overflowing, so that a configuration can be
+  // checked against a memory limit before anything is allocated.
+  static uint64_t BufferBytes(const model::GptConfig& config, int begin, int end, int rows);
 
   bool has_embedding() const override { return layers_->has_embedding(); }
   bool has_head() const override { return layers_->has_head(); }

@@ -5,6 +5,7 @@
 #include <functional>
 #include <sstream>
 
+#include "absl/strings/escaping.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -121,6 +122,24 @@ TEST(JobSpecTest, OverrideErrorsNameTheOverride) {
   EXPECT_THAT(ApplyOverrides(R"({"training": {"lr": 0.1}})", {"training.lr.x=1"}),
               StatusIs(kInvalid, HasSubstr("training.lr is a number, not an object")));
   EXPECT_THAT(ApplyOverrides("{oops", {"a=1"}), StatusIs(kInvalid, HasSubstr("malformed JSON")));
+}
+
+// Found by tests/fuzz/job_spec_fuzz: bytes that are not UTF-8 in a value or a field
+// path made the JSON writer throw (std::terminate in the CLI). Now a status.
+TEST(JobSpecTest, OverrideThatIsNotUtf8IsRefused) {
+  for (const std::string& bad : {std::string("data.corpus=kjv\xff.txt"),
+                                std::string("d_m\xef" "del=1"), std::string("name=\xc0\xaf"),
+                                std::string("name=\xed\xa0\x80"), std::string("name=\xe2\x82")}) {
+    EXPECT_THAT(ApplyOverrides("{}", {bad}),
+                StatusIs(kInvalid, AllOf(HasSubstr("--set '"), HasSubstr("not valid UTF-8"))))
+        << absl::CHexEscape(bad);
+  }
+  // Well-formed multi-byte text is kept as typed.
+  auto text = ApplyOverrides("{}", {"name=caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"});
+  ASSERT_THAT(text, IsOk());
+  auto spec = ParseJobSpec(*text);
+  ASSERT_THAT(spec, IsOk());
+  EXPECT_EQ(spec->name(), "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80");
 }
 
 TEST(JobSpecTest, OverrideIntoUnknownFieldIsReportedByTheParse) {

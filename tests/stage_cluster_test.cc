@@ -34,6 +34,7 @@
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
 #include "pipetrain/v1/stage.grpc.pb.h"
+#include "stage_server/backend_chunk.h"
 #include "tests/testing/loss_comparison.h"
 #include "tests/testing/reference_training.h"
 #include "tests/testing/subprocess.h"
@@ -966,8 +967,11 @@ TEST(StageSnapshotTest, TheReserveCountsAgainstTheMemoryLimitAndADeferredStepSna
   const planner::Plan& plan = *made;
   const uint64_t state = static_cast<uint64_t>(plan.stages[0].state_bytes);
   const uint64_t reserve = static_cast<uint64_t>(plan.stages[0].snapshot_bytes);
+  // The one stage holds every layer; its micro-batch buffers count too.
+  const uint64_t buffers = stage_server::BackendChunk::BufferBytes(
+      po.model, 0, po.model.num_pipeline_layers(), kBatch / kMicroBatches);
   std::vector<Stage> stages;
-  stages.push_back(StartStage({"--memory-limit", absl::StrCat(state + reserve)}));
+  stages.push_back(StartStage({"--memory-limit", absl::StrCat(state + reserve + buffers)}));
   auto configure = [&](uint64_t with_reserve) {
     pb::ConfigureRequest req = ConfigureFor(plan, "solo", 0, stages);
     EXPECT_EQ(req.snapshot_peer_address(), "") << "one stage has no peer";

@@ -8,6 +8,7 @@ namespace pipetrain::schedule {
 namespace {
 
 using ::pipetrain::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 Schedule TwoStages() {
@@ -93,6 +94,30 @@ TEST(StageProgramTest, TextErrorsNameTheLine) {
   EXPECT_THAT(ParseScheduleText(""), StatusIs(absl::StatusCode::kInvalidArgument));
   EXPECT_THAT(ParseScheduleText("schedule x stages 2\n"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("line 1")));
+  // A header without programs (tests/fuzz/corpus/schedule/header_only: the rest of
+  // the text a comment) would parse to an empty schedule that prints back as "".
+  EXPECT_THAT(ParseScheduleText("schedule gpipe stages 2 micro_batches 3 chunks 1\n"
+                                "# stage 0 max_in_flight 3: F0 SEND_F0\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("no 'stage S")));
+  // chunks 0 (tests/fuzz/corpus/schedule/chunks_zero) read back from the proto form
+  // as 1, where proto3's 0 means unset; the text form has no unset.
+  for (const char* header : {"schedule x stages 2 micro_batches 3 chunks 0\n",
+                             "schedule x stages 0 micro_batches 3 chunks 1\n",
+                             "schedule x stages 2 micro_batches -1 chunks 1\n"}) {
+    EXPECT_THAT(ParseScheduleText(std::string(header) + "stage 0 max_in_flight 1: F0\n"),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("line 1: "), HasSubstr("must be >= 1"))))
+        << header;
+  }
+  // stage -2 (tests/fuzz/corpus/schedule/negative_stage) cannot go into the proto form,
+  // whose numbers are unsigned; nor can a negative max_in_flight.
+  for (const char* line : {"stage -2 max_in_flight 2: F0\n", "stage 0 max_in_flight -1: F0\n"}) {
+    EXPECT_THAT(
+        ParseScheduleText(std::string("schedule x stages 2 micro_batches 1 chunks 1\n") + line),
+        StatusIs(absl::StatusCode::kInvalidArgument,
+                 AllOf(HasSubstr("line 2: "), HasSubstr("must be >= 0"))))
+        << line;
+  }
   EXPECT_THAT(ParseScheduleText("schedule x stages 1 micro_batches 1 chunks 1\nstage 0: F0\n"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("line 2")));
   EXPECT_THAT(ParseScheduleText(

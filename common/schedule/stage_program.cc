@@ -184,6 +184,17 @@ absl::StatusOr<Schedule> ParseScheduleText(absl::string_view text) {
         return s;
       }
       if (auto s = ReadNamedInt(w, 6, "chunks", &header.num_chunks, line_no); !s.ok()) return s;
+      // The text form has no "unset": 0 would read back from the proto form (where 0 is
+      // proto3's default) as 1 chunk (found by tests/fuzz/schedule_fuzz), and 0 stages
+      // or micro-batches describe no pipeline.
+      for (auto [value, name] : {std::pair{header.num_stages, "stages"},
+                                 {header.num_micro_batches, "micro_batches"},
+                                 {header.num_chunks, "chunks"}}) {
+        if (value < 1) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("line ", line_no, ": ", name, " must be >= 1 (got ", value, ")"));
+        }
+      }
       have_header = true;
       continue;
     }
@@ -203,6 +214,14 @@ absl::StatusOr<Schedule> ParseScheduleText(absl::string_view text) {
     if (auto s = ReadNamedInt(w, 2, "max_in_flight", &p.max_in_flight, line_no); !s.ok()) {
       return s;
     }
+    // The proto form holds these unsigned: a negative one could not be sent to a stage
+    // (found by tests/fuzz/schedule_fuzz).
+    for (auto [value, name] : {std::pair{p.stage, "stage"}, {p.max_in_flight, "max_in_flight"}}) {
+      if (value < 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("line ", line_no, ": ", name, " must be >= 0 (got ", value, ")"));
+      }
+    }
     auto actions = ParseActions(line.substr(colon + 1));
     if (!actions.ok()) {
       return absl::InvalidArgumentError(
@@ -212,6 +231,12 @@ absl::StatusOr<Schedule> ParseScheduleText(absl::string_view text) {
     out.push_back(std::move(p));
   }
   if (!have_header) return absl::InvalidArgumentError("empty schedule text");
+  // A header alone would parse to no program at all, which drops the header and
+  // prints back as the empty text (found by tests/fuzz/schedule_fuzz).
+  if (out.empty()) {
+    return absl::InvalidArgumentError(
+        "schedule text has a header but no 'stage S max_in_flight N: ACTIONS' line");
+  }
   return out;
 }
 

@@ -1,0 +1,84 @@
+// StageRuntime::Configure in process: what it refuses before it allocates. The
+// integration tests (stage_cluster_test) drive the same through a stage server.
+#include "stage_server/stage_runtime.h"
+
+#include <cstdint>
+#include <limits>
+
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "pipetrain/v1/stage.pb.h"
+#include "stage_server/backend_chunk.h"
+#include "stage_server/stage_service.h"
+
+namespace pipetrain::stage_server {
+namespace {
+
+using ::pipetrain::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+
+RuntimeOptions Cpu(uint64_t memory_limit_bytes) {
+  RuntimeOptions o;
+  o.device.kind = DeviceSpec::Kind::kCpu;
+  o.memory_limit_bytes = memory_limit_bytes;
+  return o;
+}
+
+JobConfig TinyWholeModel(int micro_batch_size) {
+  JobConfig c;
+  c.job_id = "j1";
+  c.model = model::GptConfig{8, 4, 4, 2, 1, false};
+  c.chunks = {{0, c.model.num_pipeline_layers()}};
+  c.micro_batch_size = micro_batch_size;
+  return c;
+}
+
+// Found by tests/fuzz/configure_fuzz (corpus/configure/huge_micro_batch_size): a
+// request whose weights fit a 16 MiB stage but whose micro_batch_size (~6 million
+// rows) made BackendChunk allocate 6 GB of micro-batch buffers, past the limit.
+TEST(StageRuntimeTest, MicroBatchBuffersCountAgainstTheMemoryLimit) {
+  const unsigned char kReproducer[] = {
+      0x0a, 0x02, 0x6a, 0x31, 0x10, 0x01, 0x18, 0x02, 0x22, 0x0c, 0x08, 0x08, 0x10, 0x3f,
+      0x18, 0x04, 0x20, 0x02, 0x28, 0x01, 0x30, 0x01, 0x2a, 0x04, 0x10, 0x02, 0x18, 0x03,
+      0x30, 0x09, 0x3a, 0x05, 0x0d, 0x6f, 0x29, 0x83, 0x3a, 0x42, 0x0b, 0x31, 0x32, 0x37,
+      0x2e, 0x12, 0x31, 0x3d, 0x30, 0x6f, 0x3a, 0x32, 0x60, 0xff, 0xff, 0xff, 0x02, 0x6a,
+      0x01, 0x73};
+  pipetrain::v1::ConfigureRequest request;
+  ASSERT_TRUE(request.ParseFromArray(kReproducer, sizeof(kReproducer)));
+  auto config = JobConfigFromProto(request);
+  ASSERT_TRUE(config.ok()) << config.status();
+  StageRuntime runtime(Cpu(uint64_t{16} << 20));
+  EXPECT_THAT(runtime.Configure(*config),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("job 'j1' stage 1"), HasSubstr("micro-batch buffers"),
+                             HasSubstr("micro_batch_size 6291455"), HasSubstr("--memory-limit"))));
+  EXPECT_FALSE(runtime.configured());
+}
+
+TEST(StageRuntimeTest, TheLimitIsStatePlusBuffersExactly) {
+  const JobConfig config = TinyWholeModel(2);
+  const uint64_t state = StageRuntime::StateBytes(config);
+  const uint64_t buffers =
+      BackendChunk::BufferBytes(config.model, 0, config.model.num_pipeline_layers(), 2);
+  // Tokens in and targets (2 x 4 int32 each) and the head's 4-byte loss.
+  EXPECT_EQ(buffers, 2 * 4 * 4 + 2 * 4 * 4 + 4u);
+  StageRuntime tight(Cpu(state + buffers - 1));
+  EXPECT_THAT(tight.Configure(config), StatusIs(absl::StatusCode::kResourceExhausted));
+  StageRuntime enough(Cpu(state + buffers));
+  EXPECT_TRUE(enough.Configure(config).ok());
+  EXPECT_TRUE(enough.configured());
+}
+
+TEST(StageRuntimeTest, BufferBytesSaturatesInsteadOfOverflowing) {
+  constexpr int kBig = std::numeric_limits<int>::max();
+  const model::GptConfig huge{8, kBig, kBig, 1, 1, false};
+  // A middle chunk holds activations both ways: 4 x rows x T x C bytes each.
+  EXPECT_EQ(BackendChunk::BufferBytes(huge, 1, 2, kBig), std::numeric_limits<uint64_t>::max());
+  const model::GptConfig small{8, 4, 4, 2, 2, false};
+  EXPECT_EQ(BackendChunk::BufferBytes(small, 1, 2, 3), 4u * 4 * (3 * 4 * 4));
+}
+
+}  // namespace
+}  // namespace pipetrain::stage_server
