@@ -106,6 +106,19 @@ TEST(GptConfigTest, ParameterCountsMatchGpt2Formulas) {
   EXPECT_EQ(total, 124439808 + 50257 * 768);
 }
 
+// The closed form that checks use must count exactly the tensors a chunk builds.
+TEST(GptConfigTest, ParamsOfLayerCountsLayerParams) {
+  for (const GptConfig& c : {Tiny(), GptConfig{50257, 1024, 768, 12, 12},
+                             GptConfig{97, 7, 24, 3, 5}}) {
+    for (int l = 0; l < c.num_pipeline_layers(); ++l) {
+      int64_t elements = 0;
+      for (const ParamSpec& p : LayerParams(c, l)) elements += p.num_elements();
+      EXPECT_EQ(ParamsOfLayer(c, l), elements) << "layer " << l << " of d_model " << c.d_model;
+      EXPECT_EQ(CostOfLayer(c, l).params, elements);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pipetrain::model
 

@@ -105,6 +105,8 @@ struct LayerCost {
   double weight_grad_bytes = 0;
 };
 LayerCost CostOfLayer(const GptConfig& config, int pipeline_layer);
+// The elements of LayerParams(config, pipeline_layer), counted in closed form (cheap).
+int64_t ParamsOfLayer(const GptConfig& config, int pipeline_layer);
 
 // Activation memory of a model chunk, pipeline layers [begin, end) run as one
 // compute::ModelChunk, in bytes per token of a micro-batch, exactly as it holds them. The
