@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <limits>
+#include <utility>
+#include <vector>
 
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -78,6 +80,32 @@ TEST(StageRuntimeTest, BufferBytesSaturatesInsteadOfOverflowing) {
   EXPECT_EQ(BackendChunk::BufferBytes(huge, 1, 2, kBig), std::numeric_limits<uint64_t>::max());
   const model::GptConfig small{8, 4, 4, 2, 2, false};
   EXPECT_EQ(BackendChunk::BufferBytes(small, 1, 2, 3), 4u * 4 * (3 * 4 * 4));
+}
+
+// StateBytes in closed form: each range's layers' parameters x 16 bytes, as the sum over
+// layers; a range past the model (before Configure validates it) counts only the layers
+// that exist (found by tests/fuzz/configure_fuzz, corpus/configure/timeout-many-layers:
+// sizing a range of 2^31 layers one layer at a time took minutes).
+TEST(StageRuntimeTest, StateBytesIsTheLayersParametersTimesSixteen) {
+  JobConfig config;
+  config.model = model::GptConfig{97, 7, 24, 3, 5, false};
+  const int n = config.model.num_pipeline_layers();
+  const auto by_layer = [&](int begin, int end) {
+    uint64_t params = 0;
+    for (int l = begin; l < end; ++l) params += model::CostOfLayer(config.model, l).params;
+    return params * 16;
+  };
+  for (const auto& [begin, end] : std::vector<std::pair<int, int>>{
+           {0, n}, {0, 1}, {1, 2}, {2, 5}, {n - 1, n}, {0, 3}, {3, n}}) {
+    config.chunks = {{begin, end}};
+    EXPECT_EQ(StageRuntime::StateBytes(config), by_layer(begin, end)) << begin << ".." << end;
+  }
+  config.chunks = {{0, 2}, {4, n}};  // two chunks, as a V > 1 stage holds
+  EXPECT_EQ(StageRuntime::StateBytes(config), by_layer(0, 2) + by_layer(4, n));
+  config.chunks = {{-5, std::numeric_limits<int>::max()}};
+  EXPECT_EQ(StageRuntime::StateBytes(config), by_layer(0, n));
+  config.chunks = {{3, 2}};
+  EXPECT_EQ(StageRuntime::StateBytes(config), 0u);
 }
 
 }  // namespace
