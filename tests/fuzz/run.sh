@@ -15,6 +15,9 @@ cd "$(dirname "$0")/../.."
 root=$PWD
 
 seconds=${1:-${PIPETRAIN_FUZZ_SECONDS:-20}}
+# A fixed seed by default, so that a fresh checkout repeats what CI ran (set
+# PIPETRAIN_FUZZ_SEED=0 for libFuzzer's own, time-based one when exploring).
+seed=${PIPETRAIN_FUZZ_SEED:-1}
 shift || true
 targets=("$@")
 build_targets=("${targets[@]/%/_fuzz}")
@@ -45,7 +48,7 @@ run_one() {
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     "$root/build-fuzz/bin/${name}_fuzz" -max_total_time="$seconds" -rss_limit_mb=2048 \
-      -timeout=10 -print_final_stats=1 -print_funcs=0 -artifact_prefix="$dir/artifacts/" "$dir/corpus" \
+      -seed="$seed" -timeout=10 -print_final_stats=1 -print_funcs=0 -artifact_prefix="$dir/artifacts/" "$dir/corpus" \
       >"$dir/log" 2>&1
 }
 
