@@ -382,18 +382,16 @@ absl::Status JobManager::Watch(const std::string& job_id, int64_t from_step, boo
   }
   // A job that has ended (and left memory, or ran before this coordinator): its record.
   ASSIGN_OR_RETURN(pb::JobStatus status, store_->Get(job_id, false));
-  ASSIGN_OR_RETURN(std::vector<pb::LogLine> logs, store_->Logs(job_id));
-  for (const pb::LogLine& line : logs) {
-    pb::JobEvent e;
-    *e.mutable_log() = line;
-    if (!sink(e)) return absl::OkStatus();
-  }
-  ASSIGN_OR_RETURN(std::vector<pb::StepRecord> steps, store_->Steps(job_id, from_step));
-  for (const pb::StepRecord& step : steps) {
-    pb::JobEvent e;
-    *e.mutable_step() = step;
-    if (!sink(e)) return absl::OkStatus();
-  }
+  // Every log line and step, read as a watcher behind a live job reads what it missed.
+  const JobEvents::Missed everything{.until = 1,
+                                     .logs = std::numeric_limits<size_t>::max(),
+                                     .last_step = std::numeric_limits<int64_t>::max()};
+  size_t logs_seen = 0;
+  int64_t last_step = -1;
+  const absl::Status replayed =
+      ReplayMissed(job_id, from_step, everything, &logs_seen, &last_step, sink);
+  if (absl::IsCancelled(replayed)) return absl::OkStatus();  // the watcher went away
+  RETURN_IF_ERROR(replayed);
   sink(StateEvent(status));
   return absl::OkStatus();
 }
