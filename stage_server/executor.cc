@@ -183,6 +183,9 @@ absl::StatusOr<StepResult> Executor::RunStep(const schedule::StageProgram& progr
   absl::Status failure;
   for (size_t i = 0; i < program.actions.size(); ++i) {
     const Action& a = program.actions[i];
+    if (config_.before_action && !st.forward_only) {
+      config_.before_action(a, st.num_micro_batches, st.inputs.step);
+    }
     ActionTiming t;
     t.action = a;
     t.link = IsLink(a.kind);

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -46,6 +47,9 @@ struct ExecutorConfig {
   GradientAverage average_gradients;
   absl::Duration recv_timeout = absl::Seconds(60);
   OptimizerSettings optimizer;
+  // Called before each action of a training step's program (never of an evaluation's):
+  // the stage's --fail-at fault injection (fault_injection.h). May not return.
+  std::function<void(const schedule::Action&, int num_micro_batches, uint64_t step)> before_action;
 };
 
 struct StepInputs {

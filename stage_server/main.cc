@@ -13,6 +13,7 @@
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "stage_server/device_spec.h"
 #include "stage_server/emulated_chunk.h"
+#include "stage_server/fault_injection.h"
 #include "stage_server/registration.h"
 #include "stage_server/stage_runtime.h"
 #include "stage_server/stage_service.h"
@@ -22,7 +23,8 @@ int main(int argc, char** argv) {
   common::BlockTerminationSignals();
   common::KeepFreedMemoryForReuse();
 
-  std::string listen = "127.0.0.1:0", device = "cpu", coordinator, advertise, health_listen;
+  std::string listen = "127.0.0.1:0", device = "cpu", coordinator, advertise, health_listen,
+      fail_at;
   int64_t threads = 1, memory_limit = 0;
   bool help = false, version = false;
   common::SecurityFlags security_flags;
@@ -63,6 +65,11 @@ int main(int argc, char** argv) {
   flags.AddInt("memory-limit", &memory_limit,
                "refuse jobs whose weights and optimizer state exceed this many bytes (0: no limit)",
                "BYTES");
+  flags.AddString("fail-at", &fail_at,
+                  "testing aid: kill this process (SIGKILL) at POINT (forward, backward, "
+                  "optimizer, snapshot or checkpoint) of step STEP of job JOB when it is that "
+                  "job's stage STAGE; never in a run restored after a recovery",
+                  "JOB:STAGE:STEP:POINT");
   common::AddSecurityFlags(flags, &security_flags,
                            "require this bearer token (the file's contents, trimmed) on "
                            "control calls, and send it when registering; the coordinator's "
@@ -83,6 +90,16 @@ int main(int argc, char** argv) {
     parse_status = security.status();
   }
   if (auto code = common::HandleStandardFlags(flags, parse_status, help, version)) return *code;
+  std::shared_ptr<stage_server::FaultInjector> faults;
+  if (!fail_at.empty()) {
+    auto plan = stage_server::ParseFaultPlan(fail_at);
+    if (!plan.ok()) {
+      std::cerr << "pipetrain-stage: " << plan.status().message() << "\n";
+      return 2;
+    }
+    faults = std::make_shared<stage_server::FaultInjector>(*plan);
+    common::LogWarning("stage", "--fail-at " + fail_at + ": this stage will kill itself there");
+  }
 
   auto address = common::ParseHostPort(listen, 0, "--listen");
   if (!address.ok()) {
@@ -140,6 +157,7 @@ int main(int argc, char** argv) {
   options.threads = static_cast<int>(threads);
   options.memory_limit_bytes = static_cast<uint64_t>(memory_limit);
   options.security = *security;
+  options.faults = faults;
   // Replicas of a stage position meet through the coordinator and connect to each other
   // (gloo) on the host the others reach this stage at.
   options.coordinator_address = coordinator;

@@ -108,10 +108,17 @@ absl::Status SnapshotPusher::Push(const SnapshotMeta& meta, const std::string& b
   info->set_begin_layer(meta.begin_layer);
   info->set_end_layer(meta.end_layer);
   info->set_num_stages(meta.num_stages);
-  for (size_t at = 0; at == 0 || at < blob.size(); at += options_.piece_bytes) {
+  // Under --fail-at ...:snapshot a blob goes in two pieces at least, so that the kill
+  // after the first leaves its peer holding part of it.
+  const size_t piece_bytes =
+      options_.after_first_piece
+          ? std::max<size_t>(1, std::min(options_.piece_bytes, (blob.size() + 1) / 2))
+          : options_.piece_bytes;
+  for (size_t at = 0; at == 0 || at < blob.size(); at += piece_bytes) {
     piece.set_offset(at);
-    piece.set_data(blob.data() + at, std::min(options_.piece_bytes, blob.size() - at));
+    piece.set_data(blob.data() + at, std::min(piece_bytes, blob.size() - at));
     if (!writer->Write(piece)) break;  // Finish says why
+    if (at == 0 && options_.after_first_piece) options_.after_first_piece(meta.step);
   }
   writer->WritesDone();
   grpc::Status status = writer->Finish();

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -29,6 +30,10 @@ struct SnapshotPusherOptions {
   std::string peer_secret;
   absl::Duration deadline = absl::Seconds(60);  // for one blob's copy
   size_t piece_bytes = size_t{4} << 20;
+  // Called after the first piece of a step's copy is written (fault injection: --fail-at
+  // ...:snapshot dies mid-copy; with it set, every blob goes in two pieces at least).
+  // May not return.
+  std::function<void(int64_t step)> after_first_piece;
 };
 
 // Every chunk's blob of one step.

@@ -342,6 +342,16 @@ absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config)
   ec.recv_timeout = config.recv_timeout;
   ec.optimizer = config.optimizer;
   ec.tie_embeddings = config.model.tie_embeddings;
+  if (options_.faults) {
+    std::shared_ptr<FaultInjector> faults = options_.faults;
+    const std::string job_id = config.job_id;
+    ec.before_action = [faults, job_id](const schedule::Action& a, int micro_batches,
+                                        uint64_t step) {
+      if (auto point = PointOfAction(a, micro_batches)) {
+        faults->At(*point, job_id, static_cast<int64_t>(step));
+      }
+    };
+  }
   if (config.replicas > 1) {
     // Set before the executor's first step by EnsureLinks; the job outlives its executor.
     std::shared_ptr<Job::ReducerSlot> slot = job->reducer;
@@ -372,6 +382,12 @@ absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config)
     po.peer_secret = config.peer_secret;
     // A copy may take longer than one tensor, but never longer than a step may wait.
     po.deadline = std::max(config.recv_timeout, absl::Seconds(10));
+    if (options_.faults) {
+      std::shared_ptr<FaultInjector> faults = options_.faults;
+      po.after_first_piece = [faults, job_id = config.job_id](int64_t step) {
+        faults->At(FaultPoint::kSnapshot, job_id, step);
+      };
+    }
     job->pusher = std::make_unique<SnapshotPusher>(po, options_.security.ChannelCredentials());
   }
   {
@@ -388,6 +404,7 @@ absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config)
     num_stages_ = K;
     peer_secret_ = config.peer_secret;
   }
+  if (options_.faults) options_.faults->Configured(config.job_id, config.stage, config.replica);
   ConfigureResult r;
   r.weight_bytes = state / 4;
   r.optimizer_bytes = state / 2;
@@ -654,6 +671,9 @@ absl::StatusOr<std::string> StageRuntime::ExportChunk(const std::string& job_id,
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(BackendChunk * backend_chunk, ChunkOf(job_id, chunk, "export"));
   RETURN_IF_ERROR(job_->executor->CheckNoPendingOptimizer("export"));
+  if (options_.faults && job_->last_step) {
+    options_.faults->At(FaultPoint::kCheckpoint, job_id, static_cast<int64_t>(*job_->last_step));
+  }
   return SerializeChunk(*backend_chunk);
 }
 
@@ -666,6 +686,7 @@ absl::Status StageRuntime::ImportChunk(const std::string& job_id, int chunk,
   ASSIGN_OR_RETURN(model::Checkpoint ckpt, model::ParseCheckpoint(bytes, source));
   absl::Status s = compute::RestoreChunk(ckpt, backend_chunk->layers());
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat(source, ": ", s.message()));
+  if (options_.faults) options_.faults->Restored(job_id);
   return absl::OkStatus();
 }
 

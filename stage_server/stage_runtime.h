@@ -20,6 +20,7 @@
 #include "stage_server/compute/backend.h"
 #include "stage_server/device_spec.h"
 #include "stage_server/executor.h"
+#include "stage_server/fault_injection.h"
 #include "stage_server/peer_link.h"
 #include "stage_server/snapshot_store.h"
 
@@ -39,6 +40,8 @@ struct RuntimeOptions {
   std::string listen_host = "127.0.0.1";
   // TLS for the peer links this stage opens, and the token its control calls require.
   common::RpcSecurity security;
+  // --fail-at: dies at one point of one step of one job (tests); null: never.
+  std::shared_ptr<FaultInjector> faults;
 };
 
 struct JobConfig {

@@ -28,6 +28,7 @@
 namespace pipetrain {
 namespace {
 
+using ::pipetrain::testing::JsonInt;
 using ::pipetrain::testing::LocalCluster;
 using ::pipetrain::testing::LocalClusterOptions;
 using ::pipetrain::testing::Losses;
@@ -40,14 +41,6 @@ constexpr double kSameLayout = 1e-12;
 constexpr double kOtherLayout = 1e-6;
 // Another number of replicas over a short job (the transparency target of issue 16).
 constexpr double kOtherReplicas = 1e-5;
-
-int64_t Int(const nlohmann::json& j, const char* key) {
-  if (!j.contains(key)) return 0;
-  if (j[key].is_number()) return j[key].get<int64_t>();
-  int64_t v = 0;
-  (void)absl::SimpleAtoi(j[key].get<std::string>(), &v);
-  return v;
-}
 
 // Whether `job_dir` holds a checkpoint folder step-N with N >= `step` (an older one may
 // be gone already when retention keeps only the newest).
@@ -74,10 +67,7 @@ class CoordinatorRecoveryTest : public testing::ClusterJobTest {
     spec_["pipeline"]["schedule"] = "1f1b";
   }
 
-  static bool Ended(const json& s) {
-    return s.contains("state") && s["state"] != "QUEUED" && s["state"] != "RUNNING" &&
-           s["state"] != "RECOVERING";
-  }
+  static bool Ended(const json& s) { return testing::JobHasEnded(s); }
   // Every process's log so far, for the message of a failed expectation.
   static std::string ProcessLogs(const LocalCluster& c) {
     return "\ncoordinator: " + c.coordinator_log() + c.stage_logs();
@@ -86,7 +76,7 @@ class CoordinatorRecoveryTest : public testing::ClusterJobTest {
 
   // Waits until the job has done `steps` steps and kills stage `position` of it.
   std::string KillAt(LocalCluster& c, const std::string& id, int64_t steps, int position) {
-    const json s = WaitFor(c, id, [&](const json& j) { return Int(j, "steps_done") >= steps; });
+    const json s = WaitFor(c, id, [&](const json& j) { return JsonInt(j, "steps_done") >= steps; });
     const std::string victim = s["stage_ids"][position];
     EXPECT_TRUE(c.KillStage(StageAddress(c, victim))) << victim;
     return victim;
@@ -136,12 +126,12 @@ TEST_F(CoordinatorRecoveryTest, AKilledStageIsReplacedByAFreeOneAndEveryLossIsTh
   const json& r = done["recoveries"][0];
   EXPECT_EQ(r["lost_stage_ids"][0], victim);
   EXPECT_EQ(r["stages"], 3) << "a free stage took the lost one's place";
-  EXPECT_GE(Int(r, "failed_step"), 6);
+  EXPECT_GE(JsonInt(r, "failed_step"), 6);
   // From the snapshots: the step before the lost one, or (when the lost stage's newest
   // copy was still on its way to its neighbour) the one before that.
   EXPECT_EQ(r["source"], "the stages' snapshots");
-  EXPECT_GE(Int(r, "restored_step"), Int(r, "failed_step") - 2);
-  EXPECT_EQ(Int(done, "steps_done"), kSteps);
+  EXPECT_GE(JsonInt(r, "restored_step"), JsonInt(r, "failed_step") - 2);
+  EXPECT_EQ(JsonInt(done, "steps_done"), kSteps);
   EXPECT_TRUE(LossesMatch(Losses(Status(c, id)), expected, kSameLayout));
   EXPECT_THAT(done["stage_ids"].dump(), ::testing::Not(HasSubstr(victim)));
 }
@@ -177,10 +167,10 @@ TEST_F(CoordinatorRecoveryTest, WithSnapshotsOffItContinuesFromTheNewestCheckpoi
   ASSERT_EQ(done["recoveries"].size(), 1u) << done.dump() << ProcessLogs(c);
   const json& r = done["recoveries"][0];
   EXPECT_THAT(r["source"].get<std::string>(), HasSubstr("checkpoint"));
-  const int64_t restored = Int(r, "restored_step");
+  const int64_t restored = JsonInt(r, "restored_step");
   EXPECT_EQ(restored % 4, 0);
   EXPECT_GE(restored, 8);
-  EXPECT_LT(restored, Int(r, "failed_step"));
+  EXPECT_LT(restored, JsonInt(r, "failed_step"));
   EXPECT_TRUE(LossesMatch(Losses(Status(c, id)), expected, kSameLayout));
   EXPECT_THAT(done["checkpoint_dir"].get<std::string>(), HasSubstr(absl::StrCat("step-", kSteps)));
 }
@@ -216,7 +206,7 @@ TEST_F(CoordinatorRecoveryTest, TwoStagesLostAtOnceStillEndAsTheUninterruptedRun
   const std::vector<double> expected = Reference(c, 3);
 
   const std::string id = SubmitNoWait(c, {"pipeline.stages=3"});
-  const json s = WaitFor(c, id, [](const json& j) { return Int(j, "steps_done") >= 4; });
+  const json s = WaitFor(c, id, [](const json& j) { return JsonInt(j, "steps_done") >= 4; });
   for (int position : {1, 2}) {
     ASSERT_TRUE(c.KillStage(StageAddress(c, s["stage_ids"][position])));
   }
@@ -279,7 +269,7 @@ TEST_F(CoordinatorRecoveryTest, AfterMaxRestartsTheJobFailsNamingItsCheckpoint) 
   KillAt(c, id, 3, 0);
   WaitFor(c, id, [](const json& j) { return Recovered(j) && j["state"] == "RUNNING"; });
   const json before = Status(c, id);
-  KillAt(c, id, Int(before, "steps_done") + 2, 1);
+  KillAt(c, id, JsonInt(before, "steps_done") + 2, 1);
   const json done = WaitFor(c, id, Ended);
   EXPECT_EQ(done["state"], "FAILED") << done.dump();
   const std::string reason = done["reason"];
@@ -388,16 +378,16 @@ TEST_F(CoordinatorRecoveryTest, WithoutAFreeStageTheReplicaThatLostNothingGoesOn
   const json& r = done["recoveries"][0];
   EXPECT_EQ(r["lost_stage_ids"][0], victim);
   EXPECT_EQ(r["stages"], 2) << "one replica of 2 stages";
-  EXPECT_LT(Int(r, "restored_step"), Int(r, "failed_step"));
-  EXPECT_GE(Int(r, "restored_step"), 3);
+  EXPECT_LT(JsonInt(r, "restored_step"), JsonInt(r, "failed_step"));
+  EXPECT_GE(JsonInt(r, "restored_step"), 3);
   // Replica 0's stages, in their places.
   ASSERT_EQ(done["stage_ids"].size(), 2u) << done.dump();
   EXPECT_EQ(done["stage_ids"][0], running["stage_ids"][0]);
   EXPECT_EQ(done["stage_ids"][1], running["stage_ids"][1]);
-  EXPECT_EQ(Int(done, "steps_done"), kSteps);
+  EXPECT_EQ(JsonInt(done, "steps_done"), kSteps);
   const std::vector<double> losses = Losses(Status(c, id));
   ASSERT_EQ(losses.size(), static_cast<size_t>(kSteps));
-  EXPECT_LT(Int(r, "failed_step"), static_cast<int64_t>(kCompared)) << "the restart is compared";
+  EXPECT_LT(JsonInt(r, "failed_step"), static_cast<int64_t>(kCompared)) << "the restart is compared";
   EXPECT_TRUE(LossesMatch({losses.begin(), losses.begin() + kCompared},
                           {expected.begin(), expected.begin() + kCompared}, kOtherReplicas));
   auto logs = c.Cli({"logs", id});
@@ -490,7 +480,7 @@ TEST_P(CoordinatorRestartRecoveryTest, TheNextCoordinatorContinuesTheJobFromItsS
   const std::vector<double> expected = Reference(c, 2);
 
   const std::string id = SubmitNoWait(c, {"pipeline.stages=2"});
-  const json before = WaitFor(c, id, [](const json& j) { return Int(j, "steps_done") >= 5; });
+  const json before = WaitFor(c, id, [](const json& j) { return JsonInt(j, "steps_done") >= 5; });
   ASSERT_TRUE(c.KillCoordinator(GetParam()).ok());
   ASSERT_TRUE(c.StartCoordinatorAgain(0).ok());
   const json done = WaitFor(c, id, Ended);
@@ -498,7 +488,7 @@ TEST_P(CoordinatorRestartRecoveryTest, TheNextCoordinatorContinuesTheJobFromItsS
   ASSERT_EQ(done["recoveries"].size(), 1u) << done.dump() << ProcessLogs(c);
   const json& r = done["recoveries"][0];
   EXPECT_EQ(r["source"], "the stages' snapshots") << r.dump();
-  EXPECT_GE(Int(r, "restored_step"), Int(before, "steps_done"));
+  EXPECT_GE(JsonInt(r, "restored_step"), JsonInt(before, "steps_done"));
   EXPECT_EQ(r["stages"], 2);
   EXPECT_TRUE(LossesMatch(Losses(Status(c, id)), expected, kSameLayout));
 }
@@ -516,7 +506,7 @@ TEST_F(CoordinatorRecoveryTest, AStageLostWhileTheCoordinatorWasDownIsReplaced) 
   LocalCluster& c = **cluster;
   const std::vector<double> expected = Reference(c, 2);
   const std::string id = SubmitNoWait(c, {"pipeline.stages=2"});
-  const json before = WaitFor(c, id, [](const json& j) { return Int(j, "steps_done") >= 5; });
+  const json before = WaitFor(c, id, [](const json& j) { return JsonInt(j, "steps_done") >= 5; });
   const std::string victim_address = StageAddress(c, before["stage_ids"][1]);
   ASSERT_TRUE(c.KillCoordinator(SIGKILL).ok());
   ASSERT_TRUE(c.KillStage(victim_address));
@@ -543,8 +533,8 @@ TEST_F(CoordinatorRecoveryTest, AFrozenStageIsLostWithinTheDeadlineAndTheJobGoes
   // has seen its third step and the stage is frozen, however slow the poll.
   spec_["training"]["steps"] = 400;
   const std::string id = SubmitNoWait(c, {"pipeline.stages=3"});
-  const json running = WaitFor(c, id, [](const json& j) { return Int(j, "steps_done") >= 3; });
-  ASSERT_LT(Int(running, "steps_done"), 300) << "the job must still be running when frozen";
+  const json running = WaitFor(c, id, [](const json& j) { return JsonInt(j, "steps_done") >= 3; });
+  ASSERT_LT(JsonInt(running, "steps_done"), 300) << "the job must still be running when frozen";
   const std::string victim = running["stage_ids"][1];
   const std::string victim_address = StageAddress(c, victim);
   ASSERT_TRUE(c.SignalStage(victim_address, SIGSTOP)) << victim;
@@ -558,7 +548,7 @@ TEST_F(CoordinatorRecoveryTest, AFrozenStageIsLostWithinTheDeadlineAndTheJobGoes
   EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
   ASSERT_EQ(done["recoveries"].size(), 1u);
   EXPECT_EQ(done["recoveries"][0]["lost_stage_ids"][0], victim);
-  EXPECT_EQ(Int(done, "steps_done"), 400);
+  EXPECT_EQ(JsonInt(done, "steps_done"), 400);
 }
 
 }  // namespace

@@ -48,7 +48,8 @@ absl::StatusOr<std::unique_ptr<MultiHostCluster>> MultiHostCluster::Start(
       absl::StrCat(*ip, ":", kHttpPort), "--state-dir", state_dir, "--heartbeat-timeout", "2"};
   argv.insert(argv.end(), c->options_.coordinator_args.begin(), c->options_.coordinator_args.end());
   for (std::string& a : c->ExtraArgs(Role::kCoordinator, *ip)) argv.push_back(std::move(a));
-  absl::StatusOr<Subprocess> coordinator = Subprocess::Start(c->network_->InHost("coord", argv));
+  c->coordinator_argv_ = c->network_->InHost("coord", argv);
+  absl::StatusOr<Subprocess> coordinator = Subprocess::Start(c->coordinator_argv_);
   if (!coordinator.ok()) return coordinator.status();
   c->coordinator_ = std::make_unique<Subprocess>(*std::move(coordinator));
   if (absl::Status s =
@@ -103,6 +104,18 @@ absl::Status MultiHostCluster::Stop() {
   }
   if (problems.empty()) return absl::OkStatus();
   return absl::InternalError(problems);
+}
+
+absl::Status MultiHostCluster::RestartCoordinator(int signal) {
+  if (!coordinator_) return absl::FailedPreconditionError("no coordinator is running");
+  coordinator_->Signal(signal);
+  absl::StatusOr<int> code = coordinator_->Wait(15s);  // kills at the deadline
+  if (!code.ok()) return code.status();
+  coordinator_.reset();
+  absl::StatusOr<Subprocess> again = Subprocess::Start(coordinator_argv_);
+  if (!again.ok()) return again.status();
+  coordinator_ = std::make_unique<Subprocess>(*std::move(again));
+  return WaitListening(*coordinator_, "coordinator listening on ", "the restarted coordinator");
 }
 
 std::vector<std::string> MultiHostCluster::ExtraArgs(Role role,

@@ -50,6 +50,9 @@ class MultiHostCluster {
   absl::StatusOr<std::pair<int, std::string>> HttpGet(const std::string& path);
   // Pulls the cable of the stage host serving `stage_address` (HOST:PORT).
   absl::Status TakeStageLinkDown(const std::string& stage_address);
+  // Kills the coordinator with `signal`, waits for it, and starts it again on its host
+  // with the same flags and --state-dir; returns once it listens.
+  absl::Status RestartCoordinator(int signal);
   // Stops every process (SIGTERM, all at once) and waits for each, 15 s at most; an
   // error names any that had to be killed or exited other than 0. Idempotent.
   absl::Status Stop();
@@ -65,6 +68,7 @@ class MultiHostCluster {
   std::string coordinator_ip_;
   std::string cli_ip_;
   std::string address_;
+  std::vector<std::string> coordinator_argv_;  // in its host, for RestartCoordinator
   std::unique_ptr<Subprocess> coordinator_;
   std::vector<std::unique_ptr<Subprocess>> stages_;
 };

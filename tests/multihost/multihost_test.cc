@@ -266,5 +266,37 @@ TEST_F(MultiHostTest, AStageHostWhoseLinkGoesDownIsLostInBoundedTimeAndTheJobGoe
   EXPECT_TRUE(stopped.ok()) << stopped;
 }
 
+// Issue 15 across hosts: the coordinator's host process SIGKILLed mid-job and started
+// again on the same --state-dir; the stages on their own hosts keep their snapshots and
+// register again, and the job continues from them to the uninterrupted run's losses.
+TEST_F(MultiHostTest, AJobGoesOnAfterTheCoordinatorIsKilledAndStartedAgain) {
+  MultiHostOptions options;
+  options.stage_hosts = 3;
+  std::unique_ptr<MultiHostCluster> cluster = StartOrSkip(options);
+  if (!skip_.empty()) GTEST_SKIP() << skip_;
+  ASSERT_NE(cluster, nullptr);
+  MultiHostCluster& c = *cluster;
+
+  spec_["training"]["steps"] = 300;
+  const std::vector<double> ref = Losses(Status(c, Submit(c, {"pipeline.stages=3"}, false)));
+  ASSERT_EQ(ref.size(), 300u);
+  const std::string id = Submit(c, {"pipeline.stages=3"}, true);
+  WaitFor(c, id, 60s, [](const json& s) { return s.value("steps_done", "0") != "0"; });
+  absl::Status restarted = c.RestartCoordinator(SIGKILL);
+  ASSERT_TRUE(restarted.ok()) << restarted;
+  const json done = WaitFor(c, id, 120s, [](const json& s) {
+    const std::string state = s.value("state", "");
+    return state == "SUCCEEDED" || state == "FAILED" || state == "CANCELLED";
+  });
+  ASSERT_EQ(done["state"], "SUCCEEDED") << done.dump();
+  ASSERT_EQ(done.value("recoveries", json::array()).size(), 1u) << done.dump();
+  EXPECT_EQ(done["recoveries"][0]["source"], "the stages' snapshots") << done.dump();
+  EXPECT_EQ(done["stage_ids"].size(), 3u);
+  EXPECT_TRUE(LossesMatch(Losses(done), ref, 1e-12)) << "after the coordinator's restart";
+
+  absl::Status stopped = c.Stop();
+  EXPECT_TRUE(stopped.ok()) << stopped;
+}
+
 }  // namespace
 }  // namespace pipetrain
