@@ -1,21 +1,19 @@
 #include "bench/cluster_jobs.h"
 
+#include <unistd.h>
+
+#include <fstream>
+#include <iterator>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "bench/benchmark.h"
 #include "common/status_macros.h"
 
 namespace pipetrain::bench {
 
 using json = nlohmann::json;
-
-int64_t JsonInt(const json& j, const char* key) {
-  if (!j.contains(key)) return 0;
-  if (j[key].is_number()) return j[key].get<int64_t>();
-  int64_t v = 0;
-  (void)absl::SimpleAtoi(j[key].get<std::string>(), &v);
-  return v;
-}
 
 absl::Time JsonTime(const json& j, const char* key) {
   absl::Time t = absl::InfinitePast();
@@ -58,11 +56,6 @@ absl::StatusOr<json> WaitForJob(testing::LocalCluster& c, const std::string& id,
   return absl::DeadlineExceededError(absl::StrCat("job ", id, " did not get there in 5 minutes"));
 }
 
-bool JobEnded(const json& s) {
-  const std::string st = s.value("state", "");
-  return st == "SUCCEEDED" || st == "FAILED" || st == "CANCELLED";
-}
-
 std::vector<double> JobLosses(const json& s) {
   std::vector<double> out;
   for (const json& h : s.value("history", json::array())) out.push_back(h.value("loss", 0.0));
@@ -74,6 +67,24 @@ double MedianStepSeconds(const json& s, int warm) {
   const json history = s.value("history", json::array());
   for (size_t i = warm; i < history.size(); ++i) t.push_back(history[i].value("step_time_s", 0.0));
   return Median(t);
+}
+
+double ProcessCpuSeconds(pid_t pid) {
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+  // After the command name in parentheses: state is field 3, utime 14 and stime 15.
+  const size_t paren = text.rfind(')');
+  if (paren == std::string::npos || paren + 2 > text.size()) return 0;
+  std::vector<std::string> f = absl::StrSplit(text.substr(paren + 2), ' ');
+  int64_t utime = 0, stime = 0;
+  if (f.size() < 13 || !absl::SimpleAtoi(f[11], &utime) || !absl::SimpleAtoi(f[12], &stime)) return 0;
+  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
+double StagesCpuSeconds(const testing::LocalCluster& c) {
+  double sum = 0;
+  for (pid_t pid : c.stage_pids()) sum += ProcessCpuSeconds(pid);
+  return sum;
 }
 
 }  // namespace pipetrain::bench

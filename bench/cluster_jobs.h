@@ -3,6 +3,8 @@
 // `pipetrain` CLI as a user would.
 #pragma once
 
+#include <sys/types.h>
+
 #include <functional>
 #include <string>
 #include <vector>
@@ -11,11 +13,12 @@
 #include "absl/time/time.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/local_cluster.h"
+#include "tests/testing/status_json.h"
 
 namespace pipetrain::bench {
 
-// A status field that proto3's JSON may print as a string (int64) or a number; 0 if absent.
-int64_t JsonInt(const nlohmann::json& j, const char* key);
+using testing::JobHasEnded;
+using testing::JsonInt;
 // An RFC 3339 time field; InfinitePast if absent.
 absl::Time JsonTime(const nlohmann::json& j, const char* key);
 
@@ -27,9 +30,13 @@ absl::StatusOr<std::string> SubmitJob(testing::LocalCluster& c, const std::strin
 // Polls the job until `pred` holds (deadline 5 minutes).
 absl::StatusOr<nlohmann::json> WaitForJob(testing::LocalCluster& c, const std::string& id,
                                           const std::function<bool(const nlohmann::json&)>& pred);
-bool JobEnded(const nlohmann::json& status);
 
 std::vector<double> JobLosses(const nlohmann::json& status);
+// User plus system CPU seconds `pid` has used so far (every thread), from /proc; 0 if
+// it cannot be read.
+double ProcessCpuSeconds(pid_t pid);
+// ... summed over the cluster's stage processes.
+double StagesCpuSeconds(const testing::LocalCluster& c);
 // The median step time over the history, the first `warm` steps left out.
 double MedianStepSeconds(const nlohmann::json& status, int warm);
 

@@ -4,7 +4,6 @@
 #include <memory>
 #include <thread>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -53,19 +52,6 @@ std::vector<double> Losses(const json& status) {
   std::vector<double> out;
   for (const json& h : status["history"]) out.push_back(h["loss"].get<double>());
   return out;
-}
-
-int64_t JsonInt(const nlohmann::json& j, const char* key) {
-  if (!j.contains(key)) return 0;
-  if (j[key].is_number()) return j[key].get<int64_t>();
-  int64_t v = 0;
-  if (j[key].is_string()) (void)absl::SimpleAtoi(j[key].get<std::string>(), &v);
-  return v;
-}
-
-bool JobHasEnded(const nlohmann::json& s) {
-  return s.contains("state") && s["state"] != "QUEUED" && s["state"] != "RUNNING" &&
-         s["state"] != "RECOVERING";
 }
 
 std::string SubmittedId(const std::string& out) {

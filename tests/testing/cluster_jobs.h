@@ -4,7 +4,6 @@
 // they found it, so that each of them needs no cluster start of its own.
 #pragma once
 
-#include <cstdint>
 #include <functional>
 #include <map>
 #include <string>
@@ -13,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/local_cluster.h"
+#include "tests/testing/status_json.h"
 #include "tests/testing/temp_files.h"
 
 namespace pipetrain::testing {
@@ -22,13 +22,6 @@ std::vector<double> Losses(const nlohmann::json& status);
 
 // The job id in the "submitted job-000001 (name)" line of `out`; "" if there is none.
 std::string SubmittedId(const std::string& out);
-
-// A `status --json` field that is an integer, written as a number or (int64 in proto3
-// JSON) as a string; 0 when absent.
-int64_t JsonInt(const nlohmann::json& j, const char* key);
-
-// Whether a `status --json` answer's job has ended (not QUEUED, RUNNING or RECOVERING).
-bool JobHasEnded(const nlohmann::json& status);
 
 // A per-test folder with the corpus, the small job spec reading it, and the CLI verbs
 // the tests use, each checking (non-fatally) that the verb itself worked.

@@ -90,6 +90,14 @@ std::string LocalCluster::coordinator_log() const {
   return coordinator_ ? coordinator_->stderr_text() : std::string();
 }
 
+std::vector<pid_t> LocalCluster::stage_pids() const {
+  std::vector<pid_t> out;
+  for (const auto& p : stages_) {
+    if (p) out.push_back(p->pid());
+  }
+  return out;
+}
+
 std::string LocalCluster::stage_logs() const {
   std::string out;
   for (size_t i = 0; i < stages_.size(); ++i) {

@@ -41,6 +41,8 @@ class LocalCluster {
   // The coordinator now running (benchmarks read its memory from /proc); 0 if none.
   pid_t coordinator_pid() const { return coordinator_ ? coordinator_->pid() : 0; }
   const std::vector<std::string>& stage_addresses() const { return stage_addresses_; }
+  // The stage processes now running (benchmarks read their CPU time from /proc).
+  std::vector<pid_t> stage_pids() const;
   // What the coordinator now running wrote to stderr so far (for a failing test's message).
   std::string coordinator_log() const;
   // ... and what every stage wrote, each under its address.
