@@ -1,5 +1,7 @@
 // `pipetrain status ID`, `pipetrain list` and `pipetrain cancel ID`: one unary RPC each,
 // printed for people (a summary, a table) or as JSON for scripts.
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -18,6 +20,15 @@ std::string StateName(pb::JobStatus::State s) { return pb::JobStatus::State_Name
 
 std::string StepsText(const pb::JobStatus& job) {
   return absl::StrCat(job.steps_done(), "/", common::JobLastStep(job));
+}
+
+// What a restart continued on: "3 stages", or for a job of replicas "1 replica of 2
+// stages" (the record's stages count every replica's).
+std::string RecoveryLayout(const pb::Recovery& r, int replicas_before) {
+  const int replicas = std::max(1, r.replicas());
+  if (replicas_before <= 1 && replicas == 1) return absl::StrCat(r.stages(), " stages");
+  return absl::StrCat(replicas, replicas == 1 ? " replica" : " replicas", " of ",
+                      r.stages() / replicas, " stages");
 }
 
 std::string StatusText(const pb::JobStatus& job) {
@@ -52,7 +63,8 @@ std::string StatusText(const pb::JobStatus& job) {
                                             r.restored_step() > 0
                                                 ? absl::StrCat("step ", r.restored_step())
                                                 : std::string("the start"),
-                                            " (", r.source(), ") on ", r.stages(), " stages")});
+                                            " (", r.source(), ") on ",
+                                            RecoveryLayout(r, job.spec().pipeline().replicas()))});
   }
   rows.push_back({"created", TimeText(job.created())});
   if (IsSet(job.started())) rows.push_back({"started", TimeText(job.started())});

@@ -112,6 +112,7 @@ absl::StatusOr<Continuation> JobRecovery::Recover(const LostRun& run,
   record.set_restored_step(from);
   record.set_source(source.what);
   record.set_stages(static_cast<int32_t>(next->stages.size()));
+  record.set_replicas(std::max(1, next->spec.pipeline().replicas()));
   next->record = record;
   const std::string on = Layout(run.spec.pipeline().replicas(),
                                 std::max(1, next->spec.pipeline().replicas()), next->stages.size());

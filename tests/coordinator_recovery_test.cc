@@ -126,6 +126,7 @@ TEST_F(CoordinatorRecoveryTest, AKilledStageIsReplacedByAFreeOneAndEveryLossIsTh
   const json& r = done["recoveries"][0];
   EXPECT_EQ(r["lost_stage_ids"][0], victim);
   EXPECT_EQ(r["stages"], 3) << "a free stage took the lost one's place";
+  EXPECT_EQ(r["replicas"], 1);
   EXPECT_GE(JsonInt(r, "failed_step"), 6);
   // From the snapshots: the step before the lost one, or (when the lost stage's newest
   // copy was still on its way to its neighbour) the one before that.
@@ -134,6 +135,10 @@ TEST_F(CoordinatorRecoveryTest, AKilledStageIsReplacedByAFreeOneAndEveryLossIsTh
   EXPECT_EQ(JsonInt(done, "steps_done"), kSteps);
   EXPECT_TRUE(LossesMatch(Losses(Status(c, id)), expected, kSameLayout));
   EXPECT_THAT(done["stage_ids"].dump(), ::testing::Not(HasSubstr(victim)));
+  auto status = c.Cli({"status", id});
+  ASSERT_TRUE(status.ok());
+  EXPECT_THAT(status->out, HasSubstr(victim + " lost at step"));
+  EXPECT_THAT(status->out, HasSubstr("(the stages' snapshots) on 3 stages"));
 }
 
 TEST_F(CoordinatorRecoveryTest, WithoutAFreeStageTheJobContinuesOnTheSurvivors) {
@@ -310,7 +315,8 @@ TEST_F(CoordinatorRecoveryTest, AReplicasLostStageIsReplacedAndTheLossesStayTheS
   KillAt(c, id, 5, 3);  // replica 1's last stage
   const json done = WaitFor(c, id, Ended);
   EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
-  EXPECT_EQ(done.value("recoveries", json::array()).size(), 1u);
+  ASSERT_EQ(done.value("recoveries", json::array()).size(), 1u) << done.dump();
+  EXPECT_EQ(done["recoveries"][0]["replicas"], 2) << "the free stage took the lost one's place";
   EXPECT_EQ(done["stage_ids"].size(), 4u);
   EXPECT_TRUE(LossesMatch(Losses(Status(c, id)), expected, kSameLayout));
 }
@@ -378,6 +384,7 @@ TEST_F(CoordinatorRecoveryTest, WithoutAFreeStageTheReplicaThatLostNothingGoesOn
   const json& r = done["recoveries"][0];
   EXPECT_EQ(r["lost_stage_ids"][0], victim);
   EXPECT_EQ(r["stages"], 2) << "one replica of 2 stages";
+  EXPECT_EQ(r["replicas"], 1);
   EXPECT_LT(JsonInt(r, "restored_step"), JsonInt(r, "failed_step"));
   EXPECT_GE(JsonInt(r, "restored_step"), 3);
   // Replica 0's stages, in their places.
@@ -396,6 +403,9 @@ TEST_F(CoordinatorRecoveryTest, WithoutAFreeStageTheReplicaThatLostNothingGoesOn
   EXPECT_THAT(logs->out, HasSubstr("on 1 replica of 2 stages (restart 1 of"));
   EXPECT_THAT(logs->out, HasSubstr(absl::StrCat("freed ", running["stage_ids"][2].get<std::string>())));
   EXPECT_THAT(logs->out, ::testing::Not(HasSubstr("waiting up to")));
+  auto status = c.Cli({"status", id});
+  ASSERT_TRUE(status.ok());
+  EXPECT_THAT(status->out, HasSubstr(") on 1 replica of 2 stages"));
 }
 
 // With global-norm clipping the optimizer waits for ApplyOptimizer (and the snapshot is

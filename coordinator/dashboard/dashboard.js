@@ -326,11 +326,20 @@ function renderMemory() {
   $('#memory tbody').innerHTML = rows.join('') || '<tr><td colspan="4">no steps yet</td></tr>';
 }
 
+// What a restart continued on: "3 stages", or with replicas "1 replica of 2 stages".
+function recoveryLayout(r) {
+  const replicas = Math.max(1, Number(r.replicas || 1));
+  const before = Number((((page.job.spec || {}).pipeline) || {}).replicas || 1);
+  const stages = Number(r.stages || 0);
+  if (before <= 1 && replicas === 1) return `${stages} stages`;
+  return `${replicas} ${replicas === 1 ? 'replica' : 'replicas'} of ${stages / replicas} stages`;
+}
+
 function renderEvents() {
   const items = page.logs.map((l) => `<li><span class="time">${esc(l.time.replace('T', ' ').replace(/\.\d+Z$/, 'Z'))}</span> ${esc(l.text)}</li>`);
   for (const r of page.job.recoveries || []) {
     items.push(`<li class="recovery">recovery: stage(s) ${esc((r.lost_stage_ids || []).join(', '))} lost at step ` +
-      `${Number(r.failed_step)}, continued from step ${Number(r.restored_step)} (${esc(r.source)}) on ${r.stages} stages</li>`);
+      `${Number(r.failed_step)}, continued from step ${Number(r.restored_step)} (${esc(r.source)}) on ${recoveryLayout(r)}</li>`);
   }
   $('#events').innerHTML = items.join('') || '<li>no events yet</li>';
 }
