@@ -17,15 +17,22 @@ namespace pipetrain::coordinator {
 
 class JobEvents {
  public:
-  explicit JobEvents(size_t keep = 1024) : keep_(keep < 1 ? 1 : keep) {}
+  // `stored_logs`: the job's log lines already in the store before these events (a job a
+  // previous coordinator queued or ran), so that Missed::logs counts as the store does.
+  explicit JobEvents(size_t keep, size_t stored_logs = 0) : keep_(keep < 1 ? 1 : keep) {
+    dropped_.logs = stored_logs;
+    stored_logs_ = stored_logs;
+  }
+  size_t stored_logs() const { return stored_logs_; }
 
   void Append(pipetrain::v1::JobEvent event);
   // After the last event: readers get what is left, then `ended` is true.
   void End();
 
   // What a reader missed when the events it asked for were no longer kept: every event
-  // before index `until`, among them the job's first `logs` log lines and its steps up to
-  // `last_step`. until == 0: nothing was missed.
+  // before index `until`, among them the job's log lines up to the store's `logs`-th
+  // (stored_logs() of them from before these events) and its steps up to `last_step`.
+  // until == 0: nothing was missed.
   struct Missed {
     size_t until = 0;
     size_t logs = 0;
@@ -39,6 +46,7 @@ class JobEvents {
 
  private:
   const size_t keep_;
+  size_t stored_logs_ = 0;
   absl::Mutex mu_;
   absl::CondVar changed_;
   std::deque<pipetrain::v1::JobEvent> events_ ABSL_GUARDED_BY(mu_);

@@ -55,8 +55,10 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(ManagerOptions op
       pb::JobStatus& job = *it;
       const bool was_running = job.state() == pb::JobStatus::RUNNING ||
                                job.state() == pb::JobStatus::RECOVERING;
+      // Its log lines so far, which the events of this coordinator's run follow.
+      ASSIGN_OR_RETURN(const std::vector<pb::LogLine> stored_logs, m->store_->Logs(job.job_id()));
       if (job.state() == pb::JobStatus::QUEUED) {
-        m->Enqueue(job);
+        m->Enqueue(job, stored_logs.size());
       } else if (was_running && job.spec().fault_tolerance().max_restarts() > 0 &&
                  job.stage_addresses_size() > 0) {
         // Continued without a user: on its stages when they register again, from their
@@ -65,7 +67,7 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(ManagerOptions op
         job.set_reason(absl::StrCat("the coordinator restarted while the job was running (after "
                                     "step ", job.steps_done(), "): waiting for its stages"));
         RETURN_IF_ERROR(m->store_->Update(job));
-        auto live = std::make_shared<LiveJob>(m->options_.events_in_memory);
+        auto live = std::make_shared<LiveJob>(m->options_.events_in_memory, stored_logs.size());
         live->status = job;
         live->events.Append(StateEvent(job));
         LiveJob* p = live.get();
@@ -198,8 +200,8 @@ absl::StatusOr<std::string> JobManager::Submit(pb::JobSpec spec) {
   return id;
 }
 
-void JobManager::Enqueue(pb::JobStatus status) {
-  auto job = std::make_shared<LiveJob>(options_.events_in_memory);
+void JobManager::Enqueue(pb::JobStatus status, size_t stored_logs) {
+  auto job = std::make_shared<LiveJob>(options_.events_in_memory, stored_logs);
   job->status = status;
   job->events.Append(StateEvent(status));
   queue_.push_back(status.job_id());
@@ -334,13 +336,13 @@ absl::StatusOr<pb::JobStatus> JobManager::Cancel(const std::string& job_id) {
     Retire(job_id);  // it has no thread
   } else if (std::shared_ptr<LiveJob> job = FindLive(job_id); job != nullptr && job->cancel) {
     Log(job.get(), "cancel requested: stopping after the current step");
-    ASSIGN_OR_RETURN(pb::JobStatus status, store_->Get(job_id, false));
+    ASSIGN_OR_RETURN(pb::JobStatus status, Get(job_id, false));
     if (status.state() == pb::JobStatus::RUNNING) {
       status.set_reason("cancelling: stops after the current step, with a checkpoint");
     }
     return status;
   }
-  return store_->Get(job_id, false);
+  return Get(job_id, false);
 }
 
 absl::Status JobManager::Watch(const std::string& job_id, int64_t from_step, bool no_follow,
@@ -349,7 +351,9 @@ absl::Status JobManager::Watch(const std::string& job_id, int64_t from_step, boo
   auto wanted = [&](const pb::JobEvent& e) { return !e.has_step() || e.step().step() >= from_step; };
   if (std::shared_ptr<LiveJob> job = FindLive(job_id)) {
     size_t next = 0;
-    size_t logs_seen = 0;       // log events passed to the watcher (or not wanted)
+    // The store's count of log lines passed to the watcher (or not wanted); those a
+    // previous coordinator stored are not replayed to a watcher of this one's events.
+    size_t logs_seen = job->events.stored_logs();
     int64_t last_step = -1;     // the latest step event passed
     auto pass = [&](const pb::JobEvent& e) {
       if (e.has_log()) ++logs_seen;

@@ -77,7 +77,7 @@ class JobManager {
                      const std::function<bool()>& wanted = [] { return true; });
   absl::StatusOr<pipetrain::v1::Timeline> Timeline(const std::string& job_id, int last_steps);
   // The simulator's prediction of the latest step (from the costs measured before it);
-  // no events before the first step. Kept, like the measured ones, in memory only.
+  // no events before the first step. Stored with each step, like the measured ones.
   absl::StatusOr<pipetrain::v1::Timeline> PredictedTimeline(const std::string& job_id);
 
   // Every field checked (CheckRegisterStageRequest); `peer_identity` is the caller's
@@ -95,7 +95,10 @@ class JobManager {
   JobManager(ManagerOptions options, std::unique_ptr<JobStore> store);
 
   absl::Status CheckFits(const pipetrain::v1::JobSpec& spec);
-  void Enqueue(pipetrain::v1::JobStatus status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `stored_logs`: the job's log lines already in the store (one queued by a previous
+  // coordinator); 0 for a new job.
+  void Enqueue(pipetrain::v1::JobStatus status, size_t stored_logs = 0)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SchedulerLoop();
   // Runs the job to its end, restarting it after a lost stage (job_recovery.h);
   // `resumed` continues a job a previous coordinator was running.

@@ -17,7 +17,8 @@
 namespace pipetrain::coordinator {
 
 struct JobManager::LiveJob {
-  explicit LiveJob(size_t events_kept) : events(events_kept) {}
+  // `stored_logs`: its log lines a previous coordinator already stored (JobEvents).
+  LiveJob(size_t events_kept, size_t stored_logs) : events(events_kept, stored_logs) {}
   pipetrain::v1::JobStatus status;  // guarded by JobManager::mu_
   JobEvents events;
   std::atomic<bool> cancel{false};

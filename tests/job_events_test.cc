@@ -69,10 +69,27 @@ TEST(JobEventsTest, OnlyTheLatestAreKeptAndAReaderBehindIsToldWhatItMissed) {
   EXPECT_EQ(got[0].step().step(), 3);
 }
 
+// A job a previous coordinator queued or ran already has log lines in the store: what a
+// reader missed counts them too, so that it reads the dropped lines at the store's index.
+TEST(JobEventsTest, WhatWasMissedCountsTheLogLinesStoredBefore) {
+  JobEvents events(2, /*stored_logs=*/3);
+  EXPECT_EQ(events.stored_logs(), 3u);
+  events.Append(Log("d"));
+  events.Append(Log("e"));
+  events.Append(Step(1));
+  bool ended = false;
+  JobEvents::Missed missed;
+  std::vector<pb::JobEvent> got = events.Read(0, absl::ZeroDuration(), &ended, &missed);
+  EXPECT_EQ(missed.until, 1u);
+  EXPECT_EQ(missed.logs, 4u) << "the 3 stored before and d: e is the store's fifth";
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].log().text(), "e");
+}
+
 TEST(JobEventsTest, AReaderWaitsForTheNextEventOrTheEnd) {
   JobEvents events(2);
   events.Append(Step(1));
-  std::thread writer([&] {
+  std::jthread writer([&] {  // joined even when an ASSERT returns early
     absl::SleepFor(absl::Milliseconds(50));
     events.Append(Step(2));
     absl::SleepFor(absl::Milliseconds(50));
