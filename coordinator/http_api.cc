@@ -197,8 +197,13 @@ absl::StatusOr<std::unique_ptr<HttpApi>> HttpApi::Start(JobManager* m, const std
     }
     // ?predicted=1: the simulator's picture of the latest step, from the costs measured
     // on the steps before it; drawn under the measured one on the same time axis.
-    if (req.has_param("predicted") && req.get_param_value("predicted") != "0") {
-      return Reply(res, m->PredictedTimeline(req.matches[1]));
+    if (req.has_param("predicted")) {
+      const std::string predicted = req.get_param_value("predicted");
+      if (predicted == "1" || predicted == "true") return Reply(res, m->PredictedTimeline(req.matches[1]));
+      if (predicted != "0" && predicted != "false") {
+        return Error(res, absl::InvalidArgumentError(
+                              absl::StrCat("predicted: '", predicted, "' is not 1, 0, true or false")));
+      }
     }
     Reply(res, m->Timeline(req.matches[1], steps));
   });

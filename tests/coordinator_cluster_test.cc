@@ -217,6 +217,14 @@ TEST_F(CoordinatorClusterTest, ThePredictedTimelineIsTheLatestStepsActionsOnEver
   ASSERT_TRUE(measured && predicted);
   ASSERT_EQ(measured->status, 200) << measured->body;
   ASSERT_EQ(predicted->status, 200) << predicted->body;
+  // ?predicted=0 (or false) is the measured timeline; anything else is refused by name.
+  auto not_predicted = http.Get("/api/jobs/" + id + "/timeline?steps=1&predicted=false");
+  ASSERT_TRUE(not_predicted);
+  EXPECT_EQ(not_predicted->body, measured->body);
+  auto unclear = http.Get("/api/jobs/" + id + "/timeline?predicted=maybe");
+  ASSERT_TRUE(unclear);
+  EXPECT_EQ(unclear->status, 400) << unclear->body;
+  EXPECT_THAT(unclear->body, ::testing::HasSubstr("predicted: 'maybe'"));
   // Per stage, its actions sorted (links report when they end, not in program order).
   const auto by_stage = [](const json& timeline, std::set<std::string>* steps) {
     std::map<int, std::vector<std::string>> kinds;
