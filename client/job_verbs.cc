@@ -1,7 +1,5 @@
 // `pipetrain status ID`, `pipetrain list` and `pipetrain cancel ID`: one unary RPC each,
 // printed for people (a summary, a table) or as JSON for scripts.
-#include <algorithm>
-
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -20,15 +18,6 @@ std::string StateName(pb::JobStatus::State s) { return pb::JobStatus::State_Name
 
 std::string StepsText(const pb::JobStatus& job) {
   return absl::StrCat(job.steps_done(), "/", common::JobLastStep(job));
-}
-
-// What a restart continued on: "3 stages", or for a job of replicas "1 replica of 2
-// stages" (the record's stages count every replica's).
-std::string RecoveryLayout(const pb::Recovery& r, int replicas_before) {
-  const int replicas = std::max(1, r.replicas());
-  if (replicas_before <= 1 && replicas == 1) return absl::StrCat(r.stages(), " stages");
-  return absl::StrCat(replicas, replicas == 1 ? " replica" : " replicas", " of ",
-                      r.stages() / replicas, " stages");
 }
 
 std::string StatusText(const pb::JobStatus& job) {
@@ -64,7 +53,8 @@ std::string StatusText(const pb::JobStatus& job) {
                                                 ? absl::StrCat("step ", r.restored_step())
                                                 : std::string("the start"),
                                             " (", r.source(), ") on ",
-                                            RecoveryLayout(r, job.spec().pipeline().replicas()))});
+                                            common::JobLayoutText(job.spec().pipeline().replicas(),
+                                                                  r.replicas(), r.stages()))});
   }
   rows.push_back({"created", TimeText(job.created())});
   if (IsSet(job.started())) rows.push_back({"started", TimeText(job.started())});

@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
+#include "absl/strings/str_cat.h"
 #include "pipetrain/v1/job.pb.h"
 
 namespace pipetrain::common {
@@ -19,6 +21,16 @@ inline bool JobEnded(pipetrain::v1::JobStatus::State state) {
 // The stage servers a job runs on: pipeline.replicas copies of pipeline.stages.
 inline int JobStageServers(const pipetrain::v1::JobSpec& spec) {
   return std::max(1, spec.pipeline().replicas()) * spec.pipeline().stages();
+}
+
+// What a run is on, in words: "3 stages", or for a job that ran replicas "1 replica of 2
+// stages" (also when one is left); `stages` counts every replica's.
+inline std::string JobLayoutText(int replicas_before, int replicas, size_t stages) {
+  auto of = [](size_t n) { return absl::StrCat(n, n == 1 ? " stage" : " stages"); };
+  if (replicas_before <= 1) return of(stages);
+  replicas = std::max(1, replicas);
+  return absl::StrCat(replicas, replicas == 1 ? " replica" : " replicas", " of ",
+                      of(stages / static_cast<size_t>(replicas)));
 }
 
 // A job runs the training run's steps first_step .. JobLastStep: first_step is 1, or one

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/job_state.h"
 #include "common/model/checkpoint_folder.h"
 #include "common/status_macros.h"
 #include "coordinator/job_manager_internal.h"
@@ -27,14 +28,6 @@ int64_t CheckpointStep(const std::string& dir) {
 
 
 std::string Stages(size_t n) { return absl::StrCat(n, n == 1 ? " stage" : " stages"); }
-
-// What a run continues on: "3 stages", or for a job that ran replicas "1 replica of 2
-// stages" (also when one is left).
-std::string Layout(int replicas_before, int replicas, size_t stages) {
-  if (replicas_before <= 1) return Stages(stages);
-  return absl::StrCat(replicas, replicas == 1 ? " replica" : " replicas", " of ",
-                      Stages(stages / std::max(1, replicas)));
-}
 
 bool Contains(const std::vector<int>& v, int x) {
   return std::find(v.begin(), v.end(), x) != v.end();
@@ -114,7 +107,7 @@ absl::StatusOr<Continuation> JobRecovery::Recover(const LostRun& run,
   record.set_stages(static_cast<int32_t>(next->stages.size()));
   record.set_replicas(std::max(1, next->spec.pipeline().replicas()));
   next->record = record;
-  const std::string on = Layout(run.spec.pipeline().replicas(),
+  const std::string on = common::JobLayoutText(run.spec.pipeline().replicas(),
                                 std::max(1, next->spec.pipeline().replicas()), next->stages.size());
   log_(absl::StrCat(who, " lost at step ", run.failed_step, ": restarting from ",
                     from > 0 ? absl::StrCat("step ", from) : std::string("the start"), " on ",

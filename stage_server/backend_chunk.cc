@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "common/checked_math.h"
 #include "common/status_macros.h"
 
 namespace pipetrain::stage_server {
@@ -37,12 +38,8 @@ absl::StatusOr<std::unique_ptr<BackendChunk>> BackendChunk::Create(
 }
 
 uint64_t BackendChunk::BufferBytes(const model::GptConfig& c, int begin, int end, int rows) {
-  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
-  auto mul = [](uint64_t a, uint64_t b) {
-    uint64_t out;
-    return __builtin_mul_overflow(a, b, &out) ? kMax : out;
-  };
-  auto add = [](uint64_t a, uint64_t b) { return a > kMax - b ? kMax : a + b; };
+  const auto mul = common::SaturatingMul;
+  const auto add = common::SaturatingAdd;
   if (rows <= 0 || c.seq_len <= 0 || c.d_model <= 0) return 0;  // Create refuses these
   const uint64_t ids = mul(mul(4, static_cast<uint64_t>(rows)), static_cast<uint64_t>(c.seq_len));
   const uint64_t act = mul(ids, static_cast<uint64_t>(c.d_model));

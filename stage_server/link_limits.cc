@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "common/checked_math.h"
+
 namespace pipetrain::stage_server {
 namespace {
 
@@ -12,8 +14,7 @@ uint64_t FloatBytes(std::initializer_list<int64_t> dims) {
   uint64_t n = sizeof(float);
   for (int64_t d : dims) {
     if (d <= 0) return 0;
-    const auto u = static_cast<uint64_t>(d);
-    n = n > UINT64_MAX / u ? UINT64_MAX : n * u;
+    n = common::SaturatingMul(n, static_cast<uint64_t>(d));
   }
   return n;
 }

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/channel_args.h"
+#include "common/checked_math.h"
 #include "common/input_limits.h"
 #include "common/model/checkpoint.h"
 #include "common/status_macros.h"
@@ -126,12 +127,8 @@ uint64_t StageRuntime::StateBytes(const JobConfig& config) {
   // In closed form per range (every block has the same parameters), clamped to the
   // model's layers and saturating: a range of 2^31 layers, unvalidated, costs no more to
   // size than one of two (tests/fuzz/configure_fuzz timed out looping over one).
-  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
-  const auto add = [](uint64_t a, uint64_t b) { return a > kMax - b ? kMax : a + b; };
-  const auto mul = [](uint64_t a, uint64_t b) {
-    uint64_t out;
-    return __builtin_mul_overflow(a, b, &out) ? kMax : out;
-  };
+  const auto add = common::SaturatingAdd;
+  const auto mul = common::SaturatingMul;
   const model::GptConfig& m = config.model;
   const int64_t head = m.num_pipeline_layers() - 1;  // embedding 0, blocks 1 .. head-1
   if (head < 1) return 0;
@@ -254,12 +251,12 @@ absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config)
     for (const auto& [begin, end] : config.chunks) {
       const uint64_t b = BackendChunk::BufferBytes(config.model, begin, end,
                                                    config.micro_batch_size);
-      buffers = buffers > UINT64_MAX - b ? UINT64_MAX : buffers + b;
+      buffers = common::SaturatingAdd(buffers, b);
     }
   }
   auto saturating_sum = [](std::initializer_list<uint64_t> xs) {
     uint64_t sum = 0;
-    for (uint64_t x : xs) sum = sum > UINT64_MAX - x ? UINT64_MAX : sum + x;
+    for (uint64_t x : xs) sum = common::SaturatingAdd(sum, x);
     return sum;
   };
   if (options_.memory_limit_bytes > 0 &&
