@@ -129,8 +129,9 @@ absl::StatusOr<model::GptConfig> ParseModelArg(const std::string& arg) {
 absl::StatusOr<std::string> ReadFile(const std::string& path, int64_t max_bytes) {
   // Checked before it is opened: a FIFO or a device named here would block or never end.
   if (max_bytes < 0) return common::ReadRegularFile(path, common::kMaxTextFileBytes, "");
+  // Only the first max_bytes are read, so the file itself may be of any size.
   ASSIGN_OR_RETURN(common::ReadOnlyFile file,
-                   common::OpenRegularFile(path, common::kMaxTextFileBytes, ""));
+                   common::OpenRegularFile(path, std::numeric_limits<int64_t>::max(), ""));
   // Never more than the file holds, however large max_bytes is.
   std::string contents(static_cast<size_t>(std::min(max_bytes, file.size())), '\0');
   size_t have = 0;

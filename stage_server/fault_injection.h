@@ -7,7 +7,10 @@
 // The plan is armed when this process is configured as stage STAGE (replica 0) of job
 // JOB, and disarmed when any state is imported into it: a recovery imports the restored
 // state into every stage it configures, so a restarted run of the job never fails
-// again at the same point (every stage of a test cluster may carry the same flag).
+// again at the same point (every stage of a test cluster may carry the same flag). The
+// stage cannot tell a recovery's import from any other: a job started from init_from
+// (its weights imported too) never fires, and a recovery from the job's start (nothing
+// to import) fires again.
 #pragma once
 
 #include <atomic>

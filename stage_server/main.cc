@@ -68,7 +68,8 @@ int main(int argc, char** argv) {
   flags.AddString("fail-at", &fail_at,
                   "testing aid: kill this process (SIGKILL) at POINT (forward, backward, "
                   "optimizer, snapshot or checkpoint) of step STEP of job JOB when it is that "
-                  "job's stage STAGE; never in a run restored after a recovery",
+                  "job's stage STAGE; never once state was imported (a run restored after a "
+                  "recovery, or a job started from init_from)",
                   "JOB:STAGE:STEP:POINT");
   common::AddSecurityFlags(flags, &security_flags,
                            "require this bearer token (the file's contents, trimmed) on "
