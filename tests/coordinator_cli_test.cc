@@ -24,6 +24,7 @@
 namespace pipetrain {
 namespace {
 
+using ::pipetrain::testing::JsonInt;
 using ::pipetrain::testing::LocalCluster;
 using ::pipetrain::testing::SubmittedId;
 using ::testing::HasSubstr;
@@ -223,7 +224,8 @@ TEST_F(CoordinatorWatchTest, WatchersBehindTheEventsInMemoryGetEveryStepOnce) {
   spec_["checkpoint"]["every_steps"] = 50;  // a log line every 50 steps
   const std::string id = SubmitNoWait(c, {"pipeline.stages=1"});
   ASSERT_FALSE(id.empty());
-  WaitFor(c, id, [](const json& s) { return std::stoi(s.value("steps_done", "0")) >= 30; });
+  const json running = WaitFor(c, id, [](const json& s) { return JsonInt(s, "steps_done") >= 30; });
+  ASSERT_LT(JsonInt(running, "steps_done"), 300) << "the watchers must start while the job runs";
   auto stub = pipetrain::v1::Coordinator::NewStub(
       grpc::CreateChannel(c.address(), grpc::InsecureChannelCredentials()));
   struct Seen {

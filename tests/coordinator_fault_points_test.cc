@@ -40,7 +40,6 @@ class CoordinatorFaultPointsTest : public testing::ClusterJobTest,
     // A checkpoint after step 12 for the checkpoint point; none otherwise.
     spec_["checkpoint"]["every_steps"] = GetParam() == "checkpoint" ? kFaultStep / 2 : 0;
   }
-  static bool Ended(const json& s) { return testing::JobHasEnded(s); }
 };
 
 TEST_P(CoordinatorFaultPointsTest, AStageLostThereIsReplacedAndEveryLossIsTheUninterruptedRuns) {
@@ -62,7 +61,7 @@ TEST_P(CoordinatorFaultPointsTest, AStageLostThereIsReplacedAndEveryLossIsTheUni
 
   const std::string id = SubmitNoWait(c, {"pipeline.stages=3"});
   ASSERT_EQ(id, "job-000002");
-  const json done = WaitFor(c, id, Ended);
+  const json done = WaitFor(c, id, testing::JobHasEnded);
   const std::string logs = "\ncoordinator: " + c.coordinator_log() + c.stage_logs();
   EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump() << logs;
   EXPECT_THAT(c.stage_logs(), HasSubstr(absl::StrCat("--fail-at: job 'job-000002' stage 1 step ",

@@ -67,7 +67,6 @@ class CoordinatorRecoveryTest : public testing::ClusterJobTest {
     spec_["pipeline"]["schedule"] = "1f1b";
   }
 
-  static bool Ended(const json& s) { return testing::JobHasEnded(s); }
   // Every process's log so far, for the message of a failed expectation.
   static std::string ProcessLogs(const LocalCluster& c) {
     return "\ncoordinator: " + c.coordinator_log() + c.stage_logs();
@@ -120,7 +119,7 @@ TEST_F(CoordinatorRecoveryTest, AKilledStageIsReplacedByAFreeOneAndEveryLossIsTh
 
   const std::string id = SubmitNoWait(c, {"pipeline.stages=3"});
   const std::string victim = KillAt(c, id, 5, 1);
-  const json done = WaitFor(c, id, Ended);
+  const json done = WaitFor(c, id, testing::JobHasEnded);
   EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
   ASSERT_EQ(done["recoveries"].size(), 1u) << done.dump() << ProcessLogs(c);
   const json& r = done["recoveries"][0];
@@ -149,7 +148,7 @@ TEST_F(CoordinatorRecoveryTest, WithoutAFreeStageTheJobContinuesOnTheSurvivors) 
 
   const std::string id = SubmitNoWait(c, {"pipeline.stages=3"});
   KillAt(c, id, 4, 2);
-  const json done = WaitFor(c, id, Ended);
+  const json done = WaitFor(c, id, testing::JobHasEnded);
   EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
   ASSERT_EQ(done["recoveries"].size(), 1u) << done.dump() << ProcessLogs(c);
   EXPECT_EQ(done["recoveries"][0]["stages"], 2);
@@ -167,7 +166,7 @@ TEST_F(CoordinatorRecoveryTest, WithSnapshotsOffItContinuesFromTheNewestCheckpoi
 
   const std::string id = SubmitNoWait(c, {"pipeline.stages=2"});
   KillAt(c, id, 9, 0);
-  const json done = WaitFor(c, id, Ended);
+  const json done = WaitFor(c, id, testing::JobHasEnded);
   EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
   ASSERT_EQ(done["recoveries"].size(), 1u) << done.dump() << ProcessLogs(c);
   const json& r = done["recoveries"][0];
@@ -194,7 +193,7 @@ TEST_F(CoordinatorRecoveryTest, AStageKilledWhileACheckpointIsWrittenIsOneRestar
 
   const std::string id = SubmitNoWait(c, {"pipeline.stages=2"});
   const std::string victim = KillAt(c, id, 9, 0);
-  const json done = WaitFor(c, id, Ended);
+  const json done = WaitFor(c, id, testing::JobHasEnded);
   EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
   ASSERT_EQ(done["recoveries"].size(), 1u) << done.dump() << ProcessLogs(c);
   const json& r = done["recoveries"][0];
@@ -215,7 +214,7 @@ TEST_F(CoordinatorRecoveryTest, TwoStagesLostAtOnceStillEndAsTheUninterruptedRun
   for (int position : {1, 2}) {
     ASSERT_TRUE(c.KillStage(StageAddress(c, s["stage_ids"][position])));
   }
-  const json done = WaitFor(c, id, Ended);
+  const json done = WaitFor(c, id, testing::JobHasEnded);
   EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
   EXPECT_EQ(done["stage_ids"].size(), 1u) << done.dump();
   EXPECT_TRUE(LossesMatch(Losses(Status(c, id)), expected, kOtherLayout));
@@ -235,7 +234,7 @@ TEST_F(CoordinatorRecoveryTest, ItWaitsForAStageAndTakesTheLostOneBackWhenItRetu
   const std::string victim = KillAt(c, id, 4, 1);
   WaitFor(c, id, [](const json& j) { return j["state"] == "RECOVERING"; });
   ASSERT_TRUE(c.RestartStage(StageAddress(c, victim)).ok());
-  const json done = WaitFor(c, id, Ended);
+  const json done = WaitFor(c, id, testing::JobHasEnded);
   EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
   ASSERT_EQ(done["recoveries"].size(), 1u) << done.dump() << ProcessLogs(c);
   EXPECT_EQ(done["recoveries"][0]["stages"], 2);
@@ -259,7 +258,7 @@ TEST_F(CoordinatorRecoveryTest, ACancelWhileRecoveringEndsTheJobCancelled) {
   ASSERT_TRUE(listed.ok());
   EXPECT_THAT(listed->out, HasSubstr("RECOVERING"));
   ASSERT_EQ(c.Cli({"cancel", id})->exit_code, 0);
-  const json done = WaitFor(c, id, Ended);
+  const json done = WaitFor(c, id, testing::JobHasEnded);
   EXPECT_EQ(done["state"], "CANCELLED") << done.dump();
 }
 
@@ -275,7 +274,7 @@ TEST_F(CoordinatorRecoveryTest, AfterMaxRestartsTheJobFailsNamingItsCheckpoint) 
   WaitFor(c, id, [](const json& j) { return Recovered(j) && j["state"] == "RUNNING"; });
   const json before = Status(c, id);
   KillAt(c, id, JsonInt(before, "steps_done") + 2, 1);
-  const json done = WaitFor(c, id, Ended);
+  const json done = WaitFor(c, id, testing::JobHasEnded);
   EXPECT_EQ(done["state"], "FAILED") << done.dump();
   const std::string reason = done["reason"];
   EXPECT_THAT(reason, HasSubstr("max_restarts"));
@@ -293,7 +292,7 @@ TEST_F(CoordinatorRecoveryTest, AStageKilledWhileCheckpointsAreWrittenEveryStep)
   const std::vector<double> expected = Reference(c, 2);
   const std::string id = SubmitNoWait(c, {"pipeline.stages=2"});
   KillAt(c, id, 5, 1);
-  const json done = WaitFor(c, id, Ended);
+  const json done = WaitFor(c, id, testing::JobHasEnded);
   EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
   EXPECT_EQ(done.value("recoveries", json::array()).size(), 1u);
   EXPECT_TRUE(LossesMatch(Losses(Status(c, id)), expected, kSameLayout));
@@ -313,7 +312,7 @@ TEST_F(CoordinatorRecoveryTest, AReplicasLostStageIsReplacedAndTheLossesStayTheS
   const std::vector<double> expected = Losses(Status(c, SubmitAndFollow(c, layout)));
   const std::string id = SubmitNoWait(c, layout);
   KillAt(c, id, 5, 3);  // replica 1's last stage
-  const json done = WaitFor(c, id, Ended);
+  const json done = WaitFor(c, id, testing::JobHasEnded);
   EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
   ASSERT_EQ(done.value("recoveries", json::array()).size(), 1u) << done.dump();
   EXPECT_EQ(done["recoveries"][0]["replicas"], 2) << "the free stage took the lost one's place";
@@ -377,7 +376,7 @@ TEST_F(CoordinatorRecoveryTest, WithoutAFreeStageTheReplicaThatLostNothingGoesOn
       ASSERT_TRUE(c.SignalStage(at, SIGCONT)) << stage;
     }
   }
-  const json done = WaitFor(c, id, Ended);
+  const json done = WaitFor(c, id, testing::JobHasEnded);
   EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
   ASSERT_EQ(done.value("recoveries", json::array()).size(), 1u)
       << done.dump() << ProcessLogs(c);
@@ -418,7 +417,7 @@ TEST_F(CoordinatorRecoveryTest, WithGradientClippingALostStageStillGivesTheSameL
   const std::vector<double> expected = Reference(c, 3);
   const std::string id = SubmitNoWait(c, {"pipeline.stages=3"});
   KillAt(c, id, 5, 0);
-  const json done = WaitFor(c, id, Ended);
+  const json done = WaitFor(c, id, testing::JobHasEnded);
   EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
   EXPECT_EQ(done.value("recoveries", json::array()).size(), 1u);
   EXPECT_TRUE(LossesMatch(Losses(Status(c, id)), expected, kSameLayout));
@@ -440,7 +439,7 @@ TEST_F(CoordinatorRecoveryTest, AStageLostDuringTheRecoveryCostsOneMoreRestart) 
     if (s != first) second = s;
   }
   ASSERT_TRUE(c.KillStage(StageAddress(c, second))) << second;
-  const json done = WaitFor(c, id, Ended);
+  const json done = WaitFor(c, id, testing::JobHasEnded);
   EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
   EXPECT_EQ(done.value("recoveries", json::array()).size(), 2u) << done.dump();
   EXPECT_TRUE(LossesMatch(Losses(Status(c, id)), expected, kOtherLayout));
@@ -469,7 +468,7 @@ TEST_F(CoordinatorRecoveryTest, ACheckpointThatCannotBeWrittenWarnsAndTheNextOne
   EXPECT_THAT(logs, HasSubstr("the job goes on and tries again at the next checkpoint"));
   EXPECT_THAT(logs, HasSubstr("step-20"));
   std::filesystem::remove(blocker);
-  const json done = WaitFor(c, id, Ended);
+  const json done = WaitFor(c, id, testing::JobHasEnded);
   EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
   EXPECT_THAT(done.value("checkpoint_dir", ""), ::testing::EndsWith(absl::StrCat("/step-", kSteps)));
   for (const auto& entry : std::filesystem::directory_iterator(blocker)) {
@@ -493,7 +492,7 @@ TEST_P(CoordinatorRestartRecoveryTest, TheNextCoordinatorContinuesTheJobFromItsS
   const json before = WaitFor(c, id, [](const json& j) { return JsonInt(j, "steps_done") >= 5; });
   ASSERT_TRUE(c.KillCoordinator(GetParam()).ok());
   ASSERT_TRUE(c.StartCoordinatorAgain(0).ok());
-  const json done = WaitFor(c, id, Ended);
+  const json done = WaitFor(c, id, testing::JobHasEnded);
   EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
   ASSERT_EQ(done["recoveries"].size(), 1u) << done.dump() << ProcessLogs(c);
   const json& r = done["recoveries"][0];
@@ -521,7 +520,7 @@ TEST_F(CoordinatorRecoveryTest, AStageLostWhileTheCoordinatorWasDownIsReplaced) 
   ASSERT_TRUE(c.KillCoordinator(SIGKILL).ok());
   ASSERT_TRUE(c.KillStage(victim_address));
   ASSERT_TRUE(c.StartCoordinatorAgain(0).ok());
-  const json done = WaitFor(c, id, Ended);
+  const json done = WaitFor(c, id, testing::JobHasEnded);
   EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
   ASSERT_EQ(done.value("recoveries", json::array()).size(), 1u) << done.dump();
   const json& r = done["recoveries"][0];
@@ -553,7 +552,7 @@ TEST_F(CoordinatorRecoveryTest, AFrozenStageIsLostWithinTheDeadlineAndTheJobGoes
   const double took =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - frozen_at).count();
   EXPECT_LT(took, 20.0) << recovering.dump();
-  const json done = WaitFor(c, id, Ended);
+  const json done = WaitFor(c, id, testing::JobHasEnded);
   ASSERT_TRUE(c.KillStage(victim_address));  // a stopped process still takes SIGKILL
   EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
   ASSERT_EQ(done["recoveries"].size(), 1u);

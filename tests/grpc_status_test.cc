@@ -61,7 +61,6 @@ TEST(GrpcStatusTest, StatusKeepsCodeAndMessageBothWays) {
   EXPECT_TRUE(FromGrpcStatus(grpc::Status::OK).ok());
 }
 
-}  // namespace
 // No exception leaves a handler: gRPC would answer UNKNOWN "Unexpected error" naming nothing.
 TEST(GrpcStatusTest, GuardHandlerTurnsExceptionsIntoStatusesNamingTheMethod) {
   const grpc::Status fine = GuardHandler("Svc.Ok", [] { return grpc::Status::OK; });
@@ -71,13 +70,13 @@ TEST(GrpcStatusTest, GuardHandlerTurnsExceptionsIntoStatusesNamingTheMethod) {
   });
   EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(refused.error_message(), "field x: bad");
-  const grpc::Status oom = GuardHandler("Svc.Alloc", []() -> grpc::Status {
+  const grpc::Status too_long = GuardHandler("Svc.Alloc", []() -> grpc::Status {
     std::vector<char> huge;
-    huge.reserve(huge.max_size());  // throws std::length_error
+    huge.reserve(huge.max_size() + 1);  // past max_size: std::length_error, nothing allocated
     return grpc::Status::OK;
   });
-  EXPECT_EQ(oom.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_THAT(oom.error_message(), HasSubstr("Svc.Alloc"));
+  EXPECT_EQ(too_long.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(too_long.error_message(), HasSubstr("Svc.Alloc: a size in the request is too large"));
   const grpc::Status bad_alloc = GuardHandler("Svc.New", []() -> grpc::Status {
     throw std::bad_alloc();
   });
@@ -90,4 +89,5 @@ TEST(GrpcStatusTest, GuardHandlerTurnsExceptionsIntoStatusesNamingTheMethod) {
   EXPECT_EQ(other.error_message(), "Svc.Throws: unexpected error: boom");
 }
 
+}  // namespace
 }  // namespace pipetrain::common

@@ -307,8 +307,6 @@ TEST_F(HostileClientTest, MalformedBytesToEveryMethodNeitherCrashNorAnswerUnknow
                                   grpc::StatusCode::NOT_FOUND, grpc::StatusCode::UNAUTHENTICATED,
                                   grpc::StatusCode::PERMISSION_DENIED))
             << method << ": " << a;
-        EXPECT_NE(a.code, grpc::StatusCode::UNKNOWN) << method << ": " << a;
-        EXPECT_NE(a.code, grpc::StatusCode::OK) << method << ": " << a;
       }
     }
   }

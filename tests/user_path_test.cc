@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <future>
@@ -28,7 +29,8 @@ auto WithDeadline(F f) {
   auto done = std::async(std::launch::async, f);
   if (done.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
     ADD_FAILURE() << "blocked for 10 s: the FIFO was opened";
-    std::_Exit(1);  // the blocked thread cannot be joined
+    std::fflush(nullptr);  // _Exit flushes nothing: keep the failure's text
+    std::_Exit(1);         // the blocked thread cannot be joined
   }
   return done.get();
 }

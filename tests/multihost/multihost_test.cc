@@ -21,6 +21,7 @@
 #include "tests/multihost/multihost_cluster.h"
 #include "tests/testing/corpus_text.h"
 #include "tests/testing/loss_comparison.h"
+#include "tests/testing/status_json.h"
 #include "tests/testing/temp_files.h"
 
 namespace pipetrain {
@@ -243,10 +244,7 @@ TEST_F(MultiHostTest, AStageHostWhoseLinkGoesDownIsLostInBoundedTimeAndTheJobGoe
   EXPECT_THAT(logs->out, HasSubstr("stopped answering"));
   std::cout << "the stage was found lost " << took << " s after the link went down\n";
   // No host is free: it continues on the two it has, to the same losses.
-  const json done = WaitFor(c, id, 120s, [](const json& s) {
-    const std::string state = s.value("state", "");
-    return state == "SUCCEEDED" || state == "FAILED" || state == "CANCELLED";
-  });
+  const json done = WaitFor(c, id, 120s, ::pipetrain::testing::JobHasEnded);
   ASSERT_EQ(done["state"], "SUCCEEDED") << done.dump();
   EXPECT_EQ(done["stage_ids"].size(), 2u);
   EXPECT_TRUE(LossesMatch(Losses(done), ref, 1e-6)) << "after the link went down";
@@ -284,10 +282,7 @@ TEST_F(MultiHostTest, AJobGoesOnAfterTheCoordinatorIsKilledAndStartedAgain) {
   WaitFor(c, id, 60s, [](const json& s) { return s.value("steps_done", "0") != "0"; });
   absl::Status restarted = c.RestartCoordinator(SIGKILL);
   ASSERT_TRUE(restarted.ok()) << restarted;
-  const json done = WaitFor(c, id, 120s, [](const json& s) {
-    const std::string state = s.value("state", "");
-    return state == "SUCCEEDED" || state == "FAILED" || state == "CANCELLED";
-  });
+  const json done = WaitFor(c, id, 120s, ::pipetrain::testing::JobHasEnded);
   ASSERT_EQ(done["state"], "SUCCEEDED") << done.dump();
   ASSERT_EQ(done.value("recoveries", json::array()).size(), 1u) << done.dump();
   EXPECT_EQ(done["recoveries"][0]["source"], "the stages' snapshots") << done.dump();
