@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/error_context.h"
 #include "common/status_macros.h"
 
 namespace pipetrain::client {
@@ -53,12 +54,8 @@ absl::StatusOr<MeasuredJob> MeasuredJobFrom(const pb::JobStatus& job, const pb::
       return absl::InvalidArgumentError(absl::StrCat("--costs-from ", id, ": ", s.message()));
     }
   }
-  absl::StatusOr<planner::CostRates> rates = planner::RatesFromMeasured(out.plan, out.costs);
-  if (!rates.ok()) {
-    return absl::Status(rates.status().code(),
-                        absl::StrCat("--costs-from ", id, ": ", rates.status().message()));
-  }
-  out.rates = *rates;
+  ASSIGN_OR_RETURN(out.rates, common::ErrorContext(absl::StrCat("--costs-from ", id))
+                                  .Wrap(planner::RatesFromMeasured(out.plan, out.costs)));
   return out;
 }
 

@@ -27,6 +27,11 @@ absl::Status ErrorContext::Wrap(const absl::Status& status) const {
   return Error(status.code(), status.message());
 }
 
+absl::Status ErrorContext::Wrap(const absl::Status& status, absl::string_view doing) const {
+  if (status.ok()) return status;
+  return Error(status.code(), absl::StrCat(doing, ": ", status.message()));
+}
+
 absl::Status ErrorContext::Error(absl::StatusCode code, absl::string_view message) const {
   const std::string text = Text();
   if (text.empty()) return absl::Status(code, message);

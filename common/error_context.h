@@ -35,6 +35,8 @@ class ErrorContext {
 
   // The same code with "TEXT: " before the message; OK stays OK.
   absl::Status Wrap(const absl::Status& status) const;
+  // The same with what was being done: "TEXT: DOING: message".
+  absl::Status Wrap(const absl::Status& status, absl::string_view doing) const;
   template <typename T>
   absl::StatusOr<T> Wrap(absl::StatusOr<T> value) const {
     if (value.ok()) return value;

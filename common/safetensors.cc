@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
+#include "common/error_context.h"
 #include "common/status_macros.h"
 #include "common/user_path.h"
 #include "nlohmann/json.hpp"
@@ -460,14 +461,11 @@ absl::StatusOr<std::string> SerializeSafetensors(std::span<const SafetensorsView
 absl::Status WriteSafetensorsFile(const std::string& path,
                                   std::span<const SafetensorsView> tensors,
                                   const SafetensorsMetadata& metadata) {
-  auto header = BuildHeader(tensors, metadata);
-  if (!header.ok()) {
-    return absl::Status(header.status().code(),
-                        absl::StrCat(path, ": ", header.status().message()));
-  }
+  ASSIGN_OR_RETURN(std::string header,
+                   ErrorContext(path).Wrap(BuildHeader(tensors, metadata)));
   ASSIGN_OR_RETURN(AtomicFileWriter writer, AtomicFileWriter::Open(path));
-  RETURN_IF_ERROR(writer.Write(LengthPrefix(header->size())));
-  RETURN_IF_ERROR(writer.Write(*header));
+  RETURN_IF_ERROR(writer.Write(LengthPrefix(header.size())));
+  RETURN_IF_ERROR(writer.Write(header));
   for (const SafetensorsView& t : tensors) RETURN_IF_ERROR(writer.Write(t.bytes));
   return writer.Commit();
 }

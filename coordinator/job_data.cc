@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/error_context.h"
 #include "common/status_macros.h"
 #include "common/user_path.h"
 
@@ -57,9 +58,7 @@ absl::StatusOr<JobData> LoadText(const pb::JobSpec& spec) {
 absl::StatusOr<std::shared_ptr<const data::TokenDataset>> OpenTokens(
     absl::string_view field, const google::protobuf::RepeatedPtrField<std::string>& patterns,
     data::TokenFormat format, int vocab_size) {
-  auto named = [field](const absl::Status& s) {
-    return absl::Status(s.code(), absl::StrCat(field, ": ", s.message()));
-  };
+  auto named = [field](const absl::Status& s) { return common::ErrorContext(field).Wrap(s); };
   absl::StatusOr<std::vector<std::string>> paths =
       data::ExpandTokenPaths({patterns.begin(), patterns.end()});
   if (!paths.ok()) return named(paths.status());

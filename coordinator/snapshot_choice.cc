@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/error_context.h"
 #include "common/status_macros.h"
 
 namespace pipetrain::coordinator {
@@ -49,12 +50,8 @@ absl::StatusOr<model::Checkpoint> AssembleSnapshot(
   for (const SnapshotPick& pick : choice.picks) {
     const std::string what = absl::StrCat("job ", job_id, ": the snapshot of step ", choice.step,
                                           " of stage ", pick.owner_stage, " chunk ", pick.chunk);
-    absl::StatusOr<std::string> bytes = fetch(pick);
-    if (!bytes.ok()) {
-      return absl::Status(bytes.status().code(),
-                          absl::StrCat(what, ": ", bytes.status().message()));
-    }
-    ASSIGN_OR_RETURN(model::Checkpoint part, model::ParseCheckpoint(*bytes, what));
+    ASSIGN_OR_RETURN(std::string bytes, common::ErrorContext(what).Wrap(fetch(pick)));
+    ASSIGN_OR_RETURN(model::Checkpoint part, model::ParseCheckpoint(bytes, what));
     if (!part.optimizer) {
       return absl::DataLossError(absl::StrCat(what, " holds no optimizer state"));
     }
@@ -66,13 +63,9 @@ absl::StatusOr<model::Checkpoint> AssembleSnapshot(
     }
     parts.push_back(std::move(part));
   }
-  absl::StatusOr<model::Checkpoint> whole = model::MergeCheckpoints(std::move(parts));
-  if (!whole.ok()) {
-    return absl::Status(whole.status().code(),
-                        absl::StrCat("job ", job_id, ": merging the snapshots of step ",
-                                     choice.step, ": ", whole.status().message()));
-  }
-  return whole;
+  return common::ErrorContext(absl::StrCat("merging the snapshots of step ", choice.step))
+      .Job(job_id)
+      .Wrap(model::MergeCheckpoints(std::move(parts)));
 }
 
 }  // namespace pipetrain::coordinator

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/error_context.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -360,9 +361,9 @@ absl::StatusOr<common::PiecewiseTensor> LinkCore::Receive(const FrameTag& tag, a
     return t;
   }
   if (!status_.ok()) {
-    return absl::Status(status_.code(), absl::StrCat("waiting for ", DescribeWanted(tag),
-                                                     " from ", PeerName(), ": ",
-                                                     status_.message()));
+    return common::ErrorContext(absl::StrCat("waiting for ", DescribeWanted(tag), " from ",
+                                             PeerName()))
+        .Wrap(status_);
   }
   if (closing_) return absl::CancelledError(absl::StrCat("link to ", PeerName(), " is closed"));
   (void)arrived;

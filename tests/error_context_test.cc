@@ -28,6 +28,9 @@ TEST(ErrorContextTest, WrapKeepsTheCodeAndPrefixesTheMessage) {
               StatusIs(absl::StatusCode::kInvalidArgument, "job 'j' stage 0: field x"));
   absl::StatusOr<int> good = 5;
   EXPECT_EQ(*ctx.Wrap(std::move(good)), 5);
+  EXPECT_THAT(ctx.Wrap(absl::DataLossError("bad crc"), "reading chunk 2"),
+              StatusIs(absl::StatusCode::kDataLoss, "job 'j' stage 0: reading chunk 2: bad crc"));
+  EXPECT_TRUE(ctx.Wrap(absl::OkStatus(), "reading").ok());
   EXPECT_THAT(ErrorContext().Wrap(absl::InternalError("m")),
               StatusIs(absl::StatusCode::kInternal, "m"));
 }

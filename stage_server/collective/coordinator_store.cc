@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/error_context.h"
 #include "common/channel_args.h"
 #include "common/grpc_status.h"
 #include "gloo/common/error.h"
@@ -55,9 +56,9 @@ absl::Status CoordinatorStore::Set(const std::string& key, const std::string& va
     const grpc::Status s = stub_->RendezvousSet(&ctx, req, &resp);
     if (s.ok()) return absl::OkStatus();
     if (s.error_code() != grpc::StatusCode::UNAVAILABLE || absl::Now() + kRetryPause >= deadline) {
-      return absl::Status(common::FromGrpcStatus(s).code(),
-                          absl::StrCat("rendezvous at coordinator ", address_, ": job ", job_id_,
-                                       ": setting key '", req.key(), "': ", s.error_message()));
+      return common::ErrorContext(absl::StrCat("rendezvous at coordinator ", address_))
+          .Job(job_id_)
+          .Wrap(common::FromGrpcStatus(s), absl::StrCat("setting key '", req.key(), "'"));
     }
     absl::SleepFor(kRetryPause);
   }
@@ -83,9 +84,9 @@ absl::StatusOr<std::string> CoordinatorStore::Get(const std::string& key, absl::
     const bool again = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
                        s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
     if (!again || absl::Now() + kRetryPause >= deadline) {
-      return absl::Status(common::FromGrpcStatus(s).code(),
-                          absl::StrCat("rendezvous at coordinator ", address_, ": job ", job_id_,
-                                       ": key '", req.key(), "': ", s.error_message()));
+      return common::ErrorContext(absl::StrCat("rendezvous at coordinator ", address_))
+          .Job(job_id_)
+          .Wrap(common::FromGrpcStatus(s), absl::StrCat("key '", req.key(), "'"));
     }
     if (s.error_code() == grpc::StatusCode::UNAVAILABLE) absl::SleepFor(kRetryPause);
   }

@@ -9,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "common/error_context.h"
+#include "common/status_macros.h"
 #include "gloo/allreduce.h"
 #include "gloo/common/error.h"
 #include "gloo/math.h"
@@ -142,9 +144,8 @@ absl::StatusOr<std::unique_ptr<GradientReducer>> CreateGlooReducer(const Reducer
 
   // Everyone announces itself first, so that a replica that never comes is named (gloo
   // itself would only say that a key was missing).
-  if (absl::Status s = store.Set(ArrivalKey(options.replica), options.listen_host); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat(who, ": ", s.message()));
-  }
+  RETURN_IF_ERROR(
+      common::ErrorContext(who).Wrap(store.Set(ArrivalKey(options.replica), options.listen_host)));
   std::vector<std::string> hosts(options.replicas);
   hosts[options.replica] = options.listen_host;
   std::vector<int> missing;
@@ -158,8 +159,7 @@ absl::StatusOr<std::unique_ptr<GradientReducer>> CreateGlooReducer(const Reducer
                host.status().code() == absl::StatusCode::kNotFound) {
       missing.push_back(r);
     } else {
-      return absl::Status(host.status().code(),
-                          absl::StrCat(who, ": waiting for replica ", r, ": ", host.status().message()));
+      return common::ErrorContext(who).Wrap(host.status(), absl::StrCat("waiting for replica ", r));
     }
   }
   if (!missing.empty()) {
