@@ -125,8 +125,9 @@ class JobManager {
                             const JobEvents::Missed& missed, size_t* logs_seen,
                             int64_t* last_step,
                             const std::function<bool(const pipetrain::v1::JobEvent&)>& pass);
-  // Steps whose timelines the store keeps per job (`pipetrain timeline --steps`).
-  static constexpr int kTimelineSteps = 20;
+  // Steps whose timelines the store keeps per job: 20 measured (`pipetrain timeline
+  // --steps`) and the latest prediction, the only one read (PredictedTimeline).
+  static constexpr JobStore::TimelinesKept kTimelineSteps{.measured = 20, .predicted = 1};
   // How long a watcher waits after a batch of events before it reads the next.
   static constexpr absl::Duration kWatchBatch = absl::Milliseconds(20);
 
