@@ -33,7 +33,7 @@ struct ManagerOptions {
   // STATE_DIR/tensorboard.
   std::string tensorboard_dir;
   // Events of each running job kept in memory for its watchers (older: the store).
-  size_t events_in_memory = 1024;
+  size_t events_in_memory = kDefaultEventsInMemory;
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(5);
   RunnerOptions runner;  // checkpoint_root is set per job

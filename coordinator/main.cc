@@ -31,7 +31,7 @@ int main(int argc, char** argv) {
   std::string listen = "127.0.0.1:7400", state_dir, http, health_listen, tensorboard_dir;
   std::vector<std::string> data_roots;
   double heartbeat_timeout = 5, stage_deadline = 30;
-  int64_t events_in_memory = 1024;
+  int64_t events_in_memory = coordinator::kDefaultEventsInMemory;
   bool help = false, version = false;
   common::SecurityFlags security_flags;
   common::FlagSet flags(
@@ -152,7 +152,7 @@ int main(int argc, char** argv) {
 
   if (events_in_memory < 1 || events_in_memory > 1000000) {
     std::cerr << "pipetrain-coordinator: --events-in-memory must be between 1 and 1000000 "
-                 "(default 1024)\n";
+                 "(default " << coordinator::kDefaultEventsInMemory << ")\n";
     return 2;
   }
   absl::StatusOr<common::DataRoots> roots = common::DataRoots::Make(data_roots);
