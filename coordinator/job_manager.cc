@@ -19,7 +19,6 @@
 #include "coordinator/job_spec.h"
 #include "coordinator/placement.h"
 #include "coordinator/planner/planner.h"
-#include "coordinator/request_checks.h"
 
 namespace pipetrain::coordinator {
 
@@ -166,8 +165,6 @@ absl::Status JobManager::CheckFits(const pb::JobSpec& spec) {
 }
 
 absl::StatusOr<std::string> JobManager::Submit(pb::JobSpec spec) {
-  // Sizes first: nothing of an oversized spec is read, stored or echoed.
-  RETURN_IF_ERROR(CheckJobSpecBounds(spec));
   spec = WithDefaults(std::move(spec));
   RETURN_IF_ERROR(ValidateJobSpec(spec));
   // Kinds, sizes and --data-root before anything is opened: a FIFO would block here.
@@ -437,7 +434,6 @@ absl::StatusOr<pb::Timeline> JobManager::PredictedTimeline(const std::string& jo
 
 absl::StatusOr<pb::RegisterStageResponse> JobManager::RegisterStage(
     const pb::RegisterStageRequest& request, const std::string& peer_identity) {
-  RETURN_IF_ERROR(CheckRegisterStageRequest(request));
   ASSIGN_OR_RETURN(StageRegistration registered,
                    registry_.Register(request.address(), request.device(),
                                       request.registration_secret(), peer_identity));

@@ -51,9 +51,12 @@ class JobManager {
   // with fault_tolerance.max_restarts 0); waits for their threads.
   void Shutdown();
 
-  // INVALID_ARGUMENT naming the field for a bad spec, a corpus or token file the
-  // coordinator cannot read or that is malformed (naming the file), or a model that
-  // does not fit the registered stages' memory.
+  // Requests reach these calls checked by the service (request_checks.h: sizes, ids,
+  // counts, a registration's fields); what is checked here is their meaning.
+  //
+  // INVALID_ARGUMENT naming the field for a bad spec, a corpus, token file or init_from
+  // checkpoint the coordinator cannot read or that is malformed (naming the file), or a
+  // model that does not fit the registered stages' memory.
   absl::StatusOr<std::string> Submit(pipetrain::v1::JobSpec spec);
   absl::StatusOr<pipetrain::v1::JobStatus> Get(const std::string& job_id, bool history);
   // The latest `limit` jobs (0 = all), most recent first, each with its latest step as
@@ -80,8 +83,8 @@ class JobManager {
   // no events before the first step. Stored with each step, like the measured ones.
   absl::StatusOr<pipetrain::v1::Timeline> PredictedTimeline(const std::string& job_id);
 
-  // Every field checked (CheckRegisterStageRequest); `peer_identity` is the caller's
-  // TLS identity ("" without TLS), tied to the record (StageRegistry::Register).
+  // `peer_identity` is the caller's TLS identity ("" without TLS), tied to the record
+  // (StageRegistry::Register).
   absl::StatusOr<pipetrain::v1::RegisterStageResponse> RegisterStage(
       const pipetrain::v1::RegisterStageRequest& request, const std::string& peer_identity = "");
   pipetrain::v1::HeartbeatResponse Heartbeat(const pipetrain::v1::HeartbeatRequest& request);
