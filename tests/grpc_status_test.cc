@@ -117,7 +117,8 @@ TEST(GrpcStatusTest, GuardHandlerNamesWhatTheRequestIsAbout) {
   pipetrain::v1::ExportChunkRequest chunk;
   chunk.set_job_id("job-9");
   chunk.set_chunk(2);
-  EXPECT_EQ(DescribeRequest("Stage.ExportChunk", chunk), "Stage.ExportChunk of job 'job-9' chunk 2");
+  EXPECT_EQ(DescribeRequest("Stage.ExportChunk", chunk),
+            "Stage.ExportChunk of job 'job-9' chunk 2");
 
   pipetrain::v1::HeartbeatRequest beat;
   beat.set_stage_id("stage-3");
