@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/byte_format.h"
 #include "common/status_macros.h"
 
 namespace pipetrain::common {
@@ -36,12 +37,6 @@ absl::Status StatError(int error, absl::string_view context, const std::string& 
   return absl::InvalidArgumentError(message);
 }
 
-std::string Bytes(int64_t n) {
-  if (n >= kGiB) return absl::StrCat(n / kGiB, " GiB");
-  if (n >= kMiB) return absl::StrCat(n / kMiB, " MiB");
-  return absl::StrCat(n, " bytes");
-}
-
 absl::StatusOr<int64_t> CheckStatRegular(const struct stat& st, const std::string& path,
                                          int64_t max_bytes, absl::string_view context) {
   if (!S_ISREG(st.st_mode)) {
@@ -51,7 +46,7 @@ absl::StatusOr<int64_t> CheckStatRegular(const struct stat& st, const std::strin
   const int64_t size = static_cast<int64_t>(st.st_size);
   if (size > max_bytes) {
     return Refuse(context, path,
-                  absl::StrCat("is ", size, " bytes, more than the ", Bytes(max_bytes),
+                  absl::StrCat("is ", size, " bytes, more than the ", FormatBytes(max_bytes),
                                " allowed for it"));
   }
   return size;
@@ -150,7 +145,7 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max
         if (n < 0 && errno == EINTR) continue;
         if (n < 0) return StatError(errno, context, path);
         return Refuse(context, path,
-                      absl::StrCat("grew past the ", Bytes(max_bytes), " allowed for it"));
+                      absl::StrCat("grew past the ", FormatBytes(max_bytes), " allowed for it"));
       }
       out.resize(static_cast<size_t>(
           std::min<int64_t>(max_bytes, static_cast<int64_t>(out.size()) * 2 + 4096)));

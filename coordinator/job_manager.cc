@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/byte_format.h"
 #include "common/job_state.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -32,8 +33,6 @@ pb::JobEvent StateEvent(const pb::JobStatus& status) {
   e.mutable_state_change()->clear_history();
   return e;
 }
-
-std::string MiB(double bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
 
 }  // namespace
 
@@ -159,7 +158,7 @@ absl::Status JobManager::CheckFits(const pb::JobSpec& spec) {
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "model: does not fit the stages' memory: the ", k, " registered stages with the most "
-      "memory have ", MiB(cap), " each, and ", plan.status().message(),
+      "memory have ", common::FormatBytes(cap), " each, and ", plan.status().message(),
       "; use more stages (pipeline.stages), recompute (pipeline.recompute=always), more "
       "micro-batches or a smaller model"));
 }
