@@ -200,6 +200,18 @@ absl::StatusOr<DataRoots> DataRoots::Make(const std::vector<std::string>& roots)
   return out;
 }
 
+absl::StatusOr<DataRoots> DataRoots::Default(const std::string& working_dir,
+                                             const std::string& state_dir) {
+  ASSIGN_OR_RETURN(DataRoots out, Make({working_dir}));
+  RETURN_IF_ERROR(out.Allow(state_dir));
+  out.by_default_ = true;
+  return out;
+}
+
+bool DataRoots::allows_everything() const {
+  return std::find(roots_.begin(), roots_.end(), "/") != roots_.end();
+}
+
 absl::Status DataRoots::Allow(const std::string& folder) {
   if (!confining()) return absl::OkStatus();
   std::error_code ec;
@@ -219,9 +231,18 @@ absl::Status DataRoots::Check(const std::string& path, absl::string_view context
   for (const std::string& root : roots_) {
     if (Inside(real, root)) return absl::OkStatus();
   }
+  const std::string where = real == path ? "is" : absl::StrCat("resolves to ", real, ",");
+  if (by_default_) {
+    return Refuse(context, path,
+                  absl::StrCat(where, " outside the folders this coordinator lets jobs read (",
+                               absl::StrJoin(roots_, ", "),
+                               ": its working folder and its --state-dir, as it was started "
+                               "without --data-root); put the file under one of them, or "
+                               "start the coordinator with --data-root DIR for the folder "
+                               "that holds it (--data-root / allows any file)"));
+  }
   return Refuse(context, path,
-                absl::StrCat(real == path ? "is" : absl::StrCat("resolves to ", real, ","),
-                             " outside the coordinator's --data-root folders (",
+                absl::StrCat(where, " outside the coordinator's --data-root folders (",
                              absl::StrJoin(roots_, ", "),
                              "); put the file under one of them or start the coordinator "
                              "with another --data-root"));
