@@ -6,6 +6,7 @@
 #include "client/output.h"
 #include "client/remote.h"
 #include "client/remote_verbs.h"
+#include "common/byte_format.h"
 
 namespace pipetrain::client {
 
@@ -49,7 +50,7 @@ int RunCluster(const std::vector<std::string>& args, std::ostream& out, std::ost
       device = absl::StrCat(d.kind(), " ", d.name());
     }
     rows.push_back({s.stage_id(), s.address(), device,
-                    d.memory_bytes() > 0 ? HumanBytes(d.memory_bytes()) : "-",
+                    d.memory_bytes() > 0 ? common::FormatBytes(d.memory_bytes()) : "-",
                     pb::StageInfo::State_Name(s.state()), s.job_id().empty() ? "-" : s.job_id(),
                     AgeText(s.last_heartbeat(), now)});
   }

@@ -21,7 +21,6 @@ std::string RenderTable(const std::vector<std::string>& header,
                         const std::vector<std::vector<std::string>>& rows);
 
 std::string WithThousands(int64_t n);      // 4210 -> "4,210"
-std::string HumanBytes(uint64_t bytes);    // 1536 -> "1.5 KiB"
 std::string HumanDuration(double seconds); // 80 -> "1m20s", 7500 -> "2h05m", 4.2 -> "4s"
 
 bool IsSet(const google::protobuf::Timestamp& t);

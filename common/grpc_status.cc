@@ -1,6 +1,16 @@
 #include "common/grpc_status.h"
 
+#include <cstdint>
+#include <exception>
+#include <new>
+#include <optional>
+#include <stdexcept>
 #include <string>
+
+#include "absl/strings/str_cat.h"
+#include "common/error_context.h"
+#include "common/input_limits.h"
+#include "google/protobuf/descriptor.h"
 
 namespace pipetrain::common {
 namespace {
@@ -31,7 +41,83 @@ constexpr CodePair kCodes[] = {
     {absl::StatusCode::kUnauthenticated, grpc::StatusCode::UNAUTHENTICATED},
 };
 
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+
+// A singular integer field `name` of `m`, whatever its width; nullopt if m has none.
+std::optional<int64_t> IntField(const Message& m, absl::string_view name) {
+  const FieldDescriptor* f = m.GetDescriptor()->FindFieldByName(std::string(name));
+  if (f == nullptr || f->is_repeated()) return std::nullopt;
+  const auto* r = m.GetReflection();
+  switch (f->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_INT32: return r->GetInt32(m, f);
+    case FieldDescriptor::CPPTYPE_INT64: return r->GetInt64(m, f);
+    case FieldDescriptor::CPPTYPE_UINT32: return r->GetUInt32(m, f);
+    case FieldDescriptor::CPPTYPE_UINT64: return static_cast<int64_t>(r->GetUInt64(m, f));
+    default: return std::nullopt;
+  }
+}
+
+// A singular, non-empty string field `name` of `m`, cut short; "" if m has none.
+std::string StringField(const Message& m, absl::string_view name) {
+  const FieldDescriptor* f = m.GetDescriptor()->FindFieldByName(std::string(name));
+  if (f == nullptr || f->is_repeated() || f->cpp_type() != FieldDescriptor::CPPTYPE_STRING) {
+    return "";
+  }
+  return Truncated(m.GetReflection()->GetString(m, f));
+}
+
+// What the failed call was about; only the method if even that cannot be said.
+std::string Context(absl::string_view method, const Message* request) {
+  if (request == nullptr) return std::string(method);
+  try {
+    return DescribeRequest(method, *request);
+  } catch (...) {
+    return std::string(method);
+  }
+}
+
 }  // namespace
+
+std::string DescribeRequest(absl::string_view method, const Message& request) {
+  ErrorContext context(method);
+  if (std::string job = StringField(request, "job_id"); !job.empty()) context.Job(job);
+  if (auto stage = IntField(request, "stage")) context.Stage(*stage);
+  if (auto step = IntField(request, "step")) context.Step(*step);
+  if (auto chunk = IntField(request, "chunk")) context.Chunk(*chunk);
+  std::string out = context.Text();
+  for (absl::string_view field : {"stage_id", "address"}) {
+    if (std::string value = StringField(request, field); !value.empty()) {
+      absl::StrAppend(&out, " ", field, " '", value, "'");
+    }
+  }
+  return out;
+}
+
+namespace internal {
+
+grpc::Status HandlerFailed(absl::string_view method, const Message* request) {
+  const std::string context = Context(method, request);
+  try {
+    throw;
+  } catch (const std::bad_alloc&) {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat(context, ": out of memory while answering: the request "
+                                              "asks for more than this server can allocate"));
+  } catch (const std::length_error& e) {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat(context, ": a size in the request is too large (", e.what(),
+                                     ")"));
+  } catch (const std::exception& e) {
+    return grpc::Status(grpc::StatusCode::INTERNAL,
+                        absl::StrCat(context, ": unexpected error: ", e.what()));
+  } catch (...) {
+    return grpc::Status(grpc::StatusCode::INTERNAL,
+                        absl::StrCat(context, ": unexpected error (not a std::exception)"));
+  }
+}
+
+}  // namespace internal
 
 grpc::StatusCode ToGrpcCode(absl::StatusCode code) {
   for (const CodePair& p : kCodes) {

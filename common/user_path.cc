@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/byte_format.h"
 #include "common/status_macros.h"
 
 namespace pipetrain::common {
@@ -36,12 +37,6 @@ absl::Status StatError(int error, absl::string_view context, const std::string& 
   return absl::InvalidArgumentError(message);
 }
 
-std::string Bytes(int64_t n) {
-  if (n >= kGiB) return absl::StrCat(n / kGiB, " GiB");
-  if (n >= kMiB) return absl::StrCat(n / kMiB, " MiB");
-  return absl::StrCat(n, " bytes");
-}
-
 absl::StatusOr<int64_t> CheckStatRegular(const struct stat& st, const std::string& path,
                                          int64_t max_bytes, absl::string_view context) {
   if (!S_ISREG(st.st_mode)) {
@@ -51,7 +46,7 @@ absl::StatusOr<int64_t> CheckStatRegular(const struct stat& st, const std::strin
   const int64_t size = static_cast<int64_t>(st.st_size);
   if (size > max_bytes) {
     return Refuse(context, path,
-                  absl::StrCat("is ", size, " bytes, more than the ", Bytes(max_bytes),
+                  absl::StrCat("is ", size, " bytes, more than the ", FormatBytes(max_bytes),
                                " allowed for it"));
   }
   return size;
@@ -150,7 +145,7 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max
         if (n < 0 && errno == EINTR) continue;
         if (n < 0) return StatError(errno, context, path);
         return Refuse(context, path,
-                      absl::StrCat("grew past the ", Bytes(max_bytes), " allowed for it"));
+                      absl::StrCat("grew past the ", FormatBytes(max_bytes), " allowed for it"));
       }
       out.resize(static_cast<size_t>(
           std::min<int64_t>(max_bytes, static_cast<int64_t>(out.size()) * 2 + 4096)));
@@ -205,6 +200,18 @@ absl::StatusOr<DataRoots> DataRoots::Make(const std::vector<std::string>& roots)
   return out;
 }
 
+absl::StatusOr<DataRoots> DataRoots::Default(const std::string& working_dir,
+                                             const std::string& state_dir) {
+  ASSIGN_OR_RETURN(DataRoots out, Make({working_dir}));
+  RETURN_IF_ERROR(out.Allow(state_dir));
+  out.by_default_ = true;
+  return out;
+}
+
+bool DataRoots::allows_everything() const {
+  return std::find(roots_.begin(), roots_.end(), "/") != roots_.end();
+}
+
 absl::Status DataRoots::Allow(const std::string& folder) {
   if (!confining()) return absl::OkStatus();
   std::error_code ec;
@@ -224,9 +231,18 @@ absl::Status DataRoots::Check(const std::string& path, absl::string_view context
   for (const std::string& root : roots_) {
     if (Inside(real, root)) return absl::OkStatus();
   }
+  const std::string where = real == path ? "is" : absl::StrCat("resolves to ", real, ",");
+  if (by_default_) {
+    return Refuse(context, path,
+                  absl::StrCat(where, " outside the folders this coordinator lets jobs read (",
+                               absl::StrJoin(roots_, ", "),
+                               ": its working folder and its --state-dir, as it was started "
+                               "without --data-root); put the file under one of them, or "
+                               "start the coordinator with --data-root DIR for the folder "
+                               "that holds it (--data-root / allows any file)"));
+  }
   return Refuse(context, path,
-                absl::StrCat(real == path ? "is" : absl::StrCat("resolves to ", real, ","),
-                             " outside the coordinator's --data-root folders (",
+                absl::StrCat(where, " outside the coordinator's --data-root folders (",
                              absl::StrJoin(roots_, ", "),
                              "); put the file under one of them or start the coordinator "
                              "with another --data-root"));

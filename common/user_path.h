@@ -81,25 +81,36 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, int64_t max
 // A ".." below a missing folder is refused: it could not be resolved honestly.
 absl::StatusOr<std::string> ResolvePath(const std::string& path, absl::string_view context);
 
-// The folders job paths must lie in (the coordinator's --data-root). Empty: any path.
+// The folders job paths must lie in (the coordinator's --data-root, or its default).
+// Empty: any path.
 class DataRoots {
  public:
   DataRoots() = default;
   // Each root must be an existing folder; kept as its realpath.
   static absl::StatusOr<DataRoots> Make(const std::vector<std::string>& roots);
+  // The roots of a coordinator started without --data-root: its working folder and its
+  // state folder (created if missing). Refusals then say so, and how to allow a path.
+  static absl::StatusOr<DataRoots> Default(const std::string& working_dir,
+                                           const std::string& state_dir);
 
   bool confining() const { return !roots_.empty(); }
+  // Whether "/" is a root: every path is allowed (--data-root /, or a coordinator whose
+  // working folder is / and that was given no --data-root).
+  bool allows_everything() const;
   const std::vector<std::string>& roots() const { return roots_; }
   // Also allows `folder` (created if missing), e.g. the coordinator's own checkpoints,
   // which `pipetrain resume` names as init_from. A no-op when not confining.
   absl::Status Allow(const std::string& folder);
 
   // OK when not confining or when `path` resolves inside a root; else INVALID_ARGUMENT
-  // "<context> <path> resolves to <real>, outside --data-root (<roots>)".
+  // "<context> <path> resolves to <real>, outside the coordinator's --data-root folders
+  // (<roots>); ..." (for the default roots: "outside the folders this coordinator lets
+  // jobs read", and how to start it with --data-root).
   absl::Status Check(const std::string& path, absl::string_view context) const;
 
  private:
   std::vector<std::string> roots_;
+  bool by_default_ = false;  // Default's roots, not --data-root's
 };
 
 }  // namespace pipetrain::common

@@ -1,6 +1,7 @@
 // The Coordinator gRPC service: translates between proto messages and the JobManager,
-// and absl statuses into gRPC ones. With a token (--token-file), every call must carry
-// it first. No logic of its own.
+// and absl statuses into gRPC ones. Every request is authorized (with --token-file, it
+// must carry the token) and then checked (request_checks.h) before the manager sees it;
+// the service has no logic of its own.
 #pragma once
 
 #include "common/rpc_security.h"

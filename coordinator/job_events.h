@@ -15,6 +15,10 @@
 
 namespace pipetrain::coordinator {
 
+// Events of each running job kept in memory when the coordinator is not told otherwise
+// (--events-in-memory).
+inline constexpr size_t kDefaultEventsInMemory = 1024;
+
 class JobEvents {
  public:
   // `stored_logs`: the job's log lines already in the store before these events (a job a

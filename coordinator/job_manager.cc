@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "common/byte_format.h"
 #include "common/job_state.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -19,7 +19,6 @@
 #include "coordinator/job_spec.h"
 #include "coordinator/placement.h"
 #include "coordinator/planner/planner.h"
-#include "coordinator/request_checks.h"
 
 namespace pipetrain::coordinator {
 
@@ -33,8 +32,6 @@ pb::JobEvent StateEvent(const pb::JobStatus& status) {
   e.mutable_state_change()->clear_history();
   return e;
 }
-
-std::string MiB(double bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048576.0); }
 
 }  // namespace
 
@@ -160,14 +157,12 @@ absl::Status JobManager::CheckFits(const pb::JobSpec& spec) {
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "model: does not fit the stages' memory: the ", k, " registered stages with the most "
-      "memory have ", MiB(cap), " each, and ", plan.status().message(),
+      "memory have ", common::FormatBytes(cap), " each, and ", plan.status().message(),
       "; use more stages (pipeline.stages), recompute (pipeline.recompute=always), more "
       "micro-batches or a smaller model"));
 }
 
 absl::StatusOr<std::string> JobManager::Submit(pb::JobSpec spec) {
-  // Sizes first: nothing of an oversized spec is read, stored or echoed.
-  RETURN_IF_ERROR(CheckJobSpecBounds(spec));
   spec = WithDefaults(std::move(spec));
   RETURN_IF_ERROR(ValidateJobSpec(spec));
   // Kinds, sizes and --data-root before anything is opened: a FIFO would block here.
@@ -437,7 +432,6 @@ absl::StatusOr<pb::Timeline> JobManager::PredictedTimeline(const std::string& jo
 
 absl::StatusOr<pb::RegisterStageResponse> JobManager::RegisterStage(
     const pb::RegisterStageRequest& request, const std::string& peer_identity) {
-  RETURN_IF_ERROR(CheckRegisterStageRequest(request));
   ASSIGN_OR_RETURN(StageRegistration registered,
                    registry_.Register(request.address(), request.device(),
                                       request.registration_secret(), peer_identity));

@@ -33,7 +33,7 @@ struct ManagerOptions {
   // STATE_DIR/tensorboard.
   std::string tensorboard_dir;
   // Events of each running job kept in memory for its watchers (older: the store).
-  size_t events_in_memory = 1024;
+  size_t events_in_memory = kDefaultEventsInMemory;
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(5);
   RunnerOptions runner;  // checkpoint_root is set per job
@@ -51,9 +51,12 @@ class JobManager {
   // with fault_tolerance.max_restarts 0); waits for their threads.
   void Shutdown();
 
-  // INVALID_ARGUMENT naming the field for a bad spec, a corpus or token file the
-  // coordinator cannot read or that is malformed (naming the file), or a model that
-  // does not fit the registered stages' memory.
+  // Requests reach these calls checked by the service (request_checks.h: sizes, ids,
+  // counts, a registration's fields); what is checked here is their meaning.
+  //
+  // INVALID_ARGUMENT naming the field for a bad spec, a corpus, token file or init_from
+  // checkpoint the coordinator cannot read or that is malformed (naming the file), or a
+  // model that does not fit the registered stages' memory.
   absl::StatusOr<std::string> Submit(pipetrain::v1::JobSpec spec);
   absl::StatusOr<pipetrain::v1::JobStatus> Get(const std::string& job_id, bool history);
   // The latest `limit` jobs (0 = all), most recent first, each with its latest step as
@@ -80,8 +83,8 @@ class JobManager {
   // no events before the first step. Stored with each step, like the measured ones.
   absl::StatusOr<pipetrain::v1::Timeline> PredictedTimeline(const std::string& job_id);
 
-  // Every field checked (CheckRegisterStageRequest); `peer_identity` is the caller's
-  // TLS identity ("" without TLS), tied to the record (StageRegistry::Register).
+  // `peer_identity` is the caller's TLS identity ("" without TLS), tied to the record
+  // (StageRegistry::Register).
   absl::StatusOr<pipetrain::v1::RegisterStageResponse> RegisterStage(
       const pipetrain::v1::RegisterStageRequest& request, const std::string& peer_identity = "");
   pipetrain::v1::HeartbeatResponse Heartbeat(const pipetrain::v1::HeartbeatRequest& request);
@@ -125,8 +128,9 @@ class JobManager {
                             const JobEvents::Missed& missed, size_t* logs_seen,
                             int64_t* last_step,
                             const std::function<bool(const pipetrain::v1::JobEvent&)>& pass);
-  // Steps whose timelines the store keeps per job (`pipetrain timeline --steps`).
-  static constexpr int kTimelineSteps = 20;
+  // Steps whose timelines the store keeps per job: 20 measured (`pipetrain timeline
+  // --steps`) and the latest prediction, the only one read (PredictedTimeline).
+  static constexpr JobStore::TimelinesKept kTimelineSteps{.measured = 20, .predicted = 1};
   // How long a watcher waits after a batch of events before it reads the next.
   static constexpr absl::Duration kWatchBatch = absl::Milliseconds(20);
 

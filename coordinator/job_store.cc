@@ -85,6 +85,50 @@ std::string StatusBlob(const JobStatus& job) {
   return copy.SerializeAsString();
 }
 
+// The writes Update, AppendStep and RecordStep share, each inside the caller's
+// transaction (under mu_); `what` names the call in errors.
+
+// Replaces a job's status; NOT_FOUND for an unknown job. created_us stays as inserted:
+// List's order is the order jobs were created in.
+absl::Status WriteStatus(sqlite3* db, const JobStatus& job, const std::string& what) {
+  ASSIGN_OR_RETURN(SqliteStatement update,
+                   SqliteStatement::Prepare(db, "UPDATE jobs SET status = ? WHERE id = ?"));
+  update.BindBlob(1, StatusBlob(job)).Bind(2, job.job_id());
+  RETURN_IF_ERROR(update.Run(what));
+  if (sqlite3_changes(db) == 0) return UnknownJob(job.job_id());
+  return absl::OkStatus();
+}
+
+// Records a step, replacing a record with the same step number.
+absl::Status WriteStep(sqlite3* db, const std::string& job_id, const StepRecord& step,
+                       const std::string& what) {
+  ASSIGN_OR_RETURN(SqliteStatement insert,
+                   SqliteStatement::Prepare(db,
+                                            "INSERT OR REPLACE INTO steps(job_id, "
+                                            "step, record) VALUES(?, ?, ?)"));
+  insert.Bind(1, job_id).Bind(2, step.step()).BindBlob(3, step.SerializeAsString());
+  return insert.Run(what);
+}
+
+// Stores one step's timeline of one kind (0 measured, 1 predicted) and keeps only the
+// latest `keep` steps' of that kind. A step run again after a restart drops the later
+// ones, which the run it continues no longer has.
+absl::Status WriteTimeline(sqlite3* db, const std::string& job_id, int64_t kind, int64_t step,
+                           const Timeline& timeline, int keep, const std::string& what) {
+  ASSIGN_OR_RETURN(SqliteStatement put,
+                   SqliteStatement::Prepare(db,
+                                            "INSERT OR REPLACE INTO timelines(job_id, "
+                                            "predicted, step, timeline) VALUES(?, ?, ?, ?)"));
+  put.Bind(1, job_id).Bind(2, kind).Bind(3, step).BindBlob(4, timeline.SerializeAsString());
+  RETURN_IF_ERROR(put.Run(what));
+  ASSIGN_OR_RETURN(SqliteStatement trim,
+                   SqliteStatement::Prepare(db,
+                                            "DELETE FROM timelines WHERE job_id = ?1 AND "
+                                            "predicted = ?2 AND (step <= ?3 - ?4 OR step > ?3)"));
+  trim.Bind(1, job_id).Bind(2, kind).Bind(3, step).Bind(4, int64_t{std::max(keep, 1)});
+  return trim.Run(what);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path) {
@@ -167,12 +211,7 @@ absl::Status JobStore::Insert(const JobStatus& job) {
 absl::Status JobStore::Update(const JobStatus& job) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(SqliteTransaction tx, SqliteTransaction::Begin(db_, /*write=*/true));
-  // created_us stays as inserted: List's order is the order jobs were created in.
-  ASSIGN_OR_RETURN(SqliteStatement update,
-                   SqliteStatement::Prepare(db_, "UPDATE jobs SET status = ? WHERE id = ?"));
-  update.BindBlob(1, StatusBlob(job)).Bind(2, job.job_id());
-  RETURN_IF_ERROR(update.Run(absl::StrCat("updating job '", job.job_id(), "'")));
-  if (sqlite3_changes(db_) == 0) return UnknownJob(job.job_id());
+  RETURN_IF_ERROR(WriteStatus(db_, job, absl::StrCat("updating job '", job.job_id(), "'")));
   return tx.Commit();
 }
 
@@ -180,13 +219,9 @@ absl::Status JobStore::AppendStep(const std::string& job_id, const StepRecord& s
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(SqliteTransaction tx, SqliteTransaction::Begin(db_, /*write=*/true));
   RETURN_IF_ERROR(RequireJob(db_, job_id));
-  ASSIGN_OR_RETURN(SqliteStatement insert,
-                   SqliteStatement::Prepare(db_,
-                                            "INSERT OR REPLACE INTO steps(job_id, "
-                                            "step, record) VALUES(?, ?, ?)"));
-  insert.Bind(1, job_id).Bind(2, step.step()).BindBlob(3, step.SerializeAsString());
   RETURN_IF_ERROR(
-      insert.Run(absl::StrCat("recording step ", step.step(), " of job '", job_id, "'")));
+      WriteStep(db_, job_id, step, absl::StrCat("recording step ", step.step(), " of job '",
+                                                job_id, "'")));
   return tx.Commit();
 }
 
@@ -277,40 +312,18 @@ absl::StatusOr<std::vector<LogLine>> JobStore::Logs(const std::string& job_id) c
 
 absl::Status JobStore::RecordStep(const JobStatus& job, const StepRecord& step,
                                   const Timeline& measured, const Timeline& predicted,
-                                  int keep_timelines) {
+                                  TimelinesKept keep) {
   const std::string& id = job.job_id();
   const std::string what = absl::StrCat("recording step ", step.step(), " of job '", id, "'");
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(SqliteTransaction tx, SqliteTransaction::Begin(db_, /*write=*/true));
-  ASSIGN_OR_RETURN(SqliteStatement update,
-                   SqliteStatement::Prepare(db_, "UPDATE jobs SET status = ? WHERE id = ?"));
-  update.BindBlob(1, StatusBlob(job)).Bind(2, id);
-  RETURN_IF_ERROR(update.Run(what));
-  if (sqlite3_changes(db_) == 0) return UnknownJob(id);
-  ASSIGN_OR_RETURN(SqliteStatement insert,
-                   SqliteStatement::Prepare(db_,
-                                            "INSERT OR REPLACE INTO steps(job_id, "
-                                            "step, record) VALUES(?, ?, ?)"));
-  insert.Bind(1, id).Bind(2, step.step()).BindBlob(3, step.SerializeAsString());
-  RETURN_IF_ERROR(insert.Run(what));
-  for (const auto& [timeline, kind] : {std::pair{&measured, 0}, std::pair{&predicted, 1}}) {
-    if (timeline->events_size() == 0) continue;
-    ASSIGN_OR_RETURN(SqliteStatement put,
-                     SqliteStatement::Prepare(db_,
-                                              "INSERT OR REPLACE INTO timelines(job_id, "
-                                              "predicted, step, timeline) VALUES(?, ?, ?, ?)"));
-    put.Bind(1, id).Bind(2, int64_t{kind}).Bind(3, step.step());
-    put.BindBlob(4, timeline->SerializeAsString());
-    RETURN_IF_ERROR(put.Run(what));
-    // The latest steps only; a step run again after a restart drops the later ones, which
-    // the run it continues no longer has.
-    ASSIGN_OR_RETURN(SqliteStatement trim,
-                     SqliteStatement::Prepare(db_,
-                                              "DELETE FROM timelines WHERE job_id = ?1 AND "
-                                              "predicted = ?2 AND (step <= ?3 - ?4 OR step > ?3)"));
-    trim.Bind(1, id).Bind(2, int64_t{kind}).Bind(3, step.step());
-    trim.Bind(4, int64_t{std::max(keep_timelines, 1)});
-    RETURN_IF_ERROR(trim.Run(what));
+  RETURN_IF_ERROR(WriteStatus(db_, job, what));
+  RETURN_IF_ERROR(WriteStep(db_, id, step, what));
+  if (measured.events_size() > 0) {
+    RETURN_IF_ERROR(WriteTimeline(db_, id, 0, step.step(), measured, keep.measured, what));
+  }
+  if (predicted.events_size() > 0) {
+    RETURN_IF_ERROR(WriteTimeline(db_, id, 1, step.step(), predicted, keep.predicted, what));
   }
   return tx.Commit();
 }

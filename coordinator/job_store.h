@@ -37,13 +37,20 @@ class JobStore {
   // Records one finished step; replaces a record with the same step number.
   absl::Status AppendStep(const std::string& job_id, const pipetrain::v1::StepRecord& step);
   absl::Status AppendLog(const std::string& job_id, const pipetrain::v1::LogLine& line);
+  // How many steps' timelines RecordStep keeps per job, of each kind (at least 1 each):
+  // readers ask for up to `measured` steps of measured timelines (`pipetrain timeline
+  // --steps`) and for the latest prediction only, so one of those is all that is kept.
+  struct TimelinesKept {
+    int measured = 20;
+    int predicted = 1;
+  };
   // A finished step in one transaction: its record (as AppendStep), the job's status (as
   // Update), and the step's measured and predicted timelines (an empty one is not
-  // stored), of which the latest `keep_timelines` steps' of each kind are kept.
+  // stored), of which the latest `keep` steps' of each kind are kept.
   absl::Status RecordStep(const pipetrain::v1::JobStatus& job,
                           const pipetrain::v1::StepRecord& step,
                           const pipetrain::v1::Timeline& measured,
-                          const pipetrain::v1::Timeline& predicted, int keep_timelines);
+                          const pipetrain::v1::Timeline& predicted, TimelinesKept keep);
 
   // NOT_FOUND "unknown job 'ID'" if absent. With include_history, history holds every
   // step in order.

@@ -13,6 +13,7 @@
 #include "coordinator/coordinator_service.h"
 #include "coordinator/http_api.h"
 #include "coordinator/job_manager.h"
+#include "coordinator/job_paths.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 
@@ -31,7 +32,7 @@ int main(int argc, char** argv) {
   std::string listen = "127.0.0.1:7400", state_dir, http, health_listen, tensorboard_dir;
   std::vector<std::string> data_roots;
   double heartbeat_timeout = 5, stage_deadline = 30;
-  int64_t events_in_memory = 1024;
+  int64_t events_in_memory = coordinator::kDefaultEventsInMemory;
   bool help = false, version = false;
   common::SecurityFlags security_flags;
   common::FlagSet flags(
@@ -51,9 +52,10 @@ int main(int argc, char** argv) {
       "checkpoint, with fault_tolerance.max_restarts 0).\n"
       "\n"
       "Data: a job names files the coordinator reads (data.corpus, data.tokens,\n"
-      "data.validation_tokens, init_from). With --data-root DIR (repeatable) each must\n"
-      "resolve, after symlinks, inside one of the DIRs (or DIR/checkpoints of the state\n"
-      "dir, which 'pipetrain resume' names), else the job is refused; without it a job may\n"
+      "data.validation_tokens, init_from). Each must resolve, after symlinks, inside the\n"
+      "coordinator's working folder or its --state-dir, else the job is refused. With\n"
+      "--data-root DIR (repeatable) the DIRs take the working folder's place (with the\n"
+      "state dir's checkpoints/, which 'pipetrain resume' names); --data-root / lets a job\n"
       "name any file this user can read. Whatever the roots, a path must be a regular file\n"
       "(or a folder for init_from): FIFOs, devices and sockets are refused unopened.\n"
       "\n"
@@ -69,7 +71,7 @@ int main(int argc, char** argv) {
                   "DIR");
   flags.AddRepeated("data-root", &data_roots,
                     "jobs' data, validation data and init_from must resolve inside DIR (after "
-                    "symlinks); unset: any file this user can read",
+                    "symlinks); unset: the working folder or the state dir; / for any file",
                     "DIR");
   flags.AddString("tensorboard-dir", &tensorboard_dir,
                   "write each job's TensorBoard event files to DIR/JOB instead of "
@@ -152,22 +154,17 @@ int main(int argc, char** argv) {
 
   if (events_in_memory < 1 || events_in_memory > 1000000) {
     std::cerr << "pipetrain-coordinator: --events-in-memory must be between 1 and 1000000 "
-                 "(default 1024)\n";
+                 "(default " << coordinator::kDefaultEventsInMemory << ")\n";
     return 2;
   }
-  absl::StatusOr<common::DataRoots> roots = common::DataRoots::Make(data_roots);
+  absl::StatusOr<common::DataRoots> roots = coordinator::JobDataRoots(data_roots, state_dir);
   if (!roots.ok()) {
     std::cerr << "pipetrain-coordinator: " << roots.status().message() << "\n";
     return 2;
   }
-  // `pipetrain resume` names the coordinator's own checkpoint as init_from.
-  if (absl::Status s = roots->Allow(state_dir + "/checkpoints"); !s.ok()) {
-    std::cerr << "pipetrain-coordinator: --state-dir: " << s.message() << "\n";
-    return 1;
-  }
-  if (!roots->confining()) {
+  if (roots->allows_everything()) {
     common::LogWarning("coordinator",
-                       "no --data-root: a job may name any file this user can read as its "
+                       "a data root is /: a job may name any file this user can read as its "
                        "data or init_from; confine jobs with --data-root DIR (repeatable)");
   }
 

@@ -1,7 +1,8 @@
 // The checks every coordinator request gets before it reaches the job manager's logic:
 // each string and list a client controls within common/input_limits.h, a stage's
 // registration field by field (address, device kind, threads, memory, FLOP rate), and a
-// job's step size. Pure: the service and the job manager call them, the tests call them
+// job's step size. Pure: the gRPC service calls them for every request, after its token
+// and before the job manager sees it (the one place they run); the tests call them
 // directly. Every error is INVALID_ARGUMENT naming the field and its value (truncated)
 // or its size and the limit.
 #pragma once

@@ -2,14 +2,57 @@
 // computed lazily (every reader sweeps first), so no timer is needed for correctness.
 #include "coordinator/stage_registry.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <algorithm>
+#include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "common/address.h"
 
 namespace pipetrain::coordinator {
+namespace {
+
+// The canonical text of an IP literal (IPv4 in any form inet_aton takes, IPv6 with an
+// IPv4-mapped one as IPv4); nullopt for a host name.
+std::optional<std::string> CanonicalIp(const std::string& host) {
+  char text[INET6_ADDRSTRLEN] = {};
+  in_addr v4;
+  if (inet_aton(host.c_str(), &v4) != 0) {
+    return inet_ntop(AF_INET, &v4, text, sizeof(text)) ? std::optional<std::string>(text)
+                                                        : std::nullopt;
+  }
+  const size_t zone = host.find('%');  // fe80::1%eth0: the zone stays as written
+  in6_addr v6;
+  if (inet_pton(AF_INET6, host.substr(0, zone).c_str(), &v6) != 1) return std::nullopt;
+  if (IN6_IS_ADDR_V4MAPPED(&v6)) {
+    std::memcpy(&v4, &v6.s6_addr[12], sizeof(v4));
+    if (inet_ntop(AF_INET, &v4, text, sizeof(text)) == nullptr) return std::nullopt;
+  } else if (inet_ntop(AF_INET6, &v6, text, sizeof(text)) == nullptr) {
+    return std::nullopt;
+  }
+  return zone == std::string::npos ? std::string(text) : absl::StrCat(text, host.substr(zone));
+}
+
+}  // namespace
+
+std::string AddressKey(const std::string& address) {
+  absl::StatusOr<common::HostPort> hp = common::ParseHostPort(address, 0, "address");
+  if (!hp.ok()) return address;
+  std::string host = absl::AsciiStrToLower(absl::StripSuffix(hp->host, "."));
+  if (std::optional<std::string> ip = CanonicalIp(host)) host = *std::move(ip);
+  // One machine's own stage server, however the loopback is named.
+  if (host == "localhost" || host == "127.0.0.1" || host == "::1") host = "loopback";
+  return absl::StrCat(host, "|", hp->port);
+}
+
 namespace {
 
 // Marks records silent for longer than `timeout` as lost; returns the ids newly marked.
@@ -54,9 +97,10 @@ absl::StatusOr<StageRegistration> StageRegistry::Register(const std::string& add
     return absl::InvalidArgumentError("register stage: address is empty");
   }
   absl::Time now = now_();
+  const std::string key = AddressKey(address);
   absl::MutexLock lock(&mu_);
   for (StageRecord& stage : stages_) {
-    if (stage.address != address) continue;
+    if (AddressKey(stage.address) != key) continue;
     const absl::Duration silent = now - stage.last_heartbeat;
     const bool live = !stage.lost && silent <= timeout_;
     if (live && !stage.identity.empty() && identity != stage.identity) {
@@ -72,15 +116,19 @@ absl::StatusOr<StageRegistration> StageRegistry::Register(const std::string& add
       const absl::Duration wait =
           std::max(absl::Ceil(timeout_ - silent, absl::Milliseconds(100)), absl::Milliseconds(100));
       return absl::AlreadyExistsError(absl::StrCat(
-          "register stage at ", address, ": ", stage.stage_id,
-          " is registered there and alive (last heartbeat ", absl::FormatDuration(silent),
-          " ago); a registration without its registration_secret takes the address only "
-          "once it has missed heartbeats for ", absl::FormatDuration(timeout_), ": retry in ",
+          "register stage at ", address, ": ", stage.stage_id, " is registered there",
+          stage.address == address ? "" : absl::StrCat(" (as ", stage.address, ")"),
+          " and alive (last heartbeat ", absl::FormatDuration(silent),
+          " ago); only that stage may register there again, with its registration_secret; "
+          "a registration without it takes the address only once the stage has missed "
+          "heartbeats for ", absl::FormatDuration(timeout_), ": retry in ",
           absl::FormatDuration(wait)));
     }
     // The same stage again (it has the secret), or one whose record is lost: keep its
     // id, its place in the oldest-first order and any job holding it, which will find
     // out on its own. A new secret: the earlier registration's heartbeats are refused.
+    // The address as it now gives it is the one its peers dial.
+    stage.address = address;
     stage.device = device;
     stage.last_heartbeat = now;
     stage.lost = false;
@@ -173,8 +221,9 @@ std::vector<std::optional<StageRecord>> StageRegistry::AcquireAt(
   absl::MutexLock lock(&mu_);
   SweepLocked();
   for (size_t a = 0; a < addresses.size(); ++a) {
+    const std::string key = AddressKey(addresses[a]);
     for (StageRecord& stage : stages_) {
-      if (stage.address == addresses[a] && IsFree(stage, 0)) {
+      if (AddressKey(stage.address) == key && IsFree(stage, 0)) {
         stage.job_id = job_id;
         taken[a] = stage;
         break;

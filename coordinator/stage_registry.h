@@ -16,6 +16,8 @@
 // replaces that record only when it carries the record's secret (the same stage
 // registering again) or once the record has missed its heartbeats for the timeout (a
 // restarted process, which has no secret); else ALREADY_EXISTS says how long to wait.
+// An address is the endpoint it names (AddressKey), not its spelling: "LOCALHOST:07400"
+// is 127.0.0.1:7400's address, and is refused there like the same text.
 // With mutual TLS the peer's certificate identity is kept too, and a live record
 // refuses another identity even with the secret. A lost record may be taken by any
 // authenticated client: a stage redeployed with a new certificate must get back in.
@@ -33,6 +35,12 @@
 #include "pipetrain/v1/coordinator.pb.h"
 
 namespace pipetrain::coordinator {
+
+// The endpoint "HOST:PORT" names, as a key two spellings of it share: the port as a
+// number, the host lowercased without a trailing dot, an IP literal in canonical form
+// (any form inet_aton takes; IPv4-mapped IPv6 as IPv4) and localhost, 127.0.0.1 and ::1
+// as one. Text that does not parse (the service refuses it first) is its own key.
+std::string AddressKey(const std::string& address);
 
 struct StageRecord {
   std::string stage_id;  // "stage-1", "stage-2", ... in registration order

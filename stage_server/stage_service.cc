@@ -183,7 +183,7 @@ void StageService::SetServer(grpc::Server* server) {
 
 grpc::Status StageService::Configure(grpc::ServerContext* context, const pb::ConfigureRequest* request,
                                      pb::ConfigureResponse* response) {
-  return common::GuardHandler("Stage.Configure", [&]() -> grpc::Status {
+  return common::GuardHandler("Stage.Configure", *request, [&]() -> grpc::Status {
     if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
     auto config = JobConfigFromProto(*request);
     if (!config.ok()) {
@@ -209,7 +209,7 @@ grpc::Status StageService::Configure(grpc::ServerContext* context, const pb::Con
 
 grpc::Status StageService::RunStep(grpc::ServerContext* context, const pb::RunStepRequest* request,
                                    pb::RunStepResponse* response) {
-  return common::GuardHandler("Stage.RunStep", [&]() -> grpc::Status {
+  return common::GuardHandler("Stage.RunStep", *request, [&]() -> grpc::Status {
     if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
     auto step = StepRequestFromProto(*request);
     if (!step.ok()) {
@@ -232,7 +232,7 @@ grpc::Status StageService::RunStep(grpc::ServerContext* context, const pb::RunSt
 grpc::Status StageService::ApplyOptimizer(grpc::ServerContext* context,
                                           const pb::ApplyOptimizerRequest* request,
                                           pb::ApplyOptimizerResponse* response) {
-  return common::GuardHandler("Stage.ApplyOptimizer", [&]() -> grpc::Status {
+  return common::GuardHandler("Stage.ApplyOptimizer", *request, [&]() -> grpc::Status {
     if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
     auto apply = ApplyOptimizerRequestFromProto(*request);
     if (!apply.ok()) {
@@ -259,7 +259,7 @@ grpc::Status StageService::ApplyOptimizer(grpc::ServerContext* context,
 grpc::Status StageService::ExportChunk(grpc::ServerContext* context,
                                        const pb::ExportChunkRequest* request,
                                        grpc::ServerWriter<pb::ChunkPiece>* writer) {
-  return common::GuardHandler("Stage.ExportChunk", [&]() -> grpc::Status {
+  return common::GuardHandler("Stage.ExportChunk", *request, [&]() -> grpc::Status {
     if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
     auto bytes = runtime_->ExportChunk(request->job_id(), static_cast<int>(request->chunk()));
     if (!bytes.ok()) return common::ToGrpcStatus(bytes.status());
@@ -368,7 +368,7 @@ grpc::Status StageService::HoldSnapshot(grpc::ServerContext* context,
 grpc::Status StageService::ListSnapshots(grpc::ServerContext* context,
                                          const pb::ListSnapshotsRequest* request,
                                          pb::ListSnapshotsResponse* response) {
-  return common::GuardHandler("Stage.ListSnapshots", [&]() -> grpc::Status {
+  return common::GuardHandler("Stage.ListSnapshots", *request, [&]() -> grpc::Status {
     if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
     auto list = runtime_->ListSnapshots(request->job_id());
     if (!list.ok()) return common::ToGrpcStatus(list.status());
@@ -380,7 +380,7 @@ grpc::Status StageService::ListSnapshots(grpc::ServerContext* context,
 grpc::Status StageService::FetchSnapshot(grpc::ServerContext* context,
                                          const pb::FetchSnapshotRequest* request,
                                          grpc::ServerWriter<pb::ChunkPiece>* writer) {
-  return common::GuardHandler("Stage.FetchSnapshot", [&]() -> grpc::Status {
+  return common::GuardHandler("Stage.FetchSnapshot", *request, [&]() -> grpc::Status {
     if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
     auto blob = runtime_->FetchSnapshot(request->job_id(), request->owner_stage(),
                                         static_cast<int>(request->chunk()), request->step());

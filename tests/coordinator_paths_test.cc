@@ -1,8 +1,10 @@
 // End to end, the coordinator judging the paths a job names: a FIFO, a device or a
-// folder as data is refused without being opened, and with --data-root a path that
-// resolves (after symlinks) outside the roots is refused, each INVALID_ARGUMENT (CLI
-// exit 2) naming the field; a job inside the roots trains, and one started from the
-// coordinator's own checkpoint (what `pipetrain resume` names) is allowed.
+// folder as data is refused without being opened, an init_from whose safetensors header
+// does not parse is refused at submit, and with --data-root a path that resolves (after
+// symlinks) outside the roots is refused, each INVALID_ARGUMENT (CLI exit 2) naming the
+// field; a job inside the roots trains, and one started from the coordinator's own
+// checkpoint (what `pipetrain resume` names) is allowed. A coordinator given no
+// --data-root confines jobs to its working folder and its state dir.
 #include <sys/stat.h>
 
 #include <filesystem>
@@ -42,7 +44,7 @@ Confined& TheConfined() {
     fs::create_directory(made.root);
     WriteFileOrDie(made.root + "/corpus.txt", testing::EnglishLikeCorpus());
     LocalClusterOptions options;
-    options.coordinator_args = {"--data-root", made.root, "--data-root", "/dev"};
+    options.data_roots = {made.root, "/dev"};
     auto started = LocalCluster::Start(made.dir.File("state"), 1, options);
     if (started.ok()) {
       made.cluster = *std::move(started);
@@ -131,6 +133,20 @@ TEST_F(CoordinatorPathsTest, InitFromOutsideTheRootsIsRefused) {
   ExpectRefused({"init_from " + dir_.File("ckpt"), "outside the coordinator's --data-root"});
 }
 
+// Issue 27: a garbage init_from was accepted at submit and failed only when the job
+// started; its header is read at submit now, as token files are scanned.
+TEST_F(CoordinatorPathsTest, AGarbageInitFromIsRefusedAtSubmit) {
+  const std::string garbage = root_ + "/garbage.safetensors";
+  WriteFileOrDie(garbage, "not a safetensors file");
+  spec_["init_from"] = garbage;
+  ExpectRefused({"init_from: " + garbage});
+  const std::string folder = root_ + "/garbage-ckpt";
+  fs::create_directories(folder);
+  WriteFileOrDie(folder + "/stage-0.safetensors", std::string(64, '\xff'));
+  spec_["init_from"] = folder;
+  ExpectRefused({"init_from: " + folder + "/stage-0.safetensors"});
+}
+
 TEST_F(CoordinatorPathsTest, InitFromFolderWithASymlinkOutOfTheRootIsRefused) {
   const std::string ckpt = root_ + "/ckpt-with-link";
   fs::create_directories(ckpt);
@@ -154,6 +170,36 @@ TEST_F(CoordinatorPathsTest, AJobInsideTheRootTrainsAndItsCheckpointMayStartAnot
   const std::string next = SubmitAndFollow(*c_, {});
   ASSERT_FALSE(next.empty());
   EXPECT_EQ(Status(*c_, next)["state"], "SUCCEEDED") << c_->coordinator_log();
+}
+
+// Without --data-root (issue 27: a job could read any file the coordinator could, e.g.
+// /etc/shadow as a corpus) the coordinator lets jobs read its working folder and its
+// state dir only; elsewhere is refused, naming the field and how to allow it.
+class CoordinatorDefaultRootsTest : public testing::ClusterJobTest {};
+
+TEST_F(CoordinatorDefaultRootsTest, ACorpusOutsideTheWorkingFolderAndStateDirIsRefused) {
+  LocalClusterOptions options;
+  options.data_roots = {};  // no --data-root at all
+  const std::string state = dir_.File("state");
+  auto cluster = LocalCluster::Start(state, 1, options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  spec_["training"]["steps"] = 1;
+  // dir_ holds the state dir but is neither it nor the coordinator's working folder.
+  for (const std::string& corpus : {dir_.File("corpus.txt"), std::string("/etc/passwd")}) {
+    spec_["data"]["corpus"] = corpus;
+    auto r = (*cluster)->Cli({"submit", WriteSpec(spec_), "--no-wait"}, 30s);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->exit_code, 2) << r->out << r->err;
+    EXPECT_THAT(r->err, HasSubstr("data.corpus " + corpus)) << r->err;
+    EXPECT_THAT(r->err, HasSubstr("started without --data-root")) << r->err;
+    EXPECT_THAT(r->err, HasSubstr("--data-root / allows any file")) << r->err;
+  }
+  // The same corpus in its state dir is the coordinator's to read.
+  WriteFileOrDie(state + "/corpus.txt", testing::EnglishLikeCorpus());
+  spec_["data"]["corpus"] = state + "/corpus.txt";
+  const std::string id = SubmitAndFollow(**cluster, {});
+  ASSERT_FALSE(id.empty());
+  EXPECT_EQ(Status(**cluster, id)["state"], "SUCCEEDED") << (*cluster)->coordinator_log();
 }
 
 }  // namespace

@@ -1,12 +1,16 @@
 #include "common/grpc_status.h"
 
+#include <new>
 #include <set>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "pipetrain/v1/coordinator.pb.h"
+#include "pipetrain/v1/stage.pb.h"
 
 namespace pipetrain::common {
 namespace {
@@ -87,6 +91,55 @@ TEST(GrpcStatusTest, GuardHandlerTurnsExceptionsIntoStatusesNamingTheMethod) {
   });
   EXPECT_EQ(other.error_code(), grpc::StatusCode::INTERNAL);
   EXPECT_EQ(other.error_message(), "Svc.Throws: unexpected error: boom");
+}
+
+// With the request, the guard's message says what it was about: the job, stage, step and
+// chunk where the message has those fields, a stage id or address otherwise.
+TEST(GrpcStatusTest, GuardHandlerNamesWhatTheRequestIsAbout) {
+  pipetrain::v1::RunStepRequest step;
+  step.set_job_id("job-7");
+  step.set_step(12);
+  const grpc::Status oom = GuardHandler("Stage.RunStep", step, []() -> grpc::Status {
+    throw std::bad_alloc();
+  });
+  EXPECT_EQ(oom.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(oom.error_message(),
+              HasSubstr("Stage.RunStep of job 'job-7' step 12: out of memory while answering"));
+
+  pipetrain::v1::ConfigureRequest configure;
+  configure.set_job_id("job-8");  // stage 0: a stage index is named even when it is 0
+  const grpc::Status boom = GuardHandler("Stage.Configure", configure, []() -> grpc::Status {
+    throw std::runtime_error("boom");
+  });
+  EXPECT_EQ(boom.error_code(), grpc::StatusCode::INTERNAL);
+  EXPECT_EQ(boom.error_message(), "Stage.Configure of job 'job-8' stage 0: unexpected error: boom");
+
+  pipetrain::v1::ExportChunkRequest chunk;
+  chunk.set_job_id("job-9");
+  chunk.set_chunk(2);
+  EXPECT_EQ(DescribeRequest("Stage.ExportChunk", chunk),
+            "Stage.ExportChunk of job 'job-9' chunk 2");
+
+  pipetrain::v1::HeartbeatRequest beat;
+  beat.set_stage_id("stage-3");
+  const grpc::Status thrown = GuardHandler("Coordinator.Heartbeat", beat, []() -> grpc::Status {
+    throw 42;  // not a std::exception: still answered, still named
+  });
+  EXPECT_EQ(thrown.error_code(), grpc::StatusCode::INTERNAL);
+  EXPECT_THAT(thrown.error_message(),
+              HasSubstr("Coordinator.Heartbeat stage_id 'stage-3': unexpected error"));
+
+  pipetrain::v1::RegisterStageRequest registration;
+  registration.set_address("10.0.0.1:7401");
+  EXPECT_EQ(DescribeRequest("Coordinator.RegisterStage", registration),
+            "Coordinator.RegisterStage address '10.0.0.1:7401'");
+  // A hostile id is cut short, not echoed whole; a request without such fields names
+  // the method only.
+  pipetrain::v1::GetJobRequest get;
+  get.set_job_id(std::string(100000, 'j'));
+  EXPECT_LT(DescribeRequest("Coordinator.GetJob", get).size(), 200u);
+  EXPECT_EQ(DescribeRequest("Coordinator.GetCluster", pipetrain::v1::GetClusterRequest()),
+            "Coordinator.GetCluster");
 }
 
 }  // namespace

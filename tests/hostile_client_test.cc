@@ -1,11 +1,11 @@
 // A hostile client against a real coordinator and a real stage server: raw bytes over
 // grpc::GenericStub, so nothing of our client library stands between it and the
-// servers. Nonsense registrations, a takeover of a live stage's address, over-limit
-// fields, overflowing model sizes, a Configure whose buffers cannot be had, and
-// malformed protobuf bytes to every method of both services. Every answer must name
-// what is wrong, never be UNKNOWN, and be INTERNAL only for malformed bytes (gRPC's own
-// parser answers those before our code runs: docs/USAGE.md, "Malformed requests");
-// both processes must still serve afterwards (issue 18).
+// servers. Nonsense registrations, a takeover of a live stage's address (under any
+// spelling of it), over-limit fields, overflowing model sizes, a Configure whose buffers
+// cannot be had, and malformed protobuf bytes to every method of both services. Every
+// answer must name what is wrong, never be UNKNOWN, and be INTERNAL only for malformed
+// bytes (gRPC's own parser answers those before our code runs: docs/USAGE.md,
+// "Malformed requests"); both processes must still serve afterwards (issue 18).
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -182,6 +182,24 @@ TEST_F(HostileClientTest, ALiveStagesAddressCannotBeTakenOver) {
   ASSERT_EQ(cluster.stages_size(), 1);
   EXPECT_NE(cluster.stages(0).device().name(), "forged");
   EXPECT_EQ(cluster.stages(0).state(), pb::StageInfo::IDLE);
+}
+
+// Issue 27: the same stage's address spelt otherwise (a name for its IP, a port with a
+// leading zero), without its secret, was taken as a new stage at that address.
+TEST_F(HostileClientTest, AnotherSpellingOfALiveStagesAddressIsNoNewStage) {
+  const std::string live = cluster_->stage_addresses()[0];  // 127.0.0.1:PORT
+  const std::string port = live.substr(live.rfind(':') + 1);
+  for (const std::string& alias : {"localhost:" + port, "127.0.0.1:0" + port, "[::1]:" + port}) {
+    const Answer a = Call(coordinator(), "/pipetrain.v1.Coordinator/RegisterStage",
+                          Registration(alias));
+    ExpectRefused(a, grpc::StatusCode::ALREADY_EXISTS, alias);
+    EXPECT_THAT(a.message, HasSubstr("stage-1"));
+    EXPECT_THAT(a.message, HasSubstr("registration_secret"));
+  }
+  const pb::ClusterStatus cluster = ExpectBothServe();
+  ASSERT_EQ(cluster.stages_size(), 1);
+  EXPECT_EQ(cluster.stages(0).address(), live);
+  EXPECT_NE(cluster.stages(0).device().name(), "forged");
 }
 
 TEST_F(HostileClientTest, OverLimitFieldsAreRefusedWithTheirSize) {

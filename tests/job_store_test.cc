@@ -248,7 +248,8 @@ TEST(JobStoreTest, RecordStepKeepsTheLatestTimelinesOfEachKindAcrossReopen) {
       job.set_steps_done(step);
       // Odd steps have no predicted timeline (an empty one is not stored).
       ASSERT_THAT(store->RecordStep(job, MakeStep(step, 1.0 / step), StepTimeline(step, 3),
-                                    StepTimeline(step, step % 2 == 0 ? 2 : 0), /*keep=*/5),
+                                    StepTimeline(step, step % 2 == 0 ? 2 : 0),
+                                    {.measured = 5, .predicted = 3}),
                   IsOk());
     }
   }
@@ -268,12 +269,12 @@ TEST(JobStoreTest, RecordStepKeepsTheLatestTimelinesOfEachKindAcrossReopen) {
   EXPECT_THAT(StepsOf(*last), ElementsAre(30));
   auto predicted = store->Timelines("job-000001", /*predicted=*/true, 20);
   ASSERT_THAT(predicted, IsOk());
-  EXPECT_THAT(StepsOf(*predicted), ElementsAre(26, 28, 30));
-  EXPECT_EQ(predicted->events_size(), 6);
+  EXPECT_THAT(StepsOf(*predicted), ElementsAre(28, 30)) << "each kind keeps its own count";
+  EXPECT_EQ(predicted->events_size(), 4);
   // A step run again after a restart: the later steps' timelines belong to the old run.
   JobStatus again = *job;
   ASSERT_THAT(store->RecordStep(again, MakeStep(28, 0.5), StepTimeline(28, 1),
-                                pipetrain::v1::Timeline(), 5),
+                                pipetrain::v1::Timeline(), {.measured = 5, .predicted = 3}),
               IsOk());
   auto after = store->Timelines("job-000001", false, 20);
   ASSERT_THAT(after, IsOk());
@@ -281,8 +282,32 @@ TEST(JobStoreTest, RecordStepKeepsTheLatestTimelinesOfEachKindAcrossReopen) {
   EXPECT_EQ(after->events_size(), 7);
   EXPECT_THAT(store->Timelines("job-000404", false, 1), StatusIs(absl::StatusCode::kNotFound));
   EXPECT_THAT(store->RecordStep(MakeJob("job-000404", 1), MakeStep(1, 1), StepTimeline(1, 1),
-                                StepTimeline(1, 1), 5),
+                                StepTimeline(1, 1), {}),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("job-000404")));
+}
+
+// By default the store keeps what its readers ask for: 20 steps of measured timelines and
+// the latest prediction, which is all that is read of predictions.
+TEST(JobStoreTest, RecordStepKeepsTwentyMeasuredAndOnePredictedByDefault) {
+  TempDir dir;
+  auto store = OpenOrDie(dir.File("jobs.db"));
+  ASSERT_NE(store, nullptr);
+  JobStatus job = MakeJob("job-000001", 5);
+  ASSERT_THAT(store->Insert(job), IsOk());
+  for (int64_t step = 1; step <= 25; ++step) {
+    job.set_steps_done(step);
+    ASSERT_THAT(store->RecordStep(job, MakeStep(step, 1.0), StepTimeline(step, 1),
+                                  StepTimeline(step, 2), JobStore::TimelinesKept{}),
+                IsOk());
+  }
+  auto measured = store->Timelines("job-000001", /*predicted=*/false, 100);
+  ASSERT_THAT(measured, IsOk());
+  EXPECT_EQ(StepsOf(*measured).size(), 20u);
+  EXPECT_EQ(StepsOf(*measured).front(), 6);
+  auto predicted = store->Timelines("job-000001", /*predicted=*/true, 100);
+  ASSERT_THAT(predicted, IsOk());
+  EXPECT_THAT(StepsOf(*predicted), ElementsAre(25));
+  EXPECT_EQ(predicted->events_size(), 2);
 }
 
 TEST(JobStoreTest, OpenRejectsMissingFolderAndNonDatabase) {

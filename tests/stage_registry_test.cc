@@ -108,6 +108,55 @@ TEST_F(StageRegistryTest, NoOneTakesOverALiveStagesAddress) {
   EXPECT_TRUE(registry_.Heartbeat(a, restarted->secret));
 }
 
+// The hostile-input battery (issue 27): another spelling of a live stage's address, with
+// no secret, was taken as a new stage at the same endpoint. Every spelling of it is
+// refused as the same text is, naming the address, the stage and the secret it needs;
+// the stage's own re-registration (with its secret) under another spelling keeps its id.
+TEST_F(StageRegistryTest, AnotherSpellingOfALiveStagesAddressIsTheSameAddress) {
+  const std::string a = RegisterOrDie("127.0.0.1:7401");
+  for (const std::string alias : {"localhost:7401", "LOCALHOST:7401", "127.0.0.1:07401",
+                                  "[::1]:7401", "[::ffff:127.0.0.1]:7401", "127.1:7401",
+                                  "localhost.:7401"}) {
+    EXPECT_THAT(registry_.Register(alias, Device(64 * kGiB, "forged")),
+                StatusIs(absl::StatusCode::kAlreadyExists,
+                         AllOf(HasSubstr(alias), HasSubstr("stage-1"),
+                               HasSubstr("(as 127.0.0.1:7401)"),
+                               HasSubstr("registration_secret"))))
+        << alias;
+  }
+  EXPECT_EQ(registry_.Snapshot().size(), 1u);
+  EXPECT_EQ(registry_.Find(a)->device.name(), "cpu0");
+  // Other endpoints stay other stages: another port, another loopback address, a name.
+  EXPECT_NE(RegisterOrDie("127.0.0.1:7402"), a);
+  EXPECT_NE(RegisterOrDie("127.0.0.2:7401"), a);
+  EXPECT_NE(RegisterOrDie("node-a:7401"), a);
+  EXPECT_EQ(registry_.Snapshot().size(), 4u);
+  // The stage itself, with its secret, under another spelling: the same record, the
+  // address as it now gives it.
+  auto again = registry_.Register("localhost:7401", Device(kGiB), secrets_[a]);
+  ASSERT_THAT(again, IsOk());
+  EXPECT_EQ(again->stage_id, a);
+  EXPECT_EQ(registry_.Find(a)->address, "localhost:7401");
+  EXPECT_EQ(registry_.Snapshot().size(), 4u);
+  // A job continuing on its stages finds it under the spelling it recorded.
+  std::vector<std::optional<StageRecord>> taken = registry_.AcquireAt("job-1", {"127.0.0.1:7401"});
+  ASSERT_TRUE(taken[0].has_value());
+  EXPECT_EQ(taken[0]->stage_id, a);
+}
+
+TEST(AddressKeyTest, SpellingsOfOneEndpointShareAKey) {
+  EXPECT_EQ(AddressKey("LOCALHOST:7400"), AddressKey("127.0.0.1:7400"));
+  EXPECT_EQ(AddressKey("[::1]:7400"), AddressKey("127.0.0.1:07400"));
+  EXPECT_EQ(AddressKey("10.0.0.1:5000"), AddressKey("[::ffff:10.0.0.1]:5000"));
+  EXPECT_EQ(AddressKey("10.0.0.1:5000"), AddressKey("10.0.1:5000"));  // inet_aton's form
+  EXPECT_EQ(AddressKey("[2001:DB8::0:1]:5000"), AddressKey("[2001:db8::1]:5000"));
+  EXPECT_EQ(AddressKey("Node-A.example.:5000"), AddressKey("node-a.example:5000"));
+  EXPECT_NE(AddressKey("10.0.0.1:5000"), AddressKey("10.0.0.1:5001"));
+  EXPECT_NE(AddressKey("10.0.0.1:5000"), AddressKey("10.0.0.2:5000"));
+  EXPECT_NE(AddressKey("[fe80::1%eth0]:5000"), AddressKey("[fe80::1%eth1]:5000"));
+  EXPECT_EQ(AddressKey("[::1"), "[::1");  // does not parse: its own key
+}
+
 TEST_F(StageRegistryTest, ALostOrMarkedLostRecordCanBeReplaced) {
   const std::string a = RegisterOrDie("10.0.0.1:5000");
   registry_.MarkLost(a);  // the step driver found it unreachable

@@ -91,7 +91,7 @@ TEST(UserPathTest, TooBigIsRefusedWithBothSizes) {
   pipetrain::testing::WriteFileOrDie(dir.File("big"), std::string(2000, 'x'));
   absl::Status s = ReadRegularFile(dir.File("big"), 1000, "--token-file").status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(s.message(), HasSubstr("is 2000 bytes, more than the 1000 bytes allowed"));
+  EXPECT_THAT(s.message(), HasSubstr("is 2000 bytes, more than the 1000 B allowed"));
   EXPECT_TRUE(ReadRegularFile(dir.File("big"), 2000, "--token-file").ok());
 }
 

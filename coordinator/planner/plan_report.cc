@@ -5,17 +5,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/byte_format.h"
 #include "nlohmann/json.hpp"
 
 namespace pipetrain::planner {
 namespace {
 
-std::string Bytes(double b) {
-  if (b >= 1024.0 * 1024 * 1024) return absl::StrFormat("%.2f GiB", b / (1024.0 * 1024 * 1024));
-  if (b >= 1024.0 * 1024) return absl::StrFormat("%.1f MiB", b / (1024.0 * 1024));
-  if (b >= 1024.0) return absl::StrFormat("%.1f KiB", b / 1024.0);
-  return absl::StrFormat("%.0f B", b);
-}
+using ::pipetrain::common::FormatBytes;
 
 std::string Count(double n) {
   if (n >= 1e9) return absl::StrFormat("%.2fB", n / 1e9);
@@ -138,8 +134,9 @@ std::string RenderPlanText(const Plan& plan) {
   for (const StagePlan& sp : plan.stages) {
     out += absl::StrFormat("  %-6d %-28s %10s %12s %12s %12s %12s %10d%s\n", sp.stage,
                            Layers(plan, sp), Count(static_cast<double>(sp.params)),
-                           Bytes(sp.state_bytes), Bytes(sp.snapshot_bytes),
-                           Bytes(sp.peak_activation_bytes), Bytes(sp.peak_memory_bytes()),
+                           FormatBytes(sp.state_bytes), FormatBytes(sp.snapshot_bytes),
+                           FormatBytes(sp.peak_activation_bytes),
+                           FormatBytes(sp.peak_memory_bytes()),
                            sp.max_in_flight, sp.recompute ? "  (recompute)" : "");
   }
   const char* unit = o.equal_stage_cost ? " units" : " s";
@@ -160,8 +157,9 @@ std::string RenderPlanText(const Plan& plan) {
     out += absl::StrFormat("  %-6s %12s %12s %8s\n", "stage", "gradients", "time", "hidden");
     for (const StagePlan& sp : plan.stages) {
       const ReductionEvent* e = ReductionOf(sim, sp.stage);
-      out += absl::StrFormat("  %-6d %12s %10.4g%s %7.0f%%\n", sp.stage, Bytes(sp.allreduce_bytes),
-                             sp.allreduce_s, unit, e ? 100 * e->hidden_fraction : 0.0);
+      out += absl::StrFormat("  %-6d %12s %10.4g%s %7.0f%%\n", sp.stage,
+                             FormatBytes(sp.allreduce_bytes), sp.allreduce_s, unit,
+                             e ? 100 * e->hidden_fraction : 0.0);
     }
   }
   out += absl::StrFormat("\nPredicted step time: %.6g%s", sim.step_time_s, unit);

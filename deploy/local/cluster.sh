@@ -18,7 +18,8 @@ usage() {
   echo "emulated:1e11), --run-dir DIR (default build/local-cluster), --secure: mutual TLS and a bearer token"
   echo "(certificates and token made in DIR/certs, DIR/token). Binaries come from"
   echo "\$PIPETRAIN_BIN (default build/bin). --data-root DIR (repeatable): jobs may read only"
-  echo "files under DIR; without it (the default here) any file you can read, with a warning."
+  echo "files under DIR (and the run's checkpoints); without it, files under this repository's"
+  echo "folder (the coordinator's working folder) and the run's state; --data-root / for any."
 }
 
 cmd=${1:-}

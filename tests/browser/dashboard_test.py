@@ -121,9 +121,12 @@ class Cluster:
             raise
 
     def start_coordinator(self):
+        # The job's corpus is written beside the state dir (write_spec), outside the
+        # coordinator's default data roots (its working folder and its state dir).
         self.coordinator = Process(
             [os.path.join(ARGS.bin, "pipetrain-coordinator"), "--listen", self.address,
              "--state-dir", self.state_dir, "--http", self.http,
+             "--data-root", os.path.dirname(self.state_dir),
              "--heartbeat-timeout", str(HEARTBEAT_TIMEOUT_S)] + self.auth)
         http = self.coordinator.wait_for_line("coordinator http listening on ")
         self.http = http.rsplit(" ", 1)[1]

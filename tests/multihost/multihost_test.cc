@@ -83,6 +83,8 @@ class MultiHostTest : public ::testing::Test {
       ADD_FAILURE() << s;
       return nullptr;
     }
+    // The corpus is in dir_, beside the state dir: outside the coordinator's default roots.
+    options.coordinator_args.insert(options.coordinator_args.end(), {"--data-root", dir_.path()});
     auto c = MultiHostCluster::Start(dir_.File("state"), std::move(options));
     if (absl::IsFailedPrecondition(c.status())) {
       skip_ = absl::StrCat("needs root and network namespaces (", c.status().message(), ")");

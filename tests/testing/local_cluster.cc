@@ -2,6 +2,7 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -74,6 +75,11 @@ absl::Status LocalCluster::StartCoordinator(const std::string& listen) {
   std::vector<std::string> argv = {Bin("pipetrain-coordinator"), "--listen", listen, "--state-dir",
                                    state_dir_, "--http", "127.0.0.1:0", "--heartbeat-timeout", "2"};
   argv.insert(argv.end(), options_.coordinator_args.begin(), options_.coordinator_args.end());
+  if (std::find(argv.begin(), argv.end(), "--data-root") == argv.end()) {
+    for (const std::string& root : options_.data_roots) {
+      argv.insert(argv.end(), {"--data-root", root});
+    }
+  }
   absl::StatusOr<Subprocess> p = Subprocess::Start(argv);
   if (!p.ok()) return p.status();
   coordinator_ = std::make_unique<Subprocess>(*std::move(p));

@@ -19,6 +19,11 @@ namespace pipetrain::testing {
 
 struct LocalClusterOptions {
   std::vector<std::string> coordinator_args;  // extra flags for the coordinator
+  // The coordinator's --data-root folders when coordinator_args name none. Tests keep
+  // their data in temp folders of their own, outside the coordinator's working folder and
+  // state dir (its default roots), so by default "/": any file, as they always could.
+  // Empty: no --data-root, the coordinator's own default.
+  std::vector<std::string> data_roots = {"/"};
   std::vector<std::string> stage_args;        // ... for every stage server
   std::vector<std::string> cli_args;          // ... for every Cli() run
   common::RpcSecurity security;  // how the cluster itself calls the coordinator
