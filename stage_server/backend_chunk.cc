@@ -163,16 +163,9 @@ absl::Status BackendChunk::AddTiedGradient(bool embedding_side, const PiecewiseT
   return layers_->AddToGrad(compute::ModelChunk::TiedParamName(embedding_side), values);
 }
 
-absl::Status BackendChunk::OptimizerStep(const OptimizerSettings& s,
+absl::Status BackendChunk::OptimizerStep(const compute::OptimizerSettings& settings,
                                          std::optional<double> global_grad_norm) {
-  compute::AdamWOptions o;
-  o.lr = s.lr;
-  o.beta1 = s.beta1;
-  o.beta2 = s.beta2;
-  o.eps = s.eps;
-  o.weight_decay = s.weight_decay;
-  o.max_grad_norm = s.grad_clip_norm;
-  return layers_->OptimizerStep(o, global_grad_norm).status();
+  return layers_->OptimizerStep(settings, global_grad_norm).status();
 }
 
 }  // namespace pipetrain::stage_server

@@ -41,18 +41,18 @@ class BackendChunk final : public ChunkCompute {
   absl::StatusOr<double> GradSquaredNorm() override { return layers_->GradSquaredNorm(); }
   int NumGradientLayers() const override { return layers_->num_layers(); }
   absl::StatusOr<std::vector<float>> LayerGradients(int layer) override {
-    return layers_->LayerGrads(layer);
+    return layers_->LayerGradients(layer);
   }
   absl::Status SetLayerGradients(int layer, std::span<const float> values) override {
-    return layers_->SetLayerGrads(layer, values);
+    return layers_->SetLayerGradients(layer, values);
   }
   bool LayerHoldsTiedParam(int layer) const override { return layers_->LayerHoldsTiedParam(layer); }
   void OnFinalGradients(std::function<void(int)> on_final) override {
-    layers_->set_grads_added_hook(std::move(on_final));
+    layers_->OnFinalGradients(std::move(on_final));
   }
   absl::StatusOr<common::Tensor> TiedGradient(bool embedding_side) override;
   absl::Status AddTiedGradient(bool embedding_side, const common::PiecewiseTensor& other) override;
-  absl::Status OptimizerStep(const OptimizerSettings& settings,
+  absl::Status OptimizerStep(const compute::OptimizerSettings& settings,
                              std::optional<double> global_grad_norm) override;
   size_t ActivationBytes() const override { return layers_->ActivationBytes(); }
   size_t PeakActivationBytes() const override { return layers_->PeakActivationBytes(); }

@@ -159,7 +159,7 @@ absl::StatusOr<common::Tensor> EmulatedChunk::TiedGradient(bool) {
   return Output({config_.vocab_size, config_.d_model});
 }
 
-absl::Status EmulatedChunk::OptimizerStep(const OptimizerSettings&, std::optional<double>) {
+absl::Status EmulatedChunk::OptimizerStep(const compute::OptimizerSettings&, std::optional<double>) {
   Occupy(optimizer_s_);
   return absl::OkStatus();
 }

@@ -408,7 +408,7 @@ absl::Status Executor::RunAction(const Action& a, StepState& st, ActionTiming& t
       return absl::OkStatus();
     }
     case ActionKind::kOptimizerStep: {
-      OptimizerSettings settings = config_.optimizer;
+      compute::OptimizerSettings settings = config_.optimizer;
       if (st.inputs.lr) settings.lr = *st.inputs.lr;
       if (st.inputs.defer_optimizer) {
         // The gradients stay as they are until ApplyOptimizer brings the global norm.

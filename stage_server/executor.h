@@ -46,7 +46,7 @@ struct ExecutorConfig {
   // tied exchange (tied layers are averaged after it) and before the norm.
   GradientAverage average_gradients;
   absl::Duration recv_timeout = absl::Seconds(60);
-  OptimizerSettings optimizer;
+  compute::OptimizerSettings optimizer = compute::kStageOptimizerDefaults;
   // Called before each action of a training step's program (never of an evaluation's):
   // the stage's --fail-at fault injection (fault_injection.h). May not return.
   std::function<void(const schedule::Action&, int num_micro_batches, uint64_t step)> before_action;
@@ -137,7 +137,7 @@ class Executor {
   struct PendingOptimizer {
     uint64_t step = 0;
     schedule::Action action;
-    OptimizerSettings settings;  // with the step's learning rate
+    compute::OptimizerSettings settings;  // with the step's learning rate
     absl::Time step_start;       // the step's clock, for the action's timing
     int64_t reduce_us = 0, reduce_total_us = 0;  // its averaging, done in phase 1
   };

@@ -51,7 +51,7 @@ struct JobConfig {
   model::GptConfig model;
   std::vector<std::pair<int, int>> chunks;  // pipeline layers [begin, end) per chunk
   uint64_t seed = 0;
-  OptimizerSettings optimizer;
+  compute::OptimizerSettings optimizer = compute::kStageOptimizerDefaults;
   std::string upstream_address;    // previous stage (ring: stage K-1 for stage 0)
   std::string downstream_address;  // next stage (ring: stage 0 for stage K-1)
   bool recompute = false;

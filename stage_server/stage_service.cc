@@ -13,6 +13,19 @@ namespace pipetrain::stage_server {
 
 namespace pb = ::pipetrain::v1;
 
+compute::OptimizerSettings OptimizerFromProto(const pb::OptimizerConfig& o) {
+  // Zero is no sensible value for beta1, beta2 and eps, so it means "default".
+  constexpr compute::OptimizerSettings kDefaults = compute::kStageOptimizerDefaults;
+  compute::OptimizerSettings settings;
+  settings.lr = o.lr();
+  settings.beta1 = o.beta1() > 0 ? o.beta1() : kDefaults.beta1;
+  settings.beta2 = o.beta2() > 0 ? o.beta2() : kDefaults.beta2;
+  settings.eps = o.eps() > 0 ? o.eps() : kDefaults.eps;
+  settings.weight_decay = o.weight_decay();
+  settings.grad_clip_norm = o.grad_clip_norm();
+  return settings;
+}
+
 absl::StatusOr<JobConfig> JobConfigFromProto(const pb::ConfigureRequest& r) {
   JobConfig c;
   c.job_id = r.job_id();
@@ -28,14 +41,7 @@ absl::StatusOr<JobConfig> JobConfigFromProto(const pb::ConfigureRequest& r) {
     c.chunks.push_back({ranges[i].begin_layer(), ranges[i].end_layer()});
   }
   c.seed = r.seed();
-  const pb::OptimizerConfig& o = r.optimizer();
-  c.optimizer.lr = o.lr();
-  // Zero is no sensible value for these, so it means "default" (proto3 has no unset).
-  c.optimizer.beta1 = o.beta1() > 0 ? o.beta1() : 0.9f;
-  c.optimizer.beta2 = o.beta2() > 0 ? o.beta2() : 0.95f;
-  c.optimizer.eps = o.eps() > 0 ? o.eps() : 1e-8f;
-  c.optimizer.weight_decay = o.weight_decay();
-  c.optimizer.grad_clip_norm = o.grad_clip_norm();
+  c.optimizer = OptimizerFromProto(r.optimizer());
   c.upstream_address = r.upstream_address();
   c.downstream_address = r.downstream_address();
   c.recompute = r.recompute() == pb::RECOMPUTE_ALWAYS ||

@@ -101,7 +101,7 @@ pb::ConfigureRequest ConfigureFor(const planner::Plan& plan, const std::string& 
                                   const std::vector<Stage>& stages) {
   coordinator::StageWiring wiring{job, {}, "secret-" + job, 20000};
   for (const Stage& stage : stages) wiring.addresses.push_back(stage.address);
-  const stage_server::OptimizerSettings adam = testing::TestAdam();
+  const compute::OptimizerSettings adam = testing::TestAdam();
   pb::OptimizerConfig optimizer;
   optimizer.set_lr(adam.lr);
   optimizer.set_beta1(adam.beta1);
