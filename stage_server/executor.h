@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/buffer_pool.h"
+#include "common/error_context.h"
 #include "common/schedule/stage_program.h"
 #include "common/tensor.h"
 #include "stage_server/chunk_compute.h"
@@ -100,7 +101,7 @@ class Executor {
   ~Executor();
 
   // Runs the program. On error the step's partial state is dropped and the status
-  // names the job, stage, step and action.
+  // names the job, stage, step, and the position and action that failed.
   // While an optimizer step is pending it is FAILED_PRECONDITION naming it.
   absl::StatusOr<StepResult> RunStep(const schedule::StageProgram& program,
                                      StepInputs inputs);
@@ -142,9 +143,38 @@ class Executor {
     int64_t reduce_us = 0, reduce_total_us = 0;  // its averaging, done in phase 1
   };
 
+  // RunStep's steps. Validate: the program (schedule::ValidateProgram) and what this
+  // stage's configuration and inputs add to it.
   absl::Status CheckProgram(const schedule::StageProgram& program,
                             const StepInputs& inputs) const;
+  // Zeroes the gradients (training), opens the step on the links and starts its clock.
+  absl::StatusOr<std::unique_ptr<StepState>> StartStep(const schedule::StageProgram& program,
+                                                       StepInputs inputs);
+  // Runs each position's action, recording its timing; the first failure ends the step,
+  // named by job, stage, step, position and action.
+  absl::Status RunPositions(const schedule::StageProgram& program, StepState& st,
+                            std::vector<ActionTiming>& timings);
+  // What the optimizer step needs first: the tied gradients summed, the replicas'
+  // average, this stage's squared gradient norm.
+  absl::Status PrepareOptimizerStep(StepState& st, ActionTiming& t);
+  // The action at `position`, with the chunk's final-gradient hook when it is the
+  // chunk's last gradient action, and the activation peak it reached.
+  absl::Status RunActionAt(int position, const schedule::Action& action, StepState& st,
+                           ActionTiming& t);
   absl::Status RunAction(const schedule::Action& action, StepState& st, ActionTiming& timing);
+  // The action's end, and the parts of it spent averaging and recomputing.
+  void FinishTiming(const schedule::Action& action, bool ok, const StepState& st,
+                    ActionTiming& t) const;
+  // Finish: everything sent has left, and nothing received or produced is left over.
+  absl::Status FinishStep(StepState& st);
+  // After a failure: the chunks drop their micro-batches, started averages end.
+  void AbandonStep(const StepState& st);
+  // Bytes the links have moved so far.
+  struct LinkBytes {
+    uint64_t sent = 0, received = 0;
+  };
+  LinkBytes MovedBytes() const;
+  common::ErrorContext StepContext(uint64_t step) const;  // job, stage and step
   // The tied-embedding gradient exchange (see ExecutorConfig::tie_embeddings).
   absl::Status SumTiedGradients(StepState& st);
   // Replicas: starts the average of layer `layer` of chunk `c` (once a step); at the
@@ -153,6 +183,7 @@ class Executor {
   absl::Status AverageGradients(StepState& st, ActionTiming& t);
   int VirtualStage(int chunk) const { return chunk * config_.num_stages + config_.stage; }
   int LastVirtualStage() const { return config_.num_chunks * config_.num_stages - 1; }
+  bool HoldsHead() const { return LastVirtualStage() % config_.num_stages == config_.stage; }
   // Wraps a host tensor so that its buffer returns to the pool once sent.
   std::shared_ptr<const common::Tensor> Share(common::Tensor tensor);
 

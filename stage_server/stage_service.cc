@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/error_context.h"
 #include "common/frame_proto.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
@@ -149,7 +150,8 @@ void SnapshotMetaToProto(const SnapshotMeta& m, pb::SnapshotInfo* out) {
 namespace {
 
 constexpr size_t kPieceBytes = size_t{4} << 20;
-// Refused before buffering: a chunk can be no larger than what a stage may hold.
+// A held snapshot is refused before buffering past this (or --memory-limit): a chunk can
+// be no larger than what a stage may hold.
 constexpr uint64_t kMaxChunkBytes = uint64_t{64} << 30;
 
 // A chunk's bytes (an export, or a snapshot) as ChunkPieces of 4 MiB.
@@ -193,9 +195,10 @@ grpc::Status StageService::Configure(grpc::ServerContext* context, const pb::Con
     if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
     auto config = JobConfigFromProto(*request);
     if (!config.ok()) {
-      return common::ToGrpcStatus(absl::Status(
-          config.status().code(), absl::StrCat("configure job '", request->job_id(), "' stage ",
-                                               request->stage(), ": ", config.status().message())));
+      return common::ToGrpcStatus(common::ErrorContext("configure")
+                                      .Job(request->job_id())
+                                      .Stage(request->stage())
+                                      .Wrap(config.status()));
     }
     auto result = runtime_->Configure(*config);
     if (server_ && server_->GetHealthCheckService()) {
@@ -219,9 +222,8 @@ grpc::Status StageService::RunStep(grpc::ServerContext* context, const pb::RunSt
     if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
     auto step = StepRequestFromProto(*request);
     if (!step.ok()) {
-      return common::ToGrpcStatus(absl::Status(
-          step.status().code(), absl::StrCat("step ", request->step(), " of job '",
-                                             request->job_id(), "': ", step.status().message())));
+      return common::ToGrpcStatus(
+          common::ErrorContext().Job(request->job_id()).Step(request->step()).Wrap(step.status()));
     }
     auto report = runtime_->RunStep(std::move(*step));
     if (!report.ok()) {
@@ -242,10 +244,10 @@ grpc::Status StageService::ApplyOptimizer(grpc::ServerContext* context,
     if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
     auto apply = ApplyOptimizerRequestFromProto(*request);
     if (!apply.ok()) {
-      return common::ToGrpcStatus(absl::Status(
-          apply.status().code(), absl::StrCat("apply optimizer of job '", request->job_id(),
-                                              "' step ", request->step(), ": ",
-                                              apply.status().message())));
+      return common::ToGrpcStatus(common::ErrorContext("apply optimizer")
+                                      .Job(request->job_id())
+                                      .Step(request->step())
+                                      .Wrap(apply.status()));
     }
     auto timing = runtime_->ApplyOptimizer(*apply);
     if (!timing.ok()) {
@@ -279,36 +281,35 @@ grpc::Status StageService::ImportChunk(grpc::ServerContext* context,
   return common::GuardHandler("Stage.ImportChunk", [&]() -> grpc::Status {
     if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
     pb::ChunkPiece piece;
-    std::string bytes, job_id;
-    uint32_t chunk = 0;
-    uint64_t total = 0;
-    bool first = true;
-    while (reader->Read(&piece)) {
-      if (first) {
-        job_id = piece.job_id();
-        chunk = piece.chunk();
-        total = piece.total_bytes();
-        if (total > kMaxChunkBytes) {
-          return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                              absl::StrCat("import: field total_bytes ", total, " is too large"));
-        }
-        bytes.reserve(total);
-        first = false;
-      }
+    if (!reader->Read(&piece)) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "import: the stream ended before its first piece");
+    }
+    const std::string job_id = piece.job_id();
+    const uint32_t chunk = piece.chunk();
+    const uint64_t total = piece.total_bytes();
+    const common::ErrorContext about = common::ErrorContext("import").Job(job_id).Chunk(chunk);
+    // Refused by its declared size before a byte is buffered.
+    absl::Status admitted = runtime_->AdmitImport(job_id, static_cast<int>(chunk), total);
+    if (!admitted.ok()) return common::ToGrpcStatus(admitted);
+    std::string bytes;
+    bytes.reserve(total);
+    do {
       if (piece.job_id() != job_id || piece.chunk() != chunk || piece.total_bytes() != total ||
           piece.offset() != bytes.size() || bytes.size() + piece.data().size() > total) {
-        return grpc::Status(
-            grpc::StatusCode::INVALID_ARGUMENT,
-            absl::StrCat("import of job '", job_id, "' chunk ", chunk, ": piece at offset ",
-                         piece.offset(), " does not continue the chunk (expected offset ",
-                         bytes.size(), " of ", total, " bytes, same job and chunk)"));
+        return common::ToGrpcStatus(about.Error(
+            absl::StatusCode::kInvalidArgument,
+            absl::StrCat("piece at offset ", piece.offset(),
+                         " does not continue the chunk (expected offset ", bytes.size(), " of ",
+                         total, " bytes, same job and chunk)")));
       }
       bytes += piece.data();
-    }
-    if (first || bytes.size() != total) {
-      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrCat("import of job '", job_id, "': the stream ended after ",
-                                       bytes.size(), " of ", total, " bytes"));
+    } while (reader->Read(&piece));
+    if (bytes.size() != total) {
+      return common::ToGrpcStatus(
+          about.Error(absl::StatusCode::kInvalidArgument,
+                      absl::StrCat("the stream ended after ", bytes.size(), " of ", total,
+                                   " bytes")));
     }
     absl::Status s = runtime_->ImportChunk(job_id, static_cast<int>(chunk), bytes);
     if (!s.ok()) return common::ToGrpcStatus(s);
@@ -343,9 +344,10 @@ grpc::Status StageService::HoldSnapshot(grpc::ServerContext* context,
     while (reader->Read(&piece)) {
       auto meta = SnapshotMetaFromProto(piece.info());
       if (!meta.ok()) {
-        return common::ToGrpcStatus(absl::Status(
-            meta.status().code(), absl::StrCat("snapshot push of job '", piece.job_id(), "' from ",
-                                               context->peer(), ": ", meta.status().message())));
+        return common::ToGrpcStatus(
+            common::ErrorContext(absl::StrCat("snapshot push from ", context->peer()))
+                .Job(piece.job_id())
+                .Wrap(meta.status()));
       }
       if (!assembler.started()) {
         // Admitted before a byte is buffered, as an Exchange stream is by its hello.

@@ -627,7 +627,7 @@ TEST(ExecutorTest, RefusesBadProgramsBeforeRunningThem) {
   s.program.actions = *schedule::ParseActions("F0 F0 B0 F1 B1 OPT");
   EXPECT_THAT(s.executor->RunStep(s.program, Inputs(2, true, true)).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("stage 0 step 1 (F0)"), HasSubstr("duplicate forward"))));
+                       AllOf(HasSubstr("stage 0 position 1 (F0)"), HasSubstr("duplicate forward"))));
   s.program.actions = *schedule::ParseActions("B0 F0 F1 B1 OPT");
   EXPECT_THAT(s.executor->RunStep(s.program, Inputs(2, true, true)).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("comes before the forward")));
@@ -667,10 +667,10 @@ TEST(ExecutorTest, ForwardOnlyProgramsRunTheirForwardsAndNothingElse) {
   s.program.actions = *schedule::ParseActions("F0 F1 B0 B1");
   EXPECT_THAT(s.executor->RunStep(s.program, Inputs(2, true, true)).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("stage 0 step 2 (B0)"), HasSubstr("forward-only"))));
+                       AllOf(HasSubstr("stage 0 position 2 (B0)"), HasSubstr("forward-only"))));
   s.program.actions = *schedule::ParseActions("F0 F1 OPT");
   EXPECT_THAT(s.executor->RunStep(s.program, Inputs(2, true, true)).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("step 2 (OPT)")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("position 2 (OPT)")));
   s.program.actions = *schedule::ParseActions("F0");
   EXPECT_THAT(s.executor->RunStep(s.program, Inputs(2, true, true)).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("missing forward F1")));
@@ -705,7 +705,7 @@ TEST(ExecutorTest, AMissingNeighbourTensorTimesOutNamingTheAction) {
   in.defer_optimizer = true;
   EXPECT_THAT(ex.RunStep(p, std::move(in)).status(),
               StatusIs(absl::StatusCode::kDeadlineExceeded,
-                       AllOf(HasSubstr("job 'job-y' stage 1 step 9 action 0 (RECV_F0)"),
+                       AllOf(HasSubstr("job 'job-y' stage 1 step 9: position 0 (RECV_F0)"),
                              HasSubstr("micro-batch 0"))));
   // A failed deferred step leaves no optimizer step pending.
   EXPECT_FALSE(ex.pending_optimizer_step().has_value());
