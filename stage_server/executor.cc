@@ -335,126 +335,144 @@ void Executor::AbandonStep(const StepState& st) {
 }
 
 absl::Status Executor::RunAction(const Action& a, StepState& st, ActionTiming& timing) {
-  const Key key{a.chunk, a.micro_batch};
-  const int K = config_.num_stages;
-  const int vs = VirtualStage(a.chunk);
-  const bool holds_embedding = vs == 0;
-  const bool holds_head = vs == LastVirtualStage();
-  const absl::Time deadline = absl::Now() + config_.recv_timeout;
-  auto tag = [&](int receiver_chunk, common::TensorKind kind) {
-    return common::FrameTag{config_.job_id, st.inputs.step,
-                            static_cast<uint32_t>(a.micro_batch),
-                            static_cast<uint32_t>(receiver_chunk), kind};
-  };
-  auto need = [&](TensorChannel* ch, const char* which) -> absl::Status {
-    if (ch != nullptr) return absl::OkStatus();
-    return absl::FailedPreconditionError(
-        absl::StrCat("this stage has no ", which, " neighbour"));
-  };
-  ChunkCompute& chunk = *chunks_[a.chunk];
-  const float loss_grad = 1.0f / st.num_micro_batches;
-
   switch (a.kind) {
-    case ActionKind::kRecvActivation: {
-      RETURN_IF_ERROR(need(prev_, "upstream"));
-      ASSIGN_OR_RETURN(common::PiecewiseTensor t,
-                       prev_->Receive(tag(a.chunk, common::TensorKind::kActivation), deadline));
-      timing.bytes = t.num_bytes();
-      st.received_activations[key] = std::move(t);
-      return absl::OkStatus();
-    }
-    case ActionKind::kForward: {
-      common::PiecewiseTensor tokens;
-      const common::PiecewiseTensor* input;
-      if (holds_embedding) {
-        tokens = common::PiecewiseTensor::View(st.inputs.tokens[a.micro_batch]);
-        input = &tokens;
-      } else {
-        auto it = st.received_activations.find(key);
-        if (it == st.received_activations.end()) {
-          return absl::FailedPreconditionError("forward before its activation was received");
-        }
-        input = &it->second;
-      }
-      const Tensor* targets = holds_head ? &st.inputs.targets[a.micro_batch] : nullptr;
-      ASSIGN_OR_RETURN(Tensor out, st.forward_only ? chunk.Evaluate(*input, targets)
-                                                   : chunk.Forward(a.micro_batch, *input, targets));
-      // The layers keep their own copy of what they need; the network buffers go.
-      if (!holds_embedding) st.received_activations.erase(key);
-      if (holds_head) {
-        st.losses[a.micro_batch] = out.data<float>()[0];
-        st.have_loss[a.micro_batch] = true;
-      } else {
-        st.outputs[key] = Share(std::move(out));
-      }
-      return absl::OkStatus();
-    }
-    case ActionKind::kSendActivation: {
-      RETURN_IF_ERROR(need(next_, "downstream"));
-      auto it = st.outputs.find(key);
-      if (it == st.outputs.end()) return absl::FailedPreconditionError("nothing to send: no forward output");
-      const int receiver_chunk = (vs + 1) / K;
-      timing.bytes = it->second->num_bytes();
-      RETURN_IF_ERROR(next_->Send(tag(receiver_chunk, common::TensorKind::kActivation),
-                                  it->second, deadline));
-      st.outputs.erase(it);
-      return absl::OkStatus();
-    }
-    case ActionKind::kRecvGradient: {
-      RETURN_IF_ERROR(need(next_, "downstream"));
-      ASSIGN_OR_RETURN(common::PiecewiseTensor t,
-                       next_->Receive(tag(a.chunk, common::TensorKind::kGradient), deadline));
-      timing.bytes = t.num_bytes();
-      st.received_gradients[key] = std::move(t);
-      return absl::OkStatus();
-    }
+    case ActionKind::kRecvActivation:
+      return Receive(a, common::TensorKind::kActivation, st, timing);
+    case ActionKind::kRecvGradient:
+      return Receive(a, common::TensorKind::kGradient, st, timing);
+    case ActionKind::kForward:
+      return RunForward(a, st);
+    case ActionKind::kSendActivation:
+      return Send(a, common::TensorKind::kActivation, st, timing);
+    case ActionKind::kSendGradient:
+      return Send(a, common::TensorKind::kGradient, st, timing);
     case ActionKind::kBackward:
-    case ActionKind::kBackwardInput: {
-      const common::PiecewiseTensor* grad_output = nullptr;
-      if (!holds_head) {
-        auto it = st.received_gradients.find(key);
-        if (it == st.received_gradients.end()) {
-          return absl::FailedPreconditionError("backward before its gradient was received");
-        }
-        grad_output = &it->second;
-      }
-      absl::StatusOr<Tensor> grad_input =
-          a.kind == ActionKind::kBackward ? chunk.Backward(a.micro_batch, grad_output, loss_grad)
-                                          : chunk.BackwardInput(a.micro_batch, grad_output, loss_grad);
-      if (!grad_input.ok()) return grad_input.status();
-      if (!holds_head) st.received_gradients.erase(key);
-      if (!holds_embedding) st.input_grads[key] = Share(std::move(*grad_input));
-      return absl::OkStatus();
-    }
+    case ActionKind::kBackwardInput:
+      return RunBackward(a, st);
     case ActionKind::kBackwardWeight:
-      return chunk.BackwardWeight(a.micro_batch);
-    case ActionKind::kSendGradient: {
-      RETURN_IF_ERROR(need(prev_, "upstream"));
-      auto it = st.input_grads.find(key);
-      if (it == st.input_grads.end()) return absl::FailedPreconditionError("nothing to send: no input gradient");
-      const int receiver_chunk = (vs - 1) / K;
-      timing.bytes = it->second->num_bytes();
-      RETURN_IF_ERROR(prev_->Send(tag(receiver_chunk, common::TensorKind::kGradient),
-                                  it->second, deadline));
-      st.input_grads.erase(it);
-      return absl::OkStatus();
-    }
-    case ActionKind::kOptimizerStep: {
-      compute::OptimizerSettings settings = config_.optimizer;
-      if (st.inputs.lr) settings.lr = *st.inputs.lr;
-      if (st.inputs.defer_optimizer) {
-        // The gradients stay as they are until ApplyOptimizer brings the global norm.
-        st.deferred = PendingOptimizer{st.inputs.step, a, settings, st.start};
-        return absl::OkStatus();
-      }
-      std::optional<double> norm = st.inputs.global_grad_norm;
-      // Without the global norm, clip by this stage's (all its chunks together).
-      if (!norm && settings.grad_clip_norm > 0) norm = std::sqrt(st.grad_norm_sq);
-      for (auto& c : chunks_) RETURN_IF_ERROR(c->OptimizerStep(settings, norm));
-      return absl::OkStatus();
-    }
+      return chunks_[a.chunk]->BackwardWeight(a.micro_batch);
+    case ActionKind::kOptimizerStep:
+      return RunOptimizerStep(a, st);
   }
   return absl::InvalidArgumentError("unknown action kind");
+}
+
+common::FrameTag Executor::Tag(const StepState& st, int micro_batch, int receiver_chunk,
+                               common::TensorKind kind) const {
+  return common::FrameTag{config_.job_id, st.inputs.step, static_cast<uint32_t>(micro_batch),
+                          static_cast<uint32_t>(receiver_chunk), kind};
+}
+
+absl::StatusOr<TensorChannel*> Executor::Neighbour(common::TensorKind kind, bool sending) const {
+  // Activations go downstream through next_, gradients upstream through prev_; each
+  // arrives from the other side.
+  const bool downstream = (kind == common::TensorKind::kActivation) == sending;
+  TensorChannel* channel = downstream ? next_ : prev_;
+  if (channel != nullptr) return channel;
+  return absl::FailedPreconditionError(
+      absl::StrCat("this stage has no ", downstream ? "downstream" : "upstream", " neighbour"));
+}
+
+absl::Status Executor::Receive(const Action& a, common::TensorKind kind, StepState& st,
+                               ActionTiming& timing) {
+  ASSIGN_OR_RETURN(TensorChannel * channel, Neighbour(kind, /*sending=*/false));
+  const absl::Time deadline = absl::Now() + config_.recv_timeout;
+  ASSIGN_OR_RETURN(common::PiecewiseTensor t,
+                   channel->Receive(Tag(st, a.micro_batch, a.chunk, kind), deadline));
+  timing.bytes = t.num_bytes();
+  auto& received = kind == common::TensorKind::kActivation ? st.received_activations
+                                                           : st.received_gradients;
+  received[{a.chunk, a.micro_batch}] = std::move(t);
+  return absl::OkStatus();
+}
+
+absl::Status Executor::Send(const Action& a, common::TensorKind kind, StepState& st,
+                            ActionTiming& timing) {
+  ASSIGN_OR_RETURN(TensorChannel * channel, Neighbour(kind, /*sending=*/true));
+  const bool activation = kind == common::TensorKind::kActivation;
+  auto& produced = activation ? st.outputs : st.input_grads;
+  auto it = produced.find({a.chunk, a.micro_batch});
+  if (it == produced.end()) {
+    return absl::FailedPreconditionError(activation ? "nothing to send: no forward output"
+                                                    : "nothing to send: no input gradient");
+  }
+  // The receiver's chunk: of virtual stage + 1 for an activation, - 1 for a gradient.
+  const int receiver_chunk = (VirtualStage(a.chunk) + (activation ? 1 : -1)) / config_.num_stages;
+  timing.bytes = it->second->num_bytes();
+  const absl::Time deadline = absl::Now() + config_.recv_timeout;
+  RETURN_IF_ERROR(
+      channel->Send(Tag(st, a.micro_batch, receiver_chunk, kind), it->second, deadline));
+  produced.erase(it);
+  return absl::OkStatus();
+}
+
+absl::Status Executor::RunForward(const Action& a, StepState& st) {
+  const Key key{a.chunk, a.micro_batch};
+  const int vs = VirtualStage(a.chunk);
+  const bool holds_embedding = vs == 0, holds_head = vs == LastVirtualStage();
+  common::PiecewiseTensor tokens;
+  const common::PiecewiseTensor* input;
+  if (holds_embedding) {
+    tokens = common::PiecewiseTensor::View(st.inputs.tokens[a.micro_batch]);
+    input = &tokens;
+  } else {
+    auto it = st.received_activations.find(key);
+    if (it == st.received_activations.end()) {
+      return absl::FailedPreconditionError("forward before its activation was received");
+    }
+    input = &it->second;
+  }
+  ChunkCompute& chunk = *chunks_[a.chunk];
+  const Tensor* targets = holds_head ? &st.inputs.targets[a.micro_batch] : nullptr;
+  ASSIGN_OR_RETURN(Tensor out, st.forward_only ? chunk.Evaluate(*input, targets)
+                                               : chunk.Forward(a.micro_batch, *input, targets));
+  // The layers keep their own copy of what they need; the network buffers go.
+  if (!holds_embedding) st.received_activations.erase(key);
+  if (holds_head) {
+    st.losses[a.micro_batch] = out.data<float>()[0];
+    st.have_loss[a.micro_batch] = true;
+  } else {
+    st.outputs[key] = Share(std::move(out));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Executor::RunBackward(const Action& a, StepState& st) {
+  const Key key{a.chunk, a.micro_batch};
+  const int vs = VirtualStage(a.chunk);
+  const bool holds_embedding = vs == 0, holds_head = vs == LastVirtualStage();
+  const common::PiecewiseTensor* grad_output = nullptr;
+  if (!holds_head) {
+    auto it = st.received_gradients.find(key);
+    if (it == st.received_gradients.end()) {
+      return absl::FailedPreconditionError("backward before its gradient was received");
+    }
+    grad_output = &it->second;
+  }
+  ChunkCompute& chunk = *chunks_[a.chunk];
+  const float loss_grad = 1.0f / st.num_micro_batches;
+  ASSIGN_OR_RETURN(Tensor grad_input,
+                   a.kind == ActionKind::kBackward
+                       ? chunk.Backward(a.micro_batch, grad_output, loss_grad)
+                       : chunk.BackwardInput(a.micro_batch, grad_output, loss_grad));
+  if (!holds_head) st.received_gradients.erase(key);
+  if (!holds_embedding) st.input_grads[key] = Share(std::move(grad_input));
+  return absl::OkStatus();
+}
+
+absl::Status Executor::RunOptimizerStep(const Action& a, StepState& st) {
+  compute::OptimizerSettings settings = config_.optimizer;
+  if (st.inputs.lr) settings.lr = *st.inputs.lr;
+  if (st.inputs.defer_optimizer) {
+    // The gradients stay as they are until ApplyOptimizer brings the global norm.
+    st.deferred = PendingOptimizer{st.inputs.step, a, settings, st.start};
+    return absl::OkStatus();
+  }
+  std::optional<double> norm = st.inputs.global_grad_norm;
+  // Without the global norm, clip by this stage's (all its chunks together).
+  if (!norm && settings.grad_clip_norm > 0) norm = std::sqrt(st.grad_norm_sq);
+  for (auto& c : chunks_) RETURN_IF_ERROR(c->OptimizerStep(settings, norm));
+  return absl::OkStatus();
 }
 
 absl::Status Executor::SumTiedGradients(StepState& st) {

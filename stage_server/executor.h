@@ -161,7 +161,22 @@ class Executor {
   // chunk's last gradient action, and the activation peak it reached.
   absl::Status RunActionAt(int position, const schedule::Action& action, StepState& st,
                            ActionTiming& t);
+  // Per action: dispatches on its kind to one of the five below.
   absl::Status RunAction(const schedule::Action& action, StepState& st, ActionTiming& timing);
+  // RECV_F / RECV_B: the tensor from its neighbour, kept in the network's buffers.
+  absl::Status Receive(const schedule::Action& action, common::TensorKind kind, StepState& st,
+                       ActionTiming& timing);
+  // SEND_F / SEND_B: the forward's output or the input gradient, to the neighbour.
+  absl::Status Send(const schedule::Action& action, common::TensorKind kind, StepState& st,
+                    ActionTiming& timing);
+  absl::Status RunForward(const schedule::Action& action, StepState& st);
+  absl::Status RunBackward(const schedule::Action& action, StepState& st);  // B or I
+  absl::Status RunOptimizerStep(const schedule::Action& action, StepState& st);
+  // The channel a tensor of `kind` leaves by (sending) or arrives on; FAILED_PRECONDITION
+  // naming the side when the topology has none.
+  absl::StatusOr<TensorChannel*> Neighbour(common::TensorKind kind, bool sending) const;
+  common::FrameTag Tag(const StepState& st, int micro_batch, int receiver_chunk,
+                       common::TensorKind kind) const;
   // The action's end, and the parts of it spent averaging and recomputing.
   void FinishTiming(const schedule::Action& action, bool ok, const StepState& st,
                     ActionTiming& t) const;

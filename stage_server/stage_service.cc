@@ -171,6 +171,35 @@ grpc::Status WriteChunkPieces(const std::string& job_id, uint32_t chunk, const s
   return grpc::Status::OK;
 }
 
+// A chunk's bytes from its pieces, `first` and the rest of `reader`'s: each continues the
+// one before (same job, chunk and total, the next offset), and they add up to the total.
+absl::StatusOr<std::string> ReadChunkPieces(pb::ChunkPiece first,
+                                            grpc::ServerReader<pb::ChunkPiece>* reader) {
+  const std::string job_id = first.job_id();
+  const uint32_t chunk = first.chunk();
+  const uint64_t total = first.total_bytes();
+  const common::ErrorContext about = common::ErrorContext("import").Job(job_id).Chunk(chunk);
+  std::string bytes;
+  bytes.reserve(total);
+  pb::ChunkPiece piece = std::move(first);
+  do {
+    if (piece.job_id() != job_id || piece.chunk() != chunk || piece.total_bytes() != total ||
+        piece.offset() != bytes.size() || bytes.size() + piece.data().size() > total) {
+      return about.Error(absl::StatusCode::kInvalidArgument,
+                         absl::StrCat("piece at offset ", piece.offset(),
+                                      " does not continue the chunk (expected offset ",
+                                      bytes.size(), " of ", total, " bytes, same job and chunk)"));
+    }
+    bytes += piece.data();
+  } while (reader->Read(&piece));
+  if (bytes.size() != total) {
+    return about.Error(
+        absl::StatusCode::kInvalidArgument,
+        absl::StrCat("the stream ended after ", bytes.size(), " of ", total, " bytes"));
+  }
+  return bytes;
+}
+
 }  // namespace
 
 grpc::Status StageService::Authorize(const grpc::ServerContext& context) const {
@@ -280,40 +309,21 @@ grpc::Status StageService::ImportChunk(grpc::ServerContext* context,
                                        pb::ImportChunkResponse* response) {
   return common::GuardHandler("Stage.ImportChunk", [&]() -> grpc::Status {
     if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
-    pb::ChunkPiece piece;
-    if (!reader->Read(&piece)) {
+    pb::ChunkPiece first;
+    if (!reader->Read(&first)) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                           "import: the stream ended before its first piece");
     }
-    const std::string job_id = piece.job_id();
-    const uint32_t chunk = piece.chunk();
-    const uint64_t total = piece.total_bytes();
-    const common::ErrorContext about = common::ErrorContext("import").Job(job_id).Chunk(chunk);
+    const int chunk = static_cast<int>(first.chunk());
     // Refused by its declared size before a byte is buffered.
-    absl::Status admitted = runtime_->AdmitImport(job_id, static_cast<int>(chunk), total);
+    absl::Status admitted = runtime_->AdmitImport(first.job_id(), chunk, first.total_bytes());
     if (!admitted.ok()) return common::ToGrpcStatus(admitted);
-    std::string bytes;
-    bytes.reserve(total);
-    do {
-      if (piece.job_id() != job_id || piece.chunk() != chunk || piece.total_bytes() != total ||
-          piece.offset() != bytes.size() || bytes.size() + piece.data().size() > total) {
-        return common::ToGrpcStatus(about.Error(
-            absl::StatusCode::kInvalidArgument,
-            absl::StrCat("piece at offset ", piece.offset(),
-                         " does not continue the chunk (expected offset ", bytes.size(), " of ",
-                         total, " bytes, same job and chunk)")));
-      }
-      bytes += piece.data();
-    } while (reader->Read(&piece));
-    if (bytes.size() != total) {
-      return common::ToGrpcStatus(
-          about.Error(absl::StatusCode::kInvalidArgument,
-                      absl::StrCat("the stream ended after ", bytes.size(), " of ", total,
-                                   " bytes")));
-    }
-    absl::Status s = runtime_->ImportChunk(job_id, static_cast<int>(chunk), bytes);
+    const std::string job_id = first.job_id();
+    absl::StatusOr<std::string> bytes = ReadChunkPieces(std::move(first), reader);
+    if (!bytes.ok()) return common::ToGrpcStatus(bytes.status());
+    absl::Status s = runtime_->ImportChunk(job_id, chunk, *bytes);
     if (!s.ok()) return common::ToGrpcStatus(s);
-    response->set_bytes(bytes.size());
+    response->set_bytes(bytes->size());
     return grpc::Status::OK;
   });
 }
