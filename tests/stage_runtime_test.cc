@@ -111,6 +111,35 @@ TEST(StageRuntimeTest, StateBytesIsTheLayersParametersTimesSixteen) {
   EXPECT_EQ(StateBytes(config), 0u);
 }
 
+// A ConfigureRequest's optimizer: beta1, beta2 and eps left 0 take the stage's defaults
+// (kStageOptimizerDefaults: beta2 0.95, not torch's 0.999); the rest pass as they are.
+TEST(StageRuntimeTest, OptimizerFieldsLeftZeroTakeTheStagesDefaults) {
+  pipetrain::v1::OptimizerConfig o;
+  compute::OptimizerSettings got = OptimizerFromProto(o);
+  EXPECT_EQ(got.beta1, 0.9f);
+  EXPECT_EQ(got.beta2, 0.95f);
+  EXPECT_EQ(got.eps, 1e-8f);
+  EXPECT_EQ(got.lr, 0.0f);
+  EXPECT_EQ(got.weight_decay, 0.0f);
+  EXPECT_EQ(got.grad_clip_norm, 0.0f);
+  o.set_lr(0.5f);
+  o.set_beta1(0.8f);
+  o.set_beta2(0.99f);
+  o.set_eps(1e-6f);
+  o.set_weight_decay(0.1f);
+  o.set_grad_clip_norm(2.0f);
+  got = OptimizerFromProto(o);
+  EXPECT_EQ(got.lr, 0.5f);
+  EXPECT_EQ(got.beta1, 0.8f);
+  EXPECT_EQ(got.beta2, 0.99f);
+  EXPECT_EQ(got.eps, 1e-6f);
+  EXPECT_EQ(got.weight_decay, 0.1f);
+  EXPECT_EQ(got.grad_clip_norm, 2.0f);
+  // What a JobConfig holds before a request sets it is the same.
+  EXPECT_EQ(JobConfig().optimizer.beta2, 0.95f);
+  EXPECT_EQ(compute::OptimizerSettings().beta2, 0.999f) << "the trainer's, torch's";
+}
+
 // Both limits give one message shape: the bytes needed, each part that counts against
 // the limit with its field, and the limit by name.
 TEST(StageRuntimeTest, AConfigureOverTheLimitNamesEveryPartThatCountsAndTheLimit) {
