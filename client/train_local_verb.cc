@@ -20,7 +20,7 @@ namespace pipetrain::client {
 int RunTrainLocal(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   std::string model_arg, text_path, save_path;
   int64_t steps = 0, batch = 0, seed = 0, threads = 1;
-  const compute::AdamWOptions defaults;
+  const compute::OptimizerSettings defaults;
   double lr = defaults.lr;
   bool json = false, help = false;
   common::FlagSet flags(

@@ -17,6 +17,8 @@ namespace {
 
 namespace pb = ::pipetrain::v1;
 
+// The job spec's defaults, what a user gets; a stage's own, for a ConfigureRequest field
+// left 0, are compute::kStageOptimizerDefaults (stage_server/compute/optimizer_settings.h).
 constexpr float kDefaultBeta1 = 0.9f;
 constexpr float kDefaultBeta2 = 0.95f;
 constexpr float kDefaultWeightDecay = 0.1f;

@@ -1,10 +1,11 @@
 #include "stage_server/backend_chunk.h"
 
-#include <limits>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/checked_math.h"
 #include "common/status_macros.h"
+#include "stage_server/host_tensor.h"
 
 namespace pipetrain::stage_server {
 
@@ -13,125 +14,130 @@ using common::PiecewiseTensor;
 using common::Tensor;
 using compute::BackendBuffer;
 
+uint64_t ScratchTensor::Bytes() const { return SaturatingTensorBytes(dtype, shape); }
+
+ScratchLayout ScratchLayout::Of(const model::GptConfig& c, int begin, int end, int rows) {
+  const ScratchTensor ids{DType::kI32, {rows, c.seq_len}};
+  const ScratchTensor x{DType::kF32, {rows, c.seq_len, c.d_model}};
+  const bool embedding = begin == 0, head = end == c.num_pipeline_layers();
+  ScratchLayout layout;
+  layout.input = embedding ? ids : x;
+  if (head) layout.targets = ids;
+  layout.output = head ? ScratchTensor{DType::kF32, {1}} : x;  // the micro-batch's loss
+  if (!head) layout.grad_output = x;
+  if (!embedding) layout.grad_input = x;
+  return layout;
+}
+
+uint64_t ScratchLayout::Bytes() const {
+  uint64_t total = common::SaturatingAdd(input.Bytes(), output.Bytes());
+  for (const std::optional<ScratchTensor>& t : {targets, grad_output, grad_input}) {
+    if (t) total = common::SaturatingAdd(total, t->Bytes());
+  }
+  return total;
+}
+
+namespace {
+
+// The shared (V, C) matrix's gradient, as both holders hold it.
+ScratchTensor TiedGradientSpec(const model::GptConfig& c) {
+  return {DType::kF32, {c.vocab_size, c.d_model}};
+}
+
+// An absent tensor has no buffer.
+absl::StatusOr<BackendBuffer<float>> AllocateScratch(compute::Backend* backend,
+                                                     const std::optional<ScratchTensor>& t) {
+  if (!t) return BackendBuffer<float>();
+  return BackendBuffer<float>::Allocate(backend, t->Bytes());
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<BackendChunk>> BackendChunk::Create(
     std::unique_ptr<compute::ModelChunk> layers, int rows,
     std::shared_ptr<common::BufferPool> pool) {
   if (rows <= 0) return absl::InvalidArgumentError("micro-batch rows must be > 0");
   auto* backend = layers->backend();
-  const model::GptConfig& c = layers->config();
-  const size_t act = size_t{4} * rows * c.seq_len * c.d_model;
-  const size_t ids = size_t{4} * rows * c.seq_len;
-  std::unique_ptr<BackendChunk> s(new BackendChunk(std::move(layers), rows, std::move(pool)));
-  const bool emb = s->layers_->has_embedding(), head = s->layers_->has_head();
-  ASSIGN_OR_RETURN(s->input_, BackendBuffer<float>::Allocate(backend, emb ? ids : act));
-  if (head) {
-    ASSIGN_OR_RETURN(s->targets_, BackendBuffer<float>::Allocate(backend, ids));
-  }
-  ASSIGN_OR_RETURN(s->output_, BackendBuffer<float>::Allocate(backend, head ? 4 : act));
-  if (!head) {
-    ASSIGN_OR_RETURN(s->grad_output_, BackendBuffer<float>::Allocate(backend, act));
-  }
-  if (!emb) {
-    ASSIGN_OR_RETURN(s->grad_input_, BackendBuffer<float>::Allocate(backend, act));
-  }
+  ScratchLayout layout = ScratchLayout::Of(layers->config(), layers->begin(), layers->end(), rows);
+  std::unique_ptr<BackendChunk> s(
+      new BackendChunk(std::move(layers), std::move(layout), std::move(pool)));
+  const ScratchLayout& l = s->layout_;
+  ASSIGN_OR_RETURN(s->input_, AllocateScratch(backend, l.input));
+  ASSIGN_OR_RETURN(s->targets_, AllocateScratch(backend, l.targets));
+  ASSIGN_OR_RETURN(s->output_, AllocateScratch(backend, l.output));
+  ASSIGN_OR_RETURN(s->grad_output_, AllocateScratch(backend, l.grad_output));
+  ASSIGN_OR_RETURN(s->grad_input_, AllocateScratch(backend, l.grad_input));
   return s;
 }
 
 uint64_t BackendChunk::BufferBytes(const model::GptConfig& c, int begin, int end, int rows) {
-  const auto mul = common::SaturatingMul;
-  const auto add = common::SaturatingAdd;
   if (rows <= 0 || c.seq_len <= 0 || c.d_model <= 0) return 0;  // Create refuses these
-  const uint64_t ids = mul(mul(4, static_cast<uint64_t>(rows)), static_cast<uint64_t>(c.seq_len));
-  const uint64_t act = mul(ids, static_cast<uint64_t>(c.d_model));
-  const bool emb = begin == 0, head = end == c.num_pipeline_layers();
-  // As Create allocates them: input, targets (head), output, grad_output, grad_input.
-  uint64_t total = emb ? ids : act;
-  if (head) total = add(total, ids);
-  total = add(total, head ? 4 : act);
-  if (!head) total = add(total, act);
-  if (!emb) total = add(total, act);
-  return total;
+  return ScratchLayout::Of(c, begin, end, rows).Bytes();
 }
 
-absl::Status BackendChunk::CheckShape(DType got_dtype, const std::vector<int64_t>& got_shape,
-                                      DType dtype, std::vector<int64_t> shape,
-                                      const char* what) const {
-  if (got_dtype == dtype && got_shape == shape) return absl::OkStatus();
+absl::Status BackendChunk::CheckShape(DType dtype, const std::vector<int64_t>& shape,
+                                      const ScratchTensor& want, const char* what) {
+  if (dtype == want.dtype && shape == want.shape) return absl::OkStatus();
   return absl::InvalidArgumentError(
-      absl::StrCat(what, " is ", common::DTypeName(got_dtype), " ", common::ShapeString(got_shape),
-                   ", expected ", common::DTypeName(dtype), " ", common::ShapeString(shape)));
+      absl::StrCat(what, " is ", common::DTypeName(dtype), " ", common::ShapeString(shape),
+                   ", expected ", common::DTypeName(want.dtype), " ",
+                   common::ShapeString(want.shape)));
 }
 
-absl::StatusOr<Tensor> BackendChunk::HostTensor(std::vector<int64_t> shape, const void* src) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  ASSIGN_OR_RETURN(Tensor t, Tensor::FromBuffer(DType::kF32, std::move(shape),
-                                                pool_->Acquire(n * sizeof(float))));
+absl::StatusOr<Tensor> BackendChunk::HostTensor(const ScratchTensor& spec, const void* src) {
+  ASSIGN_OR_RETURN(Tensor t, PooledTensor(*pool_, spec.dtype, spec.shape));
   RETURN_IF_ERROR(layers_->backend()->CopyToHost(t.bytes().data(), src, t.num_bytes()));
   return t;
 }
 
 absl::Status BackendChunk::StageInputs(const PiecewiseTensor& input, const Tensor* targets) {
-  const model::GptConfig& c = layers_->config();
-  const int64_t B = rows_, T = c.seq_len, C = c.d_model;
   auto* backend = layers_->backend();
-  if (has_embedding()) {
-    RETURN_IF_ERROR(CheckShape(input.dtype(), input.shape(), DType::kI32, {B, T}, "tokens"));
-  } else {
-    RETURN_IF_ERROR(CheckShape(input.dtype(), input.shape(), DType::kF32, {B, T, C}, "activation"));
-  }
+  RETURN_IF_ERROR(CheckShape(input.dtype(), input.shape(), layout_.input,
+                             has_embedding() ? "tokens" : "activation"));
   RETURN_IF_ERROR(backend->CopyFromHostPieces(input_.raw(), input.pieces()));
-  if (has_head()) {
+  if (layout_.targets) {
     if (targets == nullptr) return absl::InvalidArgumentError("the head needs targets");
-    RETURN_IF_ERROR(CheckShape(targets->dtype(), targets->shape(), DType::kI32, {B, T}, "targets"));
+    RETURN_IF_ERROR(CheckShape(targets->dtype(), targets->shape(), *layout_.targets, "targets"));
     RETURN_IF_ERROR(
         backend->CopyFromHost(targets_.raw(), targets->bytes().data(), targets->num_bytes()));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<Tensor> BackendChunk::OutputTensor() {
-  const model::GptConfig& c = layers_->config();
-  if (has_head()) return HostTensor({1}, output_.raw());
-  return HostTensor({rows_, c.seq_len, c.d_model}, output_.raw());
-}
-
 absl::StatusOr<Tensor> BackendChunk::Forward(int mb, const PiecewiseTensor& input,
                                              const Tensor* targets) {
   RETURN_IF_ERROR(StageInputs(input, targets));
-  RETURN_IF_ERROR(layers_->Forward(mb, rows_, input_.raw(), has_head() ? targets_.ints() : nullptr,
-                                   output_.data()));
-  return OutputTensor();
+  RETURN_IF_ERROR(layers_->Forward(mb, Rows(), input_.raw(),
+                                   has_head() ? targets_.ints() : nullptr, output_.data()));
+  return HostTensor(layout_.output, output_.raw());
 }
 
 absl::StatusOr<Tensor> BackendChunk::Evaluate(const PiecewiseTensor& input, const Tensor* targets) {
   RETURN_IF_ERROR(StageInputs(input, targets));
-  RETURN_IF_ERROR(layers_->Evaluate(rows_, input_.raw(), has_head() ? targets_.ints() : nullptr,
+  RETURN_IF_ERROR(layers_->Evaluate(Rows(), input_.raw(), has_head() ? targets_.ints() : nullptr,
                                     output_.data()));
-  return OutputTensor();
+  return HostTensor(layout_.output, output_.raw());
 }
 
 absl::StatusOr<Tensor> BackendChunk::RunBackward(int mb, const PiecewiseTensor* grad_output,
                                                  float loss_grad, bool split) {
-  const model::GptConfig& c = layers_->config();
-  const int64_t B = rows_, T = c.seq_len, C = c.d_model;
   const float* gout = nullptr;
-  if (!has_head()) {
+  if (layout_.grad_output) {
     if (grad_output == nullptr) return absl::InvalidArgumentError("backward needs a gradient");
     RETURN_IF_ERROR(
-        CheckShape(grad_output->dtype(), grad_output->shape(), DType::kF32, {B, T, C}, "gradient"));
+        CheckShape(grad_output->dtype(), grad_output->shape(), *layout_.grad_output, "gradient"));
     RETURN_IF_ERROR(
         layers_->backend()->CopyFromHostPieces(grad_output_.raw(), grad_output->pieces()));
     gout = grad_output_.data();
   }
-  float* gin = has_embedding() ? nullptr : grad_input_.data();
+  float* gin = layout_.grad_input ? grad_input_.data() : nullptr;
   if (split) {
     RETURN_IF_ERROR(layers_->BackwardInput(mb, gout, gin, loss_grad));
   } else {
     RETURN_IF_ERROR(layers_->Backward(mb, gout, gin, loss_grad));
   }
-  if (has_embedding()) return Tensor();
-  return HostTensor({B, T, C}, grad_input_.raw());
+  if (!layout_.grad_input) return Tensor();
+  return HostTensor(*layout_.grad_input, grad_input_.raw());
 }
 
 absl::StatusOr<Tensor> BackendChunk::Backward(int mb, const PiecewiseTensor* grad_output,
@@ -147,32 +153,23 @@ absl::StatusOr<Tensor> BackendChunk::BackwardInput(int mb, const PiecewiseTensor
 absl::StatusOr<Tensor> BackendChunk::TiedGradient(bool embedding_side) {
   const char* name = compute::ModelChunk::TiedParamName(embedding_side);
   ASSIGN_OR_RETURN(std::vector<float> g, layers_->GetGrad(name));
-  const model::GptConfig& c = layers_->config();
-  ASSIGN_OR_RETURN(Tensor t, Tensor::FromBuffer(DType::kF32, {c.vocab_size, c.d_model},
-                                                pool_->Acquire(g.size() * sizeof(float))));
+  const ScratchTensor spec = TiedGradientSpec(layers_->config());
+  ASSIGN_OR_RETURN(Tensor t, PooledTensor(*pool_, spec.dtype, spec.shape));
   std::copy(g.begin(), g.end(), t.data<float>().begin());
   return t;
 }
 
 absl::Status BackendChunk::AddTiedGradient(bool embedding_side, const PiecewiseTensor& other) {
-  const model::GptConfig& c = layers_->config();
-  RETURN_IF_ERROR(CheckShape(other.dtype(), other.shape(), common::DType::kF32,
-                             {c.vocab_size, c.d_model}, "tied-embedding gradient"));
-  std::vector<float> values(other.num_bytes() / sizeof(float));
+  const ScratchTensor spec = TiedGradientSpec(layers_->config());
+  RETURN_IF_ERROR(CheckShape(other.dtype(), other.shape(), spec, "tied-embedding gradient"));
+  std::vector<float> values(static_cast<size_t>(spec.shape[0] * spec.shape[1]));
   other.CopyTo(std::as_writable_bytes(std::span<float>(values)));
   return layers_->AddToGrad(compute::ModelChunk::TiedParamName(embedding_side), values);
 }
 
-absl::Status BackendChunk::OptimizerStep(const OptimizerSettings& s,
+absl::Status BackendChunk::OptimizerStep(const compute::OptimizerSettings& settings,
                                          std::optional<double> global_grad_norm) {
-  compute::AdamWOptions o;
-  o.lr = s.lr;
-  o.beta1 = s.beta1;
-  o.beta2 = s.beta2;
-  o.eps = s.eps;
-  o.weight_decay = s.weight_decay;
-  o.max_grad_norm = s.grad_clip_norm;
-  return layers_->OptimizerStep(o, global_grad_norm).status();
+  return layers_->OptimizerStep(settings, global_grad_norm).status();
 }
 
 }  // namespace pipetrain::stage_server

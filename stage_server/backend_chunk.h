@@ -4,13 +4,37 @@
 // path allocates nothing after the first micro-batch.
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <optional>
+#include <vector>
 
 #include "common/buffer_pool.h"
 #include "stage_server/chunk_compute.h"
 #include "stage_server/compute/model_chunk.h"
 
 namespace pipetrain::stage_server {
+
+// A tensor a chunk stages through backend scratch memory: its dtype and shape.
+struct ScratchTensor {
+  common::DType dtype = common::DType::kF32;
+  std::vector<int64_t> shape;
+  // Its dtype's size times its elements, saturating at UINT64_MAX instead of
+  // overflowing (a request sets the shape); 0 when a dimension is not positive.
+  uint64_t Bytes() const;
+};
+
+// The scratch of a chunk of pipeline layers [begin, end) with `rows` rows per
+// micro-batch: the tensors of chunk_compute.h a micro-batch passes in and out.
+struct ScratchLayout {
+  ScratchTensor input;                       // tokens with the embedding, else x
+  std::optional<ScratchTensor> targets;      // with the head
+  ScratchTensor output;                      // the loss with the head, else x
+  std::optional<ScratchTensor> grad_output;  // without the head
+  std::optional<ScratchTensor> grad_input;   // without the embedding
+  static ScratchLayout Of(const model::GptConfig& config, int begin, int end, int rows);
+  uint64_t Bytes() const;  // saturating
+};
 
 class BackendChunk final : public ChunkCompute {
  public:
@@ -19,9 +43,9 @@ class BackendChunk final : public ChunkCompute {
       std::unique_ptr<compute::ModelChunk> layers, int rows,
       std::shared_ptr<common::BufferPool> pool);
   // Bytes Create allocates on the backend for the chunk of pipeline layers [begin, end)
-  // with `rows` rows per micro-batch (its input, targets, output and their gradients),
-  // saturating at UINT64_MAX instead of overflowing, so that a configuration can be
-  // checked against a memory limit before anything is allocated.
+  // with `rows` rows per micro-batch (its ScratchLayout), saturating at UINT64_MAX
+  // instead of overflowing, so that a configuration can be checked against a memory
+  // limit before anything is allocated; 0 for a shape Create refuses.
   static uint64_t BufferBytes(const model::GptConfig& config, int begin, int end, int rows);
 
   bool has_embedding() const override { return layers_->has_embedding(); }
@@ -41,18 +65,18 @@ class BackendChunk final : public ChunkCompute {
   absl::StatusOr<double> GradSquaredNorm() override { return layers_->GradSquaredNorm(); }
   int NumGradientLayers() const override { return layers_->num_layers(); }
   absl::StatusOr<std::vector<float>> LayerGradients(int layer) override {
-    return layers_->LayerGrads(layer);
+    return layers_->LayerGradients(layer);
   }
   absl::Status SetLayerGradients(int layer, std::span<const float> values) override {
-    return layers_->SetLayerGrads(layer, values);
+    return layers_->SetLayerGradients(layer, values);
   }
   bool LayerHoldsTiedParam(int layer) const override { return layers_->LayerHoldsTiedParam(layer); }
   void OnFinalGradients(std::function<void(int)> on_final) override {
-    layers_->set_grads_added_hook(std::move(on_final));
+    layers_->OnFinalGradients(std::move(on_final));
   }
   absl::StatusOr<common::Tensor> TiedGradient(bool embedding_side) override;
   absl::Status AddTiedGradient(bool embedding_side, const common::PiecewiseTensor& other) override;
-  absl::Status OptimizerStep(const OptimizerSettings& settings,
+  absl::Status OptimizerStep(const compute::OptimizerSettings& settings,
                              std::optional<double> global_grad_norm) override;
   size_t ActivationBytes() const override { return layers_->ActivationBytes(); }
   size_t PeakActivationBytes() const override { return layers_->PeakActivationBytes(); }
@@ -61,23 +85,26 @@ class BackendChunk final : public ChunkCompute {
   compute::ModelChunk& layers() { return *layers_; }
 
  private:
-  BackendChunk(std::unique_ptr<compute::ModelChunk> layers, int rows,
+  BackendChunk(std::unique_ptr<compute::ModelChunk> layers, ScratchLayout layout,
                std::shared_ptr<common::BufferPool> pool)
-      : layers_(std::move(layers)), rows_(rows), pool_(std::move(pool)) {}
-  absl::Status CheckShape(common::DType got_dtype, const std::vector<int64_t>& got_shape,
-                          common::DType dtype, std::vector<int64_t> shape, const char* what) const;
+      : layers_(std::move(layers)), layout_(std::move(layout)), pool_(std::move(pool)) {}
+  // OK when a tensor passed in is `want`'s dtype and shape; else INVALID_ARGUMENT
+  // naming `what`.
+  static absl::Status CheckShape(common::DType dtype, const std::vector<int64_t>& shape,
+                                 const ScratchTensor& want, const char* what);
+  int Rows() const { return static_cast<int>(layout_.input.shape[0]); }
   // Checks and copies a forward's input and targets into the backend scratch.
   absl::Status StageInputs(const common::PiecewiseTensor& input, const common::Tensor* targets);
-  // The forward's output, from the backend scratch into a pooled host tensor.
-  absl::StatusOr<common::Tensor> OutputTensor();
   absl::StatusOr<common::Tensor> RunBackward(int mb, const common::PiecewiseTensor* grad_output,
                                              float loss_grad, bool split);
-  absl::StatusOr<common::Tensor> HostTensor(std::vector<int64_t> shape, const void* src);
+  // A pooled host tensor of `spec` with the contents of backend scratch `src`.
+  absl::StatusOr<common::Tensor> HostTensor(const ScratchTensor& spec, const void* src);
 
   std::unique_ptr<compute::ModelChunk> layers_;
-  int rows_;
+  const ScratchLayout layout_;
   std::shared_ptr<common::BufferPool> pool_;
-  // Backend scratch: the layers copies its inputs, so one of each suffices.
+  // Backend scratch, as layout_ says (each buffer holds its tensor's dtype): the layers
+  // copy their inputs, so one of each suffices.
   compute::BackendBuffer<float> input_, targets_, output_, grad_output_, grad_input_;
 };
 

@@ -21,20 +21,12 @@
 #include "absl/status/statusor.h"
 #include "common/piecewise_tensor.h"
 #include "common/tensor.h"
+#include "stage_server/compute/optimizer_settings.h"
 
 namespace pipetrain::stage_server {
 
 // Sums a buffer with the other data-parallel replicas' and divides by their number.
 using GradientAverage = std::function<absl::Status(std::span<float>)>;
-
-struct OptimizerSettings {
-  float lr = 3e-4f;
-  float beta1 = 0.9f;
-  float beta2 = 0.95f;
-  float eps = 1e-8f;
-  float weight_decay = 0.0f;
-  float grad_clip_norm = 0.0f;  // 0 = off
-};
 
 class ChunkCompute {
  public:
@@ -87,7 +79,7 @@ class ChunkCompute {
   virtual absl::Status AddTiedGradient(bool embedding_side,
                                        const common::PiecewiseTensor& other) = 0;
   // AdamW; clipping (when on) uses global_grad_norm, the norm over the whole model.
-  virtual absl::Status OptimizerStep(const OptimizerSettings& settings,
+  virtual absl::Status OptimizerStep(const compute::OptimizerSettings& settings,
                                      std::optional<double> global_grad_norm) = 0;
 
   // Activation bytes held now, and the most held since the last ResetPeak (moments

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "stage_server/host_tensor.h"
 
 namespace pipetrain::stage_server {
 namespace {
@@ -64,11 +65,8 @@ EmulatedChunk::EmulatedChunk(const model::GptConfig& config, int begin, int end,
 }
 
 absl::StatusOr<common::Tensor> EmulatedChunk::Output(std::vector<int64_t> shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
   // Contents are whatever the buffer held: the emulated device computes nothing.
-  return common::Tensor::FromBuffer(common::DType::kF32, std::move(shape),
-                                    pool_->Acquire(n * sizeof(float)));
+  return PooledTensor(*pool_, common::DType::kF32, std::move(shape));
 }
 
 void EmulatedChunk::Hold(int mb, size_t bytes) {
@@ -159,7 +157,7 @@ absl::StatusOr<common::Tensor> EmulatedChunk::TiedGradient(bool) {
   return Output({config_.vocab_size, config_.d_model});
 }
 
-absl::Status EmulatedChunk::OptimizerStep(const OptimizerSettings&, std::optional<double>) {
+absl::Status EmulatedChunk::OptimizerStep(const compute::OptimizerSettings&, std::optional<double>) {
   Occupy(optimizer_s_);
   return absl::OkStatus();
 }

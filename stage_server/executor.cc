@@ -5,6 +5,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/error_context.h"
 #include "common/schedule/validator.h"
 #include "common/status_macros.h"
 
@@ -38,9 +39,11 @@ struct Executor::StepState {
   double grad_norm_sq = 0;  // this stage's, summed when the optimizer step comes
   std::optional<PendingOptimizer> deferred;  // held back by defer_optimizer
   size_t peak_bytes = 0;    // activations of all chunks together, at their most
-  // Replicas: per chunk, the action after which its gradients are final (-1: none),
-  // and which of its layers' averages have started.
-  std::vector<int> last_gradient_action;
+  // Replicas (a training step with average_gradients): per chunk, the position after
+  // which its gradients are final (-1: none), and which of its layers' averages have
+  // started.
+  bool averaging_on = false;
+  std::vector<int> last_gradient_position;
   std::vector<std::vector<bool>> averaging;
   absl::Status averaging_failure;  // a layer's gradients could not be read
 };
@@ -105,15 +108,23 @@ std::shared_ptr<const Tensor> Executor::Share(Tensor tensor) {
   });
 }
 
+common::ErrorContext Executor::StepContext(uint64_t step) const {
+  return common::ErrorContext()
+      .Job(config_.job_id)
+      .Stage(config_.stage)
+      .Step(static_cast<int64_t>(step));
+}
+
 absl::Status Executor::CheckProgram(const schedule::StageProgram& p,
                                     const StepInputs& inputs) const {
   // The schedule's own rules (each action in range, forward before backward, every
   // micro-batch once, the in-flight limit) live in the validator; here only what this
   // stage's configuration and inputs add to them.
   RETURN_IF_ERROR(schedule::ValidateProgram(p));
+  const common::ErrorContext context =
+      common::ErrorContext("program").Job(config_.job_id).Stage(config_.stage);
   auto bad = [&](const std::string& what) {
-    return absl::InvalidArgumentError(absl::StrCat("program for stage ", config_.stage,
-                                                   " of job '", config_.job_id, "': ", what));
+    return context.Error(absl::StatusCode::kInvalidArgument, what);
   };
   if (p.stage != config_.stage) return bad(absl::StrCat("field stage is ", p.stage));
   if (p.num_stages != config_.num_stages) {
@@ -125,15 +136,20 @@ absl::Status Executor::CheckProgram(const schedule::StageProgram& p,
                             config_.num_chunks));
   }
   const int M = p.num_micro_batches;
-  const bool first = config_.stage == 0;
-  const bool holds_head = (LastVirtualStage() % config_.num_stages) == config_.stage;
-  if (first && static_cast<int>(inputs.tokens.size()) != M) {
+  if (config_.stage == 0 && static_cast<int>(inputs.tokens.size()) != M) {
     return bad(absl::StrCat("tokens has ", inputs.tokens.size(), " micro-batches, the program ",
                             M));
   }
-  if (holds_head && static_cast<int>(inputs.targets.size()) != M) {
+  if (HoldsHead() && static_cast<int>(inputs.targets.size()) != M) {
     return bad(absl::StrCat("targets has ", inputs.targets.size(), " micro-batches, the program ",
                             M));
+  }
+  if (inputs.defer_optimizer &&
+      std::none_of(p.actions.begin(), p.actions.end(),
+                   [](const Action& a) { return a.kind == ActionKind::kOptimizerStep; })) {
+    return StepContext(inputs.step)
+        .Error(absl::StatusCode::kInvalidArgument,
+               "field defer_optimizer is set but the program has no optimizer step");
   }
   return absl::OkStatus();
 }
@@ -142,45 +158,67 @@ absl::StatusOr<StepResult> Executor::RunStep(const schedule::StageProgram& progr
                                              StepInputs inputs) {
   RETURN_IF_ERROR(CheckNoPendingOptimizer(absl::StrCat("step ", inputs.step)));
   RETURN_IF_ERROR(CheckProgram(program, inputs));
-  if (inputs.defer_optimizer &&
-      std::none_of(program.actions.begin(), program.actions.end(), [](const Action& a) {
-        return a.kind == ActionKind::kOptimizerStep;
-      })) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "job '", config_.job_id, "' stage ", config_.stage, " step ", inputs.step,
-        ": field defer_optimizer is set but the program has no optimizer step"));
-  }
-  StepState st;
-  st.num_micro_batches = program.num_micro_batches;
-  st.forward_only = program.forward_only;
-  st.inputs = std::move(inputs);
-  st.losses.assign(st.num_micro_batches, 0.0f);
-  st.have_loss.assign(st.num_micro_batches, false);
-  const uint64_t sent0 = (next_ ? next_->bytes_sent() : 0) + (prev_ ? prev_->bytes_sent() : 0);
-  const uint64_t recv0 =
-      (next_ ? next_->bytes_received() : 0) + (prev_ ? prev_->bytes_received() : 0);
-  if (next_) next_->BeginStep(st.inputs.step);
-  if (prev_) prev_->BeginStep(st.inputs.step);
-
+  const LinkBytes before = MovedBytes();
+  ASSIGN_OR_RETURN(std::unique_ptr<StepState> st, StartStep(program, std::move(inputs)));
   StepResult result;
+  absl::Status failure = RunPositions(program, *st, result.timings);
+  if (failure.ok()) failure = FinishStep(*st);
+  if (!failure.ok()) {
+    AbandonStep(*st);
+    return failure;
+  }
+  result.peak_activation_bytes = st->peak_bytes;
+  if (HoldsHead()) result.losses = st->losses;
+  result.grad_norm_sq = st->grad_norm_sq;
+  pending_ = std::move(st->deferred);
+  const LinkBytes after = MovedBytes();
+  result.bytes_sent = after.sent - before.sent;
+  result.bytes_received = after.received - before.received;
+  return result;
+}
+
+Executor::LinkBytes Executor::MovedBytes() const {
+  LinkBytes b;
+  for (const TensorChannel* ch : {next_, prev_}) {
+    if (ch == nullptr) continue;
+    b.sent += ch->bytes_sent();
+    b.received += ch->bytes_received();
+  }
+  return b;
+}
+
+absl::StatusOr<std::unique_ptr<Executor::StepState>> Executor::StartStep(
+    const schedule::StageProgram& program, StepInputs inputs) {
+  auto st = std::make_unique<StepState>();
+  st->num_micro_batches = program.num_micro_batches;
+  st->forward_only = program.forward_only;
+  st->inputs = std::move(inputs);
+  st->losses.assign(st->num_micro_batches, 0.0f);
+  st->have_loss.assign(st->num_micro_batches, false);
+  if (next_) next_->BeginStep(st->inputs.step);
+  if (prev_) prev_->BeginStep(st->inputs.step);
   // Evaluation leaves the gradients (like the weights and AdamW state) as they are.
-  if (!st.forward_only) {
+  if (!st->forward_only) {
     for (auto& chunk : chunks_) RETURN_IF_ERROR(chunk->ZeroGrads());
   }
-  const bool averaging = reduction_ != nullptr && !st.forward_only;
-  if (averaging) {
-    st.last_gradient_action.assign(chunks_.size(), -1);
-    st.averaging.resize(chunks_.size());
+  st->averaging_on = reduction_ != nullptr && !st->forward_only;
+  if (st->averaging_on) {
+    st->last_gradient_position.assign(chunks_.size(), -1);
+    st->averaging.resize(chunks_.size());
     for (size_t c = 0; c < chunks_.size(); ++c) {
-      st.averaging[c].assign(chunks_[c]->NumGradientLayers(), false);
+      st->averaging[c].assign(chunks_[c]->NumGradientLayers(), false);
     }
     for (size_t i = 0; i < program.actions.size(); ++i) {
       const Action& a = program.actions[i];
-      if (AddsParamGradients(a.kind)) st.last_gradient_action[a.chunk] = static_cast<int>(i);
+      if (AddsParamGradients(a.kind)) st->last_gradient_position[a.chunk] = static_cast<int>(i);
     }
   }
-  st.start = absl::Now();
-  absl::Status failure;
+  st->start = absl::Now();
+  return st;
+}
+
+absl::Status Executor::RunPositions(const schedule::StageProgram& program, StepState& st,
+                                    std::vector<ActionTiming>& timings) {
   for (size_t i = 0; i < program.actions.size(); ++i) {
     const Action& a = program.actions[i];
     if (config_.before_action && !st.forward_only) {
@@ -190,70 +228,14 @@ absl::StatusOr<StepResult> Executor::RunStep(const schedule::StageProgram& progr
     t.action = a;
     t.link = IsLink(a.kind);
     t.start_us = absl::ToInt64Microseconds(absl::Now() - st.start);
-    if (a.kind == ActionKind::kOptimizerStep) {
-      // The tied gradients are summed first: the norm and the update need the sum.
-      if (config_.tie_embeddings) failure = SumTiedGradients(st);
-      // The norm and the update need the replicas' mean gradient.
-      if (failure.ok() && averaging) {
-        failure = AverageGradients(st, t);
-        if (!failure.ok()) {
-          failure = absl::Status(failure.code(),
-                                 absl::StrCat("job '", config_.job_id, "' stage ", config_.stage,
-                                              " step ", st.inputs.step,
-                                              ": averaging the gradients over the replicas: ",
-                                              failure.message()));
-        }
-      }
-      for (auto& chunk : chunks_) {
-        if (!failure.ok()) break;
-        auto sq = chunk->GradSquaredNorm();
-        if (!sq.ok()) {
-          failure = sq.status();
-          break;
-        }
-        st.grad_norm_sq += *sq;
-      }
-    }
-    const bool compute = schedule::IsCompute(a.kind);
-    if (compute) chunks_[a.chunk]->ResetPeak();
-    // The chunk's last gradient action: each layer's average starts as it completes.
-    const bool last_gradients = averaging && compute && st.last_gradient_action[a.chunk] == static_cast<int>(i);
-    if (last_gradients) {
-      const int c = a.chunk;
-      chunks_[c]->OnFinalGradients([this, c, &st](int layer) {
-        // Tied gradients change at the optimizer step: those wait for it.
-        if (config_.tie_embeddings && chunks_[c]->LayerHoldsTiedParam(layer)) return;
-        StartAveraging(c, layer, st);
-      });
-    }
-    absl::Status s = failure.ok() ? RunAction(a, st, t) : failure;
-    if (last_gradients) {
-      chunks_[a.chunk]->OnFinalGradients({});
-      if (s.ok()) s = st.averaging_failure;
-    }
-    if (compute && s.ok()) {
-      // The chunk's peak during the action, with what the other chunks hold meanwhile.
-      size_t total = chunks_[a.chunk]->PeakActivationBytes();
-      for (size_t c = 0; c < chunks_.size(); ++c) {
-        if (static_cast<int>(c) != a.chunk) total += chunks_[c]->ActivationBytes();
-      }
-      st.peak_bytes = std::max(st.peak_bytes, total);
-    }
-    t.end_us = absl::ToInt64Microseconds(absl::Now() - st.start);
-    t.reduce_us = std::min(t.reduce_us, std::max<int64_t>(t.end_us - t.start_us, 0));
-    if (s.ok() && schedule::ProducesInputGradient(a.kind)) {
-      // Never more than the action itself: both are truncated to microseconds.
-      const auto recompute =
-          static_cast<int64_t>(chunks_[a.chunk]->LastRecomputeSeconds() * 1e6);
-      t.recompute_us = std::min(std::max<int64_t>(recompute, 0),
-                                std::max<int64_t>(t.end_us - t.start_us, 0));
-    }
+    absl::Status s = a.kind == ActionKind::kOptimizerStep ? PrepareOptimizerStep(st, t)
+                                                          : absl::OkStatus();
+    if (s.ok()) s = RunActionAt(static_cast<int>(i), a, st, t);
+    FinishTiming(a, s.ok(), st, t);
     if (!s.ok()) {
-      failure = absl::Status(s.code(), absl::StrCat("job '", config_.job_id, "' stage ",
-                                                    config_.stage, " step ", st.inputs.step,
-                                                    " action ", i, " (", schedule::ToString(a),
-                                                    "): ", s.message()));
-      break;
+      const common::ErrorContext position(
+          absl::StrCat("position ", i, " (", schedule::ToString(a), ")"));
+      return StepContext(st.inputs.step).Wrap(position.Wrap(s));
     }
     // A held-back optimizer step reports its timing (and its averaging's) when
     // ApplyOptimizer runs it.
@@ -264,165 +246,233 @@ absl::StatusOr<StepResult> Executor::RunStep(const schedule::StageProgram& progr
       }
       continue;
     }
-    result.timings.push_back(t);
+    timings.push_back(t);
   }
-  if (failure.ok()) {
-    // Everything sent must leave before the step counts as done.
-    const absl::Time deadline = absl::Now() + config_.recv_timeout;
-    if (next_) failure = next_->Flush(deadline);
-    if (failure.ok() && prev_) failure = prev_->Flush(deadline);
+  return absl::OkStatus();
+}
+
+absl::Status Executor::PrepareOptimizerStep(StepState& st, ActionTiming& t) {
+  // The tied gradients are summed first: the norm and the update need the sum.
+  if (config_.tie_embeddings) RETURN_IF_ERROR(SumTiedGradients(st));
+  // The norm and the update need the replicas' mean gradient.
+  if (st.averaging_on) {
+    RETURN_IF_ERROR(common::ErrorContext("averaging the gradients over the replicas")
+                        .Wrap(AverageGradients(st, t)));
   }
-  if (failure.ok() && (!st.outputs.empty() || !st.input_grads.empty() ||
-                       !st.received_activations.empty() || !st.received_gradients.empty())) {
-    failure = absl::InvalidArgumentError(absl::StrCat(
-        "job '", config_.job_id, "' stage ", config_.stage, " step ", st.inputs.step,
-        ": the program left tensors unsent or unused (", st.outputs.size(), " outputs, ",
-        st.input_grads.size(), " input gradients, ", st.received_activations.size(),
-        " activations, ", st.received_gradients.size(), " gradients)"));
+  for (auto& chunk : chunks_) {
+    ASSIGN_OR_RETURN(const double sq, chunk->GradSquaredNorm());
+    st.grad_norm_sq += sq;
   }
-  if (!failure.ok()) {
-    for (auto& chunk : chunks_) chunk->Abandon();
-    if (averaging) {
-      // The averages already started end (each within its deadline) before the
-      // buffers they write back to change; the next step starts afresh.
-      ReductionTimes ignored;
-      (void)reduction_->Finish(&ignored);
+  return absl::OkStatus();
+}
+
+absl::Status Executor::RunActionAt(int position, const Action& a, StepState& st, ActionTiming& t) {
+  const bool compute = schedule::IsCompute(a.kind);
+  if (compute) chunks_[a.chunk]->ResetPeak();
+  // The chunk's last gradient action: each layer's average starts as it completes.
+  const bool last_gradients =
+      st.averaging_on && compute && st.last_gradient_position[a.chunk] == position;
+  if (last_gradients) {
+    const int c = a.chunk;
+    chunks_[c]->OnFinalGradients([this, c, &st](int layer) {
+      // Tied gradients change at the optimizer step: those wait for it.
+      if (config_.tie_embeddings && chunks_[c]->LayerHoldsTiedParam(layer)) return;
+      StartAveraging(c, layer, st);
+    });
+  }
+  absl::Status s = RunAction(a, st, t);
+  if (last_gradients) {
+    chunks_[a.chunk]->OnFinalGradients({});
+    if (s.ok()) s = st.averaging_failure;
+  }
+  if (compute && s.ok()) {
+    // The chunk's peak during the action, with what the other chunks hold meanwhile.
+    size_t total = chunks_[a.chunk]->PeakActivationBytes();
+    for (size_t c = 0; c < chunks_.size(); ++c) {
+      if (static_cast<int>(c) != a.chunk) total += chunks_[c]->ActivationBytes();
     }
-    return failure;
+    st.peak_bytes = std::max(st.peak_bytes, total);
   }
-  result.peak_activation_bytes = st.peak_bytes;
-  const bool holds_head = (LastVirtualStage() % config_.num_stages) == config_.stage;
-  if (holds_head) result.losses = st.losses;
-  result.grad_norm_sq = st.grad_norm_sq;
-  pending_ = std::move(st.deferred);
-  result.bytes_sent =
-      (next_ ? next_->bytes_sent() : 0) + (prev_ ? prev_->bytes_sent() : 0) - sent0;
-  result.bytes_received =
-      (next_ ? next_->bytes_received() : 0) + (prev_ ? prev_->bytes_received() : 0) - recv0;
-  return result;
+  return s;
+}
+
+void Executor::FinishTiming(const Action& a, bool ok, const StepState& st, ActionTiming& t) const {
+  t.end_us = absl::ToInt64Microseconds(absl::Now() - st.start);
+  const int64_t length = std::max<int64_t>(t.end_us - t.start_us, 0);
+  t.reduce_us = std::min(t.reduce_us, length);
+  if (ok && schedule::ProducesInputGradient(a.kind)) {
+    // Never more than the action itself: both are truncated to microseconds.
+    const auto recompute = static_cast<int64_t>(chunks_[a.chunk]->LastRecomputeSeconds() * 1e6);
+    t.recompute_us = std::min(std::max<int64_t>(recompute, 0), length);
+  }
+}
+
+absl::Status Executor::FinishStep(StepState& st) {
+  // Everything sent must leave before the step counts as done.
+  const absl::Time deadline = absl::Now() + config_.recv_timeout;
+  if (next_) RETURN_IF_ERROR(next_->Flush(deadline));
+  if (prev_) RETURN_IF_ERROR(prev_->Flush(deadline));
+  if (!st.outputs.empty() || !st.input_grads.empty() || !st.received_activations.empty() ||
+      !st.received_gradients.empty()) {
+    return StepContext(st.inputs.step)
+        .Error(absl::StatusCode::kInvalidArgument,
+               absl::StrCat("the program left tensors unsent or unused (", st.outputs.size(),
+                            " outputs, ", st.input_grads.size(), " input gradients, ",
+                            st.received_activations.size(), " activations, ",
+                            st.received_gradients.size(), " gradients)"));
+  }
+  return absl::OkStatus();
+}
+
+void Executor::AbandonStep(const StepState& st) {
+  for (auto& chunk : chunks_) chunk->Abandon();
+  if (st.averaging_on) {
+    // The averages already started end (each within its deadline) before the buffers
+    // they write back to change; the next step starts afresh.
+    ReductionTimes ignored;
+    (void)reduction_->Finish(&ignored);
+  }
 }
 
 absl::Status Executor::RunAction(const Action& a, StepState& st, ActionTiming& timing) {
-  const Key key{a.chunk, a.micro_batch};
-  const int K = config_.num_stages;
-  const int vs = VirtualStage(a.chunk);
-  const bool holds_embedding = vs == 0;
-  const bool holds_head = vs == LastVirtualStage();
-  const absl::Time deadline = absl::Now() + config_.recv_timeout;
-  auto tag = [&](int receiver_chunk, common::TensorKind kind) {
-    return common::FrameTag{config_.job_id, st.inputs.step,
-                            static_cast<uint32_t>(a.micro_batch),
-                            static_cast<uint32_t>(receiver_chunk), kind};
-  };
-  auto need = [&](TensorChannel* ch, const char* which) -> absl::Status {
-    if (ch != nullptr) return absl::OkStatus();
-    return absl::FailedPreconditionError(
-        absl::StrCat("this stage has no ", which, " neighbour"));
-  };
-  ChunkCompute& chunk = *chunks_[a.chunk];
-  const float loss_grad = 1.0f / st.num_micro_batches;
-
   switch (a.kind) {
-    case ActionKind::kRecvActivation: {
-      RETURN_IF_ERROR(need(prev_, "upstream"));
-      ASSIGN_OR_RETURN(common::PiecewiseTensor t,
-                       prev_->Receive(tag(a.chunk, common::TensorKind::kActivation), deadline));
-      timing.bytes = t.num_bytes();
-      st.received_activations[key] = std::move(t);
-      return absl::OkStatus();
-    }
-    case ActionKind::kForward: {
-      common::PiecewiseTensor tokens;
-      const common::PiecewiseTensor* input;
-      if (holds_embedding) {
-        tokens = common::PiecewiseTensor::View(st.inputs.tokens[a.micro_batch]);
-        input = &tokens;
-      } else {
-        auto it = st.received_activations.find(key);
-        if (it == st.received_activations.end()) {
-          return absl::FailedPreconditionError("forward before its activation was received");
-        }
-        input = &it->second;
-      }
-      const Tensor* targets = holds_head ? &st.inputs.targets[a.micro_batch] : nullptr;
-      ASSIGN_OR_RETURN(Tensor out, st.forward_only ? chunk.Evaluate(*input, targets)
-                                                   : chunk.Forward(a.micro_batch, *input, targets));
-      // The layers keep their own copy of what they need; the network buffers go.
-      if (!holds_embedding) st.received_activations.erase(key);
-      if (holds_head) {
-        st.losses[a.micro_batch] = out.data<float>()[0];
-        st.have_loss[a.micro_batch] = true;
-      } else {
-        st.outputs[key] = Share(std::move(out));
-      }
-      return absl::OkStatus();
-    }
-    case ActionKind::kSendActivation: {
-      RETURN_IF_ERROR(need(next_, "downstream"));
-      auto it = st.outputs.find(key);
-      if (it == st.outputs.end()) return absl::FailedPreconditionError("nothing to send: no forward output");
-      const int receiver_chunk = (vs + 1) / K;
-      timing.bytes = it->second->num_bytes();
-      RETURN_IF_ERROR(next_->Send(tag(receiver_chunk, common::TensorKind::kActivation),
-                                  it->second, deadline));
-      st.outputs.erase(it);
-      return absl::OkStatus();
-    }
-    case ActionKind::kRecvGradient: {
-      RETURN_IF_ERROR(need(next_, "downstream"));
-      ASSIGN_OR_RETURN(common::PiecewiseTensor t,
-                       next_->Receive(tag(a.chunk, common::TensorKind::kGradient), deadline));
-      timing.bytes = t.num_bytes();
-      st.received_gradients[key] = std::move(t);
-      return absl::OkStatus();
-    }
+    case ActionKind::kRecvActivation:
+      return Receive(a, common::TensorKind::kActivation, st, timing);
+    case ActionKind::kRecvGradient:
+      return Receive(a, common::TensorKind::kGradient, st, timing);
+    case ActionKind::kForward:
+      return RunForward(a, st);
+    case ActionKind::kSendActivation:
+      return Send(a, common::TensorKind::kActivation, st, timing);
+    case ActionKind::kSendGradient:
+      return Send(a, common::TensorKind::kGradient, st, timing);
     case ActionKind::kBackward:
-    case ActionKind::kBackwardInput: {
-      const common::PiecewiseTensor* grad_output = nullptr;
-      if (!holds_head) {
-        auto it = st.received_gradients.find(key);
-        if (it == st.received_gradients.end()) {
-          return absl::FailedPreconditionError("backward before its gradient was received");
-        }
-        grad_output = &it->second;
-      }
-      absl::StatusOr<Tensor> grad_input =
-          a.kind == ActionKind::kBackward ? chunk.Backward(a.micro_batch, grad_output, loss_grad)
-                                          : chunk.BackwardInput(a.micro_batch, grad_output, loss_grad);
-      if (!grad_input.ok()) return grad_input.status();
-      if (!holds_head) st.received_gradients.erase(key);
-      if (!holds_embedding) st.input_grads[key] = Share(std::move(*grad_input));
-      return absl::OkStatus();
-    }
+    case ActionKind::kBackwardInput:
+      return RunBackward(a, st);
     case ActionKind::kBackwardWeight:
-      return chunk.BackwardWeight(a.micro_batch);
-    case ActionKind::kSendGradient: {
-      RETURN_IF_ERROR(need(prev_, "upstream"));
-      auto it = st.input_grads.find(key);
-      if (it == st.input_grads.end()) return absl::FailedPreconditionError("nothing to send: no input gradient");
-      const int receiver_chunk = (vs - 1) / K;
-      timing.bytes = it->second->num_bytes();
-      RETURN_IF_ERROR(prev_->Send(tag(receiver_chunk, common::TensorKind::kGradient),
-                                  it->second, deadline));
-      st.input_grads.erase(it);
-      return absl::OkStatus();
-    }
-    case ActionKind::kOptimizerStep: {
-      OptimizerSettings settings = config_.optimizer;
-      if (st.inputs.lr) settings.lr = *st.inputs.lr;
-      if (st.inputs.defer_optimizer) {
-        // The gradients stay as they are until ApplyOptimizer brings the global norm.
-        st.deferred = PendingOptimizer{st.inputs.step, a, settings, st.start};
-        return absl::OkStatus();
-      }
-      std::optional<double> norm = st.inputs.global_grad_norm;
-      // Without the global norm, clip by this stage's (all its chunks together).
-      if (!norm && settings.grad_clip_norm > 0) norm = std::sqrt(st.grad_norm_sq);
-      for (auto& c : chunks_) RETURN_IF_ERROR(c->OptimizerStep(settings, norm));
-      return absl::OkStatus();
-    }
+      return chunks_[a.chunk]->BackwardWeight(a.micro_batch);
+    case ActionKind::kOptimizerStep:
+      return RunOptimizerStep(a, st);
   }
   return absl::InvalidArgumentError("unknown action kind");
+}
+
+common::FrameTag Executor::Tag(const StepState& st, int micro_batch, int receiver_chunk,
+                               common::TensorKind kind) const {
+  return common::FrameTag{config_.job_id, st.inputs.step, static_cast<uint32_t>(micro_batch),
+                          static_cast<uint32_t>(receiver_chunk), kind};
+}
+
+absl::StatusOr<TensorChannel*> Executor::Neighbour(common::TensorKind kind, bool sending) const {
+  // Activations go downstream through next_, gradients upstream through prev_; each
+  // arrives from the other side.
+  const bool downstream = (kind == common::TensorKind::kActivation) == sending;
+  TensorChannel* channel = downstream ? next_ : prev_;
+  if (channel != nullptr) return channel;
+  return absl::FailedPreconditionError(
+      absl::StrCat("this stage has no ", downstream ? "downstream" : "upstream", " neighbour"));
+}
+
+absl::Status Executor::Receive(const Action& a, common::TensorKind kind, StepState& st,
+                               ActionTiming& timing) {
+  ASSIGN_OR_RETURN(TensorChannel * channel, Neighbour(kind, /*sending=*/false));
+  const absl::Time deadline = absl::Now() + config_.recv_timeout;
+  ASSIGN_OR_RETURN(common::PiecewiseTensor t,
+                   channel->Receive(Tag(st, a.micro_batch, a.chunk, kind), deadline));
+  timing.bytes = t.num_bytes();
+  auto& received = kind == common::TensorKind::kActivation ? st.received_activations
+                                                           : st.received_gradients;
+  received[{a.chunk, a.micro_batch}] = std::move(t);
+  return absl::OkStatus();
+}
+
+absl::Status Executor::Send(const Action& a, common::TensorKind kind, StepState& st,
+                            ActionTiming& timing) {
+  ASSIGN_OR_RETURN(TensorChannel * channel, Neighbour(kind, /*sending=*/true));
+  const bool activation = kind == common::TensorKind::kActivation;
+  auto& produced = activation ? st.outputs : st.input_grads;
+  auto it = produced.find({a.chunk, a.micro_batch});
+  if (it == produced.end()) {
+    return absl::FailedPreconditionError(activation ? "nothing to send: no forward output"
+                                                    : "nothing to send: no input gradient");
+  }
+  // The receiver's chunk: of virtual stage + 1 for an activation, - 1 for a gradient.
+  const int receiver_chunk = (VirtualStage(a.chunk) + (activation ? 1 : -1)) / config_.num_stages;
+  timing.bytes = it->second->num_bytes();
+  const absl::Time deadline = absl::Now() + config_.recv_timeout;
+  RETURN_IF_ERROR(
+      channel->Send(Tag(st, a.micro_batch, receiver_chunk, kind), it->second, deadline));
+  produced.erase(it);
+  return absl::OkStatus();
+}
+
+absl::Status Executor::RunForward(const Action& a, StepState& st) {
+  const Key key{a.chunk, a.micro_batch};
+  const int vs = VirtualStage(a.chunk);
+  const bool holds_embedding = vs == 0, holds_head = vs == LastVirtualStage();
+  common::PiecewiseTensor tokens;
+  const common::PiecewiseTensor* input;
+  if (holds_embedding) {
+    tokens = common::PiecewiseTensor::View(st.inputs.tokens[a.micro_batch]);
+    input = &tokens;
+  } else {
+    auto it = st.received_activations.find(key);
+    if (it == st.received_activations.end()) {
+      return absl::FailedPreconditionError("forward before its activation was received");
+    }
+    input = &it->second;
+  }
+  ChunkCompute& chunk = *chunks_[a.chunk];
+  const Tensor* targets = holds_head ? &st.inputs.targets[a.micro_batch] : nullptr;
+  ASSIGN_OR_RETURN(Tensor out, st.forward_only ? chunk.Evaluate(*input, targets)
+                                               : chunk.Forward(a.micro_batch, *input, targets));
+  // The layers keep their own copy of what they need; the network buffers go.
+  if (!holds_embedding) st.received_activations.erase(key);
+  if (holds_head) {
+    st.losses[a.micro_batch] = out.data<float>()[0];
+    st.have_loss[a.micro_batch] = true;
+  } else {
+    st.outputs[key] = Share(std::move(out));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Executor::RunBackward(const Action& a, StepState& st) {
+  const Key key{a.chunk, a.micro_batch};
+  const int vs = VirtualStage(a.chunk);
+  const bool holds_embedding = vs == 0, holds_head = vs == LastVirtualStage();
+  const common::PiecewiseTensor* grad_output = nullptr;
+  if (!holds_head) {
+    auto it = st.received_gradients.find(key);
+    if (it == st.received_gradients.end()) {
+      return absl::FailedPreconditionError("backward before its gradient was received");
+    }
+    grad_output = &it->second;
+  }
+  ChunkCompute& chunk = *chunks_[a.chunk];
+  const float loss_grad = 1.0f / st.num_micro_batches;
+  ASSIGN_OR_RETURN(Tensor grad_input,
+                   a.kind == ActionKind::kBackward
+                       ? chunk.Backward(a.micro_batch, grad_output, loss_grad)
+                       : chunk.BackwardInput(a.micro_batch, grad_output, loss_grad));
+  if (!holds_head) st.received_gradients.erase(key);
+  if (!holds_embedding) st.input_grads[key] = Share(std::move(grad_input));
+  return absl::OkStatus();
+}
+
+absl::Status Executor::RunOptimizerStep(const Action& a, StepState& st) {
+  compute::OptimizerSettings settings = config_.optimizer;
+  if (st.inputs.lr) settings.lr = *st.inputs.lr;
+  if (st.inputs.defer_optimizer) {
+    // The gradients stay as they are until ApplyOptimizer brings the global norm.
+    st.deferred = PendingOptimizer{st.inputs.step, a, settings, st.start};
+    return absl::OkStatus();
+  }
+  std::optional<double> norm = st.inputs.global_grad_norm;
+  // Without the global norm, clip by this stage's (all its chunks together).
+  if (!norm && settings.grad_clip_norm > 0) norm = std::sqrt(st.grad_norm_sq);
+  for (auto& c : chunks_) RETURN_IF_ERROR(c->OptimizerStep(settings, norm));
+  return absl::OkStatus();
 }
 
 absl::Status Executor::SumTiedGradients(StepState& st) {
@@ -466,27 +516,33 @@ std::optional<uint64_t> Executor::pending_optimizer_step() const {
 
 absl::Status Executor::CheckNoPendingOptimizer(const std::string& what) const {
   if (!pending_) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      what, " of job '", config_.job_id, "' stage ", config_.stage,
-      ": the optimizer step of step ", pending_->step,
-      " is still pending (its deferred run ended; ApplyOptimizer must come first)"));
+  return common::ErrorContext(what)
+      .Job(config_.job_id)
+      .Stage(config_.stage)
+      .Error(absl::StatusCode::kFailedPrecondition,
+             absl::StrCat("the optimizer step of step ", pending_->step,
+                          " is still pending (its deferred run ended; ApplyOptimizer must come "
+                          "first)"));
 }
 
 absl::StatusOr<ActionTiming> Executor::ApplyOptimizer(uint64_t step, double global_grad_norm,
                                                       std::optional<float> lr) {
-  const std::string where =
-      absl::StrCat("apply optimizer of job '", config_.job_id, "' stage ", config_.stage,
-                   " step ", step);
+  const common::ErrorContext context = common::ErrorContext("apply optimizer")
+                                           .Job(config_.job_id)
+                                           .Stage(config_.stage)
+                                           .Step(static_cast<int64_t>(step));
   if (!pending_ || pending_->step != step) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        where, ": no optimizer step is pending for this step",
-        pending_ ? absl::StrCat(" (step ", pending_->step, "'s is)")
-                 : std::string(" (none is: run the step with defer_optimizer first)")));
+    return context.Error(
+        absl::StatusCode::kFailedPrecondition,
+        absl::StrCat("no optimizer step is pending for this step",
+                     pending_ ? absl::StrCat(" (step ", pending_->step, "'s is)")
+                              : std::string(" (none is: run the step with defer_optimizer first)")));
   }
   // NaN passes through, as it does when a stage clips by its own norm.
   if (global_grad_norm < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(where, ": field global_grad_norm is ", global_grad_norm, ", must be >= 0"));
+    return context.Error(
+        absl::StatusCode::kInvalidArgument,
+        absl::StrCat("field global_grad_norm is ", global_grad_norm, ", must be >= 0"));
   }
   PendingOptimizer p = *std::move(pending_);
   pending_.reset();  // applied or failed, it is not pending any more
@@ -497,9 +553,7 @@ absl::StatusOr<ActionTiming> Executor::ApplyOptimizer(uint64_t step, double glob
   t.reduce_us = p.reduce_us;  // at the end of the step's first phase, before this
   t.reduce_total_us = p.reduce_total_us;
   for (auto& c : chunks_) {
-    if (absl::Status s = c->OptimizerStep(p.settings, global_grad_norm); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat(where, ": ", s.message()));
-    }
+    RETURN_IF_ERROR(context.Wrap(c->OptimizerStep(p.settings, global_grad_norm)));
   }
   t.end_us = absl::ToInt64Microseconds(absl::Now() - p.step_start);
   return t;

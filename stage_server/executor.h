@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/buffer_pool.h"
+#include "common/error_context.h"
 #include "common/schedule/stage_program.h"
 #include "common/tensor.h"
 #include "stage_server/chunk_compute.h"
@@ -46,7 +47,7 @@ struct ExecutorConfig {
   // tied exchange (tied layers are averaged after it) and before the norm.
   GradientAverage average_gradients;
   absl::Duration recv_timeout = absl::Seconds(60);
-  OptimizerSettings optimizer;
+  compute::OptimizerSettings optimizer = compute::kStageOptimizerDefaults;
   // Called before each action of a training step's program (never of an evaluation's):
   // the stage's --fail-at fault injection (fault_injection.h). May not return.
   std::function<void(const schedule::Action&, int num_micro_batches, uint64_t step)> before_action;
@@ -100,7 +101,7 @@ class Executor {
   ~Executor();
 
   // Runs the program. On error the step's partial state is dropped and the status
-  // names the job, stage, step and action.
+  // names the job, stage, step, and the position and action that failed.
   // While an optimizer step is pending it is FAILED_PRECONDITION naming it.
   absl::StatusOr<StepResult> RunStep(const schedule::StageProgram& program,
                                      StepInputs inputs);
@@ -137,14 +138,58 @@ class Executor {
   struct PendingOptimizer {
     uint64_t step = 0;
     schedule::Action action;
-    OptimizerSettings settings;  // with the step's learning rate
+    compute::OptimizerSettings settings;  // with the step's learning rate
     absl::Time step_start;       // the step's clock, for the action's timing
     int64_t reduce_us = 0, reduce_total_us = 0;  // its averaging, done in phase 1
   };
 
+  // RunStep's steps. Validate: the program (schedule::ValidateProgram) and what this
+  // stage's configuration and inputs add to it.
   absl::Status CheckProgram(const schedule::StageProgram& program,
                             const StepInputs& inputs) const;
+  // Zeroes the gradients (training), opens the step on the links and starts its clock.
+  absl::StatusOr<std::unique_ptr<StepState>> StartStep(const schedule::StageProgram& program,
+                                                       StepInputs inputs);
+  // Runs each position's action, recording its timing; the first failure ends the step,
+  // named by job, stage, step, position and action.
+  absl::Status RunPositions(const schedule::StageProgram& program, StepState& st,
+                            std::vector<ActionTiming>& timings);
+  // What the optimizer step needs first: the tied gradients summed, the replicas'
+  // average, this stage's squared gradient norm.
+  absl::Status PrepareOptimizerStep(StepState& st, ActionTiming& t);
+  // The action at `position`, with the chunk's final-gradient hook when it is the
+  // chunk's last gradient action, and the activation peak it reached.
+  absl::Status RunActionAt(int position, const schedule::Action& action, StepState& st,
+                           ActionTiming& t);
+  // Per action: dispatches on its kind to one of the five below.
   absl::Status RunAction(const schedule::Action& action, StepState& st, ActionTiming& timing);
+  // RECV_F / RECV_B: the tensor from its neighbour, kept in the network's buffers.
+  absl::Status Receive(const schedule::Action& action, common::TensorKind kind, StepState& st,
+                       ActionTiming& timing);
+  // SEND_F / SEND_B: the forward's output or the input gradient, to the neighbour.
+  absl::Status Send(const schedule::Action& action, common::TensorKind kind, StepState& st,
+                    ActionTiming& timing);
+  absl::Status RunForward(const schedule::Action& action, StepState& st);
+  absl::Status RunBackward(const schedule::Action& action, StepState& st);  // B or I
+  absl::Status RunOptimizerStep(const schedule::Action& action, StepState& st);
+  // The channel a tensor of `kind` leaves by (sending) or arrives on; FAILED_PRECONDITION
+  // naming the side when the topology has none.
+  absl::StatusOr<TensorChannel*> Neighbour(common::TensorKind kind, bool sending) const;
+  common::FrameTag Tag(const StepState& st, int micro_batch, int receiver_chunk,
+                       common::TensorKind kind) const;
+  // The action's end, and the parts of it spent averaging and recomputing.
+  void FinishTiming(const schedule::Action& action, bool ok, const StepState& st,
+                    ActionTiming& t) const;
+  // Finish: everything sent has left, and nothing received or produced is left over.
+  absl::Status FinishStep(StepState& st);
+  // After a failure: the chunks drop their micro-batches, started averages end.
+  void AbandonStep(const StepState& st);
+  // Bytes the links have moved so far.
+  struct LinkBytes {
+    uint64_t sent = 0, received = 0;
+  };
+  LinkBytes MovedBytes() const;
+  common::ErrorContext StepContext(uint64_t step) const;  // job, stage and step
   // The tied-embedding gradient exchange (see ExecutorConfig::tie_embeddings).
   absl::Status SumTiedGradients(StepState& st);
   // Replicas: starts the average of layer `layer` of chunk `c` (once a step); at the
@@ -153,6 +198,7 @@ class Executor {
   absl::Status AverageGradients(StepState& st, ActionTiming& t);
   int VirtualStage(int chunk) const { return chunk * config_.num_stages + config_.stage; }
   int LastVirtualStage() const { return config_.num_chunks * config_.num_stages - 1; }
+  bool HoldsHead() const { return LastVirtualStage() % config_.num_stages == config_.stage; }
   // Wraps a host tensor so that its buffer returns to the pool once sent.
   std::shared_ptr<const common::Tensor> Share(common::Tensor tensor);
 

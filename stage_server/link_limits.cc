@@ -4,19 +4,14 @@
 #include <cstdint>
 #include <initializer_list>
 
-#include "common/checked_math.h"
+#include "stage_server/host_tensor.h"
 
 namespace pipetrain::stage_server {
 namespace {
 
-// Bytes of a float tensor of these dimensions, saturating; 0 when one is not positive.
+// Bytes of an fp32 tensor of these dimensions (0 when one is not positive).
 uint64_t FloatBytes(std::initializer_list<int64_t> dims) {
-  uint64_t n = sizeof(float);
-  for (int64_t d : dims) {
-    if (d <= 0) return 0;
-    n = common::SaturatingMul(n, static_cast<uint64_t>(d));
-  }
-  return n;
+  return SaturatingTensorBytes(common::DType::kF32, {dims.begin(), dims.size()});
 }
 
 }  // namespace

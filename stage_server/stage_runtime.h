@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/error_context.h"
 #include "common/model/gpt_config.h"
 #include "common/rpc_security.h"
 #include "common/schedule/stage_program.h"
@@ -21,6 +22,8 @@
 #include "stage_server/device_spec.h"
 #include "stage_server/executor.h"
 #include "stage_server/fault_injection.h"
+#include "stage_server/job_config.h"
+#include "stage_server/memory_breakdown.h"
 #include "stage_server/peer_link.h"
 #include "stage_server/snapshot_store.h"
 
@@ -29,6 +32,7 @@ namespace pipetrain::stage_server {
 namespace collective {
 class GradientReducer;
 }
+class SnapshotPusher;
 
 struct RuntimeOptions {
   DeviceSpec device;
@@ -42,30 +46,6 @@ struct RuntimeOptions {
   common::RpcSecurity security;
   // --fail-at: dies at one point of one step of one job (tests); null: never.
   std::shared_ptr<FaultInjector> faults;
-};
-
-struct JobConfig {
-  std::string job_id;
-  int stage = 0;
-  int num_stages = 1;
-  model::GptConfig model;
-  std::vector<std::pair<int, int>> chunks;  // pipeline layers [begin, end) per chunk
-  uint64_t seed = 0;
-  OptimizerSettings optimizer;
-  std::string upstream_address;    // previous stage (ring: stage K-1 for stage 0)
-  std::string downstream_address;  // next stage (ring: stage 0 for stage K-1)
-  bool recompute = false;
-  size_t frame_bytes = common::kDefaultFrameBytes;
-  int micro_batch_size = 1;
-  std::string peer_secret;
-  absl::Duration recv_timeout = absl::Seconds(60);
-  // Where this stage's snapshots are copied (the ring successor); "" = kept here only.
-  std::string snapshot_peer_address;
-  uint64_t snapshot_reserve_bytes = 0;  // counted with the state against --memory-limit
-  // Data-parallel replicas (ConfigureRequest.replica, replicas, rendezvous_prefix).
-  int replica = 0;
-  int replicas = 1;
-  std::string rendezvous_prefix;
 };
 
 struct ConfigureResult {
@@ -121,8 +101,8 @@ class StageRuntime {
   // Replaces any configured job, the same one too (a job restarted after a lost stage),
   // even while its optimizer step is pending; a step still running is broken off first
   // (its links closed), so a stage waiting on a lost neighbour is free at once. Bad
-  // fields are INVALID_ARGUMENT naming the field; a
-  // job over the memory limit is RESOURCE_EXHAUSTED naming bytes needed and available,
+  // fields are INVALID_ARGUMENT naming the field; a job over a memory limit is
+  // RESOURCE_EXHAUSTED naming the bytes of each part (MemoryBreakdown) and the limit,
   // refused before anything is allocated.
   absl::StatusOr<ConfigureResult> Configure(const JobConfig& config);
   // FAILED_PRECONDITION while an optimizer step is pending.
@@ -143,6 +123,11 @@ class StageRuntime {
   // between two steps).
   absl::StatusOr<std::string> ExportChunk(const std::string& job_id, int chunk) const;
   absl::Status ImportChunk(const std::string& job_id, int chunk, const std::string& bytes);
+  // Whether an import of `total_bytes` into `chunk` may be buffered at all, asked before
+  // a byte is: FAILED_PRECONDITION or INVALID_ARGUMENT as ImportChunk would answer for
+  // the job and chunk, and INVALID_ARGUMENT naming field total_bytes past the largest
+  // checkpoint the chunk can have (MaxChunkCheckpointBytes) and this stage's memory.
+  absl::Status AdmitImport(const std::string& job_id, int chunk, uint64_t total_bytes) const;
 
   // Snapshots. None of these take the step lock: they answer while a step waits.
   // Whether a push of `meta` from a peer is admitted: the configured job's id and
@@ -162,45 +147,84 @@ class StageRuntime {
   LinkAcceptor& acceptor() { return acceptor_; }
   const RuntimeOptions& options() const { return options_; }
 
-  // Bytes a job needs on this stage: weights, gradients and AdamW's two moments.
-  static uint64_t StateBytes(const JobConfig& config);
-
  private:
-  struct Job;
-  absl::Status ValidateConfig(const JobConfig& config) const;
-  // RESOURCE_EXHAUSTED when the job's weights, one micro-batch's activations and the
-  // snapshot reserve exceed the host's memory (CPU and emulated stages).
-  absl::Status CheckAllocation(const JobConfig& config, uint64_t state) const;
-  absl::Status EnsureLinks(Job& job);
+  struct Job;  // stage_runtime_job.h
+
+  // Configure's steps, in order (stage_runtime_configure.cc).
+  // RESOURCE_EXHAUSTED naming the parts when `need` exceeds a limit of this stage.
+  absl::Status CheckMemory(const JobConfig& config, const MemoryBreakdown& need) const;
+  // Forgets the configured job (its running step already broken off) and frees its
+  // memory.
+  void DropCurrentJob() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The new job: its chunks on their backend, its executor and snapshot pusher.
+  absl::StatusOr<std::unique_ptr<Job>> BuildJob(const JobConfig& config, uint64_t state_bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status MakeChunks(Job& job, std::vector<std::unique_ptr<ChunkCompute>>& chunks) const;
+  ExecutorConfig ExecutorConfigFor(const Job& job) const;
+  std::unique_ptr<SnapshotPusher> SnapshotPusherFor(const Job& job) const;
+  // Makes `job` the configured one, for the step lock's holders and for the readers of
+  // PublishedJob.
+  void InstallJob(std::unique_ptr<Job> job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // RunStep's steps: the request fits the configured job (FAILED_PRECONDITION or
+  // INVALID_ARGUMENT naming job, stage and step), then the links are made or remade.
+  absl::Status CheckStepRequest(const StepRequest& request) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status ReconnectLinks(Job& job, uint64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Connects what is not connected yet: the neighbours, and the replicas (EnsureReplicas).
+  absl::Status EnsureLinks(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status EnsureReplicas(Job& job) const;
   // The own snapshot of `step`, right after its optimizer update; queues the copy.
   absl::Status TakeSnapshot(Job& job, uint64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // FAILED_PRECONDITION "WHAT of job 'ID': ..." unless `job_id` is the configured job.
-  absl::Status CheckJob(const std::string& job_id, const std::string& what) const
+  // FAILED_PRECONDITION "CONTEXT: this stage is configured for ..." unless `job_id` is
+  // the configured job.
+  absl::Status CheckJob(const common::ErrorContext& context, const std::string& job_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<BackendChunk*> ChunkOf(const std::string& job_id, int chunk,
-                                        const char* what) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The configured job's real chunk `chunk` (an emulated stage has none).
+  absl::StatusOr<BackendChunk*> ChunkOf(const common::ErrorContext& context,
+                                        const std::string& job_id, int chunk) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Closes the configured job's links, so that a step waiting on them fails at once.
+  void AbortRunningStep() ABSL_LOCKS_EXCLUDED(abort_mu_);
+  void ForgetLinks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) ABSL_LOCKS_EXCLUDED(abort_mu_);
+  // Destroys a job's link, first taking it out of abortable_ (AbortRunningStep closes those).
+  void DropLink(std::unique_ptr<PeerLink>& link) ABSL_LOCKS_EXCLUDED(abort_mu_);
+  std::string PublishedJobId() const ABSL_LOCKS_EXCLUDED(published_mu_);
 
   const RuntimeOptions options_;
   LinkAcceptor acceptor_;
-  mutable absl::Mutex mu_;  // held for a whole step: one step at a time
-  std::unique_ptr<Job> job_ ABSL_GUARDED_BY(mu_);
-  int64_t steps_run_ ABSL_GUARDED_BY(mu_) = 0;
-  // Closes the configured job's links, so that a step waiting on them fails at once.
-  void AbortRunningStep() ABSL_LOCKS_EXCLUDED(links_mu_);
-  void ForgetLinks() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) ABSL_LOCKS_EXCLUDED(links_mu_);
-  // Destroys a job's link, first taking it out of links_ (AbortRunningStep closes those).
-  void DropLink(std::unique_ptr<PeerLink>& link) ABSL_LOCKS_EXCLUDED(links_mu_);
-  // The configured job's links (owned by job_), reachable without mu_: Configure
-  // breaks a running step with them. Cleared before job_ goes.
-  absl::Mutex links_mu_;  // never held across a step
-  std::vector<PeerLink*> links_ ABSL_GUARDED_BY(links_mu_);
-  Executor* executor_ ABSL_GUARDED_BY(links_mu_) = nullptr;  // the job's, for its aborts
-  mutable absl::Mutex job_id_mu_;  // never held across a step
-  std::string job_id_ ABSL_GUARDED_BY(job_id_mu_);
-  // What admits a snapshot push, readable while a step runs.
-  int stage_ ABSL_GUARDED_BY(job_id_mu_) = 0;
-  int num_stages_ ABSL_GUARDED_BY(job_id_mu_) = 0;
-  std::string peer_secret_ ABSL_GUARDED_BY(job_id_mu_);
+
+  // The configured job and what it ran, guarded by mu_, which a step holds throughout:
+  // one step at a time, and no configure, import or export during one.
+  struct Current {
+    std::unique_ptr<Job> job;
+    int64_t steps_run = 0;
+  };
+  mutable absl::Mutex mu_;
+  Current current_ ABSL_GUARDED_BY(mu_);
+
+  // What breaks off a running step without mu_ (Configure's first move), guarded by
+  // abort_mu_, never held across a step: the configured job's links and executor (both
+  // owned by current_.job), cleared before the job goes.
+  struct Abortable {
+    std::vector<PeerLink*> links;
+    Executor* executor = nullptr;
+  };
+  absl::Mutex abort_mu_;
+  Abortable abortable_ ABSL_GUARDED_BY(abort_mu_);
+
+  // Who the configured job is, guarded by published_mu_, never held across a step, so
+  // that heartbeats and snapshot pushes get an answer while a step runs. Empty job_id:
+  // none.
+  struct PublishedJob {
+    std::string job_id;
+    int stage = 0;
+    int num_stages = 0;
+    std::string peer_secret;
+  };
+  mutable absl::Mutex published_mu_;
+  PublishedJob published_ ABSL_GUARDED_BY(published_mu_);
+
   SnapshotStore snapshots_;  // its own lock
 };
 

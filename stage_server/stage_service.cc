@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/error_context.h"
 #include "common/frame_proto.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
@@ -12,6 +13,19 @@
 namespace pipetrain::stage_server {
 
 namespace pb = ::pipetrain::v1;
+
+compute::OptimizerSettings OptimizerFromProto(const pb::OptimizerConfig& o) {
+  // Zero is no sensible value for beta1, beta2 and eps, so it means "default".
+  constexpr compute::OptimizerSettings kDefaults = compute::kStageOptimizerDefaults;
+  compute::OptimizerSettings settings;
+  settings.lr = o.lr();
+  settings.beta1 = o.beta1() > 0 ? o.beta1() : kDefaults.beta1;
+  settings.beta2 = o.beta2() > 0 ? o.beta2() : kDefaults.beta2;
+  settings.eps = o.eps() > 0 ? o.eps() : kDefaults.eps;
+  settings.weight_decay = o.weight_decay();
+  settings.grad_clip_norm = o.grad_clip_norm();
+  return settings;
+}
 
 absl::StatusOr<JobConfig> JobConfigFromProto(const pb::ConfigureRequest& r) {
   JobConfig c;
@@ -28,14 +42,7 @@ absl::StatusOr<JobConfig> JobConfigFromProto(const pb::ConfigureRequest& r) {
     c.chunks.push_back({ranges[i].begin_layer(), ranges[i].end_layer()});
   }
   c.seed = r.seed();
-  const pb::OptimizerConfig& o = r.optimizer();
-  c.optimizer.lr = o.lr();
-  // Zero is no sensible value for these, so it means "default" (proto3 has no unset).
-  c.optimizer.beta1 = o.beta1() > 0 ? o.beta1() : 0.9f;
-  c.optimizer.beta2 = o.beta2() > 0 ? o.beta2() : 0.95f;
-  c.optimizer.eps = o.eps() > 0 ? o.eps() : 1e-8f;
-  c.optimizer.weight_decay = o.weight_decay();
-  c.optimizer.grad_clip_norm = o.grad_clip_norm();
+  c.optimizer = OptimizerFromProto(r.optimizer());
   c.upstream_address = r.upstream_address();
   c.downstream_address = r.downstream_address();
   c.recompute = r.recompute() == pb::RECOMPUTE_ALWAYS ||
@@ -143,7 +150,8 @@ void SnapshotMetaToProto(const SnapshotMeta& m, pb::SnapshotInfo* out) {
 namespace {
 
 constexpr size_t kPieceBytes = size_t{4} << 20;
-// Refused before buffering: a chunk can be no larger than what a stage may hold.
+// A held snapshot is refused before buffering past this (or --memory-limit): a chunk can
+// be no larger than what a stage may hold.
 constexpr uint64_t kMaxChunkBytes = uint64_t{64} << 30;
 
 // A chunk's bytes (an export, or a snapshot) as ChunkPieces of 4 MiB.
@@ -161,6 +169,35 @@ grpc::Status WriteChunkPieces(const std::string& job_id, uint32_t chunk, const s
     }
   }
   return grpc::Status::OK;
+}
+
+// A chunk's bytes from its pieces, `first` and the rest of `reader`'s: each continues the
+// one before (same job, chunk and total, the next offset), and they add up to the total.
+absl::StatusOr<std::string> ReadChunkPieces(pb::ChunkPiece first,
+                                            grpc::ServerReader<pb::ChunkPiece>* reader) {
+  const std::string job_id = first.job_id();
+  const uint32_t chunk = first.chunk();
+  const uint64_t total = first.total_bytes();
+  const common::ErrorContext about = common::ErrorContext("import").Job(job_id).Chunk(chunk);
+  std::string bytes;
+  bytes.reserve(total);
+  pb::ChunkPiece piece = std::move(first);
+  do {
+    if (piece.job_id() != job_id || piece.chunk() != chunk || piece.total_bytes() != total ||
+        piece.offset() != bytes.size() || bytes.size() + piece.data().size() > total) {
+      return about.Error(absl::StatusCode::kInvalidArgument,
+                         absl::StrCat("piece at offset ", piece.offset(),
+                                      " does not continue the chunk (expected offset ",
+                                      bytes.size(), " of ", total, " bytes, same job and chunk)"));
+    }
+    bytes += piece.data();
+  } while (reader->Read(&piece));
+  if (bytes.size() != total) {
+    return about.Error(
+        absl::StatusCode::kInvalidArgument,
+        absl::StrCat("the stream ended after ", bytes.size(), " of ", total, " bytes"));
+  }
+  return bytes;
 }
 
 }  // namespace
@@ -187,9 +224,10 @@ grpc::Status StageService::Configure(grpc::ServerContext* context, const pb::Con
     if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
     auto config = JobConfigFromProto(*request);
     if (!config.ok()) {
-      return common::ToGrpcStatus(absl::Status(
-          config.status().code(), absl::StrCat("configure job '", request->job_id(), "' stage ",
-                                               request->stage(), ": ", config.status().message())));
+      return common::ToGrpcStatus(common::ErrorContext("configure")
+                                      .Job(request->job_id())
+                                      .Stage(request->stage())
+                                      .Wrap(config.status()));
     }
     auto result = runtime_->Configure(*config);
     if (server_ && server_->GetHealthCheckService()) {
@@ -213,9 +251,8 @@ grpc::Status StageService::RunStep(grpc::ServerContext* context, const pb::RunSt
     if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
     auto step = StepRequestFromProto(*request);
     if (!step.ok()) {
-      return common::ToGrpcStatus(absl::Status(
-          step.status().code(), absl::StrCat("step ", request->step(), " of job '",
-                                             request->job_id(), "': ", step.status().message())));
+      return common::ToGrpcStatus(
+          common::ErrorContext().Job(request->job_id()).Step(request->step()).Wrap(step.status()));
     }
     auto report = runtime_->RunStep(std::move(*step));
     if (!report.ok()) {
@@ -236,10 +273,10 @@ grpc::Status StageService::ApplyOptimizer(grpc::ServerContext* context,
     if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
     auto apply = ApplyOptimizerRequestFromProto(*request);
     if (!apply.ok()) {
-      return common::ToGrpcStatus(absl::Status(
-          apply.status().code(), absl::StrCat("apply optimizer of job '", request->job_id(),
-                                              "' step ", request->step(), ": ",
-                                              apply.status().message())));
+      return common::ToGrpcStatus(common::ErrorContext("apply optimizer")
+                                      .Job(request->job_id())
+                                      .Step(request->step())
+                                      .Wrap(apply.status()));
     }
     auto timing = runtime_->ApplyOptimizer(*apply);
     if (!timing.ok()) {
@@ -272,41 +309,21 @@ grpc::Status StageService::ImportChunk(grpc::ServerContext* context,
                                        pb::ImportChunkResponse* response) {
   return common::GuardHandler("Stage.ImportChunk", [&]() -> grpc::Status {
     if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
-    pb::ChunkPiece piece;
-    std::string bytes, job_id;
-    uint32_t chunk = 0;
-    uint64_t total = 0;
-    bool first = true;
-    while (reader->Read(&piece)) {
-      if (first) {
-        job_id = piece.job_id();
-        chunk = piece.chunk();
-        total = piece.total_bytes();
-        if (total > kMaxChunkBytes) {
-          return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                              absl::StrCat("import: field total_bytes ", total, " is too large"));
-        }
-        bytes.reserve(total);
-        first = false;
-      }
-      if (piece.job_id() != job_id || piece.chunk() != chunk || piece.total_bytes() != total ||
-          piece.offset() != bytes.size() || bytes.size() + piece.data().size() > total) {
-        return grpc::Status(
-            grpc::StatusCode::INVALID_ARGUMENT,
-            absl::StrCat("import of job '", job_id, "' chunk ", chunk, ": piece at offset ",
-                         piece.offset(), " does not continue the chunk (expected offset ",
-                         bytes.size(), " of ", total, " bytes, same job and chunk)"));
-      }
-      bytes += piece.data();
-    }
-    if (first || bytes.size() != total) {
+    pb::ChunkPiece first;
+    if (!reader->Read(&first)) {
       return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                          absl::StrCat("import of job '", job_id, "': the stream ended after ",
-                                       bytes.size(), " of ", total, " bytes"));
+                          "import: the stream ended before its first piece");
     }
-    absl::Status s = runtime_->ImportChunk(job_id, static_cast<int>(chunk), bytes);
+    const int chunk = static_cast<int>(first.chunk());
+    // Refused by its declared size before a byte is buffered.
+    absl::Status admitted = runtime_->AdmitImport(first.job_id(), chunk, first.total_bytes());
+    if (!admitted.ok()) return common::ToGrpcStatus(admitted);
+    const std::string job_id = first.job_id();
+    absl::StatusOr<std::string> bytes = ReadChunkPieces(std::move(first), reader);
+    if (!bytes.ok()) return common::ToGrpcStatus(bytes.status());
+    absl::Status s = runtime_->ImportChunk(job_id, chunk, *bytes);
     if (!s.ok()) return common::ToGrpcStatus(s);
-    response->set_bytes(bytes.size());
+    response->set_bytes(bytes->size());
     return grpc::Status::OK;
   });
 }
@@ -337,9 +354,10 @@ grpc::Status StageService::HoldSnapshot(grpc::ServerContext* context,
     while (reader->Read(&piece)) {
       auto meta = SnapshotMetaFromProto(piece.info());
       if (!meta.ok()) {
-        return common::ToGrpcStatus(absl::Status(
-            meta.status().code(), absl::StrCat("snapshot push of job '", piece.job_id(), "' from ",
-                                               context->peer(), ": ", meta.status().message())));
+        return common::ToGrpcStatus(
+            common::ErrorContext(absl::StrCat("snapshot push from ", context->peer()))
+                .Job(piece.job_id())
+                .Wrap(meta.status()));
       }
       if (!assembler.started()) {
         // Admitted before a byte is buffered, as an Exchange stream is by its hello.

@@ -59,6 +59,9 @@ class StageService final
 
 // Proto -> runtime translation (exposed for tests). Errors name the field.
 absl::StatusOr<JobConfig> JobConfigFromProto(const pipetrain::v1::ConfigureRequest& request);
+// Fields left 0 where 0 is no sensible value (beta1, beta2, eps) take
+// compute::kStageOptimizerDefaults'.
+compute::OptimizerSettings OptimizerFromProto(const pipetrain::v1::OptimizerConfig& optimizer);
 absl::StatusOr<StepRequest> StepRequestFromProto(const pipetrain::v1::RunStepRequest& request);
 void StepReportToProto(const StepReport& report, pipetrain::v1::RunStepResponse* response);
 absl::StatusOr<ApplyOptimizerRequest> ApplyOptimizerRequestFromProto(

@@ -216,10 +216,10 @@ void CheckTrainingStep(Backend* gpu, double budget, ChunkOptions gpu_options) {
     tokens.push_back(RandomIds(size_t(B) * config.seq_len, config.vocab_size, NextSeed()));
     targets.push_back(RandomIds(size_t(B) * config.seq_len, config.vocab_size, NextSeed()));
   }
-  AdamWOptions adam;
+  OptimizerSettings adam;
   adam.lr = 1e-2f;
   adam.weight_decay = 0.1f;
-  adam.max_grad_norm = 0.5f;  // small enough to clip
+  adam.grad_clip_norm = 0.5f;  // small enough to clip
   // AdamW's first step moves each weight by about lr * g / (|g| + eps): for gradients
   // that are zero in exact arithmetic (the key part of c_attn.bias: softmax ignores a
   // shift of every key) fp32 rounding noise of 1e-9 would become a full step with the
@@ -280,7 +280,7 @@ void CheckTrainingStep(Backend* gpu, double budget, ChunkOptions gpu_options) {
   ASSERT_THAT(ref_norm, IsOk());
   ASSERT_THAT(dev_norm, IsOk());
   EXPECT_NEAR(*dev_norm, *ref_norm, budget * *ref_norm);
-  EXPECT_GT(*ref_norm, adam.max_grad_norm) << "the step should clip";
+  EXPECT_GT(*ref_norm, adam.grad_clip_norm) << "the step should clip";
   for (const model::ParamSpec& spec : (*ref)->Params()) {
     auto want = (*ref)->GetParam(spec.name);
     auto got = (*dev)->GetParam(spec.name);

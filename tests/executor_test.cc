@@ -47,7 +47,7 @@ using ::pipetrain::testing::Reference;
 using ::pipetrain::testing::Rows;
 constexpr int kSteps = 3;
 model::GptConfig Tiny() { return ::pipetrain::testing::TinyModel(); }
-OptimizerSettings Adam() { return ::pipetrain::testing::TestAdam(); }
+compute::OptimizerSettings Adam() { return ::pipetrain::testing::TestAdam(); }
 const Reference& SharedReference(float clip, bool tied) {
   return ::pipetrain::testing::SharedReference(kSteps, clip, tied);
 }
@@ -323,7 +323,8 @@ struct Single {
   schedule::StageProgram program;
 };
 
-Single MakeSingle(int stages = 1, int stage = 0, OptimizerSettings optimizer = {},
+Single MakeSingle(int stages = 1, int stage = 0,
+                  compute::OptimizerSettings optimizer = compute::kStageOptimizerDefaults,
                   bool recompute = false, GradientAverage average = {}) {
   Single s;
   auto pool = std::make_shared<common::BufferPool>();
@@ -418,7 +419,7 @@ class InProcessAverage {
 // ran the whole batch: equal to each other bit for bit, and to it up to the order of
 // the sums.
 TEST(ExecutorTest, ReplicasAveragingTheirGradientsTrainAsOneOnTheWholeBatch) {
-  OptimizerSettings adam = Adam();
+  compute::OptimizerSettings adam = Adam();
   Single whole = MakeSingle(1, 0, adam);
   whole.program.num_micro_batches = 4;
   whole.program.actions = *schedule::ParseActions("F0 F1 F2 F3 B0 B1 B2 B3 OPT");
@@ -497,7 +498,7 @@ TEST(ExecutorTest, ReplicasAveragingTheirGradientsTrainAsOneOnTheWholeBatch) {
 TEST(ExecutorTest, BackwardsReportTheirRecomputeTime) {
   for (bool recompute : {false, true}) {
     SCOPED_TRACE(recompute ? "recompute" : "no recompute");
-    Single s = MakeSingle(1, 0, {}, recompute);
+    Single s = MakeSingle(1, 0, compute::kStageOptimizerDefaults, recompute);
     s.program.actions = *schedule::ParseActions("F0 F1 B0 I1 W1 OPT");
     auto r = s.executor->RunStep(s.program, Inputs(2, true, true));
     ASSERT_THAT(r.status(), IsOk());
@@ -522,7 +523,7 @@ TEST(ExecutorTest, BackwardsReportTheirRecomputeTime) {
 // Phase 1 (defer_optimizer) then phase 2 (ApplyOptimizer) is the same step as one run
 // given the same global norm: bit for bit, over two steps (AdamW's state carries on).
 TEST(ExecutorTest, ADeferredStepAppliedLaterEqualsOneRunWithTheSameNorm) {
-  OptimizerSettings clipped = Adam();
+  compute::OptimizerSettings clipped = Adam();
   clipped.grad_clip_norm = kClip;
   Single direct = MakeSingle(1, 0, clipped), deferred = MakeSingle(1, 0, clipped);
   const std::vector<std::vector<float>> initial = Weights(*deferred.executor);
@@ -626,7 +627,7 @@ TEST(ExecutorTest, RefusesBadProgramsBeforeRunningThem) {
   s.program.actions = *schedule::ParseActions("F0 F0 B0 F1 B1 OPT");
   EXPECT_THAT(s.executor->RunStep(s.program, Inputs(2, true, true)).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("stage 0 step 1 (F0)"), HasSubstr("duplicate forward"))));
+                       AllOf(HasSubstr("stage 0 position 1 (F0)"), HasSubstr("duplicate forward"))));
   s.program.actions = *schedule::ParseActions("B0 F0 F1 B1 OPT");
   EXPECT_THAT(s.executor->RunStep(s.program, Inputs(2, true, true)).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("comes before the forward")));
@@ -666,10 +667,10 @@ TEST(ExecutorTest, ForwardOnlyProgramsRunTheirForwardsAndNothingElse) {
   s.program.actions = *schedule::ParseActions("F0 F1 B0 B1");
   EXPECT_THAT(s.executor->RunStep(s.program, Inputs(2, true, true)).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("stage 0 step 2 (B0)"), HasSubstr("forward-only"))));
+                       AllOf(HasSubstr("stage 0 position 2 (B0)"), HasSubstr("forward-only"))));
   s.program.actions = *schedule::ParseActions("F0 F1 OPT");
   EXPECT_THAT(s.executor->RunStep(s.program, Inputs(2, true, true)).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("step 2 (OPT)")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("position 2 (OPT)")));
   s.program.actions = *schedule::ParseActions("F0");
   EXPECT_THAT(s.executor->RunStep(s.program, Inputs(2, true, true)).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("missing forward F1")));
@@ -704,7 +705,7 @@ TEST(ExecutorTest, AMissingNeighbourTensorTimesOutNamingTheAction) {
   in.defer_optimizer = true;
   EXPECT_THAT(ex.RunStep(p, std::move(in)).status(),
               StatusIs(absl::StatusCode::kDeadlineExceeded,
-                       AllOf(HasSubstr("job 'job-y' stage 1 step 9 action 0 (RECV_F0)"),
+                       AllOf(HasSubstr("job 'job-y' stage 1 step 9: position 0 (RECV_F0)"),
                              HasSubstr("micro-batch 0"))));
   // A failed deferred step leaves no optimizer step pending.
   EXPECT_FALSE(ex.pending_optimizer_step().has_value());

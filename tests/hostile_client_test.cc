@@ -282,7 +282,7 @@ TEST_F(HostileClientTest, ConfigureThatCannotBeAllocatedIsResourceExhausted) {
   const std::string kMethod = "/pipetrain.v1.Stage/Configure";
   // 12 x 65536^2 x 64 parameters: about 52 TB of training state.
   Answer a = Call(stage(), kMethod, Configure(1 << 16, 64, 1));
-  ExpectRefused(a, grpc::StatusCode::RESOURCE_EXHAUSTED, "configure job 'hostile-1' stage 0");
+  ExpectRefused(a, grpc::StatusCode::RESOURCE_EXHAUSTED, "configure of job 'hostile-1' stage 0");
   EXPECT_THAT(a.message, HasSubstr("bytes"));
   // A small model with micro-batches of 2^30 rows: the activations cannot be had.
   a = Call(stage(), kMethod, Configure(64, 2, 1 << 30));

@@ -277,7 +277,7 @@ TEST(ModelChunkTest, SplitBackwardInAnyOrderMatchesFused) {
 // Data-parallel replicas average each layer's gradients as soon as they are final: the
 // hook sees layer i right after its gradients were added (the backward goes from the
 // last layer down, the weight half from the first up), when the next one's are still
-// zero, and LayerGrads / SetLayerGrads read and write exactly that layer's.
+// zero, and LayerGradients / SetLayerGradients read and write exactly that layer's.
 TEST(ModelChunkTest, TheGradientsAddedHookSeesEachLayerAsItsGradientsAreAdded) {
   auto cpu = CpuBackend::Create(1);
   ASSERT_THAT(cpu, IsOk());
@@ -293,13 +293,13 @@ TEST(ModelChunkTest, TheGradientsAddedHookSeesEachLayerAsItsGradientsAreAdded) {
     ASSERT_THAT(chunk.Forward(0, batch.rows, batch.tokens.data(), batch.targets.data(), &loss), IsOk());
     std::vector<int> order;
     std::vector<std::vector<float>> at_hook(n);
-    chunk.set_grads_added_hook([&](int i) {
+    chunk.OnFinalGradients([&](int i) {
       order.push_back(i);
-      at_hook[i] = *chunk.LayerGrads(i);
+      at_hook[i] = *chunk.LayerGradients(i);
       // The layer the backward reaches next has nothing yet.
       const int next = split ? i + 1 : i - 1;
       if (next >= 0 && next < n) {
-        const std::vector<float> g = *chunk.LayerGrads(next);
+        const std::vector<float> g = *chunk.LayerGradients(next);
         EXPECT_TRUE(std::all_of(g.begin(), g.end(), [](float v) { return v == 0.0f; })) << next;
       }
     });
@@ -310,22 +310,22 @@ TEST(ModelChunkTest, TheGradientsAddedHookSeesEachLayerAsItsGradientsAreAdded) {
     } else {
       ASSERT_THAT(chunk.Backward(0, nullptr, nullptr), IsOk());
     }
-    chunk.set_grads_added_hook({});
+    chunk.OnFinalGradients({});
     std::vector<int> want(n);
     for (int i = 0; i < n; ++i) want[i] = split ? i : n - 1 - i;
     EXPECT_EQ(order, want);
     for (int i = 0; i < n; ++i) {
-      EXPECT_EQ(at_hook[i], *chunk.LayerGrads(i)) << "layer " << i << " was final at its hook";
+      EXPECT_EQ(at_hook[i], *chunk.LayerGradients(i)) << "layer " << i << " was final at its hook";
       EXPECT_FALSE(std::all_of(at_hook[i].begin(), at_hook[i].end(), [](float v) { return v == 0.0f; }));
     }
     // Written back: the layer's gradients are the values given, the others unchanged.
     std::vector<float> halves = at_hook[1];
     for (float& v : halves) v *= 0.5f;
-    ASSERT_THAT(chunk.SetLayerGrads(1, halves), IsOk());
-    EXPECT_EQ(*chunk.LayerGrads(1), halves);
-    EXPECT_EQ(*chunk.LayerGrads(0), at_hook[0]);
-    EXPECT_THAT(chunk.SetLayerGrads(1, std::vector<float>(3)), StatusIs(absl::StatusCode::kInvalidArgument));
-    EXPECT_THAT(chunk.LayerGrads(n).status(), StatusIs(absl::StatusCode::kOutOfRange));
+    ASSERT_THAT(chunk.SetLayerGradients(1, halves), IsOk());
+    EXPECT_EQ(*chunk.LayerGradients(1), halves);
+    EXPECT_EQ(*chunk.LayerGradients(0), at_hook[0]);
+    EXPECT_THAT(chunk.SetLayerGradients(1, std::vector<float>(3)), StatusIs(absl::StatusCode::kInvalidArgument));
+    EXPECT_THAT(chunk.LayerGradients(n).status(), StatusIs(absl::StatusCode::kOutOfRange));
     EXPECT_FALSE(chunk.LayerHoldsTiedParam(0)) << "untied";
   }
   model::GptConfig tied = c;
@@ -452,7 +452,7 @@ TEST(ModelChunkTest, AdamWDecaysMatricesOnlyAndClipsByTheGivenNorm) {
   RunStep(y, batch, 1);
   const double norm = std::sqrt(*x[0]->GradSquaredNorm());
   EXPECT_GT(norm, 0);
-  auto used = x[0]->OptimizerStep({.lr = 0.1f, .eps = 1.0f, .max_grad_norm = 1.0f}, 2.0);
+  auto used = x[0]->OptimizerStep({.lr = 0.1f, .eps = 1.0f, .grad_clip_norm = 1.0f}, 2.0);
   ASSERT_THAT(used, IsOk());
   EXPECT_EQ(*used, 2.0);
   for (int l = 0; l < c.num_pipeline_layers(); ++l) {

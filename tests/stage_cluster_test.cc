@@ -101,7 +101,7 @@ pb::ConfigureRequest ConfigureFor(const planner::Plan& plan, const std::string& 
                                   const std::vector<Stage>& stages) {
   coordinator::StageWiring wiring{job, {}, "secret-" + job, 20000};
   for (const Stage& stage : stages) wiring.addresses.push_back(stage.address);
-  const stage_server::OptimizerSettings adam = testing::TestAdam();
+  const compute::OptimizerSettings adam = testing::TestAdam();
   pb::OptimizerConfig optimizer;
   optimizer.set_lr(adam.lr);
   optimizer.set_beta1(adam.beta1);
@@ -593,6 +593,24 @@ TEST(StageFaultTest, ChunksExportAndImportWithOptimizerStateToResumeExactly) {
 
   // A fresh job with other weights takes the chunk_state and continues where the first left.
   configure("resumed", 999);
+  {
+    // A declared size past the largest checkpoint the chunk can have (48 GiB, as the
+    // hostile-input battery sent) is refused before a byte is buffered.
+    grpc::ClientContext ctx;
+    pb::ImportChunkResponse resp;
+    auto writer = stages[0].stub->ImportChunk(&ctx, &resp);
+    pb::ChunkPiece piece;
+    piece.set_job_id("resumed");
+    piece.set_total_bytes(uint64_t{48} << 30);
+    piece.set_data(shard0.substr(0, 100));
+    writer->Write(piece);
+    writer->WritesDone();
+    const grpc::Status huge = writer->Finish();
+    EXPECT_EQ(huge.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << huge.error_message();
+    EXPECT_THAT(huge.error_message(), AllOf(HasSubstr("import of job 'resumed' chunk 0"),
+                                            HasSubstr("field total_bytes 51539607552"),
+                                            HasSubstr("bytes of memory")));
+  }
   EXPECT_EQ(Import(stages[1], "resumed", 0, shard0).error_code(), grpc::StatusCode::INVALID_ARGUMENT)
       << "stage 0's layers do not fit stage 1";
   grpc::Status imported = Import(stages[0], "resumed", 0, shard0);

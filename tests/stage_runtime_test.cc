@@ -1,5 +1,6 @@
-// StageRuntime::Configure in process: what it refuses before it allocates. The
-// integration tests (stage_cluster_test) drive the same through a stage server.
+// StageRuntime in process: what Configure refuses before it allocates, and what an
+// import is refused by its declared size before a byte is buffered. The integration
+// tests (stage_cluster_test) drive the same through a stage server.
 #include "stage_server/stage_runtime.h"
 
 #include <cstdint>
@@ -7,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -17,6 +19,7 @@
 namespace pipetrain::stage_server {
 namespace {
 
+using ::pipetrain::testing::IsOk;
 using ::pipetrain::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
@@ -61,7 +64,7 @@ TEST(StageRuntimeTest, MicroBatchBuffersCountAgainstTheMemoryLimit) {
 
 TEST(StageRuntimeTest, TheLimitIsStatePlusBuffersExactly) {
   const JobConfig config = TinyWholeModel(2);
-  const uint64_t state = StageRuntime::StateBytes(config);
+  const uint64_t state = StateBytes(config);
   const uint64_t buffers =
       BackendChunk::BufferBytes(config.model, 0, config.model.num_pipeline_layers(), 2);
   // Tokens in and targets (2 x 4 int32 each) and the head's 4-byte loss.
@@ -98,14 +101,95 @@ TEST(StageRuntimeTest, StateBytesIsTheLayersParametersTimesSixteen) {
   for (const auto& [begin, end] : std::vector<std::pair<int, int>>{
            {0, n}, {0, 1}, {1, 2}, {2, 5}, {n - 1, n}, {0, 3}, {3, n}}) {
     config.chunks = {{begin, end}};
-    EXPECT_EQ(StageRuntime::StateBytes(config), by_layer(begin, end)) << begin << ".." << end;
+    EXPECT_EQ(StateBytes(config), by_layer(begin, end)) << begin << ".." << end;
   }
   config.chunks = {{0, 2}, {4, n}};  // two chunks, as a V > 1 stage holds
-  EXPECT_EQ(StageRuntime::StateBytes(config), by_layer(0, 2) + by_layer(4, n));
+  EXPECT_EQ(StateBytes(config), by_layer(0, 2) + by_layer(4, n));
   config.chunks = {{-5, std::numeric_limits<int>::max()}};
-  EXPECT_EQ(StageRuntime::StateBytes(config), by_layer(0, n));
+  EXPECT_EQ(StateBytes(config), by_layer(0, n));
   config.chunks = {{3, 2}};
-  EXPECT_EQ(StageRuntime::StateBytes(config), 0u);
+  EXPECT_EQ(StateBytes(config), 0u);
+}
+
+// A ConfigureRequest's optimizer: beta1, beta2 and eps left 0 take the stage's defaults
+// (kStageOptimizerDefaults: beta2 0.95, not torch's 0.999); the rest pass as they are.
+TEST(StageRuntimeTest, OptimizerFieldsLeftZeroTakeTheStagesDefaults) {
+  pipetrain::v1::OptimizerConfig o;
+  compute::OptimizerSettings got = OptimizerFromProto(o);
+  EXPECT_EQ(got.beta1, 0.9f);
+  EXPECT_EQ(got.beta2, 0.95f);
+  EXPECT_EQ(got.eps, 1e-8f);
+  EXPECT_EQ(got.lr, 0.0f);
+  EXPECT_EQ(got.weight_decay, 0.0f);
+  EXPECT_EQ(got.grad_clip_norm, 0.0f);
+  o.set_lr(0.5f);
+  o.set_beta1(0.8f);
+  o.set_beta2(0.99f);
+  o.set_eps(1e-6f);
+  o.set_weight_decay(0.1f);
+  o.set_grad_clip_norm(2.0f);
+  got = OptimizerFromProto(o);
+  EXPECT_EQ(got.lr, 0.5f);
+  EXPECT_EQ(got.beta1, 0.8f);
+  EXPECT_EQ(got.beta2, 0.99f);
+  EXPECT_EQ(got.eps, 1e-6f);
+  EXPECT_EQ(got.weight_decay, 0.1f);
+  EXPECT_EQ(got.grad_clip_norm, 2.0f);
+  // What a JobConfig holds before a request sets it is the same.
+  EXPECT_EQ(JobConfig().optimizer.beta2, 0.95f);
+  EXPECT_EQ(compute::OptimizerSettings().beta2, 0.999f) << "the trainer's, torch's";
+}
+
+// Both limits give one message shape: the bytes needed, each part that counts against
+// the limit with its field, and the limit by name.
+TEST(StageRuntimeTest, AConfigureOverTheLimitNamesEveryPartThatCountsAndTheLimit) {
+  JobConfig config = TinyWholeModel(2);
+  config.snapshot_reserve_bytes = 1000;
+  const MemoryBreakdown need = MemoryOf(config, DeviceSpec::Kind::kCpu);
+  StageRuntime runtime(Cpu(need.state + need.buffers + need.reserve - 1));
+  EXPECT_THAT(
+      runtime.Configure(config),
+      StatusIs(absl::StatusCode::kResourceExhausted,
+               AllOf(HasSubstr("configure of job 'j1' stage 0: needs "),
+                     HasSubstr(absl::StrCat(need.state + need.buffers + need.reserve, " bytes")),
+                     HasSubstr(absl::StrCat(need.state, " for weights, gradients")),
+                     HasSubstr(absl::StrCat(need.buffers, " for micro-batch buffers")),
+                     HasSubstr("1000 for in-memory snapshots (field snapshot_reserve_bytes)"),
+                     HasSubstr(absl::StrCat("this stage has ", need.Total() - need.activations - 1,
+                                            " (--memory-limit)")),
+                     HasSubstr("turn snapshots off"))));
+  EXPECT_FALSE(runtime.configured());
+}
+
+// A configured CPU job: its chunk's real export passes AdmitImport; a declared size past
+// the largest checkpoint the chunk can have (48 GiB, as the hostile-input battery sent)
+// is INVALID_ARGUMENT naming total_bytes, job, chunk, that size and the stage's memory.
+TEST(StageRuntimeTest, AnImportLargerThanTheChunksLargestCheckpointIsRefusedUpFront) {
+  StageRuntime runtime(Cpu(uint64_t{1} << 30));
+  const JobConfig config = TinyWholeModel(2);
+  ASSERT_THAT(runtime.Configure(config), IsOk());
+  absl::StatusOr<std::string> exported = runtime.ExportChunk("j1", 0);
+  ASSERT_THAT(exported, IsOk());
+  EXPECT_THAT(runtime.AdmitImport("j1", 0, exported->size()), IsOk());
+  const uint64_t largest = MaxChunkCheckpointBytes(ParamsOf(config));
+  EXPECT_THAT(runtime.AdmitImport("j1", 0, largest), IsOk());
+  for (uint64_t total : {largest + 1, uint64_t{48} << 30}) {
+    EXPECT_THAT(runtime.AdmitImport("j1", 0, total),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("import of job 'j1' chunk 0"),
+                               HasSubstr(absl::StrCat("field total_bytes ", total)),
+                               HasSubstr(absl::StrCat(largest, " bytes")),
+                               HasSubstr(absl::StrCat("this stage has ", uint64_t{1} << 30,
+                                                      " bytes of memory (--memory-limit)")))));
+  }
+  // What the job or chunk alone refuses comes first, whatever the size.
+  EXPECT_THAT(runtime.AdmitImport("other", 0, uint64_t{48} << 30),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("job 'j1'")));
+  EXPECT_THAT(runtime.AdmitImport("j1", 1, 10),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("field chunk 1")));
+  StageRuntime unconfigured(Cpu(0));
+  EXPECT_THAT(unconfigured.AdmitImport("j1", 0, 10),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no job")));
 }
 
 }  // namespace

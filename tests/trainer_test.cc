@@ -43,7 +43,7 @@ TrainOptions TinyOptions() {
   o.steps = 10;
   o.batch = 8;
   o.seed = 1;
-  o.optimizer = {.lr = 1e-2f, .weight_decay = 0.1f, .max_grad_norm = 1.0f};
+  o.optimizer = {.lr = 1e-2f, .weight_decay = 0.1f, .grad_clip_norm = 1.0f};
   return o;
 }
 

@@ -57,7 +57,7 @@ void MoveBefore(Schedule& s, int stage, const std::string& action, const std::st
 
 // Every error prints the table (its header row and every stage) and brackets the cell.
 auto HasTableMarking(const std::string& cell) {
-  return AllOf(HasSubstr("step "), HasSubstr("\nstage 0 "), HasSubstr("\nstage 1 "),
+  return AllOf(HasSubstr("\nposition "), HasSubstr("\nstage 0 "), HasSubstr("\nstage 1 "),
                HasSubstr("[" + cell + "]"));
 }
 
@@ -69,15 +69,15 @@ TEST(ValidatorTest, CorrectSchedulesPass) {
 TEST(ValidatorTest, MissingForward) {
   Schedule s = Parse(kComputeOnly);
   Erase(s, 1, "F1");
-  EXPECT_THAT(
-      Validate(s, {.lowered = false}),
-      StatusIs(absl::StatusCode::kInvalidArgument,
-               AllOf(HasSubstr("stage 1 step 2 (B1): missing forward F1"), HasTableMarking("B1"))));
+  EXPECT_THAT(Validate(s, {.lowered = false}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("stage 1 position 2 (B1): missing forward F1"),
+                             HasTableMarking("B1"))));
   // Lowered: the receive stays, the forward is gone; the send downstream is missing too.
   Schedule l = Parse(kLowered);
   Erase(l, 1, "F1");
   EXPECT_THAT(Validate(l), StatusIs(absl::StatusCode::kInvalidArgument,
-                                    HasSubstr("stage 1 step 5 (B1): missing forward F1")));
+                                    HasSubstr("stage 1 position 5 (B1): missing forward F1")));
 }
 
 TEST(ValidatorTest, MissingBackward) {
@@ -92,11 +92,12 @@ TEST(ValidatorTest, DuplicateBackward) {
   Schedule s = Parse(kComputeOnly);
   auto& acts = s[0].actions;
   acts.insert(acts.begin() + Find(s, 0, "B1"), Backward(0));
-  EXPECT_THAT(Validate(s, {.lowered = false}),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("stage 0 step 4 (B0): duplicate backward of micro-batch 0 "
-                                       "(first at step 2)"),
-                             HasTableMarking("B0"))));
+  EXPECT_THAT(
+      Validate(s, {.lowered = false}),
+      StatusIs(absl::StatusCode::kInvalidArgument,
+               AllOf(HasSubstr("stage 0 position 4 (B0): duplicate backward of micro-batch 0 "
+                               "(first at position 2)"),
+                     HasTableMarking("B0"))));
 }
 
 TEST(ValidatorTest, BackwardBeforeForward) {
@@ -104,8 +105,8 @@ TEST(ValidatorTest, BackwardBeforeForward) {
   MoveBefore(s, 1, "B0", "F0");
   EXPECT_THAT(Validate(s, {.lowered = false}),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("stage 1 step 0 (B0): comes before the forward of "
-                                       "micro-batch 0 at step 1"),
+                       AllOf(HasSubstr("stage 1 position 0 (B0): comes before the forward of "
+                                       "micro-batch 0 at position 1"),
                              HasTableMarking("B0"), HasSubstr("[F0]"))));
 }
 
@@ -113,7 +114,7 @@ TEST(ValidatorTest, SendWithNoMatchingReceive) {
   Schedule s = Parse(kLowered);
   Erase(s, 1, "RECV_F2");
   EXPECT_THAT(Validate(s), StatusIs(absl::StatusCode::kInvalidArgument,
-                                    AllOf(HasSubstr("stage 0 step 7 (SEND_F2): no matching "
+                                    AllOf(HasSubstr("stage 0 position 7 (SEND_F2): no matching "
                                                     "RECV_F2 on stage 1"),
                                           HasTableMarking("SEND_F2"))));
 }
@@ -122,7 +123,7 @@ TEST(ValidatorTest, ReceiveWithNoSend) {
   Schedule s = Parse(kLowered);
   Erase(s, 1, "SEND_B1");
   EXPECT_THAT(Validate(s), StatusIs(absl::StatusCode::kInvalidArgument,
-                                    AllOf(HasSubstr("stage 0 step 8 (RECV_B1): no matching "
+                                    AllOf(HasSubstr("stage 0 position 8 (RECV_B1): no matching "
                                                     "SEND_B1 on stage 1"),
                                           HasTableMarking("RECV_B1"))));
 }
@@ -131,11 +132,12 @@ TEST(ValidatorTest, DeadlockByReordering) {
   // Stage 0 waits for the gradient of micro-batch 0 before sending its activation.
   Schedule s = Parse(kLowered);
   MoveBefore(s, 0, "RECV_B0", "SEND_F0");
-  EXPECT_THAT(Validate(s), StatusIs(absl::StatusCode::kInvalidArgument,
-                                    AllOf(HasSubstr("deadlock"),
-                                          HasSubstr("stage 0 step 1 (RECV_B0) waits for stage 1"),
-                                          HasSubstr("stage 1 step 0 (RECV_F0) waits for stage 0"),
-                                          HasTableMarking("RECV_B0"), HasSubstr("[RECV_F0]"))));
+  EXPECT_THAT(Validate(s),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("deadlock"),
+                             HasSubstr("stage 0 position 1 (RECV_B0) waits for stage 1"),
+                             HasSubstr("stage 1 position 0 (RECV_F0) waits for stage 0"),
+                             HasTableMarking("RECV_B0"), HasSubstr("[RECV_F0]"))));
   // Compute-only: stage 0 waits for B0 before running F1; stage 1 wants F1 before B0.
   Schedule c = Parse(kComputeOnly);
   c[0].actions = ParseActions("F0 B0 F1 B1 F2 B2 OPT").value();
@@ -143,8 +145,8 @@ TEST(ValidatorTest, DeadlockByReordering) {
   EXPECT_THAT(
       Validate(c, {.lowered = false}),
       StatusIs(absl::StatusCode::kInvalidArgument,
-               AllOf(HasSubstr("deadlock"), HasSubstr("stage 0 step 1 (B0) waits for stage 1"),
-                     HasSubstr("stage 1 step 1 (F1) waits for stage 0"), HasTableMarking("B0"),
+               AllOf(HasSubstr("deadlock"), HasSubstr("stage 0 position 1 (B0) waits for stage 1"),
+                     HasSubstr("stage 1 position 1 (F1) waits for stage 0"), HasTableMarking("B0"),
                      HasSubstr("[F1]"))));
 }
 
@@ -153,7 +155,7 @@ TEST(ValidatorTest, InFlightBoundExceeded) {
   MoveBefore(s, 0, "F2", "B0");  // GPipe order on stage 0: three activations held
   EXPECT_THAT(Validate(s, {.lowered = false}),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("stage 0 step 2 (F2): 3 activations in flight, above "
+                       AllOf(HasSubstr("stage 0 position 2 (F2): 3 activations in flight, above "
                                        "this stage's bound of 2"),
                              HasTableMarking("F2"))));
   s[0].max_in_flight = 3;
@@ -164,12 +166,13 @@ TEST(ValidatorTest, InFlightBoundExceeded) {
 TEST(ValidatorTest, OtherMistakesNameTheCell) {
   Schedule s = Parse(kLowered);
   s[1].actions.push_back(Forward(0));  // after OPT
-  EXPECT_THAT(Validate(s), StatusIs(absl::StatusCode::kInvalidArgument,
-                                    HasSubstr("stage 1 step 13 (F0): comes after the optimizer")));
+  EXPECT_THAT(Validate(s),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("stage 1 position 13 (F0): comes after the optimizer")));
   s = Parse(kLowered);
   s[1].actions[1] = Forward(5);
   EXPECT_THAT(Validate(s), StatusIs(absl::StatusCode::kInvalidArgument,
-                                    HasSubstr("stage 1 step 1 (F5): out of range")));
+                                    HasSubstr("stage 1 position 1 (F5): out of range")));
   s = Parse(kLowered);
   s[1].actions.insert(s[1].actions.begin(), Action{ActionKind::kSendActivation, 0, 0});
   EXPECT_THAT(Validate(s),
@@ -187,16 +190,16 @@ TEST(ValidatorTest, OtherMistakesNameTheCell) {
   s[1].actions[1] = BackwardWeight(0);
   EXPECT_THAT(Validate(s, {.lowered = false}),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("stage 1 step 1 (W0): weight gradient before the input")));
+                       HasSubstr("stage 1 position 1 (W0): weight gradient before the input")));
   s[1].actions[1] = BackwardInput(0);
   EXPECT_THAT(Validate(s, {.lowered = false}), StatusIs(absl::StatusCode::kInvalidArgument,
                                                         HasSubstr("missing weight gradient W0")));
 }
 
-TEST(ValidatorTest, TableHasOneRowPerStageAndOneColumnPerStep) {
+TEST(ValidatorTest, TableHasOneRowPerStageAndOneColumnPerPosition) {
   const std::string table = RenderTable(Parse(kComputeOnly), {{1, 2}});
   EXPECT_EQ(table,
-            "step      0     1     2     3     4     5     6\n"
+            "position  0     1     2     3     4     5     6\n"
             "stage 0   F0    F1    B0    F2    B1    B2    OPT\n"
             "stage 1   F0    B0   [F1]   B1    F2    B2    OPT\n");
 }
@@ -209,13 +212,13 @@ TEST(ValidatorTest, OneProgramAloneAsAStageServerSeesIt) {
   p.actions.erase(p.actions.begin());
   EXPECT_THAT(ValidateProgram(p),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("stage 1 step 0 (F0): its input is never received"),
+                       AllOf(HasSubstr("stage 1 position 0 (F0): its input is never received"),
                              HasSubstr("\nstage 1  [F0]"), ::testing::Not(HasSubstr("stage 0")))));
   p = s[0];
   p.actions.insert(p.actions.begin() + 6, Action{ActionKind::kSendGradient, 0, 0});
   EXPECT_THAT(ValidateProgram(p),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("stage 0 step 6 (SEND_B0): nothing upstream")));
+                       HasSubstr("stage 0 position 6 (SEND_B0): nothing upstream")));
   p = s[0];
   p.max_in_flight = 1;
   EXPECT_THAT(ValidateProgram(p),
@@ -254,22 +257,23 @@ TEST(ValidatorTest, ForwardOnlyRefusesBackwardAndOptimizerNamingTheAction) {
   Schedule s = Parse(kForwardOnly);
   s[1].actions.push_back(Backward(0));
   EXPECT_THAT(Validate(s), StatusIs(absl::StatusCode::kInvalidArgument,
-                                    AllOf(HasSubstr("stage 1 step 4 (B0): not allowed in a "
+                                    AllOf(HasSubstr("stage 1 position 4 (B0): not allowed in a "
                                                     "forward-only program"),
                                           HasTableMarking("B0"))));
   EXPECT_THAT(ValidateProgram(s[1]), StatusIs(absl::StatusCode::kInvalidArgument,
-                                              HasSubstr("stage 1 step 4 (B0): not allowed")));
+                                              HasSubstr("stage 1 position 4 (B0): not allowed")));
   s = Parse(kForwardOnly);
   s[0].actions.push_back(OptimizerStep());
   EXPECT_THAT(Validate(s), StatusIs(absl::StatusCode::kInvalidArgument,
-                                    HasSubstr("stage 0 step 4 (OPT): not allowed in a "
+                                    HasSubstr("stage 0 position 4 (OPT): not allowed in a "
                                               "forward-only program")));
   for (const char* action : {"I1", "W1", "SEND_B1", "RECV_B0"}) {
     s = Parse(kForwardOnly);
     s[0].actions.push_back(*ParseAction(action));
-    EXPECT_THAT(Validate(s),
-                StatusIs(absl::StatusCode::kInvalidArgument,
-                         HasSubstr(absl::StrCat("stage 0 step 4 (", action, "): not allowed"))));
+    EXPECT_THAT(
+        Validate(s),
+        StatusIs(absl::StatusCode::kInvalidArgument,
+                 HasSubstr(absl::StrCat("stage 0 position 4 (", action, "): not allowed"))));
   }
 }
 
@@ -281,7 +285,7 @@ TEST(ValidatorTest, ForwardOnlyStillChecksForwardsTransfersAndDeadlock) {
   s = Parse(kForwardOnly);
   s[0].actions.push_back(Forward(1));
   EXPECT_THAT(Validate(s), StatusIs(absl::StatusCode::kInvalidArgument,
-                                    HasSubstr("stage 0 step 4 (F1): duplicate forward")));
+                                    HasSubstr("stage 0 position 4 (F1): duplicate forward")));
   s = Parse(kForwardOnly);
   Erase(s, 1, "RECV_F1");
   EXPECT_THAT(Validate(s), StatusIs(absl::StatusCode::kInvalidArgument,
@@ -297,8 +301,8 @@ TEST(ValidatorTest, ForwardOnlyStillChecksForwardsTransfersAndDeadlock) {
       "stage 1 max_in_flight 1: RECV_F0 F0 SEND_F0 RECV_F0@1 F0@1\n");
   EXPECT_THAT(Validate(ring),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr("deadlock"), HasSubstr("stage 0 step 0 (RECV_F0@1)"),
-                             HasSubstr("stage 1 step 0 (RECV_F0)"))));
+                       AllOf(HasSubstr("deadlock"), HasSubstr("stage 0 position 0 (RECV_F0@1)"),
+                             HasSubstr("stage 1 position 0 (RECV_F0)"))));
   // Chunk 0 first on stage 0 is the order that runs.
   ring[0].actions = *ParseActions("F0 SEND_F0 RECV_F0@1 F0@1 SEND_F0@1");
   EXPECT_THAT(Validate(ring), IsOk());
@@ -318,7 +322,7 @@ TEST(ValidatorTest, LongProgramsShowAWindowAroundTheOffendingCell) {
   s[0].actions.push_back(Backward(300));
   const std::string table = RenderTable(s, {{0, 401}});
   EXPECT_THAT(table, HasSubstr("[B300]"));
-  EXPECT_THAT(table, HasSubstr("(steps 341..401 of 402)"));
+  EXPECT_THAT(table, HasSubstr("(positions 341..401 of 402)"));
   EXPECT_THAT(table, ::testing::Not(HasSubstr(" F0 ")));
   EXPECT_LT(table.size(), 3000u);
 }

@@ -1,4 +1,4 @@
-// One step of a stage's program (forward, backward, send, receive, optimizer step) and
+// One action of a stage's program (forward, backward, send, receive, optimizer step) and
 // its compact text form: F3, B3, I3, W3, SEND_F3, RECV_F3, SEND_B3, RECV_B3, OPT, with
 // "@c" for model chunk c > 0 (F3@1). Golden schedules in tests are written in it.
 #pragma once

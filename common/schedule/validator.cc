@@ -10,7 +10,7 @@ namespace pipetrain::schedule {
 namespace {
 
 constexpr int64_t kMaxSlots = int64_t{1} << 24;
-constexpr size_t kMaxTableSteps = 120;
+constexpr size_t kMaxTablePositions = 120;
 constexpr int kMaxStages = 4096;
 
 // The actions a forward-only program may contain: forwards and the activations they move.
@@ -61,8 +61,8 @@ class Checker {
 
  private:
   std::string Name(Cell c) const {
-    return absl::StrCat("stage ", StageAt(c.stage), " step ", c.step, " (",
-                        ToString(s_[c.stage].actions[c.step]), ")");
+    return absl::StrCat("stage ", StageAt(c.stage), " position ", c.position, " (",
+                        ToString(s_[c.stage].actions[c.position]), ")");
   }
   absl::Status Fail(std::vector<Cell> cells, const std::string& message) const {
     return absl::InvalidArgumentError(
@@ -76,12 +76,13 @@ class Checker {
   // An action that needs the forward of its micro-batch came first: either the forward
   // comes later (wrong order) or it is missing from the program altogether.
   absl::Status NoForwardYet(Cell here, const std::string& mb) const {
-    const Action& a = s_[here.stage].actions[here.step];
+    const Action& a = s_[here.stage].actions[here.position];
     const std::vector<Action>& acts = s_[here.stage].actions;
-    for (int i = here.step + 1; i < static_cast<int>(acts.size()); ++i) {
+    for (int i = here.position + 1; i < static_cast<int>(acts.size()); ++i) {
       if (acts[i] == Forward(a.micro_batch, a.chunk)) {
-        return Fail({here, {here.stage, i}},
-                    absl::StrCat(Name(here), ": comes before the forward of ", mb, " at step ", i));
+        return Fail(
+            {here, {here.stage, i}},
+            absl::StrCat(Name(here), ": comes before the forward of ", mb, " at position ", i));
       }
     }
     return FailAt(here, absl::StrCat("missing forward ", ToString(Forward(a.micro_batch, a.chunk)),
@@ -156,7 +157,7 @@ class Checker {
       }
       if (opt >= 0) {
         return Fail({{s, opt}, here},
-                    absl::StrCat(Name(here), ": comes after the optimizer step at step ", opt));
+                    absl::StrCat(Name(here), ": comes after the optimizer step at position ", opt));
       }
       if (a.micro_batch < 0 || a.micro_batch >= m_ || a.chunk < 0 || a.chunk >= v_) {
         return FailAt(here, absl::StrCat("out of range (", m_, " micro-batches, ", v_, " chunks)"));
@@ -169,7 +170,7 @@ class Checker {
       const std::string mb = Mb(a.micro_batch, a.chunk);
       auto dup = [&](int earlier, const char* what) {
         return Fail({{s, earlier}, here}, absl::StrCat(Name(here), ": duplicate ", what, " of ", mb,
-                                                       " (first at step ", earlier, ")"));
+                                                       " (first at position ", earlier, ")"));
       };
       switch (a.kind) {
         case ActionKind::kForward:
@@ -399,29 +400,29 @@ int PeakInFlight(const StageProgram& program) {
 }
 
 std::string RenderTable(const Schedule& schedule, const std::vector<Cell>& marked) {
-  size_t width = 2, steps = 0;
+  size_t width = 2, positions = 0;
   for (const StageProgram& p : schedule) {
-    steps = std::max(steps, p.actions.size());
+    positions = std::max(positions, p.actions.size());
     for (const Action& a : p.actions) width = std::max(width, ToString(a).size());
   }
   width += 2;  // room for the brackets of a marked cell
   // Long programs (or hostile ones) show a window around the first marked cell, so an
   // error message stays readable and small.
-  size_t first = 0, end = steps;
-  if (steps > kMaxTableSteps) {
-    size_t center = marked.empty() ? 0 : static_cast<size_t>(std::max(marked[0].step, 0));
-    first = center > kMaxTableSteps / 2 ? center - kMaxTableSteps / 2 : 0;
-    end = std::min(steps, first + kMaxTableSteps);
+  size_t first = 0, end = positions;
+  if (positions > kMaxTablePositions) {
+    size_t center = marked.empty() ? 0 : static_cast<size_t>(std::max(marked[0].position, 0));
+    first = center > kMaxTablePositions / 2 ? center - kMaxTablePositions / 2 : 0;
+    end = std::min(positions, first + kMaxTablePositions);
   }
   auto pad = [&](std::string s) {
     s.resize(std::max(s.size(), width), ' ');
     return s;
   };
-  std::string out = "step     ";
+  std::string out = "position ";
   for (size_t i = first; i < end; ++i) out += pad(absl::StrCat(" ", i)) + " ";
   while (out.back() == ' ') out.pop_back();
-  if (first > 0 || end < steps)
-    absl::StrAppend(&out, "   (steps ", first, "..", end - 1, " of ", steps, ")");
+  if (first > 0 || end < positions)
+    absl::StrAppend(&out, "   (positions ", first, "..", end - 1, " of ", positions, ")");
   out += "\n";
   for (size_t s = 0; s < schedule.size(); ++s) {
     std::string row = absl::StrCat("stage ", schedule[s].stage);
@@ -429,7 +430,7 @@ std::string RenderTable(const Schedule& schedule, const std::vector<Cell>& marke
     const std::vector<Action>& acts = schedule[s].actions;
     for (size_t i = first; i < std::min(end, acts.size()); ++i) {
       bool mark = std::any_of(marked.begin(), marked.end(), [&](const Cell& c) {
-        return c.stage == static_cast<int>(s) && c.step == static_cast<int>(i);
+        return c.stage == static_cast<int>(s) && c.position == static_cast<int>(i);
       });
       const std::string t = ToString(acts[i]);
       row += pad(mark ? absl::StrCat("[", t, "]") : absl::StrCat(" ", t)) + " ";

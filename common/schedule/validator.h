@@ -21,14 +21,16 @@ struct ValidateOptions {
   bool lowered = true;
 };
 
-// OK, or InvalidArgument whose message names the offending stage, step and action and
-// ends with the step-by-stage table of the schedule, offending cells in [brackets].
+// OK, or InvalidArgument whose message names the offending stage, position and action
+// ("stage 2 position 5 (F3)") and ends with the position-by-stage table of the schedule,
+// offending cells in [brackets]. A position is an action's index in its stage's program
+// ("step" is only ever a training step).
 absl::Status Validate(const Schedule& schedule, const ValidateOptions& options = {});
 
-// A position in a schedule: programs[stage].actions[step].
+// A cell of a schedule: programs[stage].actions[position].
 struct Cell {
   int stage = 0;
-  int step = 0;
+  int position = 0;
 };
 
 // Checks one stage's program on its own, as a stage server can when it receives it:
@@ -38,7 +40,7 @@ struct Cell {
 // Validate. Errors have the same form as Validate's, with this stage's row.
 absl::Status ValidateProgram(const StageProgram& program, const ValidateOptions& options = {});
 
-// One row per stage, one column per step, marked cells in [brackets].
+// One row per stage, one column per position, marked cells in [brackets].
 std::string RenderTable(const Schedule& schedule, const std::vector<Cell>& marked = {});
 
 // Most activations stage `stage`'s program holds at once (forward done, backward or its

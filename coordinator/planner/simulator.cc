@@ -168,7 +168,7 @@ absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
   for (int s = 0; s < k; ++s) {
     if (pc[s] < programs[s].actions.size()) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "simulate: deadlock at stage ", s, " step ", pc[s], " (",
+          "simulate: deadlock at stage ", s, " position ", pc[s], " (",
           schedule::ToString(programs[s].actions[pc[s]]), "); validate the schedule first"));
     }
   }

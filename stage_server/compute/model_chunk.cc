@@ -209,7 +209,7 @@ absl::Status ModelChunkT<Real>::RunBackwardInput(MicroBatch& mb, const Real* gra
     }
     if (fused) {
       RETURN_IF_ERROR(layers_[i]->Backward(mb.stashes[i], g, loss_grad, gi));
-      if (grads_added_) grads_added_(i);
+      if (on_final_) on_final_(i);
     } else {
       RETURN_IF_ERROR(layers_[i]->BackwardInput(mb.stashes[i], g, loss_grad, gi));
     }
@@ -255,7 +255,7 @@ absl::Status ModelChunkT<Real>::BackwardWeight(int mb_id) {
   }
   for (size_t i = 0; i < layers_.size(); ++i) {
     RETURN_IF_ERROR(layers_[i]->BackwardWeight(mb->stashes[i]));
-    if (grads_added_) grads_added_(static_cast<int>(i));
+    if (on_final_) on_final_(static_cast<int>(i));
   }
   micro_batches_.erase(mb_id);
   return absl::OkStatus();
@@ -361,7 +361,7 @@ absl::StatusOr<double> ModelChunkT<Real>::GradSquaredNorm() {
 }
 
 template <typename Real>
-absl::StatusOr<std::vector<Real>> ModelChunkT<Real>::LayerGrads(int i) const {
+absl::StatusOr<std::vector<Real>> ModelChunkT<Real>::LayerGradients(int i) const {
   if (i < 0 || i >= num_layers()) {
     return absl::OutOfRangeError(absl::StrCat("layer ", i, " of layers [", begin_, ", ", end_,
                                               "): the chunk has ", num_layers()));
@@ -372,7 +372,7 @@ absl::StatusOr<std::vector<Real>> ModelChunkT<Real>::LayerGrads(int i) const {
 }
 
 template <typename Real>
-absl::Status ModelChunkT<Real>::SetLayerGrads(int i, std::span<const Real> values) {
+absl::Status ModelChunkT<Real>::SetLayerGradients(int i, std::span<const Real> values) {
   if (i < 0 || i >= num_layers()) {
     return absl::OutOfRangeError(absl::StrCat("layer ", i, " of layers [", begin_, ", ", end_,
                                               "): the chunk has ", num_layers()));
@@ -415,17 +415,17 @@ absl::Status ModelChunkT<Real>::SumTiedGradients() {
 }
 
 template <typename Real>
-absl::StatusOr<double> ModelChunkT<Real>::OptimizerStep(const AdamWOptions& o,
+absl::StatusOr<double> ModelChunkT<Real>::OptimizerStep(const OptimizerSettings& o,
                                                         std::optional<double> global_norm) {
   double norm = global_norm.value_or(0.0);
   Real scale = 1;
-  if (o.max_grad_norm > 0) {
+  if (o.grad_clip_norm > 0) {
     if (!global_norm.has_value()) {
       ASSIGN_OR_RETURN(double sq, GradSquaredNorm());
       norm = std::sqrt(sq);
     }
     // As torch.nn.utils.clip_grad_norm_: scale by max / (norm + 1e-6) when below 1.
-    const double coef = o.max_grad_norm / (norm + 1e-6);
+    const double coef = o.grad_clip_norm / (norm + 1e-6);
     if (coef < 1) scale = static_cast<Real>(coef);
   }
   ++step_;

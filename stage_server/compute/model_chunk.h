@@ -30,6 +30,7 @@
 #include "stage_server/compute/backend.h"
 #include "stage_server/compute/backend_buffer.h"
 #include "stage_server/compute/gpt_layers.h"
+#include "stage_server/compute/optimizer_settings.h"
 
 namespace pipetrain::compute {
 
@@ -37,17 +38,6 @@ struct ChunkOptions {
   // Keep only each micro-batch's chunk input between forward and backward, and run the
   // forward again before backward. Results are bit-identical; memory is lower.
   bool recompute = false;
-};
-
-struct AdamWOptions {
-  float lr = 3e-4f;
-  float beta1 = 0.9f;
-  float beta2 = 0.999f;
-  float eps = 1e-8f;
-  // Decoupled weight decay, applied to matrices only (model::ParamSpec::is_matrix).
-  float weight_decay = 0.0f;
-  // Clip gradients to this global L2 norm (as torch.nn.utils.clip_grad_norm_); 0 = off.
-  float max_grad_norm = 0.0f;
 };
 
 // Not thread-safe: one executor thread drives a chunk (and its backend). ModelChunk
@@ -150,19 +140,20 @@ class ModelChunkT {
   // Data-parallel replicas (averaged layer by layer, see ChunkCompute): layer i's
   // (0-based in this chunk) gradients as one host buffer, as they lie, and back.
   int num_layers() const { return static_cast<int>(layers_.size()); }
-  absl::StatusOr<std::vector<Real>> LayerGrads(int i) const;
-  absl::Status SetLayerGrads(int i, std::span<const Real> values);
+  absl::StatusOr<std::vector<Real>> LayerGradients(int i) const;
+  absl::Status SetLayerGradients(int i, std::span<const Real> values);
   // With model.tie_embeddings: layer i holds wte or the head's copy of it.
   bool LayerHoldsTiedParam(int i) const;
   // Called with i right after layer i's parameter gradients were added to by Backward
-  // or BackwardWeight (not BackwardInput, which adds none); empty: not called.
-  void set_grads_added_hook(std::function<void(int)> hook) { grads_added_ = std::move(hook); }
+  // or BackwardWeight (not BackwardInput, which adds none), so final when set for the
+  // step's last gradient action; empty: not called.
+  void OnFinalGradients(std::function<void(int)> on_final) { on_final_ = std::move(on_final); }
 
-  // One AdamW step (the step counter starts at 1). With max_grad_norm > 0 the gradients
+  // One AdamW step (the step counter starts at 1). With grad_clip_norm > 0 the gradients
   // are clipped by `global_grad_norm`, or by this chunk's own norm if not given (right
   // for a single stage; a pipeline passes the norm over all stages). Does not zero the
   // gradients. Returns the gradient norm used (0 when clipping is off and none given).
-  absl::StatusOr<double> OptimizerStep(const AdamWOptions& options,
+  absl::StatusOr<double> OptimizerStep(const OptimizerSettings& settings,
                                        std::optional<double> global_grad_norm = {});
   int step() const { return step_; }
 
@@ -204,7 +195,7 @@ class ModelChunkT {
   size_t peak_bytes_ = 0;
   double last_recompute_s_ = 0;
   int step_ = 0;
-  std::function<void(int)> grads_added_;
+  std::function<void(int)> on_final_;
 };
 
 using ModelChunk = ModelChunkT<float>;

@@ -30,7 +30,7 @@ struct TrainOptions {
   int batch = 8;          // rows per step
   int micro_batches = 1;  // gradient accumulation; must divide batch
   uint64_t seed = 0;      // initialisation and batch sampling
-  AdamWOptions optimizer;
+  OptimizerSettings optimizer;
   int threads = 1;  // OpenBLAS threads
   bool recompute = false;
 };

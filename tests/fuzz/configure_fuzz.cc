@@ -52,7 +52,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!request.ParseFromArray(data + 1, static_cast<int>(size - 1))) return 0;
   auto config = stage_server::JobConfigFromProto(request);
   if (!config.ok()) return 0;
-  (void)stage_server::StageRuntime::StateBytes(*config);
+  (void)stage_server::StateBytes(*config);
   stage_server::StageRuntime& runtime = Runtime(cpu);
   auto result = runtime.Configure(*config);
   if (result.ok() && !runtime.configured()) __builtin_trap();

@@ -16,8 +16,8 @@ model::GptConfig TinyModel(bool tied) {
   return c;
 }
 
-stage_server::OptimizerSettings TestAdam() {
-  stage_server::OptimizerSettings o;
+compute::OptimizerSettings TestAdam() {
+  compute::OptimizerSettings o;
   o.lr = 1e-2f;
   o.beta1 = 0.9f;
   o.beta2 = 0.95f;
@@ -49,14 +49,8 @@ Reference Train(int steps, float clip, bool tied) {
   r.model = *compute::ModelChunk::Create(TinyModel(tied), 0, TinyModel().num_pipeline_layers(),
                                          r.backend.get());
   EXPECT_TRUE(r.model->Initialize(kSeed).ok());
-  const stage_server::OptimizerSettings o = TestAdam();
-  compute::AdamWOptions adam;
-  adam.lr = o.lr;
-  adam.beta1 = o.beta1;
-  adam.beta2 = o.beta2;
-  adam.eps = o.eps;
-  adam.weight_decay = o.weight_decay;
-  adam.max_grad_norm = clip;
+  compute::OptimizerSettings adam = TestAdam();
+  adam.grad_clip_norm = clip;
   // Each step is compute::Trainer::Step's (zero, LossAndGrads, OptimizerStep by the
   // chunk's own norm), so the clipped cases also hold the trainer to one stage.
   for (int step = 0; step < steps; ++step) {

@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "common/tensor.h"
-#include "stage_server/chunk_compute.h"
 #include "stage_server/compute/cpu_backend.h"
 #include "stage_server/compute/model_chunk.h"
+#include "stage_server/compute/optimizer_settings.h"
 #include "stage_server/compute/trainer.h"
 
 namespace pipetrain::testing {
@@ -19,7 +19,7 @@ inline constexpr uint64_t kSeed = 17;
 
 // 8 pipeline layers; `tied` sets model.tie_embeddings.
 model::GptConfig TinyModel(bool tied = false);
-stage_server::OptimizerSettings TestAdam();
+compute::OptimizerSettings TestAdam();
 model::TokenBatch RandomBatch(int step);  // kBatch rows of random tokens
 // Rows [mb * rows, (mb + 1) * rows) of a (kBatch, T) token array as a (rows, T) tensor.
 common::Tensor Rows(const std::vector<int32_t>& all, int mb, int rows);

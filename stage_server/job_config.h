@@ -1,0 +1,64 @@
+// What a stage is configured with for one job (JobConfig, from a ConfigureRequest), and
+// the pure rules read from it: whether it is valid, which neighbour links the stage
+// has and how they are set up. StageRuntime::Configure applies them.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/model/gpt_config.h"
+#include "common/tensor_codec.h"
+#include "stage_server/compute/optimizer_settings.h"
+#include "stage_server/peer_link.h"
+
+namespace pipetrain::stage_server {
+
+struct JobConfig {
+  std::string job_id;
+  int stage = 0;
+  int num_stages = 1;
+  model::GptConfig model;
+  std::vector<std::pair<int, int>> chunks;  // pipeline layers [begin, end) per chunk
+  uint64_t seed = 0;
+  compute::OptimizerSettings optimizer = compute::kStageOptimizerDefaults;
+  std::string upstream_address;    // previous stage (ring: stage K-1 for stage 0)
+  std::string downstream_address;  // next stage (ring: stage 0 for stage K-1)
+  bool recompute = false;
+  size_t frame_bytes = common::kDefaultFrameBytes;
+  int micro_batch_size = 1;
+  std::string peer_secret;
+  absl::Duration recv_timeout = absl::Seconds(60);
+  // Where this stage's snapshots are copied (the ring successor); "" = kept here only.
+  std::string snapshot_peer_address;
+  uint64_t snapshot_reserve_bytes = 0;  // counted with the state against --memory-limit
+  // Data-parallel replicas (ConfigureRequest.replica, replicas, rendezvous_prefix).
+  int replica = 0;
+  int replicas = 1;
+  std::string rendezvous_prefix;
+};
+
+// The neighbour links a stage has: to stage + 1 (it connects) and from stage - 1 (it
+// accepts), modulo K. The ring link K-1 -> 0 exists with several chunks per stage, and
+// when the first and last stage share the tied embedding (its gradient goes straight
+// between them over that link).
+struct StageLinks {
+  bool next = false;
+  bool prev = false;
+};
+StageLinks LinksOf(const JobConfig& config);
+
+// INVALID_ARGUMENT "configure of job 'ID' stage S: ..." naming the field. Replicas meet
+// through the coordinator, so they need `has_coordinator`.
+absl::Status ValidateJobConfig(const JobConfig& config, bool has_coordinator);
+
+// The link to the downstream neighbour (this stage connects) and from the upstream one
+// (this stage accepts it).
+PeerLinkOptions DownstreamLinkOptions(const JobConfig& config);
+PeerLinkOptions UpstreamLinkOptions(const JobConfig& config);
+
+}  // namespace pipetrain::stage_server

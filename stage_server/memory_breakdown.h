@@ -1,0 +1,68 @@
+// What a job's share takes on one stage, part by part (MemoryBreakdown), the limits a
+// stage checks it against before it allocates anything (--memory-limit, its host's
+// memory), and the byte sizes derived from a chunk's parameters. Pure; every size
+// saturates at UINT64_MAX instead of wrapping, a size no limit admits.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "stage_server/device_spec.h"
+#include "stage_server/job_config.h"
+
+namespace pipetrain::stage_server {
+
+struct MemoryBreakdown {
+  uint64_t state = 0;        // weights, gradients and AdamW's two moments
+  uint64_t buffers = 0;      // each chunk's micro-batch buffers (BackendChunk's scratch)
+  uint64_t activations = 0;  // one micro-batch's activations, every chunk's
+  uint64_t reserve = 0;      // in-memory snapshots (field snapshot_reserve_bytes)
+  uint64_t Total() const;
+};
+
+// Bytes per parameter, each tensor fp32: its weight (and as much for its gradient),
+// AdamW's two moments; what a stage holds (weight, gradient, moments) and what a chunk's
+// checkpoint stores (weight, moments).
+uint64_t WeightBytesPerParam();
+uint64_t OptimizerBytesPerParam();
+uint64_t StateBytesPerParam();
+uint64_t CheckpointBytesPerParam();
+
+// The parameters of the config's chunks, in closed form per range (every block has the
+// same parameters), clamped to the model's layers: a range of 2^31 layers, unvalidated,
+// costs no more to size than one of two (tests/fuzz/configure_fuzz timed out looping).
+uint64_t ParamsOf(const JobConfig& config);
+uint64_t StateBytes(const JobConfig& config);  // ParamsOf x StateBytesPerParam
+
+// The breakdown of `config` on a stage of this device kind: an emulated one allocates
+// no micro-batch buffers (it computes nothing), but sizes the state it emulates.
+MemoryBreakdown MemoryOf(const JobConfig& config, DeviceSpec::Kind device);
+
+// A limit and the parts of a breakdown it bounds (the others are 0 in `counted`).
+struct MemoryLimit {
+  std::string name;  // how messages name it: "--memory-limit", "host memory"
+  uint64_t bytes = 0;
+  MemoryBreakdown counted;
+};
+
+// The limits a stage checks `need` against. --memory-limit (when set) bounds what
+// Configure allocates and the snapshot reserve; the planner fits the schedule's
+// activations within it. A CPU or emulated stage's host memory (when known) bounds all
+// the host allocates, one micro-batch's activations at least; an emulated stage holds
+// no state there. A CUDA stage's backend refuses what its GPU cannot hold.
+std::vector<MemoryLimit> MemoryLimitsOf(const MemoryBreakdown& need, DeviceSpec::Kind device,
+                                        uint64_t memory_limit_bytes, uint64_t host_memory_bytes);
+
+// OK, or RESOURCE_EXHAUSTED "configure of job 'ID' stage S: needs N bytes (each counted
+// part, naming its field) but this stage has L (NAME); ..." when the parts exceed it.
+absl::Status CheckFits(const JobConfig& config, const MemoryLimit& limit);
+
+// The largest a checkpoint of a chunk of `params` parameters can be: its 8-byte length
+// prefix, a safetensors header of at most common::kMaxSafetensorsHeaderBytes (what
+// every reader refuses beyond), and the parameters' CheckpointBytesPerParam; a file's
+// tensors tile its data section, and a chunk's are no more than its parameters.
+uint64_t MaxChunkCheckpointBytes(uint64_t params);
+
+}  // namespace pipetrain::stage_server

@@ -1,0 +1,151 @@
+// MemoryBreakdown and the limits a stage checks it against: which parts each limit
+// counts on each device, the one message shape, saturation, and the sizes derived from
+// a chunk's parameters (its state; its checkpoint's bound, against a real export).
+#include "stage_server/memory_breakdown.h"
+
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/model/checkpoint.h"
+#include "common/safetensors.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "stage_server/backend_chunk.h"
+#include "stage_server/compute/chunk_checkpoint.h"
+#include "stage_server/compute/cpu_backend.h"
+
+namespace pipetrain::stage_server {
+namespace {
+
+using ::pipetrain::testing::IsOk;
+using ::pipetrain::testing::StatusIs;
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+JobConfig Job(int micro_batch_size) {
+  JobConfig c;
+  c.job_id = "m";
+  c.stage = 1;
+  c.num_stages = 2;
+  c.model = model::GptConfig{32, 8, 16, 2, 4, false};
+  c.chunks = {{1, c.model.num_pipeline_layers()}};
+  c.micro_batch_size = micro_batch_size;
+  c.snapshot_reserve_bytes = 777;
+  return c;
+}
+
+TEST(MemoryBreakdownTest, ThePartsAreTheStateTheBuffersOneMicroBatchAndTheReserve) {
+  const JobConfig c = Job(3);
+  const MemoryBreakdown cpu = MemoryOf(c, DeviceSpec::Kind::kCpu);
+  EXPECT_EQ(cpu.state, ParamsOf(c) * 16) << "fp32 weight, gradient and two AdamW moments";
+  EXPECT_EQ(cpu.buffers, BackendChunk::BufferBytes(c.model, 1, c.model.num_pipeline_layers(), 3));
+  EXPECT_GT(cpu.activations, 0u);
+  EXPECT_EQ(cpu.reserve, 777u);
+  EXPECT_EQ(cpu.Total(), cpu.state + cpu.buffers + cpu.activations + cpu.reserve);
+  // Activations grow with the micro-batch; an emulated stage allocates no buffers.
+  EXPECT_GT(MemoryOf(Job(6), DeviceSpec::Kind::kCpu).activations, cpu.activations);
+  const MemoryBreakdown emulated = MemoryOf(c, DeviceSpec::Kind::kEmulated);
+  EXPECT_EQ(emulated.buffers, 0u);
+  EXPECT_EQ(emulated.state, cpu.state);
+  EXPECT_EQ(emulated.activations, cpu.activations);
+}
+
+TEST(MemoryBreakdownTest, EachLimitCountsWhatItBounds) {
+  const MemoryBreakdown need{.state = 100, .buffers = 20, .activations = 5, .reserve = 7};
+  // --memory-limit: all but the activations (the planner fits those); the host's memory
+  // on a CPU stage: all of it.
+  std::vector<MemoryLimit> limits = MemoryLimitsOf(need, DeviceSpec::Kind::kCpu, 1000, 5000);
+  ASSERT_EQ(limits.size(), 2u);
+  EXPECT_EQ(limits[0].name, "--memory-limit");
+  EXPECT_EQ(limits[0].bytes, 1000u);
+  EXPECT_EQ(limits[0].counted.Total(), 127u);
+  EXPECT_EQ(limits[1].bytes, 5000u);
+  EXPECT_EQ(limits[1].counted.Total(), 132u);
+  // An emulated stage holds no state on its host; a CUDA stage's GPU refuses for itself.
+  limits = MemoryLimitsOf(need, DeviceSpec::Kind::kEmulated, 1000, 5000);
+  ASSERT_EQ(limits.size(), 2u);
+  EXPECT_EQ(limits[0].counted.Total(), 127u);
+  EXPECT_EQ(limits[1].counted.Total(), 32u);
+  limits = MemoryLimitsOf(need, DeviceSpec::Kind::kCuda, 1000, 5000);
+  ASSERT_EQ(limits.size(), 1u);
+  EXPECT_EQ(limits[0].name, "--memory-limit");
+  // No --memory-limit, host memory unknown: nothing to check.
+  EXPECT_TRUE(MemoryLimitsOf(need, DeviceSpec::Kind::kCpu, 0, 0).empty());
+}
+
+TEST(MemoryBreakdownTest, OneMessageShapeNamesTheCountedPartsTheirFieldsAndTheLimit) {
+  const JobConfig c = Job(3);
+  const MemoryLimit limit{"the host's memory", 131,
+                          {.state = 100, .buffers = 20, .activations = 5, .reserve = 7}};
+  EXPECT_THAT(
+      CheckFits(c, limit),
+      StatusIs(absl::StatusCode::kResourceExhausted,
+               AllOf(HasSubstr("configure of job 'm' stage 1: needs 132 bytes ("),
+                     HasSubstr("100 for weights, gradients and optimizer state"),
+                     HasSubstr("20 for micro-batch buffers (field micro_batch_size 3)"),
+                     HasSubstr("5 for the activations of one micro-batch (field "
+                               "micro_batch_size 3, rows of 8 tokens)"),
+                     HasSubstr("7 for in-memory snapshots (field snapshot_reserve_bytes)"),
+                     HasSubstr(") but this stage has 131 (the host's memory)"),
+                     HasSubstr("turn snapshots off"))));
+  // Exactly at the limit fits; a part that is not counted is not named.
+  MemoryLimit at = limit;
+  at.bytes = 132;
+  EXPECT_THAT(CheckFits(c, at), IsOk());
+  MemoryLimit no_reserve{"--memory-limit", 10, {.state = 100}};
+  EXPECT_THAT(CheckFits(c, no_reserve),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       AllOf(HasSubstr("needs 100 bytes (100 for weights"),
+                             Not(HasSubstr("buffers")), Not(HasSubstr("snapshots")))));
+}
+
+// Sizes a request sets saturate instead of wrapping, and no limit admits them.
+TEST(MemoryBreakdownTest, HugeRequestsSaturateAndAreRefused) {
+  constexpr int kBig = std::numeric_limits<int>::max();
+  JobConfig c = Job(kBig);
+  c.model = model::GptConfig{8, kBig, kBig, 1, 1, false};
+  c.chunks = {{0, 3}};
+  c.snapshot_reserve_bytes = UINT64_MAX;
+  const MemoryBreakdown need = MemoryOf(c, DeviceSpec::Kind::kCpu);
+  EXPECT_EQ(need.activations, UINT64_MAX);
+  EXPECT_EQ(need.Total(), UINT64_MAX);
+  const MemoryLimit limit{"--memory-limit", UINT64_MAX - 1, need};
+  EXPECT_THAT(CheckFits(c, limit), StatusIs(absl::StatusCode::kResourceExhausted));
+}
+
+TEST(MemoryBreakdownTest, BytesPerParameterComeFromTheDtypeTable) {
+  const uint64_t f32 = common::DTypeSize(common::DType::kF32);
+  EXPECT_EQ(WeightBytesPerParam(), f32);
+  EXPECT_EQ(OptimizerBytesPerParam(), 2 * f32);
+  EXPECT_EQ(StateBytesPerParam(), 4 * f32);
+  EXPECT_EQ(CheckpointBytesPerParam(), 3 * f32);
+}
+
+// The bound is a real checkpoint's data plus the most header a reader accepts: a
+// chunk's export (weights, moments, step) is within it and, untied (every parameter
+// stored once), no more than that header slack below it.
+TEST(MemoryBreakdownTest, AChunksCheckpointIsWithinItsBound) {
+  auto backend = *compute::CpuBackend::Create(1);
+  for (bool tied : {false, true}) {
+    const model::GptConfig model{32, 8, 16, 2, 4, tied};
+    for (const auto& [begin, end] : {std::pair{0, 2}, std::pair{2, 6}, std::pair{0, 6}}) {
+      SCOPED_TRACE(absl::StrCat(begin, "..", end, tied ? " tied" : ""));
+      auto chunk = *compute::ModelChunk::Create(model, begin, end, backend.get());
+      ASSERT_THAT(chunk->Initialize(1), IsOk());
+      auto ckpt = compute::CheckpointOfChunk(*chunk, /*with_optimizer=*/true);
+      ASSERT_THAT(ckpt, IsOk());
+      const std::string bytes = *model::SerializeCheckpoint(*ckpt);
+      const uint64_t bound = MaxChunkCheckpointBytes(static_cast<uint64_t>(chunk->NumParams()));
+      EXPECT_LE(bytes.size(), bound);
+      if (!tied) EXPECT_LE(bound - bytes.size(), 8 + common::kMaxSafetensorsHeaderBytes);
+    }
+  }
+  EXPECT_EQ(MaxChunkCheckpointBytes(UINT64_MAX), UINT64_MAX);
+}
+
+}  // namespace
+}  // namespace pipetrain::stage_server
