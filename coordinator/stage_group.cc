@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/error_context.h"
 
 namespace pipetrain::coordinator {
 
@@ -64,8 +65,8 @@ absl::Status AttributeError(const std::vector<absl::Status>& st, int64_t step,
                                                own.message(),
                                                "); the job's other stages are free again"));
   }
-  return absl::Status(st[first].code(), absl::StrCat(what, " ", name(first), " failed", when,
-                                                     ": ", st[first].message()));
+  return common::ErrorContext(absl::StrCat(what, " ", name(first), " failed", when))
+      .Wrap(st[first]);
 }
 
 absl::Status StageGroup::FirstError(const std::vector<absl::Status>& st, int64_t step,
