@@ -26,7 +26,8 @@ void JobManager::Drive(LiveJob* job, std::vector<StageRecord> stages,
   JobReporter reporter = MakeReporter(job);
   JobRecovery recovery = MakeRecovery(job, options);
   const bool restarted = resumed.has_value();
-  Continuation run = restarted ? *std::move(resumed) : FirstRun(job, std::move(stages));
+  Continuation run = restarted ? *std::move(resumed)
+                               : Continuation{std::move(stages), StatusOf(job).spec(), {}, {}};
   StartRun(job, run, restarted);
   for (;;) {
     reporter.NewRun();  // a restarted run continues in a TensorBoard file of its own
@@ -103,13 +104,6 @@ JobRecovery JobManager::MakeRecovery(LiveJob* job, const RunnerOptions& options)
       registry_, options.connector, options.rpc_deadline, options_.heartbeat_interval,
       [this, job](const std::string& text) { Log(job, text); },
       [this, job] { return job->cancel.load() || shutting_down_.load(); });
-}
-
-Continuation JobManager::FirstRun(LiveJob* job, std::vector<StageRecord> stages) {
-  Continuation run;
-  run.stages = std::move(stages);
-  run.spec = StatusOf(job).spec();
-  return run;
 }
 
 void JobManager::StartRun(LiveJob* job, const Continuation& run, bool restarted) {

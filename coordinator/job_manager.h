@@ -117,7 +117,6 @@ class JobManager {
   RunnerOptions RunnerOptionsFor(const std::string& job_id) const;
   JobReporter MakeReporter(LiveJob* job);
   JobRecovery MakeRecovery(LiveJob* job, const RunnerOptions& options);
-  Continuation FirstRun(LiveJob* job, std::vector<StageRecord> stages);
   // The job's stages and RUNNING (a restart's record first).
   void StartRun(LiveJob* job, const Continuation& run, bool restarted);
   RunOutcome RunOnce(LiveJob* job, const Continuation& run, const RunnerOptions& options,

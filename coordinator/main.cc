@@ -86,7 +86,8 @@ constexpr char kDescription[] =
     "coordinator sends the token on its calls to the stages. Certificates for tests and\n"
     "trials: deploy/certs/make-dev-certs.sh.";
 
-void DefineFlags(common::FlagSet& flags, Flags& f) {
+// Where it serves and keeps its state (in the help's order, before DefineLimitFlags').
+void DefinePlaceFlags(common::FlagSet& flags, Flags& f) {
   flags.AddString("listen", &f.listen, "gRPC address to serve on; port 0 picks a free port",
                   "HOST:PORT");
   flags.AddString("state-dir", &f.state_dir,
@@ -107,6 +108,10 @@ void DefineFlags(common::FlagSet& flags, Flags& f) {
                   "also serve the JSON API (/api/jobs, /api/cluster) and Prometheus metrics "
                   "(/metrics) here",
                   "HOST:PORT");
+}
+
+// Deadlines and bounds, security, help.
+void DefineLimitFlags(common::FlagSet& flags, Flags& f) {
   flags.AddDouble("heartbeat-timeout", &f.heartbeat_timeout,
                   "seconds without a heartbeat after which a stage is marked lost", "S");
   flags.AddDouble("stage-deadline", &f.stage_deadline,
@@ -137,7 +142,8 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags& f,
       "    [--tensorboard-dir DIR] [--tls-cert FILE --tls-key FILE --tls-ca FILE]\n"
       "    [--token-file FILE]",
       kDescription);
-  DefineFlags(flags, f);
+  DefinePlaceFlags(flags, f);
+  DefineLimitFlags(flags, f);
   auto positionals = flags.Parse(common::Args(argc, argv));
   absl::Status status = positionals.status();
   if (status.ok() && !positionals->empty()) {
@@ -196,7 +202,7 @@ coordinator::ManagerOptions ManagerOptionsOf(const Flags& f, const common::RpcSe
   return options;
 }
 
-// Every flag checked (an error says which), in the order the flags were checked before.
+// Every flag checked; the error names the flag.
 absl::StatusOr<Options> CheckFlags(const Flags& f, common::RpcSecurity security) {
   Options o;
   ASSIGN_OR_RETURN(o.address, common::ParseHostPort(f.listen, kDefaultPort, "--listen"));
