@@ -102,6 +102,12 @@ class JobManager {
   void Enqueue(pipetrain::v1::JobStatus status, size_t stored_logs = 0)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SchedulerLoop();
+  // A job the store holds, as this coordinator starts (AtCoordinatorStart): queued
+  // again, resumed (StartResuming) or recorded FAILED.
+  absl::Status TakeOver(pipetrain::v1::JobStatus job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Its thread runs ResumeAfterRestart.
+  void StartResuming(pipetrain::v1::JobStatus job, size_t stored_logs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs the job to its end, restarting it after a lost stage (job_recovery.h);
   // `resumed` continues a job a previous coordinator was running. The steps of a
   // job's life, in job_driver.cc:

@@ -71,6 +71,24 @@ absl::Status MayResume(const JobFacts& job) {
   return absl::OkStatus();
 }
 
+StoredJobVerdict AtCoordinatorStart(const pb::JobStatus& job) {
+  using Action = StoredJobVerdict::Action;
+  if (job.state() == pb::JobStatus::QUEUED) return {Action::kQueue, ""};
+  const bool was_running =
+      job.state() == pb::JobStatus::RUNNING || job.state() == pb::JobStatus::RECOVERING;
+  if (!was_running) return {Action::kKeep, ""};
+  if (job.spec().fault_tolerance().max_restarts() > 0 && job.stage_addresses_size() > 0) {
+    // Continued without a user: on its stages when they register again, from their
+    // snapshots or the newest checkpoint.
+    return {Action::kResume,
+            absl::StrCat("the coordinator restarted while the job was running (after step ",
+                         job.steps_done(), "): waiting for its stages")};
+  }
+  return {Action::kFail,
+          absl::StrCat("the coordinator stopped while the job was running (after step ",
+                       job.steps_done(), ")", ResumeHint(job.job_id(), job.checkpoint_dir()))};
+}
+
 std::string ResumeHint(const std::string& job_id, const std::string& checkpoint_dir) {
   if (checkpoint_dir.empty()) return "";
   return absl::StrCat("; continue it with 'pipetrain resume ", job_id, "' (from ", checkpoint_dir,

@@ -47,6 +47,17 @@ Verdict AfterFailedRecovery(const absl::Status& error, const JobFacts& job);
 // restarts are used up.
 absl::Status MayResume(const JobFacts& job);
 
+// What a starting coordinator does with a job its store holds: one left QUEUED queues
+// again; one a previous coordinator was running (RUNNING or RECOVERING) is resumed,
+// RECOVERING until its stages register again, when it may restart and ran on stages;
+// else it failed, with the resume hint. An ended job is kept as it is.
+struct StoredJobVerdict {
+  enum class Action { kKeep, kQueue, kResume, kFail };
+  Action action = Action::kKeep;
+  std::string reason;  // kResume: the RECOVERING reason; kFail: the FAILED one
+};
+StoredJobVerdict AtCoordinatorStart(const pipetrain::v1::JobStatus& job);
+
 // What a user does about a job that failed: `pipetrain resume` continues it from its
 // latest checkpoint ("" without one: nothing to add to the reason).
 std::string ResumeHint(const std::string& job_id, const std::string& checkpoint_dir);

@@ -1,7 +1,8 @@
 // What becomes of a job after a run or a failed recovery (restart_rules.h), case by case:
 // recover while restarts are left, the restart count in the reason when they are used
 // up, the resume hint on a failure, CANCELLED for the user's cancel, RECOVERING for the
-// next coordinator when this one stops; and the layout a restarted coordinator resumes.
+// next coordinator when this one stops; what a starting coordinator does with the jobs
+// its store holds, and the layout it resumes one on.
 #include "coordinator/restart_rules.h"
 
 #include <string>
@@ -180,6 +181,47 @@ TEST(MayResumeTest, StoppedWhileWaitingIsCancelled) {
   facts = Facts(3, 3);
   facts.cancel_requested = true;
   EXPECT_EQ(MayResume(facts).code(), absl::StatusCode::kCancelled) << "a stop comes first";
+}
+
+pb::JobStatus Stored(pb::JobStatus::State state, int max_restarts, int stages) {
+  pb::JobStatus job;
+  job.set_job_id("job-7");
+  job.set_state(state);
+  job.set_steps_done(5);
+  job.set_checkpoint_dir("/s/ck/step-4");
+  job.mutable_spec()->mutable_fault_tolerance()->set_max_restarts(max_restarts);
+  for (int i = 0; i < stages; ++i) job.add_stage_addresses("h:1");
+  return job;
+}
+
+TEST(AtCoordinatorStartTest, AQueuedJobQueuesAgainAndAnEndedOneStays) {
+  EXPECT_EQ(AtCoordinatorStart(Stored(pb::JobStatus::QUEUED, 3, 0)).action,
+            StoredJobVerdict::Action::kQueue);
+  for (pb::JobStatus::State ended :
+       {pb::JobStatus::SUCCEEDED, pb::JobStatus::FAILED, pb::JobStatus::CANCELLED}) {
+    EXPECT_EQ(AtCoordinatorStart(Stored(ended, 3, 2)).action, StoredJobVerdict::Action::kKeep)
+        << pb::JobStatus::State_Name(ended);
+  }
+}
+
+TEST(AtCoordinatorStartTest, ARunningJobThatMayRestartIsResumedOnItsStages) {
+  for (pb::JobStatus::State was : {pb::JobStatus::RUNNING, pb::JobStatus::RECOVERING}) {
+    const StoredJobVerdict v = AtCoordinatorStart(Stored(was, 1, 2));
+    EXPECT_EQ(v.action, StoredJobVerdict::Action::kResume) << pb::JobStatus::State_Name(was);
+    EXPECT_EQ(v.reason, "the coordinator restarted while the job was running (after step 5): "
+                        "waiting for its stages");
+  }
+}
+
+TEST(AtCoordinatorStartTest, WithoutRestartsOrStagesARunningJobFailedWithTheHint) {
+  const std::string reason =
+      absl::StrCat("the coordinator stopped while the job was running (after step 5)", kHint);
+  const StoredJobVerdict no_restarts = AtCoordinatorStart(Stored(pb::JobStatus::RUNNING, 0, 2));
+  EXPECT_EQ(no_restarts.action, StoredJobVerdict::Action::kFail);
+  EXPECT_EQ(no_restarts.reason, reason);
+  const StoredJobVerdict no_stages = AtCoordinatorStart(Stored(pb::JobStatus::RUNNING, 3, 0));
+  EXPECT_EQ(no_stages.action, StoredJobVerdict::Action::kFail);
+  EXPECT_EQ(no_stages.reason, reason);
 }
 
 TEST(ResumeHintTest, NamesTheJobAndItsCheckpoint) {
