@@ -49,43 +49,49 @@ absl::StatusOr<std::unique_ptr<JobManager>> JobManager::Create(ManagerOptions op
   {
     absl::MutexLock lock(&m->mu_);
     for (auto it = jobs.rbegin(); it != jobs.rend(); ++it) {  // oldest first
-      pb::JobStatus& job = *it;
-      const bool was_running = job.state() == pb::JobStatus::RUNNING ||
-                               job.state() == pb::JobStatus::RECOVERING;
-      // Its log lines so far, which the events of this coordinator's run follow.
-      ASSIGN_OR_RETURN(const std::vector<pb::LogLine> stored_logs, m->store_->Logs(job.job_id()));
-      if (job.state() == pb::JobStatus::QUEUED) {
-        m->Enqueue(job, stored_logs.size());
-      } else if (was_running && job.spec().fault_tolerance().max_restarts() > 0 &&
-                 job.stage_addresses_size() > 0) {
-        // Continued without a user: on its stages when they register again, from their
-        // snapshots or the newest checkpoint (ResumeAfterRestart).
-        job.set_state(pb::JobStatus::RECOVERING);
-        job.set_reason(absl::StrCat("the coordinator restarted while the job was running (after "
-                                    "step ", job.steps_done(), "): waiting for its stages"));
-        RETURN_IF_ERROR(m->store_->Update(job));
-        auto live = std::make_shared<LiveJob>(m->options_.events_in_memory, stored_logs.size());
-        live->status = job;
-        live->events.Append(StateEvent(job));
-        LiveJob* p = live.get();
-        m->live_[job.job_id()] = std::move(live);
-        ++m->resuming_;
-        p->thread = std::thread([m = m.get(), p, id = job.job_id()] {
-          m->ResumeAfterRestart(p);
-          m->Retire(id);
-        });
-      } else if (was_running) {
-        job.set_state(pb::JobStatus::FAILED);
-        job.set_reason(
-            absl::StrCat("the coordinator stopped while the job was running (after step ",
-                         job.steps_done(), ")", ResumeHint(job.job_id(), job.checkpoint_dir())));
-        SetNow(job.mutable_finished());
-        RETURN_IF_ERROR(m->store_->Update(job));
-      }
+      RETURN_IF_ERROR(m->TakeOver(*std::move(it)));
     }
   }
   m->scheduler_ = std::thread([p = m.get()] { p->SchedulerLoop(); });
   return m;
+}
+
+absl::Status JobManager::TakeOver(pb::JobStatus job) {
+  // Its log lines so far, which the events of this coordinator's run follow.
+  ASSIGN_OR_RETURN(const std::vector<pb::LogLine> stored_logs, store_->Logs(job.job_id()));
+  const StoredJobVerdict verdict = AtCoordinatorStart(job);
+  switch (verdict.action) {
+    case StoredJobVerdict::Action::kKeep:
+      return absl::OkStatus();
+    case StoredJobVerdict::Action::kQueue:
+      Enqueue(job, stored_logs.size());
+      return absl::OkStatus();
+    case StoredJobVerdict::Action::kResume:
+      job.set_state(pb::JobStatus::RECOVERING);
+      job.set_reason(verdict.reason);
+      RETURN_IF_ERROR(store_->Update(job));
+      StartResuming(std::move(job), stored_logs.size());
+      return absl::OkStatus();
+    case StoredJobVerdict::Action::kFail:
+      job.set_state(pb::JobStatus::FAILED);
+      job.set_reason(verdict.reason);
+      SetNow(job.mutable_finished());
+      return store_->Update(job);
+  }
+  return absl::OkStatus();
+}
+
+void JobManager::StartResuming(pb::JobStatus job, size_t stored_logs) {
+  auto live = std::make_shared<LiveJob>(options_.events_in_memory, stored_logs);
+  live->status = job;
+  live->events.Append(StateEvent(job));
+  LiveJob* p = live.get();
+  live_[job.job_id()] = std::move(live);
+  ++resuming_;
+  p->thread = std::thread([this, p, id = job.job_id()] {
+    ResumeAfterRestart(p);
+    Retire(id);
+  });
 }
 
 JobManager::JobManager(ManagerOptions options, std::unique_ptr<JobStore> store)

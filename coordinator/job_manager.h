@@ -19,9 +19,11 @@
 #include "absl/time/time.h"
 #include "coordinator/job_events.h"
 #include "coordinator/job_recovery.h"
+#include "coordinator/job_reporter.h"
 #include "coordinator/job_runner.h"
 #include "coordinator/job_store.h"
 #include "coordinator/rendezvous_store.h"
+#include "coordinator/restart_rules.h"
 #include "coordinator/stage_registry.h"
 #include "pipetrain/v1/coordinator.pb.h"
 
@@ -103,16 +105,46 @@ class JobManager {
   void Enqueue(pipetrain::v1::JobStatus status, size_t stored_logs = 0)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SchedulerLoop();
+  // A job the store holds, as this coordinator starts (AtCoordinatorStart): queued
+  // again, resumed (StartResuming) or recorded FAILED.
+  absl::Status TakeOver(pipetrain::v1::JobStatus job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Its thread runs ResumeAfterRestart.
+  void StartResuming(pipetrain::v1::JobStatus job, size_t stored_logs)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs the job to its end, restarting it after a lost stage (job_recovery.h);
-  // `resumed` continues a job a previous coordinator was running.
+  // `resumed` continues a job a previous coordinator was running. The steps of a
+  // job's life, in job_driver.cc:
   void Drive(LiveJob* job, std::vector<StageRecord> stages,
              std::optional<Continuation> resumed = std::nullopt);
-  void SetStages(LiveJob* job, const std::vector<StageRecord>& stages);
   // A job a previous coordinator was running: waits for its stages to register again
   // and continues it (Drive) from the newest state they or its checkpoint hold.
   void ResumeAfterRestart(LiveJob* job);
-  // Records the job RECOVERING as the coordinator stops, for the next one to continue.
-  void LeaveForNextCoordinator(LiveJob* job, const std::string& why);
+  pipetrain::v1::JobStatus StatusOf(LiveJob* job);
+  // What restart_rules.h decides on, as the job is now.
+  JobFacts FactsOf(LiveJob* job);
+  // options_.runner for this job: its checkpoint folder, the stage connector.
+  RunnerOptions RunnerOptionsFor(const std::string& job_id) const;
+  JobReporter MakeReporter(LiveJob* job);
+  JobRecovery MakeRecovery(LiveJob* job, const RunnerOptions& options);
+  // The job's stages and RUNNING (a restart's record first).
+  void StartRun(LiveJob* job, const Continuation& run, bool restarted);
+  RunOutcome RunOnce(LiveJob* job, const Continuation& run, const RunnerOptions& options,
+                     RunnerHooks& hooks);
+  // Where the job continues after `out` lost a stage.
+  absl::StatusOr<Continuation> Recover(LiveJob* job, JobRecovery& recovery,
+                                       const Continuation& run, const RunOutcome& out);
+  // After a coordinator restart, when MayResume.
+  absl::StatusOr<Continuation> Resume(LiveJob* job, const LostRun& run);
+  // Recovery.Recover; a state it wrote to disk becomes the job's checkpoint.
+  absl::StatusOr<Continuation> RecoverAndKeepCheckpoint(LiveJob* job, JobRecovery& recovery,
+                                                        const LostRun& run);
+  // The job's stages as they register again, until all are back, the grace time is
+  // over or the job is stopped.
+  std::vector<std::optional<StageRecord>> AwaitStagesBack(LiveJob* job,
+                                                          const pipetrain::v1::JobStatus& status);
+  // Applies an ending verdict: the stages freed (`lost` marked lost), the state recorded.
+  void Finish(LiveJob* job, const Verdict& verdict, const std::vector<std::string>& lost);
+  void SetStages(LiveJob* job, const std::vector<StageRecord>& stages);
   // Records a new state (store, events); the last one also ends the event stream.
   void SetState(LiveJob* job, pipetrain::v1::JobStatus::State state, const std::string& reason);
   void Log(LiveJob* job, const std::string& text);

@@ -1,5 +1,5 @@
 // What the job manager's two files share (job_manager.cc: the API, queue and stages;
-// job_driver.cc: running a job and restarting it): the live job and two small helpers.
+// job_driver.cc: running a job and restarting it): the live job and small helpers.
 // Internal to the coordinator library.
 #pragma once
 
@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "coordinator/job_events.h"
 #include "coordinator/job_manager.h"
+#include "coordinator/restart_rules.h"  // ResumeHint
 #include "google/protobuf/timestamp.pb.h"
 #include "pipetrain/v1/job.pb.h"
 
@@ -32,12 +33,9 @@ inline void SetNow(google::protobuf::Timestamp* t) {
   t->set_nanos(static_cast<int32_t>(us % 1000000) * 1000);
 }
 
-// What a user does about a job the coordinator's stop interrupted: `pipetrain resume`
-// continues it from its latest checkpoint (nothing to add without one).
-inline std::string ResumeHint(const std::string& job_id, const std::string& checkpoint_dir) {
-  if (checkpoint_dir.empty()) return "";
-  return absl::StrCat("; continue it with 'pipetrain resume ", job_id, "' (from ", checkpoint_dir,
-                      ")");
+// Where the job's checkpoints go: STATE_DIR/checkpoints/JOB/step-N/.
+inline std::string CheckpointRoot(const std::string& state_dir, const std::string& job_id) {
+  return absl::StrCat(state_dir, "/checkpoints/", job_id);
 }
 
 }  // namespace pipetrain::coordinator

@@ -1,6 +1,7 @@
 #include "coordinator/job_recovery.h"
 
 #include <algorithm>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -11,9 +12,9 @@
 #include "coordinator/job_manager_internal.h"
 #include "coordinator/job_spec.h"
 #include "coordinator/placement.h"
+#include "coordinator/restart_rules.h"
 #include "coordinator/planner/planner.h"
 #include "coordinator/snapshot_choice.h"
-#include "coordinator/stage_client.h"
 #include "coordinator/stage_costs.h"
 
 namespace pipetrain::coordinator {
@@ -34,7 +35,7 @@ bool Contains(const std::vector<int>& v, int x) {
 }
 
 // What a stage holds of the job's snapshots (of the layout it ran).
-absl::StatusOr<std::vector<SnapshotEntry>> ListEntries(StageClient& client,
+absl::StatusOr<std::vector<SnapshotEntry>> ListEntries(StageConnection& client,
                                                        const std::string& job_id, int stages,
                                                        absl::Duration deadline) {
   ASSIGN_OR_RETURN(std::vector<pb::SnapshotInfo> infos, client.ListSnapshots(job_id, deadline));
@@ -48,10 +49,50 @@ absl::StatusOr<std::vector<SnapshotEntry>> ListEntries(StageClient& client,
 
 }  // namespace
 
-JobRecovery::JobRecovery(StageRegistry& registry, common::RpcSecurity security,
+LostRun LostRunOf(const pb::JobStatus& status, std::string checkpoint_root, pb::JobSpec spec,
+                  std::vector<StageRecord> stages, std::vector<std::string> lost,
+                  int64_t failed_step, bool stages_hold_state) {
+  LostRun run;
+  run.job_id = status.job_id();
+  run.spec = std::move(spec);
+  run.stages = std::move(stages);
+  run.lost = std::move(lost);
+  run.failed_step = failed_step;
+  run.stages_hold_state = stages_hold_state;
+  run.checkpoint_dir = status.checkpoint_dir();
+  run.checkpoint_root = std::move(checkpoint_root);
+  run.restart = status.recoveries_size() + 1;
+  return run;
+}
+
+LostRun LostRunAfterRestart(const pb::JobStatus& status,
+                            const std::vector<std::optional<StageRecord>>& back,
+                            std::string checkpoint_root) {
+  const int k = static_cast<int>(back.size());
+  std::vector<StageRecord> stages;
+  std::vector<std::string> lost;
+  for (int i = 0; i < k; ++i) {
+    if (back[i]) {
+      stages.push_back(*back[i]);
+      continue;
+    }
+    // Not back: lost. Its old id may name another stage in this coordinator's registry.
+    StageRecord gone;
+    gone.address = i < status.stage_addresses_size() ? status.stage_addresses(i) : "";
+    gone.stage_id = absl::StrCat(i < status.stage_ids_size() ? status.stage_ids(i) : "stage",
+                                 " (", gone.address, ")");
+    stages.push_back(gone);
+    lost.push_back(gone.stage_id);
+  }
+  return LostRunOf(status, std::move(checkpoint_root), SpecForStageServers(status.spec(), k),
+                   std::move(stages), std::move(lost), status.steps_done() + 1,
+                   /*stages_hold_state=*/true);
+}
+
+JobRecovery::JobRecovery(StageRegistry& registry, std::shared_ptr<StageConnector> connector,
                          absl::Duration rpc_deadline, absl::Duration poll,
                          std::function<void(const std::string&)> log, std::function<bool()> stop)
-    : registry_(registry), security_(std::move(security)), rpc_deadline_(rpc_deadline),
+    : registry_(registry), connector_(std::move(connector)), rpc_deadline_(rpc_deadline),
       poll_(poll), log_(std::move(log)), stop_(std::move(stop)) {}
 
 absl::StatusOr<Continuation> JobRecovery::Recover(const LostRun& run,
@@ -123,8 +164,8 @@ JobRecovery::Source JobRecovery::FindState(const LostRun& run, std::vector<int>&
   std::vector<int> answered;
   for (int i : survivors) {
     const StageRecord& stage = run.stages[i];
-    StageClient client(stage.address, security_);
-    absl::Status alive = client.Ping(absl::Seconds(5));
+    std::unique_ptr<StageConnection> client = connector_->Connect(stage.address);
+    absl::Status alive = client->Ping(absl::Seconds(5));
     if (!alive.ok()) {
       // Lost as well (two stages at once): it cannot be continued on.
       log_(absl::StrCat(stage.stage_id, " at ", stage.address, " does not answer either (",
@@ -138,7 +179,7 @@ JobRecovery::Source JobRecovery::FindState(const LostRun& run, std::vector<int>&
     listings.emplace_back();
     if (!snapshots) continue;
     absl::StatusOr<std::vector<SnapshotEntry>> listing =
-        ListEntries(client, run.job_id, run.spec.pipeline().stages(), absl::Seconds(10));
+        ListEntries(*client, run.job_id, run.spec.pipeline().stages(), absl::Seconds(10));
     if (listing.ok()) {
       listings.back() = *std::move(listing);
     } else {
@@ -158,9 +199,10 @@ JobRecovery::Source JobRecovery::FindState(const LostRun& run, std::vector<int>&
       absl::StatusOr<model::Checkpoint> whole = AssembleSnapshot(
           *choice,
           [&](const SnapshotPick& pick) -> absl::StatusOr<std::string> {
-            StageClient client(run.stages[survivors[pick.holder]].address, security_);
-            return client.FetchSnapshot(run.job_id, pick.owner_stage, pick.chunk, choice->step,
-                                        rpc_deadline_);
+            std::unique_ptr<StageConnection> client =
+                connector_->Connect(run.stages[survivors[pick.holder]].address);
+            return client->FetchSnapshot(run.job_id, pick.owner_stage, pick.chunk, choice->step,
+                                         rpc_deadline_);
           },
           run.job_id);
       if (whole.ok()) {

@@ -5,18 +5,19 @@
 // that lost no stage, else a free stage within fault_tolerance.wait_for_stages_s), and
 // says so in one event line. The job manager runs the job again from there
 // (job_runner.h RunStart); the choice of snapshot is pure (snapshot_choice.h), the
-// calls to the stages go through StageClient.
+// calls to the stages go through a StageConnector (gRPC, or fakes in tests).
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/rpc_security.h"
 #include "coordinator/job_runner.h"
+#include "coordinator/stage_connection.h"
 #include "coordinator/stage_registry.h"
 #include "pipetrain/v1/job.pb.h"
 
@@ -34,6 +35,21 @@ struct LostRun {
   int restart = 1;                  // this restart's number, from 1
 };
 
+// The run of the job `status` describes that lost the stages `lost` (ids) at
+// `failed_step`: the job's id, newest checkpoint and restart number come from its
+// status, `spec` and `stages` are the run's. `stages_hold_state`: every stage was
+// configured by the run (their snapshots are of it).
+LostRun LostRunOf(const pipetrain::v1::JobStatus& status, std::string checkpoint_root,
+                  pipetrain::v1::JobSpec spec, std::vector<StageRecord> stages,
+                  std::vector<std::string> lost, int64_t failed_step, bool stages_hold_state);
+
+// The run a previous coordinator left: `back[i]` is its stage i registered again, or
+// nullopt for one not back within the grace time (lost; named by its old id and
+// address). The stages that came back still hold the job.
+LostRun LostRunAfterRestart(const pipetrain::v1::JobStatus& status,
+                            const std::vector<std::optional<StageRecord>>& back,
+                            std::string checkpoint_root);
+
 struct Continuation {
   std::vector<StageRecord> stages;        // in pipeline order
   pipetrain::v1::JobSpec spec;            // replicas x stages = stages.size()
@@ -45,7 +61,8 @@ class JobRecovery {
  public:
   // `stop` says the job was cancelled or the coordinator is stopping; `poll` is how
   // often a wait for stages looks again.
-  JobRecovery(StageRegistry& registry, common::RpcSecurity security, absl::Duration rpc_deadline,
+  JobRecovery(StageRegistry& registry, std::shared_ptr<StageConnector> connector,
+              absl::Duration rpc_deadline,
               absl::Duration poll, std::function<void(const std::string&)> log,
               std::function<bool()> stop);
 
@@ -75,7 +92,7 @@ class JobRecovery {
   bool Fits(const pipetrain::v1::JobSpec& spec, const std::vector<StageRecord>& stages) const;
 
   StageRegistry& registry_;
-  const common::RpcSecurity security_;
+  const std::shared_ptr<StageConnector> connector_;
   const absl::Duration rpc_deadline_;
   const absl::Duration poll_;
   const std::function<void(const std::string&)> log_;

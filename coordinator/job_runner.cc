@@ -8,17 +8,18 @@
 #include "absl/strings/str_format.h"
 #include "common/frame_proto.h"
 #include "common/model/batch.h"
+#include "common/error_context.h"
 #include "common/model/checkpoint_folder.h"
 #include "common/status_macros.h"
 #include "coordinator/job_data.h"
 #include "coordinator/job_paths.h"
+#include "coordinator/grpc_stage_connector.h"
 #include "coordinator/planner/cost_fit.h"
 #include "coordinator/planner/forward_only.h"
 #include "coordinator/planner/planner.h"
 #include "coordinator/stage_configure.h"
 #include "coordinator/stage_costs.h"
 #include "coordinator/step_metrics.h"
-#include "grpcpp/grpcpp.h"
 
 namespace pipetrain::coordinator {
 namespace {
@@ -28,50 +29,26 @@ namespace pb = ::pipetrain::v1;
 class Runner {
  public:
   Runner(std::string job_id, const pb::JobSpec& spec, const std::vector<RunnerStage>& stages,
-         const RunnerOptions& options, const RunnerHooks& hooks, const RunStart& start)
+         const RunnerOptions& options, RunnerHooks& hooks, const RunStart& start)
       : job_id_(std::move(job_id)),
         spec_(spec),
         options_(options),
         hooks_(hooks),
         start_(start),
-        group_(stages, options.security) {}
+        connector_(ConnectorOrGrpc(options.connector, options.security)),
+        group_(stages, *connector_) {}
 
   RunOutcome Run() {
     if (absl::Status s = Prepare(); !s.ok()) return Fail(s);
-    const int every = spec_.checkpoint().every_steps();
-    const int validate = spec_.data().validate_every_steps();
     // Steps are the training run's: a job continued from step N runs N+1 .. last_.
     for (int64_t step = first_; step <= last_; ++step) {
-      if (hooks_.cancelled()) return Cancelled(step);
-      absl::StatusOr<pb::StepRecord> record = Step(step);
-      if (!record.ok()) return Fail(record.status());
-      if (validate > 0 && (step % validate == 0 || step == last_)) {
-        absl::StatusOr<double> val = Validate(step);
-        if (!val.ok()) return Fail(val.status());
-        record->set_val_loss(*val);
-        record->set_has_val_loss(true);
-      }
-      if (step % 20 == 0 || step == last_) ReportMeasured(step);
-      hooks_.step(*record, std::move(timeline_));
-      steps_done_ = step;
-      if (every > 0 && step % every == 0 && step != last_) {
-        if (absl::Status s = Checkpoint(step); !s.ok()) {
-          // A stage that stopped answering is lost: recover now, not at the next step.
-          if (!group_.lost().empty()) return Fail(s);
-          // Otherwise the training is healthy and the newest complete checkpoint stays valid (a
-          // failed one leaves no folder): only the job's last checkpoint must succeed.
-          hooks_.log(absl::StrCat("warning: ", s.message(), "; the job goes on and tries "
-                                  "again at the next checkpoint"));
-        }
-      }
+      if (hooks_.Cancelled()) return Cancelled(step);
+      if (absl::Status s = TrainStep(step); !s.ok()) return Fail(s);
+      if (absl::Status s = PeriodicCheckpoint(step); !s.ok()) return Fail(s);
     }
     // Also when a restart restored the last step itself: the job ends with its checkpoint.
     if (absl::Status s = Checkpoint(last_); !s.ok()) return Fail(s);
-    RunOutcome out;
-    out.state = pb::JobStatus::SUCCEEDED;
-    out.steps_done = steps_done_;
-    out.configured = true;
-    return out;
+    return Succeeded();
   }
 
  private:
@@ -91,11 +68,25 @@ class Runner {
   }
   std::string StageName(int s) const { return group_.StageName(s); }
 
+  // Everything before the first step, in order: plan, data, stages configured, the
+  // starting state loaded, the steps this run takes.
   absl::Status Prepare() {
+    RETURN_IF_ERROR(MakeRunPlan());
+    RETURN_IF_ERROR(LoadData());
+    RETURN_IF_ERROR(ConfigureAll());
+    configured_ = true;
+    RETURN_IF_ERROR(LoadStartingState());
+    SetStepRange();
+    return absl::OkStatus();
+  }
+
+  // The plan on these stages (the least memory caps it), and the costs to measure.
+  absl::Status MakeRunPlan() {
     ASSIGN_OR_RETURN(planner::PlanOptions po, planner::OptionsFromJobSpec(spec_));
     if (N() != R() * spec_.pipeline().stages()) {
-      return absl::InternalError(absl::StrCat("job ", job_id_, ": ", N(), " stages for ", R(),
-                                              " replicas of ", spec_.pipeline().stages()));
+      return common::ErrorContext().Job(job_id_).Error(
+          absl::StatusCode::kInternal,
+          absl::StrCat(N(), " stages for ", R(), " replicas of ", spec_.pipeline().stages()));
     }
     std::vector<pb::DeviceInfo> devices;  // every stage's: the cap is the least memory
     for (int s = 0; s < N(); ++s) devices.push_back(group_.stage(s).device);
@@ -103,12 +94,18 @@ class Runner {
     ASSIGN_OR_RETURN(plan_, planner::MakePlan(po));
     // A short window follows a machine whose load changes (CPU stages sharing cores).
     measured_.emplace(K(), po.chunks, /*window=*/5);
-    hooks_.log(absl::StrFormat(
+    LogPlan();
+    return absl::OkStatus();
+  }
+
+  void LogPlan() {
+    const planner::PlanOptions& po = plan_.options;
+    hooks_.Log(absl::StrFormat(
         "planned %d stages, schedule %s, %d micro-batches of %d sequences; predicted bubble %.3f",
         K(), spec_.pipeline().schedule(), po.micro_batches,
         po.replica_batch_size() / po.micro_batches, plan_.simulation.bubble_fraction));
     if (R() > 1) {
-      hooks_.log(absl::StrFormat(
+      hooks_.Log(absl::StrFormat(
           "%d data-parallel replicas of the %d stages (%d stage servers; replica r's stage s "
           "is stage r x %d + s), each on %d of the %d sequences a step",
           R(), K(), N(), K(), po.replica_batch_size(), po.batch_size));
@@ -116,37 +113,46 @@ class Runner {
     for (int s = 0; s < K(); ++s) {
       std::string ranges;
       for (auto [b, e] : plan_.stages[s].layers) absl::StrAppend(&ranges, " [", b, ", ", e, ")");
-      hooks_.log(absl::StrCat(StageName(s), " holds pipeline layers", ranges));
+      hooks_.Log(absl::StrCat(StageName(s), " holds pipeline layers", ranges));
     }
-    {
-      // A restored run reads no init_from (the state comes from a snapshot or checkpoint).
-      pb::JobSpec read = spec_;
-      if (start_.restored != nullptr) read.clear_init_from();
-      RETURN_IF_ERROR(CheckJobPaths(read, options_.data_roots));
-    }
+  }
+
+  // The job's files, checked against --data-root again (a symlink may have changed)
+  // and read; the validation programs when the job validates.
+  absl::Status LoadData() {
+    // A restored run reads no init_from (the state comes from a snapshot or checkpoint).
+    pb::JobSpec read = spec_;
+    if (start_.restored != nullptr) read.clear_init_from();
+    RETURN_IF_ERROR(CheckJobPaths(read, options_.data_roots));
     ASSIGN_OR_RETURN(data_, LoadJobData(spec_));
     if (spec_.data().validate_every_steps() > 0) {
-      ASSIGN_OR_RETURN(eval_programs_,
-                       planner::ForwardOnlySchedule(K(), po.micro_batches, po.chunks));
+      ASSIGN_OR_RETURN(eval_programs_, planner::ForwardOnlySchedule(K(), plan_.options.micro_batches,
+                                                                    plan_.options.chunks));
     }
-    RETURN_IF_ERROR(ConfigureAll());
-    configured_ = true;
-    int64_t job_first = start_.job_first_step;
+    return absl::OkStatus();
+  }
+
+  // The restored state of a restart, else init_from; first_ follows from it.
+  absl::Status LoadStartingState() {
     if (start_.restored != nullptr) {
       const RestoredState& r = *start_.restored;
       RETURN_IF_ERROR(ImportWhole(r.whole, absl::StrCat("restoring ", r.source, " on")));
       first_ = r.step + 1;
-      hooks_.log(absl::StrCat("restored the state after step ", r.step, " from ", r.source,
+      hooks_.Log(absl::StrCat("restored the state after step ", r.step, " from ", r.source,
                               " on ", K(), K() == 1 ? " stage" : " stages"));
-    } else {
-      if (!spec_.init_from().empty()) RETURN_IF_ERROR(LoadInitCheckpoint());
-      first_ = init_step_ + 1;
+      return absl::OkStatus();
     }
-    if (job_first == 0) job_first = first_;
-    last_ = job_first - 1 + spec_.training().steps();
-    if (hooks_.first_step) hooks_.first_step(job_first);
-    steps_done_ = first_ - 1;
+    if (!spec_.init_from().empty()) RETURN_IF_ERROR(LoadInitCheckpoint());
+    first_ = init_step_ + 1;
     return absl::OkStatus();
+  }
+
+  // The job's steps keep the numbers its first run gave them.
+  void SetStepRange() {
+    const int64_t job_first = start_.job_first_step != 0 ? start_.job_first_step : first_;
+    last_ = job_first - 1 + spec_.training().steps();
+    hooks_.FirstStep(job_first);
+    steps_done_ = first_ - 1;
   }
 
   // Cuts a whole-model checkpoint into this plan's stages and chunks and loads each part.
@@ -185,7 +191,7 @@ class Runner {
       absl::StatusOr<pb::ConfigureResponse> r =
           group_.client(i).Configure(request, options_.rpc_deadline);
       if (!r.ok()) return r.status();
-      hooks_.log(absl::StrFormat("%s configured: %.1f MiB of weights, %.1f MiB of optimizer state",
+      hooks_.Log(absl::StrFormat("%s configured: %.1f MiB of weights, %.1f MiB of optimizer state",
                                  StageName(i), r->weight_bytes() / 1048576.0,
                                  r->optimizer_bytes() / 1048576.0));
       return absl::OkStatus();
@@ -203,12 +209,12 @@ class Runner {
         model::FitCheckpointToModel(std::move(loaded), plan_.options.model,
                                     absl::StrCat("init_from: '", spec_.init_from(), "'")));
     if (file_positions != whole.config.seq_len) {
-      hooks_.log(absl::StrFormat("init_from holds %d positions; the job uses the first %d",
+      hooks_.Log(absl::StrFormat("init_from holds %d positions; the job uses the first %d",
                                  file_positions, whole.config.seq_len));
     }
     if (whole.optimizer) init_step_ = whole.optimizer->step;
     RETURN_IF_ERROR(ImportWhole(whole, "loading init_from on"));
-    hooks_.log(absl::StrCat("started from ", spec_.init_from(),
+    hooks_.Log(absl::StrCat("started from ", spec_.init_from(),
                             whole.optimizer ? absl::StrCat(" (AdamW state at update ",
                                                            whole.optimizer->step,
                                                            "; batches continue from there)")
@@ -224,40 +230,47 @@ class Runner {
                                                             float lr, const char* what,
                                                             bool defer_optimizer = false,
                                                             bool snapshot = false) {
-    const int M = plan_.options.micro_batches, T = plan_.options.model.seq_len;
     // Each replica's share of the batch (the whole batch with one).
     std::vector<model::TokenBatch> shares;
     for (int r = 0; r < R(); ++r) {
       ASSIGN_OR_RETURN(model::TokenBatch share, model::ReplicaRows(batch, r, R()));
       shares.push_back(std::move(share));
     }
-    const int rows = shares[0].rows / M;
     std::vector<pb::RunStepResponse> out(N());
     std::vector<absl::Status> st = group_.OnEveryStageCancellingOnError(
-        options_.step_deadline, [&](int i, grpc::ClientContext& ctx) -> absl::Status {
-          const int s = StageOf(i);
-          const model::TokenBatch& share = shares[ReplicaOf(i)];
-          pb::RunStepRequest req;
-          req.set_job_id(job_id_);
-          req.set_step(step);
-          *req.mutable_program() = schedule::ToProto(programs[s]);
-          for (int mb = 0; mb < M; ++mb) {
-            if (s == 0)
-              common::TensorToProto(model::MicroBatchRows(share.inputs, mb, rows, T),
-                                    req.add_tokens());
-            if (s == K() - 1) {
-              common::TensorToProto(model::MicroBatchRows(share.targets, mb, rows, T),
-                                    req.add_targets());
-            }
-          }
-          req.set_lr(lr);
+        options_.step_deadline, [&](int i, CallControl& call) -> absl::Status {
+          pb::RunStepRequest req =
+              StepRequest(step, programs[StageOf(i)], StageOf(i), shares[ReplicaOf(i)], lr);
           req.set_defer_optimizer(defer_optimizer);
           req.set_snapshot(snapshot);
-          ASSIGN_OR_RETURN(out[i], group_.client(i).RunStep(ctx, req));
+          ASSIGN_OR_RETURN(out[i], group_.client(i).RunStep(call, req));
           return absl::OkStatus();
         });
     RETURN_IF_ERROR(group_.FirstError(st, step, what));
     return out;
+  }
+
+  // Stage position s's request: its program, with the token micro-batches of its
+  // replica's share on the first stage and the targets on the last.
+  pb::RunStepRequest StepRequest(int64_t step, const schedule::StageProgram& program, int s,
+                                 const model::TokenBatch& share, float lr) const {
+    const int M = plan_.options.micro_batches, T = plan_.options.model.seq_len;
+    const int rows = share.rows / M;
+    pb::RunStepRequest req;
+    req.set_job_id(job_id_);
+    req.set_step(step);
+    *req.mutable_program() = schedule::ToProto(program);
+    for (int mb = 0; mb < M; ++mb) {
+      if (s == 0) {
+        common::TensorToProto(model::MicroBatchRows(share.inputs, mb, rows, T), req.add_tokens());
+      }
+      if (s == K() - 1) {
+        common::TensorToProto(model::MicroBatchRows(share.targets, mb, rows, T),
+                              req.add_targets());
+      }
+    }
+    req.set_lr(lr);
+    return req;
   }
 
   // The norm over the whole model, before clipping, from every stage's share (each
@@ -276,13 +289,13 @@ class Runner {
   absl::Status ApplyOnAll(int64_t step, float lr, std::vector<pb::RunStepResponse>& responses) {
     const double global_norm = GlobalGradNorm(responses);
     std::vector<absl::Status> st = group_.OnEveryStageCancellingOnError(
-        options_.step_deadline, [&](int s, grpc::ClientContext& ctx) -> absl::Status {
+        options_.step_deadline, [&](int s, CallControl& call) -> absl::Status {
           pb::ApplyOptimizerRequest req;
           req.set_job_id(job_id_);
           req.set_step(step);
           req.set_global_grad_norm(global_norm);
           req.set_lr(lr);
-          ASSIGN_OR_RETURN(pb::ApplyOptimizerResponse r, group_.client(s).ApplyOptimizer(ctx, req));
+          ASSIGN_OR_RETURN(pb::ApplyOptimizerResponse r, group_.client(s).ApplyOptimizer(call, req));
           *responses[s].add_timings() = r.timing();
           return absl::OkStatus();
         });
@@ -308,6 +321,7 @@ class Runner {
     return every > 0 && step % every == 0;
   }
 
+  // One training step on every stage, measured, predicted and recorded.
   absl::StatusOr<pb::StepRecord> Step(int64_t step) {
     const pb::TrainingSpec& t = spec_.training();
     ASSIGN_OR_RETURN(
@@ -315,32 +329,12 @@ class Runner {
         TrainingBatch(data_, plan_.options.model, t.batch_size(), t.seed(), step));
     const absl::Time start = absl::Now();
     const float lr = LearningRate(step);
-    // Clipping needs the norm over the whole model, which no stage has alone: two phases.
-    const bool two_phase = t.grad_clip_norm() > 0 && K() > 1;
-    ASSIGN_OR_RETURN(std::vector<pb::RunStepResponse> responses,
-                     RunOnAll(step, plan_.programs, batch, lr, "running", two_phase,
-                              SnapshotAfter(step)));
-    if (two_phase) RETURN_IF_ERROR(ApplyOnAll(step, lr, responses));
+    ASSIGN_OR_RETURN(std::vector<pb::RunStepResponse> responses, RunTraining(step, batch, lr));
     const double wall = absl::ToDoubleSeconds(absl::Now() - start);
     timeline_ = TimelineOf(step, responses);
     const Prediction predicted = Predict();
-    if (hooks_.predicted_timeline) {
-      // With each action's mean: one picture of the step, where Predict's figures average
-      // draws from each action's spread.
-      absl::StatusOr<planner::SimulationResult> sim =
-          planner::Simulate(plan_.programs, measured_->Fit(plan_.costs));
-      if (sim.ok()) hooks_.predicted_timeline(PredictedTimelineOf(step, *sim));
-    }
-    // The first step warms links and buffer pools up: it would skew the costs.
-    if (step > first_) {
-      // The costs are a pipeline's: replica 0's stages (the others run the same).
-      const std::vector<pb::RunStepResponse> one(responses.begin(), responses.begin() + K());
-      if (absl::Status s = measured_->AddStep(R() == 1 ? timeline_ : TimelineOf(step, one));
-          !s.ok()) {
-        hooks_.log(absl::StrCat("step ", step, ": its timeline is not used for the fitted "
-                                "prediction: ", s.message()));
-      }
-    }
+    ReportPredictedTimeline(step);
+    AddMeasuredStep(step, responses);
     ASSIGN_OR_RETURN(pb::StepRecord record,
                      MakeStepRecord(step, responses, wall,
                                     static_cast<int64_t>(t.batch_size()) *
@@ -353,9 +347,43 @@ class Runner {
     return record;
   }
 
+  // The training programs on every stage; clipping needs the norm over the whole model,
+  // which no stage has alone, so with clipping over several stages it takes two phases.
+  absl::StatusOr<std::vector<pb::RunStepResponse>> RunTraining(int64_t step,
+                                                               const model::TokenBatch& batch,
+                                                               float lr) {
+    const bool two_phase = spec_.training().grad_clip_norm() > 0 && K() > 1;
+    ASSIGN_OR_RETURN(std::vector<pb::RunStepResponse> responses,
+                     RunOnAll(step, plan_.programs, batch, lr, "running", two_phase,
+                              SnapshotAfter(step)));
+    if (two_phase) RETURN_IF_ERROR(ApplyOnAll(step, lr, responses));
+    return responses;
+  }
+
+  // With each action's mean: one picture of the step, where Predict's figures average
+  // draws from each action's spread.
+  void ReportPredictedTimeline(int64_t step) {
+    absl::StatusOr<planner::SimulationResult> sim =
+        planner::Simulate(plan_.programs, measured_->Fit(plan_.costs));
+    if (sim.ok()) hooks_.PredictedTimeline(PredictedTimelineOf(step, *sim));
+  }
+
+  // The step's timeline joins the measured costs, except the first step's: it warms
+  // links and buffer pools up and would skew them.
+  void AddMeasuredStep(int64_t step, const std::vector<pb::RunStepResponse>& responses) {
+    if (step <= first_) return;
+    // The costs are a pipeline's: replica 0's stages (the others run the same).
+    const std::vector<pb::RunStepResponse> one(responses.begin(), responses.begin() + K());
+    if (absl::Status s = measured_->AddStep(R() == 1 ? timeline_ : TimelineOf(step, one));
+        !s.ok()) {
+      hooks_.Log(absl::StrCat("step ", step, ": its timeline is not used for the fitted "
+                              "prediction: ", s.message()));
+    }
+  }
+
   // The latest steps' costs as rates, for `pipetrain plan --costs-from` after the job.
   void ReportMeasured(int64_t step) {
-    if (!hooks_.measured || measured_->steps() == 0) return;
+    if (measured_->steps() == 0) return;
     absl::StatusOr<planner::CostRates> r = planner::RatesFromMeasured(plan_, *measured_);
     if (!r.ok()) return;
     pb::MeasuredCostRates m;
@@ -369,7 +397,7 @@ class Runner {
     m.set_steps(r->steps);
     m.set_first_step(step - r->steps + 1);
     m.set_last_step(step);
-    hooks_.measured(m);
+    hooks_.Measured(m);
   }
 
   struct Prediction {
@@ -388,7 +416,7 @@ class Runner {
     if (!sim.ok()) return p;
     if (!fitted_logged_) {
       fitted_logged_ = true;
-      hooks_.log(absl::StrFormat(
+      hooks_.Log(absl::StrFormat(
           "predicted bubble %.3f from the costs measured so far (the cost model said %.3f); "
           "the difference to the measured one is the runtime's own overhead",
           sim->bubble_fraction, plan_.simulation.bubble_fraction));
@@ -405,20 +433,32 @@ class Runner {
     return MeanLoss(responses, step);
   }
 
+  // The whole model after `step` into ROOT/step-N (none on emulated stages).
   absl::Status Checkpoint(int64_t step) {
     if (Emulated()) {
       // Their weights are not there to save: an emulated device runs no arithmetic.
       if (!emulated_logged_) {
         emulated_logged_ = true;
-        hooks_.log(absl::StrCat("step ", step, ": no checkpoint: the job runs on emulated "
+        hooks_.Log(absl::StrCat("step ", step, ": no checkpoint: the job runs on emulated "
                                 "stages, which hold no weights"));
       }
       return absl::OkStatus();
     }
-    const int chunks = plan_.options.chunks;
+    ASSIGN_OR_RETURN(std::vector<model::ChunkFile> files, ExportAll(step));
+    const std::string dir = absl::StrCat(options_.checkpoint_root, "/step-", step);
+    if (absl::Status s = model::WriteCheckpointFolder(dir, files, plan_.options.chunks); !s.ok()) {
+      return common::ErrorContext().Step(step).Error(
+          s.code(), absl::StrCat("writing the checkpoint: ", s.message()));
+    }
+    hooks_.Checkpoint(dir, step);
+    return absl::OkStatus();
+  }
+
+  // Every chunk of one pipeline's stages: the replicas hold the same state.
+  absl::StatusOr<std::vector<model::ChunkFile>> ExportAll(int64_t step) {
     std::vector<std::vector<model::ChunkFile>> files(K());
     RETURN_IF_ERROR(group_.Run(step, "checkpointing", [&](int s) -> absl::Status {
-      if (s >= K()) return absl::OkStatus();  // the replicas hold the same state: one is saved
+      if (s >= K()) return absl::OkStatus();
       for (int c = 0; c < static_cast<int>(plan_.stages[s].layers.size()); ++c) {
         ASSIGN_OR_RETURN(std::string bytes,
                          group_.client(s).ExportChunk(job_id_, c, options_.rpc_deadline));
@@ -428,12 +468,44 @@ class Runner {
     }));
     std::vector<model::ChunkFile> all;
     for (auto& f : files) for (auto& one : f) all.push_back(std::move(one));
-    const std::string dir = absl::StrCat(options_.checkpoint_root, "/step-", step);
-    if (absl::Status s = model::WriteCheckpointFolder(dir, all, chunks); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("step ", step, ": writing the checkpoint: ", s.message()));
-    }
-    hooks_.checkpoint(dir, step);
+    return all;
+  }
+
+  // The checkpoint every checkpoint.every_steps (the last step's comes at the end).
+  absl::Status PeriodicCheckpoint(int64_t step) {
+    const int every = spec_.checkpoint().every_steps();
+    if (every <= 0 || step % every != 0 || step == last_) return absl::OkStatus();
+    absl::Status s = Checkpoint(step);
+    // A stage that stopped answering is lost: recover now, not at the next step.
+    if (s.ok() || !group_.lost().empty()) return s;
+    // Otherwise the training is healthy and the newest complete checkpoint stays valid (a
+    // failed one leaves no folder): only the job's last checkpoint must succeed.
+    hooks_.Log(absl::StrCat("warning: ", s.message(), "; the job goes on and tries "
+                            "again at the next checkpoint"));
     return absl::OkStatus();
+  }
+
+  // One step of the loop: the step, its validation loss when due, and its report.
+  absl::Status TrainStep(int64_t step) {
+    ASSIGN_OR_RETURN(pb::StepRecord record, Step(step));
+    const int validate = spec_.data().validate_every_steps();
+    if (validate > 0 && (step % validate == 0 || step == last_)) {
+      ASSIGN_OR_RETURN(double val, Validate(step));
+      record.set_val_loss(val);
+      record.set_has_val_loss(true);
+    }
+    if (step % 20 == 0 || step == last_) ReportMeasured(step);
+    hooks_.Step(record, std::move(timeline_));
+    steps_done_ = step;
+    return absl::OkStatus();
+  }
+
+  RunOutcome Succeeded() const {
+    RunOutcome out;
+    out.state = pb::JobStatus::SUCCEEDED;
+    out.steps_done = steps_done_;
+    out.configured = true;
+    return out;
   }
 
   RunOutcome Fail(const absl::Status& s) {
@@ -465,8 +537,9 @@ class Runner {
   const std::string job_id_;
   const pb::JobSpec& spec_;
   const RunnerOptions& options_;
-  const RunnerHooks& hooks_;
+  RunnerHooks& hooks_;
   const RunStart& start_;
+  const std::shared_ptr<StageConnector> connector_;
   StageGroup group_;
   planner::Plan plan_;
   std::optional<planner::MeasuredCosts> measured_;  // of this job's steps, for Predict
@@ -486,7 +559,7 @@ class Runner {
 
 RunOutcome RunJob(const std::string& job_id, const pb::JobSpec& spec,
                   const std::vector<RunnerStage>& stages, const RunnerOptions& options,
-                  const RunnerHooks& hooks, const RunStart& start) {
+                  RunnerHooks& hooks, const RunStart& start) {
   return Runner(job_id, spec, stages, options, hooks, start).Run();
 }
 

@@ -2,12 +2,13 @@
 // loads the starting checkpoint), runs the steps (stage 0 gets the token micro-batches,
 // the last stage the targets, all stages run at once), measures a validation loss,
 // writes checkpoints, and says how it ended. The calls to the stages go through a
-// StageGroup; the requests come from stage_configure.h. It knows nothing of the job
-// store or the registry: it reports through hooks, which the job manager turns into
-// records.
+// StageGroup (over a StageConnector: gRPC, or fakes in tests); the requests come from
+// stage_configure.h. It knows nothing of the job store or the registry: it reports
+// through RunnerHooks, which the job manager's JobReporter turns into records.
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,21 +31,30 @@ struct RunnerOptions {
   // --data-root: the folders a job's paths must resolve into (none: any path). Checked
   // at Submit and again before each run reads them (a symlink may have changed).
   common::DataRoots data_roots;
+  // How the stages are called; null: gRPC with `security` (grpc_stage_connector.h).
+  // Tests hand in fakes (tests/testing/fake_stages.h).
+  std::shared_ptr<StageConnector> connector;
 };
 
-struct RunnerHooks {
-  std::function<void(const std::string&)> log;
-  std::function<void(const pipetrain::v1::StepRecord&,
-                     std::vector<pipetrain::v1::TimelineEvent>)> step;
-  std::function<void(const std::string& dir, int64_t step)> checkpoint;
-  // Each step as the simulator predicted it from the costs measured on the steps before
-  // (the planner's costs before any), drawn under the measured step; may be unset.
-  std::function<void(std::vector<pipetrain::v1::TimelineEvent>)> predicted_timeline;
-  // The rates the latest steps measured (for `plan --costs-from`); may be unset.
-  std::function<void(const pipetrain::v1::MeasuredCostRates&)> measured;
-  std::function<bool()> cancelled;
+// What a run reports to whoever drives it, and what it asks of it (whether to stop).
+// The coordinator's is JobReporter (job_reporter.h: store records, events,
+// TensorBoard); tests record. Called from the run's thread only.
+class RunnerHooks {
+ public:
+  virtual ~RunnerHooks() = default;
+  virtual void Log(const std::string& text) = 0;
   // The training run's number of the job's first step (once, before the first step).
-  std::function<void(int64_t)> first_step;
+  virtual void FirstStep(int64_t first) = 0;
+  // Each step as the simulator predicted it from the costs measured on the steps before
+  // (the planner's costs before any), drawn under the measured step; just before Step.
+  virtual void PredictedTimeline(std::vector<pipetrain::v1::TimelineEvent> events) = 0;
+  virtual void Step(const pipetrain::v1::StepRecord& record,
+                    std::vector<pipetrain::v1::TimelineEvent> timeline) = 0;
+  virtual void Checkpoint(const std::string& dir, int64_t step) = 0;
+  // The rates the latest steps measured (for `plan --costs-from`).
+  virtual void Measured(const pipetrain::v1::MeasuredCostRates& rates) = 0;
+  // Asked before each step: the job was cancelled or the coordinator is stopping.
+  virtual bool Cancelled() = 0;
 };
 
 // Where a restarted job continues: the whole model's state after step `step` of the
@@ -74,6 +84,6 @@ struct RunOutcome {
 // `spec` must have passed ValidateJobSpec (with defaults filled in).
 RunOutcome RunJob(const std::string& job_id, const pipetrain::v1::JobSpec& spec,
                   const std::vector<RunnerStage>& stages, const RunnerOptions& options,
-                  const RunnerHooks& hooks, const RunStart& start = {});
+                  RunnerHooks& hooks, const RunStart& start = {});
 
 }  // namespace pipetrain::coordinator

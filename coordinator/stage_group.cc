@@ -5,14 +5,13 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/error_context.h"
 
 namespace pipetrain::coordinator {
 
-StageGroup::StageGroup(std::vector<RunnerStage> stages, const common::RpcSecurity& security)
+StageGroup::StageGroup(std::vector<RunnerStage> stages, StageConnector& connector)
     : stages_(std::move(stages)) {
-  for (const RunnerStage& s : stages_) {
-    clients_.push_back(std::make_unique<StageClient>(s.address, security));
-  }
+  for (const RunnerStage& s : stages_) clients_.push_back(connector.Connect(s.address));
 }
 
 std::string StageGroup::StageName(int s) const {
@@ -28,19 +27,16 @@ std::vector<absl::Status> StageGroup::OnEveryStage(const std::function<absl::Sta
 }
 
 std::vector<absl::Status> StageGroup::OnEveryStageCancellingOnError(
-    absl::Duration deadline, const std::function<absl::Status(int, grpc::ClientContext&)>& call) {
-  std::vector<std::unique_ptr<grpc::ClientContext>> calls;
-  for (int s = 0; s < size(); ++s) {
-    calls.push_back(std::make_unique<grpc::ClientContext>());
-    calls.back()->set_deadline(absl::ToChronoTime(absl::Now() + deadline));
-  }
+    absl::Duration deadline, const std::function<absl::Status(int, CallControl&)>& call) {
+  std::vector<std::unique_ptr<CallControl>> calls;
+  for (int s = 0; s < size(); ++s) calls.push_back(std::make_unique<CallControl>(absl::Now() + deadline));
   std::once_flag cancel_once;
   return OnEveryStage([&](int s) -> absl::Status {
     absl::Status status = call(s, *calls[s]);
     if (!status.ok()) {
       std::call_once(cancel_once, [&] {
         for (int o = 0; o < size(); ++o) {
-          if (o != s) calls[o]->TryCancel();
+          if (o != s) calls[o]->Cancel();
         }
       });
     }
@@ -69,8 +65,8 @@ absl::Status AttributeError(const std::vector<absl::Status>& st, int64_t step,
                                                own.message(),
                                                "); the job's other stages are free again"));
   }
-  return absl::Status(st[first].code(), absl::StrCat(what, " ", name(first), " failed", when,
-                                                     ": ", st[first].message()));
+  return common::ErrorContext(absl::StrCat(what, " ", name(first), " failed", when))
+      .Wrap(st[first]);
 }
 
 absl::Status StageGroup::FirstError(const std::vector<absl::Status>& st, int64_t step,

@@ -1,7 +1,8 @@
 // The stages of one running job as a group: one call to every stage at once, each on
 // its own thread, with the job's deadlines and cancellation, and one error for the job
 // out of their statuses (the first real one; a stage that stopped answering is named
-// as the cause, since its neighbours only see a broken link).
+// as the cause, since its neighbours only see a broken link). The stages are reached
+// through a StageConnector (gRPC, or fakes in tests).
 #pragma once
 
 #include <functional>
@@ -11,9 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "common/rpc_security.h"
-#include "coordinator/stage_client.h"
-#include "grpcpp/client_context.h"
+#include "coordinator/stage_connection.h"
 #include "pipetrain/v1/coordinator.pb.h"
 
 namespace pipetrain::coordinator {
@@ -36,22 +35,21 @@ absl::Status AttributeError(const std::vector<absl::Status>& statuses, int64_t s
 
 class StageGroup {
  public:
-  StageGroup(std::vector<RunnerStage> stages, const common::RpcSecurity& security);
+  StageGroup(std::vector<RunnerStage> stages, StageConnector& connector);
 
   int size() const { return static_cast<int>(stages_.size()); }
   const RunnerStage& stage(int s) const { return stages_[s]; }
-  StageClient& client(int s) { return *clients_[s]; }
+  StageConnection& client(int s) { return *clients_[s]; }
   // "stage 2 (stage-7 at 10.0.0.3:7401)": how messages name a stage.
   std::string StageName(int s) const;
 
   // Runs call(s) for every stage at once; the statuses, by stage.
   std::vector<absl::Status> OnEveryStage(const std::function<absl::Status(int)>& call);
-  // Runs call(s, context) for every stage at once, each context carrying `deadline`
+  // Runs call(s, control) for every stage at once, each control carrying `deadline`
   // from now. When one call fails, the others still open are cancelled, so that the
   // job fails promptly instead of waiting for its neighbours' receive deadlines.
   std::vector<absl::Status> OnEveryStageCancellingOnError(
-      absl::Duration deadline,
-      const std::function<absl::Status(int, grpc::ClientContext&)>& call);
+      absl::Duration deadline, const std::function<absl::Status(int, CallControl&)>& call);
 
   // The job's error for the statuses of one operation on every stage (`what`, e.g.
   // "running"; `step` 0 when not in a step): OK if all are. A stage that no longer
@@ -67,7 +65,7 @@ class StageGroup {
 
  private:
   std::vector<RunnerStage> stages_;
-  std::vector<std::unique_ptr<StageClient>> clients_;
+  std::vector<std::unique_ptr<StageConnection>> clients_;
   std::vector<std::string> lost_;
 };
 

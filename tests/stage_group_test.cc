@@ -13,6 +13,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/testing/status_matchers.h"
+#include "coordinator/grpc_stage_connector.h"
+#include "coordinator/stage_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -112,7 +114,8 @@ TEST(StageGroupTest, CallsEveryStageAtOnce) {
   for (int s = 0; s < 4; ++s) {
     stages.push_back({absl::StrCat("stage-", s + 1), absl::StrCat("127.0.0.1:", 1 + s), {}});
   }
-  StageGroup group(stages, common::RpcSecurity());
+  GrpcStageConnector connector{common::RpcSecurity()};
+  StageGroup group(stages, connector);
   ASSERT_EQ(group.size(), 4);
   EXPECT_EQ(group.StageName(2), "stage 2 (stage-3 at 127.0.0.1:3)");
   std::mutex mu;
