@@ -145,7 +145,7 @@ absl::StatusOr<Tensor> BackendChunk::BackwardInput(int mb, const PiecewiseTensor
 }
 
 absl::StatusOr<Tensor> BackendChunk::TiedGradient(bool embedding_side) {
-  const char* name = compute::ModelChunk::TiedParamName(embedding_side);
+  const std::string name = layers_->TiedParamName(embedding_side);
   ASSIGN_OR_RETURN(std::vector<float> g, layers_->GetGrad(name));
   const model::GptConfig& c = layers_->config();
   ASSIGN_OR_RETURN(Tensor t, Tensor::FromBuffer(DType::kF32, {c.vocab_size, c.d_model},
@@ -160,7 +160,7 @@ absl::Status BackendChunk::AddTiedGradient(bool embedding_side, const PiecewiseT
                              {c.vocab_size, c.d_model}, "tied-embedding gradient"));
   std::vector<float> values(other.num_bytes() / sizeof(float));
   other.CopyTo(std::as_writable_bytes(std::span<float>(values)));
-  return layers_->AddToGrad(compute::ModelChunk::TiedParamName(embedding_side), values);
+  return layers_->AddToGrad(layers_->TiedParamName(embedding_side), values);
 }
 
 absl::Status BackendChunk::OptimizerStep(const OptimizerSettings& s,

@@ -334,6 +334,11 @@ absl::Status ConfigsMatch(const GptConfig& file, const GptConfig& want, absl::st
         source, ": model.tie_embeddings is ", file.tie_embeddings ? "true" : "false",
         " in the checkpoint but ", want.tie_embeddings ? "true" : "false", " is expected"));
   }
+  if (file.family != want.family) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": model.family is ", file.family,
+                                                   " in the checkpoint but ", want.family,
+                                                   " is expected"));
+  }
   return absl::OkStatus();
 }
 

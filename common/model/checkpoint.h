@@ -1,6 +1,7 @@
-// Checkpoints of a GPT model, whole or the pipeline-layer range [begin, end) that one
-// stage holds, as safetensors files with the Hugging Face GPT-2 names and layouts of
-// gpt_config.h, so that per-stage files merge by concatenation and others can read them.
+// Checkpoints of a model, whole or the pipeline-layer range [begin, end) that one stage
+// holds, as safetensors files with the Hugging Face names and layouts of its family
+// (model_family.h), so that per-stage files merge by concatenation and others can read
+// them.
 //
 // File layout. Tensors: the parameters of the range, named and shaped as RangeParams
 // gives them, all F32, in that order. With optimizer state, then the AdamW first

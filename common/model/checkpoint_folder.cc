@@ -18,7 +18,7 @@
 #include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
-#include "common/model/hf_gpt2.h"
+#include "common/model/hf_folder.h"
 #include "common/status_macros.h"
 #include "common/user_path.h"
 #include "nlohmann/json.hpp"
@@ -114,6 +114,21 @@ absl::Status ReplaceFolder(const std::string& dir, const std::string& folder,
   return synced;
 }
 
+// The first `rows` rows of tensor `name` of `map`, in place of the whole; a tensor
+// that is not there is left for the config check after it to name.
+absl::Status KeepFirstRows(ParamMap& map, const std::string& name, int64_t rows) {
+  auto it = map.find(name);
+  if (it == map.end()) return absl::OkStatus();
+  const common::Tensor& all = it->second;
+  std::vector<int64_t> shape = all.shape();
+  if (shape.empty() || shape[0] < rows) return absl::OkStatus();
+  shape[0] = rows;
+  ASSIGN_OR_RETURN(common::Tensor first, common::Tensor::Create(all.dtype(), std::move(shape)));
+  std::memcpy(first.bytes().data(), all.bytes().data(), first.num_bytes());
+  it->second = std::move(first);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::optional<int64_t> CheckpointFolderStep(absl::string_view dir) {
@@ -175,7 +190,7 @@ absl::StatusOr<model::Checkpoint> LoadWholeCheckpoint(const std::string& path,
     return one;
   }
   if (IsHfFolder(path)) {
-    absl::StatusOr<model::Checkpoint> hf = LoadHfGpt2Folder(path);
+    absl::StatusOr<model::Checkpoint> hf = LoadHfFolder(path);
     if (!hf.ok()) return bad(std::string(hf.status().message()));
     return hf;
   }
@@ -236,21 +251,15 @@ absl::StatusOr<Checkpoint> FitCheckpointToModel(Checkpoint whole, const GptConfi
   }
   if (model.seq_len < file.seq_len) {
     // Positions are absolute and causal: position t never sees a later one, so the
-    // first seq_len rows of wpe are the whole model for sequences of seq_len.
-    auto cut = [&](ParamMap& map) -> absl::Status {
-      auto it = map.find(kPositionEmbeddingName);
-      if (it == map.end()) return absl::OkStatus();  // ConfigsMatch below names the problem
-      const common::Tensor& wpe = it->second;
-      ASSIGN_OR_RETURN(common::Tensor rows,
-                       common::Tensor::Create(wpe.dtype(), {model.seq_len, wpe.shape()[1]}));
-      std::memcpy(rows.bytes().data(), wpe.bytes().data(), rows.num_bytes());
-      it->second = std::move(rows);
-      return absl::OkStatus();
-    };
-    RETURN_IF_ERROR(cut(whole.params));
-    if (whole.optimizer) {
-      RETURN_IF_ERROR(cut(whole.optimizer->m));
-      RETURN_IF_ERROR(cut(whole.optimizer->v));
+    // first seq_len rows of a position table are the whole model for sequences of
+    // seq_len.
+    for (const ParamSpec& p : CheckpointParams(file, 0, file.num_pipeline_layers())) {
+      if (!p.per_position) continue;
+      RETURN_IF_ERROR(KeepFirstRows(whole.params, p.name, model.seq_len));
+      if (whole.optimizer) {
+        RETURN_IF_ERROR(KeepFirstRows(whole.optimizer->m, p.name, model.seq_len));
+        RETURN_IF_ERROR(KeepFirstRows(whole.optimizer->v, p.name, model.seq_len));
+      }
     }
     whole.config.seq_len = model.seq_len;
   }
