@@ -120,4 +120,12 @@ absl::StatusOr<Checkpoint> MergeCheckpoints(std::vector<Checkpoint> parts);
 absl::Status WriteCheckpointIndex(const std::string& index_path,
                                   const std::vector<std::string>& shard_paths);
 
+// The shard files the index of folder `dir` (DIR/model.safetensors.index.json, ours or
+// Hugging Face's) names in its weight_map, each once, in name order, as paths in `dir`.
+// An entry must be the name of a file of the folder itself: one that climbs out of it
+// (../x, /etc/x, sub/../../x) would let a job read outside the folder it was allowed to
+// name, so no entry may hold a '/' or be "." or "..". Errors (InvalidArgument) start
+// with the index's path and name the entry.
+absl::StatusOr<std::vector<std::string>> IndexShardFiles(const std::string& dir);
+
 }  // namespace pipetrain::model

@@ -9,7 +9,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <set>
 #include <sstream>
 
 #include "absl/status/status.h"
@@ -18,10 +17,10 @@
 #include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
+#include "common/error_context.h"
 #include "common/model/hf_folder.h"
 #include "common/status_macros.h"
 #include "common/user_path.h"
-#include "nlohmann/json.hpp"
 
 namespace pipetrain::model {
 
@@ -39,6 +38,11 @@ constexpr absl::string_view kTemporaryInfix = ".tmp-";
 
 absl::Status FolderError(int error, const std::string& dir, absl::string_view what) {
   return absl::ErrnoToStatus(error, absl::StrCat("checkpoint folder ", dir, ": ", what));
+}
+
+// What an error about file `name` of the folder being written says first.
+common::ErrorContext InFolder(const std::string& dir, absl::string_view name) {
+  return common::ErrorContext(absl::StrCat("checkpoint folder ", dir, ": ", name));
 }
 
 // Creates an empty "TARGET.tmp-XXXXXX" next to `target` (same parent, so renames stay
@@ -71,20 +75,12 @@ absl::Status FillFolder(const std::string& dir, const std::string& folder,
   for (const ChunkFile& s : files) {
     const std::string name = ChunkFileName(s.stage, s.chunk, num_chunks);
     const std::string path = (fs::path(folder) / name).string();
-    if (absl::Status written = common::WriteFileAtomically(path, s.bytes); !written.ok()) {
-      return absl::Status(written.code(), absl::StrCat("checkpoint folder ", dir, ": ", name,
-                                                       ": ", written.message()));
-    }
+    RETURN_IF_ERROR(InFolder(dir, name).Wrap(common::WriteFileAtomically(path, s.bytes)));
     paths.push_back(path);
   }
-  absl::Status index = model::WriteCheckpointIndex(
-      (fs::path(folder) / model::kCheckpointIndexFileName).string(), paths);
-  if (!index.ok()) {
-    return absl::Status(index.code(), absl::StrCat("checkpoint folder ", dir, ": ",
-                                                   model::kCheckpointIndexFileName, ": ",
-                                                   index.message()));
-  }
-  return absl::OkStatus();
+  return InFolder(dir, model::kCheckpointIndexFileName)
+      .Wrap(model::WriteCheckpointIndex(
+          (fs::path(folder) / model::kCheckpointIndexFileName).string(), paths));
 }
 
 // Puts the finished `folder` in place of `target`, an older `target` renamed away
@@ -203,31 +199,11 @@ absl::StatusOr<model::Checkpoint> LoadWholeCheckpoint(const std::string& path,
                             "written last, so a folder without one is incomplete), a Hugging "
                             "Face GPT-2 folder or one .safetensors file"));
   }
-  absl::StatusOr<std::string> text =
-      common::ReadRegularFile(index.string(), common::kMaxJsonFileBytes, "checkpoint index");
-  if (!text.ok()) return bad(std::string(text.status().message()));
-  const nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") ||
-      !j["weight_map"].is_object()) {
-    return bad(absl::StrCat(index.string(), " is not a Hugging Face index (no weight_map)"));
-  }
-  std::set<std::string> files;
-  for (const auto& [name, file] : j["weight_map"].items()) {
-    if (!file.is_string())
-      return bad(absl::StrCat(index.string(), ": weight_map['", name, "'] is not a string"));
-    // A file of the folder itself: a name that climbs out of it (../x, /etc/x) would
-    // read outside the folder the job was allowed to name.
-    const std::string name_of_file = file.get<std::string>();
-    if (name_of_file.empty() || absl::StrContains(name_of_file, '/') || name_of_file == "." ||
-        name_of_file == "..") {
-      return bad(absl::StrCat(index.string(), ": weight_map['", name, "'] is '", name_of_file,
-                              "', not the name of a file in ", path));
-    }
-    files.insert(name_of_file);
-  }
+  absl::StatusOr<std::vector<std::string>> files = model::IndexShardFiles(path);
+  if (!files.ok()) return bad(std::string(files.status().message()));
   std::vector<model::Checkpoint> parts;
-  for (const std::string& f : files) {
-    absl::StatusOr<model::Checkpoint> part = model::LoadCheckpoint((fs::path(path) / f).string());
+  for (const std::string& f : *files) {
+    absl::StatusOr<model::Checkpoint> part = model::LoadCheckpoint(f);
     if (!part.ok()) return bad(std::string(part.status().message()));
     parts.push_back(*std::move(part));
   }

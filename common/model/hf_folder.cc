@@ -31,7 +31,7 @@ absl::Status Invalid(absl::string_view source, absl::string_view message) {
   return absl::InvalidArgumentError(absl::StrCat(source, ": ", message));
 }
 
-// config.json and index files: bounded JSON, never a FIFO or device.
+// config.json: bounded JSON, never a FIFO or device.
 absl::StatusOr<std::string> ReadText(const fs::path& path) {
   return common::ReadRegularFile(path.string(), common::kMaxJsonFileBytes, "");
 }
@@ -104,16 +104,6 @@ struct Entry {
 
 using Entries = std::map<std::string, Entry>;  // by our name
 
-// Whether an index's file name stays inside the folder: not absolute, no '..' (a job
-// allowed one folder must not read another through its index).
-bool InFolder(const std::string& name) {
-  if (name.empty() || fs::path(name).is_absolute()) return false;
-  for (const fs::path& part : fs::path(name)) {
-    if (part == "..") return false;
-  }
-  return true;
-}
-
 // The safetensors files of the folder: model.safetensors, else the shards of the index.
 // `what` becomes the file errors name.
 absl::StatusOr<std::vector<std::string>> WeightFiles(const fs::path& dir, std::string& what) {
@@ -130,24 +120,7 @@ absl::StatusOr<std::vector<std::string>> WeightFiles(const fs::path& dir, std::s
                                 " nor ", kCheckpointIndexFileName));
   }
   what = index.string();
-  ASSIGN_OR_RETURN(const std::string text, ReadText(index));
-  const Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") ||
-      !j["weight_map"].is_object()) {
-    return Invalid(index.string(), "is not a Hugging Face index (no weight_map object)");
-  }
-  std::set<std::string> files;
-  for (const auto& [name, file] : j["weight_map"].items()) {
-    if (!file.is_string() || !InFolder(file.get<std::string>())) {
-      return Invalid(index.string(), absl::StrCat("weight_map['", name, "'] is ", file.dump(),
-                                                  ", not a file name in the folder"));
-    }
-    files.insert(file.get<std::string>());
-  }
-  if (files.empty()) return Invalid(index.string(), "weight_map names no files");
-  std::vector<std::string> out;
-  for (const std::string& f : files) out.push_back((dir / f).string());
-  return out;
+  return IndexShardFiles(dir.string());
 }
 
 // What a folder's tensors are read against: the parameters of the whole model, and
@@ -222,21 +195,11 @@ bool IsHfFolder(const std::string& dir) {
   if (!fs::is_directory(dir, ec) || !fs::exists(fs::path(dir) / kHfConfigFileName, ec)) {
     return false;
   }
-  const fs::path index = fs::path(dir) / kCheckpointIndexFileName;
-  if (!fs::exists(index, ec)) return true;
+  if (!fs::exists(fs::path(dir) / kCheckpointIndexFileName, ec)) return true;
   // An index of pipetrain checkpoints names files whose metadata says so; any other index
   // (or one that cannot be read: the reader will say why) is Hugging Face's.
-  absl::StatusOr<std::string> text = ReadText(index);
-  if (!text.ok()) return true;
-  const Json j = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") ||
-      !j["weight_map"].is_object() || j["weight_map"].empty() ||
-      !j["weight_map"].begin()->is_string()) {
-    return true;
-  }
-  const std::string first = j["weight_map"].begin()->get<std::string>();
-  if (!InFolder(first)) return true;  // the reader refuses it, naming the entry
-  return !ReadCheckpointInfo((fs::path(dir) / first).string()).ok();
+  absl::StatusOr<std::vector<std::string>> files = IndexShardFiles(dir);
+  return !files.ok() || !ReadCheckpointInfo(files->front()).ok();
 }
 
 absl::StatusOr<Checkpoint> LoadHfFolder(const std::string& dir) {
