@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/replica_step_bench.h"
 #include "common/status_macros.h"
+#include "common/tensor.h"
 #include "coordinator/rendezvous_service.h"
 #include "coordinator/rendezvous_store.h"
 #include "grpcpp/security/server_credentials.h"
@@ -28,6 +29,11 @@ namespace pipetrain::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Bytes of one element of the gradients the replicas reduce (f32).
+int64_t GradientElementBytes() {
+  return static_cast<int64_t>(common::DTypeSize(common::DType::kF32));
+}
 constexpr char kJob[] = "bench-allreduce";
 constexpr absl::Duration kDeadline = absl::Seconds(120);
 
@@ -130,7 +136,7 @@ absl::Status Worker(const std::string& address, const std::string& prefix, int r
   absl::StatusOr<std::pair<int, int>> ring = ConnectRawRing(store, rank, size);
   if (!ring.ok()) return ring.status();
   const auto [left, right] = *ring;
-  const int64_t moved = RingBytes(floats * static_cast<int64_t>(sizeof(float)), size);
+  const int64_t moved = RingBytes(floats * GradientElementBytes(), size);
   std::vector<char> out(static_cast<size_t>(moved), 1), in(static_cast<size_t>(moved));
   absl::Status failed;
   for (int i = 0; i <= reps && failed.ok(); ++i) {
@@ -201,7 +207,7 @@ absl::StatusOr<BenchResult> RunAllreduceBench(const BenchOptions& options) {
   int run = 0;
   for (int size : {2, 4}) {
     for (int mib : {16, 64}) {
-      const int64_t floats = (int64_t{mib} << 20) / 4;
+      const int64_t floats = (int64_t{mib} << 20) / GradientElementBytes();
       const std::string prefix = absl::StrCat("run-", run++);
       std::vector<testing::Subprocess> workers;
       for (int r = 0; r < size; ++r) {
@@ -236,7 +242,7 @@ absl::StatusOr<BenchResult> RunAllreduceBench(const BenchOptions& options) {
                                                   workers[r].stderr_text()));
         }
       }
-      const double moved = static_cast<double>(RingBytes(floats * 4, size));
+      const double moved = static_cast<double>(RingBytes(floats * GradientElementBytes(), size));
       const double gloo_bw = moved / Median(gloo) / 1e9;
       const double raw_bw = moved / Median(raw) / 1e9;
       const std::string tag = absl::StrCat("R", size, "_", mib, "MiB");

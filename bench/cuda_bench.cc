@@ -73,8 +73,8 @@ absl::StatusOr<BackendBuffer<float>> RandomBuffer(compute::Backend* be, int64_t 
   std::vector<float> host(n);
   const uint64_t key = model::InitStreamKey(99, 5000, static_cast<int>(stream));
   for (int64_t i = 0; i < n; ++i) host[i] = static_cast<float>(scale * model::NormalAt(key, i));
-  ASSIGN_OR_RETURN(auto buf, BackendBuffer<float>::Allocate(be, n * sizeof(float)));
-  RETURN_IF_ERROR(be->CopyFromHost(buf.raw(), host.data(), n * sizeof(float)));
+  ASSIGN_OR_RETURN(auto buf, BackendBuffer<float>::Elements(be, n));
+  RETURN_IF_ERROR(be->CopyFromHost(buf.raw(), host.data(), buf.bytes()));
   return buf;
 }
 
@@ -101,7 +101,7 @@ absl::StatusOr<double> MedianWallSeconds(int warmup, int reps,
 absl::Status AddHostCopyFigures(int warmup, int reps, BenchResult& result) {
   constexpr size_t kBytes = size_t{64} << 20;
   ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> be, CudaBackend::Create(0, {}));
-  std::vector<float> host(kBytes / sizeof(float));
+  std::vector<float> host(kBytes / compute::BytesOf<float>(1));
   const uint64_t key = model::InitStreamKey(99, 5001, 0);
   for (size_t i = 0; i < host.size(); ++i) {
     host[i] = static_cast<float>(model::NormalAt(key, i));
@@ -156,7 +156,7 @@ absl::StatusOr<BenchResult> RunCudaBench(const BenchOptions& options) {
   const double block_flops =
       (cost.forward_flops + cost.backward_input_flops + cost.backward_weight_flops) * rows;
   // The MLP's first product, (B*T, C) @ (C, 4C): the block's largest matmul shape.
-  const int m = static_cast<int>(rows), n = 4 * C, k = C;
+  const int m = static_cast<int>(rows), n = config.mlp_dim(), k = C;
   const double matmul_flops = 2.0 * m * n * k;
 
   BenchResult result;
@@ -171,8 +171,7 @@ absl::StatusOr<BenchResult> RunCudaBench(const BenchOptions& options) {
     {
       ASSIGN_OR_RETURN(auto a, RandomBuffer(be.get(), int64_t{m} * k, 1, 1.0));
       ASSIGN_OR_RETURN(auto b, RandomBuffer(be.get(), int64_t{k} * n, 2, 1.0));
-      ASSIGN_OR_RETURN(auto c, BackendBuffer<float>::Allocate(be.get(),
-                                                              int64_t{m} * n * sizeof(float)));
+      ASSIGN_OR_RETURN(auto c, BackendBuffer<float>::Elements(be.get(), int64_t{m} * n));
       ASSIGN_OR_RETURN(double t, MedianSeconds(*be, warmup, reps, [&] {
                          return be->Matmul(false, false, m, n, k, 1.0f, a.data(), b.data(),
                                            0.0f, c.data());
@@ -185,10 +184,8 @@ absl::StatusOr<BenchResult> RunCudaBench(const BenchOptions& options) {
       RETURN_IF_ERROR(layer->Initialize(/*seed=*/7));
       ASSIGN_OR_RETURN(auto x, RandomBuffer(be.get(), rows * C, 3, 1.0));
       ASSIGN_OR_RETURN(auto dout, RandomBuffer(be.get(), rows * C, 4, 1e-3));
-      ASSIGN_OR_RETURN(auto out,
-                       BackendBuffer<float>::Allocate(be.get(), rows * C * sizeof(float)));
-      ASSIGN_OR_RETURN(auto dx,
-                       BackendBuffer<float>::Allocate(be.get(), rows * C * sizeof(float)));
+      ASSIGN_OR_RETURN(auto out, BackendBuffer<float>::Elements(be.get(), rows * C));
+      ASSIGN_OR_RETURN(auto dx, BackendBuffer<float>::Elements(be.get(), rows * C));
       compute::Stash<float> stash;
       ASSIGN_OR_RETURN(double t, MedianSeconds(*be, warmup, reps, [&]() -> absl::Status {
                          RETURN_IF_ERROR(layer->Forward(B, x.data(), nullptr, out.data(), stash));

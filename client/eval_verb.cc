@@ -7,6 +7,7 @@
 #include "client/cli.h"
 #include "client/local_model.h"
 #include "common/data/token_file.h"
+#include "common/error_context.h"
 #include "common/flags.h"
 #include "common/model/checkpoint.h"
 #include "common/model/checkpoint_folder.h"
@@ -152,9 +153,8 @@ int RunEval(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     ASSIGN_OR_RETURN(auto backend, compute::CpuBackend::Create(static_cast<int>(threads)));
     ASSIGN_OR_RETURN(auto chunk, compute::ModelChunk::Create(
                                      config, 0, config.num_pipeline_layers(), backend.get()));
-    if (absl::Status s = compute::RestoreChunk(*checkpoint, *chunk); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat(checkpoint_path, ": ", s.message()));
-    }
+    RETURN_IF_ERROR(
+        common::ErrorContext(checkpoint_path).Wrap(compute::RestoreChunk(*checkpoint, *chunk)));
     RETURN_IF_ERROR(chunk->ZeroGrads());
     EvalResult r;
     r.tokens = int64_t{tokens->rows} * config.seq_len;
@@ -162,10 +162,8 @@ int RunEval(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     RETURN_IF_ERROR(chunk->SumTiedGradients());  // a tied wte's gradient is the sum
     if (!grads_out.empty()) {
       ASSIGN_OR_RETURN(model::Checkpoint grads, compute::GradientsOfChunk(*chunk));
-      if (absl::Status s = model::SaveCheckpoint(grads_out, grads); !s.ok()) {
-        return absl::Status(
-            s.code(), absl::StrCat("--grads-out: cannot write ", grads_out, ": ", s.message()));
-      }
+      RETURN_IF_ERROR(common::ErrorContext(absl::StrCat("--grads-out: cannot write ", grads_out))
+                          .Wrap(model::SaveCheckpoint(grads_out, grads)));
     }
     return r;
   }();

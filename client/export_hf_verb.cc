@@ -4,7 +4,7 @@
 #include "client/cli.h"
 #include "common/flags.h"
 #include "common/model/checkpoint_folder.h"
-#include "common/model/hf_gpt2.h"
+#include "common/model/hf_folder.h"
 
 namespace pipetrain::client {
 
@@ -47,7 +47,7 @@ int RunExportHf(const std::vector<std::string>& args, std::ostream& out, std::os
     return kExitUsage;
   }
   const model::GptConfig& config = checkpoint->config;
-  if (absl::Status s = model::ExportHfGpt2Folder(*checkpoint, out_dir); !s.ok()) {
+  if (absl::Status s = model::ExportHfFolder(*checkpoint, out_dir); !s.ok()) {
     err << "pipetrain export-hf: cannot write " << out_dir << ": " << s.message() << "\n";
     return kExitJobFailed;
   }

@@ -15,6 +15,7 @@
 #include "absl/strings/string_view.h"
 #include "client/cli.h"
 #include "common/data/tokenizer.h"
+#include "common/error_context.h"
 #include "common/flags.h"
 #include "common/model/checkpoint_folder.h"
 #include "common/status_macros.h"
@@ -53,12 +54,9 @@ absl::StatusOr<TextTokenizer> TokenizerNamed(const std::string& name, const std:
     return absl::InvalidArgumentError(
         "--tokenizer-dir is read by --tokenizer gpt2 only; --tokenizer bytes needs no files");
   }
-  absl::StatusOr<std::unique_ptr<data::Tokenizer>> made = data::MakeTokenizer(name, dir);
-  if (!made.ok()) {
-    return absl::Status(made.status().code(),
-                        absl::StrCat("--tokenizer ", name, ": ", made.status().message()));
-  }
-  std::shared_ptr<const data::Tokenizer> tokenizer = *std::move(made);
+  ASSIGN_OR_RETURN(std::shared_ptr<const data::Tokenizer> tokenizer,
+                   common::ErrorContext(absl::StrCat("--tokenizer ", name))
+                       .Wrap(data::MakeTokenizer(name, dir)));
   TextTokenizer t;
   t.name = name;
   t.vocab_size = tokenizer->vocab_size();
@@ -87,12 +85,8 @@ absl::StatusOr<std::unique_ptr<compute::Backend>> MakeBackend(const std::string&
     return absl::InvalidArgumentError(
         absl::StrCat("--device '", device, "' is not one of cpu or cuda:N (N >= 0)"));
   }
-  absl::StatusOr<std::unique_ptr<compute::Backend>> cuda = compute::CreateCudaBackend(index);
-  if (!cuda.ok()) {
-    return absl::Status(cuda.status().code(),
-                        absl::StrCat("--device ", device, ": ", cuda.status().message()));
-  }
-  return cuda;
+  return common::ErrorContext(absl::StrCat("--device ", device))
+      .Wrap(compute::CreateCudaBackend(index));
 }
 
 // What a run produced, for the summary and --json.

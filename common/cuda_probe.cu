@@ -8,6 +8,7 @@
 
 #include "common/cuda_probe.h"
 #include "common/logging.h"
+#include "common/tensor.h"
 
 namespace pipetrain::common {
 namespace {
@@ -65,14 +66,15 @@ bool CudaSmokeTest(int device, std::string* error) {
   };
   cudaError_t e;
   if ((e = cudaSetDevice(device)) != cudaSuccess) return fail(e, "cudaSetDevice");
-  if ((e = cudaMalloc(&da, n * sizeof(float))) != cudaSuccess) return fail(e, "cudaMalloc");
-  if ((e = cudaMalloc(&db, n * sizeof(float))) != cudaSuccess) return fail(e, "cudaMalloc");
-  if ((e = cudaMalloc(&dc, n * sizeof(float))) != cudaSuccess) return fail(e, "cudaMalloc");
-  cudaMemcpy(da, a.data(), n * sizeof(float), cudaMemcpyHostToDevice);
-  cudaMemcpy(db, b.data(), n * sizeof(float), cudaMemcpyHostToDevice);
+  const size_t bytes = n * common::DTypeSize(common::DType::kF32);
+  if ((e = cudaMalloc(&da, bytes)) != cudaSuccess) return fail(e, "cudaMalloc");
+  if ((e = cudaMalloc(&db, bytes)) != cudaSuccess) return fail(e, "cudaMalloc");
+  if ((e = cudaMalloc(&dc, bytes)) != cudaSuccess) return fail(e, "cudaMalloc");
+  cudaMemcpy(da, a.data(), bytes, cudaMemcpyHostToDevice);
+  cudaMemcpy(db, b.data(), bytes, cudaMemcpyHostToDevice);
   AddKernel<<<(n + 255) / 256, 256>>>(da, db, dc, n);
   if ((e = cudaGetLastError()) != cudaSuccess) return fail(e, "AddKernel launch");
-  if ((e = cudaMemcpy(c.data(), dc, n * sizeof(float), cudaMemcpyDeviceToHost)) != cudaSuccess)
+  if ((e = cudaMemcpy(c.data(), dc, bytes, cudaMemcpyDeviceToHost)) != cudaSuccess)
     return fail(e, "cudaMemcpy");
   for (int i = 0; i < n; ++i) {
     if (std::fabs(c[i] - (a[i] + b[i])) > 1e-6f) {

@@ -151,7 +151,7 @@ absl::StatusOr<Tensor> BackendChunk::BackwardInput(int mb, const PiecewiseTensor
 }
 
 absl::StatusOr<Tensor> BackendChunk::TiedGradient(bool embedding_side) {
-  const char* name = compute::ModelChunk::TiedParamName(embedding_side);
+  const std::string name = layers_->TiedParamName(embedding_side);
   ASSIGN_OR_RETURN(std::vector<float> g, layers_->GetGrad(name));
   const ScratchTensor spec = TiedGradientSpec(layers_->config());
   ASSIGN_OR_RETURN(Tensor t, PooledTensor(*pool_, spec.dtype, spec.shape));
@@ -164,7 +164,7 @@ absl::Status BackendChunk::AddTiedGradient(bool embedding_side, const PiecewiseT
   RETURN_IF_ERROR(CheckShape(other.dtype(), other.shape(), spec, "tied-embedding gradient"));
   std::vector<float> values(static_cast<size_t>(spec.shape[0] * spec.shape[1]));
   other.CopyTo(std::as_writable_bytes(std::span<float>(values)));
-  return layers_->AddToGrad(compute::ModelChunk::TiedParamName(embedding_side), values);
+  return layers_->AddToGrad(layers_->TiedParamName(embedding_side), values);
 }
 
 absl::Status BackendChunk::OptimizerStep(const compute::OptimizerSettings& settings,

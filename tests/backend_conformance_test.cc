@@ -1,8 +1,9 @@
 // The conformance suite of the compute backends, in the manner of ggml's
 // test-backend-ops: every case of one table (testing/op_cases.cc) runs on random inputs
 // on every backend this machine has (the plain-loop `host` backend, `cpu`, and `cuda`
-// where a GPU is present) and is held to the plain-loop reference run in double on the
-// same inputs, by one tolerance rule per dtype (testing/backend_testing.h). Then every
+// where a GPU is present), in every dtype the backend computes in (F32 today), and is held
+// to the plain-loop reference run in double on the same inputs, by one tolerance rule per
+// dtype (testing/backend_testing.h). Then every
 // backend must reject the calls of the bad-argument table with InvalidArgument.
 #include <algorithm>
 #include <cctype>
@@ -79,8 +80,16 @@ Backend* GetBackend(Kind kind, bool tf32, std::string* skip) {
   return slot.get();
 }
 
-// The fp32 rule, or the looser TF32 one for cases whose matrix products run in TF32.
-double Fp32Tolerance(const OpCase& c) { return c.tf32 ? kTf32Tolerance : kFp32Tolerance; }
+// The dtypes each backend computes in: the op cases it runs are those of these dtypes.
+std::vector<common::DType> DTypesOf(Kind) { return {common::DType::kF32}; }
+
+// The rule of the case's dtype: fp32's, or the looser TF32 one for cases whose matrix
+// products run in TF32. A dtype without a rule fails the case.
+double Tolerance(const OpCase& c) {
+  if (c.dtype == common::DType::kF32) return c.tf32 ? kTf32Tolerance : kFp32Tolerance;
+  ADD_FAILURE() << "no tolerance for dtype " << common::DTypeName(c.dtype);
+  return 0;
+}
 
 // ---- Host values of a case --------------------------------------------------------------
 
@@ -164,24 +173,27 @@ std::string TestName(Kind kind, const std::string& op, const std::string& varian
 
 struct OpParam {
   Kind kind;
+  common::DType dtype;
   std::string op;
   bool tf32;                   // the rows in TF32 (cuda only), or the others
-  std::vector<size_t> rows;    // into AllOpCases()
+  std::vector<size_t> rows;    // into OpCases(dtype)
 };
 
 std::vector<OpParam> OpParams() {
   std::vector<OpParam> params;
   for (Kind kind : kKinds) {
-    for (bool tf32 : {false, true}) {
-      if (tf32 && kind != Kind::kCuda) continue;  // cuda's option
-      for (size_t i = 0; i < AllOpCases().size(); ++i) {
-        const OpCase& c = AllOpCases()[i];
-        if (c.tf32 != tf32) continue;
-        auto it = std::find_if(params.begin(), params.end(), [&](const OpParam& p) {
-          return p.kind == kind && p.tf32 == tf32 && p.op == c.op;
-        });
-        if (it == params.end()) it = params.insert(params.end(), {kind, c.op, tf32, {}});
-        it->rows.push_back(i);
+    for (common::DType dtype : DTypesOf(kind)) {
+      for (bool tf32 : {false, true}) {
+        if (tf32 && kind != Kind::kCuda) continue;  // cuda's option
+        for (size_t i = 0; i < OpCases(dtype).size(); ++i) {
+          const OpCase& c = OpCases(dtype)[i];
+          if (c.tf32 != tf32) continue;
+          auto it = std::find_if(params.begin(), params.end(), [&](const OpParam& p) {
+            return p.kind == kind && p.dtype == dtype && p.tf32 == tf32 && p.op == c.op;
+          });
+          if (it == params.end()) it = params.insert(params.end(), {kind, dtype, c.op, tf32, {}});
+          it->rows.push_back(i);
+        }
       }
     }
   }
@@ -189,15 +201,23 @@ std::vector<OpParam> OpParams() {
 }
 
 void PrintTo(const OpParam& p, std::ostream* os) {
-  *os << p.op << (p.tf32 ? " in TF32" : "") << " on " << KindName(p.kind) << ", "
-      << p.rows.size() << " rows";
+  *os << p.op << " in " << common::DTypeName(p.dtype) << (p.tf32 ? " (TF32 products)" : "")
+      << " on " << KindName(p.kind) << ", " << p.rows.size() << " rows";
 }
 
-// Row `index` of the table on `be`, against the reference.
-void CheckRow(size_t index, Kind kind, Backend* be) {
-  const OpCase& c = AllOpCases()[index];
+// The test's name: the dtype is left out for F32, as the names were before other dtypes.
+std::string ParamName(const OpParam& p) {
+  std::string variant = p.dtype == common::DType::kF32 ? "" : common::DTypeName(p.dtype);
+  if (p.tf32) absl::StrAppend(&variant, variant.empty() ? "" : " ", "tf32");
+  return TestName(p.kind, p.op, variant);
+}
+
+// Row `index` of the dtype's table on `be`, against the reference.
+void CheckRow(common::DType dtype, size_t index, Kind kind, Backend* be) {
+  const OpCase& c = OpCases(dtype)[index];
   const std::string what =
-      absl::StrCat(c.op, "(", c.shape, c.tf32 ? " tf32" : "", ") on ", KindName(kind));
+      absl::StrCat(c.op, "(", c.shape, c.tf32 ? " tf32" : "", ") in ",
+                   common::DTypeName(c.dtype), " on ", KindName(kind));
   SCOPED_TRACE(what);
 
   // Inputs in float, the derived ones computed from them in double and rounded, so that
@@ -214,11 +234,11 @@ void CheckRow(size_t index, Kind kind, Backend* be) {
 
   compute::HostBackendDouble reference;
   std::unique_ptr<DoubleValues> want = InDouble(values);
-  ASSERT_THAT(c.run.on_double(reference, want->tensors), IsOk()) << "reference";
+  ASSERT_THAT(c.run.on_reference(reference, want->tensors), IsOk()) << "reference";
 
   BackendTensors buffers(be);
   Tensors<float> got = Upload(values, buffers);
-  ASSERT_THAT(c.run.on_float(*be, got), IsOk());
+  ASSERT_THAT(c.run.on_backend(*be, got), IsOk());
 
   std::map<std::string, std::vector<float>> outputs;
   for (const TensorSpec& s : c.tensors) {
@@ -238,7 +258,7 @@ void CheckRow(size_t index, Kind kind, Backend* be) {
     if (c.exact) {
       EXPECT_EQ(out, ToFloat(expected)) << what << ": " << s.name;
     } else {
-      EXPECT_TRUE(IsClose(out, expected, Fp32Tolerance(c), kind != Kind::kCuda))
+      EXPECT_TRUE(IsClose(out, expected, Tolerance(c), kind != Kind::kCuda))
           << what << ": " << s.name;
     }
     outputs[s.name] = std::move(out);
@@ -255,13 +275,12 @@ TEST_P(BackendConformanceTest, MatchesReference) {
   Backend* be = GetBackend(GetParam().kind, GetParam().tf32, &skip);
   if (be == nullptr && !skip.empty()) GTEST_SKIP() << skip;
   ASSERT_NE(be, nullptr);
-  for (size_t row : GetParam().rows) CheckRow(row, GetParam().kind, be);
+  for (size_t row : GetParam().rows) CheckRow(GetParam().dtype, row, GetParam().kind, be);
 }
 
 INSTANTIATE_TEST_SUITE_P(Ops, BackendConformanceTest, ::testing::ValuesIn(OpParams()),
                          [](const ::testing::TestParamInfo<OpParam>& info) {
-                           return TestName(info.param.kind, info.param.op,
-                                           info.param.tf32 ? "tf32" : "");
+                           return ParamName(info.param);
                          });
 
 // ---- Bad arguments on every backend -----------------------------------------------------

@@ -506,6 +506,32 @@ TEST(CheckpointTest, IndexMapsEveryTensorToItsShard) {
   EXPECT_THAT(WriteCheckpointIndex(index_path, {}), StatusIs(kInvalid, HasSubstr("no shard")));
 }
 
+// One rule for every index (ours and Hugging Face's): each file it names is a file of
+// its folder, read back once each, in name order; an entry that climbs out of the folder,
+// names a subfolder or is no file name is refused naming the index and the entry.
+TEST(CheckpointTest, IndexShardFilesAreFilesOfTheIndexsFolder) {
+  TempDir dir;
+  const std::string index = dir.File(kCheckpointIndexFileName);
+  testing::WriteFileOrDie(index, R"({"weight_map": {"a": "y.safetensors", "b": "x.safetensors",
+                                                    "c": "y.safetensors"}})");
+  EXPECT_THAT(IndexShardFiles(dir.path()),
+              testing::IsOkAndHolds(
+                  ElementsAre(dir.File("x.safetensors"), dir.File("y.safetensors"))));
+  for (const std::string entry : {R"("../outside.safetensors")", R"("/etc/passwd")",
+                                  R"("sub/../../x")", R"("sub/x.safetensors")", R"(".")",
+                                  R"("..")", R"("")", "3", "null"}) {
+    testing::WriteFileOrDie(index, R"({"weight_map": {"wte": )" + entry + "}}");
+    EXPECT_THAT(IndexShardFiles(dir.path()),
+                StatusIs(kInvalid, AllOf(HasSubstr(index + ": weight_map['wte'] is "),
+                                         HasSubstr("not the name of a file in " + dir.path()))))
+        << entry;
+  }
+  testing::WriteFileOrDie(index, R"({"weight_map": {}})");
+  EXPECT_THAT(IndexShardFiles(dir.path()), StatusIs(kInvalid, HasSubstr("names no files")));
+  testing::WriteFileOrDie(index, R"({"metadata": {}})");
+  EXPECT_THAT(IndexShardFiles(dir.path()), StatusIs(kInvalid, HasSubstr("no weight_map")));
+}
+
 // The PyTorch fixture's weights are a valid checkpoint of its config, tensor for tensor.
 TEST(CheckpointTest, LoadsThePyTorchFixture) {
   const std::string dir = PIPETRAIN_TESTDATA_DIR "/gpt_tiny/";

@@ -1,7 +1,9 @@
 #include "common/model/gpt_config.h"
 
 #include <limits>
+#include <optional>
 
+#include "common/model/gpt2_family.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -55,6 +57,16 @@ TEST(GptConfigTest, SizesThatOverflowNameTheirField) {
                                           HasSubstr("training state bytes")));
 }
 
+// A config names its family; one that names none there is is refused by name.
+TEST(GptConfigTest, AConfigOfAnUnknownFamilyIsRefused) {
+  EXPECT_EQ(Tiny().family, "gpt2");
+  GptConfig c = Tiny();
+  c.family = "llama";
+  EXPECT_THAT(ValidateConfig(c),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("model.family 'llama' is not a model family (accepted: gpt2)")));
+}
+
 TEST(GptConfigTest, LayersAndNames) {
   const GptConfig c = Tiny();
   EXPECT_EQ(c.num_pipeline_layers(), 5);
@@ -89,6 +101,16 @@ TEST(GptConfigTest, CheckpointParamsLeaveOutATiedCopyWhoseOriginalIsThere) {
   EXPECT_TRUE(has_head(CheckpointParams(c, 1, 5)));
   c.tie_embeddings = false;
   EXPECT_TRUE(has_head(CheckpointParams(c, 0, 5)));
+}
+
+TEST(GptConfigTest, TiedParamsNameTheEmbeddingAndTheHeadsCopy) {
+  GptConfig c = Tiny();
+  EXPECT_FALSE(TiedParamsOf(c).has_value());
+  c.tie_embeddings = true;
+  const std::optional<TiedParams> tied = TiedParamsOf(c);
+  ASSERT_TRUE(tied.has_value());
+  EXPECT_EQ(tied->embedding, kTokenEmbeddingName);
+  EXPECT_EQ(tied->head, kOutputHeadName);
 }
 
 TEST(GptConfigTest, ParameterCountsMatchGpt2Formulas) {
@@ -142,6 +164,24 @@ TEST(GptConfigTest, ChunkMemoryFollowsTheModelChunk) {
                    CostOfLayer(c, 1).activation_bytes + CostOfLayer(c, 2).activation_bytes);
   ChunkMemory tail = ChunkActivationBytes(c, 3, 5, true);
   EXPECT_DOUBLE_EQ(tail.stored, C * 4 + 4);
+}
+
+// Activation bytes come from the dtype table: activations of a 2-byte dtype take half
+// the bytes, token ids (the embedding's input, the head's targets) stay 4-byte I32.
+TEST(GptConfigTest, ActivationBytesFollowTheActivationDType) {
+  const GptConfig c = Tiny();
+  const double C = 32, V = 256;
+  for (int l = 1; l <= c.n_layers; ++l) {
+    const LayerCost f32 = CostOfLayer(c, l), bf16 = CostOfLayer(c, l, common::DType::kBF16);
+    EXPECT_DOUBLE_EQ(bf16.activation_bytes, f32.activation_bytes / 2);
+    EXPECT_DOUBLE_EQ(bf16.output_bytes, f32.output_bytes / 2);
+    EXPECT_DOUBLE_EQ(bf16.weight_grad_bytes, f32.weight_grad_bytes / 2);
+    EXPECT_EQ(bf16.forward_flops, f32.forward_flops);
+  }
+  EXPECT_DOUBLE_EQ(CostOfLayer(c, 0, common::DType::kBF16).activation_bytes, 4);
+  EXPECT_DOUBLE_EQ(CostOfLayer(c, 4, common::DType::kBF16).activation_bytes,
+                   (2 * C + 2 + V) * 2 + 4);
+  EXPECT_DOUBLE_EQ(ChunkActivationBytes(c, 3, 5, true, common::DType::kBF16).stored, C * 2 + 4);
 }
 
 }  // namespace

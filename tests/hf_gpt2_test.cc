@@ -1,4 +1,5 @@
-// Hugging Face GPT-2 folders in and out (common/model/hf_gpt2.h, `pipetrain export-hf`),
+// Hugging Face GPT-2 folders in and out (common/model/hf_folder.h with the GPT-2 family's
+// hf_gpt2.h, `pipetrain export-hf`),
 // against testdata/hf_gpt2/, which make_hf_fixture.py wrote with an independent float64
 // PyTorch GPT-2: the folders read as the right config and tensors, `pipetrain eval` gives
 // PyTorch's loss and the model its logits, every bad folder is refused naming the file and
@@ -21,6 +22,8 @@
 #include "client/cli.h"
 #include "common/model/checkpoint.h"
 #include "common/model/checkpoint_folder.h"
+#include "common/model/gpt2_family.h"
+#include "common/model/hf_folder.h"
 #include "common/safetensors.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -137,7 +140,7 @@ void ExpectTheFixtureTensors(const Checkpoint& c, const std::string& variant) {
 }
 
 TEST(HfGpt2ReadTest, TiedFolderWithoutPrefixAndWithBuffersReadsAsGpt2) {
-  auto c = LoadHfGpt2Folder(Folder("tied"));
+  auto c = LoadHfFolder(Folder("tied"));
   ASSERT_THAT(c.status(), IsOk());
   EXPECT_EQ(c->config, ExpectedConfig("tied"));
   EXPECT_TRUE(c->config.tie_embeddings);  // config.json has no tie_word_embeddings
@@ -149,7 +152,7 @@ TEST(HfGpt2ReadTest, TiedFolderWithoutPrefixAndWithBuffersReadsAsGpt2) {
 }
 
 TEST(HfGpt2ReadTest, ShardedUntiedHalfPrecisionFolderWidensExactly) {
-  auto c = LoadHfGpt2Folder(Folder("untied"));
+  auto c = LoadHfFolder(Folder("untied"));
   ASSERT_THAT(c.status(), IsOk());
   EXPECT_EQ(c->config, ExpectedConfig("untied"));
   EXPECT_FALSE(c->config.tie_embeddings);
@@ -163,7 +166,7 @@ TEST(HfGpt2ReadTest, LoadWholeCheckpointRecognisesHfFolders) {
     EXPECT_TRUE(IsHfFolder(Folder(variant))) << variant;
     auto whole = LoadWholeCheckpoint(Folder(variant), "init_from");
     ASSERT_THAT(whole.status(), IsOk()) << variant;
-    auto direct = LoadHfGpt2Folder(Folder(variant));
+    auto direct = LoadHfFolder(Folder(variant));
     ASSERT_THAT(direct.status(), IsOk());
     EXPECT_EQ(whole->config, direct->config);
     EXPECT_TRUE(Identical(whole->params, direct->params)) << variant;
@@ -174,7 +177,7 @@ TEST(HfGpt2ReadTest, LoadWholeCheckpointRecognisesHfFolders) {
 // index names pipetrain checkpoints, which keep the optimizer state.
 TEST(HfGpt2ReadTest, PipetrainFolderWithAConfigJsonStaysPipetrain) {
   TempDir dir;
-  auto hf = LoadHfGpt2Folder(Folder("tied"));
+  auto hf = LoadHfFolder(Folder("tied"));
   ASSERT_THAT(hf.status(), IsOk());
   Checkpoint whole = std::move(*hf);
   whole.optimizer.emplace().step = 3;
@@ -226,7 +229,7 @@ TEST(HfGpt2EvalTest, EvalOfTheFolderGivesPyTorchsLoss) {
 // more): compare logit[t][v] - logit[t][y] with PyTorch's.
 TEST(HfGpt2EvalTest, LogitsMatchPyTorchsUpToEachPositionsConstant) {
   for (const std::string variant : {"tied", "untied"}) {
-    auto ckpt = LoadHfGpt2Folder(Folder(variant));
+    auto ckpt = LoadHfFolder(Folder(variant));
     ASSERT_THAT(ckpt.status(), IsOk());
     const GptConfig& config = ckpt->config;
     const int T = config.seq_len, V = config.vocab_size;
@@ -440,12 +443,12 @@ TEST(HfGpt2ReadTest, ShardedFolderErrorsNameTheIndexOrTheShard) {
   EditTensors(shard, [](std::vector<common::NamedTensor>& t) {
     std::erase_if(t, [](const common::NamedTensor& n) { return n.name == "lm_head.weight"; });
   });
-  EXPECT_THAT(LoadHfGpt2Folder(folder).status(),
+  EXPECT_THAT(LoadHfFolder(folder).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        AllOf(HasSubstr(folder + "/model.safetensors.index.json"),
                              HasSubstr("missing 1 tensor(s): lm_head.weight"))));
   fs::remove(shard);
-  EXPECT_THAT(LoadHfGpt2Folder(folder).status(),
+  EXPECT_THAT(LoadHfFolder(folder).status(),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr(shard)));
 }
 
@@ -454,9 +457,9 @@ TEST(HfGpt2ReadTest, AnIndexEntryOutsideTheFolderIsRefused) {
   const std::string folder = CopyOf("untied", dir);
   const std::string index = folder + "/model.safetensors.index.json";
   WriteFileOrDie(index, R"({"weight_map": {"lm_head.weight": "../untied/x.safetensors"}})");
-  EXPECT_THAT(LoadHfGpt2Folder(folder).status(),
+  EXPECT_THAT(LoadHfFolder(folder).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       AllOf(HasSubstr(index), HasSubstr("not a file name in the folder"))));
+                       AllOf(HasSubstr(index), HasSubstr("not the name of a file in " + folder))));
 }
 
 TEST(HfGpt2ReadTest, ATiedHeadEqualToWteIsDropped) {
@@ -465,7 +468,7 @@ TEST(HfGpt2ReadTest, ATiedHeadEqualToWteIsDropped) {
   EditTensors(folder + "/model.safetensors", [](std::vector<common::NamedTensor>& t) {
     t.push_back({"lm_head.weight", Named(t, "wte.weight").Clone()});
   });
-  auto c = LoadHfGpt2Folder(folder);
+  auto c = LoadHfFolder(folder);
   ASSERT_THAT(c.status(), IsOk());
   EXPECT_TRUE(c->config.tie_embeddings);
   EXPECT_EQ(c->params.count(kOutputHeadName), 0u);
@@ -486,7 +489,7 @@ TEST(HfGpt2EvalTest, EvalOfABadFolderExitsTwoNamingIt) {
 // ---- the seq_len rule -------------------------------------------------------------------
 
 TEST(FitCheckpointToModelTest, AShorterJobTakesTheFirstRowsOfWpeAndNothingElseMayDiffer) {
-  auto hf = LoadHfGpt2Folder(Folder("tied"));
+  auto hf = LoadHfFolder(Folder("tied"));
   ASSERT_THAT(hf.status(), IsOk());
   GptConfig job = hf->config;
   job.seq_len = 8;
@@ -501,7 +504,7 @@ TEST(FitCheckpointToModelTest, AShorterJobTakesTheFirstRowsOfWpeAndNothingElseMa
 
   const GptConfig file = ExpectedConfig("tied");
   auto refused = [&](auto change, const std::string& message) {
-    auto again = LoadHfGpt2Folder(Folder("tied"));
+    auto again = LoadHfFolder(Folder("tied"));
     ASSERT_THAT(again.status(), IsOk());
     GptConfig want = file;
     change(want);
@@ -557,7 +560,7 @@ TEST(ExportHfTest, HfFoldersRoundTripIdentically) {
     ASSERT_EQ(r.code, client::kExitOk) << variant << ": " << r.err;
     EXPECT_THAT(r.out, HasSubstr("wrote " + out));
     ExpectAGpt2LmHeadModelFolder(out, ExpectedConfig(variant));
-    auto original = LoadHfGpt2Folder(Folder(variant));
+    auto original = LoadHfFolder(Folder(variant));
     auto back = LoadWholeCheckpoint(out, "CHECKPOINT");
     ASSERT_THAT(original.status(), IsOk());
     ASSERT_THAT(back.status(), IsOk());
@@ -573,7 +576,7 @@ TEST(ExportHfTest, HfFoldersRoundTripIdentically) {
 TEST(ExportHfTest, PipetrainCheckpointsExportWithoutOptimizerState) {
   TempDir dir;
   for (bool tied : {true, false}) {
-    auto hf = LoadHfGpt2Folder(Folder(tied ? "tied" : "untied"));
+    auto hf = LoadHfFolder(Folder(tied ? "tied" : "untied"));
     ASSERT_THAT(hf.status(), IsOk());
     Checkpoint whole = std::move(*hf);
     whole.optimizer.emplace().step = 5;
@@ -602,7 +605,7 @@ TEST(ExportHfTest, PipetrainCheckpointsExportWithoutOptimizerState) {
       ASSERT_EQ(r.code, client::kExitOk) << input << ": " << r.err;
       EXPECT_THAT(r.out, HasSubstr("the optimizer state is left out"));
       ExpectAGpt2LmHeadModelFolder(out, whole.config);
-      auto back = LoadHfGpt2Folder(out);
+      auto back = LoadHfFolder(out);
       ASSERT_THAT(back.status(), IsOk());
       EXPECT_FALSE(back->optimizer.has_value());
       EXPECT_TRUE(Identical(back->params, whole.params)) << input;
@@ -620,7 +623,7 @@ TEST(ExportHfTest, UsageAndBadInputExitTwoAndWriteFailuresOne) {
   const std::string nope = dir.File("nope");
   const std::string garbage = dir.File("garbage.safetensors");
   WriteFileOrDie(garbage, "hello");
-  auto hf = LoadHfGpt2Folder(Folder("tied"));
+  auto hf = LoadHfFolder(Folder("tied"));
   ASSERT_THAT(hf.status(), IsOk());
   auto stage = SliceCheckpoint(*hf, 0, 2);
   ASSERT_THAT(stage.status(), IsOk());

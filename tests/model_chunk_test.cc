@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/model/gpt2_family.h"
 #include "common/model/init.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"

@@ -8,6 +8,7 @@
 #include <tuple>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -15,6 +16,7 @@
 #include "common/atomic_file.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
+#include "common/user_path.h"
 #include "nlohmann/json.hpp"
 
 namespace pipetrain::model {
@@ -334,6 +336,11 @@ absl::Status ConfigsMatch(const GptConfig& file, const GptConfig& want, absl::st
         source, ": model.tie_embeddings is ", file.tie_embeddings ? "true" : "false",
         " in the checkpoint but ", want.tie_embeddings ? "true" : "false", " is expected"));
   }
+  if (file.family != want.family) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": model.family is ", file.family,
+                                                   " in the checkpoint but ", want.family,
+                                                   " is expected"));
+  }
   return absl::OkStatus();
 }
 
@@ -472,6 +479,35 @@ absl::Status WriteCheckpointIndex(const std::string& index_path,
   nlohmann::json index = {{"metadata", {{"total_size", total_size}}},
                           {"weight_map", std::move(weight_map)}};
   return common::WriteFileAtomically(index_path, index.dump(2) + "\n");
+}
+
+absl::StatusOr<std::vector<std::string>> IndexShardFiles(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const std::string index = (fs::path(dir) / kCheckpointIndexFileName).string();
+  auto bad = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat(index, ": ", what));
+  };
+  ASSIGN_OR_RETURN(const std::string text,
+                   common::ReadRegularFile(index, common::kMaxJsonFileBytes, "checkpoint index"));
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") ||
+      !j["weight_map"].is_object()) {
+    return bad("is not a Hugging Face index (no weight_map object)");
+  }
+  std::set<std::string> files;
+  for (const auto& [name, file] : j["weight_map"].items()) {
+    const std::string f = file.is_string() ? file.get<std::string>() : "";
+    if (f.empty() || f == "." || f == ".." || absl::StrContains(f, '/')) {
+      return bad(absl::StrCat("weight_map['", name, "'] is ",
+                              file.is_string() ? absl::StrCat("'", f, "'") : file.dump(),
+                              ", not the name of a file in ", dir));
+    }
+    files.insert(f);
+  }
+  if (files.empty()) return bad("weight_map names no files");
+  std::vector<std::string> paths;
+  for (const std::string& f : files) paths.push_back((fs::path(dir) / f).string());
+  return paths;
 }
 
 }  // namespace pipetrain::model

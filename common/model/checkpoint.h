@@ -1,6 +1,7 @@
-// Checkpoints of a GPT model, whole or the pipeline-layer range [begin, end) that one
-// stage holds, as safetensors files with the Hugging Face GPT-2 names and layouts of
-// gpt_config.h, so that per-stage files merge by concatenation and others can read them.
+// Checkpoints of a model, whole or the pipeline-layer range [begin, end) that one stage
+// holds, as safetensors files with the Hugging Face names and layouts of its family
+// (model_family.h), so that per-stage files merge by concatenation and others can read
+// them.
 //
 // File layout. Tensors: the parameters of the range, named and shaped as RangeParams
 // gives them, all F32, in that order. With optimizer state, then the AdamW first
@@ -118,5 +119,13 @@ absl::StatusOr<Checkpoint> MergeCheckpoints(std::vector<Checkpoint> parts);
 // must be valid checkpoints of one config with disjoint tensor names. Atomic.
 absl::Status WriteCheckpointIndex(const std::string& index_path,
                                   const std::vector<std::string>& shard_paths);
+
+// The shard files the index of folder `dir` (DIR/model.safetensors.index.json, ours or
+// Hugging Face's) names in its weight_map, each once, in name order, as paths in `dir`.
+// An entry must be the name of a file of the folder itself: one that climbs out of it
+// (../x, /etc/x, sub/../../x) would let a job read outside the folder it was allowed to
+// name, so no entry may hold a '/' or be "." or "..". Errors (InvalidArgument) start
+// with the index's path and name the entry.
+absl::StatusOr<std::vector<std::string>> IndexShardFiles(const std::string& dir);
 
 }  // namespace pipetrain::model

@@ -9,7 +9,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <set>
 #include <sstream>
 
 #include "absl/status/status.h"
@@ -18,10 +17,10 @@
 #include "absl/strings/strip.h"
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
-#include "common/model/hf_gpt2.h"
+#include "common/error_context.h"
+#include "common/model/hf_folder.h"
 #include "common/status_macros.h"
 #include "common/user_path.h"
-#include "nlohmann/json.hpp"
 
 namespace pipetrain::model {
 
@@ -39,6 +38,11 @@ constexpr absl::string_view kTemporaryInfix = ".tmp-";
 
 absl::Status FolderError(int error, const std::string& dir, absl::string_view what) {
   return absl::ErrnoToStatus(error, absl::StrCat("checkpoint folder ", dir, ": ", what));
+}
+
+// What an error about file `name` of the folder being written says first.
+common::ErrorContext InFolder(const std::string& dir, absl::string_view name) {
+  return common::ErrorContext(absl::StrCat("checkpoint folder ", dir, ": ", name));
 }
 
 // Creates an empty "TARGET.tmp-XXXXXX" next to `target` (same parent, so renames stay
@@ -71,20 +75,12 @@ absl::Status FillFolder(const std::string& dir, const std::string& folder,
   for (const ChunkFile& s : files) {
     const std::string name = ChunkFileName(s.stage, s.chunk, num_chunks);
     const std::string path = (fs::path(folder) / name).string();
-    if (absl::Status written = common::WriteFileAtomically(path, s.bytes); !written.ok()) {
-      return absl::Status(written.code(), absl::StrCat("checkpoint folder ", dir, ": ", name,
-                                                       ": ", written.message()));
-    }
+    RETURN_IF_ERROR(InFolder(dir, name).Wrap(common::WriteFileAtomically(path, s.bytes)));
     paths.push_back(path);
   }
-  absl::Status index = model::WriteCheckpointIndex(
-      (fs::path(folder) / model::kCheckpointIndexFileName).string(), paths);
-  if (!index.ok()) {
-    return absl::Status(index.code(), absl::StrCat("checkpoint folder ", dir, ": ",
-                                                   model::kCheckpointIndexFileName, ": ",
-                                                   index.message()));
-  }
-  return absl::OkStatus();
+  return InFolder(dir, model::kCheckpointIndexFileName)
+      .Wrap(model::WriteCheckpointIndex(
+          (fs::path(folder) / model::kCheckpointIndexFileName).string(), paths));
 }
 
 // Puts the finished `folder` in place of `target`, an older `target` renamed away
@@ -112,6 +108,21 @@ absl::Status ReplaceFolder(const std::string& dir, const std::string& folder,
   // The new folder is in place whatever the fsync said; the older one goes either way.
   if (!old.empty()) fs::remove_all(old, ec);
   return synced;
+}
+
+// The first `rows` rows of tensor `name` of `map`, in place of the whole; a tensor
+// that is not there is left for the config check after it to name.
+absl::Status KeepFirstRows(ParamMap& map, const std::string& name, int64_t rows) {
+  auto it = map.find(name);
+  if (it == map.end()) return absl::OkStatus();
+  const common::Tensor& all = it->second;
+  std::vector<int64_t> shape = all.shape();
+  if (shape.empty() || shape[0] < rows) return absl::OkStatus();
+  shape[0] = rows;
+  ASSIGN_OR_RETURN(common::Tensor first, common::Tensor::Create(all.dtype(), std::move(shape)));
+  std::memcpy(first.bytes().data(), all.bytes().data(), first.num_bytes());
+  it->second = std::move(first);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -175,7 +186,7 @@ absl::StatusOr<model::Checkpoint> LoadWholeCheckpoint(const std::string& path,
     return one;
   }
   if (IsHfFolder(path)) {
-    absl::StatusOr<model::Checkpoint> hf = LoadHfGpt2Folder(path);
+    absl::StatusOr<model::Checkpoint> hf = LoadHfFolder(path);
     if (!hf.ok()) return bad(std::string(hf.status().message()));
     return hf;
   }
@@ -188,31 +199,11 @@ absl::StatusOr<model::Checkpoint> LoadWholeCheckpoint(const std::string& path,
                             "written last, so a folder without one is incomplete), a Hugging "
                             "Face GPT-2 folder or one .safetensors file"));
   }
-  absl::StatusOr<std::string> text =
-      common::ReadRegularFile(index.string(), common::kMaxJsonFileBytes, "checkpoint index");
-  if (!text.ok()) return bad(std::string(text.status().message()));
-  const nlohmann::json j = nlohmann::json::parse(*text, nullptr, false);
-  if (j.is_discarded() || !j.is_object() || !j.contains("weight_map") ||
-      !j["weight_map"].is_object()) {
-    return bad(absl::StrCat(index.string(), " is not a Hugging Face index (no weight_map)"));
-  }
-  std::set<std::string> files;
-  for (const auto& [name, file] : j["weight_map"].items()) {
-    if (!file.is_string())
-      return bad(absl::StrCat(index.string(), ": weight_map['", name, "'] is not a string"));
-    // A file of the folder itself: a name that climbs out of it (../x, /etc/x) would
-    // read outside the folder the job was allowed to name.
-    const std::string name_of_file = file.get<std::string>();
-    if (name_of_file.empty() || absl::StrContains(name_of_file, '/') || name_of_file == "." ||
-        name_of_file == "..") {
-      return bad(absl::StrCat(index.string(), ": weight_map['", name, "'] is '", name_of_file,
-                              "', not the name of a file in ", path));
-    }
-    files.insert(name_of_file);
-  }
+  absl::StatusOr<std::vector<std::string>> files = model::IndexShardFiles(path);
+  if (!files.ok()) return bad(std::string(files.status().message()));
   std::vector<model::Checkpoint> parts;
-  for (const std::string& f : files) {
-    absl::StatusOr<model::Checkpoint> part = model::LoadCheckpoint((fs::path(path) / f).string());
+  for (const std::string& f : *files) {
+    absl::StatusOr<model::Checkpoint> part = model::LoadCheckpoint(f);
     if (!part.ok()) return bad(std::string(part.status().message()));
     parts.push_back(*std::move(part));
   }
@@ -236,21 +227,15 @@ absl::StatusOr<Checkpoint> FitCheckpointToModel(Checkpoint whole, const GptConfi
   }
   if (model.seq_len < file.seq_len) {
     // Positions are absolute and causal: position t never sees a later one, so the
-    // first seq_len rows of wpe are the whole model for sequences of seq_len.
-    auto cut = [&](ParamMap& map) -> absl::Status {
-      auto it = map.find(kPositionEmbeddingName);
-      if (it == map.end()) return absl::OkStatus();  // ConfigsMatch below names the problem
-      const common::Tensor& wpe = it->second;
-      ASSIGN_OR_RETURN(common::Tensor rows,
-                       common::Tensor::Create(wpe.dtype(), {model.seq_len, wpe.shape()[1]}));
-      std::memcpy(rows.bytes().data(), wpe.bytes().data(), rows.num_bytes());
-      it->second = std::move(rows);
-      return absl::OkStatus();
-    };
-    RETURN_IF_ERROR(cut(whole.params));
-    if (whole.optimizer) {
-      RETURN_IF_ERROR(cut(whole.optimizer->m));
-      RETURN_IF_ERROR(cut(whole.optimizer->v));
+    // first seq_len rows of a position table are the whole model for sequences of
+    // seq_len.
+    for (const ParamSpec& p : CheckpointParams(file, 0, file.num_pipeline_layers())) {
+      if (!p.per_position) continue;
+      RETURN_IF_ERROR(KeepFirstRows(whole.params, p.name, model.seq_len));
+      if (whole.optimizer) {
+        RETURN_IF_ERROR(KeepFirstRows(whole.optimizer->m, p.name, model.seq_len));
+        RETURN_IF_ERROR(KeepFirstRows(whole.optimizer->v, p.name, model.seq_len));
+      }
     }
     whole.config.seq_len = model.seq_len;
   }

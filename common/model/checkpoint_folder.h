@@ -43,8 +43,8 @@ bool IsTemporaryCheckpointFolder(absl::string_view name);
 std::optional<int64_t> CheckpointFolderStep(absl::string_view dir);
 
 // A whole-model checkpoint from a folder with model.safetensors.index.json (every
-// file it names, merged), from a Hugging Face GPT-2 folder (hf_gpt2.h: IsHfFolder,
-// LoadHfGpt2Folder) or from one safetensors file. Errors name `field` (the spec field or
+// file it names, merged), from a Hugging Face folder (hf_folder.h: IsHfFolder,
+// LoadHfFolder) or from one safetensors file. Errors name `field` (the spec field or
 // flag the path came from) and the file.
 absl::StatusOr<model::Checkpoint> LoadWholeCheckpoint(const std::string& path,
                                                       const std::string& field);
@@ -58,8 +58,9 @@ absl::StatusOr<model::Checkpoint> LoadWholeModel(const std::string& path, const 
 // A whole-model checkpoint made fit to start a job whose model is `model`. Every model.*
 // field must match (the error starts with `source` and names the field, with both
 // values) except seq_len, which may be smaller than the checkpoint's: the job takes the
-// first model.seq_len rows of transformer.wpe.weight (and of its AdamW moments), as a
-// GPT-2 with n_positions 1024 trained on shorter sequences would.
+// first model.seq_len rows of each position table (ParamSpec::per_position: GPT-2's
+// transformer.wpe.weight) and of its AdamW moments, as a GPT-2 with n_positions 1024
+// trained on shorter sequences would.
 absl::StatusOr<Checkpoint> FitCheckpointToModel(Checkpoint whole, const GptConfig& model,
                                                 absl::string_view source);
 

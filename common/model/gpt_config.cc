@@ -1,47 +1,20 @@
 #include "common/model/gpt_config.h"
 
-#include <limits>
 #include <set>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "common/checked_math.h"
-#include "common/status_macros.h"
+#include "common/model/model_family.h"
 
 namespace pipetrain::model {
 namespace {
 
 // Past this many blocks, n_layers + 2 pipeline layers and the per-layer loops of every
-// module would run close to int's range; no GPT has more than a few hundred.
+// module would run close to int's range; no model has more than a few hundred.
 constexpr int kMaxLayers = 1 << 20;
 
-// The whole model's parameter count and its training state (f32 weight, gradient and
-// AdamW's m and v: 16 bytes a parameter) in checked 64-bit arithmetic, so a shape whose
-// count or bytes do not fit is refused here, naming the field, instead of wrapping in a
-// planner estimate or an allocation size later.
-absl::Status CheckModelSize(const GptConfig& c) {
-  const int64_t C = c.d_model, V = c.vocab_size, T = c.seq_len, L = c.n_layers;
-  ASSIGN_OR_RETURN(int64_t wte, common::CheckedMul(V, C, "model.vocab_size x model.d_model"));
-  ASSIGN_OR_RETURN(int64_t wpe, common::CheckedMul(T, C, "model.seq_len x model.d_model"));
-  // A block: 12 C^2 + 13 C parameters (attention 4 C^2 + 4 C, MLP 8 C^2 + 5 C, two
-  // LayerNorms 4 C).
-  ASSIGN_OR_RETURN(int64_t c2, common::CheckedMul(C, C, "model.d_model x model.d_model"));
-  ASSIGN_OR_RETURN(int64_t c2x12, common::CheckedMul(c2, 12, "model.d_model (12 d_model^2)"));
-  ASSIGN_OR_RETURN(int64_t block, common::CheckedAdd(c2x12, 13 * C, "model.d_model"));
-  ASSIGN_OR_RETURN(int64_t blocks,
-                   common::CheckedMul(block, L, "model.n_layers x block parameters"));
-  ASSIGN_OR_RETURN(int64_t total, common::CheckedAdd(blocks, wte, "model.vocab_size"));
-  ASSIGN_OR_RETURN(total, common::CheckedAdd(total, wpe, "model.seq_len"));
-  // The head: ln_f (2 C) and lm_head (V x C, a copy when tied).
-  ASSIGN_OR_RETURN(total, common::CheckedAdd(total, wte, "model.vocab_size"));
-  ASSIGN_OR_RETURN(total, common::CheckedAdd(total, 2 * C, "model.d_model"));
-  return common::CheckedMul(total, 16, "model: training state bytes (16 per parameter)")
-      .status();
-}
-
-}  // namespace
-
-absl::Status ValidateConfig(const GptConfig& c) {
+// What every family's config must hold before its family looks at it.
+absl::Status ValidateCommonFields(const GptConfig& c) {
   auto positive = [](int v, const char* field) -> absl::Status {
     if (v > 0) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat("model.", field, " must be > 0 (got ", v, ")"));
@@ -53,21 +26,25 @@ absl::Status ValidateConfig(const GptConfig& c) {
                       {c.n_layers, "n_layers"}}) {
     if (absl::Status s = positive(v, f); !s.ok()) return s;
   }
-  if (c.d_model % c.n_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.n_heads (", c.n_heads, ") must divide model.d_model (", c.d_model, ")"));
+  if (FindFamily(c.family) == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("model.family '", c.family,
+                                                   "' is not a model family (accepted: ",
+                                                   FamilyNames(), ")"));
   }
   if (c.n_layers > kMaxLayers) {
     return absl::InvalidArgumentError(
         absl::StrCat("model.n_layers must be <= ", kMaxLayers, " (got ", c.n_layers, ")"));
   }
-  // mlp_dim() is 4 x d_model in int, and the attention scores per token H x T.
-  if (c.d_model > std::numeric_limits<int>::max() / 4) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model.d_model must be <= ", std::numeric_limits<int>::max() / 4, " (got ", c.d_model,
-        "): the MLP's 4 x d_model would overflow"));
-  }
-  return CheckModelSize(c);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int GptConfig::mlp_dim() const { return FamilyOf(*this).MlpDim(*this); }
+
+absl::Status ValidateConfig(const GptConfig& c) {
+  if (absl::Status s = ValidateCommonFields(c); !s.ok()) return s;
+  return FamilyOf(c).Validate(c);
 }
 
 absl::StatusOr<GptConfig> ConfigFromProto(const pipetrain::v1::ModelConfig& p) {
@@ -113,31 +90,7 @@ int64_t ParamSpec::num_elements() const {
 }
 
 std::vector<ParamSpec> LayerParams(const GptConfig& c, int layer) {
-  const int64_t C = c.d_model, V = c.vocab_size, T = c.seq_len, F = c.mlp_dim();
-  switch (KindOfLayer(c, layer)) {
-    case LayerKind::kEmbedding:
-      return {{kTokenEmbeddingName, {V, C}, true}, {kPositionEmbeddingName, {T, C}, true}};
-    case LayerKind::kHead:
-      return {{"transformer.ln_f.weight", {C}, false},
-              {"transformer.ln_f.bias", {C}, false},
-              {kOutputHeadName, {V, C}, true, c.tie_embeddings ? kTokenEmbeddingName : ""}};
-    case LayerKind::kBlock: {
-      const std::string p = absl::StrCat("transformer.h.", layer - 1, ".");
-      return {{p + "ln_1.weight", {C}, false},
-              {p + "ln_1.bias", {C}, false},
-              {p + "attn.c_attn.weight", {C, 3 * C}, true},
-              {p + "attn.c_attn.bias", {3 * C}, false},
-              {p + "attn.c_proj.weight", {C, C}, true},
-              {p + "attn.c_proj.bias", {C}, false},
-              {p + "ln_2.weight", {C}, false},
-              {p + "ln_2.bias", {C}, false},
-              {p + "mlp.c_fc.weight", {C, F}, true},
-              {p + "mlp.c_fc.bias", {F}, false},
-              {p + "mlp.c_proj.weight", {F, C}, true},
-              {p + "mlp.c_proj.bias", {C}, false}};
-    }
-  }
-  return {};
+  return FamilyOf(c).LayerParams(c, layer);
 }
 
 std::vector<ParamSpec> RangeParams(const GptConfig& c, int begin, int end) {
@@ -160,74 +113,28 @@ std::vector<ParamSpec> CheckpointParams(const GptConfig& c, int begin, int end) 
   return out;
 }
 
+std::optional<TiedParams> TiedParamsOf(const GptConfig& c) {
+  if (!c.tie_embeddings) return std::nullopt;
+  for (ParamSpec& p : LayerParams(c, c.num_pipeline_layers() - 1)) {
+    if (!p.tied_to.empty()) return TiedParams{std::move(p.tied_to), std::move(p.name)};
+  }
+  return std::nullopt;
+}
+
 int64_t ParamsOfLayer(const GptConfig& c, int layer) {
-  // LayerParams' tensors counted without building them (no names): a check of a model
-  // of a million layers costs arithmetic, not a million lists of strings (found by
-  // tests/fuzz/configure_fuzz: a Configure that took over 10 s to refuse).
-  const int64_t C = c.d_model, V = c.vocab_size, T = c.seq_len, F = c.mlp_dim();
-  switch (KindOfLayer(c, layer)) {
-    case LayerKind::kEmbedding:
-      return V * C + T * C;
-    case LayerKind::kHead:
-      return 2 * C + V * C;
-    case LayerKind::kBlock:
-      // ln_1 2C, c_attn 3C^2 + 3C, c_proj C^2 + C, ln_2 2C, c_fc CF + F, c_proj FC + C.
-      return 4 * C * C + 2 * C * F + 9 * C + F;
-  }
-  return 0;
+  return FamilyOf(c).ParamsOfLayer(c, layer);
 }
 
-LayerCost CostOfLayer(const GptConfig& c, int layer) {
-  const double C = c.d_model, V = c.vocab_size, T = c.seq_len, H = c.n_heads;
-  constexpr double kF = 4;  // bytes per float
-  LayerCost cost;
-  cost.params = ParamsOfLayer(c, layer);
-  switch (KindOfLayer(c, layer)) {
-    case LayerKind::kEmbedding:
-      cost.forward_flops = C;         // one add per channel
-      cost.backward_input_flops = 0;  // token ids have no gradient
-      cost.backward_weight_flops = 2 * C;
-      cost.activation_bytes = 4;  // the token id
-      cost.activation_bytes_recompute = 4;
-      cost.weight_grad_bytes = C * kF;  // the output gradient, for the scatter-add
-      cost.output_bytes = C * kF;
-      break;
-    case LayerKind::kBlock:
-      // Matrix products: qkv 6C^2, proj 2C^2, mlp 16C^2; attention 4TC (scores, mix).
-      cost.forward_flops = 24 * C * C + 4 * T * C;
-      cost.backward_input_flops = 24 * C * C + 8 * T * C;
-      cost.backward_weight_flops = 24 * C * C;
-      // Kept for backward: input x, ln_1 out, qkv, attention probabilities (H x T),
-      // attention out, residual after attention, ln_2 out, fc pre- and post-GELU,
-      // and two LayerNorms' mean and rstd.
-      cost.activation_bytes = (C + C + 3 * C + H * T + C + C + C + 4 * C + 4 * C + 4) * kF;
-      cost.activation_bytes_recompute = C * kF;
-      cost.output_bytes = C * kF;
-      // I keeps the gradients at the MLP out (C) and in (4C), LayerNorm 2 (C), the
-      // residual (C), qkv (3C) and LayerNorm 1 (C), and frees the pre-GELU values
-      // (4C), qkv (3C) and the attention probabilities (H x T).
-      cost.weight_grad_bytes = (4 * C - H * T) * kF;
-      break;
-    case LayerKind::kHead:
-      cost.forward_flops = 2 * C * V + 5 * V;
-      cost.backward_input_flops = 2 * C * V + 2 * V;
-      cost.backward_weight_flops = 2 * C * V;
-      // Input x, ln_f out, ln_f mean and rstd, softmax probabilities (overwritten by
-      // the logits' gradient in backward), and the int32 target id.
-      cost.activation_bytes = (C + C + 2 + V + 1) * kF;
-      cost.activation_bytes_recompute = C * kF;
-      cost.output_bytes = kF;           // the loss
-      cost.weight_grad_bytes = C * kF;  // the gradient at ln_f's output
-      break;
-  }
-  return cost;
+LayerCost CostOfLayer(const GptConfig& c, int layer, common::DType activations) {
+  return FamilyOf(c).CostOfLayer(c, layer, activations);
 }
 
-ChunkMemory ChunkActivationBytes(const GptConfig& config, int begin, int end, bool recompute) {
+ChunkMemory ChunkActivationBytes(const GptConfig& config, int begin, int end, bool recompute,
+                                 common::DType activations) {
   ChunkMemory m;
   double full = 0;
   for (int l = begin; l < end; ++l) {
-    const LayerCost c = CostOfLayer(config, l);
+    const LayerCost c = CostOfLayer(config, l, activations);
     full += c.activation_bytes;  // each layer's stash and its input
     m.weight_grad += c.weight_grad_bytes;
   }
@@ -235,10 +142,12 @@ ChunkMemory ChunkActivationBytes(const GptConfig& config, int begin, int end, bo
     m.stored = full;
     return m;
   }
-  // Recomputing, the chunk keeps its input, and the targets when it holds the head.
+  // Recomputing, the chunk keeps its input, and the targets (a token id each) when it
+  // holds the head.
   const bool holds_head = end == config.num_pipeline_layers();
-  const double input = CostOfLayer(config, begin).activation_bytes_recompute;
-  m.stored = input + (holds_head ? 4 : 0);
+  const double input = CostOfLayer(config, begin, activations).activation_bytes_recompute;
+  const double targets = static_cast<double>(common::DTypeSize(common::DType::kI32));
+  m.stored = input + (holds_head ? targets : 0);
   m.backward_extra = full - input;
   return m;
 }

@@ -1,26 +1,27 @@
-// The GPT model's shape, its pipeline layers and what each costs, as pure figures
-// shared by the compute library (which must match them), the planner (which plans
-// with them) and checkpoints (which name parameters by them).
+// The model's shape, its pipeline layers and what each costs, as pure figures shared by
+// the compute library (which must match them), the planner (which plans with them) and
+// checkpoints (which name parameters by them). Every figure here is the config's model
+// family's (model_family.h: GPT-2 today); these functions are how the rest of the code
+// asks for them without knowing which family it holds.
 //
-// Pipeline layers: index 0 is the embedding (wte + wpe), 1..n_layers are the blocks,
-// n_layers + 1 is the head (ln_f + lm_head + loss). A stage holds a contiguous range.
+// Pipeline layers, every family's: index 0 is the embedding, 1..n_layers are the blocks,
+// n_layers + 1 is the head (final norm + lm_head + loss). A stage holds a contiguous range.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/tensor.h"
 #include "pipetrain/v1/model.pb.h"
 
 namespace pipetrain::model {
 
-// The math every backend computes, as figures that files describing the model (Hugging
-// Face's config.json) are checked against: LayerNorm's epsilon (the compute library's
-// reference::kLayerNormEps; a test holds them equal). GELU is the tanh form and attention
-// scores are scaled by 1 / sqrt(head_dim).
-inline constexpr double kLayerNormEpsilon = 1e-5;
+// The family of a config that does not name one (every config until a second exists).
+inline constexpr char kDefaultFamily[] = "gpt2";
 
 struct GptConfig {
   int vocab_size = 256;
@@ -28,11 +29,14 @@ struct GptConfig {
   int d_model = 0;
   int n_heads = 0;
   int n_layers = 0;
-  // The head's lm_head.weight is a copy of transformer.wte.weight (see ParamSpec::tied_to).
+  // The head's lm_head.weight is a copy of the token embedding (see ParamSpec::tied_to).
   bool tie_embeddings = false;
+  // The model family (model_family.h) whose architecture the sizes above describe. Not
+  // on the wire nor in checkpoints yet: with one family there is nothing to tell apart.
+  std::string family = kDefaultFamily;
 
   int head_dim() const { return d_model / n_heads; }
-  int mlp_dim() const { return 4 * d_model; }
+  int mlp_dim() const;  // the family's width of a block's MLP (GPT-2: 4 x d_model)
   int num_pipeline_layers() const { return n_layers + 2; }
   bool operator==(const GptConfig&) const = default;
 };
@@ -47,33 +51,41 @@ LayerKind KindOfLayer(const GptConfig& config, int pipeline_layer);
 std::string LayerName(const GptConfig& config,
                       int pipeline_layer);  // "embedding", "block 3", "head"
 
-// One parameter tensor: its Hugging Face GPT-2 name (global block index) and shape.
-// Linear weights are stored [in, out] (GPT-2's Conv1D layout, y = x W + b);
-// lm_head.weight is [vocab, d_model] (y = x W^T); wte [vocab, d_model]; wpe
-// [seq_len, d_model]; LayerNorm weight and bias [d_model].
-//
-// Tied embeddings: the head still holds lm_head.weight, as a copy of wte with
-// tied_to = "transformer.wte.weight". The copy starts equal to wte, and each step the
-// two gradients are summed into both before the same update is applied to both, so
-// the copies never drift. It is not counted twice in the gradient norm, and a
-// checkpoint that holds wte leaves the copy out (as Hugging Face files do).
-inline constexpr char kTokenEmbeddingName[] = "transformer.wte.weight";
-inline constexpr char kPositionEmbeddingName[] = "transformer.wpe.weight";
-inline constexpr char kOutputHeadName[] = "lm_head.weight";
+// How a parameter's first values are drawn (init.h): GPT-2's scheme, which other
+// families share.
+enum class ParamInit {
+  kZeros,           // biases
+  kOnes,            // norm weights
+  kNormal,          // N(0, 0.02)
+  kResidualNormal,  // N(0, 0.02 / sqrt(2 n_layers)): projections into the residual stream
+};
 
+// One parameter tensor: its name (the family's Hugging Face name, with the global block
+// index; checkpoints use it too), its shape, and how it is trained and initialised.
+//
+// Tied embeddings: the head still holds its output matrix, as a copy of the token
+// embedding with tied_to naming it. The copy starts equal to the original, and each step
+// the two gradients are summed into both before the same update is applied to both, so
+// the copies never drift. It is not counted twice in the gradient norm, and a checkpoint
+// that holds the original leaves the copy out (as Hugging Face files do).
 struct ParamSpec {
   ParamSpec() = default;
   ParamSpec(std::string name, std::vector<int64_t> shape, bool is_matrix = false,
-            std::string tied_to = {})
+            std::string tied_to = {}, ParamInit init = ParamInit::kZeros)
       : name(std::move(name)),
         shape(std::move(shape)),
         is_matrix(is_matrix),
-        tied_to(std::move(tied_to)) {}
+        tied_to(std::move(tied_to)),
+        init(init) {}
 
   std::string name;
   std::vector<int64_t> shape;
   bool is_matrix = false;  // receives weight decay
   std::string tied_to;     // the parameter this one copies, or empty
+  ParamInit init = ParamInit::kZeros;
+  // Its rows are positions, seq_len of them (a learned position embedding): a job with a
+  // shorter seq_len keeps the first rows (FitCheckpointToModel).
+  bool per_position = false;
   int64_t num_elements() const;
 };
 
@@ -85,6 +97,13 @@ std::vector<ParamSpec> RangeParams(const GptConfig& config, int begin, int end);
 // whose original is in the range too. A head-only range keeps its copy, so every
 // stage's file restores its stage alone.
 std::vector<ParamSpec> CheckpointParams(const GptConfig& config, int begin, int end);
+
+// With tie_embeddings, the token embedding and the head's copy of it, by name.
+struct TiedParams {
+  std::string embedding;  // the original, in pipeline layer 0
+  std::string head;       // the copy, in the head
+};
+std::optional<TiedParams> TiedParamsOf(const GptConfig& config);  // nullopt when untied
 
 // Analytic costs of one pipeline layer, per token of a micro-batch.
 struct LayerCost {
@@ -104,7 +123,10 @@ struct LayerCost {
   // frees (negative when it frees more).
   double weight_grad_bytes = 0;
 };
-LayerCost CostOfLayer(const GptConfig& config, int pipeline_layer);
+// Byte figures count activations as elements of `activations` (fp32 today) and token
+// ids as I32, each sized by the dtype table (common/tensor.h).
+LayerCost CostOfLayer(const GptConfig& config, int pipeline_layer,
+                      common::DType activations = common::DType::kF32);
 // The elements of LayerParams(config, pipeline_layer), counted in closed form (cheap).
 int64_t ParamsOfLayer(const GptConfig& config, int pipeline_layer);
 
@@ -119,6 +141,7 @@ struct ChunkMemory {
   // A split backward keeps this from its input half until its weight half.
   double weight_grad = 0;
 };
-ChunkMemory ChunkActivationBytes(const GptConfig& config, int begin, int end, bool recompute);
+ChunkMemory ChunkActivationBytes(const GptConfig& config, int begin, int end, bool recompute,
+                                 common::DType activations = common::DType::kF32);
 
 }  // namespace pipetrain::model

@@ -1,9 +1,9 @@
 #include "common/model/init.h"
 
 #include <cmath>
+#include <algorithm>
 #include <string>
 
-#include "absl/strings/match.h"
 
 namespace pipetrain::model {
 
@@ -16,6 +16,10 @@ uint64_t SplitMix64(uint64_t x) {
 }
 // Uniform in (0, 1]: never 0, so log() in Box-Muller is finite.
 double Unit(uint64_t bits) { return (static_cast<double>(bits >> 11) + 1.0) * 0x1.0p-53; }
+
+// GPT-2's initializer_range.
+constexpr double kInitStd = 0.02;
+
 }  // namespace
 
 uint64_t InitStreamKey(uint64_t seed, int pipeline_layer, int param_index) {
@@ -38,27 +42,48 @@ double UniformAt(uint64_t key, uint64_t index) {
   return static_cast<double>(SplitMix64(key + index * 0x9E3779B97F4A7C15ull) >> 11) * 0x1.0p-53;
 }
 
+namespace {
+
+// The stream parameter i of a layer draws from: its own, or for a tied copy its
+// original's (in pipeline layer 0), so that the copy starts equal to it.
+uint64_t StreamOf(const GptConfig& config, int pipeline_layer, int i, const ParamSpec& spec,
+                  uint64_t seed) {
+  if (spec.tied_to.empty()) return InitStreamKey(seed, pipeline_layer, i);
+  const std::vector<ParamSpec> originals = LayerParams(config, 0);
+  for (int j = 0; j < static_cast<int>(originals.size()); ++j) {
+    if (originals[j].name == spec.tied_to) return InitStreamKey(seed, 0, j);
+  }
+  return InitStreamKey(seed, pipeline_layer, i);  // a family whose copy has no original
+}
+
+}  // namespace
+
 std::vector<std::vector<float>> InitLayerParams(const GptConfig& config, int pipeline_layer,
                                                 uint64_t seed) {
   const std::vector<ParamSpec> specs = LayerParams(config, pipeline_layer);
   std::vector<std::vector<float>> values;
   values.reserve(specs.size());
-  const double proj_std = 0.02 / std::sqrt(2.0 * config.n_layers);
   for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
     const ParamSpec& spec = specs[i];
     std::vector<float> v(spec.num_elements(), 0.0f);
-    const bool is_layernorm = absl::StrContains(spec.name, "ln_");
-    if (is_layernorm && absl::EndsWith(spec.name, ".weight")) {
-      std::fill(v.begin(), v.end(), 1.0f);
-    } else if (spec.is_matrix) {
-      const double std = absl::StrContains(spec.name, "c_proj") ? proj_std : 0.02;
-      // A tied copy starts as its original: wte's stream (pipeline layer 0, param 0).
-      const uint64_t key = spec.tied_to.empty() ? InitStreamKey(seed, pipeline_layer, i)
-                                                : InitStreamKey(seed, 0, 0);
-      for (size_t j = 0; j < v.size(); ++j) {
-        v[j] = static_cast<float>(std * NormalAt(key, j));
+    switch (spec.init) {
+      case ParamInit::kZeros:
+        break;
+      case ParamInit::kOnes:
+        std::fill(v.begin(), v.end(), 1.0f);
+        break;
+      case ParamInit::kNormal:
+      case ParamInit::kResidualNormal: {
+        const double stddev = spec.init == ParamInit::kNormal
+                                  ? kInitStd
+                                  : kInitStd / std::sqrt(2.0 * config.n_layers);
+        const uint64_t key = StreamOf(config, pipeline_layer, i, spec, seed);
+        for (size_t j = 0; j < v.size(); ++j) {
+          v[j] = static_cast<float>(stddev * NormalAt(key, j));
+        }
+        break;
       }
-    }  // biases stay 0
+    }
     values.push_back(std::move(v));
   }
   return values;

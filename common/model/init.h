@@ -1,7 +1,8 @@
-// Deterministic GPT-2 style initialisation. Every value depends only on (seed, global
-// pipeline-layer index, parameter index, element index), so any partition of the model
-// into stages produces exactly the weights of the unpartitioned model, on any platform
-// (a splitmix64 counter generator and Box-Muller, no <random> distributions).
+// Deterministic GPT-2 style initialisation, for every model family. Every value depends
+// only on (seed, global pipeline-layer index, parameter index, element index), so any
+// partition of the model into stages produces exactly the weights of the unpartitioned
+// model, on any platform (a splitmix64 counter generator and Box-Muller, no <random>
+// distributions).
 #pragma once
 
 #include <cstdint>
@@ -18,10 +19,10 @@ double NormalAt(uint64_t key, uint64_t index);
 double UniformAt(uint64_t key, uint64_t index);
 uint64_t InitStreamKey(uint64_t seed, int pipeline_layer, int param_index);
 
-// Initial values of every parameter of one pipeline layer, in LayerParams order:
-// wte, wpe, lm_head, c_attn and c_fc weights ~ N(0, 0.02); attn.c_proj and mlp.c_proj
-// weights ~ N(0, 0.02 / sqrt(2 n_layers)); biases 0; LayerNorm weight 1, bias 0. A tied
-// lm_head (tie_embeddings) is drawn from wte's stream, so it starts equal to wte.
+// Initial values of every parameter of one pipeline layer, in LayerParams order, as each
+// ParamSpec::init says (GPT-2's scheme): kNormal ~ N(0, 0.02), kResidualNormal ~ N(0,
+// 0.02 / sqrt(2 n_layers)), kZeros, kOnes. A tied copy (tie_embeddings) is drawn from its
+// original's stream, so it starts equal to it.
 std::vector<std::vector<float>> InitLayerParams(const GptConfig& config, int pipeline_layer,
                                                 uint64_t seed);
 

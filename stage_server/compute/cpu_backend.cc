@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "stage_server/compute/backend_buffer.h"
 #include "stage_server/compute/op_checks.h"
 #include "stage_server/compute/reference_ops.h"
 
@@ -97,7 +98,7 @@ absl::Status CpuBackend::Matmul(bool trans_a, bool trans_b, int m, int n, int k,
   ASSIGN_OR_RETURN(const OpCall call, CheckMatmul(Name(), m, n, k, a, b, c));
   if (call.empty()) return absl::OkStatus();
   if (k == 0) {  // BLAS may leave c untouched; the contract says c = beta * c.
-    if (beta == 0) return Zero(c, int64_t{m} * n * sizeof(float));  // even over NaN
+    if (beta == 0) return Zero(c, BytesOf<float>(int64_t{m} * n));  // even over NaN
     return Scale(int64_t{m} * n, beta, c);
   }
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "stage_server/compute/backend_buffer.h"
 #include "stage_server/compute/cuda_backend.h"
 #include "stage_server/compute/cuda_kernels.h"
 #include "stage_server/compute/cuda_status.h"
@@ -260,7 +261,7 @@ absl::Status CudaBackend::AttentionBackward(int B, int T, int C, int NH, const f
     const float scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hs)));
     const int64_t tt = int64_t{T} * T;
     RETURN_IF_ERROR(EnsureScratch(&attn_scratch_, &attn_scratch_bytes_,
-                                  NH * tt * sizeof(float), "attention scratch"));
+                                  BytesOf<float>(NH * tt), "attention scratch"));
     float* dp = static_cast<float*>(attn_scratch_);  // (NH, T, T), reused for every b
     for (int b = 0; b < B; ++b) {
       const float* q = qkv + int64_t{b} * T * 3 * C;
@@ -293,8 +294,8 @@ absl::Status CudaBackend::Copy2D(int rows, int cols, const float* src, int64_t s
   ASSIGN_OR_RETURN(const OpCall call,
                    CheckCopy2D(Name(), rows, cols, src, src_stride, dst, dst_stride));
   return Run(call, [&](cudaStream_t s) {
-    constexpr size_t kF = sizeof(float);
-    return cudaMemcpy2DAsync(dst, dst_stride * kF, src, src_stride * kF, cols * kF, rows,
+    return cudaMemcpy2DAsync(dst, BytesOf<float>(dst_stride), src, BytesOf<float>(src_stride),
+                             BytesOf<float>(cols), rows,
                              cudaMemcpyDeviceToDevice, s);
   });
 }

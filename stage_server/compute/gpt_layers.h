@@ -1,7 +1,9 @@
-// The GPT pipeline layers (embedding, block, head) written against the backend
+// The pipeline layers of a model (embedding, block, head) written against the backend
 // interface. Each layer owns its parameters, gradients and AdamW moments in backend
 // memory; what one micro-batch's forward keeps for its backward lives in a Stash the
-// caller owns, so several micro-batches can be in flight at once.
+// caller owns, so several micro-batches can be in flight at once. Each model family
+// (common/model/model_family.h) implements the three kinds once (GPT-2: gpt2_layers.cc),
+// for training and for generation one position at a time; MakeLayer picks the family's.
 //
 // Layer inputs and outputs (all in backend memory, B = micro-batch rows, T = seq_len):
 //   embedding: input tokens (B, T) int32       -> output x (B, T, C)
@@ -33,8 +35,17 @@ class Stash {
     input_ = input;
     slots_.clear();
   }
-  // Allocates slot `slot` with `bytes` bytes (replacing what was there).
-  absl::StatusOr<void*> Allocate(BackendT<Real>* backend, int slot, size_t bytes);
+  // Allocates slot `slot` with `elements` elements of T (Real or int32_t), replacing
+  // what was there.
+  template <typename T = Real>
+  absl::StatusOr<T*> New(BackendT<Real>* backend, int slot, int64_t elements) {
+    if (slot >= static_cast<int>(slots_.size())) slots_.resize(slot + 1);
+    absl::StatusOr<BackendBuffer<Real>> b =
+        BackendBuffer<Real>::template Elements<T>(backend, elements);
+    if (!b.ok()) return b.status();
+    slots_[slot] = *std::move(b);
+    return static_cast<T*>(slots_[slot].raw());
+  }
   Real* get(int slot) const {
     return slot < static_cast<int>(slots_.size()) ? slots_[slot].data() : nullptr;
   }
@@ -56,7 +67,8 @@ class Stash {
 template <typename Real>
 class PipelineLayer;
 
-// Creates pipeline layer `index` of the model (allocated, not initialised).
+// Creates pipeline layer `index` of the model, of its family (allocated, not
+// initialised).
 template <typename Real>
 absl::StatusOr<std::unique_ptr<PipelineLayer<Real>>> MakeLayer(const model::GptConfig& config,
                                                                int index, BackendT<Real>* backend);
@@ -129,6 +141,48 @@ class PipelineLayer {
   std::vector<int64_t> offsets_;
   int64_t num_params_ = 0;
   BackendBuffer<Real> params_, grads_, adam_m_, adam_v_;
+};
+
+// ---- The three kinds, and what generation asks of each --------------------------------
+// Generation (kv_cache_decoder.h) runs one position at a time through the same layers,
+// with the same arithmetic as their Forward for that position.
+
+template <typename Real>
+class EmbeddingLayer : public PipelineLayer<Real> {
+ public:
+  // x (C) of `token` (one int32 in backend memory) at position `position`.
+  virtual absl::Status EmbedPosition(const int32_t* token, int position, Real* x) = 0;
+
+ protected:
+  using PipelineLayer<Real>::PipelineLayer;
+};
+
+template <typename Real>
+class BlockLayer : public PipelineLayer<Real> {
+ public:
+  // What a block keeps while generating one text: its keys and values of the positions
+  // so far, and the buffers one position needs (allocated once, by NewCache).
+  class Cache {
+   public:
+    virtual ~Cache() = default;
+  };
+  virtual absl::StatusOr<std::unique_ptr<Cache>> NewCache() = 0;
+  // x (C) at position `position` (< seq_len) through the block, in place, attending to
+  // the positions 0..position of `cache` (this one's keys and values are added to it).
+  virtual absl::Status DecodePosition(Cache& cache, int position, Real* x) = 0;
+
+ protected:
+  using PipelineLayer<Real>::PipelineLayer;
+};
+
+template <typename Real>
+class HeadLayer : public PipelineLayer<Real> {
+ public:
+  // The next-token logits (rows, V) of x (rows, C): the head's forward without the loss.
+  virtual absl::Status Logits(int rows, const Real* x, Real* logits) = 0;
+
+ protected:
+  using PipelineLayer<Real>::PipelineLayer;
 };
 
 }  // namespace pipetrain::compute

@@ -36,7 +36,7 @@ int64_t ModelChunkT<Real>::OutputElements(int B) const {
 template <typename Real>
 int64_t ModelChunkT<Real>::InputBytes(int B) const {
   const int64_t tokens = int64_t{B} * config_.seq_len;
-  return has_embedding() ? tokens * sizeof(int32_t) : tokens * config_.d_model * sizeof(Real);
+  return has_embedding() ? BytesOf<int32_t>(tokens) : BytesOf<Real>(tokens * config_.d_model);
 }
 
 template <typename Real>
@@ -91,8 +91,7 @@ absl::Status ModelChunkT<Real>::RunForward(MicroBatch& mb, Real* output) {
     const void* in = i == 0 ? mb.input.raw() : mb.outputs[i - 1].raw();
     Real* out = output;
     if (i + 1 < n) {
-      ASSIGN_OR_RETURN(auto buffer,
-                       BackendBuffer<Real>::Allocate(backend_, x_elements * sizeof(Real)));
+      ASSIGN_OR_RETURN(auto buffer, BackendBuffer<Real>::Elements(backend_, x_elements));
       mb.outputs.push_back(std::move(buffer));
       out = mb.outputs.back().data();
     }
@@ -119,13 +118,16 @@ absl::Status ModelChunkT<Real>::Forward(int mb_id, int B, const void* input, con
   }
   MicroBatch mb;
   mb.rows = B;
-  ASSIGN_OR_RETURN(mb.input, BackendBuffer<Real>::Allocate(backend_, InputBytes(B)));
+  const int64_t tokens = int64_t{B} * config_.seq_len;
+  ASSIGN_OR_RETURN(mb.input,
+                   has_embedding()
+                       ? BackendBuffer<Real>::template Elements<int32_t>(backend_, tokens)
+                       : BackendBuffer<Real>::Elements(backend_, tokens * config_.d_model));
   RETURN_IF_ERROR(backend_->Copy(mb.input.raw(), input, InputBytes(B)));
   if (has_head()) {
     // Targets are an input of the whole chunk, so they travel with the micro-batch.
-    const size_t bytes = int64_t{B} * config_.seq_len * sizeof(int32_t);
-    ASSIGN_OR_RETURN(mb.targets, BackendBuffer<Real>::Allocate(backend_, bytes));
-    RETURN_IF_ERROR(backend_->Copy(mb.targets.raw(), targets, bytes));
+    ASSIGN_OR_RETURN(mb.targets, BackendBuffer<Real>::template Elements<int32_t>(backend_, tokens));
+    RETURN_IF_ERROR(backend_->Copy(mb.targets.raw(), targets, BytesOf<int32_t>(tokens)));
   }
   RETURN_IF_ERROR(RunForward(mb, output));
   auto [it, inserted] = micro_batches_.emplace(mb_id, std::move(mb));
@@ -151,7 +153,7 @@ absl::Status ModelChunkT<Real>::Evaluate(int B, const void* input, const int32_t
   if (has_head() && targets == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": the head needs targets"));
   }
-  const size_t x_bytes = size_t{sizeof(Real)} * B * config_.seq_len * config_.d_model;
+  const int64_t x_elements = int64_t{B} * config_.seq_len * config_.d_model;
   const size_t others = ActivationBytes();  // micro-batches of a step in flight, if any
   const int n = static_cast<int>(layers_.size());
   BackendBuffer<Real> in_buffer, out_buffer;  // between layers; the caller owns input
@@ -159,7 +161,7 @@ absl::Status ModelChunkT<Real>::Evaluate(int B, const void* input, const int32_t
   for (int i = 0; i < n; ++i) {
     Real* out = output;
     if (i + 1 < n) {
-      ASSIGN_OR_RETURN(out_buffer, BackendBuffer<Real>::Allocate(backend_, x_bytes));
+      ASSIGN_OR_RETURN(out_buffer, BackendBuffer<Real>::Elements(backend_, x_elements));
       out = out_buffer.data();
     }
     Stash<Real> stash;  // freed at the end of this iteration: no backward will read it
@@ -178,8 +180,8 @@ absl::Status ModelChunkT<Real>::RunBackwardInput(MicroBatch& mb, const Real* gra
   last_recompute_s_ = 0;
   if (options_.recompute) {
     // Rebuild the stashes with exactly the forward's ops, hence bit-identical results.
-    ASSIGN_OR_RETURN(auto scratch, BackendBuffer<Real>::Allocate(
-                                       backend_, OutputElements(mb.rows) * sizeof(Real)));
+    ASSIGN_OR_RETURN(auto scratch,
+                     BackendBuffer<Real>::Elements(backend_, OutputElements(mb.rows)));
     // Synchronised on both sides so that queued work before it (the gradient's copy
     // in) is not counted and the forward's own device time is.
     RETURN_IF_ERROR(backend_->Synchronize());
@@ -204,7 +206,7 @@ absl::Status ModelChunkT<Real>::RunBackwardInput(MicroBatch& mb, const Real* gra
     BackendBuffer<Real> next;
     Real* gi = grad_input;
     if (i > 0) {
-      ASSIGN_OR_RETURN(next, BackendBuffer<Real>::Allocate(backend_, x_elements * sizeof(Real)));
+      ASSIGN_OR_RETURN(next, BackendBuffer<Real>::Elements(backend_, x_elements));
       gi = next.data();
     }
     if (fused) {
@@ -313,7 +315,7 @@ absl::StatusOr<std::vector<Real>> ModelChunkT<Real>::CopyOut(absl::string_view n
   const bool moment = field == Field::kAdamM || field == Field::kAdamV;
   if (moment && !layer->has_optimizer_state()) return out;  // no step yet: zeros
   RETURN_IF_ERROR(
-      backend_->CopyToHost(out.data(), Address(*layer, i, field), out.size() * sizeof(Real)));
+      backend_->CopyToHost(out.data(), Address(*layer, i, field), BytesOf<Real>(out.size())));
   return out;
 }
 
@@ -330,7 +332,7 @@ absl::Status ModelChunkT<Real>::CopyIn(absl::string_view name, Field field,
         "parameter \"", name, "\" has ", spec.num_elements(), " elements, got ", values.size()));
   }
   return backend_->CopyFromHost(Address(*found.first, found.second, field), values.data(),
-                                values.size() * sizeof(Real));
+                                BytesOf<Real>(values.size()));
 }
 
 template <typename Real>
@@ -367,7 +369,8 @@ absl::StatusOr<std::vector<Real>> ModelChunkT<Real>::LayerGradients(int i) const
                                               "): the chunk has ", num_layers()));
   }
   std::vector<Real> out(static_cast<size_t>(layers_[i]->num_params()));
-  RETURN_IF_ERROR(backend_->CopyToHost(out.data(), layers_[i]->all_grads(), out.size() * sizeof(Real)));
+  RETURN_IF_ERROR(
+      backend_->CopyToHost(out.data(), layers_[i]->all_grads(), BytesOf<Real>(out.size())));
   return out;
 }
 
@@ -382,14 +385,23 @@ absl::Status ModelChunkT<Real>::SetLayerGradients(int i, std::span<const Real> v
         "gradients of layer ", begin_ + i, ": ", values.size(), " values for ",
         layers_[i]->num_params(), " parameters"));
   }
-  return backend_->CopyFromHost(layers_[i]->all_grads(), values.data(), values.size() * sizeof(Real));
+  return backend_->CopyFromHost(layers_[i]->all_grads(), values.data(),
+                                BytesOf<Real>(values.size()));
+}
+
+template <typename Real>
+std::string ModelChunkT<Real>::TiedParamName(bool embedding_side) const {
+  const std::optional<model::TiedParams> tied = model::TiedParamsOf(config_);
+  if (!tied) return "";
+  return embedding_side ? tied->embedding : tied->head;
 }
 
 template <typename Real>
 bool ModelChunkT<Real>::LayerHoldsTiedParam(int i) const {
   if (!config_.tie_embeddings || i < 0 || i >= num_layers()) return false;
+  const std::string embedding = TiedParamName(true), head = TiedParamName(false);
   for (const model::ParamSpec& spec : layers_[i]->specs()) {
-    if (spec.name == TiedParamName(true) || spec.name == TiedParamName(false)) return true;
+    if (spec.name == embedding || spec.name == head) return true;
   }
   return false;
 }

@@ -55,6 +55,13 @@ class ModelChunkT {
   int end() const { return end_; }
   bool has_embedding() const { return begin_ == 0; }
   bool has_head() const { return end_ == config_.num_pipeline_layers(); }
+  // The layers by kind (generation asks each kind for its own part): the chunk must hold
+  // the embedding, block `b` (from 0) or the head.
+  EmbeddingLayer<Real>& embedding() { return static_cast<EmbeddingLayer<Real>&>(layer(0)); }
+  BlockLayer<Real>& block(int b) { return static_cast<BlockLayer<Real>&>(layer(b + 1)); }
+  HeadLayer<Real>& head() {
+    return static_cast<HeadLayer<Real>&>(layer(config_.num_pipeline_layers() - 1));
+  }
   const ChunkOptions& options() const { return options_; }
   BackendT<Real>* backend() const { return backend_; }
   // Elements of the output of a micro-batch of B rows: B*T*C, or 1 with the head.
@@ -124,10 +131,9 @@ class ModelChunkT {
   void set_step(int step) { step_ = step; }
   absl::Status ZeroGrads();
   // Tied embeddings (model.tie_embeddings). The name under which this chunk holds the
-  // shared (V, C) matrix: wte with the embedding, the lm_head copy with the head.
-  static const char* TiedParamName(bool embedding_side) {
-    return embedding_side ? model::kTokenEmbeddingName : model::kOutputHeadName;
-  }
+  // shared (V, C) matrix: the token embedding with the embedding, its copy with the head
+  // (model::TiedParamsOf); empty for an untied model.
+  std::string TiedParamName(bool embedding_side) const;
   // grad(name) += other: the other holder's gradient. Both holders adding the
   // other's to their own get the same sum bit for bit (addition commutes).
   absl::Status AddToGrad(absl::string_view name, const std::vector<Real>& other);

@@ -19,10 +19,10 @@ absl::StatusOr<double> LossAndGrads(ModelChunk& model, const model::TokenBatch& 
   BackendT<float>* be = model.backend();
   const int rows = batch.rows / micro_batches;
   const int64_t tokens = int64_t{rows} * model.config().seq_len;
-  const size_t bytes = tokens * sizeof(int32_t);
-  ASSIGN_OR_RETURN(auto inputs, BackendBuffer<float>::Allocate(be, bytes));
-  ASSIGN_OR_RETURN(auto targets, BackendBuffer<float>::Allocate(be, bytes));
-  ASSIGN_OR_RETURN(auto loss, BackendBuffer<float>::Allocate(be, sizeof(float)));
+  const size_t bytes = BytesOf<int32_t>(tokens);
+  ASSIGN_OR_RETURN(auto inputs, BackendBuffer<float>::Elements<int32_t>(be, tokens));
+  ASSIGN_OR_RETURN(auto targets, BackendBuffer<float>::Elements<int32_t>(be, tokens));
+  ASSIGN_OR_RETURN(auto loss, BackendBuffer<float>::Elements(be, 1));
   double total = 0;
   for (int mb = 0; mb < micro_batches; ++mb) {
     RETURN_IF_ERROR(
@@ -31,7 +31,7 @@ absl::StatusOr<double> LossAndGrads(ModelChunk& model, const model::TokenBatch& 
         be->CopyFromHost(targets.raw(), batch.targets.data() + mb * tokens, bytes));
     RETURN_IF_ERROR(model.Forward(mb, rows, inputs.raw(), targets.ints(), loss.data()));
     float value = 0;
-    RETURN_IF_ERROR(be->CopyToHost(&value, loss.data(), sizeof(float)));
+    RETURN_IF_ERROR(be->CopyToHost(&value, loss.data(), loss.bytes()));
     total += value;
     RETURN_IF_ERROR(model.Backward(mb, nullptr, nullptr, 1.0f / micro_batches));
   }

@@ -12,6 +12,7 @@
 
 #include "common/model/checkpoint.h"
 #include "common/model/checkpoint_folder.h"
+#include "common/model/hf_folder.h"
 #include "common/model/hf_gpt2.h"
 #include "tests/fuzz/fuzz_temp_file.h"
 
@@ -70,7 +71,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string& dir = pipetrain::fuzz::TempFolder();
   pipetrain::fuzz::WriteTempFile("config.json", config);
   pipetrain::fuzz::WriteTempFile("model.safetensors", weights);
-  (void)model::LoadHfGpt2Folder(dir);
+  (void)model::LoadHfFolder(dir);
   (void)model::LoadWholeCheckpoint(dir, "init_from");
   return 0;
 }

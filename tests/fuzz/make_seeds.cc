@@ -14,7 +14,7 @@
 #include "absl/status/status.h"
 #include "common/model/checkpoint.h"
 #include "common/model/gpt_config.h"
-#include "common/model/hf_gpt2.h"
+#include "common/model/hf_folder.h"
 #include "common/model/init.h"
 #include "common/safetensors.h"
 #include "common/tensor.h"
@@ -112,7 +112,7 @@ void CheckpointSeeds() {
         Value(model::SerializeCheckpoint(Tiny(1, 3, true, true))));
   // A Hugging Face folder: config.json, NUL, model.safetensors.
   const std::string dir = out_dir + "/.hf-tmp";
-  Check(model::ExportHfGpt2Folder(Tiny(0, 3, true, false), dir));
+  Check(model::ExportHfFolder(Tiny(0, 3, true, false), dir));
   Write("checkpoint", "hf_folder",
         ReadFile(dir + "/config.json") + std::string(1, '\0') +
             ReadFile(dir + "/model.safetensors"));

@@ -1,7 +1,8 @@
 // The vocabulary of the backend conformance suite (backend_conformance_test.cc): an op
-// case is one call of a backend op with its shapes and options, the tensors it reads and
-// writes, and the call itself written once for any scalar type, so that the same text
-// runs on a backend under test (float) and on the plain-loop reference (double).
+// case is one call of a backend op with its shapes and options, the dtype the backend
+// computes it in, the tensors it reads and writes, and the call itself written once for
+// any scalar type, so that the same text runs on a backend under test and on the
+// plain-loop reference (double).
 #pragma once
 
 #include <cstddef>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/tensor.h"
 #include "gtest/gtest.h"
 #include "stage_server/compute/backend.h"
 
@@ -109,10 +111,11 @@ class Tensors {
 template <typename Real>
 using OpFn = std::function<absl::Status(compute::BackendT<Real>&, Tensors<Real>&)>;
 
-// One op call for both sides; built from one generic lambda by Call.
+// One op call for both sides: the backend under test, with tensors of the case's dtype
+// (F32: float), and the double reference. Built from one generic lambda by Call.
 struct OpBody {
-  OpFn<float> on_float;
-  OpFn<double> on_double;
+  OpFn<float> on_backend;
+  OpFn<double> on_reference;
 };
 template <typename Fn>
 OpBody Call(Fn fn) {
@@ -131,6 +134,8 @@ struct OpCase {
   bool exact = false;
   // Pairs of outputs the backend must make bitwise equal (in place and out of place).
   std::vector<std::pair<std::string, std::string>> identical = {};
+  // What the backend computes the case in: its tensors' dtype, and the tolerance's.
+  common::DType dtype = common::DType::kF32;
 };
 
 // A call every backend must reject with InvalidArgument. The message names the backend,
@@ -143,8 +148,9 @@ struct BadCase {
   std::string message;
 };
 
-// The tables (op_cases.cc).
-const std::vector<OpCase>& AllOpCases();
+// The tables (op_cases.cc, bad_op_cases.cc): the cases of one dtype (each backend runs
+// those of every dtype it computes in; F32 only today), and the bad calls.
+const std::vector<OpCase>& OpCases(common::DType dtype);
 const std::vector<BadCase>& AllBadCases();
 
 }  // namespace pipetrain::testing

@@ -403,22 +403,27 @@ void AddAdamWCases(std::vector<OpCase>& cases) {
   cases.push_back(AdamWCase(50, 0.1f, 0.95f, true));
 }
 
+// Every op in F32, the dtype every backend computes in.
+std::vector<OpCase>* F32Cases() {
+  auto* all = new std::vector<OpCase>;
+  AddMatmulCases(*all);
+  AddElementwiseCases(*all);
+  AddEmbeddingCases(*all);
+  AddLayerNormCases(*all);
+  AddAttentionCases(*all);
+  AddCopyAndSoftmaxCases(*all);
+  AddCrossEntropyCases(*all);
+  AddAdamWCases(*all);
+  for (OpCase& c : *all) c.dtype = common::DType::kF32;
+  return all;
+}
+
 }  // namespace
 
-const std::vector<OpCase>& AllOpCases() {
-  static const std::vector<OpCase>* cases = [] {
-    auto* all = new std::vector<OpCase>;
-    AddMatmulCases(*all);
-    AddElementwiseCases(*all);
-    AddEmbeddingCases(*all);
-    AddLayerNormCases(*all);
-    AddAttentionCases(*all);
-    AddCopyAndSoftmaxCases(*all);
-    AddCrossEntropyCases(*all);
-    AddAdamWCases(*all);
-    return all;
-  }();
-  return *cases;
+const std::vector<OpCase>& OpCases(common::DType dtype) {
+  static const std::vector<OpCase>* f32 = F32Cases();
+  static const std::vector<OpCase>* none = new std::vector<OpCase>;
+  return dtype == common::DType::kF32 ? *f32 : *none;
 }
 
 }  // namespace pipetrain::testing

@@ -1,0 +1,46 @@
+#include "common/model/model_family.h"
+
+#include <cstdlib>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
+#include "common/model/gpt2_family.h"
+
+namespace pipetrain::model {
+namespace {
+
+// Every model family: adding one is adding its entry here.
+const std::vector<const ModelFamily*>& Families() {
+  static const auto* families = new std::vector<const ModelFamily*>{&Gpt2Family()};
+  return *families;
+}
+
+}  // namespace
+
+const ModelFamily* FindFamily(absl::string_view name) {
+  for (const ModelFamily* f : Families()) {
+    if (f->name() == name) return f;
+  }
+  return nullptr;
+}
+
+const ModelFamily& FamilyOf(const GptConfig& config) {
+  const ModelFamily* f = FindFamily(config.family);
+  if (f == nullptr) {
+    common::LogError("model", absl::StrCat("model family '", config.family,
+                                           "' is unknown (accepted: ", FamilyNames(),
+                                           "): a config was used without ValidateConfig"));
+    std::abort();
+  }
+  return *f;
+}
+
+std::string FamilyNames() {
+  std::vector<std::string> names;
+  for (const ModelFamily* f : Families()) names.emplace_back(f->name());
+  return absl::StrJoin(names, ", ");
+}
+
+}  // namespace pipetrain::model

@@ -1,0 +1,79 @@
+// A model family: one architecture of decoder-only Transformer, as what the planner,
+// checkpoints, Hugging Face folders and the compute library need to know of it. Its
+// pipeline layers' parameters (names, shapes, how they start), FLOPs and activation bytes
+// per layer, the checks of its config and its Hugging Face config.json all come from one
+// ModelFamily, found by the name a config gives (GptConfig::family). GPT-2
+// (gpt2_family.h) is the one family; another is one more implementation and one entry in
+// the table of model_family.cc (and its layers' entry in the compute library's table,
+// stage_server/compute/gpt_layers.cc).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/model/gpt_config.h"
+#include "common/tensor.h"
+
+namespace pipetrain::model {
+
+class ModelFamily {
+ public:
+  virtual ~ModelFamily() = default;
+
+  // GptConfig::family, and the model_type of the family's Hugging Face config.json.
+  virtual absl::string_view name() const = 0;
+
+  // ---- The config -----------------------------------------------------------------
+  // What this family constrains, once the fields every family has are valid (sizes
+  // > 0, n_layers bounded). Errors name the field as a job spec writes it
+  // ("model.d_model").
+  virtual absl::Status Validate(const GptConfig& config) const = 0;
+  // The width of a block's MLP.
+  virtual int MlpDim(const GptConfig& config) const = 0;
+
+  // ---- Parameters -----------------------------------------------------------------
+  // One pipeline layer's parameters in the fixed order the compute library lays them
+  // out, named as the family's Hugging Face checkpoints name them.
+  virtual std::vector<ParamSpec> LayerParams(const GptConfig& config,
+                                             int pipeline_layer) const = 0;
+  // Their elements, counted in closed form: a check of a model of a million layers
+  // costs arithmetic, not a million lists of strings.
+  virtual int64_t ParamsOfLayer(const GptConfig& config, int pipeline_layer) const = 0;
+
+  // ---- Costs ----------------------------------------------------------------------
+  // FLOPs and bytes per token of one pipeline layer (gpt_config.h: LayerCost), with
+  // activations kept as elements of `activations`.
+  virtual LayerCost CostOfLayer(const GptConfig& config, int pipeline_layer,
+                                common::DType activations) const = 0;
+
+  // ---- Hugging Face folders -------------------------------------------------------
+  // The config a config.json of this family's model_type describes; errors
+  // (InvalidArgument) start with `source` and name the field.
+  virtual absl::StatusOr<GptConfig> ParseHfConfig(absl::string_view json,
+                                                  const std::string& source) const = 0;
+  // The config.json of an exported folder (pretty-printed, ends in a newline).
+  virtual std::string HfConfigJson(const GptConfig& config) const = 0;
+  // The parameter a tensor of a Hugging Face weights file holds: its name, or the one
+  // of its spellings that `expected` holds; nullopt for a tensor that is no parameter
+  // (a buffer some files carry), which is skipped.
+  virtual std::optional<std::string> ParamOfHfTensor(
+      absl::string_view file_name, const std::set<std::string>& expected) const = 0;
+  // Said after the names in an error when some were spelt otherwise in the file.
+  virtual absl::string_view hf_renamed_note() const = 0;
+};
+
+// The family of that name, or nullptr.
+const ModelFamily* FindFamily(absl::string_view name);
+// The family of a config that ValidateConfig accepts. An unknown family here is a bug
+// (every config that comes in is validated first): it aborts, naming the family.
+const ModelFamily& FamilyOf(const GptConfig& config);
+// The families' names, for errors: "gpt2".
+std::string FamilyNames();
+
+}  // namespace pipetrain::model
