@@ -9,7 +9,7 @@
 #include "common/data/token_file.h"
 #include "common/error_context.h"
 #include "common/model/checkpoint.h"
-#include "common/model/hf_gpt2.h"
+#include "common/model/hf_folder.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
 
