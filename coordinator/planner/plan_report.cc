@@ -140,7 +140,7 @@ std::string RenderPlanText(const Plan& plan) {
                            Layers(plan, sp), Count(static_cast<double>(sp.params)),
                            Bytes(sp.state_bytes), Bytes(sp.snapshot_bytes),
                            Bytes(sp.peak_activation_bytes), Bytes(sp.peak_memory_bytes()),
-                           sp.max_in_flight, sp.recompute ? "  (recompute)" : "");
+                           sp.max_in_flight, sp.recomputes_any() ? "  (recompute)" : "");
   }
   const char* unit = o.equal_stage_cost ? " units" : " s";
   const SimulationResult& sim = plan.simulation;
@@ -219,7 +219,8 @@ std::string PlanJson(const Plan& plan) {
     s["snapshot_bytes"] = sp.snapshot_bytes;
     s["peak_memory_bytes"] = sp.peak_memory_bytes();
     s["max_in_flight"] = sp.max_in_flight;
-    s["recompute"] = sp.recompute;
+    s["recompute"] = sp.recomputes_any();
+    s["chunk_recompute"] = sp.chunk_recompute;
     const ReductionEvent* e = ReductionOf(plan.simulation, sp.stage);
     s["allreduce_bytes"] = sp.allreduce_bytes;
     s["allreduce_s"] = sp.allreduce_s;
