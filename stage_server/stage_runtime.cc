@@ -157,9 +157,10 @@ absl::Status StageRuntime::CheckAllocation(const JobConfig& config, uint64_t sta
   // One micro-batch's activations at least (in double: micro_batch_size x seq_len x
   // bytes per token cannot wrap); an emulated stage holds no weights.
   double activations = 0;
-  for (const auto& [begin, end] : config.chunks) {
+  for (size_t c = 0; c < config.chunks.size(); ++c) {
+    const auto& [begin, end] = config.chunks[c];
     const model::ChunkMemory m =
-        model::ChunkActivationBytes(config.model, begin, end, config.recompute);
+        model::ChunkActivationBytes(config.model, begin, end, config.recomputes(c));
     activations += (m.stored + m.backward_extra) * config.micro_batch_size * config.model.seq_len;
   }
   const bool emulated = options_.device.kind == DeviceSpec::Kind::kEmulated;
@@ -310,9 +311,11 @@ absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config)
   if (options_.device.kind == DeviceSpec::Kind::kEmulated) {
     ASSIGN_OR_RETURN(EmulatedDevice device, EmulatedDeviceByName(options_.device.emulated));
     job->emulated = true;
-    for (const auto& [begin, end] : config.chunks) {
-      chunks.push_back(std::make_unique<EmulatedChunk>(
-          config.model, begin, end, config.micro_batch_size, device, config.recompute, job->pool));
+    for (size_t c = 0; c < config.chunks.size(); ++c) {
+      const auto& [begin, end] = config.chunks[c];
+      chunks.push_back(std::make_unique<EmulatedChunk>(config.model, begin, end,
+                                                       config.micro_batch_size, device,
+                                                       config.recomputes(c), job->pool));
     }
   } else {
     if (options_.device.kind == DeviceSpec::Kind::kCuda) {
@@ -320,9 +323,10 @@ absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config)
     } else {
       ASSIGN_OR_RETURN(job->backend, compute::CpuBackend::Create(options_.threads));
     }
-    for (const auto& [begin, end] : config.chunks) {
+    for (size_t c = 0; c < config.chunks.size(); ++c) {
+      const auto& [begin, end] = config.chunks[c];
       compute::ChunkOptions so;
-      so.recompute = config.recompute;
+      so.recompute = config.recomputes(c);
       ASSIGN_OR_RETURN(auto layers, compute::ModelChunk::Create(config.model, begin, end,
                                                                 job->backend.get(), so));
       RETURN_IF_ERROR(layers->Initialize(config.seed));
