@@ -3,6 +3,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "client/cli.h"
 #include "client/costs_from.h"
@@ -64,17 +65,20 @@ int RunPlan(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       "while it runs): what would this model take with another schedule, K or M on the same\n"
       "hardware? With --replicas R (or pipeline.replicas) it plans R data-parallel copies of\n"
       "the pipeline: each takes batch_size / R sequences, and each stage's gradient ring\n"
-      "all-reduce between its R copies is part of the predicted step.");
+      "all-reduce between its R copies is part of the predicted step.\n\n"
+      "Schedules (--schedule):\n" +
+          planner::ScheduleHelp() + "\nRecompute modes (--recompute):\n" +
+          std::string(absl::StripTrailingAsciiWhitespace(planner::RecomputeHelp())));
   flags.AddInt("stages", &stages, "K, number of stages (0 = from the spec)", "K");
   flags.AddInt("micro-batches", &micro_batches, "M, micro-batches per step (0 = from the spec)",
                "M");
   flags.AddInt("replicas", &replicas,
                "R, data-parallel copies of the pipeline (0 = from the spec, which defaults to 1)",
                "R");
-  flags.AddString("schedule", &schedule_name, "gpipe, 1f1b, interleaved or zb-h1", "NAME");
-  flags.AddInt("chunks", &chunks, "v, model chunks per stage for interleaved (0 = from the spec)",
-               "V");
-  flags.AddString("recompute", &recompute, "never, always or except-last", "MODE");
+  flags.AddString("schedule", &schedule_name, planner::ScheduleNameList(), "NAME");
+  flags.AddInt("chunks", &chunks,
+               "v, model chunks per stage for a chunked schedule (0 = from the spec)", "V");
+  flags.AddString("recompute", &recompute, planner::RecomputeNameList(), "MODE");
   flags.AddBool(
       "equal-stage-cost", &equal,
       "forward 1 unit, backward 2 units on every stage, free transfer (the formulas' setting)");

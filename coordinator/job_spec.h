@@ -26,8 +26,9 @@ absl::StatusOr<std::string> ApplyOverrides(absl::string_view json,
 // wrong type (naming the field).
 absl::StatusOr<pipetrain::v1::JobSpec> ParseJobSpec(absl::string_view json);
 
-// The spec with every unset field given its default: pipeline.schedule "1f1b",
-// pipeline.chunks 1 (2 for interleaved), pipeline.recompute "never",
+// The spec with every unset field given its default: pipeline.schedule "1f1b"
+// (planner::kDefaultSchedule), pipeline.chunks 1 (2 for a chunked schedule such as
+// interleaved), pipeline.recompute "never",
 // pipeline.micro_batches = stages, pipeline.replicas 1, training.beta1 0.9, beta2 0.95, weight_decay 0.1,
 // data.validation_fraction 0.05 (none with data.validation_tokens), data.format "llmc"
 // for data.tokens, checkpoint.snapshot_every_steps 1, fault_tolerance.max_restarts 3 and

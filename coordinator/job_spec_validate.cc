@@ -124,9 +124,9 @@ absl::Status ValidateData(const pb::DataSpec& d) {
 
 pb::JobSpec WithDefaults(pb::JobSpec spec) {
   pb::PipelineSpec* p = spec.mutable_pipeline();
-  if (p->schedule().empty()) p->set_schedule("1f1b");
-  if (p->chunks() == 0) p->set_chunks(p->schedule() == "interleaved" ? 2 : 1);
-  if (p->recompute().empty()) p->set_recompute("never");
+  if (p->schedule().empty()) p->set_schedule(planner::ScheduleName(planner::kDefaultSchedule));
+  if (p->chunks() == 0) p->set_chunks(planner::DefaultChunks(p->schedule()));
+  if (p->recompute().empty()) p->set_recompute(planner::RecomputeName(pb::RECOMPUTE_NEVER));
   if (p->micro_batches() == 0) p->set_micro_batches(p->stages());
   if (p->replicas() == 0) p->set_replicas(1);
   pb::TrainingSpec* t = spec.mutable_training();

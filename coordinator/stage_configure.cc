@@ -39,7 +39,7 @@ pb::ConfigureRequest BuildConfigureRequest(const planner::Plan& plan, int stage,
     r.set_upstream_address(wiring.addresses[(stage + K - 1) % K]);
     r.set_downstream_address(wiring.addresses[(stage + 1) % K]);
   }
-  r.set_recompute(plan.options.recompute);
+  for (bool recompute : plan.stages[stage].chunk_recompute) r.add_chunk_recompute(recompute);
   r.set_micro_batch_size(plan.options.replica_batch_size() / plan.options.micro_batches);
   r.set_peer_secret(wiring.peer_secret);
   r.set_recv_deadline_ms(wiring.recv_deadline_ms);

@@ -26,9 +26,10 @@ struct StageWiring {
 pipetrain::v1::OptimizerConfig OptimizerFromSpec(const pipetrain::v1::TrainingSpec& training);
 
 // Stage `stage`'s request: its layer ranges (one per chunk), the model, seed and
-// optimizer, its neighbours on the ring of stages (none with one stage), recompute and
-// micro-batch size from the plan; with snapshots, the ring successor as snapshot peer
-// and the plan's snapshot bytes as the stage's reserve.
+// optimizer, its neighbours on the ring of stages (none with one stage), one yes/no per
+// chunk for recomputation (as the plan resolved it) and the micro-batch size; with
+// snapshots, the ring successor as snapshot peer and the plan's snapshot bytes as the
+// stage's reserve.
 pipetrain::v1::ConfigureRequest BuildConfigureRequest(
     const planner::Plan& plan, int stage, uint64_t seed,
     const pipetrain::v1::OptimizerConfig& optimizer, const StageWiring& wiring);

@@ -28,7 +28,12 @@ struct JobConfig {
   compute::OptimizerSettings optimizer = compute::kStageOptimizerDefaults;
   std::string upstream_address;    // previous stage (ring: stage K-1 for stage 0)
   std::string downstream_address;  // next stage (ring: stage 0 for stage K-1)
-  bool recompute = false;
+  // Per chunk (as `chunks`): whether it re-runs its forward before its backward, as the
+  // coordinator's plan decided (ConfigureRequest.chunk_recompute); empty: no chunk does.
+  std::vector<bool> chunk_recompute;
+  bool recomputes(size_t chunk) const {
+    return chunk < chunk_recompute.size() && chunk_recompute[chunk];
+  }
   size_t frame_bytes = common::kDefaultFrameBytes;
   int micro_batch_size = 1;
   std::string peer_secret;

@@ -28,9 +28,10 @@ uint64_t SaturatingBytes(double bytes) {
 uint64_t ActivationsOfOneMicroBatch(const JobConfig& config) {
   // In double: micro_batch_size x seq_len x bytes per token cannot wrap.
   double bytes = 0;
-  for (const auto& [begin, end] : config.chunks) {
+  for (size_t c = 0; c < config.chunks.size(); ++c) {
+    const auto [begin, end] = config.chunks[c];
     const model::ChunkMemory m =
-        model::ChunkActivationBytes(config.model, begin, end, config.recompute);
+        model::ChunkActivationBytes(config.model, begin, end, config.recomputes(c));
     bytes += (m.stored + m.backward_extra) * config.micro_batch_size * config.model.seq_len;
   }
   return SaturatingBytes(bytes);

@@ -116,10 +116,11 @@ absl::Status StageRuntime::MakeChunks(Job& job,
   const JobConfig& config = job.config;
   if (job.emulated) {
     ASSIGN_OR_RETURN(EmulatedDevice device, EmulatedDeviceByName(options_.device.emulated));
-    for (const auto& [begin, end] : config.chunks) {
+    for (size_t c = 0; c < config.chunks.size(); ++c) {
+      const auto [begin, end] = config.chunks[c];
       chunks.push_back(std::make_unique<EmulatedChunk>(config.model, begin, end,
                                                        config.micro_batch_size, device,
-                                                       config.recompute, job.pool));
+                                                       config.recomputes(c), job.pool));
     }
     return absl::OkStatus();
   }
@@ -128,10 +129,11 @@ absl::Status StageRuntime::MakeChunks(Job& job,
   } else {
     ASSIGN_OR_RETURN(job.backend, compute::CpuBackend::Create(options_.threads));
   }
-  for (const auto& [begin, end] : config.chunks) {
+  for (size_t c = 0; c < config.chunks.size(); ++c) {
+    const auto [begin, end] = config.chunks[c];
     ASSIGN_OR_RETURN(auto layers,
                      compute::ModelChunk::Create(config.model, begin, end, job.backend.get(),
-                                                 {.recompute = config.recompute}));
+                                                 {.recompute = config.recomputes(c)}));
     RETURN_IF_ERROR(layers->Initialize(config.seed));
     ASSIGN_OR_RETURN(auto backend_chunk,
                      BackendChunk::Create(std::move(layers), config.micro_batch_size, job.pool));

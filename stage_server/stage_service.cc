@@ -45,8 +45,12 @@ absl::StatusOr<JobConfig> JobConfigFromProto(const pb::ConfigureRequest& r) {
   c.optimizer = OptimizerFromProto(r.optimizer());
   c.upstream_address = r.upstream_address();
   c.downstream_address = r.downstream_address();
-  c.recompute = r.recompute() == pb::RECOMPUTE_ALWAYS ||
-                (r.recompute() == pb::RECOMPUTE_EXCEPT_LAST && r.stage() != r.num_stages() - 1);
+  if (r.chunk_recompute_size() != 0 && r.chunk_recompute_size() != r.layers_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "field chunk_recompute has ", r.chunk_recompute_size(), " entries for ", r.layers_size(),
+        " chunks (field layers); give one per chunk, or none when no chunk recomputes"));
+  }
+  c.chunk_recompute.assign(r.chunk_recompute().begin(), r.chunk_recompute().end());
   if (r.frame_bytes() > 0) c.frame_bytes = r.frame_bytes();
   c.micro_batch_size = r.micro_batch_size();
   c.peer_secret = r.peer_secret();

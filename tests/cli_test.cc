@@ -4,6 +4,8 @@
 #include <fstream>
 #include <sstream>
 
+#include "coordinator/planner/recompute_policy.h"
+#include "coordinator/planner/schedule_registry.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -153,6 +155,23 @@ TEST(CliPlanTest, ReplicasShowTheLayoutAndEachStagesAllReduce) {
   EXPECT_EQ(Cli({"plan", kJob, "--replicas", "2", "--collective-gbps", "-1"}, &out, &err),
             kExitUsage);
   EXPECT_THAT(err, HasSubstr("--collective-gbps"));
+}
+
+// The schedules and recompute modes --help lists are their tables' rows.
+TEST(CliPlanTest, HelpListsEveryScheduleAndRecomputeModeFromTheTables) {
+  std::string out, err;
+  ASSERT_EQ(Cli({"plan", "--help"}, &out, &err), kExitOk) << err;
+  for (const planner::ScheduleEntry& e : planner::ScheduleTable()) {
+    EXPECT_THAT(out, HasSubstr(std::string("  ") + e.name + "  ")) << out;
+    EXPECT_THAT(out, HasSubstr(e.description));
+  }
+  for (const planner::RecomputeEntry& e : planner::RecomputeTable()) {
+    EXPECT_THAT(out, HasSubstr(std::string("  ") + e.name + "  ")) << out;
+    EXPECT_THAT(out, HasSubstr(e.description));
+  }
+  EXPECT_THAT(out, HasSubstr("--schedule NAME"));
+  EXPECT_THAT(out, HasSubstr(planner::ScheduleNameList()));
+  EXPECT_THAT(out, HasSubstr(planner::RecomputeNameList()));
 }
 
 TEST(CliPlanTest, BadSpecsExitTwoNamingTheField) {

@@ -126,9 +126,10 @@ void RunPipeline(const Case& c) {
     backends.push_back(*compute::CpuBackend::Create(1));
     compute::CpuBackend* backend = backends.back().get();
     std::vector<std::unique_ptr<ChunkCompute>> chunks;
-    for (const auto& [begin, end] : sp.layers) {
+    for (size_t c = 0; c < sp.layers.size(); ++c) {
+      const auto& [begin, end] = sp.layers[c];
       compute::ChunkOptions so;
-      so.recompute = sp.recompute;
+      so.recompute = sp.chunk_recompute[c];
       auto layers = compute::ModelChunk::Create(config, begin, end, backend, so);
       ASSERT_THAT(layers.status(), IsOk());
       ASSERT_THAT((*layers)->Initialize(kSeed), IsOk());
@@ -205,9 +206,10 @@ void RunPipeline(const Case& c) {
     loss /= kMicroBatches;
     step_losses.push_back(loss);
     for (int s = 0; s < K; ++s) {
-      // Only a recomputing stage's B and I re-run a forward, inside their own time.
+      // Only a recomputing chunk's B and I re-run a forward, inside their own time.
       for (const ActionTiming& t : results[s]->timings) {
-        if (!plan->stages[s].recompute || !schedule::ProducesInputGradient(t.action.kind)) {
+        if (!plan->stages[s].chunk_recompute[t.action.chunk] ||
+            !schedule::ProducesInputGradient(t.action.kind)) {
           EXPECT_EQ(t.recompute_us, 0) << "stage " << s << " " << schedule::ToString(t.action);
         }
         EXPECT_LE(t.recompute_us, t.end_us - t.start_us) << "stage " << s;

@@ -248,6 +248,36 @@ TEST(PlannerTest, RecomputationChangesMemoryNotOrder) {
   EXPECT_GT(b->simulation.step_time_s, a->simulation.step_time_s);  // the forward reruns
 }
 
+// The plan holds recompute_policy.h's answer per chunk, and its own figures follow it:
+// with interleaved chunks and except-last, neither chunk of the last stage recomputes.
+TEST(PlannerTest, RecomputationIsResolvedPerChunkAndPricedPerChunk) {
+  auto o = OptionsFromJobSpec(Spec());
+  ASSERT_THAT(o, IsOk());
+  o->stages = 2;
+  o->chunks = 2;
+  o->schedule = ScheduleKind::kInterleaved;
+  o->recompute = pipetrain::v1::RECOMPUTE_EXCEPT_LAST;
+  auto plan = MakePlan(*o);
+  ASSERT_THAT(plan, IsOk());
+  const std::vector<std::vector<bool>> expected = ResolveRecompute(o->recompute, 2, 2);
+  for (int s = 0; s < 2; ++s) {
+    const StagePlan& sp = plan->stages[s];
+    EXPECT_EQ(sp.chunk_recompute, expected[s]) << s;
+    EXPECT_EQ(sp.recomputes_any(), s == 0);
+    for (int c = 0; c < 2; ++c) {
+      const ChunkCost& cc = plan->costs.chunks[s][c];
+      EXPECT_EQ(cc.recompute_s > 0, sp.chunk_recompute[c]) << s << " " << c;
+      const auto [b, e] = sp.layers[c];
+      const model::ChunkMemory memory =
+          model::ChunkActivationBytes(o->model, b, e, sp.chunk_recompute[c]);
+      EXPECT_DOUBLE_EQ(cc.stored_bytes,
+                       memory.stored * (o->batch_size / o->micro_batches) * o->model.seq_len);
+    }
+  }
+  EXPECT_EQ(plan->stages[0].chunk_recompute, (std::vector<bool>{true, true}));
+  EXPECT_EQ(plan->stages[1].chunk_recompute, (std::vector<bool>{false, false}));
+}
+
 TEST(PlannerTest, TooManyStagesOrTooLittleMemoryAreClearErrors) {
   auto o = OptionsFromJobSpec(Spec());
   o->stages = 9;  // 6 blocks + embedding + head = 8 layers

@@ -253,7 +253,7 @@ TEST_F(StageClusterTest, EverySchedulePlanAndRecomputeModeMatchesTheReference) {
         }
         // The stages' recompute time comes through the service's answer.
         bool recomputes = false;
-        for (const planner::StagePlan& sp : plan.stages) recomputes |= sp.recompute;
+        for (const planner::StagePlan& sp : plan.stages) recomputes |= sp.recomputes_any();
         if (!recomputes) {
           EXPECT_EQ(recompute_us, 0);
         } else {

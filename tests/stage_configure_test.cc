@@ -17,6 +17,7 @@ namespace {
 
 namespace pb = ::pipetrain::v1;
 using ::pipetrain::testing::IsOk;
+using ::testing::ElementsAre;
 
 planner::Plan MakeTestPlan(int stages, int chunks, planner::ScheduleKind schedule,
                            pb::RecomputeMode recompute = pb::RECOMPUTE_NEVER) {
@@ -55,7 +56,7 @@ TEST(StageConfigureTest, EveryStageGetsItsLayersModelAndRunSettings) {
     EXPECT_EQ(r.model().d_model(), 32);
     EXPECT_EQ(r.seed(), 99u);
     EXPECT_EQ(r.optimizer().lr(), 0.01f);
-    EXPECT_EQ(r.recompute(), pb::RECOMPUTE_ALWAYS);
+    EXPECT_THAT(r.chunk_recompute(), ElementsAre(true));  // always: every chunk
     EXPECT_EQ(r.micro_batch_size(), 2);
     EXPECT_EQ(r.peer_secret(), "s3cret");
     EXPECT_EQ(r.recv_deadline_ms(), 1234);
@@ -98,6 +99,28 @@ TEST(StageConfigureTest, AnInterleavedStageGetsOneRangePerChunk) {
     EXPECT_EQ(r.layers(c).begin_layer(), plan.stages[1].layers[c].first);
     EXPECT_EQ(r.layers(c).end_layer(), plan.stages[1].layers[c].second);
   }
+}
+
+// Each stage is told the plan's yes/no for each of its chunks and decides nothing itself:
+// under except-last with interleaved chunks, neither chunk of the last stage recomputes.
+TEST(StageConfigureTest, EachStageGetsThePlansRecomputationPerChunk) {
+  const planner::Plan plan =
+      MakeTestPlan(2, 2, planner::ScheduleKind::kInterleaved, pb::RECOMPUTE_EXCEPT_LAST);
+  ASSERT_EQ(plan.stages.size(), 2u);
+  for (int s = 0; s < 2; ++s) {
+    const pb::ConfigureRequest r = BuildConfigureRequest(plan, s, 1, {}, Wiring(2));
+    ASSERT_EQ(r.chunk_recompute_size(), r.layers_size()) << s;
+    for (int c = 0; c < r.chunk_recompute_size(); ++c) {
+      EXPECT_EQ(r.chunk_recompute(c), plan.stages[s].chunk_recompute[c]) << s << " " << c;
+    }
+  }
+  EXPECT_THAT(BuildConfigureRequest(plan, 0, 1, {}, Wiring(2)).chunk_recompute(),
+              ElementsAre(true, true));
+  EXPECT_THAT(BuildConfigureRequest(plan, 1, 1, {}, Wiring(2)).chunk_recompute(),
+              ElementsAre(false, false));
+  const planner::Plan never = MakeTestPlan(2, 1, planner::ScheduleKind::kOneFOneB);
+  EXPECT_THAT(BuildConfigureRequest(never, 0, 1, {}, Wiring(2)).chunk_recompute(),
+              ElementsAre(false));
 }
 
 TEST(StageConfigureTest, TheOptimizerIsTheSpecsWithPyTorchsEpsilon) {

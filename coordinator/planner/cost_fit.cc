@@ -267,7 +267,7 @@ absl::StatusOr<CostRates> RatesFromMeasured(const Plan& plan, const MeasuredCost
         f_flops += ff;
       }
       // The recompute inside a backward runs at the forward's rate; taken out below.
-      const double rerun = plan.stages[s].recompute ? std::max(0.0, cm.forward_s) : 0;
+      const double rerun = plan.stages[s].chunk_recompute[c] ? std::max(0.0, cm.forward_s) : 0;
       if (cm.backward_input_s >= 0) {
         i_s += std::max(0.0, cm.backward_input_s - rerun);
         i_flops += fi;

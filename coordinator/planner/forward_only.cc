@@ -23,14 +23,9 @@ absl::StatusOr<schedule::Schedule> ForwardOnlySchedule(int k, int m, int v) {
   RETURN_IF_ERROR(CheckRange("pipeline.stages", k, kMaxStages));
   RETURN_IF_ERROR(CheckRange("pipeline.micro_batches", m, kMaxMicroBatches));
   RETURN_IF_ERROR(CheckRange("pipeline.chunks", v, kMaxChunks));
-  schedule::Schedule compute_only(k);
+  schedule::Schedule compute_only;
   for (int s = 0; s < k; ++s) {
-    schedule::StageProgram& p = compute_only[s];
-    p.stage = s;
-    p.num_stages = k;
-    p.num_micro_batches = m;
-    p.num_chunks = v;
-    p.schedule = "eval";
+    schedule::StageProgram& p = compute_only.emplace_back(EmptyProgram("eval", s, k, m, v));
     p.forward_only = true;
     // A forward frees its activations as it ends: one micro-batch at a time.
     p.max_in_flight = 1;

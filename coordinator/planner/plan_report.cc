@@ -137,7 +137,7 @@ std::string RenderPlanText(const Plan& plan) {
                            FormatBytes(sp.state_bytes), FormatBytes(sp.snapshot_bytes),
                            FormatBytes(sp.peak_activation_bytes),
                            FormatBytes(sp.peak_memory_bytes()),
-                           sp.max_in_flight, sp.recompute ? "  (recompute)" : "");
+                           sp.max_in_flight, sp.recomputes_any() ? "  (recompute)" : "");
   }
   const char* unit = o.equal_stage_cost ? " units" : " s";
   const SimulationResult& sim = plan.simulation;
@@ -217,7 +217,8 @@ std::string PlanJson(const Plan& plan) {
     s["snapshot_bytes"] = sp.snapshot_bytes;
     s["peak_memory_bytes"] = sp.peak_memory_bytes();
     s["max_in_flight"] = sp.max_in_flight;
-    s["recompute"] = sp.recompute;
+    s["recompute"] = sp.recomputes_any();
+    s["chunk_recompute"] = sp.chunk_recompute;
     const ReductionEvent* e = ReductionOf(plan.simulation, sp.stage);
     s["allreduce_bytes"] = sp.allreduce_bytes;
     s["allreduce_s"] = sp.allreduce_s;

@@ -13,10 +13,6 @@ namespace {
 
 namespace pb = ::pipetrain::v1;
 
-bool Recomputes(pb::RecomputeMode mode, int stage, int stages) {
-  return mode == pb::RECOMPUTE_ALWAYS || (mode == pb::RECOMPUTE_EXCEPT_LAST && stage != stages - 1);
-}
-
 // Per-layer partition weights for the chosen mode.
 std::vector<double> LayerWeights(const PlanOptions& o) {
   std::vector<double> w;
@@ -35,6 +31,12 @@ std::vector<double> LayerWeights(const PlanOptions& o) {
     }
   }
   return w;
+}
+
+absl::Status CheckBatchSize(int batch_size) {
+  if (batch_size >= 1) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("training.batch_size must be >= 1 (got ", batch_size, ")"));
 }
 
 // pipeline.replicas in [1, kMaxReplicas], and the batch cut into R shares of M
@@ -60,173 +62,134 @@ absl::Status CheckReplicaSplit(const PlanOptions& o) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-double RingAllReduceSeconds(double bytes, int replicas, double bytes_per_s) {
-  if (replicas <= 1) return 0;
-  return kAllReduceCallLatencyS + 2.0 * (replicas - 1) / replicas * bytes / bytes_per_s;
-}
-
-absl::StatusOr<PartitionMode> ParsePartitionMode(absl::string_view name) {
-  if (name == "count") return PartitionMode::kCount;
-  if (name == "params") return PartitionMode::kParams;
-  if (name == "cost") return PartitionMode::kCost;
-  return absl::InvalidArgumentError(
-      absl::StrCat("partition: unknown mode '", name, "' (expected count, params or cost)"));
-}
-
-absl::StatusOr<pb::RecomputeMode> ParseRecompute(absl::string_view name) {
-  if (name.empty() || name == "never") return pb::RECOMPUTE_NEVER;
-  if (name == "always") return pb::RECOMPUTE_ALWAYS;
-  if (name == "except-last") return pb::RECOMPUTE_EXCEPT_LAST;
-  return absl::InvalidArgumentError(absl::StrCat("pipeline.recompute: unknown mode '", name,
-                                                 "' (expected never, always or except-last)"));
-}
-
-std::string RecomputeName(pb::RecomputeMode mode) {
-  switch (mode) {
-    case pb::RECOMPUTE_ALWAYS:
-      return "always";
-    case pb::RECOMPUTE_EXCEPT_LAST:
-      return "except-last";
-    default:
-      return "never";
-  }
-}
-
-absl::StatusOr<PlanOptions> OptionsFromJobSpec(const pb::JobSpec& spec) {
-  PlanOptions o;
-  if (!spec.has_model()) return absl::InvalidArgumentError("model: missing");
-  ASSIGN_OR_RETURN(o.model, model::ConfigFromProto(spec.model()));
-  const pb::PipelineSpec& p = spec.pipeline();
-  o.stages = p.stages();
-  o.micro_batches = p.micro_batches();
-  o.chunks = p.chunks() == 0 ? 1 : p.chunks();
-  if (p.schedule().empty()) {
-    return absl::InvalidArgumentError(
-        "pipeline.schedule: missing (expected gpipe, 1f1b, interleaved or zb-h1)");
-  }
-  ASSIGN_OR_RETURN(o.schedule, ParseScheduleKind(p.schedule()));
-  ASSIGN_OR_RETURN(o.recompute, ParseRecompute(p.recompute()));
-  RETURN_IF_ERROR(CheckShape(o.schedule, o.stages, o.micro_batches, o.chunks));
-  o.batch_size = spec.training().batch_size();
-  if (o.batch_size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("training.batch_size must be >= 1 (got ", o.batch_size, ")"));
-  }
-  o.replicas = p.replicas() == 0 ? 1 : p.replicas();
-  RETURN_IF_ERROR(CheckReplicaSplit(o));
-  o.snapshots = spec.checkpoint().snapshot_every_steps() > 0;
-  return o;
-}
-
-absl::StatusOr<Plan> MakePlan(const PlanOptions& o) {
+// Everything MakePlan needs of its options before it plans.
+absl::Status CheckPlanOptions(const PlanOptions& o) {
   RETURN_IF_ERROR(model::ValidateConfig(o.model));
   RETURN_IF_ERROR(CheckShape(o.schedule, o.stages, o.micro_batches, o.chunks));
-  if (o.batch_size < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("training.batch_size must be >= 1 (got ", o.batch_size, ")"));
-  }
+  RETURN_IF_ERROR(CheckBatchSize(o.batch_size));
   RETURN_IF_ERROR(CheckReplicaSplit(o));
-  const int k = o.stages, v = o.chunks, parts = k * v;
-  const int layers = o.model.num_pipeline_layers();
+  const int parts = o.stages * o.chunks, layers = o.model.num_pipeline_layers();
   if (parts > layers) {
     return absl::InvalidArgumentError(
-        absl::StrCat("pipeline.stages", v > 1 ? " x pipeline.chunks" : "", " (", parts,
+        absl::StrCat("pipeline.stages", o.chunks > 1 ? " x pipeline.chunks" : "", " (", parts,
                      ") is more than the model's ", layers, " pipeline layers (embedding, ",
                      o.model.n_layers, " blocks, head): every stage needs at least one layer"));
   }
-  // What one replica's stage computes per micro-batch: its share of the global batch.
-  const double tokens =
-      static_cast<double>(o.replica_batch_size() / o.micro_batches) * o.model.seq_len;
-  std::vector<model::LayerCost> cost(layers);
-  for (int l = 0; l < layers; ++l) cost[l] = model::CostOfLayer(o.model, l);
+  return absl::OkStatus();
+}
 
-  // Partition over virtual stages; the memory cap is enforced inside the split for plain
-  // pipelines (one part per stage) and checked on the simulated figures afterwards.
-  Partition partition;
-  if (o.partition == PartitionMode::kCount) {
-    ASSIGN_OR_RETURN(partition, PartitionByCount(layers, parts));
-  } else if (o.memory_cap_bytes > 0 && v == 1) {
-    MemoryLimit limit;
-    const bool all = o.recompute == pb::RECOMPUTE_ALWAYS;
-    // A stage's own snapshots count here; its predecessor's copy depends on the other
-    // part's split, so it is checked on the whole plan below.
-    const double per_param =
-        kStateBytesPerParam + (o.snapshots ? kSnapshotSteps * kSnapshotBytesPerParam : 0);
-    for (const model::LayerCost& c : cost) {
-      limit.weight_bytes.push_back(per_param * c.params);
-      limit.activation_bytes.push_back((all ? c.activation_bytes_recompute : c.activation_bytes) *
-                                       tokens);
+// Whether every chunk of every stage recomputes.
+bool Everywhere(const std::vector<std::vector<bool>>& recompute) {
+  for (const std::vector<bool>& stage : recompute) {
+    for (bool chunk : stage) {
+      if (!chunk) return false;
     }
-    for (int s = 0; s < k; ++s)
-      limit.in_flight.push_back(InFlightBound(o.schedule, k, o.micro_batches, v, s));
-    limit.cap_bytes = o.memory_cap_bytes;
-    absl::StatusOr<Partition> capped = PartitionByCost(LayerWeights(o), parts, &limit);
-    if (!capped.ok() && o.snapshots) {
-      return absl::Status(capped.status().code(),
-                          absl::StrCat(capped.status().message(), " (with in-memory snapshots, ",
-                                       kSnapshotSteps * kSnapshotBytesPerParam,
-                                       " bytes per parameter more; "
-                                       "checkpoint.snapshot_every_steps 0 turns them off)"));
-    }
-    RETURN_IF_ERROR(capped.status());
-    partition = *std::move(capped);
-  } else {
-    ASSIGN_OR_RETURN(partition, PartitionByCost(LayerWeights(o), parts));
   }
+  return true;
+}
 
-  Plan plan;
-  plan.options = o;
+// The layers split over the K x v virtual stages. The memory cap is enforced inside the
+// split for plain pipelines (one part per stage) and checked on the simulated figures
+// afterwards.
+absl::StatusOr<Partition> PartitionLayers(const PlanOptions& o,
+                                          const std::vector<model::LayerCost>& cost, double tokens,
+                                          bool recompute_everywhere) {
+  const int parts = o.stages * o.chunks, layers = o.model.num_pipeline_layers();
+  if (o.partition == PartitionMode::kCount) return PartitionByCount(layers, parts);
+  if (o.memory_cap_bytes <= 0 || o.chunks != 1) return PartitionByCost(LayerWeights(o), parts);
+  MemoryLimit limit;
+  // A stage's own snapshots count here; its predecessor's copy depends on the other
+  // part's split, so it is checked on the whole plan.
+  const double per_param =
+      kStateBytesPerParam + (o.snapshots ? kSnapshotSteps * kSnapshotBytesPerParam : 0);
+  for (const model::LayerCost& c : cost) {
+    limit.weight_bytes.push_back(per_param * c.params);
+    limit.activation_bytes.push_back(
+        (recompute_everywhere ? c.activation_bytes_recompute : c.activation_bytes) * tokens);
+  }
+  for (int s = 0; s < o.stages; ++s)
+    limit.in_flight.push_back(InFlightBound(o.schedule, o.stages, o.micro_batches, o.chunks, s));
+  limit.cap_bytes = o.memory_cap_bytes;
+  absl::StatusOr<Partition> capped = PartitionByCost(LayerWeights(o), parts, &limit);
+  if (!capped.ok() && o.snapshots) {
+    return absl::Status(capped.status().code(),
+                        absl::StrCat(capped.status().message(), " (with in-memory snapshots, ",
+                                     kSnapshotSteps * kSnapshotBytesPerParam,
+                                     " bytes per parameter more; "
+                                     "checkpoint.snapshot_every_steps 0 turns them off)"));
+  }
+  return capped;
+}
+
+// What layers [b, e) cost one replica's stage per micro-batch of `tokens` tokens: from
+// the FLOP and link rates, else from measured rates, else forward 1 and backward 2 units.
+ChunkCost CostOfChunk(const PlanOptions& o, const std::vector<model::LayerCost>& cost, int b,
+                      int e, bool recompute, double tokens) {
+  ChunkCost cc;
+  for (int l = b; l < e; ++l) {
+    cc.forward_s += cost[l].forward_flops * tokens / o.device_flops;
+    cc.backward_input_s += cost[l].backward_input_flops * tokens / o.device_flops;
+    cc.backward_weight_s += cost[l].backward_weight_flops * tokens / o.device_flops;
+  }
+  const model::ChunkMemory memory = model::ChunkActivationBytes(o.model, b, e, recompute);
+  cc.stored_bytes = memory.stored * tokens;
+  cc.backward_extra_bytes = memory.backward_extra * tokens;
+  cc.weight_grad_bytes = memory.weight_grad * tokens;
+  if (recompute) cc.recompute_s = cc.forward_s;
+  cc.send_activation_s = cost[e - 1].output_bytes * tokens / o.link_bytes_per_s;
+  cc.send_gradient_s = b > 0 ? cost[b - 1].output_bytes * tokens / o.link_bytes_per_s : 0;
+  if (o.rates && !o.equal_stage_cost) {
+    const CostRates& r = *o.rates;
+    double f = 0, bi = 0, bw = 0;
+    for (int l = b; l < e; ++l) {
+      f += cost[l].forward_flops * tokens;
+      bi += cost[l].backward_input_flops * tokens;
+      bw += cost[l].backward_weight_flops * tokens;
+    }
+    cc.forward_s = f * r.forward_s_per_flop;
+    cc.backward_input_s = bi * r.backward_input_s_per_flop;
+    cc.backward_weight_s = bw * r.backward_weight_s_per_flop;
+    cc.recompute_s = recompute ? cc.forward_s : 0;
+    cc.send_activation_s = cost[e - 1].output_bytes * tokens * r.transfer_s_per_byte;
+    cc.send_gradient_s = b > 0 ? cost[b - 1].output_bytes * tokens * r.transfer_s_per_byte : 0;
+    cc.send_busy_s = r.send_busy_s;
+    cc.recv_busy_s = r.recv_busy_s;
+  }
+  if (o.equal_stage_cost) {
+    const ChunkCost unit = EqualStageCost(1, o.chunks).chunks[0][0];
+    cc.forward_s = unit.forward_s;
+    cc.backward_input_s = unit.backward_input_s;
+    cc.backward_weight_s = unit.backward_weight_s;
+    cc.recompute_s = cc.send_activation_s = cc.send_gradient_s = 0;
+  }
+  return cc;
+}
+
+// Every stage's layers, parameters, bound and per-chunk recomputation, and each chunk's
+// costs, from the partition placed by the schedule's placement.
+void PlaceChunks(const PlanOptions& o, const Partition& partition,
+                 const std::vector<model::LayerCost>& cost, double tokens,
+                 const std::vector<std::vector<bool>>& recompute, Plan& plan) {
+  const int k = o.stages, v = o.chunks;
+  const Placement placement = EntryOf(o.schedule).placement;
   plan.costs.chunks.assign(k, std::vector<ChunkCost>(v));
   plan.stages.resize(k);
-  for (int j = 0; j < parts; ++j) {
-    const int s = schedule::StageOfVirtual(j, k), c = schedule::ChunkOfVirtual(j, k);
+  for (int j = 0; j < k * v; ++j) {
+    const auto [s, c] = Place(placement, j, k);
     const int b = partition.begin(j), e = partition.end(j);
     StagePlan& sp = plan.stages[s];
     sp.stage = s;
     sp.layers.push_back({b, e});
-    sp.recompute = Recomputes(o.recompute, s, k);
+    sp.chunk_recompute.push_back(recompute[s][c]);
     sp.max_in_flight = InFlightBound(o.schedule, k, o.micro_batches, v, s);
-    ChunkCost& cc = plan.costs.chunks[s][c];
-    for (int l = b; l < e; ++l) {
-      sp.params += cost[l].params;
-      cc.forward_s += cost[l].forward_flops * tokens / o.device_flops;
-      cc.backward_input_s += cost[l].backward_input_flops * tokens / o.device_flops;
-      cc.backward_weight_s += cost[l].backward_weight_flops * tokens / o.device_flops;
-    }
-    const model::ChunkMemory memory = model::ChunkActivationBytes(o.model, b, e, sp.recompute);
-    cc.stored_bytes = memory.stored * tokens;
-    cc.backward_extra_bytes = memory.backward_extra * tokens;
-    cc.weight_grad_bytes = memory.weight_grad * tokens;
-    if (sp.recompute) cc.recompute_s = cc.forward_s;
-    cc.send_activation_s = cost[e - 1].output_bytes * tokens / o.link_bytes_per_s;
-    cc.send_gradient_s = b > 0 ? cost[b - 1].output_bytes * tokens / o.link_bytes_per_s : 0;
-    if (o.rates && !o.equal_stage_cost) {
-      const CostRates& r = *o.rates;
-      double f = 0, bi = 0, bw = 0;
-      for (int l = b; l < e; ++l) {
-        f += cost[l].forward_flops * tokens;
-        bi += cost[l].backward_input_flops * tokens;
-        bw += cost[l].backward_weight_flops * tokens;
-      }
-      cc.forward_s = f * r.forward_s_per_flop;
-      cc.backward_input_s = bi * r.backward_input_s_per_flop;
-      cc.backward_weight_s = bw * r.backward_weight_s_per_flop;
-      cc.recompute_s = sp.recompute ? cc.forward_s : 0;
-      cc.send_activation_s = cost[e - 1].output_bytes * tokens * r.transfer_s_per_byte;
-      cc.send_gradient_s = b > 0 ? cost[b - 1].output_bytes * tokens * r.transfer_s_per_byte : 0;
-      cc.send_busy_s = r.send_busy_s;
-      cc.recv_busy_s = r.recv_busy_s;
-    }
-    if (o.equal_stage_cost) {
-      const ChunkCost unit = EqualStageCost(1, v).chunks[0][0];
-      cc.forward_s = unit.forward_s;
-      cc.backward_input_s = unit.backward_input_s;
-      cc.backward_weight_s = unit.backward_weight_s;
-      cc.recompute_s = cc.send_activation_s = cc.send_gradient_s = 0;
-    }
+    for (int l = b; l < e; ++l) sp.params += cost[l].params;
+    plan.costs.chunks[s][c] = CostOfChunk(o, cost, b, e, recompute[s][c], tokens);
   }
+}
+
+// State, all-reduce, snapshot and optimizer figures of every stage, from its parameters.
+void AddStageFigures(const PlanOptions& o, Plan& plan) {
+  const int k = o.stages;
   for (StagePlan& sp : plan.stages) {
     sp.state_bytes = kStateBytesPerParam * sp.params;
     // Free transfer in the formulas' setting, as for the stage links: the bytes stay real.
@@ -252,13 +215,11 @@ absl::StatusOr<Plan> MakePlan(const PlanOptions& o) {
                                              o.rates->optimizer_s_per_param);
     }
   }
+}
 
-  ASSIGN_OR_RETURN(schedule::Schedule compute_only, Generate(o.schedule, k, o.micro_batches, v));
-  RETURN_IF_ERROR(schedule::Validate(compute_only, {.lowered = false}));
-  plan.programs = Lower(compute_only);
-  RETURN_IF_ERROR(schedule::Validate(plan.programs));
-  ASSIGN_OR_RETURN(plan.simulation, Simulate(plan.programs, plan.costs));
-  for (int s = 0; s < k; ++s) {
+// The simulated peak activations into each stage, refused when a stage passes the cap.
+absl::Status AddPeaksWithinCap(const PlanOptions& o, Plan& plan) {
+  for (int s = 0; s < o.stages; ++s) {
     StagePlan& sp = plan.stages[s];
     sp.peak_activation_bytes = plan.simulation.peak_activation_bytes[s];
     const double total = sp.peak_memory_bytes();
@@ -274,6 +235,76 @@ absl::StatusOr<Plan> MakePlan(const PlanOptions& o) {
           o.memory_cap_bytes / (1 << 30)));
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool StagePlan::recomputes_any() const {
+  for (bool chunk : chunk_recompute) {
+    if (chunk) return true;
+  }
+  return false;
+}
+
+double RingAllReduceSeconds(double bytes, int replicas, double bytes_per_s) {
+  if (replicas <= 1) return 0;
+  return kAllReduceCallLatencyS + 2.0 * (replicas - 1) / replicas * bytes / bytes_per_s;
+}
+
+absl::StatusOr<PartitionMode> ParsePartitionMode(absl::string_view name) {
+  if (name == "count") return PartitionMode::kCount;
+  if (name == "params") return PartitionMode::kParams;
+  if (name == "cost") return PartitionMode::kCost;
+  return absl::InvalidArgumentError(
+      absl::StrCat("partition: unknown mode '", name, "' (expected count, params or cost)"));
+}
+
+absl::StatusOr<PlanOptions> OptionsFromJobSpec(const pb::JobSpec& spec) {
+  PlanOptions o;
+  if (!spec.has_model()) return absl::InvalidArgumentError("model: missing");
+  ASSIGN_OR_RETURN(o.model, model::ConfigFromProto(spec.model()));
+  const pb::PipelineSpec& p = spec.pipeline();
+  o.stages = p.stages();
+  o.micro_batches = p.micro_batches();
+  o.chunks = p.chunks() == 0 ? 1 : p.chunks();
+  if (p.schedule().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline.schedule: missing (expected ", ScheduleNameList(), ")"));
+  }
+  ASSIGN_OR_RETURN(o.schedule, ParseScheduleKind(p.schedule()));
+  ASSIGN_OR_RETURN(o.recompute, ParseRecompute(p.recompute()));
+  RETURN_IF_ERROR(CheckShape(o.schedule, o.stages, o.micro_batches, o.chunks));
+  o.batch_size = spec.training().batch_size();
+  RETURN_IF_ERROR(CheckBatchSize(o.batch_size));
+  o.replicas = p.replicas() == 0 ? 1 : p.replicas();
+  RETURN_IF_ERROR(CheckReplicaSplit(o));
+  o.snapshots = spec.checkpoint().snapshot_every_steps() > 0;
+  return o;
+}
+
+absl::StatusOr<Plan> MakePlan(const PlanOptions& o) {
+  RETURN_IF_ERROR(CheckPlanOptions(o));
+  const int k = o.stages, v = o.chunks;
+  // What one replica's stage computes per micro-batch: its share of the global batch.
+  const double tokens =
+      static_cast<double>(o.replica_batch_size() / o.micro_batches) * o.model.seq_len;
+  std::vector<model::LayerCost> cost(o.model.num_pipeline_layers());
+  for (int l = 0; l < static_cast<int>(cost.size()); ++l) cost[l] = model::CostOfLayer(o.model, l);
+  const std::vector<std::vector<bool>> recompute = ResolveRecompute(o.recompute, k, v);
+  ASSIGN_OR_RETURN(const Partition partition,
+                   PartitionLayers(o, cost, tokens, Everywhere(recompute)));
+
+  Plan plan;
+  plan.options = o;
+  PlaceChunks(o, partition, cost, tokens, recompute, plan);
+  AddStageFigures(o, plan);
+  ASSIGN_OR_RETURN(schedule::Schedule compute_only, Generate(o.schedule, k, o.micro_batches, v));
+  RETURN_IF_ERROR(schedule::Validate(compute_only, {.lowered = false}));
+  plan.programs = Lower(compute_only);
+  RETURN_IF_ERROR(schedule::Validate(plan.programs));
+  ASSIGN_OR_RETURN(plan.simulation, Simulate(plan.programs, plan.costs));
+  RETURN_IF_ERROR(AddPeaksWithinCap(o, plan));
   plan.textbook_bubble = TextbookBubble(o.schedule, k, o.micro_batches, v);
   return plan;
 }

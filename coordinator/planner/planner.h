@@ -14,6 +14,8 @@
 #include "common/schedule/stage_program.h"
 #include "coordinator/planner/generators.h"
 #include "coordinator/planner/partitioner.h"
+#include "coordinator/planner/recompute_policy.h"
+#include "coordinator/planner/schedule_registry.h"
 #include "coordinator/planner/simulator.h"
 #include "pipetrain/v1/job.pb.h"
 #include "pipetrain/v1/schedule.pb.h"
@@ -22,10 +24,6 @@ namespace pipetrain::planner {
 
 enum class PartitionMode { kCount, kParams, kCost };
 absl::StatusOr<PartitionMode> ParsePartitionMode(absl::string_view name);  // count|params|cost
-
-// "never" (or empty), "always", "except-last"; errors name pipeline.recompute.
-absl::StatusOr<pipetrain::v1::RecomputeMode> ParseRecompute(absl::string_view name);
-std::string RecomputeName(pipetrain::v1::RecomputeMode mode);
 
 // Bytes of training state per parameter: f32 weight, gradient and AdamW's two moments.
 inline constexpr double kStateBytesPerParam = 16;
@@ -66,7 +64,7 @@ struct PlanOptions {
   int stages = 1;
   int micro_batches = 1;
   int chunks = 1;
-  ScheduleKind schedule = ScheduleKind::kOneFOneB;
+  ScheduleKind schedule = kDefaultSchedule;
   pipetrain::v1::RecomputeMode recompute = pipetrain::v1::RECOMPUTE_NEVER;
   int batch_size = 1;  // sequences per mini-batch, all micro-batches of all replicas together
   // R, data-parallel copies of the pipeline; each takes batch_size / R sequences and the
@@ -107,13 +105,17 @@ struct StagePlan {
   double snapshot_bytes = 0;
   double peak_activation_bytes = 0;  // simulated
   int max_in_flight = 0;             // the schedule's bound
-  bool recompute = false;
+  // Per chunk (as `layers`): whether it re-runs its forward before its backward, from
+  // recompute_policy.h's rule. Its memory and time here, and the stage's Configure
+  // request, follow this list.
+  std::vector<bool> chunk_recompute;
   // With R > 1 replicas: the gradient bytes the R copies of this stage all-reduce each
   // step, and the ring all-reduce's predicted time (0 with one replica). The reduction is
   // in place: it adds no memory.
   double allreduce_bytes = 0;
   double allreduce_s = 0;
   double peak_memory_bytes() const { return state_bytes + snapshot_bytes + peak_activation_bytes; }
+  bool recomputes_any() const;
 };
 
 struct Plan {
