@@ -9,6 +9,7 @@
 #include "absl/strings/strip.h"
 #include "gmock/gmock.h"
 #include "tests/testing/corpus_text.h"
+#include "tests/testing/tolerance.h"
 
 namespace pipetrain::testing {
 namespace {
@@ -131,6 +132,17 @@ std::string ClusterJobTest::StageAddress(LocalCluster& c, const std::string& sta
     if (s["stage_id"] == stage_id) return s["address"];
   }
   return "";
+}
+
+std::vector<double> ClusterJobTest::RegroupedTolerances(
+    const std::vector<double>& reference) const {
+  const json& training = spec_["training"];
+  const int64_t tokens =
+      training["batch_size"].get<int64_t>() * spec_["model"]["seq_len"].get<int64_t>();
+  AdamWSettings adam;  // only the betas matter; the job's defaults unless the spec sets them
+  adam.beta1 = training.value("beta1", 0.9);
+  adam.beta2 = training.value("beta2", 0.95);
+  return RegroupedTrainingTolerances(reference, tokens, adam);
 }
 
 void SharedClusterTest::SetUp() {

@@ -49,6 +49,11 @@ class ClusterJobTest : public ::testing::Test {
   // The address of a registered stage, from `pipetrain cluster --json` ("" if absent).
   std::string StageAddress(LocalCluster& c, const std::string& stage_id);
 
+  // Per step, how far another number of data-parallel replicas may take spec_'s job
+  // from the losses `reference` (RegroupedTrainingTolerances: each gradient is a sum over
+  // the batch's tokens, grouped by replica; AdamW with the spec's betas).
+  std::vector<double> RegroupedTolerances(const std::vector<double>& reference) const;
+
   TempDir dir_;
   // 4 steps of a 2-layer model, 4 micro-batches, validation and a checkpoint every 2
   // steps, on 1 stage unless a test sets more.
