@@ -164,7 +164,10 @@ inline void AdamWDrift::Step(int step, std::span<const float> grad_a,
 // (relatively) another run's loss may be when it computes the same steps but groups each
 // gradient's sum over the batch's `tokens` differently -- data-parallel replicas averaging
 // their shares against one stage summing the whole batch, or another number of replicas:
-//   - step 1 runs on the same weights, so the same bits: kSameArithmetic;
+//   - every step's loss is a mean of micro-batch losses, each rounded to float once
+//     (cpu_backend.cc sums in double): where the runs cut the micro-batches differently
+//     (4 rows against 2 of 2) they round differently, by at most 2 u; step 1, on the
+//     same weights, differs by no more;
 //   - from then on, each step's gradient differs relatively by at most rho =
 //     ReorderedSumTolerance(tokens, 1) in the elements that carry the loss (their terms
 //     share a sign; those whose terms cancel are small and weigh little), and AdamW's
@@ -172,7 +175,7 @@ inline void AdamWDrift::Step(int step, std::span<const float> grad_a,
 //     <= U s and of s). AdamW steps each weight by about lr against its gradient's sign,
 //     so the first-order loss change of an update is sum |g_i| lr |u_i|: the loss then
 //     moves by at most 2 U rho of what the steps so far moved it, their total variation
-//     sum_t |L_t+1 - L_t|; plus the float rounding of each run's loss (2 u).
+//     sum_t |L_t+1 - L_t|.
 // First order: a weight difference also feeds back through later gradients, which this
 // leaves out; it matters only over many steps (docs/TESTING.md, "Tolerances", gives the
 // measured differences against these bounds).
@@ -182,13 +185,12 @@ inline std::vector<double> RegroupedTrainingTolerances(const std::vector<double>
   std::vector<double> out;
   double moved = 0;  // sum over the steps so far of |L_t+1 - L_t|
   for (size_t s = 0; s < losses.size(); ++s) {
-    if (s == 0) {
-      out.push_back(kSameArithmetic);
-      continue;
+    double drift = 0;
+    if (s > 0) {
+      moved += std::fabs(losses[s] - losses[s - 1]);
+      drift = 2 * AdamWMaxUpdate(o, static_cast<int>(s)) * rho * moved / std::fabs(losses[s]);
     }
-    moved += std::fabs(losses[s] - losses[s - 1]);
-    const double u_max = AdamWMaxUpdate(o, static_cast<int>(s));
-    out.push_back(2 * u_max * rho * moved / std::fabs(losses[s]) + 2 * kFloatEps);
+    out.push_back(drift + 2 * kFloatEps);
   }
   return out;
 }
