@@ -41,7 +41,16 @@ constexpr double ReorderedSumTolerance(int64_t n_terms, double magnitude,
   return 2 * Gamma(n_terms > 1 ? n_terms - 1 : 0, unit) * magnitude;
 }
 
-// ||got - want|| / ||want|| (L2), the measure the normwise bounds below are for; infinite
+// The same, normwise, for a tensor each of whose elements is a sum of n terms of no
+// common sign (a gradient: one term per token of the batch): sum |x_i| is then about
+// sqrt(n) times |sum x_i| (a random walk), so the relative L2 difference of the two
+// tensors stays within this. One element can be worse (one whose terms cancel exactly
+// is pure rounding); the tensor's norm is carried by the elements that do not cancel.
+inline double ReorderedTensorSumTolerance(int64_t n_terms, double unit = kFloatEps) {
+  return ReorderedSumTolerance(n_terms, std::sqrt(static_cast<double>(n_terms)), unit);
+}
+
+// ||got - want|| / ||want|| (L2), the measure the normwise bound above is for; infinite
 // when the sizes differ.
 inline double RelativeL2Error(const std::vector<float>& got, const std::vector<float>& want) {
   if (got.size() != want.size()) return INFINITY;
@@ -51,15 +60,6 @@ inline double RelativeL2Error(const std::vector<float>& got, const std::vector<f
     norm += double{want[i]} * want[i];
   }
   return std::sqrt(diff) / (std::sqrt(norm) + 1e-300);
-}
-
-// The same, normwise, for a tensor each of whose elements is a sum of n terms of no
-// common sign (a gradient: one term per token of the batch): sum |x_i| is then about
-// sqrt(n) times |sum x_i| (a random walk), so the relative L2 difference of the two
-// tensors stays within this. One element can be worse (one whose terms cancel exactly
-// is pure rounding); the tensor's norm is carried by the elements that do not cancel.
-inline double ReorderedTensorSumTolerance(int64_t n_terms, double unit = kFloatEps) {
-  return ReorderedSumTolerance(n_terms, std::sqrt(static_cast<double>(n_terms)), unit);
 }
 
 // ---- AdamW ------------------------------------------------------------------------------
