@@ -13,6 +13,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -42,6 +43,7 @@ constexpr int kPollers = 50;          // clients polling GetJob
 constexpr int kQueued = 20;           // jobs waiting behind the running one
 constexpr absl::Duration kPollEvery = absl::Milliseconds(100);  // each poller's period
 constexpr absl::Duration kLoadTime = absl::Seconds(20);         // of one load run
+constexpr absl::Duration kIdleTime = absl::Seconds(10);         // of the idle baseline
 constexpr int kLoadRuns = 3;  // --repetitions N for more
 constexpr int kChannelStorm = 1000;  // fresh connections, one GetJob each
 
@@ -138,48 +140,24 @@ absl::Status HistoryPhase(testing::LocalCluster& c, const ScratchDir& dir, Bench
   return absl::OkStatus();
 }
 
-struct LoadFigures {
-  std::vector<double> latency_ms;
+// GetJob's latency as kPollers clients see it, each asking every kPollEvery (one of
+// `ids` in turn) until `stop`.
+struct PollFigures {
+  std::vector<double> latency_ms;  // sorted
   int64_t errors = 0;
-  int64_t watch_events = 0;
-  int64_t watch_errors = 0;
+
+  double Percentile(double q) const {
+    const std::vector<double>& l = latency_ms;
+    return l.empty() ? 0.0 : l[std::min(l.size() - 1, static_cast<size_t>(q * l.size()))];
+  }
 };
 
-// One load run: a long job, kQueued behind it, kWatchers following it, kPollers polling.
-absl::Status LoadRun(testing::LocalCluster& c, const ScratchDir& dir, int run, BenchResult& out) {
-  auto stub = Stub(c.address());
-  ASSIGN_OR_RETURN(pb::JobSpec long_spec, Spec(dir, 1000000, "load-long"));
-  ASSIGN_OR_RETURN(pb::JobSpec small, Spec(dir, 5, "load-queued"));
-  ASSIGN_OR_RETURN(std::string running, Submit(*stub, long_spec));
-  std::vector<std::string> ids = {running};
-  for (int j = 0; j < kQueued; ++j) {
-    ASSIGN_OR_RETURN(std::string id, Submit(*stub, small));
-    ids.push_back(id);
-  }
-  absl::SleepFor(absl::Seconds(1));  // the long job under way
-  const int64_t before = RssBytes(c.coordinator_pid());
-
-  LoadFigures f;
+PollFigures Poll(testing::LocalCluster& c, const std::vector<std::string>& ids,
+                 absl::Duration duration) {
+  PollFigures f;
   absl::Mutex mu;
   std::atomic<bool> stop{false};
   std::vector<std::thread> threads;
-  std::vector<std::unique_ptr<grpc::ClientContext>> watch_contexts(kWatchers);
-  for (int w = 0; w < kWatchers; ++w) {
-    watch_contexts[w] = std::make_unique<grpc::ClientContext>();
-    threads.emplace_back([&, ctx = watch_contexts[w].get()] {
-      auto s = Stub(c.address());
-      pb::WatchJobRequest req;
-      req.set_job_id(running);
-      auto reader = s->WatchJob(ctx, req);
-      pb::JobEvent e;
-      int64_t n = 0;
-      while (reader->Read(&e)) ++n;
-      grpc::Status st = reader->Finish();
-      absl::MutexLock lock(&mu);
-      f.watch_events += n;
-      if (!st.ok() && st.error_code() != grpc::StatusCode::CANCELLED) ++f.watch_errors;
-    });
-  }
   for (int p = 0; p < kPollers; ++p) {
     threads.emplace_back([&, p] {
       auto s = Stub(c.address());
@@ -202,10 +180,83 @@ absl::Status LoadRun(testing::LocalCluster& c, const ScratchDir& dir, int run, B
       f.errors += errors;
     });
   }
-  absl::SleepFor(kLoadTime);
+  absl::SleepFor(duration);
   stop = true;
-  for (auto& ctx : watch_contexts) ctx->TryCancel();
   for (std::thread& t : threads) t.join();
+  std::sort(f.latency_ms.begin(), f.latency_ms.end());
+  return f;
+}
+
+// The baseline the load runs are divided by, measured in the same run: the same
+// pollers on an idle coordinator (no job running or queued, nobody watching), asking
+// for the history phase's finished jobs.
+absl::StatusOr<PollFigures> IdleBaseline(testing::LocalCluster& c, BenchResult& out) {
+  std::vector<std::string> ids;
+  for (int j = 1; j <= kQueued + 1; ++j) ids.push_back(absl::StrFormat("job-%06d", j));
+  PollFigures idle = Poll(c, ids, kIdleTime);
+  if (idle.latency_ms.empty() || idle.Percentile(0.50) <= 0) {
+    return absl::InternalError("coordinator-load: the idle baseline measured nothing");
+  }
+  out.Add("idle_getjob_requests", static_cast<double>(idle.latency_ms.size()));
+  out.Add("idle_getjob_p50_ms", idle.Percentile(0.50));
+  out.Add("idle_getjob_p99_ms", idle.Percentile(0.99));
+  out.Add("idle_getjob_errors", static_cast<double>(idle.errors));
+  return idle;
+}
+
+// kWatchers WatchJob streams following `running` until their contexts are cancelled:
+// the events they read and their errors (other than the cancellation).
+struct Watchers {
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::thread> threads;
+  absl::Mutex mu;
+  int64_t events = 0;
+  int64_t errors = 0;
+
+  void Start(testing::LocalCluster& c, const std::string& running) {
+    for (int w = 0; w < kWatchers; ++w) {
+      contexts.push_back(std::make_unique<grpc::ClientContext>());
+      threads.emplace_back([this, &c, running, ctx = contexts.back().get()] {
+        auto s = Stub(c.address());
+        pb::WatchJobRequest req;
+        req.set_job_id(running);
+        auto reader = s->WatchJob(ctx, req);
+        pb::JobEvent e;
+        int64_t n = 0;
+        while (reader->Read(&e)) ++n;
+        grpc::Status st = reader->Finish();
+        absl::MutexLock lock(&mu);
+        events += n;
+        if (!st.ok() && st.error_code() != grpc::StatusCode::CANCELLED) ++errors;
+      });
+    }
+  }
+  void Stop() {
+    for (auto& ctx : contexts) ctx->TryCancel();
+    for (std::thread& t : threads) t.join();
+  }
+};
+
+// One load run: a long job, kQueued behind it, kWatchers following it, kPollers polling;
+// GetJob's latency also as ratios to the idle baseline's.
+absl::Status LoadRun(testing::LocalCluster& c, const ScratchDir& dir, const PollFigures& idle,
+                     int run, BenchResult& out) {
+  auto stub = Stub(c.address());
+  ASSIGN_OR_RETURN(pb::JobSpec long_spec, Spec(dir, 1000000, "load-long"));
+  ASSIGN_OR_RETURN(pb::JobSpec small, Spec(dir, 5, "load-queued"));
+  ASSIGN_OR_RETURN(std::string running, Submit(*stub, long_spec));
+  std::vector<std::string> ids = {running};
+  for (int j = 0; j < kQueued; ++j) {
+    ASSIGN_OR_RETURN(std::string id, Submit(*stub, small));
+    ids.push_back(id);
+  }
+  absl::SleepFor(absl::Seconds(1));  // the long job under way
+  const int64_t before = RssBytes(c.coordinator_pid());
+
+  Watchers watchers;
+  watchers.Start(c, running);
+  const PollFigures f = Poll(c, ids, kLoadTime);
+  watchers.Stop();
   for (const std::string& id : ids) {
     grpc::ClientContext ctx;
     pb::CancelJobRequest req;
@@ -217,19 +268,16 @@ absl::Status LoadRun(testing::LocalCluster& c, const ScratchDir& dir, int run, B
   absl::SleepFor(absl::Milliseconds(500));
   const int64_t after = RssBytes(c.coordinator_pid());
 
-  std::vector<double>& l = f.latency_ms;
-  std::sort(l.begin(), l.end());
-  const auto pct = [&](double q) {
-    return l.empty() ? 0.0 : l[std::min(l.size() - 1, static_cast<size_t>(q * l.size()))];
-  };
   const std::string r = absl::StrCat("run", run, "_");
-  out.Add(r + "getjob_requests", static_cast<double>(l.size()));
-  out.Add(r + "getjob_p50_ms", pct(0.50));
-  out.Add(r + "getjob_p99_ms", pct(0.99));
-  out.Add(r + "getjob_max_ms", l.empty() ? 0 : l.back());
+  out.Add(r + "getjob_requests", static_cast<double>(f.latency_ms.size()));
+  out.Add(r + "getjob_p50_ms", f.Percentile(0.50));
+  out.Add(r + "getjob_p99_ms", f.Percentile(0.99));
+  out.Add(r + "getjob_max_ms", f.latency_ms.empty() ? 0 : f.latency_ms.back());
+  out.Add(r + "getjob_p50_x_idle", f.Percentile(0.50) / idle.Percentile(0.50));
+  out.Add(r + "getjob_p99_x_idle", f.Percentile(0.99) / idle.Percentile(0.99));
   out.Add(r + "getjob_errors", static_cast<double>(f.errors));
-  out.Add(r + "watch_events", static_cast<double>(f.watch_events));
-  out.Add(r + "watch_errors", static_cast<double>(f.watch_errors));
+  out.Add(r + "watch_events", static_cast<double>(watchers.events));
+  out.Add(r + "watch_errors", static_cast<double>(watchers.errors));
   out.Add(r + "rss_mb_before", Mb(before));
   out.Add(r + "rss_mb_after", Mb(after));
   return absl::OkStatus();
@@ -264,8 +312,9 @@ absl::StatusOr<BenchResult> RunCoordinatorLoadBench(const BenchOptions& options)
   out.Label("machine", "2 shared cores; coordinator and stage on the same machine");
   out.Add("coordinator_rss_mb_at_start", Mb(RssBytes(c.coordinator_pid())));
   RETURN_IF_ERROR(HistoryPhase(c, dir, out));
+  ASSIGN_OR_RETURN(const PollFigures idle, IdleBaseline(c, out));
   const int runs = options.repetitions > 0 ? options.repetitions : kLoadRuns;
-  for (int run = 1; run <= runs; ++run) RETURN_IF_ERROR(LoadRun(c, dir, run, out));
+  for (int run = 1; run <= runs; ++run) RETURN_IF_ERROR(LoadRun(c, dir, idle, run, out));
   RETURN_IF_ERROR(ChannelStorm(c, "job-000001", out));
   return out;
 }

@@ -18,6 +18,7 @@
 #include "httplib.h"
 #include "tests/testing/cluster_jobs.h"
 #include "tests/testing/loss_comparison.h"
+#include "tests/testing/tolerance.h"
 #include "tests/testing/temp_files.h"
 #include "tests/testing/token_files.h"
 
@@ -27,6 +28,7 @@ namespace {
 using ::pipetrain::testing::Losses;
 using ::pipetrain::testing::LossesDiffer;
 using ::pipetrain::testing::LossesMatch;
+using ::pipetrain::testing::kSameArithmetic;
 using ::pipetrain::testing::SubmittedId;
 
 // The job a pipeline must reproduce runs on 1 stage; `sets` make the pipeline.
@@ -103,7 +105,7 @@ TEST_P(CoordinatorPipelineTest, FourStagesGiveTheLossesOfOne) {
   const json s = Status(*c_, FinishedJob({"pipeline.stages=4", schedule}));
   EXPECT_EQ(s["state"], "SUCCEEDED") << s.dump();
   EXPECT_EQ(s["stage_ids"].size(), 4u);
-  EXPECT_TRUE(LossesMatch(Losses(s), ref));
+  EXPECT_TRUE(LossesMatch(Losses(s), ref, kSameArithmetic));
   EXPECT_GT(s["history"][3]["bubble_predicted"].get<double>(), 0);
 }
 
@@ -128,7 +130,7 @@ TEST_P(CoordinatorReplicasTest, TwoReplicasOfTwoStagesGiveTheLossesOfOne) {
   const json s = Status(*c_, FinishedJob(sets));
   EXPECT_EQ(s["state"], "SUCCEEDED") << s.dump();
   EXPECT_EQ(s["stage_ids"].size(), 4u);
-  EXPECT_TRUE(LossesMatch(Losses(s), ref));
+  EXPECT_TRUE(LossesMatch(Losses(s), ref, RegroupedTolerances(ref)));
 }
 
 INSTANTIATE_TEST_SUITE_P(Schedules, CoordinatorReplicasTest,
@@ -153,7 +155,7 @@ TEST_F(CoordinatorClusterTest, TwoReplicasWithTiedEmbeddingsAndClippingGiveTheLo
                                             absl::StrCat("pipeline.schedule=", schedule),
                                             "pipeline.micro_batches=2"}));
     EXPECT_EQ(s["state"], "SUCCEEDED") << s.dump();
-    EXPECT_TRUE(LossesMatch(Losses(s), ref));
+    EXPECT_TRUE(LossesMatch(Losses(s), ref, RegroupedTolerances(ref)));
   }
 }
 
@@ -163,11 +165,14 @@ TEST_F(CoordinatorClusterTest, FourReplicasOfOneStageGiveTheLossesOfOne) {
   const json s = Status(*c_, FinishedJob({"pipeline.replicas=4", "pipeline.micro_batches=2"}));
   EXPECT_EQ(s["state"], "SUCCEEDED") << s.dump();
   EXPECT_EQ(s["stage_ids"].size(), 4u);
-  EXPECT_TRUE(LossesMatch(Losses(s), ref));
-  // Validation runs on every replica's share of the held-out batch: the same loss.
+  EXPECT_TRUE(LossesMatch(Losses(s), ref, RegroupedTolerances(ref)));
+  // Validation runs on every replica's share of the held-out batch: the same loss, up to
+  // the drift of the weights it sees (one update more than step 4's training loss, taken
+  // to move the loss as much as step 3's did).
   const json reference = Status(*c_, Reference());
-  EXPECT_NEAR(s["history"][3]["val_loss"].get<double>(),
-              reference["history"][3]["val_loss"].get<double>(), 1e-5);
+  const double val = reference["history"][3]["val_loss"].get<double>();
+  const double drift = RegroupedTolerances({ref[0], ref[1], ref[2], ref[3], 2 * ref[3] - ref[2]})[4];
+  EXPECT_NEAR(s["history"][3]["val_loss"].get<double>(), val, drift * val);
 }
 
 // The replicas' checkpoint is one pipeline's (written from replica 0): the step-2
@@ -176,6 +181,7 @@ TEST_F(CoordinatorClusterTest, FourReplicasOfOneStageGiveTheLossesOfOne) {
 TEST_F(CoordinatorClusterTest, AReplicasCheckpointContinuesOnAnotherLayout) {
   const std::vector<double> ref = ReferenceLosses();
   ASSERT_EQ(ref.size(), 4u);
+  const std::vector<double> tolerances = RegroupedTolerances(ref);  // of the replicas' run
   const std::string replicas =
       FinishedJob({"pipeline.replicas=2", "pipeline.stages=2", "pipeline.micro_batches=2"});
   const std::string ckpt = StateDir() + "/checkpoints/" + replicas + "/step-2";
@@ -186,7 +192,7 @@ TEST_F(CoordinatorClusterTest, AReplicasCheckpointContinuesOnAnotherLayout) {
   const json s = Status(*c_, resumed);
   EXPECT_EQ(s["state"], "SUCCEEDED") << s.dump();
   EXPECT_EQ(s["stage_ids"].size(), 1u);
-  EXPECT_TRUE(LossesMatch(Losses(s), {ref[2], ref[3]}));
+  EXPECT_TRUE(LossesMatch(Losses(s), {ref[2], ref[3]}, {tolerances[2], tolerances[3]}));
 }
 
 // A job started from the step-2 checkpoint of the reference runs its steps 3 and 4
@@ -194,7 +200,7 @@ TEST_F(CoordinatorClusterTest, AReplicasCheckpointContinuesOnAnotherLayout) {
 TEST_F(CoordinatorClusterTest, AJobFromACheckpointContinuesItsLosses) {
   const std::vector<double> ref = ReferenceLosses();
   ASSERT_EQ(ref.size(), 4u);
-  EXPECT_TRUE(LossesMatch(LossesFromStep2(), {ref[2], ref[3]})) << "resumed";
+  EXPECT_TRUE(LossesMatch(LossesFromStep2(), {ref[2], ref[3]}, kSameArithmetic)) << "resumed";
 }
 
 // The timeline of a 1F1B job: every stage's compute and link lanes.
@@ -280,7 +286,7 @@ TEST_F(CoordinatorClippingTest, ClippedPipelinesGiveTheLossesOfOneStage) {
       const json s = Status(*c_, FinishedJob({absl::StrCat("pipeline.stages=", stages),
                                               absl::StrCat("pipeline.schedule=", schedule)}));
       EXPECT_EQ(s["state"], "SUCCEEDED") << s.dump();
-      EXPECT_TRUE(LossesMatch(Losses(s), ref));
+      EXPECT_TRUE(LossesMatch(Losses(s), ref, kSameArithmetic));
     }
   }
 }
@@ -327,7 +333,7 @@ TEST_F(CoordinatorTiedTest, FourStagesGiveTheLossesOfOneAndAResumedJobContinues)
     const json s = Status(
         *c_, FinishedJob({"pipeline.stages=4", absl::StrCat("pipeline.schedule=", schedule)}));
     EXPECT_EQ(s["state"], "SUCCEEDED") << s.dump();
-    EXPECT_TRUE(LossesMatch(Losses(s), ref));
+    EXPECT_TRUE(LossesMatch(Losses(s), ref, kSameArithmetic));
   }
   // From the 4-stage job's step-2 checkpoint onto 2 stages.
   const std::string four = FinishedJob({"pipeline.stages=4", "pipeline.schedule=1f1b"});
@@ -337,7 +343,8 @@ TEST_F(CoordinatorTiedTest, FourStagesGiveTheLossesOfOneAndAResumedJobContinues)
   ASSERT_TRUE(r.ok());
   ASSERT_EQ(r->exit_code, 0) << r->out << r->err;
   const std::string resumed = SubmittedId(r->out.substr(0, r->out.find('\n')));
-  EXPECT_TRUE(LossesMatch(Losses(Status(*c_, resumed)), {ref[2], ref[3]})) << "resumed";
+  EXPECT_TRUE(LossesMatch(Losses(Status(*c_, resumed)), {ref[2], ref[3]}, kSameArithmetic))
+      << "resumed";
 }
 
 TEST_F(CoordinatorTiedTest, TyingChangesTheLosses) {
@@ -386,9 +393,9 @@ TEST_F(CoordinatorTokenFileTest, PipelinesGiveTheLossesOfOneStageAndResumeExactl
     const json s = Status(
         *c_, FinishedJob({absl::StrCat("pipeline.stages=", stages), "pipeline.schedule=1f1b"}));
     EXPECT_EQ(s["state"], "SUCCEEDED") << s.dump();
-    EXPECT_TRUE(LossesMatch(Losses(s), ref));
+    EXPECT_TRUE(LossesMatch(Losses(s), ref, kSameArithmetic));
   }
-  EXPECT_TRUE(LossesMatch(LossesFromStep2(), {ref[2], ref[3]})) << "resumed";
+  EXPECT_TRUE(LossesMatch(LossesFromStep2(), {ref[2], ref[3]}, kSameArithmetic)) << "resumed";
 }
 
 // A bad token file fails the submit, naming the field and the file, before it is queued.
@@ -437,8 +444,8 @@ TEST_F(CoordinatorGpt2ShapeTest, FourStagesGiveTheLossesOfOneAndAResumedJobConti
   EXPECT_NEAR(ref[0], std::log(50257.0), 0.1);  // a fresh model is near uniform
   const json s = Status(*c_, FinishedJob({"pipeline.stages=4", "pipeline.schedule=1f1b"}));
   EXPECT_EQ(s["state"], "SUCCEEDED") << s.dump();
-  EXPECT_TRUE(LossesMatch(Losses(s), ref));
-  EXPECT_TRUE(LossesMatch(LossesFromStep2(), {ref[2], ref[3]})) << "resumed";
+  EXPECT_TRUE(LossesMatch(Losses(s), ref, kSameArithmetic));
+  EXPECT_TRUE(LossesMatch(LossesFromStep2(), {ref[2], ref[3]}, kSameArithmetic)) << "resumed";
 }
 
 }  // namespace

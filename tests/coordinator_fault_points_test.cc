@@ -16,6 +16,7 @@
 #include "tests/testing/cluster_jobs.h"
 #include "tests/testing/local_cluster.h"
 #include "tests/testing/loss_comparison.h"
+#include "tests/testing/tolerance.h"
 
 namespace pipetrain {
 namespace {
@@ -89,7 +90,7 @@ TEST_P(CoordinatorFaultPointsTest, AStageLostThereIsReplacedAndEveryLossIsTheUni
     EXPECT_LT(restored, kFaultStep) << "step 12's copy of stage 1 was cut off: " << r.dump();
   }
   EXPECT_EQ(JsonInt(done, "steps_done"), kSteps) << done.dump();
-  EXPECT_TRUE(LossesMatch(Losses(Status(c, id)), expected, 1e-12)) << logs;
+  EXPECT_TRUE(LossesMatch(Losses(Status(c, id)), expected, testing::kSameArithmetic)) << logs;
 }
 
 INSTANTIATE_TEST_SUITE_P(Points, CoordinatorFaultPointsTest,

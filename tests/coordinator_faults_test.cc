@@ -10,6 +10,7 @@
 #include "tests/testing/cluster_jobs.h"
 #include "tests/testing/local_cluster.h"
 #include "tests/testing/loss_comparison.h"
+#include "tests/testing/tolerance.h"
 
 namespace pipetrain {
 namespace {
@@ -49,7 +50,7 @@ TEST_F(CoordinatorFaultsTest, ARestartedCoordinatorStillListsFinishedJobs) {
   EXPECT_THAT(after->out, HasSubstr(one));
   const json status = Status(c, one);
   EXPECT_EQ(status["state"], "SUCCEEDED");
-  EXPECT_TRUE(LossesMatch(Losses(status), before)) << "after restart";
+  EXPECT_TRUE(LossesMatch(Losses(status), before, testing::kSameArithmetic)) << "after restart";
 }
 
 // With fault_tolerance.max_restarts 0, a job that was running when its coordinator

@@ -22,6 +22,7 @@ namespace {
 
 using ::pipetrain::testing::LocalCluster;
 using ::pipetrain::testing::LocalClusterOptions;
+using ::pipetrain::testing::ProcessCluster;
 using ::pipetrain::testing::TempDir;
 using ::pipetrain::testing::WriteFileOrDie;
 using ::testing::HasSubstr;
@@ -31,38 +32,24 @@ namespace fs = std::filesystem;
 
 // One coordinator (1 stage) for the whole binary, confined to ROOT and to /dev (the
 // second root lets a device be judged as a device rather than as outside the roots).
-struct Confined {
-  TempDir dir;
-  std::string root = dir.File("root");
-  std::unique_ptr<LocalCluster> cluster;
-  absl::Status failure;
-};
-
-Confined& TheConfined() {
-  static Confined* c = [] {
-    static Confined made;
-    fs::create_directory(made.root);
-    WriteFileOrDie(made.root + "/corpus.txt", testing::EnglishLikeCorpus());
+ProcessCluster& TheConfined() {
+  static ProcessCluster confined(1, [](const TempDir& dir) {
+    const std::string root = dir.File("root");
+    fs::create_directory(root);
+    WriteFileOrDie(root + "/corpus.txt", testing::EnglishLikeCorpus());
     LocalClusterOptions options;
-    options.data_roots = {made.root, "/dev"};
-    auto started = LocalCluster::Start(made.dir.File("state"), 1, options);
-    if (started.ok()) {
-      made.cluster = *std::move(started);
-    } else {
-      made.failure = started.status();
-    }
-    return &made;
-  }();
-  return *c;
+    options.data_roots = {root, "/dev"};
+    return options;
+  });
+  return confined;
 }
 
 class CoordinatorPathsTest : public testing::ClusterJobTest {
  protected:
   void SetUp() override {
-    Confined& c = TheConfined();
-    ASSERT_NE(c.cluster, nullptr) << "the cluster did not start: " << c.failure;
-    c_ = c.cluster.get();
-    root_ = c.root;
+    c_ = TheConfined().Get();
+    ASSERT_NE(c_, nullptr) << "the cluster did not start: " << TheConfined().failure();
+    root_ = TheConfined().dir().File("root");
     spec_["data"]["corpus"] = root_ + "/corpus.txt";
     spec_["training"]["steps"] = 2;
   }

@@ -21,8 +21,8 @@
 #include "gtest/gtest.h"
 #include "pipetrain/v1/coordinator.pb.h"
 #include "pipetrain/v1/stage.pb.h"
+#include "tests/testing/cluster_jobs.h"
 #include "tests/testing/local_cluster.h"
-#include "tests/testing/temp_files.h"
 
 namespace pipetrain::testing {
 namespace {
@@ -84,19 +84,18 @@ void ExpectRefused(const Answer& a, grpc::StatusCode code, const std::string& fi
   EXPECT_THAT(a.message, HasSubstr(field)) << a;
 }
 
+// One coordinator and one stage for the whole binary: every test leaves them serving.
+ProcessCluster& TheCluster() {
+  static ProcessCluster cluster(1);
+  return cluster;
+}
+
 class HostileClientTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new TempDir();
-    auto cluster = LocalCluster::Start(dir_->File("state"), 1);
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    cluster_ = cluster->release();
+  void SetUp() override {
+    cluster_ = TheCluster().Get();
+    ASSERT_NE(cluster_, nullptr) << "the cluster did not start: " << TheCluster().failure();
   }
-  static void TearDownTestSuite() {
-    delete cluster_;
-    delete dir_;
-  }
-  void SetUp() override { ASSERT_NE(cluster_, nullptr); }
 
   static std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
     grpc::ChannelArguments args;
@@ -118,12 +117,8 @@ class HostileClientTest : public ::testing::Test {
     return cluster;
   }
 
-  static TempDir* dir_;
-  static LocalCluster* cluster_;
+  LocalCluster* cluster_ = nullptr;
 };
-
-TempDir* HostileClientTest::dir_ = nullptr;
-LocalCluster* HostileClientTest::cluster_ = nullptr;
 
 pb::RegisterStageRequest Registration(const std::string& address) {
   pb::RegisterStageRequest r;

@@ -37,6 +37,7 @@
 #include "stage_server/backend_chunk.h"
 #include "tests/testing/loss_comparison.h"
 #include "tests/testing/reference_training.h"
+#include "tests/testing/tolerance.h"
 #include "tests/testing/subprocess.h"
 
 namespace pipetrain {
@@ -260,7 +261,8 @@ TEST_F(StageClusterTest, EverySchedulePlanAndRecomputeModeMatchesTheReference) {
           EXPECT_GT(recompute_us, 0);
         }
         EXPECT_TRUE(testing::LossesMatch(
-            losses, std::vector<double>(ref.losses.begin(), ref.losses.begin() + kSteps)));
+            losses, std::vector<double>(ref.losses.begin(), ref.losses.begin() + kSteps),
+            testing::kSameArithmetic));
         // Final weights, pulled from every chunk of every stage.
         int tensors = 0;
         for (int s = 0; s < K; ++s) {
@@ -272,7 +274,9 @@ TEST_F(StageClusterTest, EverySchedulePlanAndRecomputeModeMatchesTheReference) {
               auto want = ref.model->GetParam(name);
               ASSERT_TRUE(want.ok()) << name;
               auto got = tensor.data<float>();
-              EXPECT_LE(testing::RelativeParamError({got.begin(), got.end()}, *want), 1e-5) << name;
+              EXPECT_LE(testing::RelativeL2Error({got.begin(), got.end()}, *want),
+                        testing::kSameArithmetic)
+                  << name;
               ++tensors;
             }
           }
@@ -309,7 +313,7 @@ TEST_F(StageClusterTest, AnEvaluationBetweenStepsReportsTheReferenceLossAndChang
     }
   };
   check_ok(RunStep(plan.programs, job, 0, testing::RandomBatch(0), *stages_, out));
-  EXPECT_NEAR(MeanLoss(out[1]), ref.losses[0], 1e-5 * ref.losses[0]);
+  EXPECT_EQ(MeanLoss(out[1]), ref.losses[0]);
   auto chunk_state = [&] {
     std::string all;
     for (int s = 0; s < 2; ++s) {
@@ -324,7 +328,7 @@ TEST_F(StageClusterTest, AnEvaluationBetweenStepsReportsTheReferenceLossAndChang
   const std::vector<double> want = testing::ReferenceEvalLosses(1, held_out);
   ASSERT_EQ(out[1].losses_size(), kMicroBatches);
   for (int mb = 0; mb < kMicroBatches; ++mb) {
-    EXPECT_NEAR(out[1].losses(mb), want[mb], 1e-5 * want[mb]) << "micro-batch " << mb;
+    EXPECT_EQ(out[1].losses(mb), want[mb]) << "micro-batch " << mb;
   }
   EXPECT_EQ(out[0].losses_size(), 0);
   // The chunk_state (weights, AdamW moments and step) are byte for byte what they were.
@@ -332,7 +336,7 @@ TEST_F(StageClusterTest, AnEvaluationBetweenStepsReportsTheReferenceLossAndChang
 
   for (int step = 1; step < 3; ++step) {
     check_ok(RunStep(plan.programs, job, step + 1, testing::RandomBatch(step), *stages_, out));
-    EXPECT_NEAR(MeanLoss(out[1]), ref.losses[step], 1e-5 * ref.losses[step]) << "step " << step;
+    EXPECT_EQ(MeanLoss(out[1]), ref.losses[step]) << "step " << step;
   }
 }
 
@@ -621,7 +625,7 @@ TEST(StageFaultTest, ChunksExportAndImportWithOptimizerStateToResumeExactly) {
   for (float l : out[1].losses()) loss += l;
   loss /= kMicroBatches;
   const testing::Reference& ref = testing::SharedReference(kSteps);
-  EXPECT_NEAR(loss, ref.losses[2], 1e-5 * ref.losses[2]) << "the third step after a restore";
+  EXPECT_EQ(loss, ref.losses[2]) << "the third step after a restore";
   for (Stage& s : stages) {
     s.process->Signal(SIGTERM);
     EXPECT_TRUE(s.process->Wait(20s).ok());

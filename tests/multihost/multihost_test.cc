@@ -21,6 +21,7 @@
 #include "tests/multihost/multihost_cluster.h"
 #include "tests/testing/corpus_text.h"
 #include "tests/testing/loss_comparison.h"
+#include "tests/testing/tolerance.h"
 #include "tests/testing/status_json.h"
 #include "tests/testing/temp_files.h"
 
@@ -28,6 +29,7 @@ namespace pipetrain {
 namespace {
 
 using ::pipetrain::testing::LossesMatch;
+using ::pipetrain::testing::kSameArithmetic;
 using ::pipetrain::testing::MultiHostCluster;
 using ::pipetrain::testing::MultiHostOptions;
 using ::pipetrain::testing::Role;
@@ -190,7 +192,7 @@ TEST_F(MultiHostTest, APipelineAcrossHostsTrainsLikeOneStage) {
     hosts.insert(address.substr(0, address.rfind(':')));
   }
   EXPECT_EQ(hosts.size(), 4u);
-  EXPECT_TRUE(LossesMatch(Losses(four), ref)) << "4 hosts against 1";
+  EXPECT_TRUE(LossesMatch(Losses(four), ref, kSameArithmetic)) << "4 hosts against 1";
 
   // The HTTP API answers on the coordinator host's address, from the client host.
   auto api = c.HttpGet("/api/cluster");
@@ -249,7 +251,7 @@ TEST_F(MultiHostTest, AStageHostWhoseLinkGoesDownIsLostInBoundedTimeAndTheJobGoe
   const json done = WaitFor(c, id, 120s, ::pipetrain::testing::JobHasEnded);
   ASSERT_EQ(done["state"], "SUCCEEDED") << done.dump();
   EXPECT_EQ(done["stage_ids"].size(), 2u);
-  EXPECT_TRUE(LossesMatch(Losses(done), ref, 1e-6)) << "after the link went down";
+  EXPECT_TRUE(LossesMatch(Losses(done), ref, kSameArithmetic)) << "after the link went down";
 
   // The cluster goes on without that host: the victim is LOST, the others take a job.
   absl::Status idle = c.WaitForIdleStages(2);
@@ -289,7 +291,7 @@ TEST_F(MultiHostTest, AJobGoesOnAfterTheCoordinatorIsKilledAndStartedAgain) {
   ASSERT_EQ(done.value("recoveries", json::array()).size(), 1u) << done.dump();
   EXPECT_EQ(done["recoveries"][0]["source"], "the stages' snapshots") << done.dump();
   EXPECT_EQ(done["stage_ids"].size(), 3u);
-  EXPECT_TRUE(LossesMatch(Losses(done), ref, 1e-12)) << "after the coordinator's restart";
+  EXPECT_TRUE(LossesMatch(Losses(done), ref, kSameArithmetic)) << "after the coordinator's restart";
 
   absl::Status stopped = c.Stop();
   EXPECT_TRUE(stopped.ok()) << stopped;

@@ -9,6 +9,7 @@
 #include "absl/strings/strip.h"
 #include "gmock/gmock.h"
 #include "tests/testing/corpus_text.h"
+#include "tests/testing/tolerance.h"
 
 namespace pipetrain::testing {
 namespace {
@@ -27,26 +28,40 @@ std::vector<std::string> SubmitArgs(const std::string& spec_file,
   return args;
 }
 
-// What the tests of one process share: the folder goes last, after the cluster whose
-// state is in it has stopped.
+LocalClusterOptions WriteTheCorpus(const TempDir& dir) {
+  WriteFileOrDie(dir.File("corpus.txt"), EnglishLikeCorpus());
+  return {};
+}
+
+// What the SharedClusterTests of one process share: the cluster (and the corpus in its
+// folder) and the jobs run for SharedJob.
 struct Shared {
-  TempDir dir;
-  std::unique_ptr<LocalCluster> cluster;
-  absl::Status start_failure;
+  ProcessCluster cluster{SharedClusterTest::kStages, WriteTheCorpus};
   std::map<std::string, std::string> jobs;  // SharedJob's key -> job id
 };
 
 Shared& TheShared() {
-  static Shared* shared = [] {
-    // Destroyed at exit so that the stages stop (SIGTERM) with the process.
-    static Shared s;
-    WriteFileOrDie(s.dir.File("corpus.txt"), EnglishLikeCorpus());
-    return &s;
-  }();
-  return *shared;
+  static Shared shared;  // destroyed at exit, so that the stages stop with the process
+  return shared;
 }
 
 }  // namespace
+
+ProcessCluster::ProcessCluster(int stages, const Prepare& prepare) : stages_(stages) {
+  if (prepare) options_ = prepare(dir_);
+}
+
+LocalCluster* ProcessCluster::Get() {
+  if (cluster_ == nullptr && failure_.ok()) {
+    auto started = LocalCluster::Start(StateDir(), stages_, options_);
+    if (started.ok()) {
+      cluster_ = *std::move(started);
+    } else {
+      failure_ = started.status();
+    }
+  }
+  return cluster_.get();
+}
 
 std::vector<double> Losses(const json& status) {
   std::vector<double> out;
@@ -133,29 +148,31 @@ std::string ClusterJobTest::StageAddress(LocalCluster& c, const std::string& sta
   return "";
 }
 
-void SharedClusterTest::SetUp() {
-  Shared& shared = TheShared();
-  // Jobs outlive the test that ran them (SharedJob, `pipetrain resume`): their corpus
-  // must too.
-  spec_["data"]["corpus"] = shared.dir.File("corpus.txt");
-  if (!WantsCluster()) return;
-  if (shared.cluster == nullptr && shared.start_failure.ok()) {
-    auto started = LocalCluster::Start(StateDir(), kStages);
-    if (started.ok()) {
-      shared.cluster = *std::move(started);
-    } else {
-      shared.start_failure = started.status();
-    }
-  }
-  ASSERT_NE(shared.cluster, nullptr) << "the shared cluster did not start: "
-                                     << shared.start_failure;
-  c_ = shared.cluster.get();
+std::vector<double> ClusterJobTest::RegroupedTolerances(
+    const std::vector<double>& reference) const {
+  const json& training = spec_["training"];
+  const int64_t tokens =
+      training["batch_size"].get<int64_t>() * spec_["model"]["seq_len"].get<int64_t>();
+  AdamWSettings adam;  // only the betas matter; the job's defaults unless the spec sets them
+  adam.beta1 = training.value("beta1", 0.9);
+  adam.beta2 = training.value("beta2", 0.95);
+  return RegroupedTrainingTolerances(reference, tokens, adam);
 }
 
-std::string SharedClusterTest::StateDir() { return TheShared().dir.File("state"); }
+void SharedClusterTest::SetUp() {
+  ProcessCluster& shared = TheShared().cluster;
+  // Jobs outlive the test that ran them (SharedJob, `pipetrain resume`): their corpus
+  // must too.
+  spec_["data"]["corpus"] = shared.dir().File("corpus.txt");
+  if (!WantsCluster()) return;
+  c_ = shared.Get();
+  ASSERT_NE(c_, nullptr) << "the shared cluster did not start: " << shared.failure();
+}
+
+std::string SharedClusterTest::StateDir() { return TheShared().cluster.StateDir(); }
 
 std::string SharedClusterTest::SharedFile(const std::string& name) {
-  return TheShared().dir.File(name);
+  return TheShared().cluster.dir().File(name);
 }
 
 std::string SharedClusterTest::SharedJob(const std::string& key,

@@ -1,6 +1,7 @@
 // Loss-curve comparisons for the end-to-end tests, as ::testing::AssertionResult: on
 // failure they print every step's expected and actual loss and relative error, the
 // steps out of tolerance marked, so one failing step shows the whole curve around it.
+// The tolerances come from tests/testing/tolerance.h.
 #pragma once
 
 #include <algorithm>
@@ -54,13 +55,15 @@ std::string LossTable(const std::vector<double>& actual, const std::vector<doubl
 
 }  // namespace internal
 
-// Every step's loss within `tolerance` of `expected`'s, relatively (strictly less, so a
-// NaN never passes), and as many steps.
+// Every step's loss within its tolerance of `expected`'s, relatively (a NaN never
+// passes), and as many steps: tolerances[i] for step i + 1. Each is one of
+// tests/testing/tolerance.h's, for the arithmetic that separates the two runs.
 inline ::testing::AssertionResult LossesMatch(const std::vector<double>& actual,
                                               const std::vector<double>& expected,
-                                              double tolerance = 1e-5) {
+                                              const std::vector<double>& tolerances) {
   auto bad = [&](size_t i) {
-    return !(internal::RelativeError(actual[i], expected[i]) < tolerance);
+    const double tolerance = i < tolerances.size() ? tolerances[i] : 0;
+    return !(internal::RelativeError(actual[i], expected[i]) <= tolerance);
   };
   size_t failing = actual.size() == expected.size() ? 0 : 1;
   for (size_t i = 0; i < std::min(actual.size(), expected.size()); ++i) failing += bad(i);
@@ -69,9 +72,24 @@ inline ::testing::AssertionResult LossesMatch(const std::vector<double>& actual,
   if (actual.size() != expected.size()) {
     result << actual.size() << " losses where " << expected.size() << " were expected; ";
   }
-  return result << "losses differ beyond a relative " << internal::Scientific(tolerance)
-                << ":\n"
+  result << "losses differ beyond a relative ";
+  if (std::all_of(tolerances.begin(), tolerances.end(),
+                  [&](double t) { return t == tolerances.front(); })) {
+    result << (tolerances.empty() ? "0" : internal::Scientific(tolerances.front()));
+  } else {
+    for (size_t i = 0; i < tolerances.size(); ++i) {
+      result << (i ? ", " : "(per step) ") << internal::Scientific(tolerances[i]);
+    }
+  }
+  return result << ":\n"
                 << internal::LossTable(actual, expected, bad, "  <-- out of tolerance");
+}
+
+// The same tolerance at every step; kSameArithmetic (0) asks for the same bits.
+inline ::testing::AssertionResult LossesMatch(const std::vector<double>& actual,
+                                              const std::vector<double>& expected,
+                                              double tolerance) {
+  return LossesMatch(actual, expected, std::vector<double>(expected.size(), tolerance));
 }
 
 // The losses from step `first_step` (1-based) on each differ from `expected`'s by more

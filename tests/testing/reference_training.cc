@@ -1,6 +1,5 @@
 #include "tests/testing/reference_training.h"
 
-#include <cmath>
 #include <map>
 #include <random>
 #include <tuple>
@@ -91,16 +90,6 @@ std::vector<double> ReferenceEvalLosses(int steps, const model::TokenBatch& batc
   }
   model.Abandon();
   return losses;
-}
-
-double RelativeParamError(const std::vector<float>& got, const std::vector<float>& want) {
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
-    diff += std::pow(double{got[i]} - want[i], 2);
-    norm += std::pow(double{want[i]}, 2);
-  }
-  if (got.size() != want.size()) return INFINITY;
-  return std::sqrt(diff) / (std::sqrt(norm) + 1e-30);
 }
 
 }  // namespace pipetrain::testing

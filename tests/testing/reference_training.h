@@ -39,7 +39,4 @@ const Reference& SharedReference(int steps, float clip = 0, bool tied = false);
 std::vector<double> ReferenceEvalLosses(int steps, const model::TokenBatch& batch, float clip = 0,
                                         bool tied = false);
 
-// Relative L2 distance between a chunk's parameter and the reference's.
-double RelativeParamError(const std::vector<float>& got, const std::vector<float>& want);
-
 }  // namespace pipetrain::testing
