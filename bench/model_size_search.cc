@@ -72,7 +72,7 @@ int64_t SmallestSize(const FamilySpec& spec, int stages) {
 }
 
 int64_t SurelyTooBig(const FamilySpec& spec, int stages, double cap_bytes) {
-  const double all = cap_bytes * stages / planner::kStateBytesPerParam;  // parameters
+  const double all = cap_bytes * stages / planner::StateBytesPerParam();  // parameters
   if (spec.family == ModelFamily::kDepth) {
     const model::GptConfig one = ModelOfSize(spec, 1);
     const double block = static_cast<double>(model::CostOfLayer(one, 1).params);

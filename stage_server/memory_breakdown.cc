@@ -67,16 +67,6 @@ uint64_t MemoryBreakdown::Total() const {
   return SaturatingAdd(SaturatingAdd(state, buffers), SaturatingAdd(activations, reserve));
 }
 
-uint64_t WeightBytesPerParam() { return common::DTypeSize(common::DType::kF32); }
-
-uint64_t OptimizerBytesPerParam() { return 2 * WeightBytesPerParam(); }  // AdamW's m and v
-
-uint64_t StateBytesPerParam() {
-  return WeightBytesPerParam() + WeightBytesPerParam() + OptimizerBytesPerParam();
-}
-
-uint64_t CheckpointBytesPerParam() { return WeightBytesPerParam() + OptimizerBytesPerParam(); }
-
 uint64_t ParamsOf(const JobConfig& config) {
   const model::GptConfig& m = config.model;
   const int64_t head = m.num_pipeline_layers() - 1;  // embedding 0, blocks 1 .. head-1

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/model/state_bytes.h"
 #include "stage_server/device_spec.h"
 #include "stage_server/job_config.h"
 
@@ -22,13 +23,12 @@ struct MemoryBreakdown {
   uint64_t Total() const;
 };
 
-// Bytes per parameter, each tensor fp32: its weight (and as much for its gradient),
-// AdamW's two moments; what a stage holds (weight, gradient, moments) and what a chunk's
-// checkpoint stores (weight, moments).
-uint64_t WeightBytesPerParam();
-uint64_t OptimizerBytesPerParam();
-uint64_t StateBytesPerParam();
-uint64_t CheckpointBytesPerParam();
+// Bytes per parameter (weight, moments, state, checkpoint) come from
+// common/model/state_bytes.h, which the planner predicts with too.
+using model::CheckpointBytesPerParam;
+using model::OptimizerBytesPerParam;
+using model::StateBytesPerParam;
+using model::WeightBytesPerParam;
 
 // The parameters of the config's chunks, in closed form per range (every block has the
 // same parameters), clamped to the model's layers: a range of 2^31 layers, unvalidated,

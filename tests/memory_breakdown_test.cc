@@ -120,6 +120,7 @@ TEST(MemoryBreakdownTest, HugeRequestsSaturateAndAreRefused) {
 TEST(MemoryBreakdownTest, BytesPerParameterComeFromTheDtypeTable) {
   const uint64_t f32 = common::DTypeSize(common::DType::kF32);
   EXPECT_EQ(WeightBytesPerParam(), f32);
+  EXPECT_EQ(model::GradientBytesPerParam(), f32);
   EXPECT_EQ(OptimizerBytesPerParam(), 2 * f32);
   EXPECT_EQ(StateBytesPerParam(), 4 * f32);
   EXPECT_EQ(CheckpointBytesPerParam(), 3 * f32);

@@ -4,11 +4,17 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/model/state_bytes.h"
 #include "common/schedule/validator.h"
 #include "common/status_macros.h"
 #include "coordinator/planner/lowering.h"
 
 namespace pipetrain::planner {
+
+double StateBytesPerParam() { return static_cast<double>(model::StateBytesPerParam()); }
+double SnapshotBytesPerParam() { return static_cast<double>(model::CheckpointBytesPerParam()); }
+double GradientBytesPerParam() { return static_cast<double>(model::GradientBytesPerParam()); }
+
 namespace {
 
 namespace pb = ::pipetrain::v1;
@@ -101,7 +107,7 @@ absl::StatusOr<Partition> PartitionLayers(const PlanOptions& o,
   // A stage's own snapshots count here; its predecessor's copy depends on the other
   // part's split, so it is checked on the whole plan.
   const double per_param =
-      kStateBytesPerParam + (o.snapshots ? kSnapshotSteps * kSnapshotBytesPerParam : 0);
+      StateBytesPerParam() + (o.snapshots ? kSnapshotSteps * SnapshotBytesPerParam() : 0);
   for (const model::LayerCost& c : cost) {
     limit.weight_bytes.push_back(per_param * c.params);
     limit.activation_bytes.push_back(
@@ -114,7 +120,7 @@ absl::StatusOr<Partition> PartitionLayers(const PlanOptions& o,
   if (!capped.ok() && o.snapshots) {
     return absl::Status(capped.status().code(),
                         absl::StrCat(capped.status().message(), " (with in-memory snapshots, ",
-                                     kSnapshotSteps * kSnapshotBytesPerParam,
+                                     kSnapshotSteps * SnapshotBytesPerParam(),
                                      " bytes per parameter more; "
                                      "checkpoint.snapshot_every_steps 0 turns them off)"));
   }
@@ -191,10 +197,10 @@ void PlaceChunks(const PlanOptions& o, const Partition& partition,
 void AddStageFigures(const PlanOptions& o, Plan& plan) {
   const int k = o.stages;
   for (StagePlan& sp : plan.stages) {
-    sp.state_bytes = kStateBytesPerParam * sp.params;
+    sp.state_bytes = StateBytesPerParam() * sp.params;
     // Free transfer in the formulas' setting, as for the stage links: the bytes stay real.
     if (o.replicas > 1) {
-      sp.allreduce_bytes = kGradientBytesPerParam * static_cast<double>(sp.params);
+      sp.allreduce_bytes = GradientBytesPerParam() * static_cast<double>(sp.params);
     }
     if (o.replicas > 1 && !o.equal_stage_cost) {
       sp.allreduce_s = RingAllReduceSeconds(sp.allreduce_bytes, o.replicas, o.collective_rate());
@@ -206,7 +212,7 @@ void AddStageFigures(const PlanOptions& o, Plan& plan) {
     for (int s = 0; s < k; ++s) {
       const int64_t held = k > 1 ? plan.stages[(s + k - 1) % k].params : 0;
       plan.stages[s].snapshot_bytes =
-          kSnapshotSteps * kSnapshotBytesPerParam * static_cast<double>(plan.stages[s].params + held);
+          kSnapshotSteps * SnapshotBytesPerParam() * static_cast<double>(plan.stages[s].params + held);
     }
   }
   if (o.rates && !o.equal_stage_cost) {

@@ -25,17 +25,18 @@ namespace pipetrain::planner {
 enum class PartitionMode { kCount, kParams, kCost };
 absl::StatusOr<PartitionMode> ParsePartitionMode(absl::string_view name);  // count|params|cost
 
-// Bytes of training state per parameter: f32 weight, gradient and AdamW's two moments.
-inline constexpr double kStateBytesPerParam = 16;
-// An in-memory snapshot of a parameter: f32 weight and AdamW's two moments (no gradient).
-inline constexpr double kSnapshotBytesPerParam = 12;
+// Bytes of training state per parameter (model::StateBytesPerParam: weight, gradient,
+// AdamW's two moments) and of its in-memory snapshot (model::CheckpointBytesPerParam:
+// no gradient), from common/model/state_bytes.h, as the stages count them.
+double StateBytesPerParam();
+double SnapshotBytesPerParam();
 // A stage keeps the two newest steps' snapshots (stage_server/snapshot_store.h).
 inline constexpr int kSnapshotSteps = 2;
 
 // Data-parallel replicas: at most this many copies of the pipeline (pipeline.replicas).
 inline constexpr int kMaxReplicas = 1024;
-// Bytes of one parameter's gradient as the R copies of a stage all-reduce it (f32).
-inline constexpr double kGradientBytesPerParam = 4;
+// Bytes of one parameter's gradient as the R copies of a stage all-reduce it.
+double GradientBytesPerParam();
 // The fixed cost of one all-reduce call on top of its bytes: the 2(R - 1) hops of a ring
 // each pay a TCP round of a few tens of microseconds on a LAN; 100 us in all is gloo's
 // order of magnitude for one call, a guess until `pipetrain-bench allreduce` measures it.
