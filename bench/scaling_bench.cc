@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -21,6 +22,7 @@
 #include "common/atomic_file.h"
 #include "common/status_macros.h"
 #include "coordinator/planner/planner.h"
+#include "coordinator/planner/schedule_registry.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/corpus_text.h"
 #include "tests/testing/local_cluster.h"
@@ -43,10 +45,8 @@ constexpr double kDefaultDeviceFlops = 1e11;
 constexpr double kLinkBytesPerS = 1e9;
 constexpr int kMaxStages = 8;
 constexpr int kRows = 1;             // sequences per micro-batch
-constexpr int kInterleavedChunks = 2;
 constexpr int kStageCounts[] = {1, 2, 4, 8};
 constexpr int kMicroBatchCounts[] = {1, 4, 8, 32};
-const char* const kSchedules[] = {"gpipe", "1f1b", "interleaved", "zb-h1"};
 // Every K = 1 cell is the gpipe program: the K = 1 programs of the other schedules
 // simulate to the same step (checked and reported in the run), so one baseline per M.
 constexpr const char* kBaselineSchedule = "gpipe";
@@ -70,9 +70,15 @@ absl::StatusOr<double> DeviceFlops() {
   return flops;
 }
 
-int ChunksOf(const std::string& schedule) {
-  return schedule == "interleaved" ? kInterleavedChunks : 1;
+// Every schedule of the planner's table, in its order: a new one joins the table here.
+std::vector<const char*> Schedules() {
+  std::vector<const char*> names;
+  for (const planner::ScheduleEntry& e : planner::ScheduleTable()) names.push_back(e.name);
+  return names;
 }
+
+// A chunked schedule runs with the spec's default chunks (2), the others with 1.
+int ChunksOf(const std::string& schedule) { return planner::DefaultChunks(schedule); }
 
 // The planner's plan of one cell with the emulated costs; an error where it refuses.
 absl::StatusOr<planner::Plan> PlanCell(int k, int m, const std::string& schedule,
@@ -242,7 +248,7 @@ absl::StatusOr<BenchResult> RunScalingBench(const BenchOptions& options) {
   for (int m : kMicroBatchCounts) {
     double k1_gpipe = 0;
     for (int k : kStageCounts) {
-      for (const char* s : kSchedules) {
+      for (const char* s : Schedules()) {
         absl::StatusOr<planner::Plan> plan = PlanCell(k, m, s, flops);
         if (!plan.ok()) {
           skipped.push_back(absl::StrCat(CellName(k, m, s), " (", plan.status().message(), ")"));
@@ -281,7 +287,7 @@ absl::StatusOr<BenchResult> RunScalingBench(const BenchOptions& options) {
   std::string job_end;  // how the first job that did not succeed ended
   for (int m : kMicroBatchCounts) {
     for (int k : kStageCounts) {
-      for (const char* s : kSchedules) {
+      for (const char* s : Schedules()) {
         const std::string cell = CellName(k, m, s);
         if (!sim_step.count(cell)) continue;  // refused by the planner
         if (k == 1 && std::string(s) != kBaselineSchedule) continue;

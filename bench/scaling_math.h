@@ -16,7 +16,7 @@ namespace pipetrain::bench {
 struct ScalingMeasurement {
   int k = 1;
   int m = 1;
-  std::string schedule;  // "gpipe", "1f1b", "interleaved", "zb-h1"
+  std::string schedule;  // a name of the planner's schedule table
   double tokens_per_s = 0;
 };
 
