@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/error_context.h"
 #include "common/status_macros.h"
 
 namespace pipetrain::common {
@@ -28,9 +29,13 @@ std::string TensorKindName(TensorKind kind) {
 }
 
 std::string DescribeTag(const FrameTag& tag) {
-  return absl::StrCat("frame of job '", tag.job_id, "' step ", tag.step, " micro-batch ",
-                      tag.micro_batch, " chunk ", tag.chunk, " (",
-                      TensorKindName(tag.kind), ")");
+  return absl::StrCat(ErrorContext("frame")
+                          .Job(tag.job_id)
+                          .Step(static_cast<int64_t>(tag.step))
+                          .MicroBatch(tag.micro_batch)
+                          .Chunk(tag.chunk)
+                          .Text(),
+                      " (", TensorKindName(tag.kind), ")");
 }
 
 absl::StatusOr<TensorEncoder> TensorEncoder::Create(FrameTag tag, DType dtype,

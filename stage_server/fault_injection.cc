@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/error_context.h"
 
 namespace pipetrain::stage_server {
 namespace {
@@ -95,7 +96,8 @@ void FaultInjector::Restored(const std::string& job_id) {
 
 void FaultInjector::At(FaultPoint point, const std::string& job_id, int64_t step) const {
   if (!armed_ || point != plan_->point || step != plan_->step || job_id != plan_->job_id) return;
-  die_(absl::StrCat("--fail-at: job '", job_id, "' stage ", plan_->stage, " step ", step,
+  die_(absl::StrCat("--fail-at: ",
+                    common::ErrorContext().Job(job_id).Stage(plan_->stage).Step(step).Text(),
                     " at the ", FaultPointName(point), ": killing this stage server (SIGKILL)"));
 }
 

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/channel_args.h"
+#include "common/error_context.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "grpcpp/create_channel.h"
@@ -12,6 +13,15 @@
 namespace pipetrain::stage_server {
 
 namespace pb = ::pipetrain::v1;
+
+namespace {
+
+// "snapshot of job 'ID' stage S step N": the copy a log line is about.
+common::ErrorContext About(const SnapshotPusherOptions& o, int64_t step) {
+  return common::ErrorContext("snapshot").Job(o.job_id).Stage(o.stage).Step(step);
+}
+
+}  // namespace
 
 SnapshotPusher::SnapshotPusher(SnapshotPusherOptions options,
                                std::shared_ptr<grpc::ChannelCredentials> credentials)
@@ -34,8 +44,7 @@ SnapshotPusher::~SnapshotPusher() {
 void SnapshotPusher::Enqueue(SnapshotPush push) {
   absl::MutexLock lock(&mu_);
   if (next_) {
-    common::LogInfo("stage", absl::StrCat("snapshot of job '", options_.job_id, "' stage ",
-                                          options_.stage, " step ", next_->step,
+    common::LogInfo("stage", absl::StrCat(About(options_, next_->step).Text(),
                                           " not copied to stage ", options_.peer_stage,
                                           ": step ", push.step, "'s replaces it"));
   }
@@ -71,9 +80,8 @@ void SnapshotPusher::Loop() {
       absl::Status s = Push(meta, *blob);
       if (!s.ok()) {
         ok = false;
-        common::LogWarning("stage", absl::StrCat("snapshot of job '", options_.job_id, "' stage ",
-                                                 options_.stage, " step ", push.step, " chunk ",
-                                                 meta.chunk, " not copied to its peer stage ",
+        common::LogWarning("stage", absl::StrCat(About(options_, push.step).Chunk(meta.chunk).Text(),
+                                                 " not copied to its peer stage ",
                                                  options_.peer_stage, " at ",
                                                  options_.peer_address, ": ", s.message()));
         break;

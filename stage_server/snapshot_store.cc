@@ -5,13 +5,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/error_context.h"
 
 namespace pipetrain::stage_server {
 
 namespace {
 
-std::string Name(int owner_stage, int chunk, int64_t step) {
-  return absl::StrCat("stage ", owner_stage, " chunk ", chunk, " step ", step);
+// "WHAT of job 'ID' stage S step N chunk C": the snapshot a message is about.
+common::ErrorContext About(const char* what, const std::string& job_id, int owner_stage, int chunk,
+                           int64_t step) {
+  return common::ErrorContext(what).Job(job_id).Stage(owner_stage).Step(step).Chunk(chunk);
 }
 
 }  // namespace
@@ -28,25 +31,28 @@ std::string SnapshotStore::job_id() const {
   return job_id_;
 }
 
-absl::Status SnapshotStore::CheckJob(const std::string& job_id, const std::string& what) const {
+absl::Status SnapshotStore::CheckJob(const std::string& job_id,
+                                     const common::ErrorContext& about) const {
   if (!job_id_.empty() && job_id == job_id_) return absl::OkStatus();
-  return absl::FailedPreconditionError(absl::StrCat(
-      what, " of job '", job_id, "': this stage holds snapshots of ",
-      job_id_.empty() ? std::string("no job") : absl::StrCat("job '", job_id_, "'")));
+  return about.Error(absl::StatusCode::kFailedPrecondition,
+                     absl::StrCat("this stage holds snapshots of ",
+                                  job_id_.empty() ? std::string("no job")
+                                                  : absl::StrCat("job '", job_id_, "'")));
 }
 
 absl::Status SnapshotStore::Put(const std::string& job_id, SnapshotMeta meta,
                                 std::shared_ptr<const std::string> blob) {
   absl::MutexLock lock(&mu_);
-  const std::string name = Name(meta.owner_stage, meta.chunk, meta.step);
-  if (absl::Status s = CheckJob(job_id, absl::StrCat("snapshot (", name, ")")); !s.ok()) return s;
+  const common::ErrorContext about =
+      About("snapshot", job_id, meta.owner_stage, meta.chunk, meta.step);
+  if (absl::Status s = CheckJob(job_id, about); !s.ok()) return s;
   meta.bytes = blob->size();
   std::map<int64_t, Entry>& steps = entries_[{meta.owner_stage, meta.chunk, meta.held}];
   if (static_cast<int>(steps.size()) >= kStepsKept && !steps.contains(meta.step) &&
       meta.step < steps.begin()->first) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("snapshot of job '", job_id, "' ", name, ": older than the ", kStepsKept,
-                     " steps kept (", steps.begin()->first, " and ", steps.rbegin()->first, ")"));
+    return about.Error(absl::StatusCode::kFailedPrecondition,
+                       absl::StrCat("older than the ", kStepsKept, " steps kept (",
+                                    steps.begin()->first, " and ", steps.rbegin()->first, ")"));
   }
   if (auto it = steps.find(meta.step); it != steps.end()) {
     bytes_ -= it->second.meta.bytes;
@@ -63,7 +69,7 @@ absl::Status SnapshotStore::Put(const std::string& job_id, SnapshotMeta meta,
 
 absl::StatusOr<std::vector<SnapshotMeta>> SnapshotStore::List(const std::string& job_id) const {
   absl::MutexLock lock(&mu_);
-  if (absl::Status s = CheckJob(job_id, "list snapshots"); !s.ok()) return s;
+  if (absl::Status s = CheckJob(job_id, common::ErrorContext("list snapshots").Job(job_id)); !s.ok()) return s;
   std::vector<SnapshotMeta> out;
   for (const auto& [key, steps] : entries_) {
     for (const auto& [step, entry] : steps) out.push_back(entry.meta);
@@ -79,8 +85,8 @@ absl::StatusOr<std::shared_ptr<const std::string>> SnapshotStore::Get(const std:
                                                                       int owner_stage, int chunk,
                                                                       int64_t step) const {
   absl::MutexLock lock(&mu_);
-  const std::string name = Name(owner_stage, chunk, step);
-  if (absl::Status s = CheckJob(job_id, absl::StrCat("fetch snapshot (", name, ")")); !s.ok()) {
+  const common::ErrorContext about = About("fetch snapshot", job_id, owner_stage, chunk, step);
+  if (absl::Status s = CheckJob(job_id, about); !s.ok()) {
     return s;
   }
   std::vector<std::string> there;
@@ -90,11 +96,11 @@ absl::StatusOr<std::shared_ptr<const std::string>> SnapshotStore::Get(const std:
     if (auto e = it->second.find(step); e != it->second.end()) return e->second.blob;
     for (const auto& [s, entry] : it->second) there.push_back(absl::StrCat(s));
   }
-  return absl::NotFoundError(absl::StrCat(
-      "fetch snapshot of job '", job_id, "' ", name, ": not held here (",
-      there.empty() ? std::string("no step of that chunk")
-                    : absl::StrCat("steps ", absl::StrJoin(there, ", ")),
-      ")"));
+  return about.Error(absl::StatusCode::kNotFound,
+                     absl::StrCat("not held here (",
+                                  there.empty() ? std::string("no step of that chunk")
+                                                : absl::StrCat("steps ", absl::StrJoin(there, ", ")),
+                                  ")"));
 }
 
 uint64_t SnapshotStore::bytes() const {
@@ -113,8 +119,7 @@ std::optional<int64_t> SnapshotStore::NewestOwnStep() const {
 }
 
 std::string SnapshotAssembler::Describe() const {
-  return absl::StrCat("snapshot of job '", job_id_, "' ",
-                      Name(meta_.owner_stage, meta_.chunk, meta_.step));
+  return About("snapshot", job_id_, meta_.owner_stage, meta_.chunk, meta_.step).Text();
 }
 
 absl::Status SnapshotAssembler::Add(const std::string& job_id, const SnapshotMeta& meta,

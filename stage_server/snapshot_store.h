@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/error_context.h"
 
 namespace pipetrain::stage_server {
 
@@ -56,7 +57,7 @@ class SnapshotStore {
   std::optional<int64_t> NewestOwnStep() const;
 
  private:
-  absl::Status CheckJob(const std::string& job_id, const std::string& what) const
+  absl::Status CheckJob(const std::string& job_id, const common::ErrorContext& about) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   struct Entry {
     SnapshotMeta meta;

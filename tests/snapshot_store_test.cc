@@ -82,7 +82,7 @@ TEST(SnapshotStoreTest, ReplacesTheSameStepAndRefusesOneOlderThanBothKept) {
   // An older step still fits while fewer than two are kept... but not once two are.
   EXPECT_THAT(store.Put("job", Meta(0, 1, 3, false), Blob("old")),
               StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("job 'job' stage 0 chunk 1 step 3: older than the 2 steps kept (5 and 7)")));
+                       HasSubstr("job 'job' stage 0 step 3 chunk 1: older than the 2 steps kept (5 and 7)")));
   EXPECT_THAT(Steps(store, "job", 0, false), ElementsAre(5, 7));
   // Between the two is newer than the oldest: it replaces it.
   ASSERT_THAT(store.Put("job", Meta(0, 1, 6, false), Blob("dd")), IsOk());
@@ -100,7 +100,7 @@ TEST(SnapshotStoreTest, AnswersOnlyForItsJobAndResetDropsEverything) {
   ASSERT_THAT(store.Put("a", Meta(0, 0, 1, false), Blob("x")), IsOk());
   EXPECT_THAT(store.Get("b", 0, 0, 1).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("fetch snapshot (stage 0 chunk 0 step 1) of job 'b': this stage "
+                       HasSubstr("fetch snapshot of job 'b' stage 0 step 1 chunk 0: this stage "
                                  "holds snapshots of job 'a'")));
   EXPECT_THAT(store.Put("b", Meta(0, 0, 2, false), Blob("y")),
               StatusIs(absl::StatusCode::kFailedPrecondition));
@@ -152,7 +152,7 @@ TEST(SnapshotAssemblerTest, ABlobIsCompleteOnlyWithEveryPieceInOrder) {
   ASSERT_THAT(half.Add("job", meta, 0, "abc"), IsOk());
   EXPECT_THAT(half.Finish().status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("job 'job' stage 2 chunk 0 step 9: the stream ended after 3 of 6 bytes")));
+                       HasSubstr("job 'job' stage 2 step 9 chunk 0: the stream ended after 3 of 6 bytes")));
 
   SnapshotAssembler gap(100);
   ASSERT_THAT(gap.Add("job", meta, 0, "ab"), IsOk());
