@@ -142,7 +142,9 @@ TEST(MemoryBreakdownTest, AChunksCheckpointIsWithinItsBound) {
       const std::string bytes = *model::SerializeCheckpoint(*ckpt);
       const uint64_t bound = MaxChunkCheckpointBytes(static_cast<uint64_t>(chunk->NumParams()));
       EXPECT_LE(bytes.size(), bound);
-      if (!tied) EXPECT_LE(bound - bytes.size(), 8 + common::kMaxSafetensorsHeaderBytes);
+      if (!tied) {
+        EXPECT_LE(bound - bytes.size(), 8 + common::kMaxSafetensorsHeaderBytes);
+      }
     }
   }
   EXPECT_EQ(MaxChunkCheckpointBytes(UINT64_MAX), UINT64_MAX);
