@@ -155,7 +155,9 @@ TEST_F(JobRunnerTest, ValidatesEveryNStepsAndAtTheLast) {
     const bool due = r.step() == 4 || r.step() == 6;
     EXPECT_EQ(r.has_val_loss(), due) << "step " << r.step();
     // Measured after the step's update.
-    if (due) EXPECT_DOUBLE_EQ(r.val_loss(), FakeStages::LossAfter(r.step()));
+    if (due) {
+      EXPECT_DOUBLE_EQ(r.val_loss(), FakeStages::LossAfter(r.step()));
+    }
   }
   EXPECT_THAT(fakes_->StepsRun(Address(0)), ElementsAre(1, 2, 3, 4, 4, 5, 6, 6));
   EXPECT_THAT(fakes_->Updates(Address(0)), ElementsAre(6)) << "validation updates nothing";

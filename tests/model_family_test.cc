@@ -87,8 +87,12 @@ TEST(ModelFamilyTest, Gpt2ParametersSayHowTheyStart) {
     const std::vector<std::vector<float>> values = InitLayerParams(c, layer, 3);
     for (size_t i = 0; i < specs.size(); ++i) {
       const std::vector<float>& v = values[i];
-      if (specs[i].init == ParamInit::kOnes) EXPECT_EQ(v, std::vector<float>(v.size(), 1.0f));
-      if (specs[i].init == ParamInit::kZeros) EXPECT_EQ(v, std::vector<float>(v.size(), 0.0f));
+      if (specs[i].init == ParamInit::kOnes) {
+        EXPECT_EQ(v, std::vector<float>(v.size(), 1.0f));
+      }
+      if (specs[i].init == ParamInit::kZeros) {
+        EXPECT_EQ(v, std::vector<float>(v.size(), 0.0f));
+      }
       if (specs[i].init == ParamInit::kNormal || specs[i].init == ParamInit::kResidualNormal) {
         double sq = 0;
         for (float x : v) sq += double{x} * x;

@@ -397,7 +397,7 @@ absl::Status FakeStages::Import(Stage& stage, int chunk, const std::string& byte
                                                    mine.layer_begin, ", ", mine.layer_end, ")"));
   }
   if (!c.optimizer) c.optimizer = std::move(mine.optimizer);  // weights only: fresh AdamW
-  stage.calls.back() += absl::StrCat(" step ", c.optimizer->step);
+  stage.calls.back() += absl::StrCat(" step ", c.optimizer ? c.optimizer->step : 0);
   mine = std::move(c);
   return absl::OkStatus();
 }
