@@ -56,7 +56,7 @@ absl::StatusOr<BenchResult> RunExecutorBench(const BenchOptions& options) {
     c.stage = s;
     c.num_stages = kStages;
     c.model = Model();
-    c.chunks = plan.stages[s].layers;
+    c.chunks = plan.stages[s].chunks;
     c.micro_batch_size = kRows;
     c.peer_secret = std::string("s");  // not = "s": GCC 12 warns falsely (-Wrestrict)
     if (s > 0) c.upstream_address = servers[s - 1].address.ToString();

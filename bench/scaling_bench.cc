@@ -99,7 +99,7 @@ std::string PartitionText(const planner::Plan& plan) {
   std::vector<std::string> stages;
   for (const planner::StagePlan& s : plan.stages) {
     std::vector<std::string> chunks;
-    for (const auto& [b, e] : s.layers) chunks.push_back(absl::StrCat(b, "-", e - 1));
+    for (const auto& [b, e] : s.chunks) chunks.push_back(absl::StrCat(b, "-", e - 1));
     stages.push_back(absl::StrJoin(chunks, "+"));
   }
   return absl::StrJoin(stages, " | ");

@@ -112,7 +112,7 @@ class Runner {
     }
     for (int s = 0; s < K(); ++s) {
       std::string ranges;
-      for (auto [b, e] : plan_.stages[s].layers) absl::StrAppend(&ranges, " [", b, ", ", e, ")");
+      for (auto [b, e] : plan_.stages[s].chunks) absl::StrAppend(&ranges, " [", b, ", ", e, ")");
       hooks_.Log(absl::StrCat(StageName(s), " holds pipeline layers", ranges));
     }
   }
@@ -159,8 +159,8 @@ class Runner {
   absl::Status ImportWhole(const model::Checkpoint& whole, const std::string& what) {
     return group_.Run(0, what.c_str(), [&](int i) -> absl::Status {
       const int s = StageOf(i);  // every replica starts from the same state
-      for (size_t c = 0; c < plan_.stages[s].layers.size(); ++c) {
-        auto [b, e] = plan_.stages[s].layers[c];
+      for (size_t c = 0; c < plan_.stages[s].chunks.size(); ++c) {
+        auto [b, e] = plan_.stages[s].chunks[c];
         ASSIGN_OR_RETURN(model::Checkpoint part, model::SliceCheckpoint(whole, b, e));
         ASSIGN_OR_RETURN(std::string bytes, model::SerializeCheckpoint(part));
         RETURN_IF_ERROR(group_.client(i).ImportChunk(job_id_, static_cast<int>(c), bytes,
@@ -459,7 +459,7 @@ class Runner {
     std::vector<std::vector<model::ChunkFile>> files(K());
     RETURN_IF_ERROR(group_.Run(step, "checkpointing", [&](int s) -> absl::Status {
       if (s >= K()) return absl::OkStatus();
-      for (int c = 0; c < static_cast<int>(plan_.stages[s].layers.size()); ++c) {
+      for (int c = 0; c < static_cast<int>(plan_.stages[s].chunks.size()); ++c) {
         ASSIGN_OR_RETURN(std::string bytes,
                          group_.client(s).ExportChunk(job_id_, c, options_.rpc_deadline));
         files[s].push_back({s, c, std::move(bytes)});

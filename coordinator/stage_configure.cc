@@ -26,9 +26,9 @@ pb::ConfigureRequest BuildConfigureRequest(const planner::Plan& plan, int stage,
   r.set_stage(stage);
   r.set_num_stages(K);
   *r.mutable_model() = model::ConfigToProto(plan.options.model);
-  const auto& layers = plan.stages[stage].layers;
+  const auto& layers = plan.stages[stage].chunks;
   for (size_t c = 0; c < layers.size(); ++c) {
-    pb::LayerRange* range = r.add_layers();
+    pb::LayerRange* range = r.add_chunks();
     range->set_chunk(static_cast<int>(c));
     range->set_begin_layer(layers[c].first);
     range->set_end_layer(layers[c].second);

@@ -28,18 +28,18 @@ absl::Status CheckLengths(const JobConfig& c) {
 // The layer ranges: non-empty ranges of the model, no more of them than it has layers.
 absl::Status CheckChunks(const JobConfig& c) {
   const int layers = c.model.num_pipeline_layers();
-  if (c.chunks.empty()) return absl::InvalidArgumentError("field layers is empty");
+  if (c.chunks.empty()) return absl::InvalidArgumentError("field chunks is empty");
   // Non-empty ranges of a model this size cannot be more; more would only cost time.
   if (static_cast<int64_t>(c.chunks.size()) > layers) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "field layers has ", c.chunks.size(), " ranges; the model has only ", layers,
+        "field chunks has ", c.chunks.size(), " ranges; the model has only ", layers,
         " pipeline layers"));
   }
   for (size_t i = 0; i < c.chunks.size(); ++i) {
     const auto [begin, end] = c.chunks[i];
     if (begin < 0 || end > layers || begin >= end) {
       return absl::InvalidArgumentError(
-          absl::StrCat("field layers[", i, "] [", begin, ", ", end,
+          absl::StrCat("field chunks[", i, "] [", begin, ", ", end,
                        ") is not a non-empty range of the model's ", layers, " pipeline layers"));
     }
   }

@@ -33,11 +33,11 @@ absl::StatusOr<JobConfig> JobConfigFromProto(const pb::ConfigureRequest& r) {
   c.stage = r.stage();
   c.num_stages = r.num_stages();
   ASSIGN_OR_RETURN(c.model, model::ConfigFromProto(r.model()));
-  std::vector<pb::LayerRange> ranges(r.layers().begin(), r.layers().end());
+  std::vector<pb::LayerRange> ranges(r.chunks().begin(), r.chunks().end());
   for (size_t i = 0; i < ranges.size(); ++i) {
     if (ranges[i].chunk() != i) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "field layers[", i, "].chunk is ", ranges[i].chunk(), "; chunks must be listed 0, 1, ..."));
+          "field chunks[", i, "].chunk is ", ranges[i].chunk(), "; chunks must be listed 0, 1, ..."));
     }
     c.chunks.push_back({ranges[i].begin_layer(), ranges[i].end_layer()});
   }
@@ -45,10 +45,10 @@ absl::StatusOr<JobConfig> JobConfigFromProto(const pb::ConfigureRequest& r) {
   c.optimizer = OptimizerFromProto(r.optimizer());
   c.upstream_address = r.upstream_address();
   c.downstream_address = r.downstream_address();
-  if (r.chunk_recompute_size() != 0 && r.chunk_recompute_size() != r.layers_size()) {
+  if (r.chunk_recompute_size() != 0 && r.chunk_recompute_size() != r.chunks_size()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "field chunk_recompute has ", r.chunk_recompute_size(), " entries for ", r.layers_size(),
-        " chunks (field layers); give one per chunk, or none when no chunk recomputes"));
+        "field chunk_recompute has ", r.chunk_recompute_size(), " entries for ", r.chunks_size(),
+        " chunks (field chunks); give one per chunk, or none when no chunk recomputes"));
   }
   c.chunk_recompute.assign(r.chunk_recompute().begin(), r.chunk_recompute().end());
   if (r.frame_bytes() > 0) c.frame_bytes = r.frame_bytes();

@@ -127,8 +127,8 @@ void RunPipeline(const Case& c) {
     backends.push_back(*compute::CpuBackend::Create(1));
     compute::CpuBackend* backend = backends.back().get();
     std::vector<std::unique_ptr<ChunkCompute>> chunks;
-    for (size_t c = 0; c < sp.layers.size(); ++c) {
-      const auto& [begin, end] = sp.layers[c];
+    for (size_t c = 0; c < sp.chunks.size(); ++c) {
+      const auto& [begin, end] = sp.chunks[c];
       compute::ChunkOptions so;
       so.recompute = sp.chunk_recompute[c];
       auto layers = compute::ModelChunk::Create(config, begin, end, backend, so);
@@ -796,7 +796,7 @@ TEST(ExecutorTest, EmulatedStagesFollowTheCostModel) {
   std::vector<std::unique_ptr<Executor>> ex;
   std::vector<EmulatedChunk*> backend_chunks;
   for (int s = 0; s < 2; ++s) {
-    auto [begin, end] = plan->stages[s].layers[0];
+    auto [begin, end] = plan->stages[s].chunks[0];
     auto backend_chunk =
         std::make_unique<EmulatedChunk>(Tiny(), begin, end, 2, device, false, pool);
     backend_chunks.push_back(backend_chunk.get());

@@ -266,7 +266,7 @@ pb::ConfigureRequest Configure(int d_model, int n_layers, int micro_batch_size) 
   m->set_d_model(d_model);
   m->set_n_heads(1);
   m->set_n_layers(n_layers);
-  pb::LayerRange* range = c.add_layers();
+  pb::LayerRange* range = c.add_chunks();
   range->set_begin_layer(0);
   range->set_end_layer(n_layers + 2);
   c.set_micro_batch_size(micro_batch_size);

@@ -70,7 +70,7 @@ TEST(JobConfigTest, ValidationNamesJobStageAndField) {
   c = StageOf(1, 3);
   c.chunks = {{3, 2}};
   EXPECT_THAT(ValidateJobConfig(c, false),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("field layers[0] [3, 2)")));
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("field chunks[0] [3, 2)")));
   c = StageOf(1, 3);
   c.replicas = 2;
   c.rendezvous_prefix = "r";

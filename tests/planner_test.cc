@@ -204,7 +204,7 @@ TEST(PlannerTest, PlanCoversEveryLayerOnceAndIsValid) {
     EXPECT_THAT(schedule::Validate(plan->programs), IsOk());
     std::vector<int> owner(o->model.num_pipeline_layers(), 0);
     for (const StagePlan& sp : plan->stages) {
-      for (auto [b, e] : sp.layers) {
+      for (auto [b, e] : sp.chunks) {
         for (int l = b; l < e; ++l) ++owner[l];
       }
       EXPECT_GT(sp.params, 0);
@@ -267,7 +267,7 @@ TEST(PlannerTest, RecomputationIsResolvedPerChunkAndPricedPerChunk) {
     for (int c = 0; c < 2; ++c) {
       const ChunkCost& cc = plan->costs.chunks[s][c];
       EXPECT_EQ(cc.recompute_s > 0, sp.chunk_recompute[c]) << s << " " << c;
-      const auto [b, e] = sp.layers[c];
+      const auto [b, e] = sp.chunks[c];
       const model::ChunkMemory memory =
           model::ChunkActivationBytes(o->model, b, e, sp.chunk_recompute[c]);
       EXPECT_DOUBLE_EQ(cc.stored_bytes,
@@ -326,7 +326,7 @@ TEST(PlannerTest, SnapshotBytesCountTheStageAndItsRingPredecessor) {
       EXPECT_EQ(sp.peak_memory_bytes(),
                 sp.state_bytes + sp.snapshot_bytes + sp.peak_activation_bytes);
       EXPECT_EQ(without->stages[s].snapshot_bytes, 0);
-      EXPECT_EQ(without->stages[s].layers, sp.layers) << "without a cap the split is the same";
+      EXPECT_EQ(without->stages[s].chunks, sp.chunks) << "without a cap the split is the same";
     }
   }
 }

@@ -266,7 +266,7 @@ TEST_F(StageClusterTest, EverySchedulePlanAndRecomputeModeMatchesTheReference) {
         // Final weights, pulled from every chunk of every stage.
         int tensors = 0;
         for (int s = 0; s < K; ++s) {
-          for (size_t c = 0; c < plan.stages[s].layers.size(); ++c) {
+          for (size_t c = 0; c < plan.stages[s].chunks.size(); ++c) {
             const std::string bytes = Export((*stages_)[s], job, c);
             auto ckpt = model::ParseCheckpoint(bytes, absl::StrCat("stage ", s, " chunk ", c));
             ASSERT_TRUE(ckpt.ok()) << ckpt.status();
@@ -760,12 +760,12 @@ TEST(StageFaultTest, ConfigureOverTheMemoryLimitIsRefusedBeforeAllocation) {
   EXPECT_EQ(stats.job_id(), "");
   // Bad input changes nothing and the server keeps serving: a malformed configure.
   pb::ConfigureRequest bad = ConfigureFor(plan, "bad", 0, stages);
-  bad.mutable_layers(0)->set_end_layer(99);
+  bad.mutable_chunks(0)->set_end_layer(99);
   st = Call3([&](grpc::ClientContext* c, const pb::ConfigureRequest& q, pb::ConfigureResponse* r) {
     return stages[0].stub->Configure(c, q, r);
   }, bad, &resp);
   EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_THAT(st.error_message(), HasSubstr("layers[0]"));
+  EXPECT_THAT(st.error_message(), HasSubstr("chunks[0]"));
   stages[0].process->Signal(SIGTERM);
   EXPECT_TRUE(stages[0].process->Wait(20s).ok());
 }
@@ -880,8 +880,8 @@ TEST(StageSnapshotTest, ThreeStagesKeepTheirOwnAndTheirPredecessorsTwoNewestStep
       const pb::SnapshotInfo& held = by.at({step, true});
       EXPECT_EQ(own.owner_stage(), s);
       EXPECT_EQ(held.owner_stage(), pred);
-      EXPECT_EQ(own.begin_layer(), plan.stages[s].layers[0].first);
-      EXPECT_EQ(held.end_layer(), plan.stages[pred].layers[0].second);
+      EXPECT_EQ(own.begin_layer(), plan.stages[s].chunks[0].first);
+      EXPECT_EQ(held.end_layer(), plan.stages[pred].chunks[0].second);
       EXPECT_EQ(held.num_stages(), K);
       EXPECT_EQ(own.bytes(), ex(s, step).size());
       total += own.bytes() + held.bytes();

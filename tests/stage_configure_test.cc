@@ -60,12 +60,12 @@ TEST(StageConfigureTest, EveryStageGetsItsLayersModelAndRunSettings) {
     EXPECT_EQ(r.micro_batch_size(), 2);
     EXPECT_EQ(r.peer_secret(), "s3cret");
     EXPECT_EQ(r.recv_deadline_ms(), 1234);
-    ASSERT_EQ(r.layers_size(), 1);
-    EXPECT_EQ(r.layers(0).chunk(), 0);
-    EXPECT_EQ(r.layers(0).begin_layer(), plan.stages[s].layers[0].first);
-    EXPECT_EQ(r.layers(0).end_layer(), plan.stages[s].layers[0].second);
-    EXPECT_EQ(r.layers(0).begin_layer(), covered);  // contiguous, in stage order
-    covered = r.layers(0).end_layer();
+    ASSERT_EQ(r.chunks_size(), 1);
+    EXPECT_EQ(r.chunks(0).chunk(), 0);
+    EXPECT_EQ(r.chunks(0).begin_layer(), plan.stages[s].chunks[0].first);
+    EXPECT_EQ(r.chunks(0).end_layer(), plan.stages[s].chunks[0].second);
+    EXPECT_EQ(r.chunks(0).begin_layer(), covered);  // contiguous, in stage order
+    covered = r.chunks(0).end_layer();
   }
   EXPECT_EQ(covered, 8);  // embedding, 6 blocks, head
 }
@@ -93,11 +93,11 @@ TEST(StageConfigureTest, OneStageHasNoNeighbours) {
 TEST(StageConfigureTest, AnInterleavedStageGetsOneRangePerChunk) {
   const planner::Plan plan = MakeTestPlan(2, 2, planner::ScheduleKind::kInterleaved);
   const pb::ConfigureRequest r = BuildConfigureRequest(plan, 1, 1, {}, Wiring(2));
-  ASSERT_EQ(r.layers_size(), 2);
+  ASSERT_EQ(r.chunks_size(), 2);
   for (int c = 0; c < 2; ++c) {
-    EXPECT_EQ(r.layers(c).chunk(), c);
-    EXPECT_EQ(r.layers(c).begin_layer(), plan.stages[1].layers[c].first);
-    EXPECT_EQ(r.layers(c).end_layer(), plan.stages[1].layers[c].second);
+    EXPECT_EQ(r.chunks(c).chunk(), c);
+    EXPECT_EQ(r.chunks(c).begin_layer(), plan.stages[1].chunks[c].first);
+    EXPECT_EQ(r.chunks(c).end_layer(), plan.stages[1].chunks[c].second);
   }
 }
 
@@ -109,7 +109,7 @@ TEST(StageConfigureTest, EachStageGetsThePlansRecomputationPerChunk) {
   ASSERT_EQ(plan.stages.size(), 2u);
   for (int s = 0; s < 2; ++s) {
     const pb::ConfigureRequest r = BuildConfigureRequest(plan, s, 1, {}, Wiring(2));
-    ASSERT_EQ(r.chunk_recompute_size(), r.layers_size()) << s;
+    ASSERT_EQ(r.chunk_recompute_size(), r.chunks_size()) << s;
     for (int c = 0; c < r.chunk_recompute_size(); ++c) {
       EXPECT_EQ(r.chunk_recompute(c), plan.stages[s].chunk_recompute[c]) << s << " " << c;
     }

@@ -31,7 +31,7 @@ pb::ConfigureRequest TwoChunks() {
   m->set_n_heads(2);
   m->set_n_layers(2);
   for (int c = 0; c < 2; ++c) {
-    pb::LayerRange* range = r.add_layers();
+    pb::LayerRange* range = r.add_chunks();
     range->set_chunk(c);
     range->set_begin_layer(1 + 2 * c);
     range->set_end_layer(2 + 2 * c);

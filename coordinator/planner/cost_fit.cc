@@ -252,8 +252,8 @@ absl::StatusOr<CostRates> RatesFromMeasured(const Plan& plan, const MeasuredCost
   double send_s = 0, recv_s = 0;
   int sends = 0, recvs = 0;
   for (int s = 0; s < k; ++s) {
-    for (int c = 0; c < v && c < static_cast<int>(plan.stages[s].layers.size()); ++c) {
-      const auto [b, e] = plan.stages[s].layers[c];
+    for (int c = 0; c < v && c < static_cast<int>(plan.stages[s].chunks.size()); ++c) {
+      const auto [b, e] = plan.stages[s].chunks[c];
       double ff = 0, fi = 0, fw = 0;
       for (int l = b; l < e; ++l) {
         const model::LayerCost lc = model::CostOfLayer(cfg, l);

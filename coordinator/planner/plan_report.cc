@@ -22,7 +22,7 @@ std::string Count(double n) {
 
 std::string Layers(const Plan& plan, const StagePlan& sp) {
   std::string out;
-  for (auto [b, e] : sp.layers) {
+  for (auto [b, e] : sp.chunks) {
     if (!out.empty()) out += ", ";
     out += e - b == 1 ? model::LayerName(plan.options.model, b)
                       : absl::StrCat(model::LayerName(plan.options.model, b), " .. ",
@@ -210,7 +210,7 @@ std::string PlanJson(const Plan& plan) {
     nlohmann::json s;
     s["stage"] = sp.stage;
     s["layers"] = nlohmann::json::array();
-    for (auto [b, e] : sp.layers) s["layers"].push_back({b, e});
+    for (auto [b, e] : sp.chunks) s["layers"].push_back({b, e});
     s["params"] = sp.params;
     s["state_bytes"] = sp.state_bytes;
     s["peak_activation_bytes"] = sp.peak_activation_bytes;

@@ -185,7 +185,7 @@ void PlaceChunks(const PlanOptions& o, const Partition& partition,
     const int b = partition.begin(j), e = partition.end(j);
     StagePlan& sp = plan.stages[s];
     sp.stage = s;
-    sp.layers.push_back({b, e});
+    sp.chunks.push_back({b, e});
     sp.chunk_recompute.push_back(recompute[s][c]);
     sp.max_in_flight = InFlightBound(o.schedule, k, o.micro_batches, v, s);
     for (int l = b; l < e; ++l) sp.params += cost[l].params;

@@ -98,7 +98,7 @@ absl::StatusOr<PlanOptions> OptionsFromJobSpec(const pipetrain::v1::JobSpec& spe
 
 struct StagePlan {
   int stage = 0;
-  std::vector<std::pair<int, int>> layers;  // per chunk: pipeline layers [first, end)
+  std::vector<std::pair<int, int>> chunks;  // per chunk: pipeline layers [first, end)
   int64_t params = 0;
   double state_bytes = 0;            // weights, gradients, optimizer state
   // With snapshots: 2 steps x 12 bytes/param x (its own params + its ring predecessor's;

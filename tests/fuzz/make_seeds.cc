@@ -157,7 +157,7 @@ void ConfigureSeeds() {
   m->set_d_model(4);
   m->set_n_heads(2);
   m->set_n_layers(1);
-  auto* layers = r.add_layers();
+  auto* layers = r.add_chunks();
   layers->set_begin_layer(0);
   layers->set_end_layer(2);
   r.set_seed(1);
@@ -170,8 +170,8 @@ void ConfigureSeeds() {
   r.set_stage(1);
   r.set_upstream_address("127.0.0.1:2");
   r.clear_downstream_address();
-  r.mutable_layers(0)->set_begin_layer(2);
-  r.mutable_layers(0)->set_end_layer(3);
+  r.mutable_chunks(0)->set_begin_layer(2);
+  r.mutable_chunks(0)->set_end_layer(3);
   r.mutable_model()->set_tie_embeddings(true);
   Write("configure", "cpu_stage1_tied", std::string(1, '\1') + r.SerializeAsString());
 }

@@ -326,7 +326,7 @@ bool FakeStages::RunBroken(const Stage& stage, int64_t step) const {
 absl::Status FakeStages::Configure(Stage& stage, const pb::ConfigureRequest& request) {
   ASSIGN_OR_RETURN(model::GptConfig config, model::ConfigFromProto(request.model()));
   std::vector<model::Checkpoint> chunks;
-  for (const pb::LayerRange& r : request.layers()) {
+  for (const pb::LayerRange& r : request.chunks()) {
     ASSIGN_OR_RETURN(model::Checkpoint c, FreshChunk(config, r.begin_layer(), r.end_layer()));
     chunks.push_back(std::move(c));
   }
