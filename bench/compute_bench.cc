@@ -1,7 +1,5 @@
 #include "bench/compute_bench.h"
 
-#include <cblas.h>
-
 #include <chrono>
 #include <cstdlib>
 #include <string>
@@ -12,6 +10,8 @@
 #include "bench/json_command.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "stage_server/compute/onednn_matmul.h"
+#include "stage_server/compute/openblas_products.h"
 #include "stage_server/compute/trainer.h"
 
 namespace pipetrain::bench {
@@ -39,17 +39,39 @@ std::string Text() {
 }
 
 // Median GFLOP/s of the model's largest product (the MLP up-projection of one step:
-// (B*T, C) x (C, 4C)) at the current OpenBLAS thread count.
-double SgemmGflops(int m, int n, int k, int reps) {
+// (B*T, C) x (C, 4C)) on one product engine at `threads` threads, with `operands`.
+absl::StatusOr<double> ProductGflops(compute::CpuBackend::ProductEngine engine, int threads,
+                                     common::DType operands, int m, int n, int k, int reps) {
+  std::unique_ptr<compute::Products> products;
+  if (engine == compute::CpuBackend::ProductEngine::kOneDnn) {
+    ASSIGN_OR_RETURN(products, compute::OneDnnMatmul::Create(threads));
+  } else {
+    ASSIGN_OR_RETURN(products, compute::OpenBlasProducts::Create(threads));
+  }
   std::vector<float> a(int64_t{m} * k, 0.5f), b(int64_t{k} * n, 0.25f), c(int64_t{m} * n);
+  const compute::ProductShape p = compute::ProductShape::RowMajor(false, false, m, n, k, k, n, n,
+                                                                  1.0f, 0.0f);
   std::vector<double> times;
   for (int r = 0; r <= reps; ++r) {
     const auto t0 = Clock::now();
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, m, n, k, 1.0f, a.data(), k,
-                b.data(), n, 0.0f, c.data(), n);
+    RETURN_IF_ERROR(products->Run(operands, p, a.data(), b.data(), c.data()));
     if (r > 0) times.push_back(Seconds(t0, Clock::now()));  // the first call warms up
   }
   return 2.0 * m * n * k / Median(times) / 1e9;
+}
+
+// Median seconds of `reps` training steps after one warm-up step (first touch of every
+// buffer, the primitives made).
+absl::StatusOr<double> StepSeconds(const compute::TrainOptions& o, const std::string& text,
+                                   int reps) {
+  ASSIGN_OR_RETURN(auto trainer, compute::Trainer::Create(o, text));
+  RETURN_IF_ERROR(trainer->Step().status());
+  std::vector<double> times;
+  for (int r = 0; r < reps; ++r) {
+    ASSIGN_OR_RETURN(compute::StepStats s, trainer->Step());
+    times.push_back(s.seconds);
+  }
+  return Median(times);
 }
 
 // The interpreter that runs the PyTorch side: Debian's, which sees python3-torch
@@ -93,25 +115,30 @@ absl::StatusOr<BenchResult> RunComputeBench(const BenchOptions& options) {
   result.Add("gflop_per_step", flops_per_token * tokens / 1e9);
   const std::string text = Text();
   std::string pytorch_label;
+  using Engine = compute::CpuBackend::ProductEngine;
+  const int m = o.batch * o.model.seq_len, n = o.model.mlp_dim(), k = o.model.d_model;
   for (int threads : {1, 2}) {
     o.threads = threads;
-    ASSIGN_OR_RETURN(auto trainer, compute::Trainer::Create(o, text));
-    RETURN_IF_ERROR(trainer->Step().status());  // warm-up: first touch of every buffer
-    std::vector<double> times;
-    for (int r = 0; r < reps; ++r) {
-      ASSIGN_OR_RETURN(compute::StepStats s, trainer->Step());
-      times.push_back(s.seconds);
-    }
-    const double step_s = Median(times);
+    // Today's engine first (the baseline), then oneDNN, in the same run.
+    o.products = Engine::kOpenBlas;
+    ASSIGN_OR_RETURN(const double openblas_s, StepSeconds(o, text, reps));
+    o.products = Engine::kOneDnn;
+    ASSIGN_OR_RETURN(const double step_s, StepSeconds(o, text, reps));
     const double gflops = flops_per_token * tokens / step_s / 1e9;
-    const double sgemm =
-        SgemmGflops(o.batch * o.model.seq_len, o.model.mlp_dim(), o.model.d_model, reps);
+    ASSIGN_OR_RETURN(const double product,
+                     ProductGflops(Engine::kOneDnn, threads, common::DType::kF32, m, n, k, reps));
+    ASSIGN_OR_RETURN(const double sgemm, ProductGflops(Engine::kOpenBlas, threads,
+                                                       common::DType::kF32, m, n, k, reps));
     const std::string t = absl::StrCat("threads", threads, "_");
     result.Add(t + "step_seconds", step_s);
     result.Add(t + "tokens_per_s", tokens / step_s);
     result.Add(t + "achieved_gflop_per_s", gflops);
-    result.Add(t + "sgemm_gflop_per_s", sgemm);
-    result.Add(t + "fraction_of_sgemm", gflops / sgemm);
+    result.Add(t + "product_gflop_per_s", product);
+    result.Add(t + "fraction_of_product", gflops / product);
+    result.Add(t + "openblas_step_seconds", openblas_s);
+    result.Add(t + "openblas_tokens_per_s", tokens / openblas_s);
+    result.Add(t + "openblas_sgemm_gflop_per_s", sgemm);
+    result.Add(t + "speedup_over_openblas", openblas_s / step_s);
     // PyTorch on the same model and thread count, right after ours.
     auto torch = RunPyTorch(o, threads, reps);
     if (!torch.ok()) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs the GPU tests and pipetrain-bench for a lent GPU machine. Runs HERE (the build
 # machine), because the GPU machine has CUDA, cmake and ninja but none of the gRPC,
-# protobuf, Abseil or OpenBLAS libraries, and nothing can be installed there.
+# protobuf, Abseil, oneDNN or OpenBLAS libraries, and nothing can be installed there.
 #
 # Two steps (see docs/GPU.md):
 #   1. here, in the repository root of the checkout that will call the device tool:
@@ -9,7 +9,8 @@
 #      configures a CUDA build in build-gpu/, builds every test labelled `gpu` and
 #      pipetrain-bench, and copies them with every shared library they need (except the
 #      CUDA toolkit's and the C/C++ runtime) into .gpu/gpu-pack.tar.gz (git-ignored;
-#      compressed because OpenBLAS alone is 36 MiB and the tool carries at most 64 MiB).
+#      compressed because oneDNN and OpenBLAS are 38 and 35 MiB and the tool carries at
+#      most 64 MiB).
 #   2. the device tool's run, with carry [".gpu"] and command `bash bench/gpu.sh`.
 #
 # Environment: JOBS (parallel build jobs, default 2), PACK_DIR (default .gpu).

@@ -105,7 +105,7 @@ int RunEval(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   flags.AddInt("batch", &batch, "B, rows of seq_len + 1 tokens", "B");
   flags.AddString("grads-out", &grads_out,
                   "write the gradient of the loss for every parameter here", "FILE");
-  flags.AddInt("threads", &threads, "OpenBLAS threads", "N");
+  flags.AddInt("threads", &threads, "compute threads", "N");
   flags.AddBool("json", &json,
                 "print one JSON object: loss, tokens, rows, seq_len, checkpoint, text (or "
                 "token_file and format) and grads_out if given");

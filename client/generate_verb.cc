@@ -132,7 +132,7 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
   flags.AddString("tokenizer-dir", &tokenizer_dir,
                   "the folder of the gpt2 tokenizer's files (--tokenizer gpt2 only)", "DIR");
   flags.AddString("device", &device, "cpu or cuda:N", "DEVICE");
-  flags.AddInt("threads", &threads, "OpenBLAS threads on the cpu device (>= 1)", "N");
+  flags.AddInt("threads", &threads, "compute threads on the cpu device (>= 1)", "N");
   flags.AddBool("json", &json,
                 "print one JSON object instead of the text: prompt, completion, "
                 "prompt_tokens, tokens (the new ids), tokens_per_s, seconds, and the settings");

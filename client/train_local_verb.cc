@@ -38,7 +38,7 @@ int RunTrainLocal(const std::vector<std::string>& args, std::ostream& out, std::
   flags.AddInt("batch", &batch, "B, rows of seq_len + 1 bytes per step (>= 1)", "B");
   flags.AddInt("seed", &seed, "seed of the initial weights and of the batches (>= 0)", "S");
   flags.AddDouble("lr", &lr, "AdamW learning rate (> 0)", "X");
-  flags.AddInt("threads", &threads, "OpenBLAS threads (>= 1)", "N");
+  flags.AddInt("threads", &threads, "compute threads (>= 1)", "N");
   flags.AddString("save", &save_path,
                   "write the trained weights here as a checkpoint (no optimizer state)", "FILE");
   flags.AddBool("json", &json,

@@ -28,6 +28,21 @@ target_include_directories(pipetrain_openblas SYSTEM INTERFACE ${OpenBLAS_INCLUD
 target_link_libraries(pipetrain_openblas INTERFACE ${OpenBLAS_LIBRARIES})
 add_library(pipetrain::openblas ALIAS pipetrain_openblas)
 
+# oneDNN (Debian's libdnnl-dev): the cpu backend's matrix products in fp32 and bf16,
+# through its C API. Found by hand: Debian's dnnl-config.cmake insists on the OpenCL
+# headers for a GPU runtime pipetrain does not use. Its OpenMP runtime's thread count is
+# set per calling thread (omp_set_num_threads), hence OpenMP.
+find_path(PIPETRAIN_DNNL_INCLUDE oneapi/dnnl/dnnl.h)
+find_library(PIPETRAIN_DNNL_LIBRARY dnnl)
+if(NOT PIPETRAIN_DNNL_INCLUDE OR NOT PIPETRAIN_DNNL_LIBRARY)
+  message(FATAL_ERROR "oneDNN not found: install libdnnl-dev (deploy/install-deps.sh does)")
+endif()
+add_library(pipetrain_dnnl INTERFACE)
+target_include_directories(pipetrain_dnnl SYSTEM INTERFACE ${PIPETRAIN_DNNL_INCLUDE})
+target_link_libraries(pipetrain_dnnl INTERFACE ${PIPETRAIN_DNNL_LIBRARY})
+add_library(pipetrain::dnnl ALIAS pipetrain_dnnl)
+find_package(OpenMP REQUIRED)
+
 find_program(PIPETRAIN_GRPC_CPP_PLUGIN grpc_cpp_plugin REQUIRED)
 
 if(PIPETRAIN_BUILD_TESTS)

@@ -37,6 +37,7 @@ build_packages=(
   libsqlite3-dev libcpp-httplib-dev
   libpcre2-dev  # the GPT-2 tokenizer's pre-tokenizer pattern (common/data/gpt2_bpe.cc)
   libgloo-dev   # data-parallel gradient all-reduce between CPU stages (stage_server/collective)
+  libdnnl-dev   # oneDNN: the cpu backend's matrix products, fp32 and bf16 (compute/onednn_matmul)
 )
 test_packages=(
   libgtest-dev libgmock-dev
@@ -56,7 +57,7 @@ command -v npm >/dev/null || test_packages+=(npm)
 runtime_packages=(
   libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623 libopenblas0-pthread
   libsqlite3-0 libcpp-httplib0.11 libpcre2-8-0
-  libgloo0
+  libgloo0 libdnnl2 libgomp1
 )
 case "$mode" in
   all) packages=("${build_packages[@]}" "${test_packages[@]}") ;;

@@ -61,7 +61,7 @@ int main(int argc, char** argv) {
                   "compute device: cpu, cuda:N, or emulated:NAME (h100, h200, a100 or a "
                   "FLOP rate such as 2e12: no arithmetic, each action takes its modelled time)",
                   "DEVICE");
-  flags.AddInt("threads", &threads, "CPU compute threads (OpenBLAS)");
+  flags.AddInt("threads", &threads, "CPU compute threads (the cpu backend's oneDNN products)");
   flags.AddInt("memory-limit", &memory_limit,
                "refuse jobs whose weights and optimizer state exceed this many bytes (0: no limit)",
                "BYTES");

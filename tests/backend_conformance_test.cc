@@ -36,13 +36,16 @@ using ::testing::HasSubstr;
 
 // ---- Backends ---------------------------------------------------------------------------
 
-enum class Kind { kHost, kCpu, kCuda };
-constexpr Kind kKinds[] = {Kind::kHost, Kind::kCpu, Kind::kCuda};
+// kCpu is the cpu backend as stages run it (oneDNN products); kCpuOpenBlas the same
+// backend on its OpenBLAS baseline engine, which the compute bench measures against.
+enum class Kind { kHost, kCpu, kCpuOpenBlas, kCuda };
+constexpr Kind kKinds[] = {Kind::kHost, Kind::kCpu, Kind::kCpuOpenBlas, Kind::kCuda};
 
 std::string KindName(Kind kind) {
   switch (kind) {
     case Kind::kHost: return "host";
     case Kind::kCpu: return "cpu";
+    case Kind::kCpuOpenBlas: return "cpu_openblas";
     case Kind::kCuda: return "cuda";
   }
   return "?";
@@ -59,8 +62,11 @@ Backend* GetBackend(Kind kind, bool tf32, std::string* skip) {
     case Kind::kHost:
       slot = std::make_unique<compute::HostBackend>();
       break;
-    case Kind::kCpu: {
-      auto cpu = compute::CpuBackend::Create(1);
+    case Kind::kCpu:
+    case Kind::kCpuOpenBlas: {
+      auto cpu = compute::CpuBackend::Create(1, kind == Kind::kCpu
+                                                    ? compute::CpuBackend::ProductEngine::kOneDnn
+                                                    : compute::CpuBackend::ProductEngine::kOpenBlas);
       EXPECT_THAT(cpu, IsOk());
       if (cpu.ok()) slot = std::move(*cpu);
       break;

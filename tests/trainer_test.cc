@@ -110,7 +110,7 @@ TEST(TrainerTest, GoldenLossTrajectoryAndLossFalls) {
     golden.push_back(loss);
   }
   ASSERT_EQ(golden.size(), losses.size());
-  // OpenBLAS picks kernels per CPU, so other machines round differently; Adam amplifies
+  // oneDNN picks kernels per CPU, so other machines round differently; Adam amplifies
   // that a little over ten steps.
   for (size_t i = 0; i < golden.size(); ++i) {
     EXPECT_NEAR(losses[i], golden[i], 1e-3 * golden[i]) << "step " << i + 1;

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/atomic_file.h"
+#include "common/bf16.h"
 #include "common/model/model_family.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
@@ -75,13 +76,6 @@ float HalfToFloat(uint16_t h) {
   return out;
 }
 
-// bfloat16 is the top half of a float.
-float BFloat16ToFloat(uint16_t b) {
-  const uint32_t bits = uint32_t{b} << 16;
-  float out;
-  std::memcpy(&out, &bits, sizeof out);
-  return out;
-}
 
 absl::StatusOr<common::Tensor> ToF32(common::Tensor t) {
   if (t.dtype() == DType::kF32) return t;
@@ -89,7 +83,7 @@ absl::StatusOr<common::Tensor> ToF32(common::Tensor t) {
   std::span<float> to = out.data<float>();
   std::span<const uint16_t> from = t.data<uint16_t>();
   for (size_t i = 0; i < from.size(); ++i) {
-    to[i] = t.dtype() == DType::kF16 ? HalfToFloat(from[i]) : BFloat16ToFloat(from[i]);
+    to[i] = t.dtype() == DType::kF16 ? HalfToFloat(from[i]) : common::Bf16BitsToFloat(from[i]);
   }
   return out;
 }

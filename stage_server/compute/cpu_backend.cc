@@ -1,7 +1,5 @@
 #include "stage_server/compute/cpu_backend.h"
 
-#include <cblas.h>
-
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -10,7 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "stage_server/compute/backend_buffer.h"
+#include "stage_server/compute/onednn_matmul.h"
 #include "stage_server/compute/op_checks.h"
+#include "stage_server/compute/openblas_products.h"
 #include "stage_server/compute/reference_ops.h"
 
 namespace pipetrain::compute {
@@ -45,14 +45,23 @@ constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluA = 0.044715f;
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(int threads) {
+absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(int threads,
+                                                               ProductEngine engine) {
   if (threads < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("cpu backend: threads must be >= 1 (got ", threads, ")"));
   }
-  openblas_set_num_threads(threads);
-  return std::unique_ptr<CpuBackend>(new CpuBackend(threads));
+  std::unique_ptr<Products> products;
+  if (engine == ProductEngine::kOneDnn) {
+    ASSIGN_OR_RETURN(products, OneDnnMatmul::Create(threads));
+  } else {
+    ASSIGN_OR_RETURN(products, OpenBlasProducts::Create(threads));
+  }
+  return std::unique_ptr<CpuBackend>(new CpuBackend(threads, std::move(products)));
 }
+
+CpuBackend::CpuBackend(int threads, std::unique_ptr<Products> products)
+    : threads_(threads), products_(std::move(products)) {}
 
 CpuBackend::~CpuBackend() {
   for (auto& [bytes, blocks] : free_blocks_) {
@@ -101,10 +110,10 @@ absl::Status CpuBackend::Matmul(bool trans_a, bool trans_b, int m, int n, int k,
     if (beta == 0) return Zero(c, BytesOf<float>(int64_t{m} * n));  // even over NaN
     return Scale(int64_t{m} * n, beta, c);
   }
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, m, n, k, alpha, a, trans_a ? m : k, b,
-              trans_b ? k : n, beta, c, n);
-  return absl::OkStatus();
+  return products_->Run(common::DType::kF32,
+                        ProductShape::RowMajor(trans_a, trans_b, m, n, k, trans_a ? m : k,
+                                               trans_b ? k : n, n, alpha, beta),
+                        a, b, c);
 }
 
 absl::Status CpuBackend::BiasGrad(int rows, int cols, const float* dout, float* dbias) {
@@ -206,6 +215,68 @@ absl::Status CpuBackend::GeluBackward(int64_t n, const float* x, const float* do
   return absl::OkStatus();
 }
 
+namespace {
+// Views of attention's tensors as (B, NH) batches of per-head matrices. qkv is (B, T, 3C)
+// with head h of q at columns h*hs (k at C + h*hs, v at 2C + h*hs); out and dout are
+// (B, T, C); probs and its gradient are (B, NH, T, T), dense.
+MatrixStrides HeadsOfQkv(int T, int C, int hs) { return {int64_t{T} * 3 * C, hs, 3 * C, 1}; }
+MatrixStrides HeadsOfQkvTransposed(int T, int C, int hs) {
+  return {int64_t{T} * 3 * C, hs, 1, 3 * C};
+}
+MatrixStrides HeadsOfOut(int T, int C, int hs) { return {int64_t{T} * C, hs, C, 1}; }
+MatrixStrides Probs(int NH, int T) { return {int64_t{NH} * T * T, int64_t{T} * T, T, 1}; }
+MatrixStrides ProbsTransposed(int NH, int T) {
+  return {int64_t{NH} * T * T, int64_t{T} * T, 1, T};
+}
+ProductShape HeadProduct(int B, int NH, int m, int n, int k, MatrixStrides a,
+                         MatrixStrides b, MatrixStrides c, float alpha) {
+  ProductShape p;
+  p.batch0 = B;
+  p.batch1 = NH;
+  p.m = m;
+  p.n = n;
+  p.k = k;
+  p.a = a;
+  p.b = b;
+  p.c = c;
+  p.alpha = alpha;
+  return p;
+}
+
+// Causal softmax of each row of every (T, T) score matrix, in place; zeros above the
+// diagonal.
+void CausalSoftmaxRows(int64_t matrices, int T, float* p) {
+  for (int64_t i = 0; i < matrices * T; ++i) {
+    const int t = static_cast<int>(i % T);
+    float* row = p + i * T;
+    float max_score = row[0];
+    for (int u = 1; u <= t; ++u) max_score = std::max(max_score, row[u]);
+    float sum = 0;
+    for (int u = 0; u <= t; ++u) {
+      row[u] = FastExp(row[u] - max_score);
+      sum += row[u];
+    }
+    const float inv = 1.0f / sum;
+    for (int u = 0; u <= t; ++u) row[u] *= inv;
+    for (int u = t + 1; u < T; ++u) row[u] = 0;
+  }
+}
+
+// Softmax backward in place over every row: dS = P * (dP - rowsum(P * dP)) * scale.
+void CausalSoftmaxBackwardRows(int64_t matrices, int T, const float* probs, float scale,
+                               float* dp) {
+  for (int64_t i = 0; i < matrices * T; ++i) {
+    const int t = static_cast<int>(i % T);
+    const float* pr = probs + i * T;
+    float* dr = dp + i * T;
+    float dot = 0;
+    for (int u = 0; u <= t; ++u) dot += pr[u] * dr[u];
+    for (int u = 0; u <= t; ++u) dr[u] = pr[u] * (dr[u] - dot) * scale;
+    for (int u = t + 1; u < T; ++u) dr[u] = 0;
+  }
+}
+}  // namespace
+
 absl::Status CpuBackend::AttentionForward(int B, int T, int C, int NH, const float* qkv,
                                           float* out, float* probs) {
   // qkv (B, T, 3C), out (B, T, C), probs (B, NH, T, T)
@@ -213,34 +284,19 @@ absl::Status CpuBackend::AttentionForward(int B, int T, int C, int NH, const flo
   if (call.empty()) return absl::OkStatus();
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  for (int b = 0; b < B; ++b) {
-    const float* base = qkv + int64_t{b} * T * 3 * C;
-    for (int h = 0; h < NH; ++h) {
-      float* p = probs + (int64_t{b} * NH + h) * T * T;  // (T, T)
-      // scores = scale * Q K^T; Q and K are (T, hs) views with row stride 3C. The upper
-      // triangle is computed and then masked: cheaper than T small products.
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, base + h * hs,
-                  3 * C, base + C + h * hs, 3 * C, 0.0f, p, T);
-      for (int t = 0; t < T; ++t) {
-        float* row = p + int64_t{t} * T;
-        float max_score = row[0];
-        for (int u = 1; u <= t; ++u) max_score = std::max(max_score, row[u]);
-        float sum = 0;
-        for (int u = 0; u <= t; ++u) {
-          row[u] = FastExp(row[u] - max_score);
-          sum += row[u];
-        }
-        const float inv = 1.0f / sum;
-        for (int u = 0; u <= t; ++u) row[u] *= inv;
-        for (int u = t + 1; u < T; ++u) row[u] = 0;
-      }
-      // out_h = P V: (T, hs), row stride C.
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, p, T,
-                  base + 2 * C + h * hs, 3 * C, 0.0f, out + int64_t{b} * T * C + h * hs,
-                  C);
-    }
-  }
-  return absl::OkStatus();
+  // scores = scale * Q K^T for every head in one product; the upper triangle is computed
+  // and then masked, cheaper than T small products.
+  RETURN_IF_ERROR(products_->Run(
+      common::DType::kF32,
+      HeadProduct(B, NH, T, T, hs, HeadsOfQkv(T, C, hs), HeadsOfQkvTransposed(T, C, hs),
+                  Probs(NH, T), scale),
+      qkv, qkv + C, probs));
+  CausalSoftmaxRows(int64_t{B} * NH, T, probs);
+  // out_h = P V.
+  return products_->Run(common::DType::kF32,
+                        HeadProduct(B, NH, T, hs, T, Probs(NH, T), HeadsOfQkv(T, C, hs),
+                                    HeadsOfOut(T, C, hs), 1.0f),
+                        probs, qkv + 2 * C, out);
 }
 
 absl::Status CpuBackend::AttentionBackward(int B, int T, int C, int NH, const float* dout,
@@ -252,36 +308,25 @@ absl::Status CpuBackend::AttentionBackward(int B, int T, int C, int NH, const fl
   if (call.empty()) return absl::OkStatus();
   const int hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  scratch_.resize(int64_t{T} * T);
-  float* dp = scratch_.data();  // (T, T)
-  for (int b = 0; b < B; ++b) {
-    const float* base = qkv + int64_t{b} * T * 3 * C;
-    float* dbase = dqkv + int64_t{b} * T * 3 * C;
-    const float* dob = dout + int64_t{b} * T * C;
-    for (int h = 0; h < NH; ++h) {
-      const float* p = probs + (int64_t{b} * NH + h) * T * T;  // (T, T)
-      // dP = dO V^T (T, T); dV = P^T dO (T, hs).
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, dob + h * hs,
-                  C, base + 2 * C + h * hs, 3 * C, 0.0f, dp, T);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, p, T,
-                  dob + h * hs, C, 0.0f, dbase + 2 * C + h * hs, 3 * C);
-      // Softmax backward in place: dS = P * (dP - rowsum(P * dP)), times the scale.
-      for (int t = 0; t < T; ++t) {
-        const float* pr = p + int64_t{t} * T;
-        float* dr = dp + int64_t{t} * T;
-        float dot = 0;
-        for (int u = 0; u <= t; ++u) dot += pr[u] * dr[u];
-        for (int u = 0; u <= t; ++u) dr[u] = pr[u] * (dr[u] - dot) * scale;
-        for (int u = t + 1; u < T; ++u) dr[u] = 0;
-      }
-      // dQ = dS K (T, hs); dK = dS^T Q (T, hs).
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, dp, T,
-                  base + C + h * hs, 3 * C, 0.0f, dbase + h * hs, 3 * C);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, dp, T,
-                  base + h * hs, 3 * C, 0.0f, dbase + C + h * hs, 3 * C);
-    }
-  }
-  return absl::OkStatus();
+  scratch_.resize(int64_t{B} * NH * T * T);
+  float* dp = scratch_.data();  // (B, NH, T, T)
+  const common::DType f32 = common::DType::kF32;
+  const MatrixStrides heads = HeadsOfQkv(T, C, hs);
+  // dP = dO V^T; dV = P^T dO.
+  RETURN_IF_ERROR(products_->Run(f32,
+                                 HeadProduct(B, NH, T, T, hs, HeadsOfOut(T, C, hs),
+                                             HeadsOfQkvTransposed(T, C, hs), Probs(NH, T), 1),
+                                 dout, qkv + 2 * C, dp));
+  RETURN_IF_ERROR(products_->Run(
+      f32, HeadProduct(B, NH, T, hs, T, ProbsTransposed(NH, T), HeadsOfOut(T, C, hs), heads, 1),
+      probs, dout, dqkv + 2 * C));
+  CausalSoftmaxBackwardRows(int64_t{B} * NH, T, probs, scale, dp);
+  // dQ = dS K; dK = dS^T Q.
+  RETURN_IF_ERROR(products_->Run(f32, HeadProduct(B, NH, T, hs, T, Probs(NH, T), heads, heads, 1),
+                                 dp, qkv + C, dqkv));
+  return products_->Run(
+      f32, HeadProduct(B, NH, T, hs, T, ProbsTransposed(NH, T), heads, heads, 1), dp, qkv,
+      dqkv + C);
 }
 
 absl::Status CpuBackend::CrossEntropyForward(int rows, int V, const float* logits,

@@ -1,6 +1,7 @@
-// The CPU backend: OpenBLAS sgemm for every matrix product (including the per-head
-// products of attention) and single-pass float loops for the rest. Ops it does not
-// override are the plain loops of HostBackendT, which are already memory-bound.
+// The CPU backend: every matrix product through a Products engine (oneDNN's matmul by
+// default, all heads of an attention product in one call; OpenBLAS as the measured
+// baseline) and single-pass float loops for the rest. Ops it does not override are the
+// plain loops of HostBackendT, which are already memory-bound.
 #pragma once
 
 #include <map>
@@ -11,15 +12,18 @@
 
 #include "absl/status/statusor.h"
 #include "stage_server/compute/host_backend.h"
+#include "stage_server/compute/products.h"
 
 namespace pipetrain::compute {
 
 class CpuBackend : public HostBackendT<float> {
  public:
-  // `threads` is OpenBLAS's pthread count. OpenBLAS's setting is process-wide, so the
-  // last CpuBackend created decides; the other loops are single-threaded so the total
-  // never exceeds `threads` (no oversubscription).
-  static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(int threads);
+  enum class ProductEngine { kOneDnn, kOpenBlas };
+  // `threads` is the matrix products' thread count (OpenBLAS's is process-wide, so with
+  // it the last CpuBackend created decides); the other loops are single-threaded so the
+  // total never exceeds `threads` (no oversubscription).
+  static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(
+      int threads, ProductEngine engine = ProductEngine::kOneDnn);
 
   ~CpuBackend() override;
   std::string Name() const override { return "cpu"; }
@@ -30,6 +34,8 @@ class CpuBackend : public HostBackendT<float> {
   absl::StatusOr<void*> Allocate(size_t bytes) override;
   absl::Status Free(void* ptr) override;
   int threads() const { return threads_; }
+  // "onednn" or "openblas".
+  std::string product_engine() const { return products_->Name(); }
 
   absl::Status Matmul(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
                       const float* a, const float* b, float beta, float* c) override;
@@ -54,10 +60,11 @@ class CpuBackend : public HostBackendT<float> {
                                    float* loss) override;
 
  private:
-  explicit CpuBackend(int threads) : threads_(threads) {}
+  CpuBackend(int threads, std::unique_ptr<Products> products);
 
   int threads_;
-  std::vector<float> scratch_;  // (T, T): d probs of one head in attention backward
+  std::unique_ptr<Products> products_;
+  std::vector<float> scratch_;  // (B, NH, T, T): d probs in attention backward
   std::map<size_t, std::vector<void*>> free_blocks_;  // rounded size -> cached blocks
   std::unordered_map<void*, size_t> block_bytes_;     // live block -> rounded size
 };

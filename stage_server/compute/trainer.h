@@ -31,8 +31,10 @@ struct TrainOptions {
   int micro_batches = 1;  // gradient accumulation; must divide batch
   uint64_t seed = 0;      // initialisation and batch sampling
   OptimizerSettings optimizer;
-  int threads = 1;  // OpenBLAS threads
+  int threads = 1;  // the cpu backend's product threads
   bool recompute = false;
+  // oneDNN, or the OpenBLAS baseline the compute bench compares it with.
+  CpuBackend::ProductEngine products = CpuBackend::ProductEngine::kOneDnn;
 };
 
 struct StepStats {

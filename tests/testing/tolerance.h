@@ -19,8 +19,8 @@ inline constexpr double kFloatEps = 0x1p-24;
 inline constexpr double kDoubleEps = 0x1p-53;
 
 // The same operations on the same inputs in the same order give the same bits, on any
-// processor (within one process every kernel is the same one: OpenBLAS picks per CPU,
-// not per call). Comparisons of such results are exact; pass this where a tolerance is
+// processor (within one process every kernel is the same one: oneDNN picks per CPU and
+// shape, not per call). Comparisons of such results are exact; pass this where a tolerance is
 // asked for.
 inline constexpr double kSameArithmetic = 0;
 

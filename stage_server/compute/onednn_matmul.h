@@ -1,0 +1,58 @@
+// OneDnnMatmul: matrix products through oneDNN's matmul primitive, on host memory.
+// A primitive is made once per (shapes, strides, alpha, beta, operand precision) and kept,
+// so a training step, which repeats the same products, makes none after its first.
+//
+//   c = alpha * op(a) @ op(b) + beta * c      for every (i, j) of batch0 x batch1
+//
+// Operands come in fp32. With `operands` kBF16 each is rounded to bf16 (nearest even,
+// common/bf16.h) into a scratch buffer and the products are summed in fp32: the same
+// numbers the reference backend's bf16 mode gives, at oneDNN's bf16 rate on a processor
+// with bf16 instructions (and on its slower path on one without: see bf16_native()).
+//
+// Same shapes and thread count give the same bits run after run: oneDNN's matmul splits
+// work by the shape and thread count only. Not thread-safe: one executor thread drives it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/tensor.h"
+#include "stage_server/compute/products.h"
+
+namespace pipetrain::compute {
+
+class OneDnnMatmul : public Products {
+ public:
+  // `threads`: oneDNN's OpenMP thread count for every product this object runs.
+  static absl::StatusOr<std::unique_ptr<OneDnnMatmul>> Create(int threads);
+  ~OneDnnMatmul() override;
+
+  std::string Name() const override { return "onednn"; }
+  absl::Status Run(common::DType operands, const ProductShape& p, const float* a,
+                   const float* b, float* c) override;
+
+  // The implementation oneDNN picked for the last product made, e.g. "brg:avx512_core".
+  const std::string& last_impl() const { return last_impl_; }
+  size_t cached_primitives() const { return cache_.size(); }
+  // Whether this processor has bf16 dot-product instructions (avx512_bf16 or amx).
+  static bool bf16_native();
+
+  struct Handles;  // oneDNN's engine and stream
+  struct Entry;    // one cached product
+
+ private:
+  OneDnnMatmul(int threads, std::unique_ptr<Handles> handles);
+  absl::StatusOr<Entry*> EntryFor(common::DType operands, const ProductShape& p);
+
+  int threads_;
+  std::unique_ptr<Handles> handles_;
+  std::map<std::vector<int64_t>, std::unique_ptr<Entry>> cache_;
+  std::vector<uint16_t> a16_, b16_;  // bf16 operands of the product being run
+  std::string last_impl_;
+};
+
+}  // namespace pipetrain::compute
