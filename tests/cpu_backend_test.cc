@@ -4,6 +4,7 @@
 #include "stage_server/compute/cpu_backend.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <limits>
@@ -66,6 +67,63 @@ TEST_F(CpuBackendTest, CopyFromHostPiecesPlacesPiecesConsecutively) {
   }
   EXPECT_THAT(cpu_->CopyFromHostPieces(dst, {}), IsOk());
   ASSERT_THAT(cpu_->Free(*buf), IsOk());
+}
+
+// Every op other than the products splits only what it computes independently (rows,
+// columns, elements) among its threads, so two threads give one thread's bits. The sizes
+// are large enough that every op does split (parallel_ranges.h: 16k elements a piece).
+TEST(CpuBackendThreadsTest, TheLoopsGiveTheSameBitsOnOneThreadAndOnTwo) {
+  auto one = CpuBackend::Create(1);
+  auto two = CpuBackend::Create(2);
+  ASSERT_THAT(one, IsOk());
+  ASSERT_THAT(two, IsOk());
+  const int rows = 512, C = 256, V = 300, B = 8, T = 64;
+  const int64_t n = int64_t{rows} * C;
+  const auto x = RandomNormal(n, 101), d = RandomNormal(n, 102), w = RandomNormal(C, 103);
+  const auto bias = RandomNormal(C, 104), logits = RandomNormal(int64_t{rows} * V, 105);
+  const auto targets = pipetrain::testing::RandomIds(rows, V, 106);
+  const auto tokens = pipetrain::testing::RandomIds(B * T, V, 107);
+  const auto wte = RandomNormal(int64_t{V} * C, 108), wpe = RandomNormal(int64_t{T} * C, 109);
+  // Runs every loop op on `b` and returns all it wrote, in order.
+  auto run = [&](CpuBackend& b) {
+    std::vector<float> all;
+    auto keep = [&](const std::vector<float>& v) { all.insert(all.end(), v.begin(), v.end()); };
+    std::vector<float> out(n), mean(rows), rstd(rows), dx(n, 0.5f), dw(C, 0.25f), db(C, 0.125f);
+    EXPECT_THAT(b.LayerNormForward(rows, C, x.data(), w.data(), bias.data(), out.data(),
+                                   mean.data(), rstd.data()), IsOk());
+    EXPECT_THAT(b.LayerNormBackward(rows, C, d.data(), x.data(), w.data(), mean.data(),
+                                    rstd.data(), dx.data(), dw.data(), db.data()), IsOk());
+    keep(out), keep(mean), keep(rstd), keep(dx), keep(dw), keep(db);
+    std::vector<float> g(n), dg(n), sum(n), y = d, z = x;
+    EXPECT_THAT(b.GeluForward(n, x.data(), g.data()), IsOk());
+    EXPECT_THAT(b.GeluBackward(n, x.data(), d.data(), dg.data()), IsOk());
+    EXPECT_THAT(b.Add(n, x.data(), d.data(), sum.data()), IsOk());
+    EXPECT_THAT(b.Axpy(n, 0.3f, x.data(), y.data()), IsOk());
+    EXPECT_THAT(b.Scale(n, 0.7f, z.data()), IsOk());
+    EXPECT_THAT(b.AddBias(rows, C, bias.data(), z.data()), IsOk());
+    std::vector<float> bg(C, 1.0f);
+    EXPECT_THAT(b.BiasGrad(rows, C, d.data(), bg.data()), IsOk());
+    keep(g), keep(dg), keep(sum), keep(y), keep(z), keep(bg);
+    std::vector<float> probs(logits.size()), loss(1), dlogits(logits.size()), soft(logits.size());
+    EXPECT_THAT(b.CrossEntropyForward(rows, V, logits.data(), targets.data(), probs.data(),
+                                      loss.data()), IsOk());
+    EXPECT_THAT(b.CrossEntropyBackward(rows, V, probs.data(), targets.data(), 1.0f / rows,
+                                       dlogits.data()), IsOk());
+    EXPECT_THAT(b.Softmax(rows, V, logits.data(), soft.data()), IsOk());
+    keep(probs), keep(loss), keep(dlogits), keep(soft);
+    std::vector<float> emb(int64_t{B} * T * C), p = x, m(n, 0.01f), v(n, 0.02f);
+    EXPECT_THAT(b.EmbeddingForward(B, T, C, V, tokens.data(), wte.data(), wpe.data(),
+                                   emb.data()), IsOk());
+    EXPECT_THAT(b.AdamW(n, p.data(), d.data(), m.data(), v.data(), 1e-3f, 0.9f, 0.95f, 1e-8f,
+                        0.1f, 3), IsOk());
+    keep(emb), keep(p), keep(m), keep(v);
+    return all;
+  };
+  const std::vector<float> a = run(**one), b = run(**two);
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(std::bit_cast<uint32_t>(a[i]), std::bit_cast<uint32_t>(b[i])) << "value " << i;
+  }
 }
 
 }  // namespace

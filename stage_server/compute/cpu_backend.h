@@ -1,7 +1,8 @@
 // The CPU backend: every matrix product through a Products engine (oneDNN's matmul by
 // default, all heads of an attention product in one call; OpenBLAS as the measured
-// baseline) and single-pass float loops for the rest. Ops it does not override are the
-// plain loops of HostBackendT, which are already memory-bound.
+// baseline) and single-pass float loops for the rest, spread over the same threads
+// (cpu_backend_loops.cc). Ops it does not override (the embedding's backward, the sum of
+// squares: sums whose order a split would change) are the plain loops of HostBackendT.
 #pragma once
 
 #include <map>
@@ -19,9 +20,8 @@ namespace pipetrain::compute {
 class CpuBackend : public HostBackendT<float> {
  public:
   enum class ProductEngine { kOneDnn, kOpenBlas };
-  // `threads` is the matrix products' thread count (OpenBLAS's is process-wide, so with
-  // it the last CpuBackend created decides); the other loops are single-threaded so the
-  // total never exceeds `threads` (no oversubscription).
+  // `threads` is every op's thread count (OpenMP; with the OpenBLAS engine its products'
+  // pthread count is process-wide, so there the last CpuBackend created decides).
   static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(
       int threads, ProductEngine engine = ProductEngine::kOneDnn);
 
@@ -39,6 +39,20 @@ class CpuBackend : public HostBackendT<float> {
 
   absl::Status Matmul(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
                       const float* a, const float* b, float beta, float* c) override;
+  // cpu_backend_loops.cc: by rows, columns or elements over the backend's threads.
+  absl::Status Add(int64_t n, const float* a, const float* b, float* out) override;
+  absl::Status Axpy(int64_t n, float alpha, const float* x, float* y) override;
+  absl::Status Scale(int64_t n, float alpha, float* x) override;
+  absl::Status AddBias(int rows, int cols, const float* bias, float* x) override;
+  absl::Status EmbeddingForward(int B, int T, int C, int V, const int32_t* tokens,
+                                const float* wte, const float* wpe, float* out) override;
+  absl::Status Softmax(int rows, int cols, const float* x, float* out) override;
+  absl::Status CrossEntropyBackward(int rows, int V, const float* probs,
+                                    const int32_t* targets, float dloss_scale,
+                                    float* dlogits) override;
+  absl::Status AdamW(int64_t n, float* param, const float* grad, float* m, float* v,
+                     float lr, float beta1, float beta2, float eps, float weight_decay,
+                     int step) override;
   absl::Status BiasGrad(int rows, int cols, const float* dout, float* dbias) override;
   absl::Status LayerNormForward(int rows, int C, const float* x, const float* weight,
                                 const float* bias, float* out, float* mean,
@@ -63,6 +77,7 @@ class CpuBackend : public HostBackendT<float> {
   CpuBackend(int threads, std::unique_ptr<Products> products);
 
   int threads_;
+  int loop_threads_;  // the non-product loops' threads
   std::unique_ptr<Products> products_;
   std::vector<float> scratch_;  // (B, NH, T, T): d probs in attention backward
   std::map<size_t, std::vector<void*>> free_blocks_;  // rounded size -> cached blocks

@@ -1,0 +1,261 @@
+// The cpu backend's ops other than products: single-pass float loops spread over the
+// backend's threads by ForRanges (parallel_ranges.h). Each splits only what it computes
+// independently (rows, columns or elements), so its bits are the one-thread bits.
+#include <cmath>
+#include <vector>
+
+#include "common/status_macros.h"
+#include "stage_server/compute/cpu_backend.h"
+#include "stage_server/compute/fast_math.h"
+#include "stage_server/compute/op_checks.h"
+#include "stage_server/compute/parallel_ranges.h"
+#include "stage_server/compute/reference_ops.h"
+
+namespace pipetrain::compute {
+
+namespace {
+constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluA = 0.044715f;
+}  // namespace
+
+// ---- Elementwise: the reference loops on each thread's piece --------------------------
+
+absl::Status CpuBackend::Add(int64_t n, const float* a, const float* b, float* out) {
+  ASSIGN_OR_RETURN(const OpCall call, CheckAdd(Name(), n, a, b, out));
+  if (call.empty()) return absl::OkStatus();
+  ForRanges(loop_threads_, n, MinItems(1), [&](int64_t i0, int64_t i1) {
+    reference::Add(i1 - i0, a + i0, b + i0, out + i0);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Axpy(int64_t n, float alpha, const float* x, float* y) {
+  ASSIGN_OR_RETURN(const OpCall call, CheckAxpy(Name(), n, x, y));
+  if (call.empty()) return absl::OkStatus();
+  ForRanges(loop_threads_, n, MinItems(1), [&](int64_t i0, int64_t i1) {
+    reference::Axpy(i1 - i0, alpha, x + i0, y + i0);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Scale(int64_t n, float alpha, float* x) {
+  ASSIGN_OR_RETURN(const OpCall call, CheckScale(Name(), n, x));
+  if (call.empty()) return absl::OkStatus();
+  ForRanges(loop_threads_, n, MinItems(1),
+            [&](int64_t i0, int64_t i1) { reference::Scale(i1 - i0, alpha, x + i0); });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::AdamW(int64_t n, float* param, const float* grad, float* m, float* v,
+                               float lr, float beta1, float beta2, float eps,
+                               float weight_decay, int step) {
+  ASSIGN_OR_RETURN(const OpCall call, CheckAdamW(Name(), n, param, grad, m, v, step));
+  if (call.empty()) return absl::OkStatus();
+  ForRanges(loop_threads_, n, MinItems(1), [&](int64_t i0, int64_t i1) {
+    reference::AdamW(i1 - i0, param + i0, grad + i0, m + i0, v + i0, lr, beta1, beta2, eps,
+                     weight_decay, step);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::GeluForward(int64_t n, const float* x, float* out) {
+  // x (N), out (N)
+  ASSIGN_OR_RETURN(const OpCall call, CheckGeluForward(Name(), n, x, out));
+  if (call.empty()) return absl::OkStatus();
+  ForRanges(loop_threads_, n, MinItems(1), [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const float v = x[i];
+      out[i] = v * SigmoidOfTwice(kGeluK * (v + kGeluA * v * v * v));
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::GeluBackward(int64_t n, const float* x, const float* dout,
+                                      float* dx) {
+  // x (N), dout (N), dx (N)
+  ASSIGN_OR_RETURN(const OpCall call, CheckGeluBackward(Name(), n, x, dout, dx));
+  if (call.empty()) return absl::OkStatus();
+  ForRanges(loop_threads_, n, MinItems(1), [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) {
+      const float v = x[i];
+      // With s = 0.5 (1 + tanh): 0.5 (1 - tanh^2) = 2 s (1 - s).
+      const float s = SigmoidOfTwice(kGeluK * (v + kGeluA * v * v * v));
+      const float grad = s + 2 * v * s * (1 - s) * kGeluK * (1 + 3 * kGeluA * v * v);
+      dx[i] = grad * dout[i];
+    }
+  });
+  return absl::OkStatus();
+}
+
+// ---- By rows --------------------------------------------------------------------------
+
+absl::Status CpuBackend::AddBias(int rows, int cols, const float* bias, float* x) {
+  ASSIGN_OR_RETURN(const OpCall call, CheckAddBias(Name(), rows, cols, bias, x));
+  if (call.empty()) return absl::OkStatus();
+  ForRanges(loop_threads_, rows, MinItems(cols), [&](int64_t r0, int64_t r1) {
+    reference::AddBias(static_cast<int>(r1 - r0), cols, bias, x + r0 * cols);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::EmbeddingForward(int B, int T, int C, int V, const int32_t* tokens,
+                                          const float* wte, const float* wpe, float* out) {
+  ASSIGN_OR_RETURN(const OpCall call,
+                   CheckEmbeddingForward(Name(), B, T, C, V, tokens, wte, wpe, out));
+  if (call.empty()) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckHostIds(Name(), call, "tokens", tokens, int64_t{B} * T, V));
+  ForRanges(loop_threads_, B, MinItems(int64_t{T} * C), [&](int64_t b0, int64_t b1) {
+    reference::EmbeddingForward(static_cast<int>(b1 - b0), T, C, V, tokens + b0 * T, wte, wpe,
+                                out + b0 * T * C);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Softmax(int rows, int cols, const float* x, float* out) {
+  ASSIGN_OR_RETURN(const OpCall call, CheckSoftmax(Name(), rows, cols, x, out));
+  if (call.empty()) return absl::OkStatus();
+  ForRanges(loop_threads_, rows, MinItems(cols), [&](int64_t r0, int64_t r1) {
+    reference::Softmax(static_cast<int>(r1 - r0), cols, x + r0 * cols, out + r0 * cols);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::LayerNormForward(int rows, int C, const float* x,
+                                          const float* weight, const float* bias,
+                                          float* out, float* mean, float* rstd) {
+  // x (rows, C), weight (C), bias (C), out (rows, C), mean (rows), rstd (rows)
+  ASSIGN_OR_RETURN(const OpCall call,
+                   CheckLayerNormForward(Name(), rows, C, x, weight, bias, out, mean, rstd));
+  if (call.empty()) return absl::OkStatus();
+  const float eps = static_cast<float>(reference::kLayerNormEps);
+  ForRanges(loop_threads_, rows, MinItems(C), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xr = x + r * C;
+      float* o = out + r * C;
+      float sum = 0;
+      for (int c = 0; c < C; ++c) sum += xr[c];
+      const float mu = sum / C;
+      float var = 0;
+      for (int c = 0; c < C; ++c) var += (xr[c] - mu) * (xr[c] - mu);
+      const float rs = 1.0f / std::sqrt(var / C + eps);
+      for (int c = 0; c < C; ++c) o[c] = (xr[c] - mu) * rs * weight[c] + bias[c];
+      mean[r] = mu;
+      rstd[r] = rs;
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::LayerNormBackward(int rows, int C, const float* dout,
+                                           const float* x, const float* weight,
+                                           const float* mean, const float* rstd,
+                                           float* dx, float* dweight, float* dbias) {
+  // dout (rows, C), x (rows, C), weight (C), mean (rows), rstd (rows),
+  // dx (rows, C) +=, dweight (C) +=, dbias (C) +=
+  ASSIGN_OR_RETURN(const OpCall call, CheckLayerNormBackward(Name(), rows, C, dout, x, weight, mean,
+                                                             rstd, dx, dweight, dbias));
+  if (call.empty()) return absl::OkStatus();
+  if (dx != nullptr) {  // by rows
+    ForRanges(loop_threads_, rows, MinItems(C), [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const float* xr = x + r * C;
+        const float* d = dout + r * C;
+        const float mu = mean[r], rs = rstd[r];
+        float g_mean = 0, gx_mean = 0;
+        for (int c = 0; c < C; ++c) {
+          const float g = d[c] * weight[c];
+          g_mean += g;
+          gx_mean += g * (xr[c] - mu) * rs;
+        }
+        g_mean /= C;
+        gx_mean /= C;
+        float* dxr = dx + r * C;
+        for (int c = 0; c < C; ++c) {
+          const float xhat = (xr[c] - mu) * rs;
+          dxr[c] += rs * (d[c] * weight[c] - g_mean - xhat * gx_mean);
+        }
+      }
+    });
+  }
+  if (dweight == nullptr && dbias == nullptr) return absl::OkStatus();
+  // By columns: each sums its rows in row order.
+  ForRanges(loop_threads_, C, MinItems(rows), [&](int64_t c0, int64_t c1) {
+    for (int r = 0; r < rows; ++r) {
+      const float* xr = x + int64_t{r} * C;
+      const float* d = dout + int64_t{r} * C;
+      const float mu = mean[r], rs = rstd[r];
+      if (dweight != nullptr) {
+        for (int64_t c = c0; c < c1; ++c) dweight[c] += d[c] * (xr[c] - mu) * rs;
+      }
+      if (dbias != nullptr) {
+        for (int64_t c = c0; c < c1; ++c) dbias[c] += d[c];
+      }
+    }
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::BiasGrad(int rows, int cols, const float* dout, float* dbias) {
+  // dout (rows, cols), dbias (cols) +=. By columns, each summing its rows in row order.
+  ASSIGN_OR_RETURN(const OpCall call, CheckBiasGrad(Name(), rows, cols, dout, dbias));
+  if (call.empty()) return absl::OkStatus();
+  ForRanges(loop_threads_, cols, MinItems(rows), [&](int64_t c0, int64_t c1) {
+    for (int r = 0; r < rows; ++r) {
+      const float* d = dout + int64_t{r} * cols;
+      for (int64_t c = c0; c < c1; ++c) dbias[c] += d[c];
+    }
+  });
+  return absl::OkStatus();
+}
+
+// ---- Cross-entropy ----------------------------------------------------------------------
+
+absl::Status CpuBackend::CrossEntropyForward(int rows, int V, const float* logits,
+                                             const int32_t* targets, float* probs,
+                                             float* loss) {
+  // logits (rows, V), targets (rows), probs (rows, V), loss (1)
+  ASSIGN_OR_RETURN(const OpCall call,
+                   CheckCrossEntropyForward(Name(), rows, V, logits, targets, probs, loss));
+  RETURN_IF_ERROR(CheckHostIds(Name(), call, "targets", targets, rows, V));
+  std::vector<double> row_loss(rows);
+  ForRanges(loop_threads_, rows, MinItems(V), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* l = logits + r * V;
+      float* p = probs + r * V;
+      float max_logit = l[0];
+      for (int v = 1; v < V; ++v) max_logit = std::max(max_logit, l[v]);
+      const float target_logit = l[targets[r]];  // read before p (which may alias l)
+      // The denominator is summed in double: over GPT-2's 50,257 terms a float sum
+      // drifts by ~1e-4 relative, which every probability would inherit.
+      double sum = 0;
+      for (int v = 0; v < V; ++v) {
+        p[v] = FastExp(l[v] - max_logit);
+        sum += p[v];
+      }
+      const float inv = static_cast<float>(1.0 / sum);
+      for (int v = 0; v < V; ++v) p[v] *= inv;
+      row_loss[r] = std::log(sum) + max_logit - target_logit;
+    }
+  });
+  double total = 0;  // in row order, whatever the pieces
+  for (double l : row_loss) total += l;
+  *loss = static_cast<float>(total / rows);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::CrossEntropyBackward(int rows, int V, const float* probs,
+                                              const int32_t* targets, float dloss_scale,
+                                              float* dlogits) {
+  ASSIGN_OR_RETURN(const OpCall call,
+                   CheckCrossEntropyBackward(Name(), rows, V, probs, targets, dlogits));
+  if (call.empty()) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckHostIds(Name(), call, "targets", targets, rows, V));
+  ForRanges(loop_threads_, rows, MinItems(V), [&](int64_t r0, int64_t r1) {
+    reference::CrossEntropyBackward(static_cast<int>(r1 - r0), V, probs + r0 * V, targets + r0,
+                                    dloss_scale, dlogits + r0 * V);
+  });
+  return absl::OkStatus();
+}
+
+}  // namespace pipetrain::compute
