@@ -18,13 +18,17 @@ int main(int argc, char** argv) {
   }
   bool help = false, version = false, json = false, list = false;
   int64_t reps = 0;
+  std::string precision = "fp32";
   common::SecurityFlags security_flags;
-  common::FlagSet flags("pipetrain-bench", "NAME [--json] [--repetitions N] | --list",
+  common::FlagSet flags("pipetrain-bench",
+                        "NAME [--json] [--repetitions N] [--precision fp32|bf16] | --list",
                         "Runs benchmark NAME and prints its figures. Each benchmark "
                         "measures its own\nbaseline in the same run; ratios are what to "
                         "compare across machines.");
   flags.AddBool("json", &json, "print the figures as one JSON object");
   flags.AddInt("repetitions", &reps, "timed repetitions (0: the benchmark's default)");
+  flags.AddString("precision", &precision,
+                  "fp32 or bf16: the products' operands where the benchmark trains (compute)");
   common::AddSecurityFlags(flags, &security_flags, "");  // link: mutual TLS instead of plaintext
   flags.AddBool("list", &list, "list the benchmarks and exit");
   flags.AddBool("help", &help, "print this help and exit");
@@ -33,6 +37,10 @@ int main(int argc, char** argv) {
   absl::Status st = positionals.status();
   if (st.ok() && positionals->size() != 1 && !list && !help && !version) {
     st = absl::InvalidArgumentError("give exactly one benchmark NAME (see --list)");
+  }
+  if (st.ok() && precision != "fp32" && precision != "bf16") {
+    st = absl::InvalidArgumentError(
+        absl::StrCat("--precision must be fp32 or bf16 (got '", precision, "')"));
   }
   if (help) {
     std::cout << flags.Help() << "\nBenchmarks:\n";
@@ -54,7 +62,8 @@ int main(int argc, char** argv) {
   const std::string& name = (*positionals)[0];
   for (const auto& b : bench::AllBenchmarks()) {
     if (b.name != name) continue;
-    auto result = b.run({static_cast<int>(reps), *security});
+    auto result = b.run({static_cast<int>(reps), *security,
+                         precision == "bf16" ? common::DType::kBF16 : common::DType::kF32});
     if (!result.ok()) {
       std::cerr << "pipetrain-bench " << name << ": " << result.status() << "\n";
       return 1;

@@ -74,6 +74,9 @@ absl::StatusOr<double> StepSeconds(const compute::TrainOptions& o, const std::st
   return Median(times);
 }
 
+// "fp32" or "bf16", as training.precision spells it.
+std::string PrecisionName(common::DType d) { return d == common::DType::kBF16 ? "bf16" : "fp32"; }
+
 // The interpreter that runs the PyTorch side: Debian's, which sees python3-torch
 // (PIPETRAIN_PYTHON overrides it).
 std::string PythonPath() {
@@ -88,9 +91,9 @@ absl::StatusOr<nlohmann::json> RunPyTorch(const compute::TrainOptions& o, int th
                                           int steps) {
   const std::string command = absl::StrFormat(
       "'%s' '%s/torch_compute_bench.py' --threads %d --steps %d --vocab %d --seq %d "
-      "--d-model %d --heads %d --layers %d --batch %d 2>&1",
+      "--d-model %d --heads %d --layers %d --batch %d --precision %s 2>&1",
       PythonPath(), PIPETRAIN_BENCH_DIR, threads, steps, o.model.vocab_size, o.model.seq_len,
-      o.model.d_model, o.model.n_heads, o.model.n_layers, o.batch);
+      o.model.d_model, o.model.n_heads, o.model.n_layers, o.batch, PrecisionName(o.precision));
   return RunJsonCommand(command);
 }
 
@@ -112,6 +115,7 @@ absl::StatusOr<BenchResult> RunComputeBench(const BenchOptions& options) {
   }
   BenchResult result;
   result.Label("model", "vocab 256, seq 128, d_model 256, 4 heads, 8 layers; batch 32");
+  result.Label("precision", PrecisionName(options.precision));
   result.Add("gflop_per_step", flops_per_token * tokens / 1e9);
   const std::string text = Text();
   std::string pytorch_label;
@@ -119,14 +123,21 @@ absl::StatusOr<BenchResult> RunComputeBench(const BenchOptions& options) {
   const int m = o.batch * o.model.seq_len, n = o.model.mlp_dim(), k = o.model.d_model;
   for (int threads : {1, 2}) {
     o.threads = threads;
-    // Today's engine first (the baseline), then oneDNN, in the same run.
+    // The fp32 OpenBLAS path first (the baseline), then oneDNN in fp32 and, with
+    // --precision bf16, in bf16, in the same run.
     o.products = Engine::kOpenBlas;
+    o.precision = common::DType::kF32;
     ASSIGN_OR_RETURN(const double openblas_s, StepSeconds(o, text, reps));
     o.products = Engine::kOneDnn;
-    ASSIGN_OR_RETURN(const double step_s, StepSeconds(o, text, reps));
+    ASSIGN_OR_RETURN(const double fp32_s, StepSeconds(o, text, reps));
+    o.precision = options.precision;
+    double step_s = fp32_s;
+    if (options.precision != common::DType::kF32) {
+      ASSIGN_OR_RETURN(step_s, StepSeconds(o, text, reps));
+    }
     const double gflops = flops_per_token * tokens / step_s / 1e9;
     ASSIGN_OR_RETURN(const double product,
-                     ProductGflops(Engine::kOneDnn, threads, common::DType::kF32, m, n, k, reps));
+                     ProductGflops(Engine::kOneDnn, threads, o.precision, m, n, k, reps));
     ASSIGN_OR_RETURN(const double sgemm, ProductGflops(Engine::kOpenBlas, threads,
                                                        common::DType::kF32, m, n, k, reps));
     const std::string t = absl::StrCat("threads", threads, "_");
@@ -139,6 +150,10 @@ absl::StatusOr<BenchResult> RunComputeBench(const BenchOptions& options) {
     result.Add(t + "openblas_tokens_per_s", tokens / openblas_s);
     result.Add(t + "openblas_sgemm_gflop_per_s", sgemm);
     result.Add(t + "speedup_over_openblas", openblas_s / step_s);
+    if (options.precision != common::DType::kF32) {
+      result.Add(t + "onednn_fp32_step_seconds", fp32_s);
+      result.Add(t + "speedup_over_onednn_fp32", fp32_s / step_s);
+    }
     // PyTorch on the same model and thread count, right after ours.
     auto torch = RunPyTorch(o, threads, reps);
     if (!torch.ok()) {
@@ -148,7 +163,7 @@ absl::StatusOr<BenchResult> RunComputeBench(const BenchOptions& options) {
     } else {
       const double torch_tokens = torch->at("tokens_per_s").get<double>();
       pytorch_label = absl::StrCat("torch ", torch->at("torch_version").get<std::string>(),
-                                   " float32 on the CPU, ",
+                                   " on the CPU in ", PrecisionName(o.precision), ", ",
                                    torch->at("attention").get<std::string>(),
                                    " attention (bench/torch_compute_bench.py under ",
                                    PythonPath(), ")");

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The PyTorch side of `pipetrain-bench compute`: trains the same GPT as the cpu backend
 (pre-LayerNorm blocks, fused qkv, causal attention, tanh GELU, ln_f, untied lm_head,
-mean cross-entropy; AdamW lr 3e-4, betas 0.9/0.999, eps 1e-8, no weight decay) in float32
-on the CPU with a given thread count, and prints one JSON object: the median step time of
+mean cross-entropy; AdamW lr 3e-4, betas 0.9/0.999, eps 1e-8, no weight decay) in float32,
+or with --precision bf16 under torch.autocast("cpu", dtype=torch.bfloat16), on the CPU
+with a given thread count, and prints one JSON object: the median step time of
 --steps steps after one warm-up step, and tokens/s.
 
 Run with Debian's /usr/bin/python3 (python3-torch). Without torch it prints
@@ -81,6 +82,7 @@ def main():
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--batch", type=int, default=32)
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
@@ -92,7 +94,8 @@ def main():
         rows = torch.randint(0, a.vocab, (a.batch, a.seq + 1))
         start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = model(rows[:, :-1], rows[:, 1:])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+            loss = model(rows[:, :-1], rows[:, 1:])
         loss.backward()
         opt.step()
         if step > 0:  # the first step warms up allocations and kernels
@@ -101,6 +104,7 @@ def main():
     print(json.dumps({
         "torch_version": torch.__version__,
         "threads": a.threads,
+        "precision": a.precision,
         "attention": "scaled_dot_product_attention"
         if hasattr(F, "scaled_dot_product_attention") else "explicit softmax",
         "step_seconds": step_s,

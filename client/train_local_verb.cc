@@ -18,7 +18,7 @@
 namespace pipetrain::client {
 
 int RunTrainLocal(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  std::string model_arg, text_path, save_path;
+  std::string model_arg, text_path, save_path, precision = "fp32";
   int64_t steps = 0, batch = 0, seed = 0, threads = 1;
   const compute::OptimizerSettings defaults;
   double lr = defaults.lr;
@@ -39,6 +39,9 @@ int RunTrainLocal(const std::vector<std::string>& args, std::ostream& out, std::
   flags.AddInt("seed", &seed, "seed of the initial weights and of the batches (>= 0)", "S");
   flags.AddDouble("lr", &lr, "AdamW learning rate (> 0)", "X");
   flags.AddInt("threads", &threads, "compute threads (>= 1)", "N");
+  flags.AddString("precision", &precision,
+                  "fp32, or bf16: the matrix products' operands rounded to bf16, summed in fp32",
+                  "P");
   flags.AddString("save", &save_path,
                   "write the trained weights here as a checkpoint (no optimizer state)", "FILE");
   flags.AddBool("json", &json,
@@ -62,6 +65,9 @@ int RunTrainLocal(const std::vector<std::string>& args, std::ostream& out, std::
     return usage(absl::StrCat("--lr must be a finite number > 0 (got ", lr, ")"));
   }
   if (threads < 1) return usage(absl::StrCat("--threads must be >= 1 (got ", threads, ")"));
+  if (precision != "fp32" && precision != "bf16") {
+    return usage(absl::StrCat("--precision must be fp32 or bf16 (got '", precision, "')"));
+  }
   for (const auto& [flag, value, most] : {std::tuple{"--steps", steps, int64_t{1} << 30},
                                           {"--batch", batch, int64_t{1} << 20},
                                           {"--threads", threads, int64_t{1024}}}) {
@@ -115,6 +121,7 @@ int RunTrainLocal(const std::vector<std::string>& args, std::ostream& out, std::
   options.seed = static_cast<uint64_t>(seed);
   options.optimizer.lr = static_cast<float>(lr);
   options.threads = static_cast<int>(threads);
+  options.precision = precision == "bf16" ? common::DType::kBF16 : common::DType::kF32;
   auto trainer = compute::Trainer::Create(options, *std::move(text));
   if (!trainer.ok()) {
     err << "pipetrain train-local: " << trainer.status().message() << "\n";

@@ -10,13 +10,12 @@
 namespace pipetrain::common {
 
 // The bf16 nearest to x, as its 16 bits.
+// Branch-free, so that loops over it vectorise.
 constexpr uint16_t FloatToBf16Bits(float x) {
   const uint32_t bits = std::bit_cast<uint32_t>(x);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) {  // NaN: keep the sign, force a quiet NaN
-    return static_cast<uint16_t>((bits >> 16) | 0x0040u);
-  }
-  const uint32_t lsb = (bits >> 16) & 1u;
-  return static_cast<uint16_t>((bits + 0x7fffu + lsb) >> 16);
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (bits >> 16) | 0x0040u;  // NaN: keep the sign, force quiet
+  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
 
 // Every bf16 is exactly a float.

@@ -27,6 +27,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "common/tensor.h"
 
 namespace pipetrain::compute {
 
@@ -38,6 +40,22 @@ class BackendT {
 
   // "cpu", "cuda", "reference-double", ...: used in logs and error messages.
   virtual std::string Name() const = 0;
+
+  // ---- Precision of the matrix products ---------------------------------------------
+  // The operands of every matrix product, attention's included: kF32 (the default), or
+  // kBF16 (training.precision "bf16"): each operand is rounded to bf16, nearest even as
+  // common/bf16.h rounds, and the products are summed in fp32 or wider. Outputs,
+  // accumulators (beta = 1) and every other op stay in Real. A backend without bf16
+  // products refuses it with Unimplemented; this default is such a backend.
+  virtual absl::Status SetProductOperands(common::DType operands) {
+    if (operands != common::DType::kF32) {
+      return absl::UnimplementedError(absl::StrCat(Name(), " backend: no ",
+                                                   common::DTypeName(operands), " products"));
+    }
+    product_operands_ = operands;
+    return absl::OkStatus();
+  }
+  common::DType product_operands() const { return product_operands_; }
 
   // ---- Memory -----------------------------------------------------------------------
   // Allocates `bytes` bytes (uninitialised), suitably aligned for Real and int32_t.
@@ -176,6 +194,22 @@ class BackendT {
   virtual absl::Status AdamW(int64_t n, Real* param, const Real* grad, Real* m, Real* v,
                              float lr, float beta1, float beta2, float eps,
                              float weight_decay, int step) = 0;
+
+ protected:
+  // Sets the precision for a backend that has both (its own SetProductOperands).
+  absl::Status SetF32OrBf16Products(common::DType operands) {
+    if (operands != common::DType::kF32 && operands != common::DType::kBF16) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Name(), " backend: products in f32 or bf16, not ",
+                       common::DTypeName(operands)));
+    }
+    product_operands_ = operands;
+    return absl::OkStatus();
+  }
+  bool bf16_products() const { return product_operands_ == common::DType::kBF16; }
+
+ private:
+  common::DType product_operands_ = common::DType::kF32;
 };
 
 using Backend = BackendT<float>;

@@ -77,6 +77,13 @@ absl::Status CpuBackend::Free(void* ptr) {
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::SetProductOperands(common::DType operands) {
+  if (operands == common::DType::kBF16 && products_->Name() == "openblas") {
+    return absl::UnimplementedError("cpu backend: the openblas engine has no bf16 products");
+  }
+  return SetF32OrBf16Products(operands);
+}
+
 absl::Status CpuBackend::Matmul(bool trans_a, bool trans_b, int m, int n, int k,
                                 float alpha, const float* a, const float* b, float beta,
                                 float* c) {
@@ -87,7 +94,7 @@ absl::Status CpuBackend::Matmul(bool trans_a, bool trans_b, int m, int n, int k,
     if (beta == 0) return Zero(c, BytesOf<float>(int64_t{m} * n));  // even over NaN
     return Scale(int64_t{m} * n, beta, c);
   }
-  return products_->Run(common::DType::kF32,
+  return products_->Run(product_operands(),
                         ProductShape::RowMajor(trans_a, trans_b, m, n, k, trans_a ? m : k,
                                                trans_b ? k : n, n, alpha, beta),
                         a, b, c);
@@ -169,13 +176,13 @@ absl::Status CpuBackend::AttentionForward(int B, int T, int C, int NH, const flo
   // scores = scale * Q K^T for every head in one product; the upper triangle is computed
   // and then masked, cheaper than T small products.
   RETURN_IF_ERROR(products_->Run(
-      common::DType::kF32,
+      product_operands(),
       HeadProduct(B, NH, T, T, hs, HeadsOfQkv(T, C, hs), HeadsOfQkvTransposed(T, C, hs),
                   Probs(NH, T), scale),
       qkv, qkv + C, probs));
   CausalSoftmaxRows(loop_threads_, int64_t{B} * NH, T, probs);
   // out_h = P V.
-  return products_->Run(common::DType::kF32,
+  return products_->Run(product_operands(),
                         HeadProduct(B, NH, T, hs, T, Probs(NH, T), HeadsOfQkv(T, C, hs),
                                     HeadsOfOut(T, C, hs), 1.0f),
                         probs, qkv + 2 * C, out);
@@ -192,22 +199,22 @@ absl::Status CpuBackend::AttentionBackward(int B, int T, int C, int NH, const fl
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   scratch_.resize(int64_t{B} * NH * T * T);
   float* dp = scratch_.data();  // (B, NH, T, T)
-  const common::DType f32 = common::DType::kF32;
+  const common::DType operands = product_operands();
   const MatrixStrides heads = HeadsOfQkv(T, C, hs);
   // dP = dO V^T; dV = P^T dO.
-  RETURN_IF_ERROR(products_->Run(f32,
+  RETURN_IF_ERROR(products_->Run(operands,
                                  HeadProduct(B, NH, T, T, hs, HeadsOfOut(T, C, hs),
                                              HeadsOfQkvTransposed(T, C, hs), Probs(NH, T), 1),
                                  dout, qkv + 2 * C, dp));
   RETURN_IF_ERROR(products_->Run(
-      f32, HeadProduct(B, NH, T, hs, T, ProbsTransposed(NH, T), HeadsOfOut(T, C, hs), heads, 1),
+      operands, HeadProduct(B, NH, T, hs, T, ProbsTransposed(NH, T), HeadsOfOut(T, C, hs), heads, 1),
       probs, dout, dqkv + 2 * C));
   CausalSoftmaxBackwardRows(loop_threads_, int64_t{B} * NH, T, probs, scale, dp);
   // dQ = dS K; dK = dS^T Q.
-  RETURN_IF_ERROR(products_->Run(f32, HeadProduct(B, NH, T, hs, T, Probs(NH, T), heads, heads, 1),
+  RETURN_IF_ERROR(products_->Run(operands, HeadProduct(B, NH, T, hs, T, Probs(NH, T), heads, heads, 1),
                                  dp, qkv + C, dqkv));
   return products_->Run(
-      f32, HeadProduct(B, NH, T, hs, T, ProbsTransposed(NH, T), heads, heads, 1), dp, qkv,
+      operands, HeadProduct(B, NH, T, hs, T, ProbsTransposed(NH, T), heads, heads, 1), dp, qkv,
       dqkv + C);
 }
 

@@ -33,6 +33,8 @@ class CpuBackend : public HostBackendT<float> {
   // (neither is the backend as a whole: one executor thread drives it).
   absl::StatusOr<void*> Allocate(size_t bytes) override;
   absl::Status Free(void* ptr) override;
+  // f32 or bf16 products; the OpenBLAS engine has f32 only.
+  absl::Status SetProductOperands(common::DType operands) override;
   int threads() const { return threads_; }
   // "onednn" or "openblas".
   std::string product_engine() const { return products_->Name(); }

@@ -74,7 +74,9 @@ absl::Status HostBackendT<Real>::Matmul(bool trans_a, bool trans_b, int m, int n
                                         Real alpha, const Real* a, const Real* b,
                                         Real beta, Real* c) {
   ASSIGN_OR_RETURN(const OpCall call, CheckMatmul(Name(), m, n, k, a, b, c));
-  if (!call.empty()) reference::Matmul(trans_a, trans_b, m, n, k, alpha, a, b, beta, c);
+  if (!call.empty()) {
+    reference::Matmul(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, this->bf16_products());
+  }
   return absl::OkStatus();
 }
 
@@ -189,7 +191,9 @@ absl::Status HostBackendT<Real>::AttentionForward(int B, int T, int C, int NH,
                                                   const Real* qkv, Real* out,
                                                   Real* probs) {
   ASSIGN_OR_RETURN(const OpCall call, CheckAttentionForward(Name(), B, T, C, NH, qkv, out, probs));
-  if (!call.empty()) reference::AttentionForward(B, T, C, NH, qkv, out, probs);
+  if (!call.empty()) {
+    reference::AttentionForward(B, T, C, NH, qkv, out, probs, this->bf16_products());
+  }
   return absl::OkStatus();
 }
 
@@ -199,7 +203,9 @@ absl::Status HostBackendT<Real>::AttentionBackward(int B, int T, int C, int NH,
                                                    const Real* probs, Real* dqkv) {
   ASSIGN_OR_RETURN(const OpCall call,
                    CheckAttentionBackward(Name(), B, T, C, NH, dout, qkv, probs, dqkv));
-  if (!call.empty()) reference::AttentionBackward(B, T, C, NH, dout, qkv, probs, dqkv);
+  if (!call.empty()) {
+    reference::AttentionBackward(B, T, C, NH, dout, qkv, probs, dqkv, this->bf16_products());
+  }
   return absl::OkStatus();
 }
 

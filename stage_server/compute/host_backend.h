@@ -14,6 +14,10 @@ template <typename Real>
 class HostBackendT : public BackendT<Real> {
  public:
   std::string Name() const override;
+  // f32 or bf16 products (reference_ops.h rounds the operands where the cpu backend does).
+  absl::Status SetProductOperands(common::DType operands) override {
+    return this->SetF32OrBf16Products(operands);
+  }
 
   absl::StatusOr<void*> Allocate(size_t bytes) override;
   absl::Status Free(void* ptr) override;

@@ -11,6 +11,7 @@
 #include "common/bf16.h"
 #include "common/status_macros.h"
 #include "oneapi/dnnl/dnnl.h"
+#include "stage_server/compute/parallel_ranges.h"
 
 namespace pipetrain::compute {
 
@@ -66,24 +67,39 @@ absl::StatusOr<dnnl_memory_desc_t> ViewDesc(int batch0, int batch1, int rows, in
   return md;
 }
 
-// The dense strides of a (batch0, batch1, rows, cols) array.
-MatrixStrides Dense(int batch1, int rows, int cols) {
-  return {int64_t{batch1} * rows * cols, int64_t{rows} * cols, cols, 1};
+// Where a view's bf16 copy keeps its elements: densely, in the view's own memory order
+// (a transposed view stays transposed), so that the copy reads and writes contiguous runs.
+MatrixStrides Bf16Layout(int batch1, int rows, int cols, const MatrixStrides& s) {
+  const int64_t matrix = int64_t{rows} * cols;
+  if (s.col != 1 && s.row == 1) return {int64_t{batch1} * matrix, matrix, 1, rows};
+  return {int64_t{batch1} * matrix, matrix, cols, 1};
 }
 
-// Writes the view `s` of x, rounded to bf16, densely into out.
-void ToBf16(const float* x, int batch0, int batch1, int rows, int cols,
+// Writes the view `s` of x, rounded to bf16, into out laid out as Bf16Layout says: runs
+// of the contiguous dimension, spread over `threads`.
+void ToBf16(int threads, const float* x, int batch0, int batch1, int rows, int cols,
             const MatrixStrides& s, std::vector<uint16_t>& out) {
+  const MatrixStrides d = Bf16Layout(batch1, rows, cols, s);
+  const bool by_columns = d.row == 1;  // runs along a column
+  const int runs = by_columns ? cols : rows, run = by_columns ? rows : cols;
+  const int64_t in_step = by_columns ? s.row : s.col;  // 1 unless the view has no unit stride
   out.resize(size_t(batch0) * batch1 * rows * cols);
   uint16_t* o = out.data();
-  for (int i = 0; i < batch0; ++i) {
-    for (int j = 0; j < batch1; ++j) {
-      for (int r = 0; r < rows; ++r) {
-        const float* row = x + i * s.batch0 + j * s.batch1 + r * s.row;
-        for (int c = 0; c < cols; ++c) *o++ = common::FloatToBf16Bits(row[c * s.col]);
+  const int64_t total = int64_t{batch0} * batch1 * runs;
+  ForRanges(threads, total, MinItems(run), [&](int64_t first, int64_t last) {
+    for (int64_t i = first; i < last; ++i) {
+      const int64_t matrix = i / runs, r = i % runs;
+      const int64_t b0 = matrix / batch1, b1 = matrix % batch1;
+      const float* in =
+          x + b0 * s.batch0 + b1 * s.batch1 + r * (by_columns ? s.col : s.row);
+      uint16_t* to = o + b0 * d.batch0 + b1 * d.batch1 + r * (by_columns ? d.col : d.row);
+      if (in_step == 1) {
+        for (int j = 0; j < run; ++j) to[j] = common::FloatToBf16Bits(in[j]);
+      } else {
+        for (int j = 0; j < run; ++j) to[j] = common::FloatToBf16Bits(in[j * in_step]);
       }
     }
-  }
+  });
 }
 
 }  // namespace
@@ -135,8 +151,8 @@ absl::StatusOr<OneDnnMatmul::Entry*> OneDnnMatmul::EntryFor(common::DType operan
 
   const dnnl_data_type_t in = bf16 ? dnnl_bf16 : dnnl_f32;
   // bf16 operands are rounded into dense scratch; fp32 ones are read where they are.
-  const MatrixStrides sa = bf16 ? Dense(p.batch1, p.m, p.k) : p.a;
-  const MatrixStrides sb = bf16 ? Dense(p.batch1, p.k, p.n) : p.b;
+  const MatrixStrides sa = bf16 ? Bf16Layout(p.batch1, p.m, p.k, p.a) : p.a;
+  const MatrixStrides sb = bf16 ? Bf16Layout(p.batch1, p.k, p.n, p.b) : p.b;
   ASSIGN_OR_RETURN(dnnl_memory_desc_t a, ViewDesc(p.batch0, p.batch1, p.m, p.k, sa, in));
   ASSIGN_OR_RETURN(dnnl_memory_desc_t b, ViewDesc(p.batch0, p.batch1, p.k, p.n, sb, in));
   ASSIGN_OR_RETURN(dnnl_memory_desc_t c, ViewDesc(p.batch0, p.batch1, p.m, p.n, p.c, dnnl_f32));
@@ -185,8 +201,8 @@ absl::Status OneDnnMatmul::Run(common::DType operands, const ProductShape& p, co
   const void* a_data = a;
   const void* b_data = b;
   if (operands == common::DType::kBF16) {
-    ToBf16(a, p.batch0, p.batch1, p.m, p.k, p.a, a16_);
-    ToBf16(b, p.batch0, p.batch1, p.k, p.n, p.b, b16_);
+    ToBf16(threads_, a, p.batch0, p.batch1, p.m, p.k, p.a, a16_);
+    ToBf16(threads_, b, p.batch0, p.batch1, p.k, p.n, p.b, b16_);
     a_data = a16_.data();
     b_data = b16_.data();
   }

@@ -4,18 +4,27 @@
 #include <cmath>
 #include <vector>
 
+#include "common/bf16.h"
+
 namespace pipetrain::compute::reference {
+
+// An operand of a product as it enters it: itself, or rounded to bf16 (a double is
+// first rounded to float, as the float backends hold it).
+template <typename Real>
+double Operand(Real x, bool bf16) {
+  return bf16 ? double{common::RoundToBf16(static_cast<float>(x))} : double{x};
+}
 
 template <typename Real>
 void Matmul(bool trans_a, bool trans_b, int m, int n, int k, Real alpha, const Real* a,
-            const Real* b, Real beta, Real* c) {
+            const Real* b, Real beta, Real* c, bool bf16) {
   // a (m, k) or (k, m); b (k, n) or (n, k); c (m, n)
   for (int i = 0; i < m; ++i) {
     for (int j = 0; j < n; ++j) {
       double acc = 0;
       for (int p = 0; p < k; ++p) {
-        const double av = trans_a ? a[int64_t{p} * m + i] : a[int64_t{i} * k + p];
-        const double bv = trans_b ? b[int64_t{j} * k + p] : b[int64_t{p} * n + j];
+        const double av = Operand(trans_a ? a[int64_t{p} * m + i] : a[int64_t{i} * k + p], bf16);
+        const double bv = Operand(trans_b ? b[int64_t{j} * k + p] : b[int64_t{p} * n + j], bf16);
         acc += av * bv;
       }
       Real& out = c[int64_t{i} * n + j];
@@ -178,7 +187,7 @@ void GeluBackward(int64_t n, const Real* x, const Real* dout, Real* dx) {
 
 template <typename Real>
 void AttentionForward(int B, int T, int C, int NH, const Real* qkv, Real* out,
-                      Real* probs) {
+                      Real* probs, bool bf16) {
   // qkv (B, T, 3C), out (B, T, C), probs (B, NH, T, T)
   const int hs = C / NH;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
@@ -191,7 +200,7 @@ void AttentionForward(int B, int T, int C, int NH, const Real* qkv, Real* out,
         for (int u = 0; u <= t; ++u) {
           const Real* k = qkv + (int64_t{b} * T + u) * 3 * C + C + h * hs;
           double dot = 0;
-          for (int i = 0; i < hs; ++i) dot += double{q[i]} * k[i];
+          for (int i = 0; i < hs; ++i) dot += Operand(q[i], bf16) * Operand(k[i], bf16);
           score[u] = dot * scale;
           max_score = std::max(max_score, score[u]);
         }
@@ -206,7 +215,8 @@ void AttentionForward(int B, int T, int C, int NH, const Real* qkv, Real* out,
         for (int i = 0; i < hs; ++i) {
           double acc = 0;
           for (int u = 0; u <= t; ++u) {
-            acc += double{p[u]} * qkv[(int64_t{b} * T + u) * 3 * C + 2 * C + h * hs + i];
+            acc += Operand(p[u], bf16) *
+                   Operand(qkv[(int64_t{b} * T + u) * 3 * C + 2 * C + h * hs + i], bf16);
           }
           o[i] = static_cast<Real>(acc);
         }
@@ -217,7 +227,7 @@ void AttentionForward(int B, int T, int C, int NH, const Real* qkv, Real* out,
 
 template <typename Real>
 void AttentionBackward(int B, int T, int C, int NH, const Real* dout, const Real* qkv,
-                       const Real* probs, Real* dqkv) {
+                       const Real* probs, Real* dqkv, bool bf16) {
   // dout (B, T, C), qkv (B, T, 3C), probs (B, NH, T, T), dqkv (B, T, 3C)
   const int hs = C / NH;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hs));
@@ -238,8 +248,8 @@ void AttentionBackward(int B, int T, int C, int NH, const Real* dout, const Real
           Real* dv = at(dqkv, b, u, 2, h);
           double acc = 0;
           for (int i = 0; i < hs; ++i) {
-            acc += double{d[i]} * v[i];
-            dv[i] += static_cast<Real>(double{p[u]} * d[i]);
+            acc += Operand(d[i], bf16) * Operand(v[i], bf16);
+            dv[i] += static_cast<Real>(Operand(p[u], bf16) * Operand(d[i], bf16));
           }
           dp[u] = acc;
           p_dot_dp += p[u] * acc;
@@ -248,12 +258,12 @@ void AttentionBackward(int B, int T, int C, int NH, const Real* dout, const Real
         const Real* q = at(qkv, b, t, 0, h);
         Real* dq = at(dqkv, b, t, 0, h);
         for (int u = 0; u <= t; ++u) {
-          const double ds = p[u] * (dp[u] - p_dot_dp) * scale;
+          const double ds = Operand(p[u] * (dp[u] - p_dot_dp) * scale, bf16);
           const Real* k = at(qkv, b, u, 1, h);
           Real* dk = at(dqkv, b, u, 1, h);
           for (int i = 0; i < hs; ++i) {
-            dq[i] += static_cast<Real>(ds * k[i]);
-            dk[i] += static_cast<Real>(ds * q[i]);
+            dq[i] += static_cast<Real>(ds * Operand(k[i], bf16));
+            dk[i] += static_cast<Real>(ds * Operand(q[i], bf16));
           }
         }
       }
@@ -342,7 +352,7 @@ void AdamW(int64_t n, Real* param, const Real* grad, Real* m, Real* v, float lr,
 
 #define PIPETRAIN_INSTANTIATE_REFERENCE_OPS(Real)                                                  \
   template void Matmul<Real>(bool, bool, int, int, int, Real, const Real*, const Real*, Real,      \
-                             Real*);                                                               \
+                             Real*, bool);                                                               \
   template void Add<Real>(int64_t, const Real*, const Real*, Real*);                               \
   template void Axpy<Real>(int64_t, Real, const Real*, Real*);                                     \
   template void Scale<Real>(int64_t, Real, Real*);                                                 \
@@ -359,9 +369,9 @@ void AdamW(int64_t n, Real* param, const Real* grad, Real* m, Real* v, float lr,
                                         const Real*, const Real*, Real*, Real*, Real*);            \
   template void GeluForward<Real>(int64_t, const Real*, Real*);                                    \
   template void GeluBackward<Real>(int64_t, const Real*, const Real*, Real*);                      \
-  template void AttentionForward<Real>(int, int, int, int, const Real*, Real*, Real*);             \
+  template void AttentionForward<Real>(int, int, int, int, const Real*, Real*, Real*, bool);       \
   template void AttentionBackward<Real>(int, int, int, int, const Real*, const Real*, const Real*, \
-                                        Real*);                                                    \
+                                        Real*, bool);                                              \
   template void Copy2D<Real>(int, int, const Real*, int64_t, Real*, int64_t);                      \
   template void Softmax<Real>(int, int, const Real*, Real*);                                       \
   template void CrossEntropyForward<Real>(int, int, const Real*, const int32_t*, Real*, Real*);    \

@@ -10,9 +10,11 @@ namespace pipetrain::compute::reference {
 
 inline constexpr double kLayerNormEps = 1e-5;
 
+// `bf16_operands` (Backend::SetProductOperands(kBF16)): every operand of a product is
+// rounded to bf16 (common/bf16.h) as it is read; the sums stay in double.
 template <typename Real>
 void Matmul(bool trans_a, bool trans_b, int m, int n, int k, Real alpha, const Real* a,
-            const Real* b, Real beta, Real* c);
+            const Real* b, Real beta, Real* c, bool bf16_operands = false);
 
 template <typename Real>
 void Add(int64_t n, const Real* a, const Real* b, Real* out);
@@ -49,12 +51,15 @@ void GeluForward(int64_t n, const Real* x, Real* out);
 template <typename Real>
 void GeluBackward(int64_t n, const Real* x, const Real* dout, Real* dx);
 
+// With `bf16_operands` the operands of attention's products are rounded where the cpu
+// backend's products round them: q and k (scores), probs and v (output); dout and v
+// (d probs), probs and dout (dv), the scaled d scores and k (dq), d scores and q (dk).
 template <typename Real>
 void AttentionForward(int B, int T, int C, int NH, const Real* qkv, Real* out,
-                      Real* probs);
+                      Real* probs, bool bf16_operands = false);
 template <typename Real>
 void AttentionBackward(int B, int T, int C, int NH, const Real* dout, const Real* qkv,
-                       const Real* probs, Real* dqkv);
+                       const Real* probs, Real* dqkv, bool bf16_operands = false);
 
 template <typename Real>
 void Copy2D(int rows, int cols, const Real* src, int64_t src_stride, Real* dst, int64_t dst_stride);

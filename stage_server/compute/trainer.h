@@ -35,6 +35,8 @@ struct TrainOptions {
   bool recompute = false;
   // oneDNN, or the OpenBLAS baseline the compute bench compares it with.
   CpuBackend::ProductEngine products = CpuBackend::ProductEngine::kOneDnn;
+  // The products' operands: F32, or BF16 (Backend::SetProductOperands).
+  common::DType precision = common::DType::kF32;
 };
 
 struct StepStats {

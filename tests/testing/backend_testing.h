@@ -76,6 +76,17 @@ inline constexpr double kFp32Tolerance = 1e-5;
 // Matrix products in TF32 (cuda's option): 10 bits of mantissa in the products (u =
 // 2^-11), 5e-4 for a single product's rounding.
 inline constexpr double kTf32Tolerance = 1e-3;
+// bf16 products (Backend::SetProductOperands), where both sides round the same operands.
+// An operand read from the inputs rounds the same way on both (nearest even, from the
+// same float), leaving only fp32's summation error. An operand computed inside the op
+// (attention's probabilities and score gradients) is a float on the backend and a double
+// on the reference, a relative 2^-20 or so apart after the softmax's dozen roundings;
+// the two round to different bf16 values only where they straddle a rounding boundary,
+// for a fraction p of about 2^-20 / 2^-8 = 2^-12 of such operands, and then one bf16 ulp
+// (2^-8) apart. The output's relative L2 difference is then about sqrt(p) 2^-8 = 2^-14;
+// the budget is twice that. (Products that did not round at all would miss by about
+// 2^-9, far outside it.)
+inline constexpr double kBf16Tolerance = 0x1p-13;
 // Results accumulated in double from float inputs (SumOfSquares): exact squares, then
 // a double sum of up to 3 * 2^20 terms of one sign, gamma_n(double) = 3.5e-10.
 inline constexpr double kFp64Tolerance = 1e-9;

@@ -403,7 +403,7 @@ void AddAdamWCases(std::vector<OpCase>& cases) {
   cases.push_back(AdamWCase(50, 0.1f, 0.95f, true));
 }
 
-// Every op in F32, the dtype every backend computes in.
+// Every op in F32, the precision every backend has.
 std::vector<OpCase>* F32Cases() {
   auto* all = new std::vector<OpCase>;
   AddMatmulCases(*all);
@@ -418,12 +418,23 @@ std::vector<OpCase>* F32Cases() {
   return all;
 }
 
+// Every op again with bf16 products: the products and attention round their operands,
+// and every other op must be untouched by the setting.
+std::vector<OpCase>* Bf16Cases() {
+  auto* all = F32Cases();
+  for (OpCase& c : *all) c.dtype = common::DType::kBF16;
+  std::erase_if(*all, [](const OpCase& c) { return c.tf32; });  // TF32 is fp32's option
+  return all;
+}
+
 }  // namespace
 
 const std::vector<OpCase>& OpCases(common::DType dtype) {
   static const std::vector<OpCase>* f32 = F32Cases();
+  static const std::vector<OpCase>* bf16 = Bf16Cases();
   static const std::vector<OpCase>* none = new std::vector<OpCase>;
-  return dtype == common::DType::kF32 ? *f32 : *none;
+  if (dtype == common::DType::kF32) return *f32;
+  return dtype == common::DType::kBF16 ? *bf16 : *none;
 }
 
 }  // namespace pipetrain::testing
