@@ -9,6 +9,7 @@
 #include "client/costs_from.h"
 #include "client/remote.h"
 #include "common/flags.h"
+#include "common/model/precision.h"
 #include "common/user_path.h"
 #include "coordinator/job_spec.h"
 #include "coordinator/planner/plan_report.h"
@@ -68,7 +69,8 @@ int RunPlan(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       "all-reduce between its R copies is part of the predicted step.\n\n"
       "Schedules (--schedule):\n" +
           planner::ScheduleHelp() + "\nRecompute modes (--recompute):\n" +
-          std::string(absl::StripTrailingAsciiWhitespace(planner::RecomputeHelp())));
+          planner::RecomputeHelp() + "\nPrecisions (the spec's training.precision):\n" +
+          std::string(absl::StripTrailingAsciiWhitespace(model::PrecisionHelp())));
   flags.AddInt("stages", &stages, "K, number of stages (0 = from the spec)", "K");
   flags.AddInt("micro-batches", &micro_batches, "M, micro-batches per step (0 = from the spec)",
                "M");

@@ -8,6 +8,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/data/token_file.h"
+#include "common/model/precision.h"
 #include "common/status_macros.h"
 #include "coordinator/job_spec.h"
 #include "coordinator/planner/planner.h"
@@ -62,6 +63,9 @@ absl::Status ValidateTraining(const pb::TrainingSpec& t) {
   if (t.warmup_steps() < 0) {
     return Invalid("training.warmup_steps",
                    absl::StrCat("must be >= 0 (got ", t.warmup_steps(), "); 0 means no warm-up"));
+  }
+  if (absl::StatusOr<model::Precision> p = model::PrecisionNamed(t.precision()); !p.ok()) {
+    return Invalid("training.precision", p.status().message());
   }
   return absl::OkStatus();
 }

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/model/gpt_config.h"
+#include "common/model/precision.h"
 #include "common/tensor_codec.h"
 #include "stage_server/compute/optimizer_settings.h"
 #include "stage_server/peer_link.h"
@@ -31,6 +32,8 @@ struct JobConfig {
   // Per chunk (as `chunks`): whether it re-runs its forward before its backward, as the
   // coordinator's plan decided (ConfigureRequest.chunk_recompute); empty: no chunk does.
   std::vector<bool> chunk_recompute;
+  // training.precision (ConfigureRequest.precision): the products' operands.
+  model::Precision precision = model::PrecisionTable().front();
   bool recomputes(size_t chunk) const {
     return chunk < chunk_recompute.size() && chunk_recompute[chunk];
   }

@@ -129,6 +129,7 @@ absl::Status StageRuntime::MakeChunks(Job& job,
   } else {
     ASSIGN_OR_RETURN(job.backend, compute::CpuBackend::Create(options_.threads));
   }
+  RETURN_IF_ERROR(job.backend->SetProductOperands(config.precision.products));
   for (size_t c = 0; c < config.chunks.size(); ++c) {
     const auto [begin, end] = config.chunks[c];
     ASSIGN_OR_RETURN(auto layers,

@@ -51,6 +51,12 @@ absl::StatusOr<JobConfig> JobConfigFromProto(const pb::ConfigureRequest& r) {
         " chunks (field chunks); give one per chunk, or none when no chunk recomputes"));
   }
   c.chunk_recompute.assign(r.chunk_recompute().begin(), r.chunk_recompute().end());
+  absl::StatusOr<model::Precision> precision = model::PrecisionNamed(r.precision());
+  if (!precision.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("field precision: ", precision.status().message()));
+  }
+  c.precision = *precision;
   if (r.frame_bytes() > 0) c.frame_bytes = r.frame_bytes();
   c.micro_batch_size = r.micro_batch_size();
   c.peer_secret = r.peer_secret();

@@ -49,8 +49,8 @@ using ::pipetrain::testing::Rows;
 constexpr int kSteps = 3;
 model::GptConfig Tiny() { return ::pipetrain::testing::TinyModel(); }
 compute::OptimizerSettings Adam() { return ::pipetrain::testing::TestAdam(); }
-const Reference& SharedReference(float clip, bool tied) {
-  return ::pipetrain::testing::SharedReference(kSteps, clip, tied);
+const Reference& SharedReference(float clip, bool tied, common::DType products) {
+  return ::pipetrain::testing::SharedReference(kSteps, clip, tied, products);
 }
 // Small enough that every step of the tiny model clips (the tests check that it does).
 constexpr float kClip = 0.05f;
@@ -62,12 +62,15 @@ struct Case {
   pipetrain::v1::RecomputeMode recompute;
   float clip = 0;  // global-norm clipping; with K > 1 each step runs in two phases
   bool tied = false;  // model.tie_embeddings: first and last stage swap gradients
+  bool bf16 = false;  // training.precision bf16: every stage's and the reference's products
+  common::DType products() const { return bf16 ? common::DType::kBF16 : common::DType::kF32; }
 };
 
 std::string Name(const Case& c) {
   return absl::StrCat(planner::ScheduleName(c.schedule), " K=", c.stages, " v=", c.chunks,
                       " recompute=", planner::RecomputeName(c.recompute),
-                      c.clip > 0 ? absl::StrCat(" clip=", c.clip) : "", c.tied ? " tied" : "");
+                      c.clip > 0 ? absl::StrCat(" clip=", c.clip) : "", c.tied ? " tied" : "",
+                      c.bf16 ? " bf16" : "");
 }
 
 // Every parameter, gradient and AdamW moment of a stage's chunks, and their step
@@ -126,6 +129,7 @@ void RunPipeline(const Case& c) {
     const planner::StagePlan& sp = plan->stages[s];
     backends.push_back(*compute::CpuBackend::Create(1));
     compute::CpuBackend* backend = backends.back().get();
+    ASSERT_THAT(backend->SetProductOperands(c.products()), IsOk());
     std::vector<std::unique_ptr<ChunkCompute>> chunks;
     for (size_t c = 0; c < sp.chunks.size(); ++c) {
       const auto& [begin, end] = sp.chunks[c];
@@ -177,7 +181,7 @@ void RunPipeline(const Case& c) {
 
   auto eval_programs = planner::ForwardOnlySchedule(K, kMicroBatches, c.chunks);
   ASSERT_THAT(eval_programs.status(), IsOk());
-  const Reference& ref = SharedReference(c.clip, c.tied);
+  const Reference& ref = SharedReference(c.clip, c.tied, c.products());
   // Every layer does the reference's arithmetic in its order, so losses and weights are
   // the reference's bits (kSameArithmetic). Only the clipping norm is summed in another
   // grouping (in double, by stage); its float clip factor moves only if the two norms
@@ -239,7 +243,8 @@ void RunPipeline(const Case& c) {
     const auto eval = run_all(*eval_programs, kEvalStep, EvalBatch());
     for (int s = 0; s < K; ++s) ASSERT_THAT(eval[s].status(), IsOk()) << "stage " << s;
     const std::vector<double> want =
-        ::pipetrain::testing::ReferenceEvalLosses(kEvalAfter + 1, EvalBatch(), c.clip, c.tied);
+        ::pipetrain::testing::ReferenceEvalLosses(kEvalAfter + 1, EvalBatch(), c.clip, c.tied,
+                                                  c.products());
     ASSERT_EQ(eval[K - 1]->losses.size(), want.size());
     for (int mb = 0; mb < kMicroBatches; ++mb) {
       EXPECT_EQ(eval[K - 1]->losses[mb], want[mb]) << "micro-batch " << mb;
@@ -315,6 +320,17 @@ std::vector<Case> AllCases() {
   cases.push_back({planner::ScheduleKind::kInterleaved, 1, 2, never, 0, true});
   cases.push_back({planner::ScheduleKind::kInterleaved, 2, 2, never, kClip, true});
   cases.push_back({planner::ScheduleKind::kInterleaved, 4, 2, never, 0, true});
+  // bf16 products (training.precision bf16): every schedule at K = 4, recompute on and
+  // off, tied embeddings and clipping, against the one-stage reference in bf16.
+  for (auto mode : {never, pipetrain::v1::RECOMPUTE_ALWAYS}) {
+    for (auto kind : {planner::ScheduleKind::kGpipe, planner::ScheduleKind::kOneFOneB,
+                      planner::ScheduleKind::kZbH1}) {
+      cases.push_back({kind, 4, 1, mode, 0, false, true});
+    }
+    cases.push_back({planner::ScheduleKind::kInterleaved, 4, 2, mode, 0, false, true});
+  }
+  cases.push_back({planner::ScheduleKind::kOneFOneB, 4, 1, never, kClip, true, true});
+  cases.push_back({planner::ScheduleKind::kInterleaved, 4, 2, never, kClip, true, true});
   return cases;
 }
 

@@ -291,6 +291,8 @@ TEST(JobSpecTest, EveryValidationRuleNamesItsField) {
        "training.grad_clip_norm: must be >= 0"},
       {"warmup", [](pb::JobSpec& s) { s.mutable_training()->set_warmup_steps(-5); },
        "training.warmup_steps"},
+      {"precision", [](pb::JobSpec& s) { s.mutable_training()->set_precision("fp16"); },
+       "training.precision: unknown precision 'fp16'; accepted: fp32, bf16"},
       {"corpus", [](pb::JobSpec& s) { s.mutable_data()->clear_corpus(); },
        "data.corpus: missing; give the path of a text file the coordinator can read"},
       {"corpus and tokens", [](pb::JobSpec& s) { s.mutable_data()->add_tokens("a.bin"); },

@@ -287,6 +287,47 @@ TEST_F(StageClusterTest, EverySchedulePlanAndRecomputeModeMatchesTheReference) {
   }
 }
 
+// training.precision reaches the stages through ConfigureRequest.precision: four stages
+// in bf16 give the one-stage bf16 reference's losses bit for bit (and not fp32's), and a
+// precision the table does not have is refused naming the field and the accepted ones.
+TEST_F(StageClusterTest, ABf16JobOnFourStagesGivesTheOneStageBf16Losses) {
+  const testing::Reference& ref =
+      testing::SharedReference(kSteps, 0, false, common::DType::kBF16);
+  const testing::Reference& fp32 = testing::SharedReference(kSteps);
+  const planner::Plan plan =
+      MakeTestPlan(planner::ScheduleKind::kOneFOneB, 4, 1, pb::RECOMPUTE_NEVER);
+  auto configure = [&](const std::string& job, int s, const std::string& precision) {
+    pb::ConfigureRequest q = ConfigureFor(plan, job, s, *stages_);
+    q.set_precision(precision);
+    pb::ConfigureResponse resp;
+    return Call3([&](grpc::ClientContext* c, const pb::ConfigureRequest& req,
+                     pb::ConfigureResponse* r) { return (*stages_)[s].stub->Configure(c, req, r); },
+                 q, &resp);
+  };
+  const grpc::Status refused = configure("job-fp16", 0, "fp16");
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(refused.error_message(), HasSubstr("field precision: unknown precision 'fp16'"));
+  EXPECT_THAT(refused.error_message(), HasSubstr("accepted: fp32, bf16"));
+  for (int s = 0; s < 4; ++s) {
+    const grpc::Status st = configure("job-bf16", s, "bf16");
+    ASSERT_TRUE(st.ok()) << st.error_message();
+  }
+  std::vector<double> losses;
+  for (int step = 0; step < kSteps; ++step) {
+    std::vector<pb::RunStepResponse> out;
+    auto status = RunStep(plan, "job-bf16", step, *stages_, out);
+    for (int s = 0; s < 4; ++s) ASSERT_TRUE(status[s].ok()) << "stage " << s;
+    double loss = 0;
+    for (float l : out[3].losses()) loss += l;
+    losses.push_back(loss / kMicroBatches);
+  }
+  EXPECT_TRUE(testing::LossesMatch(
+      losses, std::vector<double>(ref.losses.begin(), ref.losses.begin() + kSteps),
+      testing::kSameArithmetic));
+  EXPECT_NE(losses, std::vector<double>(fp32.losses.begin(), fp32.losses.begin() + kSteps))
+      << "the bf16 job trained as fp32 does";
+}
+
 // Real processes carry the forward_only flag from the proto to the executor: K = 2,
 // interleaved (the ring link too), an evaluation between training steps 0 and 1.
 TEST_F(StageClusterTest, AnEvaluationBetweenStepsReportsTheReferenceLossAndChangesNothing) {

@@ -95,11 +95,11 @@ std::string RenderPlanText(const Plan& plan) {
                      : absl::StrFormat("batch %d sequences (%d per micro-batch)", o.batch_size,
                                        o.batch_size / o.micro_batches);
   std::string out = absl::StrFormat(
-      "Plan: %s schedule, K=%d stages, M=%d micro-batches%s, recompute %s\n"
+      "Plan: %s schedule, K=%d stages, M=%d micro-batches%s, recompute %s, precision %s\n"
       "Model: %d blocks, d_model %d, %d heads, seq_len %d, vocab %d%s; %s\n",
       ScheduleName(o.schedule), o.stages, o.micro_batches,
       o.chunks > 1 ? absl::StrCat(", v=", o.chunks, " chunks per stage") : "",
-      RecomputeName(o.recompute), o.model.n_layers, o.model.d_model, o.model.n_heads,
+      RecomputeName(o.recompute), o.precision, o.model.n_layers, o.model.d_model, o.model.n_heads,
       o.model.seq_len, o.model.vocab_size,
       // Each holder of the shared matrix keeps it (and its gradient and moments).
       o.model.tie_embeddings ? " (tied embeddings: first and last stage each hold wte)" : "",
@@ -188,6 +188,7 @@ std::string PlanJson(const Plan& plan) {
   j["micro_batches"] = plan.options.micro_batches;
   j["chunks"] = plan.options.chunks;
   j["recompute"] = RecomputeName(plan.options.recompute);
+  j["precision"] = plan.options.precision;
   j["snapshots"] = plan.options.snapshots;
   j["time_unit"] = plan.options.equal_stage_cost ? "stage forward" : "s";
   j["device_flops"] = plan.options.device_flops;

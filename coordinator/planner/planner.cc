@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/model/precision.h"
 #include "common/model/state_bytes.h"
 #include "common/schedule/validator.h"
 #include "common/status_macros.h"
@@ -286,6 +287,12 @@ absl::StatusOr<PlanOptions> OptionsFromJobSpec(const pb::JobSpec& spec) {
   o.replicas = p.replicas() == 0 ? 1 : p.replicas();
   RETURN_IF_ERROR(CheckReplicaSplit(o));
   o.snapshots = spec.checkpoint().snapshot_every_steps() > 0;
+  absl::StatusOr<model::Precision> precision = model::PrecisionNamed(spec.training().precision());
+  if (!precision.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("training.precision: ", precision.status().message()));
+  }
+  o.precision = std::string(precision->name);
   return o;
 }
 

@@ -83,6 +83,8 @@ struct PlanOptions {
   // In-memory snapshots (checkpoint.snapshot_every_steps > 0): each stage keeps its own
   // and its ring predecessor's, counted in its memory.
   bool snapshots = false;
+  // training.precision, a row of common/model/precision.h ("fp32" when not given).
+  std::string precision = "fp32";
 
   // Sequences one replica takes per step (the whole batch with one replica).
   int replica_batch_size() const { return batch_size / replicas; }

@@ -42,9 +42,10 @@ common::Tensor Rows(const std::vector<int32_t>& all, int mb, int rows) {
 
 namespace {
 
-Reference Train(int steps, float clip, bool tied) {
+Reference Train(int steps, float clip, bool tied, common::DType products) {
   Reference r;
   r.backend = *compute::CpuBackend::Create(1);
+  EXPECT_TRUE(r.backend->SetProductOperands(products).ok());
   r.model = *compute::ModelChunk::Create(TinyModel(tied), 0, TinyModel().num_pipeline_layers(),
                                          r.backend.get());
   EXPECT_TRUE(r.model->Initialize(kSeed).ok());
@@ -67,18 +68,17 @@ Reference Train(int steps, float clip, bool tied) {
 
 }  // namespace
 
-const Reference& SharedReference(int steps, float clip, bool tied) {
-  static auto* by_run = new std::map<std::tuple<int, float, bool>, Reference>();
-  auto it = by_run->find({steps, clip, tied});
-  if (it == by_run->end()) {
-    it = by_run->emplace(std::make_tuple(steps, clip, tied), Train(steps, clip, tied)).first;
-  }
+const Reference& SharedReference(int steps, float clip, bool tied, common::DType products) {
+  static auto* by_run = new std::map<std::tuple<int, float, bool, common::DType>, Reference>();
+  const auto key = std::make_tuple(steps, clip, tied, products);
+  auto it = by_run->find(key);
+  if (it == by_run->end()) it = by_run->emplace(key, Train(steps, clip, tied, products)).first;
   return it->second;
 }
 
 std::vector<double> ReferenceEvalLosses(int steps, const model::TokenBatch& batch, float clip,
-                                        bool tied) {
-  compute::ModelChunk& model = *SharedReference(steps, clip, tied).model;
+                                        bool tied, common::DType products) {
+  compute::ModelChunk& model = *SharedReference(steps, clip, tied, products).model;
   const int rows = batch.rows / kMicroBatches, T = TinyModel().seq_len;
   std::vector<double> losses;
   for (int mb = 0; mb < kMicroBatches; ++mb) {

@@ -31,12 +31,15 @@ struct Reference {
   std::vector<double> grad_norms;  // per step, before clipping (0 when clipping is off)
 };
 // Trained once per process for `steps` steps, kMicroBatches micro-batches each, with
-// the gradients clipped to the global norm `clip` when it is > 0, on TinyModel(tied).
-const Reference& SharedReference(int steps, float clip = 0, bool tied = false);
+// the gradients clipped to the global norm `clip` when it is > 0, on TinyModel(tied),
+// with the products' operands in `products` (Backend::SetProductOperands).
+const Reference& SharedReference(int steps, float clip = 0, bool tied = false,
+                                 common::DType products = common::DType::kF32);
 // Per micro-batch losses of SharedReference(steps)'s model on `batch` (kMicroBatches
 // micro-batches), through the training forward, then dropped: what a pipeline's
 // evaluation after `steps` training steps must report. Changes no weight or gradient.
 std::vector<double> ReferenceEvalLosses(int steps, const model::TokenBatch& batch, float clip = 0,
-                                        bool tied = false);
+                                        bool tied = false,
+                                        common::DType products = common::DType::kF32);
 
 }  // namespace pipetrain::testing
