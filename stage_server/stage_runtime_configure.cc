@@ -3,17 +3,22 @@
 // install it.
 #include <algorithm>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "common/checked_math.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "stage_server/compute/cpu_backend.h"
 #include "stage_server/compute/cuda_backend.h"
+#include "stage_server/compute/onednn_matmul.h"
 #include "stage_server/emulated_chunk.h"
 #include "stage_server/stage_runtime.h"
+
+#include <mutex>
 #include "stage_server/stage_runtime_job.h"
 
 namespace pipetrain::stage_server {
@@ -130,6 +135,14 @@ absl::Status StageRuntime::MakeChunks(Job& job,
     ASSIGN_OR_RETURN(job.backend, compute::CpuBackend::Create(options_.threads));
   }
   RETURN_IF_ERROR(job.backend->SetProductOperands(config.precision.products));
+  if (config.precision.products == common::DType::kBF16 &&
+      options_.device.kind != DeviceSpec::Kind::kCuda && !compute::OneDnnMatmul::bf16_native()) {
+    static std::once_flag said;  // once per process, not per job
+    std::call_once(said, [] {
+      common::LogWarning("stage", "bf16 products on a processor without bf16 instructions: "
+                                  "oneDNN computes the same numbers on a slower path");
+    });
+  }
   for (size_t c = 0; c < config.chunks.size(); ++c) {
     const auto [begin, end] = config.chunks[c];
     ASSIGN_OR_RETURN(auto layers,

@@ -88,18 +88,11 @@ std::unique_ptr<Products> Engine(const std::string& name) {
 // Attention's shape: (B, NH) heads, q and k^T read in place from a (B, T, 3C) tensor.
 ProductShape HeadsShape(int B, int NH, int T, int hs, float alpha, float beta) {
   const int C = NH * hs;
-  ProductShape p;
-  p.batch0 = B;
-  p.batch1 = NH;
-  p.m = T;
-  p.n = T;
-  p.k = hs;
-  p.a = {int64_t{T} * 3 * C, hs, 3 * C, 1};  // q
-  p.b = {int64_t{T} * 3 * C, hs, 1, 3 * C};  // k^T, offset by C
-  p.c = {int64_t{NH} * T * T, int64_t{T} * T, T, 1};
-  p.alpha = alpha;
-  p.beta = beta;
-  return p;
+  return {.batch0 = B, .batch1 = NH, .m = T, .n = T, .k = hs,
+          .a = {int64_t{T} * 3 * C, hs, 3 * C, 1},  // q
+          .b = {int64_t{T} * 3 * C, hs, 1, 3 * C},  // k^T, offset by C
+          .c = {int64_t{NH} * T * T, int64_t{T} * T, T, 1},
+          .alpha = alpha, .beta = beta};
 }
 
 class ProductsTest : public ::testing::TestWithParam<std::string> {};

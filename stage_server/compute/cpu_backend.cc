@@ -115,17 +115,8 @@ MatrixStrides ProbsTransposed(int NH, int T) {
 }
 ProductShape HeadProduct(int B, int NH, int m, int n, int k, MatrixStrides a,
                          MatrixStrides b, MatrixStrides c, float alpha) {
-  ProductShape p;
-  p.batch0 = B;
-  p.batch1 = NH;
-  p.m = m;
-  p.n = n;
-  p.k = k;
-  p.a = a;
-  p.b = b;
-  p.c = c;
-  p.alpha = alpha;
-  return p;
+  return {.batch0 = B, .batch1 = NH, .m = m, .n = n, .k = k, .a = a, .b = b, .c = c,
+          .alpha = alpha};
 }
 
 // Causal softmax of each row of every (T, T) score matrix, in place; zeros above the

@@ -6,21 +6,6 @@
 
 namespace pipetrain::compute {
 
-ProductShape ProductShape::RowMajor(bool trans_a, bool trans_b, int m, int n, int k,
-                                    int64_t lda, int64_t ldb, int64_t ldc, float alpha,
-                                    float beta) {
-  ProductShape p;
-  p.m = m;
-  p.n = n;
-  p.k = k;
-  p.a = trans_a ? MatrixStrides{0, 0, 1, lda} : MatrixStrides{0, 0, lda, 1};
-  p.b = trans_b ? MatrixStrides{0, 0, 1, ldb} : MatrixStrides{0, 0, ldb, 1};
-  p.c = MatrixStrides{0, 0, ldc, 1};
-  p.alpha = alpha;
-  p.beta = beta;
-  return p;
-}
-
 namespace {
 // How sgemm takes a (rows, cols) view: row-major (column stride 1, rows at least cols
 // apart) or transposed (row stride 1, columns at least rows apart). A one-row or
