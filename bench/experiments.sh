@@ -4,7 +4,8 @@
 # and predicted, on the quickstart's model. Run from anywhere:
 #
 #   bash bench/experiments.sh                 # everything (about 15 minutes on 2 cores)
-#   ONLY=quickstart bash bench/experiments.sh # one part: model-size, scaling, quickstart
+#   ONLY=quickstart bash bench/experiments.sh # one part: model-size, scaling, quickstart,
+#                                             # precision
 #
 # Installs the dependencies (gnuplot-nox among them; SKIP_DEPS=1 skips that), builds,
 # writes the raw figures (JSON, tables, traces) to build/experiments/ and the plots to
@@ -16,8 +17,8 @@ cd "$(dirname "$0")/.."
 data=${EXPERIMENTS_DIR:-build/experiments}
 images=docs/images
 only=${ONLY:-all}
-case "$only" in all|model-size|scaling|quickstart) ;; *)
-  echo "experiments.sh: ONLY must be all, model-size, scaling or quickstart (got '$only')" >&2
+case "$only" in all|model-size|scaling|quickstart|precision) ;; *)
+  echo "experiments.sh: ONLY must be all, model-size, scaling, quickstart or precision (got '$only')" >&2
   exit 2 ;;
 esac
 wanted() { [ "$only" = all ] || [ "$only" = "$1" ]; }
@@ -29,6 +30,7 @@ cmake --build build -j "$(nproc)" --target pipetrain pipetrain-coordinator pipet
   pipetrain-bench
 mkdir -p "$data" "$images"
 bin=build/bin
+job_of() { grep -oE 'job-[0-9]+' "$1" | head -1; }  # the job id a submit printed
 plot() {  # plot SCRIPT DATA OUT TITLE (no apostrophe: gnuplot reads it in quotes)
   gnuplot -e "data='$2'; out='$3'; title_text='$4'" "bench/plots/$1"
   echo "wrote $3"
@@ -61,8 +63,6 @@ if wanted quickstart; then
   trap 'deploy/local/cluster.sh down --run-dir "$run_dir"' EXIT
   export PIPETRAIN_ADDRESS
   PIPETRAIN_ADDRESS=$(cat "$run_dir/address")
-  job_of() { grep -oE 'job-[0-9]+' "$1" | head -1; }
-
   # The time breakdown of the same model under three schedules; the 1F1B job's measured
   # costs predict the other two before they run (`plan --costs-from`).
   triples=()
@@ -112,5 +112,28 @@ if wanted quickstart; then
          if (d > m) m = d; if (d > 0.05) over++ }
        END { printf "fitted vs measured bubble, steps 5-%d: mean |difference| %.3f, largest %.3f, %d of %d steps over 0.05\n", $1, s / n, m, over, n }' \
     "$data/bubble.dat" | tee "$data/bubble_agreement.txt"
+fi
+if wanted precision; then
+  say "5. The quickstart job in fp32 and in bf16 (training.precision), on 4 CPU stages"
+  [ -s build/kjv.txt ] || bible -f 'gen1:1-rev22:21' > build/kjv.txt
+  run_dir=build/experiments-precision
+  deploy/local/cluster.sh down --run-dir "$run_dir" >/dev/null 2>&1 || true
+  rm -rf "$run_dir/state"
+  deploy/local/cluster.sh up --stages 4 --port 0 --run-dir "$run_dir"
+  (
+    trap 'deploy/local/cluster.sh down --run-dir "$run_dir" >/dev/null' EXIT
+    PIPETRAIN_ADDRESS=$(cat "$run_dir/address")
+    export PIPETRAIN_ADDRESS
+    for p in fp32 bf16; do
+      "$bin/pipetrain" submit examples/tiny-gpt.json --set "training.precision=$p" \
+        > "$data/precision_$p.txt"
+      "$bin/pipetrain" status "$(job_of "$data/precision_$p.txt")" --json \
+        > "$data/precision_$p.json"
+    done
+  )
+  python3 bench/plots/experiment_data.py precision "$data/precision_fp32.json" \
+    "$data/precision_bf16.json" "$data/precision.dat" | tee "$data/precision_summary.txt"
+  plot precision.gp "$data/precision.dat" "$images/precision.png" \
+    "The quickstart job (4 CPU stages, 300 steps) in fp32 and in bf16"
 fi
 say "done: figures in $images/, raw data in $data/"

@@ -8,6 +8,7 @@ gnuplot scripts beside this file draw. Standard library only.
   experiment_data.py bubble STATUS.json OUT
   experiment_data.py scaling SCALING.dat OUT
   experiment_data.py whatif OUT SCHEDULE=PLAN.json,BREAKDOWN.json,STATUS.json [...]
+  experiment_data.py precision FP32_STATUS.json BF16_STATUS.json OUT
 """
 import json
 import sys
@@ -97,6 +98,28 @@ def bubble(status_path, out_path):
                                          "NaN" if fitted else "%.4f" % p))
 
 
+def precision(fp32_path, bf16_path, out_path):
+    """step, fp32 loss, bf16 loss, fp32 validation loss, bf16 validation loss (NaN on
+    steps without validation), from two jobs' `pipetrain status --json`; prints the
+    last validation losses and the mean training loss of the last 50 steps of each."""
+    runs = []
+    for path in (fp32_path, bf16_path):
+        with open(path) as f:
+            runs.append({int(s["step"]): s for s in json.load(f).get("history", [])})
+    val = lambda s: "%.5f" % s["val_loss"] if s.get("has_val_loss") else "NaN"
+    with open(out_path, "w") as f:
+        f.write("# step fp32_loss bf16_loss fp32_val bf16_val\n")
+        for step in sorted(set(runs[0]) & set(runs[1])):
+            a, b = runs[0][step], runs[1][step]
+            f.write("%d %.5f %.5f %s %s\n" % (step, a["loss"], b["loss"], val(a), val(b)))
+    for name, run in zip(("fp32", "bf16"), runs):
+        steps = sorted(run)
+        last_val = [run[s]["val_loss"] for s in steps if run[s].get("has_val_loss")][-1]
+        tail = [run[s]["loss"] for s in steps[-50:]]
+        print("%s: validation loss at step %d %.4f, mean training loss of the last %d "
+              "steps %.4f" % (name, steps[-1], last_val, len(tail), sum(tail) / len(tail)))
+
+
 def scaling(in_path, out_path):
     """pipetrain-bench scaling's table regrouped for lines: one block per (schedule, M),
     sorted by K and starting from the K = 1 baseline (measured once, with gpipe), blocks
@@ -163,6 +186,8 @@ def main(argv):
         scaling(argv[2], argv[3])
     elif len(argv) == 4 and argv[1] == "bubble":
         bubble(argv[2], argv[3])
+    elif len(argv) == 5 and argv[1] == "precision":
+        precision(argv[2], argv[3], argv[4])
     else:
         sys.exit(__doc__)
 
