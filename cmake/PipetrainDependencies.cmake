@@ -30,8 +30,11 @@ add_library(pipetrain::openblas ALIAS pipetrain_openblas)
 
 # oneDNN (Debian's libdnnl-dev): the cpu backend's matrix products in fp32 and bf16,
 # through its C API. Found by hand: Debian's dnnl-config.cmake insists on the OpenCL
-# headers for a GPU runtime pipetrain does not use. Its OpenMP runtime's thread count is
-# set per calling thread (omp_set_num_threads), hence OpenMP.
+# headers for a GPU runtime pipetrain does not use. Debian builds it on GCC's OpenMP
+# (libgomp), whose thread count the cpu backend sets per calling thread and whose threads
+# run its loops (parallel_ranges.h). Only with GCC: clang's OpenMP is another runtime
+# (libomp, not installed), so a clang build (the fuzz targets) runs the loops on one
+# thread and leaves oneDNN's thread count at its default.
 find_path(PIPETRAIN_DNNL_INCLUDE oneapi/dnnl/dnnl.h)
 find_library(PIPETRAIN_DNNL_LIBRARY dnnl)
 if(NOT PIPETRAIN_DNNL_INCLUDE OR NOT PIPETRAIN_DNNL_LIBRARY)
@@ -41,7 +44,12 @@ add_library(pipetrain_dnnl INTERFACE)
 target_include_directories(pipetrain_dnnl SYSTEM INTERFACE ${PIPETRAIN_DNNL_INCLUDE})
 target_link_libraries(pipetrain_dnnl INTERFACE ${PIPETRAIN_DNNL_LIBRARY})
 add_library(pipetrain::dnnl ALIAS pipetrain_dnnl)
-find_package(OpenMP REQUIRED)
+add_library(pipetrain_openmp INTERFACE)
+if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU")
+  find_package(OpenMP REQUIRED)
+  target_link_libraries(pipetrain_openmp INTERFACE OpenMP::OpenMP_CXX)
+endif()
+add_library(pipetrain::openmp ALIAS pipetrain_openmp)
 
 find_program(PIPETRAIN_GRPC_CPP_PLUGIN grpc_cpp_plugin REQUIRED)
 

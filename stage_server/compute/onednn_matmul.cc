@@ -1,6 +1,8 @@
 #include "stage_server/compute/onednn_matmul.h"
 
+#ifdef _OPENMP
 #include <omp.h>
+#endif
 
 #include <algorithm>
 #include <bit>
@@ -212,7 +214,9 @@ absl::Status OneDnnMatmul::Run(common::DType operands, const ProductShape& p, co
   RETURN_IF_ERROR(Check(dnnl_memory_set_data_handle(e->c.h, c), "c"));
   const dnnl_exec_arg_t args[] = {
       {DNNL_ARG_SRC, e->a.h}, {DNNL_ARG_WEIGHTS, e->b.h}, {DNNL_ARG_DST, e->c.h}};
+#ifdef _OPENMP
   omp_set_num_threads(threads_);  // per calling thread in OpenMP: set where it runs
+#endif
   RETURN_IF_ERROR(Check(dnnl_primitive_execute(e->primitive.h, handles_->stream.h, 3, args),
                         "running a product"));
   return Check(dnnl_stream_wait(handles_->stream.h), "waiting for a product");

@@ -6,11 +6,16 @@
 // order whatever the pieces (rows of a LayerNorm, columns of a bias gradient, elements
 // of AdamW), so its bits do not depend on the thread count. Work under `min_items` per
 // thread runs on the calling thread alone: waking a thread costs microseconds.
+//
+// Without OpenMP (a clang build: see cmake/PipetrainDependencies.cmake) every loop runs
+// on the calling thread.
 #pragma once
 
-#include <omp.h>
-
 #include <cstdint>
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 namespace pipetrain::compute {
 
@@ -18,15 +23,19 @@ template <typename Body>
 void ForRanges(int threads, int64_t n, int64_t min_items, const Body& body) {
   const int64_t most = min_items > 0 ? n / min_items : n;
   const int pieces = static_cast<int>(most < threads ? (most < 1 ? 1 : most) : threads);
-  if (pieces <= 1) {
-    body(int64_t{0}, n);
+#ifdef _OPENMP
+  if (pieces > 1) {
+#pragma omp parallel num_threads(pieces)
+    {
+      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+      body(n * t / nt, n * (t + 1) / nt);
+    }
     return;
   }
-#pragma omp parallel num_threads(pieces)
-  {
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    body(n * t / nt, n * (t + 1) / nt);
-  }
+#else
+  (void)pieces;
+#endif
+  body(int64_t{0}, n);
 }
 
 // Items of `per_item` elements each that make a piece worth a thread (~16k elements).
