@@ -10,8 +10,7 @@
 #include "bench/json_command.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
-#include "stage_server/compute/onednn_matmul.h"
-#include "stage_server/compute/openblas_products.h"
+#include "stage_server/compute/cpu_backend.h"
 #include "stage_server/compute/trainer.h"
 
 namespace pipetrain::bench {
@@ -42,12 +41,8 @@ std::string Text() {
 // (B*T, C) x (C, 4C)) on one product engine at `threads` threads, with `operands`.
 absl::StatusOr<double> ProductGflops(compute::CpuBackend::ProductEngine engine, int threads,
                                      common::DType operands, int m, int n, int k, int reps) {
-  std::unique_ptr<compute::Products> products;
-  if (engine == compute::CpuBackend::ProductEngine::kOneDnn) {
-    ASSIGN_OR_RETURN(products, compute::OneDnnMatmul::Create(threads));
-  } else {
-    ASSIGN_OR_RETURN(products, compute::OpenBlasProducts::Create(threads));
-  }
+  ASSIGN_OR_RETURN(std::unique_ptr<compute::Products> products,
+                   compute::CpuBackend::MakeProducts(engine, threads));
   std::vector<float> a(int64_t{m} * k, 0.5f), b(int64_t{k} * n, 0.25f), c(int64_t{m} * n);
   const compute::ProductShape p = compute::ProductShape::RowMajor(false, false, m, n, k, k, n, n,
                                                                   1.0f, 0.0f);

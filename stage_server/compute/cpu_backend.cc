@@ -18,26 +18,28 @@
 namespace pipetrain::compute {
 
 
+absl::StatusOr<std::unique_ptr<Products>> CpuBackend::MakeProducts(ProductEngine engine,
+                                                                   int threads) {
+  if (engine == ProductEngine::kOneDnn) return OneDnnMatmul::Create(threads);
+  return OpenBlasProducts::Create(threads);
+}
+
 absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(int threads,
                                                                ProductEngine engine) {
   if (threads < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("cpu backend: threads must be >= 1 (got ", threads, ")"));
   }
-  std::unique_ptr<Products> products;
-  if (engine == ProductEngine::kOneDnn) {
-    ASSIGN_OR_RETURN(products, OneDnnMatmul::Create(threads));
-  } else {
-    ASSIGN_OR_RETURN(products, OpenBlasProducts::Create(threads));
-  }
-  return std::unique_ptr<CpuBackend>(new CpuBackend(threads, std::move(products)));
+  ASSIGN_OR_RETURN(std::unique_ptr<Products> products, MakeProducts(engine, threads));
+  return std::unique_ptr<CpuBackend>(new CpuBackend(threads, engine, std::move(products)));
 }
 
-CpuBackend::CpuBackend(int threads, std::unique_ptr<Products> products)
+CpuBackend::CpuBackend(int threads, ProductEngine engine, std::unique_ptr<Products> products)
     : threads_(threads),
       // OpenBLAS's own pthreads would fight OpenMP's for the cores: with that engine the
       // loops stay on one thread, as they were before oneDNN.
-      loop_threads_(products->Name() == "openblas" ? 1 : threads),
+      loop_threads_(engine == ProductEngine::kOpenBlas ? 1 : threads),
+      engine_(engine),
       products_(std::move(products)) {}
 
 CpuBackend::~CpuBackend() {
@@ -78,7 +80,7 @@ absl::Status CpuBackend::Free(void* ptr) {
 }
 
 absl::Status CpuBackend::SetProductOperands(common::DType operands) {
-  if (operands == common::DType::kBF16 && products_->Name() == "openblas") {
+  if (operands == common::DType::kBF16 && engine_ == ProductEngine::kOpenBlas) {
     return absl::UnimplementedError("cpu backend: the openblas engine has no bf16 products");
   }
   return SetF32OrBf16Products(operands);

@@ -24,6 +24,9 @@ class CpuBackend : public HostBackendT<float> {
   // pthread count is process-wide, so there the last CpuBackend created decides).
   static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(
       int threads, ProductEngine engine = ProductEngine::kOneDnn);
+  // The engine alone, for a caller that measures products (the compute bench).
+  static absl::StatusOr<std::unique_ptr<Products>> MakeProducts(ProductEngine engine,
+                                                                int threads);
 
   ~CpuBackend() override;
   std::string Name() const override { return "cpu"; }
@@ -36,8 +39,6 @@ class CpuBackend : public HostBackendT<float> {
   // f32 or bf16 products; the OpenBLAS engine has f32 only.
   absl::Status SetProductOperands(common::DType operands) override;
   int threads() const { return threads_; }
-  // "onednn" or "openblas".
-  std::string product_engine() const { return products_->Name(); }
 
   absl::Status Matmul(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
                       const float* a, const float* b, float beta, float* c) override;
@@ -76,10 +77,11 @@ class CpuBackend : public HostBackendT<float> {
                                    float* loss) override;
 
  private:
-  CpuBackend(int threads, std::unique_ptr<Products> products);
+  CpuBackend(int threads, ProductEngine engine, std::unique_ptr<Products> products);
 
   int threads_;
   int loop_threads_;  // the non-product loops' threads
+  ProductEngine engine_;
   std::unique_ptr<Products> products_;
   std::vector<float> scratch_;  // (B, NH, T, T): d probs in attention backward
   std::map<size_t, std::vector<void*>> free_blocks_;  // rounded size -> cached blocks

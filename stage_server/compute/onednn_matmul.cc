@@ -143,7 +143,7 @@ bool OneDnnMatmul::bf16_native() {
 absl::StatusOr<OneDnnMatmul::Entry*> OneDnnMatmul::EntryFor(common::DType operands,
                                                            const ProductShape& p) {
   const bool bf16 = operands == common::DType::kBF16;
-  std::vector<int64_t> key = {bf16, p.batch0, p.batch1, p.m, p.n, p.k,
+  std::array<int64_t, 20> key = {bf16, p.batch0, p.batch1, p.m, p.n, p.k,
                               p.a.batch0, p.a.batch1, p.a.row, p.a.col,
                               p.b.batch0, p.b.batch1, p.b.row, p.b.col,
                               p.c.batch0, p.c.batch1, p.c.row, p.c.col,
@@ -177,11 +177,6 @@ absl::StatusOr<OneDnnMatmul::Entry*> OneDnnMatmul::EntryFor(common::DType operan
                                                    nullptr),
                         absl::StrCat("making a ", bf16 ? "bf16" : "fp32", " product of ", p.m,
                                      "x", p.k, " by ", p.k, "x", p.n)));
-  const char* impl = nullptr;
-  if (dnnl_primitive_desc_query(pd.h, dnnl_query_impl_info_str, 0, &impl) == dnnl_success &&
-      impl != nullptr) {
-    last_impl_ = impl;
-  }
   auto entry = std::make_unique<Entry>();
   RETURN_IF_ERROR(Check(dnnl_primitive_create(&entry->primitive.h, pd.h), "making the primitive"));
   dnnl_engine_t eng = handles_->engine.h;

@@ -13,6 +13,7 @@
 // work by the shape and thread count only. Not thread-safe: one executor thread drives it.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -35,8 +36,6 @@ class OneDnnMatmul : public Products {
   absl::Status Run(common::DType operands, const ProductShape& p, const float* a,
                    const float* b, float* c) override;
 
-  // The implementation oneDNN picked for the last product made, e.g. "brg:avx512_core".
-  const std::string& last_impl() const { return last_impl_; }
   size_t cached_primitives() const { return cache_.size(); }
   // Whether this processor has bf16 dot-product instructions (avx512_bf16 or amx).
   static bool bf16_native();
@@ -50,9 +49,9 @@ class OneDnnMatmul : public Products {
 
   int threads_;
   std::unique_ptr<Handles> handles_;
-  std::map<std::vector<int64_t>, std::unique_ptr<Entry>> cache_;
+  // Key: operand precision, batches, sizes, the three views' strides, alpha, beta.
+  std::map<std::array<int64_t, 20>, std::unique_ptr<Entry>> cache_;
   std::vector<uint16_t> a16_, b16_;  // bf16 operands of the product being run
-  std::string last_impl_;
 };
 
 }  // namespace pipetrain::compute
