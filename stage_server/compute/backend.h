@@ -106,6 +106,9 @@ class BackendT {
   virtual absl::Status Axpy(int64_t n, Real alpha, const Real* x, Real* y) = 0;
   // x *= alpha (gradient clipping, loss scaling).                      (N)
   virtual absl::Status Scale(int64_t n, Real alpha, Real* x) = 0;
+  // x = x rounded to the nearest bf16 (common/bf16.h's rule; a double through float):
+  // the residual stream between layers in bf16 (training.precision "bf16").  (N)
+  virtual absl::Status RoundToBf16(int64_t n, Real* x) = 0;
   // x[r, :] += bias for every row.          x (rows, cols), bias (cols)
   virtual absl::Status AddBias(int rows, int cols, const Real* bias, Real* x) = 0;
   // dbias += sum over rows of dout.         dout (rows, cols), dbias (cols) +=

@@ -46,6 +46,7 @@ class CpuBackend : public HostBackendT<float> {
   absl::Status Add(int64_t n, const float* a, const float* b, float* out) override;
   absl::Status Axpy(int64_t n, float alpha, const float* x, float* y) override;
   absl::Status Scale(int64_t n, float alpha, float* x) override;
+  absl::Status RoundToBf16(int64_t n, float* x) override;
   absl::Status AddBias(int rows, int cols, const float* bias, float* x) override;
   absl::Status EmbeddingForward(int B, int T, int C, int V, const int32_t* tokens,
                                 const float* wte, const float* wpe, float* out) override;

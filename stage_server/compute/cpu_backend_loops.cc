@@ -46,6 +46,14 @@ absl::Status CpuBackend::Scale(int64_t n, float alpha, float* x) {
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::RoundToBf16(int64_t n, float* x) {
+  ASSIGN_OR_RETURN(const OpCall call, CheckRoundToBf16(Name(), n, x));
+  if (call.empty()) return absl::OkStatus();
+  ForRanges(loop_threads_, n, MinItems(1),
+            [&](int64_t i0, int64_t i1) { reference::RoundToBf16(i1 - i0, x + i0); });
+  return absl::OkStatus();
+}
+
 absl::Status CpuBackend::AdamW(int64_t n, float* param, const float* grad, float* m, float* v,
                                float lr, float beta1, float beta2, float eps,
                                float weight_decay, int step) {

@@ -79,6 +79,7 @@ class CudaBackend final : public Backend {
   absl::Status Add(int64_t n, const float* a, const float* b, float* out) override;
   absl::Status Axpy(int64_t n, float alpha, const float* x, float* y) override;
   absl::Status Scale(int64_t n, float alpha, float* x) override;
+  absl::Status RoundToBf16(int64_t n, float* x) override;
   absl::Status AddBias(int rows, int cols, const float* bias, float* x) override;
   absl::Status BiasGrad(int rows, int cols, const float* dout, float* dbias) override;
   absl::StatusOr<double> SumOfSquares(int64_t n, const float* x) override;

@@ -113,6 +113,11 @@ absl::Status CudaBackend::Scale(int64_t n, float alpha, float* x) {
   return Run(call, [&](cudaStream_t s) { return ck::Scale(n, alpha, x, s); });
 }
 
+absl::Status CudaBackend::RoundToBf16(int64_t n, float* x) {
+  ASSIGN_OR_RETURN(const OpCall call, CheckRoundToBf16(Name(), n, x));
+  return Run(call, [&](cudaStream_t s) { return ck::RoundToBf16(n, x, s); });
+}
+
 absl::Status CudaBackend::AddBias(int rows, int cols, const float* bias, float* x) {
   ASSIGN_OR_RETURN(const OpCall call, CheckAddBias(Name(), rows, cols, bias, x));
   return Run(call, [&](cudaStream_t s) { return ck::AddBias(rows, cols, bias, x, s); });

@@ -17,7 +17,8 @@ cudaError_t Add(int64_t n, const float* a, const float* b, float* out,          
                 cudaStream_t stream);
 cudaError_t Axpy(int64_t n, float alpha, const float* x, float* y,              // all (N)
                  cudaStream_t stream);
-cudaError_t Scale(int64_t n, float alpha, float* x, cudaStream_t stream);       // x (N)
+cudaError_t Scale(int64_t n, float alpha, float* x, cudaStream_t stream);
+cudaError_t RoundToBf16(int64_t n, float* x, cudaStream_t stream);       // x (N)
 // x (rows, cols) += bias (cols) broadcast over rows.
 cudaError_t AddBias(int rows, int cols, const float* bias, float* x, cudaStream_t stream);
 // out[c] += sum_r in[r * row_stride + c] (sums in double, deterministic order).

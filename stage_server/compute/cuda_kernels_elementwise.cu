@@ -25,6 +25,18 @@ __global__ void ScaleKernel(int64_t n, float alpha, float* x) {
   PT_GRID_STRIDE(i, n) x[i] *= alpha;
 }
 
+// common/bf16.h's rule, written with CUDA's bit casts: nearest, ties to even; a NaN
+// keeps its sign and becomes quiet.
+__global__ void RoundToBf16Kernel(int64_t n, float* x) {
+  PT_GRID_STRIDE(i, n) {
+    const uint32_t bits = __float_as_uint(x[i]);
+    const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    const uint32_t quiet_nan = (bits >> 16) | 0x0040u;
+    const uint32_t half = (bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded;
+    x[i] = __uint_as_float(half << 16);
+  }
+}
+
 __global__ void AddBiasKernel(int64_t n, int cols, const float* bias, float* x) {
   PT_GRID_STRIDE(i, n) x[i] += bias[i % cols];
 }
@@ -134,6 +146,12 @@ cudaError_t Axpy(int64_t n, float alpha, const float* x, float* y, cudaStream_t 
 cudaError_t Scale(int64_t n, float alpha, float* x, cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   ScaleKernel<<<GridFor(n), kThreads, 0, stream>>>(n, alpha, x);
+  return cudaGetLastError();
+}
+
+cudaError_t RoundToBf16(int64_t n, float* x, cudaStream_t stream) {
+  if (n <= 0) return cudaSuccess;
+  RoundToBf16Kernel<<<GridFor(n), kThreads, 0, stream>>>(n, x);
   return cudaGetLastError();
 }
 

@@ -102,6 +102,13 @@ absl::Status HostBackendT<Real>::Scale(int64_t n, Real alpha, Real* x) {
 }
 
 template <typename Real>
+absl::Status HostBackendT<Real>::RoundToBf16(int64_t n, Real* x) {
+  ASSIGN_OR_RETURN(const OpCall call, CheckRoundToBf16(Name(), n, x));
+  if (!call.empty()) reference::RoundToBf16(n, x);
+  return absl::OkStatus();
+}
+
+template <typename Real>
 absl::Status HostBackendT<Real>::AddBias(int rows, int cols, const Real* bias, Real* x) {
   ASSIGN_OR_RETURN(const OpCall call, CheckAddBias(Name(), rows, cols, bias, x));
   if (!call.empty()) reference::AddBias(rows, cols, bias, x);

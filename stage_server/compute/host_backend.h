@@ -34,6 +34,7 @@ class HostBackendT : public BackendT<Real> {
   absl::Status Add(int64_t n, const Real* a, const Real* b, Real* out) override;
   absl::Status Axpy(int64_t n, Real alpha, const Real* x, Real* y) override;
   absl::Status Scale(int64_t n, Real alpha, Real* x) override;
+  absl::Status RoundToBf16(int64_t n, Real* x) override;
   absl::Status AddBias(int rows, int cols, const Real* bias, Real* x) override;
   absl::Status BiasGrad(int rows, int cols, const Real* dout, Real* dbias) override;
   absl::StatusOr<double> SumOfSquares(int64_t n, const Real* x) override;

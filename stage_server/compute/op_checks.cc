@@ -115,6 +115,10 @@ absl::StatusOr<OpCall> CheckScale(absl::string_view backend, int64_t n, const vo
   return OpCheck(backend, "Scale", {{"n", n}}).EmptyIf(n == 0).Need({{"x", x}}).Done();
 }
 
+absl::StatusOr<OpCall> CheckRoundToBf16(absl::string_view backend, int64_t n, const void* x) {
+  return OpCheck(backend, "RoundToBf16", {{"n", n}}).EmptyIf(n == 0).Need({{"x", x}}).Done();
+}
+
 absl::StatusOr<OpCall> CheckAddBias(absl::string_view backend, int rows, int cols,
                                     const void* bias, const void* x) {
   return OpCheck(backend, "AddBias", {{"rows", rows}, {"cols", cols}})

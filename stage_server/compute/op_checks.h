@@ -52,6 +52,7 @@ absl::StatusOr<OpCall> CheckAdd(absl::string_view backend, int64_t n, const void
 absl::StatusOr<OpCall> CheckAxpy(absl::string_view backend, int64_t n, const void* x,
                                  const void* y);
 absl::StatusOr<OpCall> CheckScale(absl::string_view backend, int64_t n, const void* x);
+absl::StatusOr<OpCall> CheckRoundToBf16(absl::string_view backend, int64_t n, const void* x);
 absl::StatusOr<OpCall> CheckAddBias(absl::string_view backend, int rows, int cols,
                                     const void* bias, const void* x);
 absl::StatusOr<OpCall> CheckBiasGrad(absl::string_view backend, int rows, int cols,

@@ -50,6 +50,11 @@ void Scale(int64_t n, Real alpha, Real* x) {
 }
 
 template <typename Real>
+void RoundToBf16(int64_t n, Real* x) {
+  for (int64_t i = 0; i < n; ++i) x[i] = common::RoundToBf16(static_cast<float>(x[i]));
+}
+
+template <typename Real>
 void AddBias(int rows, int cols, const Real* bias, Real* x) {
   // x (rows, cols), bias (cols)
   for (int r = 0; r < rows; ++r) {
@@ -356,6 +361,7 @@ void AdamW(int64_t n, Real* param, const Real* grad, Real* m, Real* v, float lr,
   template void Add<Real>(int64_t, const Real*, const Real*, Real*);                               \
   template void Axpy<Real>(int64_t, Real, const Real*, Real*);                                     \
   template void Scale<Real>(int64_t, Real, Real*);                                                 \
+  template void RoundToBf16<Real>(int64_t, Real*);                                                 \
   template void AddBias<Real>(int, int, const Real*, Real*);                                       \
   template void BiasGrad<Real>(int, int, const Real*, Real*);                                      \
   template double SumOfSquares<Real>(int64_t, const Real*);                                        \

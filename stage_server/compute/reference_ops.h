@@ -23,6 +23,8 @@ void Axpy(int64_t n, Real alpha, const Real* x, Real* y);
 template <typename Real>
 void Scale(int64_t n, Real alpha, Real* x);
 template <typename Real>
+void RoundToBf16(int64_t n, Real* x);
+template <typename Real>
 void AddBias(int rows, int cols, const Real* bias, Real* x);
 template <typename Real>
 void BiasGrad(int rows, int cols, const Real* dout, Real* dbias);

@@ -96,6 +96,11 @@ void AddElementwiseCases(std::vector<OpCase>& cases) {
                      .run = Call([=](auto& be, auto& t) {
                        return be.Scale(n, t.Scalar(1.7), t["x"]);
                      })});
+    cases.push_back({.op = "RoundToBf16", .shape = shape,
+                     .tensors = {InOut("x", N, 3.0)},
+                     .run = Call([=](auto& be, auto& t) {
+                       return be.RoundToBf16(n, t["x"]);
+                     })});
   }
   for (int64_t n : {int64_t{1}, int64_t{257}, int64_t{1001}, int64_t{1 << 20}}) {
     const std::string shape = absl::StrCat("n=", n);
