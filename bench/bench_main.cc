@@ -38,9 +38,9 @@ int main(int argc, char** argv) {
   if (st.ok() && positionals->size() != 1 && !list && !help && !version) {
     st = absl::InvalidArgumentError("give exactly one benchmark NAME (see --list)");
   }
-  if (st.ok() && precision != "fp32" && precision != "bf16") {
-    st = absl::InvalidArgumentError(
-        absl::StrCat("--precision must be fp32 or bf16 (got '", precision, "')"));
+  const absl::StatusOr<model::Precision> named = model::PrecisionNamed(precision);
+  if (st.ok() && !named.ok()) {
+    st = absl::InvalidArgumentError(absl::StrCat("--precision: ", named.status().message()));
   }
   if (help) {
     std::cout << flags.Help() << "\nBenchmarks:\n";
@@ -62,8 +62,7 @@ int main(int argc, char** argv) {
   const std::string& name = (*positionals)[0];
   for (const auto& b : bench::AllBenchmarks()) {
     if (b.name != name) continue;
-    auto result = b.run({static_cast<int>(reps), *security,
-                         precision == "bf16" ? common::DType::kBF16 : common::DType::kF32});
+    auto result = b.run({static_cast<int>(reps), *security, *named});
     if (!result.ok()) {
       std::cerr << "pipetrain-bench " << name << ": " << result.status() << "\n";
       return 1;

@@ -10,15 +10,15 @@
 
 #include "absl/status/statusor.h"
 #include "common/rpc_security.h"
-#include "common/tensor.h"
+#include "common/model/precision.h"
 
 namespace pipetrain::bench {
 
 struct BenchOptions {
   int repetitions = 0;  // 0: the benchmark's own default
   common::RpcSecurity security;  // links over mutual TLS when it has certificates
-  // --precision: the products' operands where a benchmark trains (compute); F32 or BF16.
-  common::DType precision = common::DType::kF32;
+  // --precision: training.precision's row where a benchmark trains (compute).
+  model::Precision precision = model::PrecisionTable().front();
 };
 
 struct BenchResult {

@@ -11,6 +11,7 @@
 #include "client/local_model.h"
 #include "common/flags.h"
 #include "common/model/checkpoint.h"
+#include "common/model/precision.h"
 #include "nlohmann/json.hpp"
 #include "stage_server/compute/chunk_checkpoint.h"
 #include "stage_server/compute/trainer.h"
@@ -40,7 +41,7 @@ int RunTrainLocal(const std::vector<std::string>& args, std::ostream& out, std::
   flags.AddDouble("lr", &lr, "AdamW learning rate (> 0)", "X");
   flags.AddInt("threads", &threads, "compute threads (>= 1)", "N");
   flags.AddString("precision", &precision,
-                  "fp32, or bf16: the matrix products' operands rounded to bf16, summed in fp32",
+                  "fp32, or bf16: products of bf16 operands summed in fp32, bf16 activations",
                   "P");
   flags.AddString("save", &save_path,
                   "write the trained weights here as a checkpoint (no optimizer state)", "FILE");
@@ -65,9 +66,8 @@ int RunTrainLocal(const std::vector<std::string>& args, std::ostream& out, std::
     return usage(absl::StrCat("--lr must be a finite number > 0 (got ", lr, ")"));
   }
   if (threads < 1) return usage(absl::StrCat("--threads must be >= 1 (got ", threads, ")"));
-  if (precision != "fp32" && precision != "bf16") {
-    return usage(absl::StrCat("--precision must be fp32 or bf16 (got '", precision, "')"));
-  }
+  const absl::StatusOr<model::Precision> named = model::PrecisionNamed(precision);
+  if (!named.ok()) return usage(absl::StrCat("--precision: ", named.status().message()));
   for (const auto& [flag, value, most] : {std::tuple{"--steps", steps, int64_t{1} << 30},
                                           {"--batch", batch, int64_t{1} << 20},
                                           {"--threads", threads, int64_t{1024}}}) {
@@ -121,7 +121,7 @@ int RunTrainLocal(const std::vector<std::string>& args, std::ostream& out, std::
   options.seed = static_cast<uint64_t>(seed);
   options.optimizer.lr = static_cast<float>(lr);
   options.threads = static_cast<int>(threads);
-  options.precision = precision == "bf16" ? common::DType::kBF16 : common::DType::kF32;
+  options.precision = *named;
   auto trainer = compute::Trainer::Create(options, *std::move(text));
   if (!trainer.ok()) {
     err << "pipetrain train-local: " << trainer.status().message() << "\n";

@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "common/bf16.h"
 #include "common/checked_math.h"
 #include "common/status_macros.h"
 #include "stage_server/host_tensor.h"
@@ -16,9 +17,14 @@ using compute::BackendBuffer;
 
 uint64_t ScratchTensor::Bytes() const { return SaturatingTensorBytes(dtype, shape); }
 
-ScratchLayout ScratchLayout::Of(const model::GptConfig& c, int begin, int end, int rows) {
+uint64_t ScratchTensor::BackendBytes() const {
+  return SaturatingTensorBytes(dtype == DType::kBF16 ? DType::kF32 : dtype, shape);
+}
+
+ScratchLayout ScratchLayout::Of(const model::GptConfig& c, int begin, int end, int rows,
+                                DType activations) {
   const ScratchTensor ids{DType::kI32, {rows, c.seq_len}};
-  const ScratchTensor x{DType::kF32, {rows, c.seq_len, c.d_model}};
+  const ScratchTensor x{activations, {rows, c.seq_len, c.d_model}};
   const bool embedding = begin == 0, head = end == c.num_pipeline_layers();
   ScratchLayout layout;
   layout.input = embedding ? ids : x;
@@ -30,9 +36,9 @@ ScratchLayout ScratchLayout::Of(const model::GptConfig& c, int begin, int end, i
 }
 
 uint64_t ScratchLayout::Bytes() const {
-  uint64_t total = common::SaturatingAdd(input.Bytes(), output.Bytes());
+  uint64_t total = common::SaturatingAdd(input.BackendBytes(), output.BackendBytes());
   for (const std::optional<ScratchTensor>& t : {targets, grad_output, grad_input}) {
-    if (t) total = common::SaturatingAdd(total, t->Bytes());
+    if (t) total = common::SaturatingAdd(total, t->BackendBytes());
   }
   return total;
 }
@@ -48,7 +54,7 @@ ScratchTensor TiedGradientSpec(const model::GptConfig& c) {
 absl::StatusOr<BackendBuffer<float>> AllocateScratch(compute::Backend* backend,
                                                      const std::optional<ScratchTensor>& t) {
   if (!t) return BackendBuffer<float>();
-  return BackendBuffer<float>::Allocate(backend, t->Bytes());
+  return BackendBuffer<float>::Allocate(backend, t->BackendBytes());
 }
 
 }  // namespace
@@ -58,7 +64,8 @@ absl::StatusOr<std::unique_ptr<BackendChunk>> BackendChunk::Create(
     std::shared_ptr<common::BufferPool> pool) {
   if (rows <= 0) return absl::InvalidArgumentError("micro-batch rows must be > 0");
   auto* backend = layers->backend();
-  ScratchLayout layout = ScratchLayout::Of(layers->config(), layers->begin(), layers->end(), rows);
+  ScratchLayout layout = ScratchLayout::Of(layers->config(), layers->begin(), layers->end(), rows,
+                                           layers->options().boundary);
   std::unique_ptr<BackendChunk> s(
       new BackendChunk(std::move(layers), std::move(layout), std::move(pool)));
   const ScratchLayout& l = s->layout_;
@@ -86,15 +93,34 @@ absl::Status BackendChunk::CheckShape(DType dtype, const std::vector<int64_t>& s
 
 absl::StatusOr<Tensor> BackendChunk::HostTensor(const ScratchTensor& spec, const void* src) {
   ASSIGN_OR_RETURN(Tensor t, PooledTensor(*pool_, spec.dtype, spec.shape));
-  RETURN_IF_ERROR(layers_->backend()->CopyToHost(t.bytes().data(), src, t.num_bytes()));
+  if (spec.dtype != DType::kBF16) {
+    RETURN_IF_ERROR(layers_->backend()->CopyToHost(t.bytes().data(), src, t.num_bytes()));
+    return t;
+  }
+  const size_t n = t.num_bytes() / sizeof(uint16_t);
+  f32_staging_.resize(n);
+  RETURN_IF_ERROR(layers_->backend()->CopyToHost(f32_staging_.data(), src, n * sizeof(float)));
+  auto* bits = reinterpret_cast<uint16_t*>(t.bytes().data());
+  for (size_t i = 0; i < n; ++i) bits[i] = common::FloatToBf16Bits(f32_staging_[i]);
   return t;
+}
+
+absl::Status BackendChunk::CopyIn(const PiecewiseTensor& t, void* dst) {
+  auto* backend = layers_->backend();
+  if (t.dtype() != DType::kBF16) return backend->CopyFromHostPieces(dst, t.pieces());
+  const size_t n = t.num_bytes() / sizeof(uint16_t);
+  bf16_staging_.resize(n);
+  f32_staging_.resize(n);
+  t.CopyTo(std::as_writable_bytes(std::span<uint16_t>(bf16_staging_)));
+  for (size_t i = 0; i < n; ++i) f32_staging_[i] = common::Bf16BitsToFloat(bf16_staging_[i]);
+  return backend->CopyFromHost(dst, f32_staging_.data(), n * sizeof(float));
 }
 
 absl::Status BackendChunk::StageInputs(const PiecewiseTensor& input, const Tensor* targets) {
   auto* backend = layers_->backend();
   RETURN_IF_ERROR(CheckShape(input.dtype(), input.shape(), layout_.input,
                              has_embedding() ? "tokens" : "activation"));
-  RETURN_IF_ERROR(backend->CopyFromHostPieces(input_.raw(), input.pieces()));
+  RETURN_IF_ERROR(CopyIn(input, input_.raw()));
   if (layout_.targets) {
     if (targets == nullptr) return absl::InvalidArgumentError("the head needs targets");
     RETURN_IF_ERROR(CheckShape(targets->dtype(), targets->shape(), *layout_.targets, "targets"));
@@ -126,8 +152,7 @@ absl::StatusOr<Tensor> BackendChunk::RunBackward(int mb, const PiecewiseTensor* 
     if (grad_output == nullptr) return absl::InvalidArgumentError("backward needs a gradient");
     RETURN_IF_ERROR(
         CheckShape(grad_output->dtype(), grad_output->shape(), *layout_.grad_output, "gradient"));
-    RETURN_IF_ERROR(
-        layers_->backend()->CopyFromHostPieces(grad_output_.raw(), grad_output->pieces()));
+    RETURN_IF_ERROR(CopyIn(*grad_output, grad_output_.raw()));
     gout = grad_output_.data();
   }
   float* gin = layout_.grad_input ? grad_input_.data() : nullptr;

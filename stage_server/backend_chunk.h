@@ -1,7 +1,10 @@
 // ChunkCompute over real GPT layers: one compute::ModelChunk (a model chunk) on a
 // compute backend. Host tensors (received ones in pieces) are copied into backend
 // scratch buffers sized once, and outputs come back in buffers from a shared pool, so the hot
-// path allocates nothing after the first micro-batch.
+// path allocates nothing after the first micro-batch. With bf16 activations
+// (ChunkOptions::boundary) the host tensors of x and its gradient are bf16, 2 bytes an
+// element on the wire, and the backend holds them widened to f32: the layers already
+// rounded them to bf16 values, so nothing is lost either way.
 #pragma once
 
 #include <cstdint>
@@ -15,25 +18,29 @@
 
 namespace pipetrain::stage_server {
 
-// A tensor a chunk stages through backend scratch memory: its dtype and shape.
+// A tensor a chunk stages through backend scratch memory: its host (wire) dtype and
+// shape. The backend holds a bf16 tensor widened to f32.
 struct ScratchTensor {
   common::DType dtype = common::DType::kF32;
   std::vector<int64_t> shape;
   // Its dtype's size times its elements, saturating at UINT64_MAX instead of
   // overflowing (a request sets the shape); 0 when a dimension is not positive.
   uint64_t Bytes() const;
+  uint64_t BackendBytes() const;  // the same for its backend buffer
 };
 
 // The scratch of a chunk of pipeline layers [begin, end) with `rows` rows per
-// micro-batch: the tensors of chunk_compute.h a micro-batch passes in and out.
+// micro-batch: the tensors of chunk_compute.h a micro-batch passes in and out, x and
+// its gradients in `activations` (kF32 or kBF16).
 struct ScratchLayout {
   ScratchTensor input;                       // tokens with the embedding, else x
   std::optional<ScratchTensor> targets;      // with the head
   ScratchTensor output;                      // the loss with the head, else x
   std::optional<ScratchTensor> grad_output;  // without the head
   std::optional<ScratchTensor> grad_input;   // without the embedding
-  static ScratchLayout Of(const model::GptConfig& config, int begin, int end, int rows);
-  uint64_t Bytes() const;  // saturating
+  static ScratchLayout Of(const model::GptConfig& config, int begin, int end, int rows,
+                          common::DType activations = common::DType::kF32);
+  uint64_t Bytes() const;  // of the backend buffers, saturating
 };
 
 class BackendChunk final : public ChunkCompute {
@@ -95,6 +102,9 @@ class BackendChunk final : public ChunkCompute {
   int Rows() const { return static_cast<int>(layout_.input.shape[0]); }
   // Checks and copies a forward's input and targets into the backend scratch.
   absl::Status StageInputs(const common::PiecewiseTensor& input, const common::Tensor* targets);
+  // Copies a received tensor into backend scratch `dst`: as it lies, or a bf16 one
+  // widened to f32.
+  absl::Status CopyIn(const common::PiecewiseTensor& t, void* dst);
   absl::StatusOr<common::Tensor> RunBackward(int mb, const common::PiecewiseTensor* grad_output,
                                              float loss_grad, bool split);
   // A pooled host tensor of `spec` with the contents of backend scratch `src`.
@@ -106,6 +116,9 @@ class BackendChunk final : public ChunkCompute {
   // Backend scratch, as layout_ says (each buffer holds its tensor's dtype): the layers
   // copy their inputs, so one of each suffices.
   compute::BackendBuffer<float> input_, targets_, output_, grad_output_, grad_input_;
+  // Host staging for bf16 tensors: their bits, and their values as f32.
+  std::vector<uint16_t> bf16_staging_;
+  std::vector<float> f32_staging_;
 };
 
 }  // namespace pipetrain::stage_server

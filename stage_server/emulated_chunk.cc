@@ -34,14 +34,15 @@ absl::StatusOr<EmulatedDevice> EmulatedDeviceByName(const std::string& name) {
 
 EmulatedChunk::EmulatedChunk(const model::GptConfig& config, int begin, int end, int rows,
                              EmulatedDevice device, bool recompute,
-                             std::shared_ptr<common::BufferPool> pool)
+                             std::shared_ptr<common::BufferPool> pool, common::DType activations)
     : config_(config),
       begin_(begin),
       end_(end),
       rows_(rows),
       device_(std::move(device)),
       recompute_(recompute),
-      pool_(std::move(pool)) {
+      pool_(std::move(pool)),
+      activations_(activations) {
   const double tokens = static_cast<double>(rows) * config.seq_len;
   double params = 0;
   for (int l = begin; l < end; ++l) {
@@ -64,9 +65,14 @@ EmulatedChunk::EmulatedChunk(const model::GptConfig& config, int begin, int end,
   if (recompute) backward_input_s_ += forward_s_;  // the forward runs again first
 }
 
-absl::StatusOr<common::Tensor> EmulatedChunk::Output(std::vector<int64_t> shape) {
+absl::StatusOr<common::Tensor> EmulatedChunk::Output(std::vector<int64_t> shape,
+                                                     common::DType dtype) {
   // Contents are whatever the buffer held: the emulated device computes nothing.
-  return PooledTensor(*pool_, common::DType::kF32, std::move(shape));
+  return PooledTensor(*pool_, dtype, std::move(shape));
+}
+
+absl::StatusOr<common::Tensor> EmulatedChunk::Activation() {
+  return Output({rows_, config_.seq_len, config_.d_model}, activations_);
 }
 
 void EmulatedChunk::Hold(int mb, size_t bytes) {
@@ -97,7 +103,7 @@ absl::StatusOr<common::Tensor> EmulatedChunk::Forward(int mb, const common::Piec
     loss.data<float>()[0] = 0.0f;  // no arithmetic: the loss is not computed
     return loss;
   }
-  return Output({rows_, config_.seq_len, config_.d_model});
+  return Activation();
 }
 
 absl::StatusOr<common::Tensor> EmulatedChunk::Evaluate(const common::PiecewiseTensor&,
@@ -109,7 +115,7 @@ absl::StatusOr<common::Tensor> EmulatedChunk::Evaluate(const common::PiecewiseTe
     loss.data<float>()[0] = 0.0f;  // no arithmetic: the loss is not computed
     return loss;
   }
-  return Output({rows_, config_.seq_len, config_.d_model});
+  return Activation();
 }
 
 absl::StatusOr<common::Tensor> EmulatedChunk::Backward(int mb, const common::PiecewiseTensor*,
@@ -122,7 +128,7 @@ absl::StatusOr<common::Tensor> EmulatedChunk::Backward(int mb, const common::Pie
   Peak(memory_.backward_extra);
   Release(mb);
   if (has_embedding()) return common::Tensor();
-  return Output({rows_, config_.seq_len, config_.d_model});
+  return Activation();
 }
 
 absl::StatusOr<common::Tensor> EmulatedChunk::BackwardInput(int mb, const common::PiecewiseTensor*,
@@ -136,7 +142,7 @@ absl::StatusOr<common::Tensor> EmulatedChunk::BackwardInput(int mb, const common
   // The rebuilt activations and the gradients for the weight half stay until it runs.
   Hold(mb, memory_.backward_extra + memory_.weight_grad);
   if (has_embedding()) return common::Tensor();
-  return Output({rows_, config_.seq_len, config_.d_model});
+  return Activation();
 }
 
 absl::Status EmulatedChunk::BackwardWeight(int mb) {

@@ -23,8 +23,11 @@ absl::StatusOr<EmulatedDevice> EmulatedDeviceByName(const std::string& name);
 
 class EmulatedChunk final : public ChunkCompute {
  public:
+  // `activations`: the dtype its output activations and input gradients travel in
+  // (training.precision's), so that the wire carries what a real chunk's would.
   EmulatedChunk(const model::GptConfig& config, int begin, int end, int rows, EmulatedDevice device,
-                bool recompute, std::shared_ptr<common::BufferPool> pool);
+                bool recompute, std::shared_ptr<common::BufferPool> pool,
+                common::DType activations = common::DType::kF32);
 
   bool has_embedding() const override { return begin_ == 0; }
   bool has_head() const override { return end_ == config_.num_pipeline_layers(); }
@@ -70,7 +73,9 @@ class EmulatedChunk final : public ChunkCompute {
   double backward_weight_s() const { return backward_weight_s_; }
 
  private:
-  absl::StatusOr<common::Tensor> Output(std::vector<int64_t> shape);
+  absl::StatusOr<common::Tensor> Output(std::vector<int64_t> shape,
+                                        common::DType dtype = common::DType::kF32);
+  absl::StatusOr<common::Tensor> Activation();  // (rows, T, C) in activations_
   void Hold(int mb, size_t bytes);  // adds to what micro-batch mb holds
   void Release(int mb);
 
@@ -79,6 +84,7 @@ class EmulatedChunk final : public ChunkCompute {
   EmulatedDevice device_;
   bool recompute_;
   std::shared_ptr<common::BufferPool> pool_;
+  common::DType activations_;
   double forward_s_ = 0, backward_input_s_ = 0, backward_weight_s_ = 0, optimizer_s_ = 0;
   double last_recompute_s_ = 0;
   model::ChunkMemory memory_;  // bytes per micro-batch (not per token), as the planner counts

@@ -120,7 +120,7 @@ PeerLinkOptions DownstreamLinkOptions(const JobConfig& c) {
   o.peer_stage = (c.stage + 1) % c.num_stages;
   o.peer_address = c.downstream_address;
   o.frame_bytes = c.frame_bytes;
-  o.limits = LinkLimits(c.model, c.micro_batch_size);
+  o.limits = LinkLimits(c.model, c.micro_batch_size, c.precision.activations);
   return o;
 }
 

@@ -9,18 +9,19 @@
 namespace pipetrain::stage_server {
 namespace {
 
-// Bytes of an fp32 tensor of these dimensions (0 when one is not positive).
-uint64_t FloatBytes(std::initializer_list<int64_t> dims) {
-  return SaturatingTensorBytes(common::DType::kF32, {dims.begin(), dims.size()});
+// Bytes of a tensor of these dimensions (0 when one is not positive).
+uint64_t Bytes(common::DType dtype, std::initializer_list<int64_t> dims) {
+  return SaturatingTensorBytes(dtype, {dims.begin(), dims.size()});
 }
 
 }  // namespace
 
-common::ReassemblerOptions LinkLimits(const model::GptConfig& model, int micro_batch_size) {
+common::ReassemblerOptions LinkLimits(const model::GptConfig& model, int micro_batch_size,
+                                      common::DType activations) {
   common::ReassemblerOptions o;
-  uint64_t largest = FloatBytes({micro_batch_size, model.seq_len, model.d_model});
+  uint64_t largest = Bytes(activations, {micro_batch_size, model.seq_len, model.d_model});
   if (model.tie_embeddings) {
-    largest = std::max(largest, FloatBytes({model.vocab_size, model.d_model}));
+    largest = std::max(largest, Bytes(common::DType::kF32, {model.vocab_size, model.d_model}));
   }
   // Never above the general bound; a config too broken to size keeps it (Configure
   // refuses such a config before any link is made).

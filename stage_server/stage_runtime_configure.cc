@@ -125,7 +125,8 @@ absl::Status StageRuntime::MakeChunks(Job& job,
       const auto [begin, end] = config.chunks[c];
       chunks.push_back(std::make_unique<EmulatedChunk>(config.model, begin, end,
                                                        config.micro_batch_size, device,
-                                                       config.recomputes(c), job.pool));
+                                                       config.recomputes(c), job.pool,
+                                                       config.precision.activations));
     }
     return absl::OkStatus();
   }
@@ -147,7 +148,8 @@ absl::Status StageRuntime::MakeChunks(Job& job,
     const auto [begin, end] = config.chunks[c];
     ASSIGN_OR_RETURN(auto layers,
                      compute::ModelChunk::Create(config.model, begin, end, job.backend.get(),
-                                                 {.recompute = config.recomputes(c)}));
+                                                 {.recompute = config.recomputes(c),
+                                                  .boundary = config.precision.activations}));
     RETURN_IF_ERROR(layers->Initialize(config.seed));
     ASSIGN_OR_RETURN(auto backend_chunk,
                      BackendChunk::Create(std::move(layers), config.micro_batch_size, job.pool));

@@ -125,6 +125,7 @@ void RunPipeline(const Case& c) {
 
   std::vector<std::unique_ptr<Executor>> executors;
   std::vector<std::vector<BackendChunk*>> backend_chunks(K);
+  const DType precision = c.products();
   for (int s = 0; s < K; ++s) {
     const planner::StagePlan& sp = plan->stages[s];
     backends.push_back(*compute::CpuBackend::Create(1));
@@ -135,6 +136,7 @@ void RunPipeline(const Case& c) {
       const auto& [begin, end] = sp.chunks[c];
       compute::ChunkOptions so;
       so.recompute = sp.chunk_recompute[c];
+      so.boundary = precision;  // training.precision bf16 holds activations in bf16 too
       auto layers = compute::ModelChunk::Create(config, begin, end, backend, so);
       ASSERT_THAT(layers.status(), IsOk());
       ASSERT_THAT((*layers)->Initialize(kSeed), IsOk());
@@ -354,13 +356,17 @@ struct Single {
   schedule::StageProgram program;
 };
 
+// `bf16`: training.precision bf16 (products and activations).
 Single MakeSingle(int stages = 1, int stage = 0,
                   compute::OptimizerSettings optimizer = compute::kStageOptimizerDefaults,
-                  bool recompute = false, GradientAverage average = {}) {
+                  bool recompute = false, GradientAverage average = {}, bool bf16 = false) {
   Single s;
   auto pool = std::make_shared<common::BufferPool>();
+  const DType precision = bf16 ? DType::kBF16 : DType::kF32;
+  EXPECT_THAT(s.backend->SetProductOperands(precision), IsOk());
   auto layers = *compute::ModelChunk::Create(Tiny(), 0, Tiny().num_pipeline_layers(),
-                                             s.backend.get(), {.recompute = recompute});
+                                             s.backend.get(),
+                                             {.recompute = recompute, .boundary = precision});
   EXPECT_THAT(layers->Initialize(kSeed), IsOk());
   std::vector<std::unique_ptr<ChunkCompute>> chunks;
   chunks.push_back(*BackendChunk::Create(std::move(layers), 2, pool));
@@ -484,17 +490,25 @@ void ExpectWithinRegroupingAndAdamWDrift(int step, compute::ModelChunk& mine,
 // Two data-parallel replicas, each on half of the batch's micro-batches, with their
 // gradients averaged at the optimizer step, end up with the weights of one stage that
 // ran the whole batch: equal to each other bit for bit, and to it up to the order of
-// the sums (and what AdamW makes of that).
-TEST(ExecutorTest, ReplicasAveragingTheirGradientsTrainAsOneOnTheWholeBatch) {
+// the sums (and what AdamW makes of that). In bf16 as in fp32: the averaging is of
+// fp32 gradients either way, so the same bound holds.
+class ReplicasTest : public ::testing::TestWithParam<bool> {};
+INSTANTIATE_TEST_SUITE_P(Precisions, ReplicasTest, ::testing::Values(false, true),
+                         [](const auto& info) { return info.param ? "bf16" : "fp32"; });
+
+TEST_P(ReplicasTest, ReplicasAveragingTheirGradientsTrainAsOneOnTheWholeBatch) {
+  const bool bf16 = GetParam();
   compute::OptimizerSettings adam = Adam();
-  Single whole = MakeSingle(1, 0, adam);
+  Single whole = MakeSingle(1, 0, adam, false, {}, bf16);
   whole.program.num_micro_batches = 4;
   whole.program.actions = *schedule::ParseActions("F0 F1 F2 F3 B0 B1 B2 B3 OPT");
   InProcessAverage average(2);
   std::vector<Single> replicas;
-  for (int r = 0; r < 2; ++r) replicas.push_back(MakeSingle(1, 0, adam, false, average.For()));
+  for (int r = 0; r < 2; ++r) {
+    replicas.push_back(MakeSingle(1, 0, adam, false, average.For(), bf16));
+  }
   // The whole batch's program on the replicas' weights: what their losses must be.
-  Single probe = MakeSingle(1, 0, adam);
+  Single probe = MakeSingle(1, 0, adam, false, {}, bf16);
   probe.program = whole.program;
   std::vector<::pipetrain::testing::AdamWDrift> drift(
       LayersOf(*whole.executor).Params().size(),
@@ -560,7 +574,7 @@ TEST(ExecutorTest, ReplicasAveragingTheirGradientsTrainAsOneOnTheWholeBatch) {
                                         LayersOf(*whole.executor), drift);
   }
   // Without averaging, one replica's own half gives another update.
-  Single alone = MakeSingle(1, 0, adam);
+  Single alone = MakeSingle(1, 0, adam, false, {}, bf16);
   StepInputs half;
   half.step = 1;
   const model::TokenBatch batch = RandomBatch(1);
@@ -569,8 +583,99 @@ TEST(ExecutorTest, ReplicasAveragingTheirGradientsTrainAsOneOnTheWholeBatch) {
     half.targets.push_back(Rows(batch.targets, mb, 2));
   }
   ASSERT_THAT(alone.executor->RunStep(alone.program, std::move(half)).status(), IsOk());
-  Single fresh = MakeSingle(1, 0, adam);
+  Single fresh = MakeSingle(1, 0, adam, false, {}, bf16);
   EXPECT_FALSE(Weights(*alone.executor) == Weights(*fresh.executor));
+}
+
+// Stage 0's step result of one 1F1B step on two stages over real layers, with the
+// products and activations of `precision`, and stage 1's losses.
+struct TwoStageStep {
+  StepResult first;
+  std::vector<float> losses;
+};
+// The 1F1B plan of Tiny() on two stages: four micro-batches of two rows.
+absl::StatusOr<planner::Plan> TwoStagePlan() {
+  planner::PlanOptions po;
+  po.model = Tiny();
+  po.stages = 2;
+  po.micro_batches = 4;
+  po.schedule = planner::ScheduleKind::kOneFOneB;
+  po.batch_size = 8;
+  return planner::MakePlan(po);
+}
+
+TwoStageStep RunTwoStages(DType precision) {
+  auto plan = TwoStagePlan();
+  EXPECT_THAT(plan.status(), IsOk());
+  if (!plan.ok()) return {};
+  auto pool = std::make_shared<common::BufferPool>();
+  auto [up, down] = MakeLocalChannelPair();
+  std::vector<std::unique_ptr<compute::CpuBackend>> backends;
+  std::vector<std::unique_ptr<Executor>> ex;
+  for (int s = 0; s < 2; ++s) {
+    backends.push_back(*compute::CpuBackend::Create(1));
+    EXPECT_THAT(backends.back()->SetProductOperands(precision), IsOk());
+    auto [begin, end] = plan->stages[s].chunks[0];
+    auto layers = *compute::ModelChunk::Create(Tiny(), begin, end, backends.back().get(),
+                                               {.boundary = precision});
+    EXPECT_THAT(layers->Initialize(kSeed), IsOk());
+    std::vector<std::unique_ptr<ChunkCompute>> chunks;
+    chunks.push_back(*BackendChunk::Create(std::move(layers), 2, pool));
+    ExecutorConfig ec;
+    ec.job_id = "wire";
+    ec.stage = s;
+    ec.num_stages = 2;
+    ec.recv_timeout = absl::Seconds(20);
+    ex.push_back(std::make_unique<Executor>(ec, std::move(chunks), s == 0 ? up.get() : nullptr,
+                                            s == 1 ? down.get() : nullptr, pool));
+  }
+  const model::TokenBatch b = RandomBatch(0);
+  std::vector<absl::StatusOr<StepResult>> results(2, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int s = 0; s < 2; ++s) {
+    threads.emplace_back([&, s] {
+      StepInputs in;
+      for (int mb = 0; mb < 4; ++mb) {
+        if (s == 0) in.tokens.push_back(Rows(b.inputs, mb, 2));
+        if (s == 1) in.targets.push_back(Rows(b.targets, mb, 2));
+      }
+      results[s] = ex[s]->RunStep(plan->programs[s], std::move(in));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int s = 0; s < 2; ++s) EXPECT_THAT(results[s].status(), IsOk()) << "stage " << s;
+  if (!results[0].ok() || !results[1].ok()) return {};
+  return {*results[0], results[1]->losses};
+}
+
+// training.precision bf16 halves what crosses a stage boundary: each activation and
+// gradient is 2 bytes an element, and the losses are still the one-stage bf16 model's.
+TEST(ExecutorTest, Bf16StagesSendAndReceiveHalfTheBytesOfFp32) {
+  const TwoStageStep fp32 = RunTwoStages(DType::kF32);
+  const TwoStageStep bf16 = RunTwoStages(DType::kBF16);
+  const uint64_t elements = 2 * Tiny().seq_len * Tiny().d_model;  // one (2, T, C) tensor
+  EXPECT_EQ(fp32.first.bytes_sent, 4 * elements * 4);  // 4 activations down
+  EXPECT_EQ(fp32.first.bytes_received, 4 * elements * 4);  // 4 gradients up
+  EXPECT_EQ(bf16.first.bytes_sent, 4 * elements * 2);
+  EXPECT_EQ(bf16.first.bytes_received, 4 * elements * 2);
+  // Step 0 of the bf16 reference: its mean loss over the same four micro-batches.
+  const Reference& ref = ::pipetrain::testing::SharedReference(1, 0, false, DType::kBF16);
+  ASSERT_EQ(bf16.losses.size(), 4u);
+  double mean = 0;
+  for (float l : bf16.losses) mean += l;
+  EXPECT_TRUE(::pipetrain::testing::LossesMatch({mean / 4}, {ref.losses[0]},
+                                                ::pipetrain::testing::kSameArithmetic));
+}
+
+// An emulated stage's activations travel in the job's precision too.
+TEST(ExecutorTest, EmulatedStagesSendActivationsInTheJobsPrecision) {
+  auto pool = std::make_shared<common::BufferPool>();
+  EmulatedChunk chunk(Tiny(), 0, 2, 2, EmulatedDevice{"test", 1e15}, false, pool, DType::kBF16);
+  const Tensor tokens = Rows(RandomBatch(0).inputs, 0, 2);
+  auto out = chunk.Forward(0, common::PiecewiseTensor::View(tokens), nullptr);
+  ASSERT_THAT(out.status(), IsOk());
+  EXPECT_EQ(out->dtype(), DType::kBF16);
+  EXPECT_EQ(out->num_bytes(), size_t{2} * Tiny().seq_len * Tiny().d_model * 2);
 }
 
 // B and I report the forward they re-ran as recompute_us, within their own time; no
@@ -796,13 +901,7 @@ TEST(ExecutorTest, AMissingNeighbourTensorTimesOutNamingTheAction) {
 // The emulated device takes the cost model's time, moves real sizes and holds the
 // activations the planner predicts.
 TEST(ExecutorTest, EmulatedStagesFollowTheCostModel) {
-  planner::PlanOptions po;
-  po.model = Tiny();
-  po.stages = 2;
-  po.micro_batches = 4;
-  po.schedule = planner::ScheduleKind::kOneFOneB;
-  po.batch_size = 8;
-  auto plan = planner::MakePlan(po);
+  auto plan = TwoStagePlan();
   ASSERT_THAT(plan.status(), IsOk());
   // Slow enough that each forward takes ~2 ms.
   const double flops = model::CostOfLayer(Tiny(), 1).forward_flops * 2 * Tiny().seq_len * 4 / 2e-3;

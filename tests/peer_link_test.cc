@@ -243,6 +243,18 @@ TEST(LinkLimitsTest, TheLargestActivationOrTiedGradientOfTheJob) {
   EXPECT_EQ(LinkLimits(model, 0).max_tensor_bytes, general);
 }
 
+TEST(LinkLimitsTest, Bf16ActivationsHalveTheActivationBoundButNotTheTiedGradients) {
+  model::GptConfig model;
+  model.vocab_size = 50257;
+  model.seq_len = 1024;
+  model.d_model = 768;
+  EXPECT_EQ(LinkLimits(model, 4, common::DType::kBF16).max_tensor_bytes,
+            uint64_t{4} * 1024 * 768 * 2);
+  model.tie_embeddings = true;  // the (V, C) gradient stays fp32
+  EXPECT_EQ(LinkLimits(model, 4, common::DType::kBF16).max_tensor_bytes,
+            uint64_t{50257} * 768 * 4);
+}
+
 TEST_F(PeerLinkTest, WrongKindAndStaleStepAreRejected) {
   Connect();
   Accept();

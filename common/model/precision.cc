@@ -2,17 +2,24 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/model/state_bytes.h"
 
 namespace pipetrain::model {
 
 const std::vector<Precision>& PrecisionTable() {
   static const auto* table = new std::vector<Precision>{
-      {"fp32", common::DType::kF32, "fp32 everywhere (the default)"},
-      {"bf16", common::DType::kBF16,
-       "matrix products with bf16 operands summed in fp32; fp32 weights, gradients, "
-       "optimizer moments and activations"},
+      {"fp32", common::DType::kF32, common::DType::kF32, "fp32 everywhere (the default)"},
+      {"bf16", common::DType::kBF16, common::DType::kBF16,
+       "matrix products with bf16 operands summed in fp32, activations and gradients "
+       "between layers and stages in bf16; fp32 master weights, gradients and moments"},
   };
   return *table;
+}
+
+PrecisionBytes BytesOf(const Precision& precision) {
+  return {.per_parameter = StateBytesPerParam(),
+          .activation_stored = common::DTypeSize(common::DType::kF32),
+          .activation_wire = common::DTypeSize(precision.activations)};
 }
 
 absl::StatusOr<Precision> PrecisionNamed(absl::string_view name) {

@@ -20,6 +20,11 @@ absl::StatusOr<std::unique_ptr<ModelChunkT<Real>>> ModelChunkT<Real>::Create(
                                                    config.num_pipeline_layers(), ")"));
   }
   if (backend == nullptr) return absl::InvalidArgumentError("model chunk: no backend");
+  if (options.boundary != common::DType::kF32 && options.boundary != common::DType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model chunk: activations between layers in ", common::DTypeName(options.boundary),
+        "; fp32 and bf16 are supported"));
+  }
   std::unique_ptr<ModelChunkT> chunk(new ModelChunkT(config, begin, end, backend, options));
   for (int l = begin; l < end; ++l) {
     ASSIGN_OR_RETURN(auto layer, MakeLayer<Real>(config, l, backend));
@@ -81,6 +86,12 @@ absl::StatusOr<typename ModelChunkT<Real>::MicroBatch*> ModelChunkT<Real>::Find(
 }
 
 template <typename Real>
+absl::Status ModelChunkT<Real>::AtBoundary(int64_t n, Real* x) {
+  if (options_.boundary != common::DType::kBF16) return absl::OkStatus();
+  return backend_->RoundToBf16(n, x);
+}
+
+template <typename Real>
 absl::Status ModelChunkT<Real>::RunForward(MicroBatch& mb, Real* output) {
   const int n = static_cast<int>(layers_.size());
   const int64_t x_elements = int64_t{mb.rows} * config_.seq_len * config_.d_model;
@@ -97,6 +108,7 @@ absl::Status ModelChunkT<Real>::RunForward(MicroBatch& mb, Real* output) {
     }
     const int32_t* targets = mb.targets.empty() ? nullptr : mb.targets.ints();
     RETURN_IF_ERROR(layers_[i]->Forward(mb.rows, in, targets, out, mb.stashes[i]));
+    if (i + 1 < n || !has_head()) RETURN_IF_ERROR(AtBoundary(x_elements, out));
   }
   return absl::OkStatus();
 }
@@ -166,6 +178,7 @@ absl::Status ModelChunkT<Real>::Evaluate(int B, const void* input, const int32_t
     }
     Stash<Real> stash;  // freed at the end of this iteration: no backward will read it
     RETURN_IF_ERROR(layers_[i]->Forward(B, in, targets, out, stash));
+    if (i + 1 < n || !has_head()) RETURN_IF_ERROR(AtBoundary(x_elements, out));
     peak_bytes_ = std::max(peak_bytes_,
                            others + in_buffer.bytes() + out_buffer.bytes() + stash.owned_bytes());
     in_buffer = std::move(out_buffer);  // frees this layer's input
@@ -215,6 +228,7 @@ absl::Status ModelChunkT<Real>::RunBackwardInput(MicroBatch& mb, const Real* gra
     } else {
       RETURN_IF_ERROR(layers_[i]->BackwardInput(mb.stashes[i], g, loss_grad, gi));
     }
+    if (gi != nullptr) RETURN_IF_ERROR(AtBoundary(x_elements, gi));
     g_buffer = std::move(next);  // layers copy what they keep of their grad_output
     g = g_buffer.data();
   }

@@ -38,6 +38,12 @@ struct ChunkOptions {
   // Keep only each micro-batch's chunk input between forward and backward, and run the
   // forward again before backward. Results are bit-identical; memory is lower.
   bool recompute = false;
+  // The dtype of the residual stream between layers: kBF16 (training.precision "bf16")
+  // rounds every layer's output activation (not the head's loss) and every gradient a
+  // layer passes down to bf16 values, held in Real. A stage boundary is a layer
+  // boundary, so they cross it in 2 bytes an element without loss and K stages still
+  // compute what one does.
+  common::DType boundary = common::DType::kF32;
 };
 
 // Not thread-safe: one executor thread drives a chunk (and its backend). ModelChunk
@@ -191,6 +197,8 @@ class ModelChunkT {
   absl::StatusOr<std::vector<Real>> CopyOut(absl::string_view name, Field field) const;
   absl::Status CopyIn(absl::string_view name, Field field, const std::vector<Real>& values);
   static Real* Address(const PipelineLayer<Real>& layer, int i, Field field);
+  // Rounds a tensor crossing a layer boundary to options_.boundary.
+  absl::Status AtBoundary(int64_t n, Real* x);
 
   model::GptConfig config_;
   int begin_, end_;

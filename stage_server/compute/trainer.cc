@@ -50,10 +50,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& opt
   RETURN_IF_ERROR(model::CheckTextLength(text, int64_t{options.model.seq_len} + 1));
   std::unique_ptr<Trainer> t(new Trainer(options, std::move(text)));
   ASSIGN_OR_RETURN(t->backend_, CpuBackend::Create(options.threads, options.products));
-  RETURN_IF_ERROR(t->backend_->SetProductOperands(options.precision));
+  RETURN_IF_ERROR(t->backend_->SetProductOperands(options.precision.products));
   ASSIGN_OR_RETURN(t->model_,
                    ModelChunk::Create(options.model, 0, options.model.num_pipeline_layers(),
-                                      t->backend_.get(), {.recompute = options.recompute}));
+                                      t->backend_.get(),
+                                      {.recompute = options.recompute,
+                                       .boundary = options.precision.activations}));
   RETURN_IF_ERROR(t->model_->Initialize(options.seed));
   return t;
 }

@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/model/batch.h"
+#include "common/model/precision.h"
 #include "common/model/gpt_config.h"
 #include "stage_server/compute/cpu_backend.h"
 #include "stage_server/compute/model_chunk.h"
@@ -35,8 +36,8 @@ struct TrainOptions {
   bool recompute = false;
   // oneDNN, or the OpenBLAS baseline the compute bench compares it with.
   CpuBackend::ProductEngine products = CpuBackend::ProductEngine::kOneDnn;
-  // The products' operands: F32, or BF16 (Backend::SetProductOperands).
-  common::DType precision = common::DType::kF32;
+  // training.precision's row: the products' operands and the activations' dtype.
+  model::Precision precision = model::PrecisionTable().front();
 };
 
 struct StepStats {

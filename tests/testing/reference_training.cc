@@ -5,6 +5,7 @@
 #include <tuple>
 #include <utility>
 
+#include "common/model/precision.h"
 #include "gtest/gtest.h"
 
 namespace pipetrain::testing {
@@ -46,8 +47,13 @@ Reference Train(int steps, float clip, bool tied, common::DType products) {
   Reference r;
   r.backend = *compute::CpuBackend::Create(1);
   EXPECT_TRUE(r.backend->SetProductOperands(products).ok());
+  // training.precision's row with these products: bf16's holds activations in bf16.
+  compute::ChunkOptions options;
+  for (const model::Precision& p : model::PrecisionTable()) {
+    if (p.products == products) options.boundary = p.activations;
+  }
   r.model = *compute::ModelChunk::Create(TinyModel(tied), 0, TinyModel().num_pipeline_layers(),
-                                         r.backend.get());
+                                         r.backend.get(), options);
   EXPECT_TRUE(r.model->Initialize(kSeed).ok());
   compute::OptimizerSettings adam = TestAdam();
   adam.grad_clip_norm = clip;

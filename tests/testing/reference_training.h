@@ -32,7 +32,8 @@ struct Reference {
 };
 // Trained once per process for `steps` steps, kMicroBatches micro-batches each, with
 // the gradients clipped to the global norm `clip` when it is > 0, on TinyModel(tied),
-// with the products' operands in `products` (Backend::SetProductOperands).
+// with the products' operands in `products` (Backend::SetProductOperands) and the
+// activations of training.precision's row with those products.
 const Reference& SharedReference(int steps, float clip = 0, bool tied = false,
                                  common::DType products = common::DType::kF32);
 // Per micro-batch losses of SharedReference(steps)'s model on `batch` (kMicroBatches
