@@ -132,6 +132,8 @@ absl::StatusOr<StepReport> StageRuntime::RunStep(StepRequest request) {
   ASSIGN_OR_RETURN(StepResult result, ex.RunStep(request.program, std::move(request.inputs)));
   job.last_step = request.step;
   ++current_.steps_run;
+  current_.last_step_sent = result.bytes_sent;
+  current_.last_step_received = result.bytes_received;
   // Emulated stages hold no weights; an evaluation updates nothing to keep.
   if (request.snapshot && !job.emulated && HasOptimizerStep(request.program)) {
     if (deferred) {
@@ -208,6 +210,8 @@ RuntimeStats StageRuntime::Stats() const {
   RuntimeStats s;
   s.memory_limit_bytes = options_.memory_limit_bytes;
   s.steps_run = current_.steps_run;
+  s.last_step_bytes_sent = current_.last_step_sent;
+  s.last_step_bytes_received = current_.last_step_received;
   if (current_.job) {
     const Job& job = *current_.job;
     s.job_id = job.config.job_id;

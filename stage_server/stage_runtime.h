@@ -91,6 +91,8 @@ struct RuntimeStats {
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
   int64_t steps_run = 0;
+  uint64_t last_step_bytes_sent = 0;  // the last RunStep's, 0 before one
+  uint64_t last_step_bytes_received = 0;
 };
 
 class StageRuntime {
@@ -199,6 +201,7 @@ class StageRuntime {
   struct Current {
     std::unique_ptr<Job> job;
     int64_t steps_run = 0;
+    uint64_t last_step_sent = 0, last_step_received = 0;
   };
   mutable absl::Mutex mu_;
   Current current_ ABSL_GUARDED_BY(mu_);

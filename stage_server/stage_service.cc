@@ -349,6 +349,8 @@ grpc::Status StageService::GetStats(grpc::ServerContext* context, const pb::GetS
     response->set_bytes_sent(s.bytes_sent);
     response->set_bytes_received(s.bytes_received);
     response->set_steps_run(s.steps_run);
+    response->set_last_step_bytes_sent(s.last_step_bytes_sent);
+    response->set_last_step_bytes_received(s.last_step_bytes_received);
     return grpc::Status::OK;
   });
 }

@@ -288,7 +288,8 @@ TEST_F(StageClusterTest, EverySchedulePlanAndRecomputeModeMatchesTheReference) {
 }
 
 // training.precision reaches the stages through ConfigureRequest.precision: four stages
-// in bf16 give the one-stage bf16 reference's losses bit for bit (and not fp32's), and a
+// in bf16 give the one-stage bf16 reference's losses bit for bit (and not fp32's), move
+// half the bytes of the same fp32 job between them (GetStats' last step), and a
 // precision the table does not have is refused naming the field and the accepted ones.
 TEST_F(StageClusterTest, ABf16JobOnFourStagesGivesTheOneStageBf16Losses) {
   const testing::Reference& ref =
@@ -326,6 +327,35 @@ TEST_F(StageClusterTest, ABf16JobOnFourStagesGivesTheOneStageBf16Losses) {
       testing::kSameArithmetic));
   EXPECT_NE(losses, std::vector<double>(fp32.losses.begin(), fp32.losses.begin() + kSteps))
       << "the bf16 job trained as fp32 does";
+
+  auto last_step_bytes = [&](int s) {
+    pb::StageStats stats;
+    const grpc::Status st = Call3(
+        [&](grpc::ClientContext* c, const pb::GetStatsRequest& q, pb::StageStats* r) {
+          return (*stages_)[s].stub->GetStats(c, q, r);
+        },
+        pb::GetStatsRequest(), &stats);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+    return std::pair{stats.last_step_bytes_sent(), stats.last_step_bytes_received()};
+  };
+  std::vector<std::pair<uint64_t, uint64_t>> bf16_bytes;
+  for (int s = 0; s < 4; ++s) bf16_bytes.push_back(last_step_bytes(s));
+  // The same plan in fp32, one step.
+  for (int s = 0; s < 4; ++s) ASSERT_TRUE(configure("job-fp32", s, "fp32").ok());
+  std::vector<pb::RunStepResponse> out;
+  auto status = RunStep(plan, "job-fp32", 0, *stages_, out);
+  for (int s = 0; s < 4; ++s) ASSERT_TRUE(status[s].ok()) << "stage " << s;
+  const uint64_t activation = uint64_t{kBatch / kMicroBatches} * testing::TinyModel().seq_len *
+                              testing::TinyModel().d_model;  // elements of one (B, T, C)
+  for (int s = 0; s < 4; ++s) {
+    const auto [sent, received] = last_step_bytes(s);
+    const uint64_t tensors = s == 0 || s == 3 ? kMicroBatches : 2 * kMicroBatches;
+    EXPECT_EQ(sent, tensors * activation * 4)
+        << "stage " << s << ": fp32 activations down and gradients up";
+    EXPECT_EQ(bf16_bytes[s].first * 2, sent) << "stage " << s;
+    EXPECT_EQ(bf16_bytes[s].second * 2, received) << "stage " << s;
+    EXPECT_EQ(sent, out[s].bytes_sent()) << "stage " << s << ": the RunStep's figure";
+  }
 }
 
 // Real processes carry the forward_only flag from the proto to the executor: K = 2,
