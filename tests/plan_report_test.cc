@@ -1,5 +1,6 @@
 #include "coordinator/planner/plan_report.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/testing/status_matchers.h"
 #include "coordinator/planner/generators.h"
 #include "coordinator/planner/lowering.h"
@@ -85,6 +86,27 @@ TEST(PlanReportTest, SnapshotBytesAreShownInTextAndJson) {
   const std::string text = RenderPlanText(*plan);
   EXPECT_THAT(text, HasSubstr("snapshots"));
   EXPECT_THAT(text, HasSubstr("snapshots = 2 steps x 12 bytes per parameter"));
+}
+
+// The precision's bytes (common/model/precision.h) are in the text and the JSON: fp32
+// state a parameter in both, activations 4 bytes stored, 4 or 2 between stages.
+TEST(PlanReportTest, PrecisionBytesAreShownInTextAndJson) {
+  for (const auto& [name, wire] : {std::pair{"fp32", 4}, std::pair{"bf16", 2}}) {
+    PlanOptions o = TwoStages(1);
+    o.precision = name;
+    auto plan = MakePlan(o);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const nlohmann::json j = nlohmann::json::parse(PlanJson(*plan));
+    EXPECT_EQ(j["precision"], name);
+    EXPECT_EQ(j["precision_bytes"]["per_parameter"], 16);
+    EXPECT_EQ(j["precision_bytes"]["activation_stored"], 4);
+    EXPECT_EQ(j["precision_bytes"]["activation_wire"], wire);
+    EXPECT_THAT(RenderPlanText(*plan),
+                HasSubstr(absl::StrCat("Precision ", name,
+                                       ": 16 bytes of state a parameter; an activation element "
+                                       "4 bytes stored for the backward, ",
+                                       wire, " between stages")));
+  }
 }
 
 // Two replicas of a 2-stage plan: the text shows the layout and the reductions, the JSON

@@ -248,6 +248,33 @@ TEST(PlannerTest, RecomputationChangesMemoryNotOrder) {
   EXPECT_GT(b->simulation.step_time_s, a->simulation.step_time_s);  // the forward reruns
 }
 
+// training.precision bf16 halves what a stage sends (the activation and its gradient
+// travel in bf16) and nothing else: memory and compute stay fp32's. An unknown
+// precision is refused naming the field.
+TEST(PlannerTest, Bf16HalvesTheSendTimesOnly) {
+  auto fp32 = OptionsFromJobSpec(Spec());
+  ASSERT_THAT(fp32.status(), IsOk());
+  PlanOptions bf16 = *fp32;
+  bf16.precision = "bf16";
+  auto a = MakePlan(*fp32), b = MakePlan(bf16);
+  ASSERT_TRUE(a.ok() && b.ok());
+  for (int s = 0; s < 4; ++s) {
+    const ChunkCost &x = a->costs.chunks[s][0], &y = b->costs.chunks[s][0];
+    EXPECT_DOUBLE_EQ(y.send_activation_s * 2, x.send_activation_s) << s;
+    EXPECT_DOUBLE_EQ(y.send_gradient_s * 2, x.send_gradient_s) << s;
+    EXPECT_DOUBLE_EQ(y.forward_s, x.forward_s) << s;
+    EXPECT_DOUBLE_EQ(b->stages[s].peak_activation_bytes, a->stages[s].peak_activation_bytes);
+    EXPECT_DOUBLE_EQ(b->stages[s].state_bytes, a->stages[s].state_bytes);
+  }
+  EXPECT_GT(a->costs.chunks[0][0].send_activation_s, 0);
+  EXPECT_LE(b->simulation.step_time_s, a->simulation.step_time_s);
+  PlanOptions fp16 = *fp32;
+  fp16.precision = "fp16";
+  EXPECT_THAT(MakePlan(fp16).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr("training.precision"), HasSubstr("fp16"))));
+}
+
 // The plan holds recompute_policy.h's answer per chunk, and its own figures follow it:
 // with interleaved chunks and except-last, neither chunk of the last stage recomputes.
 TEST(PlannerTest, RecomputationIsResolvedPerChunkAndPricedPerChunk) {

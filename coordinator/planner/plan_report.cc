@@ -104,6 +104,11 @@ std::string RenderPlanText(const Plan& plan) {
       // Each holder of the shared matrix keeps it (and its gradient and moments).
       o.model.tie_embeddings ? " (tied embeddings: first and last stage each hold wte)" : "",
       batch);
+  const model::PrecisionBytes bytes = PrecisionBytesOf(o);
+  out += absl::StrFormat(
+      "Precision %s: %d bytes of state a parameter; an activation element %d bytes stored "
+      "for the backward, %d between stages\n",
+      o.precision, bytes.per_parameter, bytes.activation_stored, bytes.activation_wire);
   if (o.replicas > 1) {
     out += absl::StrFormat(
         "Layout: %d replicas x %d stages = %d stage servers; per replica %d sequences in %d "
@@ -189,6 +194,10 @@ std::string PlanJson(const Plan& plan) {
   j["chunks"] = plan.options.chunks;
   j["recompute"] = RecomputeName(plan.options.recompute);
   j["precision"] = plan.options.precision;
+  const model::PrecisionBytes bytes = PrecisionBytesOf(plan.options);
+  j["precision_bytes"] = {{"per_parameter", bytes.per_parameter},
+                          {"activation_stored", bytes.activation_stored},
+                          {"activation_wire", bytes.activation_wire}};
   j["snapshots"] = plan.options.snapshots;
   j["time_unit"] = plan.options.equal_stage_cost ? "stage forward" : "s";
   j["device_flops"] = plan.options.device_flops;

@@ -16,6 +16,11 @@ double StateBytesPerParam() { return static_cast<double>(model::StateBytesPerPar
 double SnapshotBytesPerParam() { return static_cast<double>(model::CheckpointBytesPerParam()); }
 double GradientBytesPerParam() { return static_cast<double>(model::GradientBytesPerParam()); }
 
+model::PrecisionBytes PrecisionBytesOf(const PlanOptions& o) {
+  const absl::StatusOr<model::Precision> p = model::PrecisionNamed(o.precision);
+  return model::BytesOf(p.ok() ? *p : model::PrecisionTable().front());
+}
+
 namespace {
 
 namespace pb = ::pipetrain::v1;
@@ -75,6 +80,9 @@ absl::Status CheckPlanOptions(const PlanOptions& o) {
   RETURN_IF_ERROR(CheckShape(o.schedule, o.stages, o.micro_batches, o.chunks));
   RETURN_IF_ERROR(CheckBatchSize(o.batch_size));
   RETURN_IF_ERROR(CheckReplicaSplit(o));
+  if (absl::Status p = model::PrecisionNamed(o.precision).status(); !p.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("training.precision: ", p.message()));
+  }
   const int parts = o.stages * o.chunks, layers = o.model.num_pipeline_layers();
   if (parts > layers) {
     return absl::InvalidArgumentError(
@@ -130,8 +138,11 @@ absl::StatusOr<Partition> PartitionLayers(const PlanOptions& o,
 
 // What layers [b, e) cost one replica's stage per micro-batch of `tokens` tokens: from
 // the FLOP and link rates, else from measured rates, else forward 1 and backward 2 units.
+// The layer costs' output_bytes are fp32's; the wire carries the precision's.
 ChunkCost CostOfChunk(const PlanOptions& o, const std::vector<model::LayerCost>& cost, int b,
                       int e, bool recompute, double tokens) {
+  const double wire = static_cast<double>(PrecisionBytesOf(o).activation_wire) /
+                      static_cast<double>(common::DTypeSize(common::DType::kF32));
   ChunkCost cc;
   for (int l = b; l < e; ++l) {
     cc.forward_s += cost[l].forward_flops * tokens / o.device_flops;
@@ -143,8 +154,9 @@ ChunkCost CostOfChunk(const PlanOptions& o, const std::vector<model::LayerCost>&
   cc.backward_extra_bytes = memory.backward_extra * tokens;
   cc.weight_grad_bytes = memory.weight_grad * tokens;
   if (recompute) cc.recompute_s = cc.forward_s;
-  cc.send_activation_s = cost[e - 1].output_bytes * tokens / o.link_bytes_per_s;
-  cc.send_gradient_s = b > 0 ? cost[b - 1].output_bytes * tokens / o.link_bytes_per_s : 0;
+  cc.send_activation_s = cost[e - 1].output_bytes * wire * tokens / o.link_bytes_per_s;
+  cc.send_gradient_s =
+      b > 0 ? cost[b - 1].output_bytes * wire * tokens / o.link_bytes_per_s : 0;
   if (o.rates && !o.equal_stage_cost) {
     const CostRates& r = *o.rates;
     double f = 0, bi = 0, bw = 0;
@@ -157,8 +169,9 @@ ChunkCost CostOfChunk(const PlanOptions& o, const std::vector<model::LayerCost>&
     cc.backward_input_s = bi * r.backward_input_s_per_flop;
     cc.backward_weight_s = bw * r.backward_weight_s_per_flop;
     cc.recompute_s = recompute ? cc.forward_s : 0;
-    cc.send_activation_s = cost[e - 1].output_bytes * tokens * r.transfer_s_per_byte;
-    cc.send_gradient_s = b > 0 ? cost[b - 1].output_bytes * tokens * r.transfer_s_per_byte : 0;
+    cc.send_activation_s = cost[e - 1].output_bytes * wire * tokens * r.transfer_s_per_byte;
+    cc.send_gradient_s =
+        b > 0 ? cost[b - 1].output_bytes * wire * tokens * r.transfer_s_per_byte : 0;
     cc.send_busy_s = r.send_busy_s;
     cc.recv_busy_s = r.recv_busy_s;
   }

@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/model/gpt_config.h"
+#include "common/model/precision.h"
 #include "common/schedule/stage_program.h"
 #include "coordinator/planner/generators.h"
 #include "coordinator/planner/partitioner.h"
@@ -37,6 +38,10 @@ inline constexpr int kSnapshotSteps = 2;
 inline constexpr int kMaxReplicas = 1024;
 // Bytes of one parameter's gradient as the R copies of a stage all-reduce it.
 double GradientBytesPerParam();
+struct PlanOptions;
+// The bytes figures of the options' precision (fp32's for a name the table lacks, which
+// MakePlan refuses).
+model::PrecisionBytes PrecisionBytesOf(const PlanOptions& o);
 // The fixed cost of one all-reduce call on top of its bytes: the 2(R - 1) hops of a ring
 // each pay a TCP round of a few tens of microseconds on a LAN; 100 us in all is gloo's
 // order of magnitude for one call, a guess until `pipetrain-bench allreduce` measures it.
