@@ -17,7 +17,9 @@ int RunCluster(const std::vector<std::string>& args, std::ostream& out, std::ost
   bool json = false, help = false;
   common::FlagSet flags("pipetrain cluster", "[flags]",
                         "Lists the stage servers registered with the coordinator: address, "
-                        "device, memory,\nstate (IDLE, BUSY, LOST), job and last heartbeat.\n\n" +
+                        "device, how it\nruns training.precision bf16 (native; slow: no bf16 "
+                        "instructions, same numbers;\nnone: refuses it), memory, state (IDLE, "
+                        "BUSY, LOST), job and last heartbeat.\n\n" +
                             RemoteExitCodes("a coordinator error"));
   flags.AddBool("json", &json, "print the ClusterStatus as JSON");
   AddRemoteFlags(flags, &connection);
@@ -49,13 +51,13 @@ int RunCluster(const std::vector<std::string>& args, std::ostream& out, std::ost
     if (!d.name().empty() && !d.kind().empty() && d.name().find(d.kind()) == std::string::npos) {
       device = absl::StrCat(d.kind(), " ", d.name());
     }
-    rows.push_back({s.stage_id(), s.address(), device,
+    rows.push_back({s.stage_id(), s.address(), device, d.bf16().empty() ? "-" : d.bf16(),
                     d.memory_bytes() > 0 ? common::FormatBytes(d.memory_bytes()) : "-",
                     pb::StageInfo::State_Name(s.state()), s.job_id().empty() ? "-" : s.job_id(),
                     AgeText(s.last_heartbeat(), now)});
   }
-  out << RenderTable({"ID", "ADDRESS", "DEVICE", "MEMORY", "STATE", "JOB", "LAST HEARTBEAT"},
-                     rows);
+  out << RenderTable(
+      {"ID", "ADDRESS", "DEVICE", "BF16", "MEMORY", "STATE", "JOB", "LAST HEARTBEAT"}, rows);
   return kExitOk;
 }
 

@@ -11,12 +11,30 @@
 #include "common/rpc_security.h"
 #include "common/server_runner.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "stage_server/compute/onednn_matmul.h"
 #include "stage_server/device_spec.h"
 #include "stage_server/emulated_chunk.h"
 #include "stage_server/fault_injection.h"
 #include "stage_server/registration.h"
 #include "stage_server/stage_runtime.h"
 #include "stage_server/stage_service.h"
+
+namespace {
+
+// DeviceInfo.bf16: how this device runs training.precision bf16.
+std::string Bf16Support(pipetrain::stage_server::DeviceSpec::Kind kind) {
+  using Kind = pipetrain::stage_server::DeviceSpec::Kind;
+  switch (kind) {
+    case Kind::kCuda:
+      return "none";  // the cuda backend refuses bf16 products until its kernels exist
+    case Kind::kEmulated:
+      return "native";
+    default:
+      return pipetrain::compute::OneDnnMatmul::bf16_native() ? "native" : "slow";
+  }
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace pipetrain;
@@ -151,7 +169,8 @@ int main(int argc, char** argv) {
     }
     info.set_peak_flops(emulated->flops);
   }
-  common::LogInfo("stage", "device " + spec->ToString());
+  info.set_bf16(Bf16Support(spec->kind));
+  common::LogInfo("stage", absl::StrCat("device ", spec->ToString(), ", bf16 ", info.bf16()));
 
   stage_server::RuntimeOptions options;
   options.device = *spec;

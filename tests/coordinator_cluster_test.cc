@@ -159,6 +159,27 @@ TEST_F(CoordinatorClusterTest, TwoReplicasWithTiedEmbeddingsAndClippingGiveTheLo
   }
 }
 
+// `--set training.precision=bf16` through the CLI: 4 stages of 1F1B give 1 stage's bf16
+// losses bit for bit (and not fp32's); `pipetrain cluster` says how each stage runs
+// bf16 (a CPU stage: natively or on oneDNN's slower path).
+TEST_F(CoordinatorClusterTest, Bf16PipelinesGiveTheLossesOfOneBf16Stage) {
+  const std::vector<double> fp32 = ReferenceLosses();
+  const json one = Status(*c_, FinishedJob({"training.precision=bf16"}));
+  const json four = Status(*c_, FinishedJob({"training.precision=bf16", "pipeline.stages=4"}));
+  EXPECT_EQ(one["state"], "SUCCEEDED") << one.dump();
+  EXPECT_EQ(four["state"], "SUCCEEDED") << four.dump();
+  EXPECT_TRUE(LossesMatch(Losses(four), Losses(one), kSameArithmetic));
+  EXPECT_TRUE(LossesDiffer(Losses(one), fp32, 1, 0.0)) << "the bf16 job trained as fp32 does";
+  auto cluster = c_->Cli({"cluster", "--json"});
+  ASSERT_TRUE(cluster.ok() && cluster->exit_code == 0);
+  const json stages = json::parse(cluster->out)["stages"];
+  ASSERT_EQ(stages.size(), static_cast<size_t>(kStages));
+  for (const json& s : stages) {
+    const std::string bf16 = s["device"].value("bf16", "");
+    EXPECT_TRUE(bf16 == "native" || bf16 == "slow") << s.dump();
+  }
+}
+
 TEST_F(CoordinatorClusterTest, FourReplicasOfOneStageGiveTheLossesOfOne) {
   const std::vector<double> ref = ReferenceLosses();
   ASSERT_EQ(ref.size(), 4u);

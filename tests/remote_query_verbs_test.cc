@@ -144,6 +144,7 @@ TEST_F(RemoteQueryVerbsTest, ClusterShowsTheStages) {
   s->mutable_device()->set_kind("cuda");
   s->mutable_device()->set_name("NVIDIA H200");
   s->mutable_device()->set_memory_bytes(uint64_t{141} << 30);
+  s->mutable_device()->set_bf16("none");
   s->set_state(pb::StageInfo::BUSY);
   s->set_job_id("job-000001");
   s->mutable_last_heartbeat()->set_seconds(1);  // long ago
@@ -155,10 +156,13 @@ TEST_F(RemoteQueryVerbsTest, ClusterShowsTheStages) {
   t->set_state(pb::StageInfo::IDLE);
   Result r = Cli({"cluster", "--address", addr()});
   ASSERT_EQ(r.code, kExitOk) << r.err;
-  EXPECT_THAT(r.out, HasSubstr("ID       ADDRESS        DEVICE            MEMORY     STATE  JOB"));
-  EXPECT_THAT(r.out, HasSubstr("stage-a  10.0.0.5:7401  cuda NVIDIA H200  141.0 GiB  BUSY   "
+  EXPECT_THAT(r.out,
+              HasSubstr("ID       ADDRESS        DEVICE            BF16  MEMORY     STATE  JOB"));
+  EXPECT_THAT(r.out, HasSubstr("stage-a  10.0.0.5:7401  cuda NVIDIA H200  none  141.0 GiB  BUSY   "
                                "job-000001  "));
-  EXPECT_THAT(r.out, HasSubstr("stage-b  10.0.0.6:7401  emulated:h100     -          IDLE   -"));
+  // A stage that does not say (older than DeviceInfo.bf16) shows "-".
+  EXPECT_THAT(r.out,
+              HasSubstr("stage-b  10.0.0.6:7401  emulated:h100     -     -          IDLE   -"));
   EXPECT_THAT(r.out, HasSubstr("never"));
   r = Cli({"cluster", "--json", "--address", addr()});
   auto j = nlohmann::json::parse(r.out, nullptr, false);
