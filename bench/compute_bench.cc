@@ -70,7 +70,7 @@ absl::StatusOr<double> StepSeconds(const compute::TrainOptions& o, const std::st
 }
 
 // "fp32" or "bf16", as training.precision spells it.
-std::string PrecisionName(common::DType d) { return d == common::DType::kBF16 ? "bf16" : "fp32"; }
+std::string PrecisionName(const model::Precision& p) { return std::string(p.name); }
 
 // The interpreter that runs the PyTorch side: Debian's, which sees python3-torch
 // (PIPETRAIN_PYTHON overrides it).
@@ -121,18 +121,18 @@ absl::StatusOr<BenchResult> RunComputeBench(const BenchOptions& options) {
     // The fp32 OpenBLAS path first (the baseline), then oneDNN in fp32 and, with
     // --precision bf16, in bf16, in the same run.
     o.products = Engine::kOpenBlas;
-    o.precision = common::DType::kF32;
+    o.precision = model::PrecisionTable().front();
     ASSIGN_OR_RETURN(const double openblas_s, StepSeconds(o, text, reps));
     o.products = Engine::kOneDnn;
     ASSIGN_OR_RETURN(const double fp32_s, StepSeconds(o, text, reps));
     o.precision = options.precision;
     double step_s = fp32_s;
-    if (options.precision != common::DType::kF32) {
+    if (options.precision.products != common::DType::kF32) {
       ASSIGN_OR_RETURN(step_s, StepSeconds(o, text, reps));
     }
     const double gflops = flops_per_token * tokens / step_s / 1e9;
     ASSIGN_OR_RETURN(const double product,
-                     ProductGflops(Engine::kOneDnn, threads, o.precision, m, n, k, reps));
+                     ProductGflops(Engine::kOneDnn, threads, o.precision.products, m, n, k, reps));
     ASSIGN_OR_RETURN(const double sgemm, ProductGflops(Engine::kOpenBlas, threads,
                                                        common::DType::kF32, m, n, k, reps));
     const std::string t = absl::StrCat("threads", threads, "_");
@@ -145,7 +145,7 @@ absl::StatusOr<BenchResult> RunComputeBench(const BenchOptions& options) {
     result.Add(t + "openblas_tokens_per_s", tokens / openblas_s);
     result.Add(t + "openblas_sgemm_gflop_per_s", sgemm);
     result.Add(t + "speedup_over_openblas", openblas_s / step_s);
-    if (options.precision != common::DType::kF32) {
+    if (options.precision.products != common::DType::kF32) {
       result.Add(t + "onednn_fp32_step_seconds", fp32_s);
       result.Add(t + "speedup_over_onednn_fp32", fp32_s / step_s);
     }
@@ -168,6 +168,34 @@ absl::StatusOr<BenchResult> RunComputeBench(const BenchOptions& options) {
     }
   }
   result.Label("pytorch", pytorch_label);
+  return result;
+}
+
+absl::StatusOr<BenchResult> RunCompute124mBench(const BenchOptions& options) {
+  const int reps = options.repetitions > 0 ? options.repetitions : 2;
+  compute::TrainOptions o;
+  o.model = GptConfig{.vocab_size = 50257, .seq_len = 64, .d_model = 768, .n_heads = 12,
+                      .n_layers = 12, .tie_embeddings = true};
+  o.batch = 4;
+  o.threads = 2;
+  o.optimizer = {.lr = 3e-4f};
+  const double tokens = static_cast<double>(o.batch) * o.model.seq_len;
+  BenchResult result;
+  result.Label("model", "GPT-2 124M shape: vocab 50257 tied, d_model 768, 12 heads, 12 layers; "
+                        "batch 4 x 64 tokens; 2 threads");
+  using Engine = compute::CpuBackend::ProductEngine;
+  const std::string text = Text();
+  o.products = Engine::kOpenBlas;
+  ASSIGN_OR_RETURN(const double openblas_s, StepSeconds(o, text, reps));
+  o.products = Engine::kOneDnn;
+  ASSIGN_OR_RETURN(const double fp32_s, StepSeconds(o, text, reps));
+  ASSIGN_OR_RETURN(o.precision, model::PrecisionNamed("bf16"));
+  ASSIGN_OR_RETURN(const double bf16_s, StepSeconds(o, text, reps));
+  result.Add("openblas_fp32_tokens_per_s", tokens / openblas_s);
+  result.Add("onednn_fp32_tokens_per_s", tokens / fp32_s);
+  result.Add("onednn_bf16_tokens_per_s", tokens / bf16_s);
+  result.Add("fp32_speedup_over_openblas", openblas_s / fp32_s);
+  result.Add("bf16_speedup_over_openblas", openblas_s / bf16_s);
   return result;
 }
 

@@ -9,4 +9,8 @@
 
 namespace pipetrain::bench {
 absl::StatusOr<BenchResult> RunComputeBench(const BenchOptions& options);
+// `pipetrain-bench compute-124m`: a GPT-2-124M-shaped model (tied, vocab 50257) at
+// batch 4 x 64 tokens on 2 threads, llm.c's CPU trainer's shape: tokens/s of the
+// OpenBLAS fp32 step, oneDNN fp32 and oneDNN bf16, in the same run.
+absl::StatusOr<BenchResult> RunCompute124mBench(const BenchOptions& options);
 }

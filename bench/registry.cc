@@ -50,6 +50,11 @@ const std::vector<Benchmark>& AllBenchmarks() {
        "(speedup), oneDNN's rate for the model's largest product (fraction) and PyTorch "
        "CPU on the same model (ours/PyTorch)",
        RunComputeBench},
+      {"compute-124m",
+       "cpu backend on a GPT-2-124M-shaped model (vocab 50257 tied) at batch 4 x 64 tokens on "
+       "2 threads: tokens/s of the OpenBLAS fp32 step, oneDNN fp32 and oneDNN bf16 (speedups "
+       "over OpenBLAS)",
+       RunCompute124mBench},
       {"cuda",
        "cuda backend: forward + backward of one GPT block (d_model 768, seq 1024) in fp32 "
        "and TF32, TFLOP/s against a cuBLAS product of its MLP shape in the same run; "
