@@ -1,10 +1,10 @@
 // The conformance suite of the compute backends, in the manner of ggml's
 // test-backend-ops: every case of one table (testing/op_cases.cc) runs on random inputs
 // on every backend this machine has (the plain-loop `host` backend, `cpu`, and `cuda`
-// where a GPU is present), in every dtype the backend computes in (F32 today), and is held
-// to the plain-loop reference run in double on the same inputs, by one tolerance rule per
-// dtype (testing/backend_testing.h). Then every
-// backend must reject the calls of the bad-argument table with InvalidArgument.
+// where a GPU is present), in every dtype the backend computes in (F32, and BF16 products
+// on all but the OpenBLAS engine), and is held to the plain-loop reference run in double
+// on the same inputs, by one tolerance rule per dtype (testing/backend_testing.h). Then
+// every backend must reject the calls of the bad-argument table with InvalidArgument.
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -89,10 +89,11 @@ Backend* GetBackend(Kind kind, bool tf32, std::string* skip) {
 
 // The dtypes each backend computes in: the op cases it runs are those of these dtypes.
 // bf16 is the precision of the products' operands (Backend::SetProductOperands); the
-// OpenBLAS engine has no bf16 product, and cuda's bf16 kernels are not written yet.
+// OpenBLAS engine has no bf16 product. cuda's bf16 rows run on its fp32 backend (TF32
+// is fp32's option, and the bf16 table has no TF32 rows).
 std::vector<common::DType> DTypesOf(Kind kind) {
-  if (kind == Kind::kHost || kind == Kind::kCpu) return {common::DType::kF32, common::DType::kBF16};
-  return {common::DType::kF32};
+  if (kind == Kind::kCpuOpenBlas) return {common::DType::kF32};
+  return {common::DType::kF32, common::DType::kBF16};
 }
 
 // The rule of the case's dtype: fp32's, or the looser TF32 one for cases whose matrix

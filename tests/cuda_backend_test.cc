@@ -1,9 +1,10 @@
 // GPU tests (label `gpu`) of what is particular to the cuda backend: its caching
 // allocator and device copies, host copies staged through pinned slots, a whole training
-// step of a tiny GPT against the double-precision host backend (fp32 and TF32), and the
-// factory's errors. Its ops are held to the reference, shape by shape, by the conformance
-// suite (backend_conformance_test.cc). Budgets are relative L2 errors (backend_testing.h):
-// fp32 1e-5, TF32 1e-3. Every test skips where no GPU is usable.
+// step of a tiny GPT against the double-precision host backend (fp32, TF32 and bf16
+// products), and the factory's errors. Its ops are held to the reference, shape by
+// shape, by the conformance suite (backend_conformance_test.cc). Budgets are relative L2
+// errors (backend_testing.h): fp32 1e-5, TF32 1e-3 per op; whole steps below. Every test
+// that needs a GPU skips where none is usable.
 #include "stage_server/compute/cuda_backend.h"
 
 #include <algorithm>
@@ -199,10 +200,12 @@ TEST(CudaHostCopyTest, CopyFromHostPiecesWithRandomLayouts) {
 
 // Two micro-batches through the whole tiny model (embedding, 2 blocks, head), gradients
 // accumulated, clipped AdamW step: loss, every gradient and every updated parameter of
-// the cuda backend against the same step in double on the host backend. The first
-// micro-batch runs the fused backward, the second the split one (backward-input, then
-// backward-weight: the ops' nullptr outputs), as zero-bubble schedules do.
-void CheckTrainingStep(Backend* gpu, double budget, ChunkOptions gpu_options) {
+// the cuda backend against the same step in double on the host backend, both with the
+// products' operands in `products`. The first micro-batch runs the fused backward, the
+// second the split one (backward-input, then backward-weight: the ops' nullptr
+// outputs), as zero-bubble schedules do.
+void CheckTrainingStep(Backend* gpu, double budget, ChunkOptions gpu_options,
+                       common::DType products = common::DType::kF32) {
   model::GptConfig config;
   config.vocab_size = 67;
   config.seq_len = 13;
@@ -227,6 +230,8 @@ void CheckTrainingStep(Backend* gpu, double budget, ChunkOptions gpu_options) {
   adam.eps = 1e-4f;
 
   HostBackendDouble host;
+  ASSERT_THAT(host.SetProductOperands(products), IsOk());
+  ASSERT_THAT(gpu->SetProductOperands(products), IsOk());
   auto ref = ModelChunkT<double>::Create(config, 0, L, &host);
   ASSERT_THAT(ref, IsOk());
   auto dev = ModelChunk::Create(config, 0, L, gpu, gpu_options);
@@ -304,6 +309,57 @@ TEST_F(CudaBackendTest, TrainingStepMatchesDoublePrecisionHostTf32) {
   ChunkOptions recompute;
   recompute.recompute = true;
   CheckTrainingStep(be->get(), 5 * kTf32Tolerance, recompute);
+}
+
+// In bf16 both sides round the same operands, but an operand computed from earlier
+// products (a float here, a double in the reference) lands on the other side of a bf16
+// rounding boundary now and then, and the two then differ by one bf16 ulp (2^-8) there;
+// AdamW turns the gradients that are zero in exact arithmetic into visible steps. The
+// cpu backend, which does the same arithmetic (bf16 operands, fp32 sums), held to this
+// reference on 200 random steps: median 6e-6, 90th percentile 9e-4, largest 3.2e-3,
+// always in an updated bias. Hence 1e-2. A wrong stride or scratch buffer is off by
+// order one; the rounding itself is held per op by the conformance suite (1e-5 for
+// Matmul, where both sides round the same inputs).
+constexpr double kBf16StepBudget = 1e-2;
+
+TEST_F(CudaBackendTest, TrainingStepMatchesDoublePrecisionHostBf16) {
+  CheckTrainingStep(gpu_.get(), kBf16StepBudget, {}, common::DType::kBF16);
+}
+
+TEST_F(CudaBackendTest, Bf16ProductsIgnoreTheTf32Option) {
+  // bf16 operands are exact in TF32 and the products sum in fp32, so a TF32 backend's
+  // bf16 step is held to the same budget; without check_every_op and with
+  // recomputation, as in training.
+  auto be = CreateCudaBackend(0, {.tf32 = true});
+  ASSERT_THAT(be, IsOk());
+  ChunkOptions recompute;
+  recompute.recompute = true;
+  CheckTrainingStep(be->get(), kBf16StepBudget, recompute, common::DType::kBF16);
+}
+
+TEST_F(CudaBackendTest, ProductOperandsAreF32OrBf16) {
+  EXPECT_THAT(gpu_->SetProductOperands(common::DType::kBF16), IsOk());
+  EXPECT_EQ(gpu_->product_operands(), common::DType::kBF16);
+  EXPECT_THAT(gpu_->SetProductOperands(common::DType::kI32),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("cuda backend")));
+  EXPECT_EQ(gpu_->product_operands(), common::DType::kBF16);
+  EXPECT_THAT(gpu_->SetProductOperands(common::DType::kF32), IsOk());
+}
+
+// ---- The bf16 operands' spans (no GPU needed) ---------------------------------------------
+
+TEST(RowMajorSpanTest, CoversWhatAProductReads) {
+  // One (3, 4) matrix, rows 4 apart: 12 elements; rows 10 apart: up to the last row's end.
+  EXPECT_EQ(RowMajorSpan(3, 4, 4, 0, 1), 12);
+  EXPECT_EQ(RowMajorSpan(3, 4, 10, 0, 1), 24);
+  // Attention's q of one batch row: NH heads of (T, hs), rows 3C apart, heads hs apart,
+  // so the span ends with the last head's last row, at C into the last (T, 3C) row.
+  const int T = 7, C = 12, NH = 3, hs = C / NH;
+  EXPECT_EQ(RowMajorSpan(T, hs, 3 * C, hs, NH), int64_t{T - 1} * 3 * C + C);
+  // probs of one batch row: NH (T, T) matrices back to back.
+  EXPECT_EQ(RowMajorSpan(T, T, T, int64_t{T} * T, NH), int64_t{NH} * T * T);
+  // Past 2^31 elements without overflow.
+  EXPECT_EQ(RowMajorSpan(65536, 65536, 65536, 0, 1), int64_t{1} << 32);
 }
 
 // ---- Without a GPU ------------------------------------------------------------------------

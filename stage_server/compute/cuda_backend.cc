@@ -97,6 +97,8 @@ CudaBackend::~CudaBackend() {
   cudaFree(reduce_);
   cudaFree(row_loss_);
   cudaFree(attn_scratch_);
+  cudaFree(bf16_a_);
+  cudaFree(bf16_b_);
   if (cublas_ != nullptr) cublasDestroy(cublas_);
   if (stream_ != nullptr) cudaStreamDestroy(S(stream_));
 }
@@ -116,7 +118,11 @@ absl::Status CudaBackend::Finish(const std::string& op) {
 absl::Status CudaBackend::EnsureScratch(void** ptr, size_t* capacity, size_t bytes,
                                         const char* what) {
   if (*capacity >= bytes) return absl::OkStatus();
-  // cudaFree waits for the device, so work still using the old buffer completes first.
+  if (*ptr != nullptr) {
+    // Work queued on the stream may still read the old buffer (the bf16 operands are
+    // rounded into scratch by one kernel and read by the next product).
+    CUDA_CHECK(cudaStreamSynchronize(S(stream_)), "growing ", what);
+  }
   CUDA_CHECK(cudaFree(*ptr), "cudaFree(", what, ")");
   *ptr = nullptr;
   *capacity = 0;

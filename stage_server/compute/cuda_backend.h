@@ -13,6 +13,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -29,8 +30,9 @@ class CudaStaging;
 class OpCall;
 
 struct CudaBackendOptions {
-  // cuBLAS TF32 tensor-op math for every matrix product (about 10 bits of mantissa in
-  // the products: relative errors near 1e-4 instead of 1e-6). Off: full fp32.
+  // cuBLAS TF32 tensor-op math for every matrix product with fp32 operands (about 10 bits
+  // of mantissa in the products: relative errors near 1e-4 instead of 1e-6). Off: full
+  // fp32. bf16 products (SetProductOperands) are the same with it on or off.
   bool tf32 = false;
   // Synchronize after every op and check for errors, so that a fault in a kernel is
   // reported by the op that caused it rather than a later one. For tests and debugging;
@@ -44,6 +46,13 @@ struct CudaBackendOptions {
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device,
                                                            CudaBackendOptions options = {});
 
+// Elements from the first to the last one a product reads of a row-major operand: `batch`
+// matrices of (rows, cols) with leading dimension ld, `stride` elements apart. The bf16
+// path rounds this contiguous span of each operand into scratch (cuda_backend_bf16.cc).
+constexpr int64_t RowMajorSpan(int rows, int cols, int ld, int64_t stride, int batch) {
+  return (int64_t{batch} - 1) * stride + (int64_t{rows} - 1) * ld + cols;
+}
+
 // Defined only in builds with CUDA (cuda_backend.cc); everything outside CUDA-only code
 // should go through CreateCudaBackend and the Backend interface.
 class CudaBackend final : public Backend {
@@ -55,6 +64,12 @@ class CudaBackend final : public Backend {
   CudaBackend& operator=(const CudaBackend&) = delete;
 
   std::string Name() const override { return "cuda"; }
+  // F32 or BF16 (cuda_backend_bf16.cc): with BF16, every product (Matmul and attention's
+  // six) rounds the span of each operand it reads to bf16 scratch, then runs
+  // cublasGemmEx / cublasGemmStridedBatchedEx on CUDA_R_16BF operands with a CUDA_R_32F
+  // output and CUBLAS_COMPUTE_32F. The TF32 option does not change those: a bf16 value is
+  // exact in TF32, and the sums are fp32 either way.
+  absl::Status SetProductOperands(common::DType operands) override;
   int device() const { return device_; }
   bool tf32() const { return options_.tf32; }
   // The stream every op is issued on (a cudaStream_t), for timing with CUDA events.
@@ -134,12 +149,20 @@ class CudaBackend final : public Backend {
   // [0, V) if a kernel recorded one. `ids` is the device array the kernel checked.
   absl::Status CheckBadIndex(const OpCall& call, const int32_t* ids, int V, const char* what);
   // Row-major strided-batched product, like Matmul with leading dimensions (the row
-  // strides of a, b, c) and per-batch element strides; batch 1 is a plain sgemm. An
-  // error names the call, then `part` and batch row `row` of it when given.
+  // strides of a, b, c) and per-batch element strides; batch 1 is a plain sgemm. With
+  // bf16 products it hands the call to GemmBf16. An error names the call, then `part`
+  // and batch row `row` of it when given.
   absl::Status Gemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                     int lda, int64_t stride_a, const float* b, int ldb, int64_t stride_b,
                     float beta, float* c, int ldc, int64_t stride_c, int batch, const OpCall& call,
                     absl::string_view part = {}, int row = -1);
+  // Gemm with bf16 operands (cuda_backend_bf16.cc): the same arguments, each operand's
+  // span (RowMajorSpan) rounded into bf16_a_ / bf16_b_ first. `where` names the call in
+  // errors.
+  absl::Status GemmBf16(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                        const float* a, int lda, int64_t stride_a, const float* b, int ldb,
+                        int64_t stride_b, float beta, float* c, int ldc, int64_t stride_c,
+                        int batch, absl::FunctionRef<std::string()> where);
 
   int device_;
   CudaBackendOptions options_;
@@ -151,6 +174,10 @@ class CudaBackend final : public Backend {
   size_t row_loss_bytes_ = 0;
   void* attn_scratch_ = nullptr;  // (NH, T, T) float: d probs of one batch row
   size_t attn_scratch_bytes_ = 0;
+  void* bf16_a_ = nullptr;  // (RowMajorSpan of a) bf16: a product's operand a, rounded
+  size_t bf16_a_bytes_ = 0;
+  void* bf16_b_ = nullptr;  // (RowMajorSpan of b) bf16: its operand b, rounded
+  size_t bf16_b_bytes_ = 0;
   // Host <-> device copies through pinned slots; it has its own lock, and its slots are
   // allocated on the first large copy.
   std::unique_ptr<CudaStaging> staging_;

@@ -58,6 +58,10 @@ absl::Status CudaBackend::Gemm(bool trans_a, bool trans_b, int m, int n, int k, 
     return absl::StrCat(call.ToString(), part.empty() ? "" : " ", part,
                         row < 0 ? "" : absl::StrCat(" b=", row));
   };
+  if (bf16_products()) {
+    return GemmBf16(trans_a, trans_b, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta,
+                    c, ldc, stride_c, batch, where);
+  }
   if (batch == 1) {
     CUBLAS_CHECK(cublasSgemm(cublas_, op_b, op_a, n, m, k, &alpha, b, ldb, a, lda, &beta, c,
                              ldc),

@@ -83,4 +83,8 @@ cudaError_t CausalSoftmaxForward(int64_t rows, int T, float* scores, cudaStream_
 cudaError_t CausalSoftmaxBackward(int64_t rows, int T, const float* probs, float* dprobs,
                                   float scale, cudaStream_t stream);
 
+// ---- bf16 operands of the products (cuda_kernels_bf16.cu) ----------------------------
+// out (N) = the bits of x (N) rounded to bf16 as common/bf16.h's FloatToBf16Bits does.
+cudaError_t ToBf16Bits(int64_t n, const float* x, uint16_t* out, cudaStream_t stream);
+
 }  // namespace pipetrain::compute::cuda_kernels

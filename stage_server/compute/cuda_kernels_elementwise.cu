@@ -25,16 +25,9 @@ __global__ void ScaleKernel(int64_t n, float alpha, float* x) {
   PT_GRID_STRIDE(i, n) x[i] *= alpha;
 }
 
-// common/bf16.h's rule, written with CUDA's bit casts: nearest, ties to even; a NaN
-// keeps its sign and becomes quiet.
+// x rounded to bf16 in place, by the one device rounding rule (cuda_kernels_util.cuh).
 __global__ void RoundToBf16Kernel(int64_t n, float* x) {
-  PT_GRID_STRIDE(i, n) {
-    const uint32_t bits = __float_as_uint(x[i]);
-    const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-    const uint32_t quiet_nan = (bits >> 16) | 0x0040u;
-    const uint32_t half = (bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded;
-    x[i] = __uint_as_float(half << 16);
-  }
+  PT_GRID_STRIDE(i, n) x[i] = __uint_as_float(uint32_t{FloatToBf16Bits(x[i])} << 16);
 }
 
 __global__ void AddBiasKernel(int64_t n, int cols, const float* bias, float* x) {

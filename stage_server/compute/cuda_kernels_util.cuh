@@ -1,6 +1,7 @@
 // Device helpers shared by the cuda_kernels_*.cu files: launch geometry for grid-stride
-// loops and a block-wide sum in double (the reductions accumulate in double so that
-// results match the double-precision reference well inside the fp32 error budget).
+// loops, the bf16 rounding rule, and a block-wide sum in double (the reductions
+// accumulate in double so that results match the double-precision reference well inside
+// the fp32 error budget).
 #pragma once
 
 #include <cstdint>
@@ -38,6 +39,18 @@ __device__ inline double BlockSum(double v, double* scratch) {
   const double total = scratch[0];
   __syncthreads();  // scratch may be reused right after
   return total;
+}
+
+// The bf16 nearest to x, as its 16 bits: common/bf16.h's FloatToBf16Bits, the one
+// rounding rule of the tree (nearest, ties to even; a NaN keeps its sign and comes out
+// quiet), written with the device's bit cast. Not __float2bfloat16_rn: its portable
+// path (cuda_bf16.hpp) turns every NaN into 0x7fff, dropping the sign the host keeps,
+// and what the sm_80+ cvt instruction it uses does with a NaN is not ours to rely on.
+__device__ inline uint16_t FloatToBf16Bits(float x) {
+  const uint32_t bits = __float_as_uint(x);
+  const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+  const uint32_t quiet_nan = (bits >> 16) | 0x0040u;
+  return static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
 }
 
 // Maximum over the block, same contract as BlockSum.
