@@ -1,5 +1,6 @@
 #include "client/export_hf_verb.h"
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/cli.h"
 #include "common/flags.h"
@@ -7,27 +8,46 @@
 #include "common/model/hf_folder.h"
 
 namespace pipetrain::client {
+namespace {
+
+// What was written, on success.
+std::string Summary(const std::string& out_dir, const model::Checkpoint& checkpoint,
+                    absl::string_view dtype) {
+  const model::GptConfig& config = checkpoint.config;
+  int64_t params = 0;
+  for (const auto& [name, t] : checkpoint.params) params += t.num_elements();
+  return absl::StrFormat(
+      "wrote %s: %s and %s in %s, %d parameters in %d tensors (vocab_size %d, "
+      "n_positions %d, n_embd %d, n_head %d, n_layer %d, %s embeddings)%s\n",
+      out_dir, model::kHfConfigFileName, model::kHfWeightsFileName, dtype, params,
+      checkpoint.params.size(), config.vocab_size, config.seq_len, config.d_model, config.n_heads,
+      config.n_layers, config.tie_embeddings ? "tied" : "untied",
+      checkpoint.optimizer ? "; the optimizer state is left out" : "");
+}
+
+}  // namespace
 
 int RunExportHf(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  std::string out_dir;
+  std::string out_dir, dtype_name = "fp32";
   bool help = false;
-  common::FlagSet flags("pipetrain export-hf", "CHECKPOINT --out DIR",
-                        "Writes a whole-model checkpoint as a Hugging Face GPT-2 folder, for\n"
-                        "GPT2LMHeadModel.from_pretrained(DIR): DIR/model.safetensors (F32, "
-                        "transformer.*\n"
-                        "names, lm_head.weight only when the embeddings are untied, no optimizer "
-                        "state) and\n"
-                        "DIR/config.json (model_type gpt2, the model's sizes, activation "
-                        "gelu_new, dropout 0\n"
-                        "as pipetrain trains), each replaced atomically. CHECKPOINT is a job's "
-                        "checkpoint\n"
-                        "folder (with model.safetensors.index.json), one whole-model safetensors "
-                        "file\n"
-                        "(pipetrain init, train-local --save) or a Hugging Face GPT-2 folder.\n"
-                        "Exit codes: 0 written, 1 DIR could not be written, 2 usage error or an "
-                        "unreadable,\n"
-                        "invalid or partial checkpoint.");
+  common::FlagSet flags(
+      "pipetrain export-hf", "CHECKPOINT --out DIR [--dtype fp32|bf16]",
+      "Writes a whole-model checkpoint as a Hugging Face GPT-2 folder, for\n"
+      "GPT2LMHeadModel.from_pretrained(DIR): DIR/model.safetensors (F32, or BF16 with\n"
+      "--dtype bf16; transformer.* names, lm_head.weight only when the embeddings are\n"
+      "untied, no optimizer state) and DIR/config.json (model_type gpt2, the model's sizes,\n"
+      "activation gelu_new, dropout 0 as pipetrain trains, torch_dtype float32 or\n"
+      "bfloat16), each replaced atomically. CHECKPOINT is a job's checkpoint folder (with\n"
+      "model.safetensors.index.json), one whole-model safetensors file (pipetrain init,\n"
+      "train-local --save) or a Hugging Face GPT-2 folder. Checkpoints hold fp32 weights\n"
+      "whatever training.precision was; bf16 rounds each to the nearest bf16 (ties to even).\n"
+      "Exit codes: 0 written, 1 DIR could not be written, 2 usage error or an unreadable,\n"
+      "invalid or partial checkpoint.");
   flags.AddString("out", &out_dir, "the folder to write (created if needed)", "DIR");
+  flags.AddString("dtype", &dtype_name,
+                  "the weights' dtype: fp32 (as the checkpoint holds them) or bf16 (rounded to "
+                  "nearest even, half the bytes)",
+                  "fp32|bf16");
   flags.AddBool("help", &help, "print this help and exit");
   flags.MarkRequired("out");
   std::vector<std::string> positionals;
@@ -39,6 +59,8 @@ int RunExportHf(const std::vector<std::string>& args, std::ostream& out, std::os
                      : "takes one CHECKPOINT");
   }
   if (out_dir.empty()) return usage("--out DIR is required (the folder to write)");
+  const absl::StatusOr<model::HfWeightsDType> dtype = model::HfWeightsDTypeNamed(dtype_name);
+  if (!dtype.ok()) return usage(absl::StrCat("--dtype: ", dtype.status().message()));
   const std::string& path = positionals[0];
 
   auto checkpoint = model::LoadWholeModel(path, "CHECKPOINT", "a Hugging Face folder");
@@ -46,21 +68,11 @@ int RunExportHf(const std::vector<std::string>& args, std::ostream& out, std::os
     err << "pipetrain export-hf: " << checkpoint.status().message() << "\n";
     return kExitUsage;
   }
-  const model::GptConfig& config = checkpoint->config;
-  if (absl::Status s = model::ExportHfFolder(*checkpoint, out_dir); !s.ok()) {
+  if (absl::Status s = model::ExportHfFolder(*checkpoint, out_dir, *dtype); !s.ok()) {
     err << "pipetrain export-hf: cannot write " << out_dir << ": " << s.message() << "\n";
     return kExitJobFailed;
   }
-  int64_t params = 0;
-  for (const auto& [name, t] : checkpoint->params) params += t.num_elements();
-  out << absl::StrFormat(
-      "wrote %s: %s and %s, %d parameters in %d tensors (vocab_size %d, "
-      "n_positions %d, n_embd "
-      "%d, n_head %d, n_layer %d, %s embeddings)%s\n",
-      out_dir, model::kHfConfigFileName, model::kHfWeightsFileName, params,
-      checkpoint->params.size(), config.vocab_size, config.seq_len, config.d_model, config.n_heads,
-      config.n_layers, config.tie_embeddings ? "tied" : "untied",
-      checkpoint->optimizer ? "; the optimizer state is left out" : "");
+  out << Summary(out_dir, *checkpoint, dtype->name);
   return kExitOk;
 }
 

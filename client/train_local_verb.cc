@@ -172,6 +172,9 @@ int RunTrainLocal(const std::vector<std::string>& args, std::ostream& out, std::
   }
   if (!save_path.empty()) {
     auto trained = compute::CheckpointOfChunk((*trainer)->model(), /*with_optimizer=*/false);
+    // The file records the precision it was trained in (its weights are fp32 in each).
+    const absl::StatusOr<model::Precision> trained_in = model::PrecisionNamed(precision);
+    if (trained.ok() && trained_in.ok()) trained->precision = std::string(trained_in->name);
     absl::Status s = trained.ok() ? model::SaveCheckpoint(save_path, *trained) : trained.status();
     if (!s.ok()) {
       err << "pipetrain train-local: --save: cannot write " << save_path << ": " << s.message()

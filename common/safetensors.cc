@@ -470,13 +470,17 @@ absl::Status WriteSafetensorsFile(const std::string& path,
   return writer.Commit();
 }
 
-absl::StatusOr<SafetensorsContents> ParseSafetensors(absl::string_view bytes,
-                                                     const std::string& source) {
+absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view bytes,
+                                                         const std::string& source) {
   ASSIGN_OR_RETURN(const uint64_t n, CheckLengthPrefix(bytes.substr(0, kLengthPrefixBytes),
                                                        bytes.size(), source));
-  ASSIGN_OR_RETURN(SafetensorsHeader header,
-                   ParseHeader(bytes.substr(kLengthPrefixBytes, n),
-                               bytes.size() - kLengthPrefixBytes - n, source));
+  return ParseHeader(bytes.substr(kLengthPrefixBytes, n), bytes.size() - kLengthPrefixBytes - n,
+                     source);
+}
+
+absl::StatusOr<SafetensorsContents> ParseSafetensors(absl::string_view bytes,
+                                                     const std::string& source) {
+  ASSIGN_OR_RETURN(SafetensorsHeader header, ParseSafetensorsHeader(bytes, source));
   SafetensorsContents contents;
   contents.metadata = std::move(header.metadata);
   const char* data = bytes.data() + header.data_offset;

@@ -96,5 +96,9 @@ absl::StatusOr<SafetensorsContents> ReadSafetensorsFile(const std::string& path,
                                                         const TensorFilter& select = {});
 // Only the header (for metadata, names and sizes without reading the data).
 absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(const std::string& path);
+// The header of bytes in memory, checked as ParseSafetensors checks it; the tensors'
+// bytes are at bytes.substr(data_offset + begin, end - begin).
+absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view bytes,
+                                                         const std::string& source = "<memory>");
 
 }  // namespace pipetrain::common

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "common/job_state.h"
 #include "common/model/checkpoint_folder.h"
+#include "common/model/precision.h"
 #include "common/status_macros.h"
 #include "coordinator/job_manager_internal.h"
 #include "coordinator/job_spec.h"
@@ -27,6 +28,12 @@ int64_t CheckpointStep(const std::string& dir) {
   return model::CheckpointFolderStep(dir).value_or(0);
 }
 
+
+// The precision the job trains in: its snapshots' (a stage's export leaves the default).
+std::string PrecisionOf(const pb::JobSpec& spec) {
+  absl::StatusOr<model::Precision> p = model::PrecisionNamed(spec.training().precision());
+  return p.ok() ? std::string(p->name) : model::kCheckpointDefaultPrecision;
+}
 
 std::string Stages(size_t n) { return absl::StrCat(n, n == 1 ? " stage" : " stages"); }
 
@@ -206,6 +213,7 @@ JobRecovery::Source JobRecovery::FindState(const LostRun& run, std::vector<int>&
           },
           run.job_id);
       if (whole.ok()) {
+        whole->precision = PrecisionOf(run.spec);
         snap = RestoredState{choice->step, *std::move(whole), "the stages' snapshots"};
       } else {
         log_(std::string(whole.status().message()));

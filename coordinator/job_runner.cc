@@ -140,6 +140,7 @@ class Runner {
       first_ = r.step + 1;
       hooks_.Log(absl::StrCat("restored the state after step ", r.step, " from ", r.source,
                               " on ", K(), K() == 1 ? " stage" : " stages"));
+      LogPrecisionChange(r.whole, r.source);
       return absl::OkStatus();
     }
     if (!spec_.init_from().empty()) RETURN_IF_ERROR(LoadInitCheckpoint());
@@ -219,7 +220,19 @@ class Runner {
                                                            whole.optimizer->step,
                                                            "; batches continue from there)")
                                             : " (weights only)"));
+    LogPrecisionChange(whole, absl::StrCat("init_from '", spec_.init_from(), "'"));
     return absl::OkStatus();
+  }
+
+  // Says so when the state a run starts from was trained in another precision: both keep
+  // fp32 master weights and moments, so they load as they are.
+  void LogPrecisionChange(const model::Checkpoint& from, const std::string& what) {
+    const std::string& precision = plan_.options.precision;
+    if (from.precision == precision) return;
+    hooks_.Log(absl::StrCat("job ", job_id_, " trains in ", precision, " from ", what,
+                            ", which was trained in ", from.precision, ": its fp32 master weights",
+                            from.optimizer ? " and AdamW moments are" : " are",
+                            " carried over unchanged"));
   }
 
   // Runs one program set on every stage at once. With defer_optimizer the stages only
@@ -462,6 +475,9 @@ class Runner {
       for (int c = 0; c < static_cast<int>(plan_.stages[s].chunks.size()); ++c) {
         ASSIGN_OR_RETURN(std::string bytes,
                          group_.client(s).ExportChunk(job_id_, c, options_.rpc_deadline));
+        // The checkpoint records the job's precision; a stage's export says the default.
+        ASSIGN_OR_RETURN(bytes, model::WithPrecision(std::move(bytes), plan_.options.precision,
+                                                     absl::StrCat("the export of chunk ", c)));
         files[s].push_back({s, c, std::move(bytes)});
       }
       return absl::OkStatus();

@@ -76,6 +76,7 @@ void ExpectSameCheckpoint(const Checkpoint& got, const Checkpoint& want) {
   EXPECT_EQ(got.config, want.config);
   EXPECT_EQ(got.layer_begin, want.layer_begin);
   EXPECT_EQ(got.layer_end, want.layer_end);
+  EXPECT_EQ(got.precision, want.precision);
   EXPECT_TRUE(SameMaps(got.params, want.params));
   ASSERT_EQ(got.optimizer.has_value(), want.optimizer.has_value());
   if (want.optimizer) {
@@ -135,7 +136,8 @@ TEST(CheckpointTest, FileCarriesConfigAndNamesInHuggingFaceForm) {
   EXPECT_EQ(raw->metadata, (common::SafetensorsMetadata{
                                {"format", "pt"}, {"pipetrain_format", "1"},
                                {"vocab_size", "256"}, {"seq_len", "16"}, {"d_model", "32"},
-                               {"n_heads", "4"}, {"n_layers", "2"}, {"pipetrain_layers", "0:4"}}));
+                               {"n_heads", "4"}, {"n_layers", "2"}, {"pipetrain_layers", "0:4"},
+                               {"pipetrain_precision", "fp32"}}));
   // File order is RangeParams order: embedding, blocks, head.
   const std::vector<ParamSpec> specs = RangeParams(Tiny(), 0, 4);
   ASSERT_EQ(raw->tensors.size(), specs.size());
@@ -308,6 +310,15 @@ TEST(CheckpointTest, MergeRejectsGapsOverlapsAndDisagreement) {
     EXPECT_THAT(parts(std::move(v)), StatusIs(kInvalid, HasSubstr("optimizer state")));
   }
   {
+    std::vector<Checkpoint> v;
+    v.push_back(RandomCheckpoint(c, 0, 2, false));
+    v.push_back(RandomCheckpoint(c, 2, 4, false));
+    v[1].precision = "bf16";
+    EXPECT_THAT(parts(std::move(v)),
+                StatusIs(kInvalid, HasSubstr("part with layers [2, 4) was trained in bf16, the "
+                                             "part with layers [0, 2) in fp32")));
+  }
+  {
     // A partial merge is fine when contiguous: [1, 3) from [1, 2) and [2, 3).
     std::vector<Checkpoint> v;
     v.push_back(RandomCheckpoint(c, 2, 3, false));
@@ -386,6 +397,14 @@ TEST(CheckpointTest, SaveRefusesAnInvalidCheckpointAndWritesNothing) {
   ckpt.layer_end = 1;
   ckpt.config.n_heads = 5;
   EXPECT_THAT(SaveCheckpoint(path, ckpt), StatusIs(kInvalid, HasSubstr("model.n_heads")));
+  ckpt.config.n_heads = 4;
+  for (const std::string bad : {"", "fp16"}) {
+    ckpt.precision = bad;
+    EXPECT_THAT(SaveCheckpoint(path, ckpt),
+                StatusIs(kInvalid, HasSubstr(absl::StrCat(
+                                       path, ": precision is \"", bad,
+                                       "\", not a precision (accepted: fp32, bf16)"))));
+  }
   EXPECT_TRUE(ListFolder(dir.path()).empty());
   EXPECT_THAT(ValidateParams(Tiny(), 3, 4, RandomCheckpoint(Tiny(), 3, 4, false).params, "head"),
               IsOk());
@@ -425,9 +444,78 @@ TEST(CheckpointTest, LoaderValidatesTheMetadata) {
               StatusIs(kInvalid, HasSubstr("[3, 7) are not a range")));
   EXPECT_THAT(LoadCheckpoint(edited("pipetrain_format", "2")),
               StatusIs(kInvalid, HasSubstr("format version 2 is not supported")));
+  // A file without pipetrain_precision (every one written before it) was trained in
+  // fp32; one that names no precision of the table is refused, naming file and key.
+  auto unmarked = LoadCheckpoint(edited("pipetrain_precision", std::nullopt));
+  ASSERT_THAT(unmarked, IsOk());
+  EXPECT_EQ(unmarked->precision, "fp32");
+  const std::string fp16 = edited("pipetrain_precision", "fp16");
+  const std::string message = absl::StrCat(
+      fp16, ": __metadata__ 'pipetrain_precision' is \"fp16\", not a precision (accepted: "
+      "fp32, bf16)");
+  EXPECT_THAT(LoadCheckpoint(fp16), StatusIs(kInvalid, HasSubstr(message)));
+  EXPECT_THAT(ReadCheckpointInfo(fp16), StatusIs(kInvalid, HasSubstr(message)));
   // Without pipetrain_layers the file must hold the whole model.
   EXPECT_THAT(LoadCheckpoint(edited("pipetrain_layers", std::nullopt)),
               StatusIs(kInvalid, HasSubstr("checkpoint of pipeline layers [0, 4): missing 26")));
+}
+
+// The precision a checkpoint was trained in goes to the file and comes back, from the
+// file, its header and a slice of it.
+TEST(CheckpointTest, ThePrecisionRoundTrips) {
+  TempDir dir;
+  for (const std::string precision : {"fp32", "bf16"}) {
+    Checkpoint ckpt = RandomCheckpoint(Tiny(), 0, 4, true);
+    ckpt.precision = precision;
+    const std::string path = dir.File(precision + ".safetensors");
+    ASSERT_THAT(SaveCheckpoint(path, ckpt), IsOk());
+    auto back = LoadCheckpoint(path);
+    ASSERT_THAT(back, IsOk());
+    ExpectSameCheckpoint(*back, ckpt);
+    auto info = ReadCheckpointInfo(path);
+    ASSERT_THAT(info, IsOk());
+    EXPECT_EQ(info->precision, precision);
+    auto share = SliceCheckpoint(*back, 1, 3);
+    ASSERT_THAT(share, IsOk());
+    EXPECT_EQ(share->precision, precision);
+  }
+}
+
+// What the coordinator does to a stage's export: the precision is replaced in the
+// header, every tensor and every other metadata key stay as they were.
+TEST(CheckpointTest, WithPrecisionRewritesOnlyThePrecision) {
+  const Checkpoint fp32 = RandomCheckpoint(Tiny(), 1, 3, true, 9);
+  auto bytes = SerializeCheckpoint(fp32);
+  ASSERT_THAT(bytes, IsOk());
+  auto same = WithPrecision(*bytes, "fp32", "chunk 0");
+  ASSERT_THAT(same, IsOk());
+  EXPECT_EQ(*same, *bytes);
+
+  auto stamped = WithPrecision(*bytes, "bf16", "chunk 0");
+  ASSERT_THAT(stamped, IsOk());
+  Checkpoint bf16 = RandomCheckpoint(Tiny(), 1, 3, true, 9);
+  bf16.precision = "bf16";
+  auto back = ParseCheckpoint(*stamped, "stamped");
+  ASSERT_THAT(back, IsOk());
+  ExpectSameCheckpoint(*back, bf16);
+  auto want = SerializeCheckpoint(bf16);
+  ASSERT_THAT(want, IsOk());
+  EXPECT_EQ(*stamped, *want);  // as if the stage had written it so
+
+  EXPECT_THAT(WithPrecision(*bytes, "fp8", "chunk 0"),
+              StatusIs(kInvalid, HasSubstr("chunk 0: precision is \"fp8\", not a precision")));
+  EXPECT_THAT(WithPrecision("garbage", "bf16", "chunk 1"),
+              StatusIs(kInvalid, HasSubstr("chunk 1: truncated")));
+  auto raw = common::ParseSafetensors(*bytes);
+  ASSERT_THAT(raw, IsOk());
+  raw->metadata["pipetrain_precision"] = "fp64";
+  std::vector<SafetensorsView> views;
+  for (const common::NamedTensor& t : raw->tensors) views.push_back(common::ViewOf(t.name, t.tensor));
+  auto unknown = common::SerializeSafetensors(views, raw->metadata);
+  ASSERT_THAT(unknown, IsOk());
+  EXPECT_THAT(WithPrecision(*unknown, "bf16", "chunk 2"),
+              StatusIs(kInvalid, HasSubstr("chunk 2: __metadata__ 'pipetrain_precision' is "
+                                           "\"fp64\"")));
 }
 
 // A stage's share of a whole-model file: what init_from hands each stage.

@@ -1,5 +1,6 @@
 // End to end, what a user sees of jobs through the `pipetrain` CLI and the HTTP API:
-// cancel keeps a checkpoint, logs and list tell of it, `pipetrain resume` continues it;
+// cancel keeps a checkpoint, logs and list tell of it, `pipetrain resume` continues it
+// (in the other precision too, saying so);
 // the API serves the same records; bad specs, unknown ids and unreachable coordinators
 // get their exit codes; a model too big for the stages is refused naming the memory;
 // GET /metrics agrees with `pipetrain status`.
@@ -86,6 +87,25 @@ TEST_F(CoordinatorCliTest, ResumeContinuesACancelledJobFromItsCheckpoint) {
   const json resumed = Status(*c_, resumed_id);
   EXPECT_EQ(resumed["state"], "SUCCEEDED") << resumed.dump();
   EXPECT_EQ(resumed["spec"]["init_from"], checkpoint);
+}
+
+// Resumed in the other precision: `pipetrain logs` of the new job says that the fp32
+// job's checkpoint is carried over unchanged into bf16 training.
+TEST_F(CoordinatorCliTest, ResumeInBf16SaysSoInTheLogs) {
+  const std::string id = CancelledJob();
+  const std::string checkpoint = Status(*c_, id)["checkpoint_dir"];
+  auto r = c_->Cli({"resume", id, "--set", "training.steps=2", "--set", "training.precision=bf16"});
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->exit_code, 0) << r->out << r->err;
+  const std::string resumed_id = SubmittedId(r->out);
+  ASSERT_FALSE(resumed_id.empty()) << r->out;
+  EXPECT_EQ(Status(*c_, resumed_id)["state"], "SUCCEEDED");
+  auto logs = c_->Cli({"logs", resumed_id});
+  ASSERT_TRUE(logs.ok());
+  EXPECT_THAT(logs->out, HasSubstr(absl::StrCat(
+                             "job ", resumed_id, " trains in bf16 from init_from '", checkpoint,
+                             "', which was trained in fp32: its fp32 master weights and AdamW "
+                             "moments are carried over unchanged")));
 }
 
 TEST_F(CoordinatorCliTest, ResumeOfAJobThatSucceededHasNoStepsLeft) {

@@ -4,9 +4,10 @@
 // PyTorch GPT-2: the folders read as the right config and tensors, `pipetrain eval` gives
 // PyTorch's loss and the model its logits, every bad folder is refused naming the file and
 // the tensor or field, and an export holds exactly what GPT2LMHeadModel expects and reads
-// back identical.
+// back identical (fp32) or rounded to nearest even (--dtype bf16).
 #include "common/model/hf_gpt2.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -14,12 +15,14 @@
 #include <functional>
 #include <map>
 #include <set>
+#include <span>
 #include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "client/cli.h"
+#include "common/bf16.h"
 #include "common/model/checkpoint.h"
 #include "common/model/checkpoint_folder.h"
 #include "common/model/gpt2_family.h"
@@ -521,14 +524,16 @@ TEST(FitCheckpointToModelTest, AShorterJobTakesTheFirstRowsOfWpeAndNothingElseMa
 
 // ---- out ------------------------------------------------------------------------------
 
-// What a folder export-hf wrote holds: the tensors GPT2LMHeadModel has, F32, format pt.
-void ExpectAGpt2LmHeadModelFolder(const std::string& dir, const GptConfig& config) {
+// What a folder export-hf wrote holds: the tensors GPT2LMHeadModel has, all of `dtype`
+// (which config.json's torch_dtype names), format pt.
+void ExpectAGpt2LmHeadModelFolder(const std::string& dir, const GptConfig& config,
+                                  common::DType dtype = common::DType::kF32) {
   auto header = common::ReadSafetensorsHeader(dir + "/model.safetensors");
   ASSERT_THAT(header.status(), IsOk());
   std::map<std::string, std::vector<int64_t>> got;
   for (const common::SafetensorsEntry& e : header->entries) {
     got[e.name] = e.shape;
-    EXPECT_EQ(e.dtype, common::DType::kF32) << e.name;
+    EXPECT_EQ(e.dtype, dtype) << e.name;
   }
   EXPECT_EQ(got, Gpt2LmHeadModelTensors(config));
   EXPECT_EQ(header->metadata, (common::SafetensorsMetadata{{"format", "pt"}}));
@@ -550,6 +555,18 @@ void ExpectAGpt2LmHeadModelFolder(const std::string& dir, const GptConfig& confi
   for (const char* dropout : {"resid_pdrop", "embd_pdrop", "attn_pdrop"}) {
     EXPECT_EQ(j[dropout], 0.0) << dropout;
   }
+  EXPECT_EQ(j["torch_dtype"], dtype == common::DType::kBF16 ? "bfloat16" : "float32");
+}
+
+// `params` with every value rounded to the nearest bf16 (common/bf16.h), held in F32.
+ParamMap RoundedToBf16(const ParamMap& params) {
+  ParamMap out;
+  for (const auto& [name, t] : params) {
+    common::Tensor rounded = t.Clone();
+    for (float& v : rounded.data<float>()) v = common::RoundToBf16(v);
+    out.emplace(name, std::move(rounded));
+  }
+  return out;
 }
 
 TEST(ExportHfTest, HfFoldersRoundTripIdentically) {
@@ -558,7 +575,7 @@ TEST(ExportHfTest, HfFoldersRoundTripIdentically) {
     const std::string out = dir.File("export");
     CliRun r = Cli({"export-hf", Folder(variant), "--out", out});
     ASSERT_EQ(r.code, client::kExitOk) << variant << ": " << r.err;
-    EXPECT_THAT(r.out, HasSubstr("wrote " + out));
+    EXPECT_THAT(r.out, HasSubstr("wrote " + out + ": config.json and model.safetensors in fp32"));
     ExpectAGpt2LmHeadModelFolder(out, ExpectedConfig(variant));
     auto original = LoadHfFolder(Folder(variant));
     auto back = LoadWholeCheckpoint(out, "CHECKPOINT");
@@ -613,11 +630,58 @@ TEST(ExportHfTest, PipetrainCheckpointsExportWithoutOptimizerState) {
   }
 }
 
+// --dtype bf16: every tensor BF16, torch_dtype bfloat16, and reading the folder back
+// (which widens BF16 exactly) gives each weight rounded to the nearest bf16; from a
+// pipetrain checkpoint trained in bf16 (fp32 master weights) as from any other.
+TEST(ExportHfTest, Bf16ExportsRoundEveryWeightToNearestEven) {
+  TempDir dir;
+  for (const std::string variant : {"tied", "untied"}) {
+    auto original = LoadHfFolder(Folder(variant));
+    ASSERT_THAT(original.status(), IsOk());
+    Checkpoint trained = std::move(*original);
+    trained.precision = "bf16";
+    const std::string file = dir.File(variant + ".safetensors");
+    ASSERT_THAT(SaveCheckpoint(file, trained), IsOk());
+    const std::string out = dir.File("bf16-" + variant);
+    CliRun r = Cli({"export-hf", file, "--out", out, "--dtype", "bf16"});
+    ASSERT_EQ(r.code, client::kExitOk) << variant << ": " << r.err;
+    EXPECT_THAT(r.out, HasSubstr("wrote " + out + ": config.json and model.safetensors in bf16"));
+    ExpectAGpt2LmHeadModelFolder(out, trained.config, common::DType::kBF16);
+    auto back = LoadWholeCheckpoint(out, "CHECKPOINT");
+    ASSERT_THAT(back.status(), IsOk());
+    EXPECT_EQ(back->config, trained.config);
+    EXPECT_TRUE(Identical(back->params, RoundedToBf16(trained.params))) << variant;
+    EXPECT_FALSE(Identical(back->params, trained.params)) << "nothing was rounded";
+  }
+}
+
+// The rounding is to nearest with ties to even, not truncation: values half-way between
+// two bf16s (1 + 2^-8 lies between 1 and 1 + 2^-7) go to the even one.
+TEST(ExportHfTest, Bf16ExportRoundsTiesToEven) {
+  auto hf = LoadHfFolder(Folder("tied"));
+  ASSERT_THAT(hf.status(), IsOk());
+  std::span<float> wte = hf->params.at("transformer.wte.weight").data<float>();
+  const std::vector<float> given = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -(1.0f + 0x1p-8f),
+                                    1.0f + 0x1p-9f, 1.0f + 0x1p-8f + 0x1p-20f};
+  const std::vector<float> want = {1.0f, 1.0f + 0x1p-6f, -1.0f, 1.0f, 1.0f + 0x1p-7f};
+  std::copy(given.begin(), given.end(), wte.begin());
+  TempDir dir;
+  ASSERT_THAT(ExportHfFolder(*hf, dir.File("out"), *HfWeightsDTypeNamed("bf16")), IsOk());
+  auto back = LoadHfFolder(dir.File("out"));
+  ASSERT_THAT(back.status(), IsOk());
+  std::span<const float> got = back->params.at("transformer.wte.weight").data<float>();
+  EXPECT_EQ(std::vector<float>(got.begin(), got.begin() + want.size()), want);
+  EXPECT_THAT(HfWeightsDTypeNamed("fp16").status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("unknown dtype 'fp16'; accepted: fp32, bf16")));
+}
+
 TEST(ExportHfTest, UsageAndBadInputExitTwoAndWriteFailuresOne) {
   TempDir dir;
   CliRun help = Cli({"export-hf", "--help"});
   EXPECT_EQ(help.code, client::kExitOk);
-  EXPECT_THAT(help.out, AllOf(HasSubstr("CHECKPOINT --out DIR"), HasSubstr("from_pretrained")));
+  EXPECT_THAT(help.out, AllOf(HasSubstr("CHECKPOINT --out DIR"), HasSubstr("from_pretrained"),
+                              HasSubstr("--dtype"), HasSubstr("BF16 with\n--dtype bf16")));
   EXPECT_THAT(Cli({"--help"}).out, HasSubstr("export-hf"));
 
   const std::string nope = dir.File("nope");
@@ -637,6 +701,8 @@ TEST(ExportHfTest, UsageAndBadInputExitTwoAndWriteFailuresOne) {
       {{nope, "--out", out}, "CHECKPOINT: '" + nope + "' does not exist"},
       {{garbage, "--out", out}, garbage},
       {{part, "--out", out}, part + " holds pipeline layers [0, 2) of 4"},
+      {{Folder("tied"), "--out", out, "--dtype", "fp16"},
+       "--dtype: unknown dtype 'fp16'; accepted: fp32, bf16"},
   };
   for (const auto& [args, message] : usage) {
     std::vector<std::string> full = {"export-hf"};

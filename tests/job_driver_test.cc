@@ -3,16 +3,20 @@
 // replaced (or the job continued on the survivors) with its steps keeping their numbers
 // and losses; no restarts left, or used up; a stage's error; a cancel mid-run; a
 // coordinator that stops mid-run leaving the job RECOVERING, and the next one on its
-// state folder continuing it, or failing it when its restarts are used up.
+// state folder continuing it, or failing it when its restarts are used up; a job started
+// from a checkpoint of another precision saying so once, restarts included.
 #include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/job_state.h"
+#include "common/model/checkpoint_folder.h"
 #include "coordinator/job_manager.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -195,6 +199,35 @@ TEST_F(JobDriverTest, ALostStageIsReplacedAndTheStepsKeepTheirNumbersAndLosses) 
   EXPECT_THAT(logs, HasSubstr("stage-2 lost at step 4: restarting from step 3 on"));
   EXPECT_THAT(logs, HasSubstr("(restart 1 of 1; from the stages' snapshots)"));
   EXPECT_EQ(StageState(*m, "stage-2"), pb::StageInfo::LOST);
+}
+
+// A bf16 job started from an fp32 job's checkpoint says so in its log (what `pipetrain
+// logs` shows) once, also when a lost stage restarts it from the stages' snapshots (which
+// are of the bf16 run), and its checkpoints say bf16.
+TEST_F(JobDriverTest, APrecisionChangeFromACheckpointIsLoggedOnceAcrossARestart) {
+  std::unique_ptr<JobManager> m = StartWithStages(3);
+  ASSERT_NE(m, nullptr);
+  const pb::JobStatus fp32 = WaitForEnd(*m, Submit(*m));
+  ASSERT_EQ(fp32.state(), pb::JobStatus::SUCCEEDED) << fp32.reason();
+  fakes_->DieAtStep(Address(1), 9);
+  const std::string id = Submit(*m, {"training.precision=bf16", "fault_tolerance.max_restarts=1",
+                                     "init_from=" + fp32.checkpoint_dir()});
+  const pb::JobStatus s = WaitForEnd(*m, id);
+  ASSERT_EQ(s.state(), pb::JobStatus::SUCCEEDED) << s.reason();
+  ASSERT_EQ(s.recoveries_size(), 1);
+  EXPECT_EQ(s.recoveries(0).source(), "the stages' snapshots");
+  const std::vector<std::string> lines = absl::StrSplit(Logs(*m, id), '\n');
+  std::vector<std::string> said;
+  for (const std::string& line : lines) {
+    if (absl::StrContains(line, "trained in")) said.push_back(line);
+  }
+  EXPECT_THAT(said, ElementsAre(absl::StrCat(
+                        "job ", id, " trains in bf16 from init_from '", fp32.checkpoint_dir(),
+                        "', which was trained in fp32: its fp32 master weights and AdamW "
+                        "moments are carried over unchanged")));
+  absl::StatusOr<model::Checkpoint> last = model::LoadWholeCheckpoint(s.checkpoint_dir(), "test");
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_EQ(last->precision, "bf16");
 }
 
 TEST_F(JobDriverTest, WithNoFreeStageTheJobGoesOnOnTheSurvivors) {

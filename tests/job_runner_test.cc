@@ -1,7 +1,8 @@
 // The job runner's step loop in process, against fake stages (testing/fake_stages.h):
 // every step run and reported in order with the losses of the state it ran on,
 // validation and checkpoints when due, a lost stage named, a stage's error, a cancel, a
-// restored run keeping the job's step numbers, two-phase clipping, replicas.
+// restored run keeping the job's step numbers, two-phase clipping, replicas, checkpoints
+// that record the job's precision and a job started from one of the other precision.
 #include "coordinator/job_runner.h"
 
 #include <cmath>
@@ -12,7 +13,9 @@
 
 #include "absl/algorithm/container.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_join.h"
+#include "common/model/checkpoint.h"
 #include "common/model/checkpoint_folder.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -26,11 +29,14 @@ namespace {
 namespace pb = ::pipetrain::v1;
 using ::pipetrain::testing::FakeStages;
 using ::pipetrain::testing::TempDir;
+using ::testing::AllOf;
 using ::testing::Contains;
+using ::testing::Each;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::Not;
+using ::testing::SizeIs;
 
 // What a run reported, as it reported it. Cancelled once step `cancel_after` is done.
 class RecordingHooks : public RunnerHooks {
@@ -256,6 +262,69 @@ TEST_F(JobRunnerTest, AFailedCheckpointOnHealthyStagesIsAWarningAndTheJobGoesOn)
   EXPECT_THAT(hooks_.checkpoint_steps, ElementsAre(4, 6));
   EXPECT_THAT(hooks_.AllLogs(), HasSubstr("disk on fire; the job goes on and tries again at "
                                           "the next checkpoint"));
+}
+
+// The precision every file of a checkpoint folder records, and the loaded whole's.
+std::vector<std::string> PrecisionsOf(const std::string& dir) {
+  std::vector<std::string> out;
+  absl::StatusOr<std::vector<std::string>> files = model::IndexShardFiles(dir);
+  EXPECT_TRUE(files.ok()) << files.status();
+  for (const std::string& f : files.value_or(std::vector<std::string>{})) {
+    absl::StatusOr<model::CheckpointInfo> info = model::ReadCheckpointInfo(f);
+    EXPECT_TRUE(info.ok()) << info.status();
+    out.push_back(info.ok() ? info->precision : "?");
+  }
+  absl::StatusOr<model::Checkpoint> whole = model::LoadWholeCheckpoint(dir, "test");
+  EXPECT_TRUE(whole.ok()) << whole.status();
+  out.push_back(whole.ok() ? whole->precision : "?");
+  return out;
+}
+
+std::vector<std::string> LinesWith(const std::vector<std::string>& logs, const std::string& part) {
+  std::vector<std::string> out;
+  for (const std::string& line : logs) {
+    if (absl::StrContains(line, part)) out.push_back(line);
+  }
+  return out;
+}
+
+// A job's checkpoints record its training.precision (the stages' exports do not know
+// it); a job started from a checkpoint of the other precision loads its fp32 state as it
+// is, continues the losses, and says so once.
+TEST_F(JobRunnerTest, AJobStartsFromACheckpointOfEitherPrecisionAndSaysSo) {
+  ASSERT_EQ(Run(Spec(), 2, hooks_).state, pb::JobStatus::SUCCEEDED);
+  const std::string fp32 = dir_.File("checkpoints/step-6");
+  EXPECT_THAT(PrecisionsOf(fp32), AllOf(SizeIs(3), Each("fp32")));
+
+  RecordingHooks to_bf16;
+  const RunOutcome bf16 =
+      Run(Spec({"training.precision=bf16", "init_from=" + fp32}), 2, to_bf16);
+  ASSERT_EQ(bf16.state, pb::JobStatus::SUCCEEDED) << bf16.reason;
+  EXPECT_THAT(to_bf16.StepNumbers(), ElementsAre(7, 8, 9, 10, 11, 12));
+  ExpectUnbrokenLosses(to_bf16.steps);
+  EXPECT_THAT(LinesWith(to_bf16.logs, "trained in"),
+              ElementsAre("job job-1 trains in bf16 from init_from '" + fp32 +
+                          "', which was trained in fp32: its fp32 master weights and AdamW "
+                          "moments are carried over unchanged"));
+  const std::string bf16_dir = dir_.File("checkpoints/step-12");
+  EXPECT_THAT(PrecisionsOf(bf16_dir), AllOf(SizeIs(3), Each("bf16")));
+
+  RecordingHooks to_fp32;
+  const RunOutcome back = Run(Spec({"init_from=" + bf16_dir}), 2, to_fp32);
+  ASSERT_EQ(back.state, pb::JobStatus::SUCCEEDED) << back.reason;
+  ExpectUnbrokenLosses(to_fp32.steps);
+  EXPECT_THAT(LinesWith(to_fp32.logs, "trained in"),
+              ElementsAre("job job-1 trains in fp32 from init_from '" + bf16_dir +
+                          "', which was trained in bf16: its fp32 master weights and AdamW "
+                          "moments are carried over unchanged"));
+  EXPECT_THAT(PrecisionsOf(dir_.File("checkpoints/step-18")), Each("fp32"));
+
+  // The same precision: nothing to say.
+  RecordingHooks same;
+  ASSERT_EQ(Run(Spec({"training.precision=bf16", "init_from=" + bf16_dir}), 2, same).state,
+            pb::JobStatus::SUCCEEDED);
+  EXPECT_THAT(LinesWith(same.logs, "trained in"), IsEmpty());
+  EXPECT_THAT(same.AllLogs(), HasSubstr("started from " + bf16_dir));
 }
 
 TEST_F(JobRunnerTest, ReplicasRunOnEveryStageServerAndOnePipelineIsSaved) {

@@ -333,6 +333,23 @@ TEST(TrainLocalVerbTest, JsonStepsFallAndTheSavedModelScoresTheLastLoss) {
   EXPECT_LT(scored, losses.front() - 0.5);
 }
 
+// The saved file records the precision it was trained in; its weights are fp32 in both
+// (ReadCheckpointInfo refuses any other dtype).
+TEST(TrainLocalVerbTest, TheSavedModelRecordsItsPrecision) {
+  TempDir dir;
+  const std::string text = dir.File("text.txt");
+  WriteFileOrDie(text, RepetitiveText());
+  for (const std::string precision : {"fp32", "bf16"}) {
+    const std::string saved = dir.File(precision + ".safetensors");
+    CliRun r = Cli({"train-local", "--model", kTinyModel, "--text", text, "--steps", "1",
+                    "--batch", "1", "--precision", precision, "--save", saved});
+    ASSERT_EQ(r.code, kExitOk) << r.err;
+    absl::StatusOr<model::CheckpointInfo> info = model::ReadCheckpointInfo(saved);
+    ASSERT_TRUE(info.ok()) << info.status();
+    EXPECT_EQ(info->precision, precision);
+  }
+}
+
 // The verb is compute::TrainLocal with the flags passed through: the same losses, bit
 // for bit, and another seed or learning rate changes them.
 TEST(TrainLocalVerbTest, LossesAreThoseOfTheReferenceTrainerWithTheGivenFlags) {

@@ -131,6 +131,25 @@ TEST(SafetensorsTest, FileRoundTripAndHeaderOnlyRead) {
   EXPECT_EQ(e->shape, (std::vector<int64_t>{2, 3, 2}));
   EXPECT_EQ(e->end - e->begin, 24u);
   EXPECT_EQ(header->data_offset + header->data_size, ReadFileOrDie(path).size());
+  // The header of the same bytes in memory is the file's, and places each tensor.
+  const std::string bytes = ReadFileOrDie(path);
+  auto parsed = ParseSafetensorsHeader(bytes, "in memory");
+  ASSERT_THAT(parsed, IsOk());
+  EXPECT_EQ(parsed->metadata, header->metadata);
+  EXPECT_EQ(parsed->data_offset, header->data_offset);
+  ASSERT_EQ(parsed->entries.size(), header->entries.size());
+  for (size_t i = 0; i < parsed->entries.size(); ++i) {
+    const SafetensorsEntry& p = parsed->entries[i];
+    EXPECT_EQ(p.name, header->entries[i].name);
+    EXPECT_EQ(p.begin, header->entries[i].begin);
+    const Tensor* t = back->Find(p.name);
+    ASSERT_NE(t, nullptr) << p.name;
+    EXPECT_EQ(bytes.substr(parsed->data_offset + p.begin, p.end - p.begin),
+              std::string(reinterpret_cast<const char*>(t->bytes().data()), t->num_bytes()))
+        << p.name;
+  }
+  EXPECT_THAT(ParseSafetensorsHeader(bytes.substr(0, 20), "cut"),
+              StatusIs(kInvalid, HasSubstr("cut: truncated")));
 
   auto some = ReadSafetensorsFile(path, [](const std::string& n) { return n.starts_with("f32."); });
   ASSERT_THAT(some, IsOk());

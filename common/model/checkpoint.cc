@@ -14,6 +14,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/atomic_file.h"
+#include "common/model/precision.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
 #include "common/user_path.h"
@@ -29,6 +30,7 @@ constexpr char kKeyFormat[] = "format";
 constexpr char kKeyFormatVersion[] = "pipetrain_format";
 constexpr char kKeyLayers[] = "pipetrain_layers";
 constexpr char kKeyOptimizerStep[] = "pipetrain_optimizer_step";
+constexpr char kKeyPrecision[] = "pipetrain_precision";
 constexpr char kKeyTieEmbeddings[] = "tie_embeddings";  // "true", or absent
 // How many names an error lists per kind of problem before it summarises.
 constexpr size_t kMaxNamesListed = 8;
@@ -88,6 +90,14 @@ absl::Status CheckRange(const GptConfig& config, int begin, int end, absl::strin
   return absl::OkStatus();
 }
 
+// `name` is a row of the precision table ("" is not: a file says which it means).
+absl::Status CheckPrecision(absl::string_view name, absl::string_view what) {
+  if (!name.empty() && PrecisionNamed(name).ok()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(what, " is \"", name,
+                                                 "\", not a precision (accepted: ",
+                                                 PrecisionNames(), ")"));
+}
+
 std::string What(absl::string_view source, int begin, int end) {
   return absl::StrCat(source, ": checkpoint of pipeline layers ", RangeString(begin, end));
 }
@@ -97,6 +107,7 @@ absl::Status ValidateCheckpoint(const Checkpoint& c, absl::string_view source) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": ", s.message()));
   }
   RETURN_IF_ERROR(CheckRange(c.config, c.layer_begin, c.layer_end, source));
+  RETURN_IF_ERROR(CheckPrecision(c.precision, absl::StrCat(source, ": precision")));
   std::vector<Described> all = Describe(c.params);
   if (c.optimizer) {
     if (c.optimizer->step < 0) {
@@ -180,6 +191,11 @@ absl::StatusOr<CheckpointInfo> ParseInfo(const SafetensorsMetadata& metadata,
     RETURN_IF_ERROR(CheckRange(info.config, info.layer_begin, info.layer_end,
                                absl::StrCat(source, ": __metadata__ '", kKeyLayers, "'")));
   }
+  if (auto it = metadata.find(kKeyPrecision); it != metadata.end()) {
+    RETURN_IF_ERROR(
+        CheckPrecision(it->second, absl::StrCat(source, ": __metadata__ '", kKeyPrecision, "'")));
+    info.precision = it->second;
+  }
   if (metadata.count(kKeyOptimizerStep)) {
     info.has_optimizer = true;
     ASSIGN_OR_RETURN(info.optimizer_step, ParseInt(metadata, kKeyOptimizerStep, source));
@@ -210,6 +226,7 @@ absl::StatusOr<Checkpoint> Assemble(const CheckpointInfo& info, int begin, int e
   c.config = info.config;
   c.layer_begin = begin;
   c.layer_end = end;
+  c.precision = info.precision;
   if (info.has_optimizer) c.optimizer.emplace().step = info.optimizer_step;
   for (common::NamedTensor& t : contents.tensors) {
     if (info.has_optimizer && HasPrefix(t.name, kOptimizerFirstMomentPrefix)) {
@@ -360,6 +377,7 @@ std::map<std::string, std::string> CheckpointMetadata(const Checkpoint& c) {
       {"n_heads", absl::StrCat(c.config.n_heads)},
       {"n_layers", absl::StrCat(c.config.n_layers)},
       {kKeyLayers, absl::StrCat(c.layer_begin, ":", c.layer_end)},
+      {kKeyPrecision, c.precision},
   };
   if (c.optimizer) m[kKeyOptimizerStep] = absl::StrCat(c.optimizer->step);
   if (c.config.tie_embeddings) m[kKeyTieEmbeddings] = "true";
@@ -400,6 +418,24 @@ absl::StatusOr<CheckpointInfo> ReadCheckpointInfo(const std::string& path) {
   return info;
 }
 
+absl::StatusOr<std::string> WithPrecision(std::string bytes, absl::string_view precision,
+                                          const std::string& source) {
+  RETURN_IF_ERROR(CheckPrecision(precision, absl::StrCat(source, ": precision")));
+  ASSIGN_OR_RETURN(common::SafetensorsHeader header,
+                   common::ParseSafetensorsHeader(bytes, source));
+  ASSIGN_OR_RETURN(const CheckpointInfo info, ParseInfo(header.metadata, source));
+  if (info.precision == precision) return bytes;
+  header.metadata[kKeyPrecision] = std::string(precision);
+  // Entries are in data order, so the views lay the data out as it was.
+  const auto* data = reinterpret_cast<const std::byte*>(bytes.data()) + header.data_offset;
+  std::vector<common::SafetensorsView> views;
+  for (common::SafetensorsEntry& e : header.entries) {
+    views.push_back({std::move(e.name), e.dtype, std::move(e.shape),
+                     std::span<const std::byte>(data + e.begin, e.end - e.begin)});
+  }
+  return common::SerializeSafetensors(views, header.metadata);
+}
+
 absl::StatusOr<Checkpoint> MergeCheckpoints(std::vector<Checkpoint> parts) {
   if (parts.empty()) return absl::InvalidArgumentError("merge: no checkpoints given");
   for (size_t i = 0; i < parts.size(); ++i) {
@@ -411,11 +447,19 @@ absl::StatusOr<Checkpoint> MergeCheckpoints(std::vector<Checkpoint> parts) {
   merged.config = parts[0].config;
   merged.layer_begin = parts[0].layer_begin;
   merged.layer_end = parts[0].layer_begin;
+  merged.precision = parts[0].precision;
   if (parts[0].optimizer) merged.optimizer.emplace().step = parts[0].optimizer->step;
   for (Checkpoint& part : parts) {
     const std::string range = RangeString(part.layer_begin, part.layer_end);
     RETURN_IF_ERROR(
         ConfigsMatch(part.config, merged.config, absl::StrCat("merge: part with layers ", range)));
+    if (part.precision != merged.precision) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("merge: part with layers ", range, " was trained in ", part.precision,
+                       ", the part with layers ", RangeString(parts[0].layer_begin,
+                                                              parts[0].layer_end),
+                       " in ", merged.precision));
+    }
     if (part.layer_begin != merged.layer_end) {
       return absl::InvalidArgumentError(
           absl::StrCat("merge: part with layers ", range,

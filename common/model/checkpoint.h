@@ -12,6 +12,10 @@
 //   vocab_size, seq_len, d_model, n_heads, n_layers   the GptConfig
 //   pipetrain_layers  "begin:end" (absent: the whole model)
 //   pipetrain_optimizer_step   present only with optimizer state: AdamW's update count
+//   pipetrain_precision        the training.precision the state was trained in (a name
+//                              of precision.h's table); absent (every file written before
+//                              it existed): "fp32". The tensors are F32 in every precision:
+//                              bf16 training keeps fp32 master weights and moments.
 // A file meant for other tools should be saved without optimizer state.
 #pragma once
 
@@ -34,6 +38,8 @@ inline constexpr int kCheckpointFormatVersion = 1;
 inline constexpr char kOptimizerFirstMomentPrefix[] = "optimizer.m.";
 inline constexpr char kOptimizerSecondMomentPrefix[] = "optimizer.v.";
 inline constexpr char kCheckpointIndexFileName[] = "model.safetensors.index.json";
+// What a checkpoint without pipetrain_precision was trained in.
+inline constexpr char kCheckpointDefaultPrecision[] = "fp32";
 
 // F32 tensors by parameter name (ParamSpec::name). The compute library copies its
 // parameters in and out of such a map by name.
@@ -53,6 +59,8 @@ struct Checkpoint {
   ParamMap params;
   // Saved and loaded only when present; a file without it loads with std::nullopt.
   std::optional<AdamWState> optimizer;
+  // The training.precision the state was trained in; its tensors are F32 in each.
+  std::string precision = kCheckpointDefaultPrecision;
 };
 
 // What a file's header says, read without its data.
@@ -63,6 +71,7 @@ struct CheckpointInfo {
   bool has_optimizer = false;
   int64_t optimizer_step = 0;
   uint64_t tensor_bytes = 0;  // sum of all tensors' sizes
+  std::string precision = kCheckpointDefaultPrecision;
 };
 
 // A tensor as far as validation is concerned: a header entry or a loaded tensor.
@@ -108,9 +117,16 @@ absl::StatusOr<Checkpoint> ParseCheckpoint(absl::string_view bytes,
 // The header alone, validated as LoadCheckpoint validates it, without reading data.
 absl::StatusOr<CheckpointInfo> ReadCheckpointInfo(const std::string& path);
 
-// Merging per-stage checkpoints: they must share the config, their ranges must join
-// into one contiguous range without overlap (in any order given), and either all or
-// none carry optimizer state (at the same step).
+// `bytes` (a checkpoint file, as a stage's ExportChunk streams it) with its
+// pipetrain_precision set to `precision` and everything else as it was: the coordinator
+// records the job's precision, which a stage's export leaves at the default. The bytes
+// themselves when they already say so. Errors (InvalidArgument) start with `source`.
+absl::StatusOr<std::string> WithPrecision(std::string bytes, absl::string_view precision,
+                                          const std::string& source);
+
+// Merging per-stage checkpoints: they must share the config and the precision, their
+// ranges must join into one contiguous range without overlap (in any order given), and
+// either all or none carry optimizer state (at the same step).
 absl::StatusOr<Checkpoint> MergeCheckpoints(std::vector<Checkpoint> parts);
 
 // The Hugging Face index of a checkpoint kept as several shard files:

@@ -254,6 +254,7 @@ absl::StatusOr<model::Checkpoint> SliceCheckpoint(const model::Checkpoint& whole
   part.config = whole.config;
   part.layer_begin = begin;
   part.layer_end = end;
+  part.precision = whole.precision;
   if (whole.optimizer) part.optimizer.emplace().step = whole.optimizer->step;
   for (const model::ParamSpec& p : model::CheckpointParams(whole.config, begin, end)) {
     auto take = [&](const model::ParamMap& from, model::ParamMap& to) -> absl::Status {

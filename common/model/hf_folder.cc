@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/atomic_file.h"
 #include "common/bf16.h"
 #include "common/model/model_family.h"
@@ -182,7 +183,65 @@ absl::Status DropTiedCopy(const TiedParams& tied, const Entries& entries,
   return absl::OkStatus();
 }
 
+// ---- out ---------------------------------------------------------------------------
+
+// Each weight as the folder stores it: the checkpoint's own tensors in F32 (no copy),
+// else rounded copies, which `rounded` keeps alive while the views are written.
+absl::StatusOr<std::vector<common::SafetensorsView>> WeightViews(
+    const Checkpoint& checkpoint, DType dtype, std::vector<common::Tensor>& rounded) {
+  if (dtype != DType::kF32 && dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weights cannot be exported as ", common::DTypeName(dtype)));
+  }
+  const std::vector<ParamSpec> params =
+      CheckpointParams(checkpoint.config, 0, checkpoint.config.num_pipeline_layers());
+  rounded.reserve(params.size());
+  std::vector<common::SafetensorsView> views;
+  for (const ParamSpec& p : params) {
+    const common::Tensor& weight = checkpoint.params.at(p.name);
+    if (dtype == DType::kF32) {
+      views.push_back(common::ViewOf(p.name, weight));
+      continue;
+    }
+    ASSIGN_OR_RETURN(common::Tensor bf16, common::Tensor::Create(DType::kBF16, weight.shape()));
+    std::span<const float> from = weight.data<float>();
+    std::span<uint16_t> to = bf16.data<uint16_t>();
+    for (size_t i = 0; i < from.size(); ++i) to[i] = common::FloatToBf16Bits(from[i]);
+    views.push_back(common::ViewOf(p.name, rounded.emplace_back(std::move(bf16))));
+  }
+  return views;
+}
+
+// The family's config.json with torch_dtype saying what the weights are in.
+absl::StatusOr<std::string> WithTorchDType(const std::string& config_json,
+                                           absl::string_view torch_dtype) {
+  auto j = nlohmann::ordered_json::parse(config_json, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) {
+    return absl::InternalError("the model family's config.json is not a JSON object");
+  }
+  j["torch_dtype"] = torch_dtype;
+  return j.dump(2) + "\n";
+}
+
 }  // namespace
+
+const std::vector<HfWeightsDType>& HfWeightsDTypes() {
+  static const auto* table = new std::vector<HfWeightsDType>{
+      {"fp32", DType::kF32, "float32"},
+      {"bf16", DType::kBF16, "bfloat16"},
+  };
+  return *table;
+}
+
+absl::StatusOr<HfWeightsDType> HfWeightsDTypeNamed(absl::string_view name) {
+  std::vector<absl::string_view> names;
+  for (const HfWeightsDType& d : HfWeightsDTypes()) {
+    if (d.name == name) return d;
+    names.push_back(d.name);
+  }
+  return absl::InvalidArgumentError(absl::StrCat("unknown dtype '", name, "'; accepted: ",
+                                                 absl::StrJoin(names, ", ")));
+}
 
 bool IsHfFolder(const std::string& dir) {
   std::error_code ec;
@@ -233,7 +292,8 @@ absl::StatusOr<Checkpoint> LoadHfFolder(const std::string& dir) {
   return c;
 }
 
-absl::Status ExportHfFolder(const Checkpoint& checkpoint, const std::string& dir) {
+absl::Status ExportHfFolder(const Checkpoint& checkpoint, const std::string& dir,
+                            const HfWeightsDType& weights) {
   const GptConfig& config = checkpoint.config;
   if (checkpoint.layer_begin != 0 || checkpoint.layer_end != config.num_pipeline_layers()) {
     return absl::InvalidArgumentError(
@@ -243,17 +303,17 @@ absl::Status ExportHfFolder(const Checkpoint& checkpoint, const std::string& dir
   }
   RETURN_IF_ERROR(
       ValidateParams(config, 0, config.num_pipeline_layers(), checkpoint.params, "the checkpoint"));
+  std::vector<common::Tensor> rounded;
+  ASSIGN_OR_RETURN(const std::vector<common::SafetensorsView> views,
+                   WeightViews(checkpoint, weights.dtype, rounded));
+  ASSIGN_OR_RETURN(const std::string config_json,
+                   WithTorchDType(FamilyOf(config).HfConfigJson(config), weights.torch_dtype));
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
-  std::vector<common::SafetensorsView> views;
-  for (const ParamSpec& p : CheckpointParams(config, 0, config.num_pipeline_layers())) {
-    views.push_back(common::ViewOf(p.name, checkpoint.params.at(p.name)));
-  }
   RETURN_IF_ERROR(common::WriteSafetensorsFile((fs::path(dir) / kHfWeightsFileName).string(), views,
                                                {{"format", "pt"}}));
-  return common::WriteFileAtomically((fs::path(dir) / kHfConfigFileName).string(),
-                                     FamilyOf(config).HfConfigJson(config));
+  return common::WriteFileAtomically((fs::path(dir) / kHfConfigFileName).string(), config_json);
 }
 
 }  // namespace pipetrain::model

@@ -8,9 +8,12 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "common/model/checkpoint.h"
+#include "common/tensor.h"
 
 namespace pipetrain::model {
 
@@ -32,10 +35,24 @@ bool IsHfFolder(const std::string& dir);
 // give one InvalidArgument error that names the file and lists them.
 absl::StatusOr<Checkpoint> LoadHfFolder(const std::string& dir);
 
+// What an exported folder's weights may be written in (`pipetrain export-hf --dtype`).
+struct HfWeightsDType {
+  absl::string_view name;         // "fp32", "bf16"
+  common::DType dtype;            // of every tensor of model.safetensors
+  absl::string_view torch_dtype;  // what config.json's torch_dtype says
+};
+// fp32 (F32, "float32"; the default, first) and bf16 (BF16, "bfloat16": each weight
+// rounded to the nearest bf16, ties to even, as common/bf16.h rounds).
+const std::vector<HfWeightsDType>& HfWeightsDTypes();
+// The row named `name`; InvalidArgument naming the accepted names otherwise.
+absl::StatusOr<HfWeightsDType> HfWeightsDTypeNamed(absl::string_view name);
+
 // Writes `checkpoint` (the whole model; its optimizer state is left out) into `dir`
-// (created if needed) as DIR/model.safetensors (F32, the family's names, a tied copy left
-// out, __metadata__ {"format": "pt"}) and then DIR/config.json, each atomically,
-// config.json last so that a folder IsHfFolder recognises is complete.
-absl::Status ExportHfFolder(const Checkpoint& checkpoint, const std::string& dir);
+// (created if needed) as DIR/model.safetensors (every tensor in `weights`' dtype, the
+// family's names, a tied copy left out, __metadata__ {"format": "pt"}) and then
+// DIR/config.json (the family's, torch_dtype `weights`'), each atomically, config.json
+// last so that a folder IsHfFolder recognises is complete.
+absl::Status ExportHfFolder(const Checkpoint& checkpoint, const std::string& dir,
+                            const HfWeightsDType& weights = HfWeightsDTypes().front());
 
 }  // namespace pipetrain::model

@@ -57,7 +57,8 @@ class ModelFamily {
   // (InvalidArgument) start with `source` and name the field.
   virtual absl::StatusOr<GptConfig> ParseHfConfig(absl::string_view json,
                                                   const std::string& source) const = 0;
-  // The config.json of an exported folder (pretty-printed, ends in a newline).
+  // The config.json of an exported folder (pretty-printed, ends in a newline); its
+  // torch_dtype is the exporter's to set (hf_folder.h: the weights' dtype).
   virtual std::string HfConfigJson(const GptConfig& config) const = 0;
   // The parameter a tensor of a Hugging Face weights file holds: its name, or the one
   // of its spellings that `expected` holds; nullopt for a tensor that is no parameter

@@ -2,8 +2,10 @@
 // whole-model files), LoadWholeCheckpoint on the same bytes as a file, and a Hugging
 // Face GPT-2 folder (config.json + model.safetensors, hf_gpt2). The input is the
 // config.json text, a NUL byte, then the safetensors bytes; without a NUL it is all
-// safetensors bytes and the folder gets a small valid config.json. Round trip that
-// must hold: a checkpoint that parses, serialized again, parses to the same checkpoint.
+// safetensors bytes and the folder gets a small valid config.json. Round trips that
+// must hold: a checkpoint that parses, serialized again, parses to the same checkpoint;
+// with its precision rewritten (WithPrecision, what the coordinator does to a stage's
+// export) it parses to the same checkpoint in that precision.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -39,7 +41,8 @@ bool SameParams(const model::ParamMap& a, const model::ParamMap& b) {
 
 bool SameCheckpoint(const model::Checkpoint& a, const model::Checkpoint& b) {
   if (!(a.config == b.config) || a.layer_begin != b.layer_begin || a.layer_end != b.layer_end ||
-      !SameParams(a.params, b.params) || a.optimizer.has_value() != b.optimizer.has_value()) {
+      a.precision != b.precision || !SameParams(a.params, b.params) ||
+      a.optimizer.has_value() != b.optimizer.has_value()) {
     return false;
   }
   return !a.optimizer || (a.optimizer->step == b.optimizer->step &&
@@ -62,6 +65,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!serialized.ok()) __builtin_trap();
     auto again = model::ParseCheckpoint(*serialized, "round trip");
     if (!again.ok() || !SameCheckpoint(*parsed, *again)) __builtin_trap();
+    const std::string other = parsed->precision == "bf16" ? "fp32" : "bf16";
+    auto stamped = model::WithPrecision(std::string(weights), other, "fuzz input");
+    if (!stamped.ok()) __builtin_trap();
+    auto restamped = model::ParseCheckpoint(*stamped, "stamped");
+    parsed->precision = other;
+    if (!restamped.ok() || !SameCheckpoint(*parsed, *restamped)) __builtin_trap();
   }
   const std::string file = pipetrain::fuzz::WriteTempFile("stage-0.safetensors", weights);
   (void)model::LoadWholeCheckpoint(file, "init_from");
