@@ -26,7 +26,7 @@ std::string Bf16Support(pipetrain::stage_server::DeviceSpec::Kind kind) {
   using Kind = pipetrain::stage_server::DeviceSpec::Kind;
   switch (kind) {
     case Kind::kCuda:
-      return "none";  // the cuda backend refuses bf16 products until its kernels exist
+      return "native";  // cuBLAS bf16 products (cuda_backend_bf16.cc)
     case Kind::kEmulated:
       return "native";
     default:

@@ -12,9 +12,10 @@
 
 namespace pipetrain::stage_server {
 
-absl::StatusOr<std::string> SerializeChunk(BackendChunk& chunk) {
+absl::StatusOr<std::string> SerializeChunk(BackendChunk& chunk, const model::Precision& precision) {
   ASSIGN_OR_RETURN(model::Checkpoint ckpt,
                    compute::CheckpointOfChunk(chunk.layers(), /*with_optimizer=*/true));
+  ckpt.precision = std::string(precision.name);  // the coordinator's record needs no rewrite
   return model::SerializeCheckpoint(ckpt);
 }
 
@@ -53,7 +54,7 @@ absl::StatusOr<std::string> StageRuntime::ExportChunk(const std::string& job_id,
   if (options_.faults && job.last_step) {
     options_.faults->At(FaultPoint::kCheckpoint, job_id, static_cast<int64_t>(*job.last_step));
   }
-  return SerializeChunk(*backend_chunk);
+  return SerializeChunk(*backend_chunk, job.config.precision);
 }
 
 absl::Status StageRuntime::AdmitImport(const std::string& job_id, int chunk,

@@ -49,8 +49,8 @@ struct StageRuntime::Job {
   std::shared_ptr<ReducerSlot> reducer = std::make_shared<ReducerSlot>();
 };
 
-// A chunk's weights, AdamW moments and step as a safetensors file's bytes: what
-// ExportChunk sends and what a snapshot keeps.
-absl::StatusOr<std::string> SerializeChunk(BackendChunk& chunk);
+// A chunk's weights, AdamW moments and step as a safetensors file's bytes, recording the
+// job's precision: what ExportChunk sends and what a snapshot keeps.
+absl::StatusOr<std::string> SerializeChunk(BackendChunk& chunk, const model::Precision& precision);
 
 }  // namespace pipetrain::stage_server

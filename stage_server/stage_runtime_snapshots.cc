@@ -16,7 +16,7 @@ absl::Status StageRuntime::TakeSnapshot(Job& job, uint64_t step) {
   for (size_t i = 0; i < job.backend_chunks.size(); ++i) {
     const common::ErrorContext context =
         common::ErrorContext("snapshot").Job(c.job_id).Stage(c.stage).Step(push.step).Chunk(i);
-    ASSIGN_OR_RETURN(std::string bytes, context.Wrap(SerializeChunk(*job.backend_chunks[i])));
+    ASSIGN_OR_RETURN(std::string bytes, context.Wrap(SerializeChunk(*job.backend_chunks[i], job.config.precision)));
     auto blob = std::make_shared<const std::string>(std::move(bytes));
     SnapshotMeta meta;
     meta.owner_stage = c.stage;
