@@ -164,6 +164,15 @@ TEST(BinariesTest, BenchListsItsBenchmarks) {
   ASSERT_TRUE(bad.ok());
   EXPECT_EQ(bad->exit_code, 2);
   EXPECT_THAT(bad->err, HasSubstr("no benchmark named 'nope'"));
+  // A precision the table lacks is refused before any work, naming the flag and the
+  // accepted values, and JSON mode prints nothing on stdout.
+  auto precision =
+      RunCommand({Bin("pipetrain-bench"), "compute", "--precision", "fp16", "--json"}, 20s);
+  ASSERT_TRUE(precision.ok());
+  EXPECT_EQ(precision->exit_code, 2);
+  EXPECT_THAT(precision->err,
+              HasSubstr("--precision: unknown precision 'fp16'; accepted: fp32, bf16"));
+  EXPECT_EQ(precision->out, "");
 }
 
 }  // namespace

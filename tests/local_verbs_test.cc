@@ -418,6 +418,8 @@ TEST(TrainLocalVerbTest, BadInputsExitTwoNamingTheFieldFlagOrPath) {
       {with({"--steps", "2", "--batch", "2", "--lr", "fast"}), "--lr"},
       {with({"--steps", "2", "--batch", "2", "--threads", "0"}), "--threads must be >= 1"},
       {with({"--steps", "2", "--batch", "2", "--seed", "-3"}), "--seed must be >= 0"},
+      {with({"--steps", "2", "--batch", "2", "--precision", "fp16"}),
+       "--precision: unknown precision 'fp16'; accepted: fp32, bf16"},
       {with({"--steps", "2", "--batch", "2", "--threads", "5000"}),
        "--threads 5000 is more than 1024"},
       {{"--model", kTinyModel, "--text", short_text, "--steps", "1", "--batch", "1"},
