@@ -158,7 +158,6 @@ absl::StatusOr<StepResult> Executor::RunStep(const schedule::StageProgram& progr
                                              StepInputs inputs) {
   RETURN_IF_ERROR(CheckNoPendingOptimizer(absl::StrCat("step ", inputs.step)));
   RETURN_IF_ERROR(CheckProgram(program, inputs));
-  const LinkBytes before = MovedBytes();
   ASSIGN_OR_RETURN(std::unique_ptr<StepState> st, StartStep(program, std::move(inputs)));
   StepResult result;
   absl::Status failure = RunPositions(program, *st, result.timings);
@@ -171,18 +170,18 @@ absl::StatusOr<StepResult> Executor::RunStep(const schedule::StageProgram& progr
   if (HoldsHead()) result.losses = st->losses;
   result.grad_norm_sq = st->grad_norm_sq;
   pending_ = std::move(st->deferred);
-  const LinkBytes after = MovedBytes();
-  result.bytes_sent = after.sent - before.sent;
-  result.bytes_received = after.received - before.received;
+  const LinkBytes moved = StepBytes(result.timings);
+  result.bytes_sent = moved.sent;
+  result.bytes_received = moved.received;
   return result;
 }
 
-Executor::LinkBytes Executor::MovedBytes() const {
+Executor::LinkBytes Executor::StepBytes(const std::vector<ActionTiming>& timings) {
   LinkBytes b;
-  for (const TensorChannel* ch : {next_, prev_}) {
-    if (ch == nullptr) continue;
-    b.sent += ch->bytes_sent();
-    b.received += ch->bytes_received();
+  for (const ActionTiming& t : timings) {
+    const ActionKind k = t.action.kind;
+    if (k == ActionKind::kSendActivation || k == ActionKind::kSendGradient) b.sent += t.bytes;
+    if (k == ActionKind::kRecvActivation || k == ActionKind::kRecvGradient) b.received += t.bytes;
   }
   return b;
 }

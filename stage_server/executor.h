@@ -87,7 +87,7 @@ struct StepResult {
   std::vector<float> losses;  // per micro-batch, on the stage holding the head; else empty
   std::vector<ActionTiming> timings;
   uint64_t peak_activation_bytes = 0;
-  uint64_t bytes_sent = 0;
+  uint64_t bytes_sent = 0;  // to and from the neighbours by this step's SEND and RECV actions
   uint64_t bytes_received = 0;
   double grad_norm_sq = 0;  // this stage's share, before the optimizer step
 };
@@ -184,11 +184,13 @@ class Executor {
   absl::Status FinishStep(StepState& st);
   // After a failure: the chunks drop their micro-batches, started averages end.
   void AbandonStep(const StepState& st);
-  // Bytes the links have moved so far.
+  // The step's bytes to and from its neighbours: what its SEND and RECV actions moved.
+  // Counted from the actions, not the links' running totals, which a neighbour's early
+  // frames or a send still leaving would attribute to the wrong step.
   struct LinkBytes {
     uint64_t sent = 0, received = 0;
   };
-  LinkBytes MovedBytes() const;
+  static LinkBytes StepBytes(const std::vector<ActionTiming>& timings);
   common::ErrorContext StepContext(uint64_t step) const;  // job, stage and step
   // The tied-embedding gradient exchange (see ExecutorConfig::tie_embeddings).
   absl::Status SumTiedGradients(StepState& st);
