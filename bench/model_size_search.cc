@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/model/state_bytes.h"
 
 namespace pipetrain::bench {
 
@@ -72,7 +73,8 @@ int64_t SmallestSize(const FamilySpec& spec, int stages) {
 }
 
 int64_t SurelyTooBig(const FamilySpec& spec, int stages, double cap_bytes) {
-  const double all = cap_bytes * stages / planner::StateBytesPerParam();  // parameters
+  // fp32's state, the least a parameter takes in any precision: an upper bound.
+  const double all = cap_bytes * stages / static_cast<double>(model::StateBytesPerParam());
   if (spec.family == ModelFamily::kDepth) {
     const model::GptConfig one = ModelOfSize(spec, 1);
     const double block = static_cast<double>(model::CostOfLayer(one, 1).params);

@@ -89,7 +89,7 @@ uint64_t ParamsOf(const JobConfig& config) {
 }
 
 uint64_t StateBytes(const JobConfig& config) {
-  return SaturatingMul(ParamsOf(config), StateBytesPerParam());
+  return SaturatingMul(ParamsOf(config), StateBytesPerParam(config.precision.products));
 }
 
 MemoryBreakdown MemoryOf(const JobConfig& config, DeviceSpec::Kind device) {

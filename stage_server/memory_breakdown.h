@@ -34,7 +34,8 @@ using model::WeightBytesPerParam;
 // same parameters), clamped to the model's layers: a range of 2^31 layers, unvalidated,
 // costs no more to size than one of two (tests/fuzz/configure_fuzz timed out looping).
 uint64_t ParamsOf(const JobConfig& config);
-uint64_t StateBytes(const JobConfig& config);  // ParamsOf x StateBytesPerParam
+// ParamsOf x StateBytesPerParam of the job's precision (bf16 adds the products' copy).
+uint64_t StateBytes(const JobConfig& config);
 
 // The breakdown of `config` on a stage of this device kind: an emulated one allocates
 // no micro-batch buffers (it computes nothing), but sizes the state it emulates.

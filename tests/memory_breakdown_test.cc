@@ -123,6 +123,10 @@ TEST(MemoryBreakdownTest, BytesPerParameterComeFromTheDtypeTable) {
   EXPECT_EQ(model::GradientBytesPerParam(), f32);
   EXPECT_EQ(OptimizerBytesPerParam(), 2 * f32);
   EXPECT_EQ(StateBytesPerParam(), 4 * f32);
+  EXPECT_EQ(StateBytesPerParam(common::DType::kF32), 4 * f32);
+  // bf16 products read a bf16 copy of each weight, made once per step.
+  EXPECT_EQ(StateBytesPerParam(common::DType::kBF16),
+            4 * f32 + common::DTypeSize(common::DType::kBF16));
   EXPECT_EQ(CheckpointBytesPerParam(), 3 * f32);
 }
 

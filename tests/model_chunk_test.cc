@@ -517,6 +517,79 @@ TEST(ModelChunkTest, EvaluateIsForwardBitForBitAndKeepsNothing) {
   }
 }
 
+// With bf16 products the layers multiply by a bf16 copy of each weight made once per
+// step. Whatever changes the weights (the optimizer, SetParam, Initialize) must remake
+// it: after each change the chunk evaluates exactly as a fresh chunk given the same
+// weights, whose copy is new.
+TEST(ModelChunkTest, TheBf16ProductCopyFollowsEveryChangeOfTheWeights) {
+  auto cpu = CpuBackend::Create(1);
+  ASSERT_THAT(cpu, IsOk());
+  ASSERT_THAT((*cpu)->SetProductOperands(common::DType::kBF16), IsOk());
+  const model::GptConfig c = Tiny();
+  const Batch batch = MakeBatch(c, 2);
+  Stages<float> trained = MakeStages<float>(cpu->get(), c, {});
+  const auto evaluate = [&](ModelChunk& m) {
+    float loss = 0;
+    EXPECT_THAT(m.Evaluate(2, batch.tokens.data(), batch.targets.data(), &loss), IsOk());
+    return loss;
+  };
+  const auto fresh_with_weights_of = [&](ModelChunk& m) {
+    Stages<float> fresh = MakeStages<float>(cpu->get(), c, {});
+    for (const model::ParamSpec& p : m.Params()) {
+      EXPECT_THAT(fresh[0]->SetParam(p.name, *m.GetParam(p.name)), IsOk());
+    }
+    return evaluate(*fresh[0]);
+  };
+  const float initial = evaluate(*trained[0]);
+
+  RunStep(trained, batch, 2);
+  ASSERT_THAT(trained[0]->OptimizerStep({.lr = 0.05f}), IsOk());
+  const float stepped = evaluate(*trained[0]);
+  EXPECT_NE(stepped, initial);
+  EXPECT_EQ(stepped, fresh_with_weights_of(*trained[0]));
+
+  const std::string fc = "transformer.h.0.mlp.c_fc.weight";
+  std::vector<float> w = *trained[0]->GetParam(fc);
+  for (float& v : w) v *= 1.5f;
+  ASSERT_THAT(trained[0]->SetParam(fc, w), IsOk());
+  const float set = evaluate(*trained[0]);
+  EXPECT_NE(set, stepped);
+  EXPECT_EQ(set, fresh_with_weights_of(*trained[0]));
+
+  ASSERT_THAT(trained[0]->Initialize(5), IsOk());
+  EXPECT_EQ(evaluate(*trained[0]), initial);
+}
+
+// The copy is made once per step and layer, however many micro-batches read it: a
+// backend that counts the copies it makes, over two steps of three micro-batches.
+TEST(ModelChunkTest, TheBf16ProductCopyIsMadeOncePerStep) {
+  class CountingCopies : public HostBackend {
+   public:
+    absl::Status MakeProductCopy(int64_t n, const float* x, void* copy) override {
+      ++copies;
+      return HostBackend::MakeProductCopy(n, x, copy);
+    }
+    int copies = 0;
+  } backend;
+  ASSERT_THAT(backend.SetProductOperands(common::DType::kBF16), IsOk());
+  const model::GptConfig c = Tiny();
+  const Batch batch = MakeBatch(c, 3);
+  Stages<float> s = MakeStages<float>(&backend, c, {2});
+  const int layers = c.num_pipeline_layers();
+  // The embedding reads its table by lookup, not by a product: it makes no copy.
+  for (int step = 1; step <= 2; ++step) {
+    RunStep(s, batch, 3);
+    for (auto& stage : s) ASSERT_THAT(stage->OptimizerStep({.lr = 0.01f}), IsOk());
+    EXPECT_EQ(backend.copies, step * (layers - 1)) << "step " << step;
+  }
+  // fp32 products read the weights themselves: no copy.
+  ASSERT_THAT(backend.SetProductOperands(common::DType::kF32), IsOk());
+  RunStep(s, batch, 3);
+  EXPECT_EQ(backend.copies, 2 * (layers - 1));
+  EXPECT_THAT(backend.MakeProductCopy(1, s[0]->layer(0).param(0), s[0]->layer(0).param(0)),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("bf16 products")));
+}
+
 TEST(ModelChunkTest, MisuseIsAnErrorNamingTheMicroBatch) {
   HostBackend backend;
   const model::GptConfig c = Tiny();

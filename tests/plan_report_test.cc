@@ -89,23 +89,33 @@ TEST(PlanReportTest, SnapshotBytesAreShownInTextAndJson) {
 }
 
 // The precision's bytes (common/model/precision.h) are in the text and the JSON: fp32
-// state a parameter in both, activations 4 bytes stored, 4 or 2 between stages.
+// state a parameter (16 bytes) and, in bf16, the products' 2-byte copy of the weight;
+// activations 4 bytes stored, 4 or 2 between stages.
 TEST(PlanReportTest, PrecisionBytesAreShownInTextAndJson) {
-  for (const auto& [name, wire] : {std::pair{"fp32", 4}, std::pair{"bf16", 2}}) {
+  struct Row {
+    const char* name;
+    int state, wire;
+  };
+  for (const auto& [name, state, wire] : {Row{"fp32", 16, 4}, Row{"bf16", 18, 2}}) {
     PlanOptions o = TwoStages(1);
     o.precision = name;
     auto plan = MakePlan(o);
     ASSERT_TRUE(plan.ok()) << plan.status();
     const nlohmann::json j = nlohmann::json::parse(PlanJson(*plan));
     EXPECT_EQ(j["precision"], name);
-    EXPECT_EQ(j["precision_bytes"]["per_parameter"], 16);
+    EXPECT_EQ(j["precision_bytes"]["per_parameter"], state);
     EXPECT_EQ(j["precision_bytes"]["activation_stored"], 4);
     EXPECT_EQ(j["precision_bytes"]["activation_wire"], wire);
     EXPECT_THAT(RenderPlanText(*plan),
-                HasSubstr(absl::StrCat("Precision ", name,
-                                       ": 16 bytes of state a parameter; an activation element "
+                HasSubstr(absl::StrCat("Precision ", name, ": ", state,
+                                       " bytes of state a parameter; an activation element "
                                        "4 bytes stored for the backward, ",
                                        wire, " between stages")));
+    EXPECT_THAT(RenderPlanText(*plan),
+                HasSubstr(absl::StrCat(state == 16 ? "" : " + the products' copy", ", ", state,
+                                       " bytes per parameter")));
+    // The planner sizes each stage's state with the same figure.
+    for (const StagePlan& sp : plan->stages) EXPECT_EQ(sp.state_bytes, state * sp.params);
   }
 }
 

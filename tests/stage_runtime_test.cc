@@ -85,9 +85,9 @@ TEST(StageRuntimeTest, BufferBytesSaturatesInsteadOfOverflowing) {
   EXPECT_EQ(BackendChunk::BufferBytes(small, 1, 2, 3), 4u * 4 * (3 * 4 * 4));
 }
 
-// StateBytes in closed form: each range's layers' parameters x 16 bytes, as the sum over
-// layers; a range past the model (before Configure validates it) counts only the layers
-// that exist (found by tests/fuzz/configure_fuzz, corpus/configure/timeout-many-layers:
+// StateBytes in closed form: each range's layers' parameters x 16 bytes (18 in bf16), as
+// the sum over layers; a range past the model (before Configure validates it) counts only
+// the layers that exist (found by tests/fuzz/configure_fuzz, corpus/configure/timeout-many-layers:
 // sizing a range of 2^31 layers one layer at a time took minutes).
 TEST(StageRuntimeTest, StateBytesIsTheLayersParametersTimesSixteen) {
   JobConfig config;
@@ -109,6 +109,10 @@ TEST(StageRuntimeTest, StateBytesIsTheLayersParametersTimesSixteen) {
   EXPECT_EQ(StateBytes(config), by_layer(0, n));
   config.chunks = {{3, 2}};
   EXPECT_EQ(StateBytes(config), 0u);
+  // bf16 products add each weight's 2-byte bf16 copy: 18 bytes a parameter.
+  config.precision = *model::PrecisionNamed("bf16");
+  config.chunks = {{0, n}};
+  EXPECT_EQ(StateBytes(config), by_layer(0, n) / 16 * 18);
 }
 
 // A ConfigureRequest's optimizer: beta1, beta2 and eps left 0 take the stage's defaults

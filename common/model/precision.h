@@ -29,7 +29,7 @@ struct Precision {
 
 // What a precision costs in bytes (docs/USAGE.md, "Precision", has the table): the
 // training state of one parameter (state_bytes.h: fp32 master weight, gradient and
-// AdamW's two moments), one activation element stored for the backward (fp32 in both
+// AdamW's two moments, and with bf16 products the weight's bf16 copy), one activation element stored for the backward (fp32 in both
 // precisions today), and one crossing a stage boundary (the activations' dtype).
 struct PrecisionBytes {
   uint64_t per_parameter = 0;

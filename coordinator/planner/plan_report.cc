@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/byte_format.h"
+#include "common/model/state_bytes.h"
 #include "nlohmann/json.hpp"
 
 namespace pipetrain::planner {
@@ -130,10 +131,17 @@ std::string RenderPlanText(const Plan& plan) {
         "(--link-gbps), optimizer step not counted\n",
         o.device_flops / 1e12, o.link_bytes_per_s / 1e9);
   }
-  out += "\nPartition (state = weights + gradients + AdamW moments, 16 bytes per parameter";
-  out += o.snapshots ? "; snapshots = 2 steps x 12 bytes per parameter, own and the ring "
-                       "predecessor's):\n"
-                     : "; in-memory snapshots off):\n";
+  out += absl::StrFormat(
+      "\nPartition (state = weights + gradients + AdamW moments%s, %d bytes per parameter",
+      bytes.per_parameter > model::StateBytesPerParam() ? " + the products' copy" : "",
+      bytes.per_parameter);
+  if (o.snapshots) {
+    out += absl::StrFormat(
+        "; snapshots = %d steps x %g bytes per parameter, own and the ring predecessor's):\n",
+        kSnapshotSteps, SnapshotBytesPerParam());
+  } else {
+    out += "; in-memory snapshots off):\n";
+  }
   out += absl::StrFormat("  %-6s %-28s %10s %12s %12s %12s %12s %10s\n", "stage", "layers",
                          "params", "state", "snapshots", "activations", "memory", "in-flight");
   for (const StagePlan& sp : plan.stages) {

@@ -12,7 +12,9 @@
 
 namespace pipetrain::planner {
 
-double StateBytesPerParam() { return static_cast<double>(model::StateBytesPerParam()); }
+double StateBytesPerParam(const PlanOptions& o) {
+  return static_cast<double>(PrecisionBytesOf(o).per_parameter);
+}
 double SnapshotBytesPerParam() { return static_cast<double>(model::CheckpointBytesPerParam()); }
 double GradientBytesPerParam() { return static_cast<double>(model::GradientBytesPerParam()); }
 
@@ -116,7 +118,7 @@ absl::StatusOr<Partition> PartitionLayers(const PlanOptions& o,
   // A stage's own snapshots count here; its predecessor's copy depends on the other
   // part's split, so it is checked on the whole plan.
   const double per_param =
-      StateBytesPerParam() + (o.snapshots ? kSnapshotSteps * SnapshotBytesPerParam() : 0);
+      StateBytesPerParam(o) + (o.snapshots ? kSnapshotSteps * SnapshotBytesPerParam() : 0);
   for (const model::LayerCost& c : cost) {
     limit.weight_bytes.push_back(per_param * c.params);
     limit.activation_bytes.push_back(
@@ -211,7 +213,7 @@ void PlaceChunks(const PlanOptions& o, const Partition& partition,
 void AddStageFigures(const PlanOptions& o, Plan& plan) {
   const int k = o.stages;
   for (StagePlan& sp : plan.stages) {
-    sp.state_bytes = StateBytesPerParam() * sp.params;
+    sp.state_bytes = StateBytesPerParam(o) * sp.params;
     // Free transfer in the formulas' setting, as for the stage links: the bytes stay real.
     if (o.replicas > 1) {
       sp.allreduce_bytes = GradientBytesPerParam() * static_cast<double>(sp.params);

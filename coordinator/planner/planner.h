@@ -26,10 +26,12 @@ namespace pipetrain::planner {
 enum class PartitionMode { kCount, kParams, kCost };
 absl::StatusOr<PartitionMode> ParsePartitionMode(absl::string_view name);  // count|params|cost
 
-// Bytes of training state per parameter (model::StateBytesPerParam: weight, gradient,
-// AdamW's two moments) and of its in-memory snapshot (model::CheckpointBytesPerParam:
-// no gradient), from common/model/state_bytes.h, as the stages count them.
-double StateBytesPerParam();
+// Bytes of training state per parameter in the options' precision
+// (model::StateBytesPerParam: weight, gradient, AdamW's two moments, the products' bf16
+// copy in bf16) and of its in-memory snapshot (model::CheckpointBytesPerParam: no
+// gradient, no copy), from common/model/state_bytes.h, as the stages count them.
+struct PlanOptions;
+double StateBytesPerParam(const PlanOptions& o);
 double SnapshotBytesPerParam();
 // A stage keeps the two newest steps' snapshots (stage_server/snapshot_store.h).
 inline constexpr int kSnapshotSteps = 2;

@@ -99,6 +99,22 @@ class BackendT {
   virtual absl::Status Matmul(bool trans_a, bool trans_b, int m, int n, int k, Real alpha,
                               const Real* a, const Real* b, Real beta, Real* c) = 0;
 
+  // ---- A weight's product copy ------------------------------------------------------
+  // Between two optimizer steps every micro-batch's products read the same weights. With
+  // bf16 products a layer keeps each weight also as the products take it, made once after
+  // the weights change (PipelineLayer::ProductCopy), and MatmulByCopy reads that copy
+  // instead of rounding the fp32 weight again on every call. Same numbers as Matmul on
+  // the weight: rounding a bf16 value gives it back.
+  // Bytes of the copy of n elements: 0 while products take fp32 (they read the weight).
+  virtual int64_t ProductCopyBytes(int64_t n) const = 0;
+  // copy = x as the products take it (bf16: rounded), in ProductCopyBytes(n) bytes; only
+  // with bf16 products (FailedPrecondition otherwise).            x (N), copy (N)
+  virtual absl::Status MakeProductCopy(int64_t n, const Real* x, void* copy) = 0;
+  // Matmul with b read from its product copy (MakeProductCopy of a b of the same shape
+  // and layout); only with bf16 products.
+  virtual absl::Status MatmulByCopy(bool trans_a, bool trans_b, int m, int n, int k, Real alpha,
+                                    const Real* a, const void* b_copy, Real beta, Real* c) = 0;
+
   // ---- Elementwise and bias ---------------------------------------------------------
   // out = a + b (residual connection); out may alias a or b.           all (N)
   virtual absl::Status Add(int64_t n, const Real* a, const Real* b, Real* out) = 0;

@@ -6,6 +6,7 @@
 #include <cstdlib>
 
 #include "absl/strings/str_cat.h"
+#include "common/bf16.h"
 #include "common/status_macros.h"
 #include "stage_server/compute/backend_buffer.h"
 #include "stage_server/compute/fast_math.h"
@@ -100,6 +101,33 @@ absl::Status CpuBackend::Matmul(bool trans_a, bool trans_b, int m, int n, int k,
                         ProductShape::RowMajor(trans_a, trans_b, m, n, k, trans_a ? m : k,
                                                trans_b ? k : n, n, alpha, beta),
                         a, b, c);
+}
+
+int64_t CpuBackend::ProductCopyBytes(int64_t n) const {
+  return bf16_products() ? n * static_cast<int64_t>(common::DTypeSize(common::DType::kBF16)) : 0;
+}
+
+absl::Status CpuBackend::MakeProductCopy(int64_t n, const float* x, void* copy) {
+  ASSIGN_OR_RETURN(const OpCall call, CheckMakeProductCopy(Name(), n, x, copy));
+  if (!bf16_products()) return ProductCopyWithoutBf16(Name(), call);
+  auto* out = static_cast<uint16_t*>(copy);
+  ForRanges(loop_threads_, n, MinItems(1), [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) out[i] = common::FloatToBf16Bits(x[i]);
+  });
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::MatmulByCopy(bool trans_a, bool trans_b, int m, int n, int k,
+                                      float alpha, const float* a, const void* b_copy,
+                                      float beta, float* c) {
+  ASSIGN_OR_RETURN(const OpCall call, CheckMatmulByCopy(Name(), m, n, k, a, b_copy, c));
+  if (!bf16_products()) return ProductCopyWithoutBf16(Name(), call);
+  if (call.empty()) return absl::OkStatus();
+  if (k == 0) return Matmul(trans_a, trans_b, m, n, 0, alpha, nullptr, nullptr, beta, c);
+  return products_->RunWithBf16B(
+      ProductShape::RowMajor(trans_a, trans_b, m, n, k, trans_a ? m : k, trans_b ? k : n, n,
+                             alpha, beta),
+      a, static_cast<const uint16_t*>(b_copy), c);
 }
 
 namespace {

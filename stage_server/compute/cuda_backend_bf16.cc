@@ -35,7 +35,8 @@ absl::Status CudaBackend::GemmBf16(bool trans_a, bool trans_b, int m, int n, int
                                    const float* a, int lda, int64_t stride_a, const float* b,
                                    int ldb, int64_t stride_b, float beta, float* c, int ldc,
                                    int64_t stride_c, int batch,
-                                   absl::FunctionRef<std::string()> where) {
+                                   absl::FunctionRef<std::string()> where,
+                                   const uint16_t* b_bf16) {
   // a is stored (m, k), or (k, m) when transposed; b (k, n), or (n, k). Only what the
   // product reads is rounded: from the first element to the last of the last matrix,
   // which includes what lies between rows (attention's other heads): rounded, not read.
@@ -45,15 +46,18 @@ absl::Status CudaBackend::GemmBf16(bool trans_a, bool trans_b, int m, int n, int
       RowMajorSpan(trans_b ? n : k, trans_b ? k : n, ldb, stride_b, batch);
   RETURN_IF_ERROR(EnsureScratch(&bf16_a_, &bf16_a_bytes_, Bf16Bytes(a_elements),
                                 "bf16 operand a"));
-  RETURN_IF_ERROR(EnsureScratch(&bf16_b_, &bf16_b_bytes_, Bf16Bytes(b_elements),
-                                "bf16 operand b"));
   auto* a16 = static_cast<uint16_t*>(bf16_a_);
-  auto* b16 = static_cast<uint16_t*>(bf16_b_);
   const cudaStream_t s = S(stream_);
   CUDA_CHECK(ck::ToBf16Bits(a_elements, a, a16, s), where(), ": rounding operand a (",
              a_elements, " elements) to bf16");
-  CUDA_CHECK(ck::ToBf16Bits(b_elements, b, b16, s), where(), ": rounding operand b (",
-             b_elements, " elements) to bf16");
+  const uint16_t* b16 = b_bf16;
+  if (b16 == nullptr) {
+    RETURN_IF_ERROR(EnsureScratch(&bf16_b_, &bf16_b_bytes_, Bf16Bytes(b_elements),
+                                  "bf16 operand b"));
+    CUDA_CHECK(ck::ToBf16Bits(b_elements, b, static_cast<uint16_t*>(bf16_b_), s), where(),
+               ": rounding operand b (", b_elements, " elements) to bf16");
+    b16 = static_cast<const uint16_t*>(bf16_b_);
+  }
 
   // The same column-major mapping as Gemm (c^T = op(b)^T op(a)^T), on the copies, which
   // keep the leading dimensions and strides of the originals.

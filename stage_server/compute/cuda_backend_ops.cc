@@ -100,6 +100,34 @@ absl::Status CudaBackend::Matmul(bool trans_a, bool trans_b, int m, int n, int k
   });
 }
 
+// ---- A weight's product copy ------------------------------------------------------------
+
+int64_t CudaBackend::ProductCopyBytes(int64_t n) const {
+  return bf16_products() ? n * static_cast<int64_t>(common::DTypeSize(common::DType::kBF16)) : 0;
+}
+
+absl::Status CudaBackend::MakeProductCopy(int64_t n, const float* x, void* copy) {
+  ASSIGN_OR_RETURN(const OpCall call, CheckMakeProductCopy(Name(), n, x, copy));
+  if (!bf16_products()) return ProductCopyWithoutBf16(Name(), call);
+  return Run(call, [&](cudaStream_t s) {
+    return ck::ToBf16Bits(n, x, static_cast<uint16_t*>(copy), s);
+  });
+}
+
+absl::Status CudaBackend::MatmulByCopy(bool trans_a, bool trans_b, int m, int n, int k,
+                                       float alpha, const float* a, const void* b_copy,
+                                       float beta, float* c) {
+  ASSIGN_OR_RETURN(const OpCall call, CheckMatmulByCopy(Name(), m, n, k, a, b_copy, c));
+  if (!bf16_products()) return ProductCopyWithoutBf16(Name(), call);
+  if (k == 0) return Matmul(trans_a, trans_b, m, n, 0, alpha, nullptr, nullptr, beta, c);
+  return Run(call, [&](cudaStream_t) -> absl::Status {
+    const int lda = trans_a ? m : k;  // a is (k, m) or (m, k)
+    const int ldb = trans_b ? k : n;  // the copy is (n, k) or (k, n)
+    return GemmBf16(trans_a, trans_b, m, n, k, alpha, a, lda, 0, nullptr, ldb, 0, beta, c, n, 0,
+                    1, [&] { return call.ToString(); }, static_cast<const uint16_t*>(b_copy));
+  });
+}
+
 // ---- Elementwise ------------------------------------------------------------------------
 
 absl::Status CudaBackend::Add(int64_t n, const float* a, const float* b, float* out) {

@@ -147,18 +147,18 @@ class Gpt2BlockLayer : public BlockLayer<Real> {
     RETURN_IF_ERROR(be->LayerNormForward(rows, C, x, W(P::kLn1Weight), W(P::kLn1Bias), a.ln1,
                                          a.mean1, a.rstd1));
     RETURN_IF_ERROR(
-        be->Matmul(false, false, rows, 3 * C, C, 1, a.ln1, W(P::kAttnWeight), 0, a.qkv));
+        this->MatmulByParam(rows, 3 * C, C, a.ln1, P::kAttnWeight, false, a.qkv));
     RETURN_IF_ERROR(be->AddBias(rows, 3 * C, W(P::kAttnBias), a.qkv));
     RETURN_IF_ERROR(attention(a.qkv, a.att));
-    RETURN_IF_ERROR(be->Matmul(false, false, rows, C, C, 1, a.att, W(P::kAttnProjWeight), 0, a.x2));
+    RETURN_IF_ERROR(this->MatmulByParam(rows, C, C, a.att, P::kAttnProjWeight, false, a.x2));
     RETURN_IF_ERROR(be->AddBias(rows, C, W(P::kAttnProjBias), a.x2));
     RETURN_IF_ERROR(be->Add(RC, a.x2, x, a.x2));
     RETURN_IF_ERROR(be->LayerNormForward(rows, C, a.x2, W(P::kLn2Weight), W(P::kLn2Bias), a.ln2,
                                          a.mean2, a.rstd2));
-    RETURN_IF_ERROR(be->Matmul(false, false, rows, F, C, 1, a.ln2, W(P::kFcWeight), 0, a.fc));
+    RETURN_IF_ERROR(this->MatmulByParam(rows, F, C, a.ln2, P::kFcWeight, false, a.fc));
     RETURN_IF_ERROR(be->AddBias(rows, F, W(P::kFcBias), a.fc));
     RETURN_IF_ERROR(be->GeluForward(int64_t{rows} * F, a.fc, a.gelu));
-    RETURN_IF_ERROR(be->Matmul(false, false, rows, C, F, 1, a.gelu, W(P::kMlpProjWeight), 0, out));
+    RETURN_IF_ERROR(this->MatmulByParam(rows, C, F, a.gelu, P::kMlpProjWeight, false, out));
     RETURN_IF_ERROR(be->AddBias(rows, C, W(P::kMlpProjBias), out));
     return be->Add(RC, out, a.x2, out);
   }
@@ -227,25 +227,25 @@ absl::Status Gpt2BlockLayer<Real>::BackwardInput(Stash<Real>& s, const Real* gra
   ASSIGN_OR_RETURN(Real * dy, s.New(be, kDy, NC));  // (N, C)
   RETURN_IF_ERROR(be->Copy(dy, grad_output, BytesOf<Real>(NC)));
   ASSIGN_OR_RETURN(Real * df, s.New(be, kDf, int64_t{N} * F));  // (N, 4C)
-  RETURN_IF_ERROR(be->Matmul(false, true, N, F, C, 1, dy, W(P::kMlpProjWeight), 0, df));
+  RETURN_IF_ERROR(this->MatmulByParam(N, F, C, dy, P::kMlpProjWeight, true, df));
   RETURN_IF_ERROR(be->GeluBackward(int64_t{N} * F, s.get(kFc), df, df));
   s.Release(kFc);  // pre-GELU values are not needed by the weight half
   ASSIGN_OR_RETURN(Real * dh, s.New(be, kDh, NC));  // (N, C)
-  RETURN_IF_ERROR(be->Matmul(false, true, N, C, F, 1, df, W(P::kFcWeight), 0, dh));
+  RETURN_IF_ERROR(this->MatmulByParam(N, C, F, df, P::kFcWeight, true, dh));
   ASSIGN_OR_RETURN(Real * dx2, s.New(be, kDx2, NC));  // (N, C)
   RETURN_IF_ERROR(be->Copy(dx2, dy, BytesOf<Real>(NC)));
   RETURN_IF_ERROR(be->LayerNormBackward(N, C, dh, s.get(kX2), W(P::kLn2Weight), s.get(kMean2),
                                         s.get(kRstd2), dx2, nullptr, nullptr));
   // Attention: x2 = x + att Wo + bo, att = attn(ln1 Wqkv + bqkv).
   ASSIGN_OR_RETURN(auto datt, BackendBuffer<Real>::Elements(be, NC));
-  RETURN_IF_ERROR(be->Matmul(false, true, N, C, C, 1, dx2, W(P::kAttnProjWeight), 0, datt.data()));
+  RETURN_IF_ERROR(this->MatmulByParam(N, C, C, dx2, P::kAttnProjWeight, true, datt.data()));
   ASSIGN_OR_RETURN(Real * dqkv, s.New(be, kDqkv, int64_t{N} * 3 * C));  // (N, 3C)
   RETURN_IF_ERROR(
       be->AttentionBackward(B, T, C, NH, datt.data(), s.get(kQkv), s.get(kProbs), dqkv));
   s.Release(kQkv);
   s.Release(kProbs);
   ASSIGN_OR_RETURN(Real * dln1, s.New(be, kDln1, NC));  // (N, C)
-  RETURN_IF_ERROR(be->Matmul(false, true, N, C, 3 * C, 1, dqkv, W(P::kAttnWeight), 0, dln1));
+  RETURN_IF_ERROR(this->MatmulByParam(N, C, 3 * C, dqkv, P::kAttnWeight, true, dln1));
   RETURN_IF_ERROR(be->Copy(grad_input, dx2, BytesOf<Real>(NC)));
   return be->LayerNormBackward(N, C, dln1, x, W(P::kLn1Weight), s.get(kMean1), s.get(kRstd1),
                                grad_input, nullptr, nullptr);
@@ -348,7 +348,7 @@ class Gpt2HeadLayer : public HeadLayer<Real> {
     RETURN_IF_ERROR(be->CrossEntropyBackward(N, V, dlogits, s.ints(kTargets),
                                              loss_grad / static_cast<Real>(N), dlogits));
     ASSIGN_OR_RETURN(Real * dln, s.New(be, kDln, int64_t{N} * C));  // (N, C)
-    RETURN_IF_ERROR(be->Matmul(false, false, N, C, V, 1, dlogits, W(P::kLmHead), 0, dln));
+    RETURN_IF_ERROR(this->MatmulByParam(N, C, V, dlogits, P::kLmHead, false, dln));
     RETURN_IF_ERROR(be->Zero(grad_input, BytesOf<Real>(int64_t{N} * C)));
     return be->LayerNormBackward(N, C, dln, static_cast<const Real*>(s.input()),
                                  W(P::kLnFWeight), s.get(kMean), s.get(kRstd), grad_input,
@@ -377,7 +377,7 @@ class Gpt2HeadLayer : public HeadLayer<Real> {
     const int C = this->config_.d_model, V = this->config_.vocab_size;
     RETURN_IF_ERROR(
         be->LayerNormForward(rows, C, x, W(P::kLnFWeight), W(P::kLnFBias), ln, mean, rstd));
-    return be->Matmul(false, true, rows, V, C, 1, ln, W(P::kLmHead), 0, out);
+    return this->MatmulByParam(rows, V, C, ln, P::kLmHead, true, out);
   }
   Real* W(P::Param p) const { return this->param(p); }
   Real* G(P::Param p) const { return this->grad(p); }

@@ -1,6 +1,7 @@
 #include "stage_server/compute/gpt_layers.h"
 
 #include <algorithm>
+#include <cstddef>
 
 #include "absl/strings/str_cat.h"
 #include "common/model/init.h"
@@ -37,9 +38,38 @@ absl::Status PipelineLayer<Real>::Initialize(uint64_t seed) {
     std::vector<Real> v(values[i].begin(), values[i].end());
     RETURN_IF_ERROR(backend_->CopyFromHost(param(i), v.data(), BytesOf<Real>(v.size())));
   }
+  ParamsChanged();
   adam_m_.Reset();  // fresh optimizer state
   adam_v_.Reset();
   return ZeroGrads();
+}
+
+template <typename Real>
+absl::StatusOr<const void*> PipelineLayer<Real>::ProductCopy(int i) {
+  const int64_t bytes = backend_->ProductCopyBytes(num_params_);
+  if (bytes == 0) return nullptr;
+  // Remade from scratch when the products' dtype changed since (the backend is shared).
+  if (product_copy_.bytes() != static_cast<size_t>(bytes) ||
+      product_copy_dtype_ != backend_->product_operands()) {
+    product_copy_.Reset();
+    ASSIGN_OR_RETURN(product_copy_, BackendBuffer<Real>::Allocate(backend_, bytes));
+    product_copy_dtype_ = backend_->product_operands();
+    product_copy_fresh_ = false;
+  }
+  if (!product_copy_fresh_) {
+    RETURN_IF_ERROR(backend_->MakeProductCopy(num_params_, params_.data(), product_copy_.raw()));
+    product_copy_fresh_ = true;
+  }
+  // Offsets scale with the copy's bytes per element.
+  return static_cast<const std::byte*>(product_copy_.raw()) + offsets_[i] * (bytes / num_params_);
+}
+
+template <typename Real>
+absl::Status PipelineLayer<Real>::MatmulByParam(int m, int n, int k, const Real* a, int i,
+                                                bool trans_w, Real* c) {
+  ASSIGN_OR_RETURN(const void* copy, ProductCopy(i));
+  if (copy == nullptr) return backend_->Matmul(false, trans_w, m, n, k, 1, a, param(i), 0, c);
+  return backend_->MatmulByCopy(false, trans_w, m, n, k, 1, a, copy, 0, c);
 }
 
 template <typename Real>
@@ -77,6 +107,7 @@ absl::Status PipelineLayer<Real>::AdamWStep(float lr, float beta1, float beta2, 
                                     adam_v_.data() + off, lr, beta1, beta2, eps,
                                     specs_[i].is_matrix ? weight_decay : 0.0f, step));
   }
+  ParamsChanged();
   return absl::OkStatus();
 }
 

@@ -84,7 +84,8 @@ class PipelineLayer {
   const std::vector<model::ParamSpec>& specs() const { return specs_; }
   int64_t num_params() const { return num_params_; }
 
-  // Parameter i (model::LayerParams order) and its gradient, in backend memory.
+  // Parameter i (model::LayerParams order) and its gradient, in backend memory. Whoever
+  // writes parameters through these pointers calls ParamsChanged afterwards.
   Real* param(int i) const { return params_.data() + offsets_[i]; }
   Real* grad(int i) const { return grads_.data() + offsets_[i]; }
   Real* all_params() const { return params_.data(); }  // (num_params)
@@ -95,6 +96,14 @@ class PipelineLayer {
   absl::Status EnsureOptimizerState();  // zeroed moments if there are none yet
   Real* adam_m(int i) const { return adam_m_.data() + offsets_[i]; }
   Real* adam_v(int i) const { return adam_v_.data() + offsets_[i]; }
+
+  // The copy of parameter i the products read (Backend::MakeProductCopy; bf16 products
+  // only), remade from the parameters when they changed since the last one: once per
+  // step, after the optimizer. nullptr while the backend's products take fp32.
+  absl::StatusOr<const void*> ProductCopy(int i);
+  // The parameters were written (loaded, imported, stepped): the next ProductCopy remakes
+  // the copy. The layer's own writers (Initialize, AdamWStep) call it themselves.
+  void ParamsChanged() { product_copy_fresh_ = false; }
 
   // Sets the parameters to model::InitLayerParams(config, index, seed) and zeroes gradients
   // and optimizer state.
@@ -133,6 +142,9 @@ class PipelineLayer {
   PipelineLayer(const model::GptConfig& config, int index, BackendT<Real>* backend)
       : config_(config), index_(index), backend_(backend) {}
   absl::Status AllocateParams();
+  // c (m, n) = a (m, k) @ op(param i), op transposing when trans_w: a product by a
+  // weight, read from its product copy when there is one.
+  absl::Status MatmulByParam(int m, int n, int k, const Real* a, int i, bool trans_w, Real* c);
 
   model::GptConfig config_;
   int index_;
@@ -141,6 +153,11 @@ class PipelineLayer {
   std::vector<int64_t> offsets_;
   int64_t num_params_ = 0;
   BackendBuffer<Real> params_, grads_, adam_m_, adam_v_;
+  // Every parameter as the products take it, at the parameters' offsets, in
+  // product_copy_dtype_; made by ProductCopy, stale once product_copy_fresh_ is false.
+  BackendBuffer<Real> product_copy_;
+  common::DType product_copy_dtype_ = common::DType::kF32;
+  bool product_copy_fresh_ = false;
 };
 
 // ---- The three kinds, and what generation asks of each --------------------------------

@@ -1,10 +1,12 @@
 #include "stage_server/compute/host_backend.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "stage_server/compute/backend_buffer.h"
 #include "stage_server/compute/op_checks.h"
 #include "stage_server/compute/reference_ops.h"
 
@@ -76,6 +78,35 @@ absl::Status HostBackendT<Real>::Matmul(bool trans_a, bool trans_b, int m, int n
   ASSIGN_OR_RETURN(const OpCall call, CheckMatmul(Name(), m, n, k, a, b, c));
   if (!call.empty()) {
     reference::Matmul(trans_a, trans_b, m, n, k, alpha, a, b, beta, c, this->bf16_products());
+  }
+  return absl::OkStatus();
+}
+
+template <typename Real>
+int64_t HostBackendT<Real>::ProductCopyBytes(int64_t n) const {
+  return this->bf16_products() ? static_cast<int64_t>(BytesOf<Real>(n)) : 0;
+}
+
+template <typename Real>
+absl::Status HostBackendT<Real>::MakeProductCopy(int64_t n, const Real* x, void* copy) {
+  ASSIGN_OR_RETURN(const OpCall call, CheckMakeProductCopy(Name(), n, x, copy));
+  if (!this->bf16_products()) return ProductCopyWithoutBf16(Name(), call);
+  if (call.empty()) return absl::OkStatus();
+  Real* out = static_cast<Real*>(copy);
+  std::copy(x, x + n, out);
+  reference::RoundToBf16(n, out);
+  return absl::OkStatus();
+}
+
+template <typename Real>
+absl::Status HostBackendT<Real>::MatmulByCopy(bool trans_a, bool trans_b, int m, int n, int k,
+                                              Real alpha, const Real* a, const void* b_copy,
+                                              Real beta, Real* c) {
+  ASSIGN_OR_RETURN(const OpCall call, CheckMatmulByCopy(Name(), m, n, k, a, b_copy, c));
+  if (!this->bf16_products()) return ProductCopyWithoutBf16(Name(), call);
+  if (!call.empty()) {
+    reference::Matmul(trans_a, trans_b, m, n, k, alpha, a, static_cast<const Real*>(b_copy),
+                      beta, c, /*bf16_operands=*/true);
   }
   return absl::OkStatus();
 }

@@ -345,8 +345,10 @@ absl::Status ModelChunkT<Real>::CopyIn(absl::string_view name, Field field,
     return absl::InvalidArgumentError(absl::StrCat(
         "parameter \"", name, "\" has ", spec.num_elements(), " elements, got ", values.size()));
   }
-  return backend_->CopyFromHost(Address(*found.first, found.second, field), values.data(),
-                                BytesOf<Real>(values.size()));
+  RETURN_IF_ERROR(backend_->CopyFromHost(Address(*found.first, found.second, field),
+                                         values.data(), BytesOf<Real>(values.size())));
+  if (field == Field::kParam) found.first->ParamsChanged();
+  return absl::OkStatus();
 }
 
 template <typename Real>

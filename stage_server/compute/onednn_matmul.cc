@@ -141,9 +141,10 @@ bool OneDnnMatmul::bf16_native() {
 }
 
 absl::StatusOr<OneDnnMatmul::Entry*> OneDnnMatmul::EntryFor(common::DType operands,
-                                                           const ProductShape& p) {
+                                                           const ProductShape& p,
+                                                           bool b_given) {
   const bool bf16 = operands == common::DType::kBF16;
-  std::array<int64_t, 20> key = {bf16, p.batch0, p.batch1, p.m, p.n, p.k,
+  std::array<int64_t, 21> key = {bf16, b_given, p.batch0, p.batch1, p.m, p.n, p.k,
                               p.a.batch0, p.a.batch1, p.a.row, p.a.col,
                               p.b.batch0, p.b.batch1, p.b.row, p.b.col,
                               p.c.batch0, p.c.batch1, p.c.row, p.c.col,
@@ -154,7 +155,7 @@ absl::StatusOr<OneDnnMatmul::Entry*> OneDnnMatmul::EntryFor(common::DType operan
   const dnnl_data_type_t in = bf16 ? dnnl_bf16 : dnnl_f32;
   // bf16 operands are rounded into dense scratch; fp32 ones are read where they are.
   const MatrixStrides sa = bf16 ? Bf16Layout(p.batch1, p.m, p.k, p.a) : p.a;
-  const MatrixStrides sb = bf16 ? Bf16Layout(p.batch1, p.k, p.n, p.b) : p.b;
+  const MatrixStrides sb = bf16 && !b_given ? Bf16Layout(p.batch1, p.k, p.n, p.b) : p.b;
   ASSIGN_OR_RETURN(dnnl_memory_desc_t a, ViewDesc(p.batch0, p.batch1, p.m, p.k, sa, in));
   ASSIGN_OR_RETURN(dnnl_memory_desc_t b, ViewDesc(p.batch0, p.batch1, p.k, p.n, sb, in));
   ASSIGN_OR_RETURN(dnnl_memory_desc_t c, ViewDesc(p.batch0, p.batch1, p.m, p.n, p.c, dnnl_f32));
@@ -203,9 +204,20 @@ absl::Status OneDnnMatmul::Run(common::DType operands, const ProductShape& p, co
     a_data = a16_.data();
     b_data = b16_.data();
   }
+  return Execute(e, a_data, b_data, c);
+}
+
+absl::Status OneDnnMatmul::RunWithBf16B(const ProductShape& p, const float* a,
+                                        const uint16_t* b16, float* c) {
+  ASSIGN_OR_RETURN(Entry * e, EntryFor(common::DType::kBF16, p, /*b_given=*/true));
+  ToBf16(threads_, a, p.batch0, p.batch1, p.m, p.k, p.a, a16_);
+  return Execute(e, a16_.data(), b16, c);
+}
+
+absl::Status OneDnnMatmul::Execute(Entry* e, const void* a, const void* b, float* c) {
   // oneDNN takes non-const handles; it only reads the operands.
-  RETURN_IF_ERROR(Check(dnnl_memory_set_data_handle(e->a.h, const_cast<void*>(a_data)), "a"));
-  RETURN_IF_ERROR(Check(dnnl_memory_set_data_handle(e->b.h, const_cast<void*>(b_data)), "b"));
+  RETURN_IF_ERROR(Check(dnnl_memory_set_data_handle(e->a.h, const_cast<void*>(a)), "a"));
+  RETURN_IF_ERROR(Check(dnnl_memory_set_data_handle(e->b.h, const_cast<void*>(b)), "b"));
   RETURN_IF_ERROR(Check(dnnl_memory_set_data_handle(e->c.h, c), "c"));
   const dnnl_exec_arg_t args[] = {
       {DNNL_ARG_SRC, e->a.h}, {DNNL_ARG_WEIGHTS, e->b.h}, {DNNL_ARG_DST, e->c.h}};

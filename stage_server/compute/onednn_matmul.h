@@ -35,6 +35,8 @@ class OneDnnMatmul : public Products {
   std::string Name() const override { return "onednn"; }
   absl::Status Run(common::DType operands, const ProductShape& p, const float* a,
                    const float* b, float* c) override;
+  absl::Status RunWithBf16B(const ProductShape& p, const float* a, const uint16_t* b16,
+                            float* c) override;
 
   size_t cached_primitives() const { return cache_.size(); }
   // Whether this processor has bf16 dot-product instructions (avx512_bf16 or amx).
@@ -45,12 +47,16 @@ class OneDnnMatmul : public Products {
 
  private:
   OneDnnMatmul(int threads, std::unique_ptr<Handles> handles);
-  absl::StatusOr<Entry*> EntryFor(common::DType operands, const ProductShape& p);
+  // `b_given`: b comes in bf16 as p.b lays it out (not rounded into dense scratch).
+  absl::StatusOr<Entry*> EntryFor(common::DType operands, const ProductShape& p,
+                                  bool b_given = false);
+  absl::Status Execute(Entry* e, const void* a, const void* b, float* c);
 
   int threads_;
   std::unique_ptr<Handles> handles_;
-  // Key: operand precision, batches, sizes, the three views' strides, alpha, beta.
-  std::map<std::array<int64_t, 20>, std::unique_ptr<Entry>> cache_;
+  // Key: operand precision, b given in bf16, batches, sizes, the three views' strides,
+  // alpha, beta.
+  std::map<std::array<int64_t, 21>, std::unique_ptr<Entry>> cache_;
   std::vector<uint16_t> a16_, b16_;  // bf16 operands of the product being run
 };
 

@@ -98,6 +98,30 @@ absl::StatusOr<OpCall> CheckMatmul(absl::string_view backend, int m, int n, int 
       .Done();
 }
 
+absl::StatusOr<OpCall> CheckMatmulByCopy(absl::string_view backend, int m, int n, int k,
+                                         const void* a, const void* b_copy, const void* c) {
+  return OpCheck(backend, "MatmulByCopy", {{"m", m}, {"n", n}, {"k", k}})
+      .EmptyIf(m == 0 || n == 0)
+      .Need({{"c", c}})
+      .NeedIf(k > 0, "a", a)
+      .NeedIf(k > 0, "b_copy", b_copy)
+      .Done();
+}
+
+absl::StatusOr<OpCall> CheckMakeProductCopy(absl::string_view backend, int64_t n,
+                                            const void* x, const void* copy) {
+  return OpCheck(backend, "MakeProductCopy", {{"n", n}})
+      .EmptyIf(n == 0)
+      .Need({{"x", x}, {"copy", copy}})
+      .Done();
+}
+
+absl::Status ProductCopyWithoutBf16(absl::string_view backend, const OpCall& call) {
+  return absl::FailedPreconditionError(
+      absl::StrCat(backend, " backend: ", call.ToString(),
+                   ": a weight's product copy exists only with bf16 products"));
+}
+
 absl::StatusOr<OpCall> CheckAdd(absl::string_view backend, int64_t n, const void* a,
                                 const void* b, const void* out) {
   return OpCheck(backend, "Add", {{"n", n}})

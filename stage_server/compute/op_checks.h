@@ -47,6 +47,11 @@ absl::StatusOr<OpCall> CheckCopy2D(absl::string_view backend, int rows, int cols
                                    int64_t src_stride, const void* dst, int64_t dst_stride);
 absl::StatusOr<OpCall> CheckMatmul(absl::string_view backend, int m, int n, int k,
                                    const void* a, const void* b, const void* c);
+// MatmulByCopy: Matmul's check, with b its product copy.
+absl::StatusOr<OpCall> CheckMatmulByCopy(absl::string_view backend, int m, int n, int k,
+                                         const void* a, const void* b_copy, const void* c);
+absl::StatusOr<OpCall> CheckMakeProductCopy(absl::string_view backend, int64_t n,
+                                            const void* x, const void* copy);
 absl::StatusOr<OpCall> CheckAdd(absl::string_view backend, int64_t n, const void* a,
                                 const void* b, const void* out);
 absl::StatusOr<OpCall> CheckAxpy(absl::string_view backend, int64_t n, const void* x,
@@ -101,6 +106,10 @@ absl::StatusOr<OpCall> CheckCrossEntropyBackward(absl::string_view backend, int 
 // step counts from 1.
 absl::StatusOr<OpCall> CheckAdamW(absl::string_view backend, int64_t n, const void* param,
                                   const void* grad, const void* m, const void* v, int step);
+
+// FailedPrecondition for MakeProductCopy and MatmulByCopy while the products take fp32:
+// a weight's product copy exists only with bf16 products.
+absl::Status ProductCopyWithoutBf16(absl::string_view backend, const OpCall& call);
 
 // InvalidArgument "<backend> backend: <call>: <what>[<position>] = <id> is outside the
 // vocabulary [0, V)": the one wording of a bad token or target on every backend.

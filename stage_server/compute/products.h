@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "common/tensor.h"
 
 namespace pipetrain::compute {
@@ -43,6 +44,13 @@ class Products {
   // check (op_checks.h); k > 0.
   virtual absl::Status Run(common::DType operands, const ProductShape& p, const float* a,
                            const float* b, float* c) = 0;
+  // The bf16 product with b given already rounded (bf16 bits, laid out as p.b says): a
+  // weight's product copy. The same numbers as Run(kBF16, ...) on the fp32 b it was made
+  // from. This default is an engine without bf16 products.
+  virtual absl::Status RunWithBf16B(const ProductShape& p, const float* a, const uint16_t* b16,
+                                    float* c) {
+    return absl::UnimplementedError(absl::StrCat(Name(), " products: no bf16 products"));
+  }
 };
 
 }  // namespace pipetrain::compute

@@ -38,6 +38,19 @@ void AddElementwiseBadCases(std::vector<BadCase>& b) {
   b.push_back(Bad("Matmul", "b null with k > 0", mat, [](Backend& be, T& t) {
     return be.Matmul(true, false, 3, 4, 2, 1, t["a"], nullptr, 0, t["c"]);
   }, "b is null"));
+  // The weight's product copy: checked before the precision, so in fp32 too.
+  b.push_back(Bad("MatmulByCopy", "k < 0", mat, [](Backend& be, T& t) {
+    return be.MatmulByCopy(false, false, 3, 4, -2, 1, t["a"], t["b"], 0, t["c"]);
+  }, "k = -2 is negative"));
+  b.push_back(Bad("MatmulByCopy", "b_copy null with k > 0", mat, [](Backend& be, T& t) {
+    return be.MatmulByCopy(false, true, 3, 4, 2, 1, t["a"], nullptr, 0, t["c"]);
+  }, "b_copy is null"));
+  b.push_back(Bad("MakeProductCopy", "n < 0", mat, [](Backend& be, T& t) {
+    return be.MakeProductCopy(-3, t["a"], t["b"]);
+  }, "n = -3 is negative"));
+  b.push_back(Bad("MakeProductCopy", "copy null", mat, [](Backend& be, T& t) {
+    return be.MakeProductCopy(8, t["a"], nullptr);
+  }, "copy is null"));
   const std::vector<TensorSpec> vec = {In("a", 16), In("b", 16), Out("out", 16)};
   b.push_back(Bad("Add", "n < 0", vec, [](Backend& be, T& t) {
     return be.Add(-1, t["a"], t["b"], t["out"]);

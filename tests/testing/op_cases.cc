@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -68,6 +69,49 @@ void AddMatmulCases(std::vector<OpCase>& cases) {
   cases.push_back(MatmulEmptyInnerCase(3, 4, 0));
   cases.push_back(MatmulEmptyInnerCase(7, 5, 0));
   cases.push_back(MatmulEmptyInnerCase(3, 4, 0.5));
+}
+
+// A product by a weight's product copy (bf16 only: fp32 products keep no copy): the copy
+// made by MakeProductCopy, then MatmulByCopy, must give Matmul's bits on the weight
+// itself (c_matmul, computed beside it from the same c).
+OpCase MatmulByCopyCase(bool ta, bool tb, int m, int n, int k, double beta) {
+  OpCase c{.op = "MatmulByCopy",
+           .shape = absl::StrCat("m=", m, " n=", n, " k=", k, " ta=", ta, " tb=", tb,
+                                 " beta=", beta)};
+  c.tensors = {In("a", Sz(m, k)), In("b", Sz(k, n)),
+               beta == 0 ? Out("c", Sz(m, n)) : InOut("c", Sz(m, n)), Out("c_matmul", Sz(m, n))};
+  c.run = Call([=](auto& be, auto& t) -> absl::Status {
+    using Real = std::remove_pointer_t<decltype(t["a"])>;
+    const int64_t elements = int64_t{k} * n;
+    if (beta != 0) {
+      absl::Status s = be.Copy(t["c_matmul"], t["c"], Sz(m, n) * sizeof(Real));
+      if (!s.ok()) return s;
+    }
+    absl::StatusOr<void*> copy = be.Allocate(static_cast<size_t>(be.ProductCopyBytes(elements)));
+    if (!copy.ok()) return copy.status();
+    absl::Status s = be.MakeProductCopy(elements, t["b"], *copy);
+    if (s.ok()) {
+      s = be.MatmulByCopy(ta, tb, m, n, k, t.Scalar(0.7), t["a"], *copy, t.Scalar(beta), t["c"]);
+    }
+    if (s.ok()) s = be.Synchronize();
+    if (absl::Status freed = be.Free(*copy); s.ok()) s = freed;
+    if (!s.ok()) return s;
+    return be.Matmul(ta, tb, m, n, k, t.Scalar(0.7), t["a"], t["b"], t.Scalar(beta),
+                     t["c_matmul"]);
+  });
+  c.identical = {{"c", "c_matmul"}};
+  return c;
+}
+
+void AddProductCopyCases(std::vector<OpCase>& cases) {
+  // The shapes of a layer's products by its weights, small, and the head's (vocab 50257).
+  const int shapes[][3] = {{1, 1, 1}, {7, 5, 9}, {33, 65, 17}, {6, 50257, 16}};
+  for (const auto& s : shapes) {
+    for (bool tb : {false, true}) {
+      for (double beta : {0.0, 1.0}) cases.push_back(MatmulByCopyCase(false, tb, s[0], s[1], s[2], beta));
+    }
+  }
+  cases.push_back(MatmulByCopyCase(true, false, 12, 20, 8, 0.5));
 }
 
 // ---- Elementwise, bias, reductions ------------------------------------------------------
@@ -424,11 +468,16 @@ std::vector<OpCase>* F32Cases() {
 }
 
 // Every op again with bf16 products: the products and attention round their operands,
-// and every other op must be untouched by the setting.
+// and every other op must be untouched by the setting; and the products by a weight's
+// product copy, which exist only in bf16.
 std::vector<OpCase>* Bf16Cases() {
   auto* all = F32Cases();
   for (OpCase& c : *all) c.dtype = common::DType::kBF16;
   std::erase_if(*all, [](const OpCase& c) { return c.tf32; });  // TF32 is fp32's option
+  std::vector<OpCase> copies;
+  AddProductCopyCases(copies);
+  for (OpCase& c : copies) c.dtype = common::DType::kBF16;
+  all->insert(all->end(), copies.begin(), copies.end());
   return all;
 }
 
