@@ -436,10 +436,18 @@ absl::Status ModelChunkT<Real>::AddToGrad(absl::string_view name, const std::vec
 template <typename Real>
 absl::Status ModelChunkT<Real>::SumTiedGradients() {
   if (!config_.tie_embeddings || !has_embedding() || !has_head()) return absl::OkStatus();
-  ASSIGN_OR_RETURN(std::vector<Real> embedding, CopyOut(TiedParamName(true), Field::kGrad));
-  ASSIGN_OR_RETURN(std::vector<Real> head, CopyOut(TiedParamName(false), Field::kGrad));
-  RETURN_IF_ERROR(AddToGrad(TiedParamName(true), head));
-  return AddToGrad(TiedParamName(false), embedding);
+  // In backend memory (the (V, C) gradients are large: host copies cost page faults every
+  // step): e += h, then h += e's old value kept aside. Both are e + h bit for bit, and
+  // the same bits as AddToGrad's host sums (y += 1 * x is y + x).
+  ASSIGN_OR_RETURN(auto embedding, FindParam(TiedParamName(true)));
+  ASSIGN_OR_RETURN(auto head, FindParam(TiedParamName(false)));
+  Real* e = Address(*embedding.first, embedding.second, Field::kGrad);
+  Real* h = Address(*head.first, head.second, Field::kGrad);
+  const int64_t n = embedding.first->specs()[embedding.second].num_elements();
+  ASSIGN_OR_RETURN(auto old_e, BackendBuffer<Real>::Elements(backend_, n));
+  RETURN_IF_ERROR(backend_->Copy(old_e.data(), e, BytesOf<Real>(n)));
+  RETURN_IF_ERROR(backend_->Axpy(n, Real{1}, h, e));
+  return backend_->Axpy(n, Real{1}, old_e.data(), h);
 }
 
 template <typename Real>
