@@ -34,7 +34,8 @@ absl::StatusOr<EmulatedDevice> EmulatedDeviceByName(const std::string& name) {
 
 EmulatedChunk::EmulatedChunk(const model::GptConfig& config, int begin, int end, int rows,
                              EmulatedDevice device, bool recompute,
-                             std::shared_ptr<common::BufferPool> pool, common::DType activations)
+                             std::shared_ptr<common::BufferPool> pool,
+                             const model::Precision& precision)
     : config_(config),
       begin_(begin),
       end_(end),
@@ -42,7 +43,7 @@ EmulatedChunk::EmulatedChunk(const model::GptConfig& config, int begin, int end,
       device_(std::move(device)),
       recompute_(recompute),
       pool_(std::move(pool)),
-      activations_(activations) {
+      activations_(precision.activations) {
   const double tokens = static_cast<double>(rows) * config.seq_len;
   double params = 0;
   for (int l = begin; l < end; ++l) {
@@ -53,10 +54,11 @@ EmulatedChunk::EmulatedChunk(const model::GptConfig& config, int begin, int end,
     params += c.params;
   }
   for (int l = begin; l < end; ++l) {
-    const double layer = model::ChunkActivationBytes(config, l, l + 1, false).stored * tokens;
+    const double layer =
+        model::ChunkActivationBytes(config, l, l + 1, false, precision.products).stored * tokens;
     evaluate_bytes_ = std::max(evaluate_bytes_, static_cast<size_t>(layer));
   }
-  memory_ = model::ChunkActivationBytes(config, begin, end, recompute);
+  memory_ = model::ChunkActivationBytes(config, begin, end, recompute, precision.products);
   memory_.stored *= tokens;
   memory_.backward_extra *= tokens;
   memory_.weight_grad *= tokens;

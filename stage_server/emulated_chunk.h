@@ -10,6 +10,7 @@
 
 #include "common/buffer_pool.h"
 #include "common/model/gpt_config.h"
+#include "common/model/precision.h"
 #include "stage_server/chunk_compute.h"
 
 namespace pipetrain::stage_server {
@@ -23,11 +24,12 @@ absl::StatusOr<EmulatedDevice> EmulatedDeviceByName(const std::string& name);
 
 class EmulatedChunk final : public ChunkCompute {
  public:
-  // `activations`: the dtype its output activations and input gradients travel in
-  // (training.precision's), so that the wire carries what a real chunk's would.
+  // `precision`: training.precision's row; its output activations and input gradients
+  // travel in its activations' dtype, so that the wire carries what a real chunk's
+  // would, and its memory counts what a real chunk's would hold in it.
   EmulatedChunk(const model::GptConfig& config, int begin, int end, int rows, EmulatedDevice device,
                 bool recompute, std::shared_ptr<common::BufferPool> pool,
-                common::DType activations = common::DType::kF32);
+                const model::Precision& precision = model::PrecisionTable().front());
 
   bool has_embedding() const override { return begin_ == 0; }
   bool has_head() const override { return end_ == config_.num_pipeline_layers(); }

@@ -31,7 +31,8 @@ uint64_t ActivationsOfOneMicroBatch(const JobConfig& config) {
   for (size_t c = 0; c < config.chunks.size(); ++c) {
     const auto [begin, end] = config.chunks[c];
     const model::ChunkMemory m =
-        model::ChunkActivationBytes(config.model, begin, end, config.recomputes(c));
+        model::ChunkActivationBytes(config.model, begin, end, config.recomputes(c),
+                                    config.precision.products);
     bytes += (m.stored + m.backward_extra) * config.micro_batch_size * config.model.seq_len;
   }
   return SaturatingBytes(bytes);

@@ -126,7 +126,7 @@ absl::Status StageRuntime::MakeChunks(Job& job,
       chunks.push_back(std::make_unique<EmulatedChunk>(config.model, begin, end,
                                                        config.micro_batch_size, device,
                                                        config.recomputes(c), job.pool,
-                                                       config.precision.activations));
+                                                       config.precision));
     }
     return absl::OkStatus();
   }

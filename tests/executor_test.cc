@@ -110,6 +110,7 @@ void RunPipeline(const Case& c) {
   po.schedule = c.schedule;
   po.recompute = c.recompute;
   po.batch_size = kBatch;
+  po.precision = c.bf16 ? "bf16" : "fp32";  // bf16 keeps some activations in 2 bytes
   auto plan = planner::MakePlan(po);
   ASSERT_THAT(plan.status(), IsOk());
 
@@ -670,7 +671,8 @@ TEST(ExecutorTest, Bf16StagesSendAndReceiveHalfTheBytesOfFp32) {
 // An emulated stage's activations travel in the job's precision too.
 TEST(ExecutorTest, EmulatedStagesSendActivationsInTheJobsPrecision) {
   auto pool = std::make_shared<common::BufferPool>();
-  EmulatedChunk chunk(Tiny(), 0, 2, 2, EmulatedDevice{"test", 1e15}, false, pool, DType::kBF16);
+  EmulatedChunk chunk(Tiny(), 0, 2, 2, EmulatedDevice{"test", 1e15}, false, pool,
+                      *model::PrecisionNamed("bf16"));
   const Tensor tokens = Rows(RandomBatch(0).inputs, 0, 2);
   auto out = chunk.Forward(0, common::PiecewiseTensor::View(tokens), nullptr);
   ASSERT_THAT(out.status(), IsOk());

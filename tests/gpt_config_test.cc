@@ -166,22 +166,28 @@ TEST(GptConfigTest, ChunkMemoryFollowsTheModelChunk) {
   EXPECT_DOUBLE_EQ(tail.stored, C * 4 + 4);
 }
 
-// Activation bytes come from the dtype table: activations of a 2-byte dtype take half
-// the bytes, token ids (the embedding's input, the head's targets) stay 4-byte I32.
-TEST(GptConfigTest, ActivationBytesFollowTheActivationDType) {
+// The activations kept only as operands of the backward's products (each block's ln_1
+// and ln_2 outputs, attention output and post-GELU values: 3C + F a token; the head's
+// ln_f output: C) are kept as product copies, in the bytes of the products' dtype; every
+// other figure stays fp32's, and token ids (the embedding's input, the head's targets)
+// 4-byte I32.
+TEST(GptConfigTest, ActivationsKeptForProductsTakeTheProductsBytes) {
   const GptConfig c = Tiny();
-  const double C = 32, V = 256;
+  const double C = 32, V = 256, F = 4 * C;
   for (int l = 1; l <= c.n_layers; ++l) {
     const LayerCost f32 = CostOfLayer(c, l), bf16 = CostOfLayer(c, l, common::DType::kBF16);
-    EXPECT_DOUBLE_EQ(bf16.activation_bytes, f32.activation_bytes / 2);
-    EXPECT_DOUBLE_EQ(bf16.output_bytes, f32.output_bytes / 2);
-    EXPECT_DOUBLE_EQ(bf16.weight_grad_bytes, f32.weight_grad_bytes / 2);
+    EXPECT_DOUBLE_EQ(f32.activation_bytes - bf16.activation_bytes, (3 * C + F) * 2);
+    EXPECT_DOUBLE_EQ(bf16.output_bytes, f32.output_bytes);
+    EXPECT_DOUBLE_EQ(bf16.weight_grad_bytes, f32.weight_grad_bytes);
+    EXPECT_DOUBLE_EQ(bf16.activation_bytes_recompute, f32.activation_bytes_recompute);
     EXPECT_EQ(bf16.forward_flops, f32.forward_flops);
   }
   EXPECT_DOUBLE_EQ(CostOfLayer(c, 0, common::DType::kBF16).activation_bytes, 4);
+  EXPECT_DOUBLE_EQ(CostOfLayer(c, 4).activation_bytes, (2 * C + 2 + V) * 4 + 4);
   EXPECT_DOUBLE_EQ(CostOfLayer(c, 4, common::DType::kBF16).activation_bytes,
-                   (2 * C + 2 + V) * 2 + 4);
-  EXPECT_DOUBLE_EQ(ChunkActivationBytes(c, 3, 5, true, common::DType::kBF16).stored, C * 2 + 4);
+                   (C + 2 + V) * 4 + C * 2 + 4);
+  // Recomputing, a chunk keeps its fp32 input and the targets in either precision.
+  EXPECT_DOUBLE_EQ(ChunkActivationBytes(c, 3, 5, true, common::DType::kBF16).stored, C * 4 + 4);
 }
 
 }  // namespace

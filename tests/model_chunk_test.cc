@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -371,15 +372,20 @@ TEST(ModelChunkTest, RecomputeIsBitIdenticalAndKeepsOnlyInputs) {
   }
 }
 
-TEST(ModelChunkTest, ActivationBytesFollowTheCostModel) {
-  HostBackend backend;
+void CheckActivationBytes(HostBackend& backend, common::DType products) {
   const model::GptConfig c = Tiny();
   const Batch batch = MakeBatch(c, 6);
   const int M = 3, rows = 2;
   const double tokens = rows * c.seq_len;
   double per_mb = 0;
   for (int l = 0; l < c.num_pipeline_layers(); ++l) {
-    per_mb += model::CostOfLayer(c, l).activation_bytes * tokens;
+    per_mb += model::CostOfLayer(c, l, products).activation_bytes * tokens;
+  }
+  if (products == common::DType::kBF16) {
+    // 2 bytes instead of 4 for ln_1, attention out, ln_2 and post-GELU (7C a token) in
+    // each block and for ln_f out (C) in the head.
+    const double fp32 = model::ChunkActivationBytes(c, 0, c.num_pipeline_layers(), false).stored;
+    EXPECT_EQ(per_mb, (fp32 - 2.0 * (7 * c.n_layers + 1) * c.d_model) * tokens);
   }
   for (bool recompute : {false, true}) {
     Stages<float> model = MakeStages<float>(&backend, c, {}, {.recompute = recompute});
@@ -399,6 +405,18 @@ TEST(ModelChunkTest, ActivationBytesFollowTheCostModel) {
     EXPECT_EQ(m.in_flight(), 0);
   }
 }
+
+// In both precisions: with bf16 products the activations kept only for the weight
+// gradients' products are kept as 2-byte product copies, and the model counts them so.
+TEST(ModelChunkTest, ActivationBytesFollowTheCostModel) {
+  for (common::DType products : {common::DType::kF32, common::DType::kBF16}) {
+    SCOPED_TRACE(common::DTypeName(products));
+    HostBackend backend;
+    ASSERT_THAT(backend.SetProductOperands(products), IsOk());
+    CheckActivationBytes(backend, products);
+  }
+}
+
 
 TEST(ModelChunkTest, InitIsDeterministicAcrossPartitions) {
   HostBackend backend;
@@ -560,15 +578,17 @@ TEST(ModelChunkTest, TheBf16ProductCopyFollowsEveryChangeOfTheWeights) {
   EXPECT_EQ(evaluate(*trained[0]), initial);
 }
 
-// The copy is made once per step and layer, however many micro-batches read it: a
-// backend that counts the copies it makes, over two steps of three micro-batches.
+// The weights' copy is made once per step and layer, however many micro-batches read
+// it: a backend that counts the copies it makes of parameters, over two steps of three
+// micro-batches.
 TEST(ModelChunkTest, TheBf16ProductCopyIsMadeOncePerStep) {
   class CountingCopies : public HostBackend {
    public:
     absl::Status MakeProductCopy(int64_t n, const float* x, void* copy) override {
-      ++copies;
+      if (weights.contains(x)) ++copies;  // activations are copied too
       return HostBackend::MakeProductCopy(n, x, copy);
     }
+    std::set<const float*> weights;
     int copies = 0;
   } backend;
   ASSERT_THAT(backend.SetProductOperands(common::DType::kBF16), IsOk());
@@ -576,6 +596,11 @@ TEST(ModelChunkTest, TheBf16ProductCopyIsMadeOncePerStep) {
   const Batch batch = MakeBatch(c, 3);
   Stages<float> s = MakeStages<float>(&backend, c, {2});
   const int layers = c.num_pipeline_layers();
+  for (auto& stage : s) {
+    for (int l = stage->begin(); l < stage->end(); ++l) {
+      backend.weights.insert(stage->layer(l).all_params());
+    }
+  }
   // The embedding reads its table by lookup, not by a product: it makes no copy.
   for (int step = 1; step <= 2; ++step) {
     RunStep(s, batch, 3);

@@ -90,7 +90,8 @@ TEST(PlanReportTest, SnapshotBytesAreShownInTextAndJson) {
 
 // The precision's bytes (common/model/precision.h) are in the text and the JSON: fp32
 // state a parameter (16 bytes) and, in bf16, the products' 2-byte copy of the weight;
-// activations 4 bytes stored, 4 or 2 between stages.
+// activations 4 bytes stored (in bf16 2 for those kept only for the products), 4 or 2
+// between stages.
 TEST(PlanReportTest, PrecisionBytesAreShownInTextAndJson) {
   struct Row {
     const char* name;
@@ -105,12 +106,14 @@ TEST(PlanReportTest, PrecisionBytesAreShownInTextAndJson) {
     EXPECT_EQ(j["precision"], name);
     EXPECT_EQ(j["precision_bytes"]["per_parameter"], state);
     EXPECT_EQ(j["precision_bytes"]["activation_stored"], 4);
+    EXPECT_EQ(j["precision_bytes"]["activation_stored_for_products"], wire);
     EXPECT_EQ(j["precision_bytes"]["activation_wire"], wire);
     EXPECT_THAT(RenderPlanText(*plan),
                 HasSubstr(absl::StrCat("Precision ", name, ": ", state,
                                        " bytes of state a parameter; an activation element "
-                                       "4 bytes stored for the backward, ",
-                                       wire, " between stages")));
+                                       "4 bytes stored for the backward (",
+                                       wire, " if kept only for its products), ", wire,
+                                       " between stages")));
     EXPECT_THAT(RenderPlanText(*plan),
                 HasSubstr(absl::StrCat(state == 16 ? "" : " + the products' copy", ", ", state,
                                        " bytes per parameter")));

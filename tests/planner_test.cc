@@ -249,9 +249,10 @@ TEST(PlannerTest, RecomputationChangesMemoryNotOrder) {
 }
 
 // training.precision bf16 halves what a stage sends (the activation and its gradient
-// travel in bf16); compute and activation memory stay fp32's, and the state grows by the
-// weights' 2-byte bf16 copy (18 bytes a parameter instead of 16). An unknown precision
-// is refused naming the field.
+// travel in bf16); compute stays fp32's; the activations kept only for the backward's
+// products are kept in 2 bytes (the model's ChunkActivationBytes in bf16), and the state
+// grows by the weights' 2-byte bf16 copy (18 bytes a parameter instead of 16). An
+// unknown precision is refused naming the field.
 TEST(PlannerTest, Bf16HalvesTheSendTimesAndAddsTheWeightsCopy) {
   auto fp32 = OptionsFromJobSpec(Spec());
   ASSERT_THAT(fp32.status(), IsOk());
@@ -264,7 +265,14 @@ TEST(PlannerTest, Bf16HalvesTheSendTimesAndAddsTheWeightsCopy) {
     EXPECT_DOUBLE_EQ(y.send_activation_s * 2, x.send_activation_s) << s;
     EXPECT_DOUBLE_EQ(y.send_gradient_s * 2, x.send_gradient_s) << s;
     EXPECT_DOUBLE_EQ(y.forward_s, x.forward_s) << s;
-    EXPECT_DOUBLE_EQ(b->stages[s].peak_activation_bytes, a->stages[s].peak_activation_bytes);
+    EXPECT_LT(b->stages[s].peak_activation_bytes, a->stages[s].peak_activation_bytes);
+    const auto [begin, end] = b->stages[s].chunks[0];
+    const bool recompute = b->stages[s].chunk_recompute[0];
+    EXPECT_DOUBLE_EQ(
+        y.stored_bytes / x.stored_bytes,
+        model::ChunkActivationBytes(fp32->model, begin, end, recompute, common::DType::kBF16)
+                .stored /
+            model::ChunkActivationBytes(fp32->model, begin, end, recompute).stored);
     EXPECT_DOUBLE_EQ(b->stages[s].state_bytes * 16, a->stages[s].state_bytes * 18);
   }
   EXPECT_GT(a->costs.chunks[0][0].send_activation_s, 0);

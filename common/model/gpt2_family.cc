@@ -131,7 +131,10 @@ class Gpt2 : public ModelFamily {
     return 0;
   }
 
-  LayerCost CostOfLayer(const GptConfig& c, int layer, DType activations) const override {
+  LayerCost CostOfLayer(const GptConfig& c, int layer, DType products) const override {
+    // Activations are held in fp32; those kept only for a product, as product copies:
+    // in the products' dtype where it is not fp32.
+    const DType activations = DType::kF32;
     LayerCost cost;
     cost.params = ParamsOfLayer(c, layer);
     switch (KindOfLayer(c, layer)) {
@@ -139,10 +142,10 @@ class Gpt2 : public ModelFamily {
         EmbeddingCost(c, activations, cost);
         break;
       case LayerKind::kBlock:
-        BlockCost(c, activations, cost);
+        BlockCost(c, activations, products, cost);
         break;
       case LayerKind::kHead:
-        HeadCost(c, activations, cost);
+        HeadCost(c, activations, products, cost);
         break;
     }
     return cost;
@@ -176,17 +179,18 @@ class Gpt2 : public ModelFamily {
     cost.output_bytes = C * a;
   }
 
-  static void BlockCost(const GptConfig& c, DType activations, LayerCost& cost) {
+  static void BlockCost(const GptConfig& c, DType activations, DType products, LayerCost& cost) {
     const double C = c.d_model, T = c.seq_len, H = c.n_heads, F = c.mlp_dim();
-    const double a = common::DTypeSize(activations);
+    const double a = common::DTypeSize(activations), p = common::DTypeSize(products);
     // Matrix products: qkv 6C^2, proj 2C^2, mlp 16C^2; attention 4TC (scores, mix).
     cost.forward_flops = 24 * C * C + 4 * T * C;
     cost.backward_input_flops = 24 * C * C + 8 * T * C;
     cost.backward_weight_flops = 24 * C * C;
-    // Kept for backward: input x, ln_1 out, qkv, attention probabilities (H x T),
-    // attention out, residual after attention, ln_2 out, fc pre- and post-GELU,
-    // and two LayerNorms' mean and rstd.
-    cost.activation_bytes = (C + C + 3 * C + H * T + C + C + C + F + F + 4) * a;
+    // Kept for backward: input x, qkv, attention probabilities (H x T), residual after
+    // attention, fc pre-GELU, two LayerNorms' mean and rstd; and as product copies, read
+    // only by the weight gradients' products: ln_1 out, attention out, ln_2 out, and fc
+    // post-GELU.
+    cost.activation_bytes = (C + 3 * C + H * T + C + F + 4) * a + (C + C + C + F) * p;
     cost.activation_bytes_recompute = C * a;
     cost.output_bytes = C * a;
     // I keeps the gradients at the MLP out (C) and in (F), LayerNorm 2 (C), the
@@ -195,15 +199,17 @@ class Gpt2 : public ModelFamily {
     cost.weight_grad_bytes = (4 * C - H * T) * a;
   }
 
-  static void HeadCost(const GptConfig& c, DType activations, LayerCost& cost) {
+  static void HeadCost(const GptConfig& c, DType activations, DType products, LayerCost& cost) {
     const double C = c.d_model, V = c.vocab_size, a = common::DTypeSize(activations);
+    const double p = common::DTypeSize(products);
     const double id = common::DTypeSize(DType::kI32);
     cost.forward_flops = 2 * C * V + 5 * V;
     cost.backward_input_flops = 2 * C * V + 2 * V;
     cost.backward_weight_flops = 2 * C * V;
-    // Input x, ln_f out, ln_f mean and rstd, softmax probabilities (overwritten by
-    // the logits' gradient in backward), and the target id.
-    cost.activation_bytes = (C + C + 2 + V) * a + id;
+    // Input x, ln_f mean and rstd, softmax probabilities (overwritten by the logits'
+    // gradient in backward), the target id, and ln_f out as a product copy (read only by
+    // the products).
+    cost.activation_bytes = (C + 2 + V) * a + C * p + id;
     cost.activation_bytes_recompute = C * a;
     cost.output_bytes = a;           // the loss
     cost.weight_grad_bytes = C * a;  // the gradient at ln_f's output

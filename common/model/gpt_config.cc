@@ -125,16 +125,16 @@ int64_t ParamsOfLayer(const GptConfig& c, int layer) {
   return FamilyOf(c).ParamsOfLayer(c, layer);
 }
 
-LayerCost CostOfLayer(const GptConfig& c, int layer, common::DType activations) {
-  return FamilyOf(c).CostOfLayer(c, layer, activations);
+LayerCost CostOfLayer(const GptConfig& c, int layer, common::DType products) {
+  return FamilyOf(c).CostOfLayer(c, layer, products);
 }
 
 ChunkMemory ChunkActivationBytes(const GptConfig& config, int begin, int end, bool recompute,
-                                 common::DType activations) {
+                                 common::DType products) {
   ChunkMemory m;
   double full = 0;
   for (int l = begin; l < end; ++l) {
-    const LayerCost c = CostOfLayer(config, l, activations);
+    const LayerCost c = CostOfLayer(config, l, products);
     full += c.activation_bytes;  // each layer's stash and its input
     m.weight_grad += c.weight_grad_bytes;
   }
@@ -145,7 +145,7 @@ ChunkMemory ChunkActivationBytes(const GptConfig& config, int begin, int end, bo
   // Recomputing, the chunk keeps its input, and the targets (a token id each) when it
   // holds the head.
   const bool holds_head = end == config.num_pipeline_layers();
-  const double input = CostOfLayer(config, begin, activations).activation_bytes_recompute;
+  const double input = CostOfLayer(config, begin, products).activation_bytes_recompute;
   const double targets = static_cast<double>(common::DTypeSize(common::DType::kI32));
   m.stored = input + (holds_head ? targets : 0);
   m.backward_extra = full - input;

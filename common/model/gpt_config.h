@@ -123,10 +123,12 @@ struct LayerCost {
   // frees (negative when it frees more).
   double weight_grad_bytes = 0;
 };
-// Byte figures count activations as elements of `activations` (fp32 today) and token
-// ids as I32, each sized by the dtype table (common/tensor.h).
+// Byte figures count activations as F32 elements, but those kept for the backward only as
+// operands of its products, which are kept as product copies in the products' operand
+// dtype `products` (training.precision's: bf16 halves them), and token ids as I32, each
+// sized by the dtype table (common/tensor.h).
 LayerCost CostOfLayer(const GptConfig& config, int pipeline_layer,
-                      common::DType activations = common::DType::kF32);
+                      common::DType products = common::DType::kF32);
 // The elements of LayerParams(config, pipeline_layer), counted in closed form (cheap).
 int64_t ParamsOfLayer(const GptConfig& config, int pipeline_layer);
 
@@ -142,6 +144,6 @@ struct ChunkMemory {
   double weight_grad = 0;
 };
 ChunkMemory ChunkActivationBytes(const GptConfig& config, int begin, int end, bool recompute,
-                                 common::DType activations = common::DType::kF32);
+                                 common::DType products = common::DType::kF32);
 
 }  // namespace pipetrain::model

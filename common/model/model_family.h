@@ -47,10 +47,10 @@ class ModelFamily {
   virtual int64_t ParamsOfLayer(const GptConfig& config, int pipeline_layer) const = 0;
 
   // ---- Costs ----------------------------------------------------------------------
-  // FLOPs and bytes per token of one pipeline layer (gpt_config.h: LayerCost), with
-  // activations kept as elements of `activations`.
+  // FLOPs and bytes per token of one pipeline layer (gpt_config.h: LayerCost), with the
+  // activations kept only as product operands held as product copies of `products`.
   virtual LayerCost CostOfLayer(const GptConfig& config, int pipeline_layer,
-                                common::DType activations) const = 0;
+                                common::DType products) const = 0;
 
   // ---- Hugging Face folders -------------------------------------------------------
   // The config a config.json of this family's model_type describes; errors

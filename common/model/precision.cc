@@ -19,6 +19,7 @@ const std::vector<Precision>& PrecisionTable() {
 PrecisionBytes BytesOf(const Precision& precision) {
   return {.per_parameter = StateBytesPerParam(precision.products),
           .activation_stored = common::DTypeSize(common::DType::kF32),
+          .activation_stored_for_products = common::DTypeSize(precision.products),
           .activation_wire = common::DTypeSize(precision.activations)};
 }
 

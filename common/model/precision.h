@@ -29,11 +29,14 @@ struct Precision {
 
 // What a precision costs in bytes (docs/USAGE.md, "Precision", has the table): the
 // training state of one parameter (state_bytes.h: fp32 master weight, gradient and
-// AdamW's two moments, and with bf16 products the weight's bf16 copy), one activation element stored for the backward (fp32 in both
-// precisions today), and one crossing a stage boundary (the activations' dtype).
+// AdamW's two moments, and with bf16 products the weight's bf16 copy), one activation
+// element stored for the backward (fp32), one stored only as an operand of the
+// backward's products (as a product copy: 2 bytes in bf16), and one crossing a stage
+// boundary (the activations' dtype).
 struct PrecisionBytes {
   uint64_t per_parameter = 0;
   uint64_t activation_stored = 0;
+  uint64_t activation_stored_for_products = 0;
   uint64_t activation_wire = 0;
 };
 PrecisionBytes BytesOf(const Precision& precision);

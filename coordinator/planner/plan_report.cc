@@ -108,8 +108,9 @@ std::string RenderPlanText(const Plan& plan) {
   const model::PrecisionBytes bytes = PrecisionBytesOf(o);
   out += absl::StrFormat(
       "Precision %s: %d bytes of state a parameter; an activation element %d bytes stored "
-      "for the backward, %d between stages\n",
-      o.precision, bytes.per_parameter, bytes.activation_stored, bytes.activation_wire);
+      "for the backward (%d if kept only for its products), %d between stages\n",
+      o.precision, bytes.per_parameter, bytes.activation_stored,
+      bytes.activation_stored_for_products, bytes.activation_wire);
   if (o.replicas > 1) {
     out += absl::StrFormat(
         "Layout: %d replicas x %d stages = %d stage servers; per replica %d sequences in %d "
@@ -205,6 +206,8 @@ std::string PlanJson(const Plan& plan) {
   const model::PrecisionBytes bytes = PrecisionBytesOf(plan.options);
   j["precision_bytes"] = {{"per_parameter", bytes.per_parameter},
                           {"activation_stored", bytes.activation_stored},
+                          {"activation_stored_for_products",
+                           bytes.activation_stored_for_products},
                           {"activation_wire", bytes.activation_wire}};
   j["snapshots"] = plan.options.snapshots;
   j["time_unit"] = plan.options.equal_stage_cost ? "stage forward" : "s";

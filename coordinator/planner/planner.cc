@@ -24,6 +24,14 @@ model::PrecisionBytes PrecisionBytesOf(const PlanOptions& o) {
 }
 
 namespace {
+// The products' operand dtype of the options' precision (fp32's for an unknown name).
+common::DType ProductsOf(const PlanOptions& o) {
+  const absl::StatusOr<model::Precision> p = model::PrecisionNamed(o.precision);
+  return (p.ok() ? *p : model::PrecisionTable().front()).products;
+}
+}  // namespace
+
+namespace {
 
 namespace pb = ::pipetrain::v1;
 
@@ -151,7 +159,8 @@ ChunkCost CostOfChunk(const PlanOptions& o, const std::vector<model::LayerCost>&
     cc.backward_input_s += cost[l].backward_input_flops * tokens / o.device_flops;
     cc.backward_weight_s += cost[l].backward_weight_flops * tokens / o.device_flops;
   }
-  const model::ChunkMemory memory = model::ChunkActivationBytes(o.model, b, e, recompute);
+  const model::ChunkMemory memory =
+      model::ChunkActivationBytes(o.model, b, e, recompute, ProductsOf(o));
   cc.stored_bytes = memory.stored * tokens;
   cc.backward_extra_bytes = memory.backward_extra * tokens;
   cc.weight_grad_bytes = memory.weight_grad * tokens;
@@ -318,7 +327,9 @@ absl::StatusOr<Plan> MakePlan(const PlanOptions& o) {
   const double tokens =
       static_cast<double>(o.replica_batch_size() / o.micro_batches) * o.model.seq_len;
   std::vector<model::LayerCost> cost(o.model.num_pipeline_layers());
-  for (int l = 0; l < static_cast<int>(cost.size()); ++l) cost[l] = model::CostOfLayer(o.model, l);
+  for (int l = 0; l < static_cast<int>(cost.size()); ++l) {
+    cost[l] = model::CostOfLayer(o.model, l, ProductsOf(o));
+  }
   const std::vector<std::vector<bool>> recompute = ResolveRecompute(o.recompute, k, v);
   ASSIGN_OR_RETURN(const Partition partition,
                    PartitionLayers(o, cost, tokens, Everywhere(recompute)));

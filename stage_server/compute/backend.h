@@ -32,6 +32,23 @@
 
 namespace pipetrain::compute {
 
+// An operand of MatmulByCopy: its values in backend memory, or its product copy
+// (Backend::MakeProductCopy); exactly one is set.
+template <typename Real>
+struct ProductOperand {
+  const Real* values = nullptr;
+  const void* copy = nullptr;
+  const void* data() const { return copy != nullptr ? copy : values; }
+};
+template <typename Real>
+ProductOperand<Real> Values(const Real* values) {
+  return {.values = values};
+}
+template <typename Real>
+ProductOperand<Real> CopyOf(const void* copy) {
+  return {.copy = copy};
+}
+
 template <typename Real>
 class BackendT {
  public:
@@ -99,21 +116,23 @@ class BackendT {
   virtual absl::Status Matmul(bool trans_a, bool trans_b, int m, int n, int k, Real alpha,
                               const Real* a, const Real* b, Real beta, Real* c) = 0;
 
-  // ---- A weight's product copy ------------------------------------------------------
-  // Between two optimizer steps every micro-batch's products read the same weights. With
-  // bf16 products a layer keeps each weight also as the products take it, made once after
-  // the weights change (PipelineLayer::ProductCopy), and MatmulByCopy reads that copy
-  // instead of rounding the fp32 weight again on every call. Same numbers as Matmul on
-  // the weight: rounding a bf16 value gives it back.
-  // Bytes of the copy of n elements: 0 while products take fp32 (they read the weight).
+  // ---- Product copies -----------------------------------------------------------
+  // Between two optimizer steps every micro-batch's products read the same weights, and
+  // an activation kept for the backward is read again by its weight-gradient product.
+  // With bf16 products the layers keep such a tensor as the products take it, made once
+  // (PipelineLayer::ProductCopy for weights; the stash for activations), and
+  // MatmulByCopy reads the copy instead of rounding the fp32 tensor again. Same numbers
+  // as Matmul on the tensor: rounding a bf16 value gives it back.
+  // Bytes of the copy of n elements: 0 while products take fp32 (they read the tensor).
   virtual int64_t ProductCopyBytes(int64_t n) const = 0;
   // copy = x as the products take it (bf16: rounded), in ProductCopyBytes(n) bytes; only
   // with bf16 products (FailedPrecondition otherwise).            x (N), copy (N)
   virtual absl::Status MakeProductCopy(int64_t n, const Real* x, void* copy) = 0;
-  // Matmul with b read from its product copy (MakeProductCopy of a b of the same shape
-  // and layout); only with bf16 products.
+  // Matmul whose operands are each given as values (rounded as Matmul rounds them) or as
+  // a product copy of a tensor of the same shape and layout; only with bf16 products.
   virtual absl::Status MatmulByCopy(bool trans_a, bool trans_b, int m, int n, int k, Real alpha,
-                                    const Real* a, const void* b_copy, Real beta, Real* c) = 0;
+                                    ProductOperand<Real> a, ProductOperand<Real> b, Real beta,
+                                    Real* c) = 0;
 
   // ---- Elementwise and bias ---------------------------------------------------------
   // out = a + b (residual connection); out may alias a or b.           all (N)

@@ -118,16 +118,18 @@ absl::Status CpuBackend::MakeProductCopy(int64_t n, const float* x, void* copy) 
 }
 
 absl::Status CpuBackend::MatmulByCopy(bool trans_a, bool trans_b, int m, int n, int k,
-                                      float alpha, const float* a, const void* b_copy,
-                                      float beta, float* c) {
-  ASSIGN_OR_RETURN(const OpCall call, CheckMatmulByCopy(Name(), m, n, k, a, b_copy, c));
+                                      float alpha, ProductOperand<float> a,
+                                      ProductOperand<float> b, float beta, float* c) {
+  ASSIGN_OR_RETURN(const OpCall call, CheckMatmulByCopy(Name(), m, n, k, a.data(), b.data(), c));
   if (!bf16_products()) return ProductCopyWithoutBf16(Name(), call);
   if (call.empty()) return absl::OkStatus();
   if (k == 0) return Matmul(trans_a, trans_b, m, n, 0, alpha, nullptr, nullptr, beta, c);
-  return products_->RunWithBf16B(
-      ProductShape::RowMajor(trans_a, trans_b, m, n, k, trans_a ? m : k, trans_b ? k : n, n,
-                             alpha, beta),
-      a, static_cast<const uint16_t*>(b_copy), c);
+  const auto bf16 = [](const ProductOperand<float>& o) {
+    return Bf16Operand{o.values, static_cast<const uint16_t*>(o.copy)};
+  };
+  return products_->RunBf16(ProductShape::RowMajor(trans_a, trans_b, m, n, k, trans_a ? m : k,
+                                                   trans_b ? k : n, n, alpha, beta),
+                            bf16(a), bf16(b), c);
 }
 
 namespace {

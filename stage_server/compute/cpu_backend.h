@@ -43,11 +43,12 @@ class CpuBackend : public HostBackendT<float> {
   absl::Status Matmul(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
                       const float* a, const float* b, float beta, float* c) override;
   // The copy is bf16 bits (2 bytes an element), which oneDNN's bf16 product reads as
-  // they lie: only a is rounded per call.
+  // they lie: only an operand given as values is rounded per call.
   int64_t ProductCopyBytes(int64_t n) const override;
   absl::Status MakeProductCopy(int64_t n, const float* x, void* copy) override;
   absl::Status MatmulByCopy(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
-                            const float* a, const void* b_copy, float beta, float* c) override;
+                            ProductOperand<float> a, ProductOperand<float> b, float beta,
+                            float* c) override;
   // cpu_backend_loops.cc: by rows, columns or elements over the backend's threads.
   absl::Status Add(int64_t n, const float* a, const float* b, float* out) override;
   absl::Status Axpy(int64_t n, float alpha, const float* x, float* y) override;

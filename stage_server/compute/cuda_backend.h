@@ -91,11 +91,13 @@ class CudaBackend final : public Backend {
 
   absl::Status Matmul(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
                       const float* a, const float* b, float beta, float* c) override;
-  // The copy is bf16 bits, which cublasGemmEx reads as they lie: only a is rounded.
+  // The copy is bf16 bits, which cublasGemmEx reads as they lie: only an operand given
+  // as values is rounded.
   int64_t ProductCopyBytes(int64_t n) const override;
   absl::Status MakeProductCopy(int64_t n, const float* x, void* copy) override;
   absl::Status MatmulByCopy(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
-                            const float* a, const void* b_copy, float beta, float* c) override;
+                            ProductOperand<float> a, ProductOperand<float> b, float beta,
+                            float* c) override;
   absl::Status Add(int64_t n, const float* a, const float* b, float* out) override;
   absl::Status Axpy(int64_t n, float alpha, const float* x, float* y) override;
   absl::Status Scale(int64_t n, float alpha, float* x) override;
@@ -162,14 +164,14 @@ class CudaBackend final : public Backend {
                     float beta, float* c, int ldc, int64_t stride_c, int batch, const OpCall& call,
                     absl::string_view part = {}, int row = -1);
   // Gemm with bf16 operands (cuda_backend_bf16.cc): the same arguments, each operand's
-  // span (RowMajorSpan) rounded into bf16_a_ / bf16_b_ first, but for a b given already
-  // in bf16 as `b_bf16` (a weight's product copy; b is then not read). `where` names the
-  // call in errors.
+  // span (RowMajorSpan) rounded into bf16_a_ / bf16_b_ first, but for an operand given
+  // already in bf16 as `a_bf16` or `b_bf16` (a product copy; its float pointer is then not
+  // read). `where` names the call in errors.
   absl::Status GemmBf16(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
                         const float* a, int lda, int64_t stride_a, const float* b, int ldb,
                         int64_t stride_b, float beta, float* c, int ldc, int64_t stride_c,
                         int batch, absl::FunctionRef<std::string()> where,
-                        const uint16_t* b_bf16 = nullptr);
+                        const uint16_t* a_bf16 = nullptr, const uint16_t* b_bf16 = nullptr);
 
   int device_;
   CudaBackendOptions options_;

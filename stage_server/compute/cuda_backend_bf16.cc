@@ -36,7 +36,7 @@ absl::Status CudaBackend::GemmBf16(bool trans_a, bool trans_b, int m, int n, int
                                    int ldb, int64_t stride_b, float beta, float* c, int ldc,
                                    int64_t stride_c, int batch,
                                    absl::FunctionRef<std::string()> where,
-                                   const uint16_t* b_bf16) {
+                                   const uint16_t* a_bf16, const uint16_t* b_bf16) {
   // a is stored (m, k), or (k, m) when transposed; b (k, n), or (n, k). Only what the
   // product reads is rounded: from the first element to the last of the last matrix,
   // which includes what lies between rows (attention's other heads): rounded, not read.
@@ -44,12 +44,15 @@ absl::Status CudaBackend::GemmBf16(bool trans_a, bool trans_b, int m, int n, int
       RowMajorSpan(trans_a ? k : m, trans_a ? m : k, lda, stride_a, batch);
   const int64_t b_elements =
       RowMajorSpan(trans_b ? n : k, trans_b ? k : n, ldb, stride_b, batch);
-  RETURN_IF_ERROR(EnsureScratch(&bf16_a_, &bf16_a_bytes_, Bf16Bytes(a_elements),
-                                "bf16 operand a"));
-  auto* a16 = static_cast<uint16_t*>(bf16_a_);
   const cudaStream_t s = S(stream_);
-  CUDA_CHECK(ck::ToBf16Bits(a_elements, a, a16, s), where(), ": rounding operand a (",
-             a_elements, " elements) to bf16");
+  const uint16_t* a16 = a_bf16;
+  if (a16 == nullptr) {
+    RETURN_IF_ERROR(EnsureScratch(&bf16_a_, &bf16_a_bytes_, Bf16Bytes(a_elements),
+                                  "bf16 operand a"));
+    CUDA_CHECK(ck::ToBf16Bits(a_elements, a, static_cast<uint16_t*>(bf16_a_), s), where(),
+               ": rounding operand a (", a_elements, " elements) to bf16");
+    a16 = static_cast<const uint16_t*>(bf16_a_);
+  }
   const uint16_t* b16 = b_bf16;
   if (b16 == nullptr) {
     RETURN_IF_ERROR(EnsureScratch(&bf16_b_, &bf16_b_bytes_, Bf16Bytes(b_elements),

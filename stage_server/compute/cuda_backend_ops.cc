@@ -115,16 +115,18 @@ absl::Status CudaBackend::MakeProductCopy(int64_t n, const float* x, void* copy)
 }
 
 absl::Status CudaBackend::MatmulByCopy(bool trans_a, bool trans_b, int m, int n, int k,
-                                       float alpha, const float* a, const void* b_copy,
-                                       float beta, float* c) {
-  ASSIGN_OR_RETURN(const OpCall call, CheckMatmulByCopy(Name(), m, n, k, a, b_copy, c));
+                                       float alpha, ProductOperand<float> a,
+                                       ProductOperand<float> b, float beta, float* c) {
+  ASSIGN_OR_RETURN(const OpCall call,
+                   CheckMatmulByCopy(Name(), m, n, k, a.data(), b.data(), c));
   if (!bf16_products()) return ProductCopyWithoutBf16(Name(), call);
   if (k == 0) return Matmul(trans_a, trans_b, m, n, 0, alpha, nullptr, nullptr, beta, c);
   return Run(call, [&](cudaStream_t) -> absl::Status {
     const int lda = trans_a ? m : k;  // a is (k, m) or (m, k)
-    const int ldb = trans_b ? k : n;  // the copy is (n, k) or (k, n)
-    return GemmBf16(trans_a, trans_b, m, n, k, alpha, a, lda, 0, nullptr, ldb, 0, beta, c, n, 0,
-                    1, [&] { return call.ToString(); }, static_cast<const uint16_t*>(b_copy));
+    const int ldb = trans_b ? k : n;  // b is (n, k) or (k, n)
+    return GemmBf16(trans_a, trans_b, m, n, k, alpha, a.values, lda, 0, b.values, ldb, 0, beta,
+                    c, n, 0, 1, [&] { return call.ToString(); },
+                    static_cast<const uint16_t*>(a.copy), static_cast<const uint16_t*>(b.copy));
   });
 }
 

@@ -78,18 +78,33 @@ class Gpt2BlockLayer : public BlockLayer<Real> {
     const int64_t N = int64_t{B} * T;
     s.Reset(B, input);
     Activations a;
-    ASSIGN_OR_RETURN(a.ln1, s.New(be, kLn1, N * C));                          // (N, C)
     ASSIGN_OR_RETURN(a.mean1, s.New(be, kMean1, N));                          // (N)
     ASSIGN_OR_RETURN(a.rstd1, s.New(be, kRstd1, N));                          // (N)
     ASSIGN_OR_RETURN(a.qkv, s.New(be, kQkv, N * 3 * C));                      // (N, 3C)
     ASSIGN_OR_RETURN(Real * probs, s.New(be, kProbs, int64_t{B} * NH * T * T));  // (B, NH, T, T)
-    ASSIGN_OR_RETURN(a.att, s.New(be, kAtt, N * C));                          // (N, C)
     ASSIGN_OR_RETURN(a.x2, s.New(be, kX2, N * C));                            // (N, C)
-    ASSIGN_OR_RETURN(a.ln2, s.New(be, kLn2, N * C));                          // (N, C)
     ASSIGN_OR_RETURN(a.mean2, s.New(be, kMean2, N));                          // (N)
     ASSIGN_OR_RETURN(a.rstd2, s.New(be, kRstd2, N));                          // (N)
     ASSIGN_OR_RETURN(a.fc, s.New(be, kFc, N * F));                            // (N, 4C)
-    ASSIGN_OR_RETURN(a.gelu, s.New(be, kGelu, N * F));                        // (N, 4C)
+    // ln_1, attention out, ln_2 (N, C) and post-GELU (N, 4C) are read again only by the
+    // weight gradients' products: with product copies the stash keeps their copies, and
+    // their values live in two buffers for this forward only (used one after the other).
+    BackendBuffer<Real> rows_c, rows_f;
+    if (this->product_copies()) {
+      ASSIGN_OR_RETURN(rows_c, BackendBuffer<Real>::Elements(be, N * C));
+      ASSIGN_OR_RETURN(rows_f, BackendBuffer<Real>::Elements(be, N * F));
+      a.ln1 = a.att = a.ln2 = rows_c.data();
+      a.gelu = rows_f.data();
+      ASSIGN_OR_RETURN(a.ln1_copy, s.NewCopy(be, kLn1, N * C));
+      ASSIGN_OR_RETURN(a.att_copy, s.NewCopy(be, kAtt, N * C));
+      ASSIGN_OR_RETURN(a.ln2_copy, s.NewCopy(be, kLn2, N * C));
+      ASSIGN_OR_RETURN(a.gelu_copy, s.NewCopy(be, kGelu, N * F));
+    } else {
+      ASSIGN_OR_RETURN(a.ln1, s.New(be, kLn1, N * C));
+      ASSIGN_OR_RETURN(a.att, s.New(be, kAtt, N * C));
+      ASSIGN_OR_RETURN(a.ln2, s.New(be, kLn2, N * C));
+      ASSIGN_OR_RETURN(a.gelu, s.New(be, kGelu, N * F));
+    }
     return ForwardRows(static_cast<int>(N), static_cast<const Real*>(input), a, output,
                        [&](const Real* qkv, Real* att) {
                          return be->AttentionForward(B, T, C, NH, qkv, att, probs);
@@ -117,9 +132,11 @@ class Gpt2BlockLayer : public BlockLayer<Real> {
 
  private:
   // Where the forward writes: the stash slots in training, one position's buffers (some
-  // shared) in generation.
+  // shared) in generation. The four copies are the product copies the stash keeps for
+  // the backward (training with product copies only; nullptr otherwise).
   struct Activations {
     Real *ln1, *mean1, *rstd1, *qkv, *att, *x2, *ln2, *mean2, *rstd2, *fc, *gelu;
+    void *ln1_copy = nullptr, *att_copy = nullptr, *ln2_copy = nullptr, *gelu_copy = nullptr;
   };
 
   // Generation's state of the block.
@@ -144,21 +161,29 @@ class Gpt2BlockLayer : public BlockLayer<Real> {
     BackendT<Real>* be = this->backend_;
     const int C = this->config_.d_model, F = this->config_.mlp_dim();
     const int64_t RC = int64_t{rows} * C;
+    const int64_t RF = int64_t{rows} * F;
     RETURN_IF_ERROR(be->LayerNormForward(rows, C, x, W(P::kLn1Weight), W(P::kLn1Bias), a.ln1,
                                          a.mean1, a.rstd1));
+    RETURN_IF_ERROR(KeepCopy(RC, a.ln1, a.ln1_copy));
     RETURN_IF_ERROR(
-        this->MatmulByParam(rows, 3 * C, C, a.ln1, P::kAttnWeight, false, a.qkv));
+        this->MatmulByParam(rows, 3 * C, C, a.ln1, P::kAttnWeight, false, a.qkv, a.ln1_copy));
     RETURN_IF_ERROR(be->AddBias(rows, 3 * C, W(P::kAttnBias), a.qkv));
     RETURN_IF_ERROR(attention(a.qkv, a.att));
-    RETURN_IF_ERROR(this->MatmulByParam(rows, C, C, a.att, P::kAttnProjWeight, false, a.x2));
+    RETURN_IF_ERROR(KeepCopy(RC, a.att, a.att_copy));
+    RETURN_IF_ERROR(
+        this->MatmulByParam(rows, C, C, a.att, P::kAttnProjWeight, false, a.x2, a.att_copy));
     RETURN_IF_ERROR(be->AddBias(rows, C, W(P::kAttnProjBias), a.x2));
     RETURN_IF_ERROR(be->Add(RC, a.x2, x, a.x2));
     RETURN_IF_ERROR(be->LayerNormForward(rows, C, a.x2, W(P::kLn2Weight), W(P::kLn2Bias), a.ln2,
                                          a.mean2, a.rstd2));
-    RETURN_IF_ERROR(this->MatmulByParam(rows, F, C, a.ln2, P::kFcWeight, false, a.fc));
+    RETURN_IF_ERROR(KeepCopy(RC, a.ln2, a.ln2_copy));
+    RETURN_IF_ERROR(
+        this->MatmulByParam(rows, F, C, a.ln2, P::kFcWeight, false, a.fc, a.ln2_copy));
     RETURN_IF_ERROR(be->AddBias(rows, F, W(P::kFcBias), a.fc));
-    RETURN_IF_ERROR(be->GeluForward(int64_t{rows} * F, a.fc, a.gelu));
-    RETURN_IF_ERROR(this->MatmulByParam(rows, C, F, a.gelu, P::kMlpProjWeight, false, out));
+    RETURN_IF_ERROR(be->GeluForward(RF, a.fc, a.gelu));
+    RETURN_IF_ERROR(KeepCopy(RF, a.gelu, a.gelu_copy));
+    RETURN_IF_ERROR(
+        this->MatmulByParam(rows, C, F, a.gelu, P::kMlpProjWeight, false, out, a.gelu_copy));
     RETURN_IF_ERROR(be->AddBias(rows, C, W(P::kMlpProjBias), out));
     return be->Add(RC, out, a.x2, out);
   }
@@ -212,6 +237,21 @@ class Gpt2BlockLayer : public BlockLayer<Real> {
   };
   Real* W(P::Param p) const { return this->param(p); }
   Real* G(P::Param p) const { return this->grad(p); }
+  // copy = x's product copy, when a copy is wanted.
+  absl::Status KeepCopy(int64_t n, const Real* x, void* copy) {
+    return copy == nullptr ? absl::OkStatus() : this->backend_->MakeProductCopy(n, x, copy);
+  }
+  // G(p) (m, n) += stash slot (N, m)^T @ dout (N, n): a weight gradient, reading the slot's
+  // product copy when the forward kept one.
+  absl::Status WeightGradient(const Stash<Real>& s, Slot slot, int m, int n, int N,
+                              const Real* dout, P::Param p) {
+    BackendT<Real>* be = this->backend_;
+    if (!this->product_copies()) {
+      return be->Matmul(true, false, m, n, N, 1, s.get(slot), dout, 1, G(p));
+    }
+    return be->MatmulByCopy(true, false, m, n, N, 1, CopyOf<Real>(s.raw(slot)), Values(dout), 1,
+                            G(p));
+  }
 };
 
 template <typename Real>
@@ -259,19 +299,16 @@ absl::Status Gpt2BlockLayer<Real>::BackwardWeight(Stash<Real>& s) {
   const int N = s.rows() * T;
   const Real* x = static_cast<const Real*>(s.input());
   // dW = input^T dout for each linear layer, accumulated (beta = 1).
-  RETURN_IF_ERROR(
-      be->Matmul(true, false, F, C, N, 1, s.get(kGelu), s.get(kDy), 1, G(P::kMlpProjWeight)));
+  RETURN_IF_ERROR(WeightGradient(s, kGelu, F, C, N, s.get(kDy), P::kMlpProjWeight));
   RETURN_IF_ERROR(be->BiasGrad(N, C, s.get(kDy), G(P::kMlpProjBias)));
-  RETURN_IF_ERROR(be->Matmul(true, false, C, F, N, 1, s.get(kLn2), s.get(kDf), 1, G(P::kFcWeight)));
+  RETURN_IF_ERROR(WeightGradient(s, kLn2, C, F, N, s.get(kDf), P::kFcWeight));
   RETURN_IF_ERROR(be->BiasGrad(N, F, s.get(kDf), G(P::kFcBias)));
   RETURN_IF_ERROR(be->LayerNormBackward(N, C, s.get(kDh), s.get(kX2), W(P::kLn2Weight),
                                         s.get(kMean2), s.get(kRstd2), nullptr,
                                         G(P::kLn2Weight), G(P::kLn2Bias)));
-  RETURN_IF_ERROR(
-      be->Matmul(true, false, C, C, N, 1, s.get(kAtt), s.get(kDx2), 1, G(P::kAttnProjWeight)));
+  RETURN_IF_ERROR(WeightGradient(s, kAtt, C, C, N, s.get(kDx2), P::kAttnProjWeight));
   RETURN_IF_ERROR(be->BiasGrad(N, C, s.get(kDx2), G(P::kAttnProjBias)));
-  RETURN_IF_ERROR(
-      be->Matmul(true, false, C, 3 * C, N, 1, s.get(kLn1), s.get(kDqkv), 1, G(P::kAttnWeight)));
+  RETURN_IF_ERROR(WeightGradient(s, kLn1, C, 3 * C, N, s.get(kDqkv), P::kAttnWeight));
   RETURN_IF_ERROR(be->BiasGrad(N, 3 * C, s.get(kDqkv), G(P::kAttnBias)));
   RETURN_IF_ERROR(be->LayerNormBackward(N, C, s.get(kDln1), x, W(P::kLn1Weight), s.get(kMean1),
                                         s.get(kRstd1), nullptr, G(P::kLn1Weight),
@@ -320,12 +357,24 @@ class Gpt2HeadLayer : public HeadLayer<Real> {
     s.Reset(B, input);
     ASSIGN_OR_RETURN(int32_t * tgt, s.template New<int32_t>(be, kTargets, N));  // (N)
     RETURN_IF_ERROR(be->Copy(tgt, targets, BytesOf<int32_t>(N)));
-    ASSIGN_OR_RETURN(Real * ln, s.New(be, kLn, int64_t{N} * C));        // (N, C)
     ASSIGN_OR_RETURN(Real * mean, s.New(be, kMean, N));                 // (N)
     ASSIGN_OR_RETURN(Real * rstd, s.New(be, kRstd, N));                 // (N)
     ASSIGN_OR_RETURN(Real * probs, s.New(be, kProbs, int64_t{N} * V));  // (N, V)
+    // ln_f's output (N, C) is read again only by the head's weight-gradient product: with
+    // product copies the stash keeps its copy and its values live for this forward only.
+    BackendBuffer<Real> ln_values;
+    Real* ln = nullptr;
+    void* ln_copy = nullptr;
+    if (this->product_copies()) {
+      ASSIGN_OR_RETURN(ln_values, BackendBuffer<Real>::Elements(be, int64_t{N} * C));
+      ln = ln_values.data();
+      ASSIGN_OR_RETURN(ln_copy, s.NewCopy(be, kLn, int64_t{N} * C));
+    } else {
+      ASSIGN_OR_RETURN(ln, s.New(be, kLn, int64_t{N} * C));
+    }
     // Logits are computed in place of the probabilities they turn into.
-    RETURN_IF_ERROR(LogitsRows(N, static_cast<const Real*>(input), ln, mean, rstd, probs));
+    RETURN_IF_ERROR(
+        LogitsRows(N, static_cast<const Real*>(input), ln, mean, rstd, probs, ln_copy));
     return be->CrossEntropyForward(N, V, probs, tgt, probs, output);
   }
 
@@ -359,8 +408,13 @@ class Gpt2HeadLayer : public HeadLayer<Real> {
     BackendT<Real>* be = this->backend_;
     const int C = this->config_.d_model, V = this->config_.vocab_size;
     const int N = s.rows() * this->config_.seq_len;
-    RETURN_IF_ERROR(
-        be->Matmul(true, false, V, C, N, 1, s.get(kProbs), s.get(kLn), 1, G(P::kLmHead)));
+    if (this->product_copies()) {
+      RETURN_IF_ERROR(be->MatmulByCopy(true, false, V, C, N, 1, Values<Real>(s.get(kProbs)),
+                                       CopyOf<Real>(s.raw(kLn)), 1, G(P::kLmHead)));
+    } else {
+      RETURN_IF_ERROR(
+          be->Matmul(true, false, V, C, N, 1, s.get(kProbs), s.get(kLn), 1, G(P::kLmHead)));
+    }
     RETURN_IF_ERROR(be->LayerNormBackward(
         N, C, s.get(kDln), static_cast<const Real*>(s.input()), W(P::kLnFWeight), s.get(kMean),
         s.get(kRstd), nullptr, G(P::kLnFWeight), G(P::kLnFBias)));
@@ -371,13 +425,18 @@ class Gpt2HeadLayer : public HeadLayer<Real> {
  private:
   enum Slot { kTargets, kLn, kMean, kRstd, kProbs, kDln };
 
-  // ln (rows, C) = ln_f(x), keeping its mean and rstd (rows); out (rows, V) = ln lm_head^T.
-  absl::Status LogitsRows(int rows, const Real* x, Real* ln, Real* mean, Real* rstd, Real* out) {
+  // ln (rows, C) = ln_f(x), keeping its mean and rstd (rows), and its product copy in
+  // ln_copy when given; out (rows, V) = ln lm_head^T.
+  absl::Status LogitsRows(int rows, const Real* x, Real* ln, Real* mean, Real* rstd, Real* out,
+                          void* ln_copy = nullptr) {
     BackendT<Real>* be = this->backend_;
     const int C = this->config_.d_model, V = this->config_.vocab_size;
     RETURN_IF_ERROR(
         be->LayerNormForward(rows, C, x, W(P::kLnFWeight), W(P::kLnFBias), ln, mean, rstd));
-    return this->MatmulByParam(rows, V, C, ln, P::kLmHead, true, out);
+    if (ln_copy != nullptr) {
+      RETURN_IF_ERROR(be->MakeProductCopy(int64_t{rows} * C, ln, ln_copy));
+    }
+    return this->MatmulByParam(rows, V, C, ln, P::kLmHead, true, out, ln_copy);
   }
   Real* W(P::Param p) const { return this->param(p); }
   Real* G(P::Param p) const { return this->grad(p); }

@@ -66,10 +66,11 @@ absl::StatusOr<const void*> PipelineLayer<Real>::ProductCopy(int i) {
 
 template <typename Real>
 absl::Status PipelineLayer<Real>::MatmulByParam(int m, int n, int k, const Real* a, int i,
-                                                bool trans_w, Real* c) {
+                                                bool trans_w, Real* c, const void* a_copy) {
   ASSIGN_OR_RETURN(const void* copy, ProductCopy(i));
   if (copy == nullptr) return backend_->Matmul(false, trans_w, m, n, k, 1, a, param(i), 0, c);
-  return backend_->MatmulByCopy(false, trans_w, m, n, k, 1, a, copy, 0, c);
+  const ProductOperand<Real> left = a_copy != nullptr ? CopyOf<Real>(a_copy) : Values(a);
+  return backend_->MatmulByCopy(false, trans_w, m, n, k, 1, left, CopyOf<Real>(copy), 0, c);
 }
 
 template <typename Real>

@@ -46,8 +46,21 @@ class Stash {
     slots_[slot] = *std::move(b);
     return static_cast<T*>(slots_[slot].raw());
   }
+  // Allocates slot `slot` as the product copy of `elements` elements
+  // (Backend::MakeProductCopy, ProductCopyBytes(elements) bytes), replacing what was there.
+  absl::StatusOr<void*> NewCopy(BackendT<Real>* backend, int slot, int64_t elements) {
+    if (slot >= static_cast<int>(slots_.size())) slots_.resize(slot + 1);
+    absl::StatusOr<BackendBuffer<Real>> b = BackendBuffer<Real>::Allocate(
+        backend, static_cast<size_t>(backend->ProductCopyBytes(elements)));
+    if (!b.ok()) return b.status();
+    slots_[slot] = *std::move(b);
+    return slots_[slot].raw();
+  }
   Real* get(int slot) const {
     return slot < static_cast<int>(slots_.size()) ? slots_[slot].data() : nullptr;
+  }
+  const void* raw(int slot) const {
+    return slot < static_cast<int>(slots_.size()) ? slots_[slot].raw() : nullptr;
   }
   int32_t* ints(int slot) const {
     return slot < static_cast<int>(slots_.size()) ? slots_[slot].ints() : nullptr;
@@ -143,8 +156,13 @@ class PipelineLayer {
       : config_(config), index_(index), backend_(backend) {}
   absl::Status AllocateParams();
   // c (m, n) = a (m, k) @ op(param i), op transposing when trans_w: a product by a
-  // weight, read from its product copy when there is one.
-  absl::Status MatmulByParam(int m, int n, int k, const Real* a, int i, bool trans_w, Real* c);
+  // weight, read from its product copy when there is one. `a_copy`, when given, is a's
+  // product copy, read instead of a.
+  absl::Status MatmulByParam(int m, int n, int k, const Real* a, int i, bool trans_w, Real* c,
+                             const void* a_copy = nullptr);
+  // Whether the backend's products read product copies (bf16): then the activations a
+  // layer keeps only for its weight gradients' products are kept as copies.
+  bool product_copies() const { return backend_->ProductCopyBytes(1) > 0; }
 
   model::GptConfig config_;
   int index_;

@@ -3,8 +3,10 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/bf16.h"
 #include "common/status_macros.h"
 #include "stage_server/compute/backend_buffer.h"
 #include "stage_server/compute/op_checks.h"
@@ -84,7 +86,8 @@ absl::Status HostBackendT<Real>::Matmul(bool trans_a, bool trans_b, int m, int n
 
 template <typename Real>
 int64_t HostBackendT<Real>::ProductCopyBytes(int64_t n) const {
-  return this->bf16_products() ? static_cast<int64_t>(BytesOf<Real>(n)) : 0;
+  return this->bf16_products() ? n * static_cast<int64_t>(common::DTypeSize(common::DType::kBF16))
+                               : 0;
 }
 
 template <typename Real>
@@ -92,22 +95,31 @@ absl::Status HostBackendT<Real>::MakeProductCopy(int64_t n, const Real* x, void*
   ASSIGN_OR_RETURN(const OpCall call, CheckMakeProductCopy(Name(), n, x, copy));
   if (!this->bf16_products()) return ProductCopyWithoutBf16(Name(), call);
   if (call.empty()) return absl::OkStatus();
-  Real* out = static_cast<Real*>(copy);
-  std::copy(x, x + n, out);
-  reference::RoundToBf16(n, out);
+  auto* out = static_cast<uint16_t*>(copy);
+  for (int64_t i = 0; i < n; ++i) out[i] = common::FloatToBf16Bits(static_cast<float>(x[i]));
   return absl::OkStatus();
 }
 
 template <typename Real>
 absl::Status HostBackendT<Real>::MatmulByCopy(bool trans_a, bool trans_b, int m, int n, int k,
-                                              Real alpha, const Real* a, const void* b_copy,
-                                              Real beta, Real* c) {
-  ASSIGN_OR_RETURN(const OpCall call, CheckMatmulByCopy(Name(), m, n, k, a, b_copy, c));
+                                              Real alpha, ProductOperand<Real> a,
+                                              ProductOperand<Real> b, Real beta, Real* c) {
+  ASSIGN_OR_RETURN(const OpCall call,
+                   CheckMatmulByCopy(Name(), m, n, k, a.data(), b.data(), c));
   if (!this->bf16_products()) return ProductCopyWithoutBf16(Name(), call);
-  if (!call.empty()) {
-    reference::Matmul(trans_a, trans_b, m, n, k, alpha, a, static_cast<const Real*>(b_copy),
-                      beta, c, /*bf16_operands=*/true);
-  }
+  if (call.empty()) return absl::OkStatus();
+  // An operand's values, its copy widened when it comes as one (a (m, k), b (k, n), dense).
+  std::vector<Real> wide_a, wide_b;
+  const auto values = [](const ProductOperand<Real>& o, int64_t elements,
+                         std::vector<Real>& wide) -> const Real* {
+    if (o.copy == nullptr || elements == 0) return o.values;
+    const auto* bits = static_cast<const uint16_t*>(o.copy);
+    wide.resize(static_cast<size_t>(elements));
+    for (int64_t i = 0; i < elements; ++i) wide[i] = common::Bf16BitsToFloat(bits[i]);
+    return wide.data();
+  };
+  reference::Matmul(trans_a, trans_b, m, n, k, alpha, values(a, int64_t{m} * k, wide_a),
+                    values(b, int64_t{k} * n, wide_b), beta, c, /*bf16_operands=*/true);
   return absl::OkStatus();
 }
 

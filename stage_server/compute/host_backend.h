@@ -31,12 +31,14 @@ class HostBackendT : public BackendT<Real> {
 
   absl::Status Matmul(bool trans_a, bool trans_b, int m, int n, int k, Real alpha,
                       const Real* a, const Real* b, Real beta, Real* c) override;
-  // The copy holds the rounded values in Real; MatmulByCopy is Matmul on it (rounding a
-  // bf16 value again gives it back).
+  // The copy is bf16 bits, as the cpu backend's (a double rounded through float, as
+  // RoundToBf16 rounds it); MatmulByCopy widens a copy back to Real and runs Matmul
+  // (rounding a bf16 value again gives it back).
   int64_t ProductCopyBytes(int64_t n) const override;
   absl::Status MakeProductCopy(int64_t n, const Real* x, void* copy) override;
   absl::Status MatmulByCopy(bool trans_a, bool trans_b, int m, int n, int k, Real alpha,
-                            const Real* a, const void* b_copy, Real beta, Real* c) override;
+                            ProductOperand<Real> a, ProductOperand<Real> b, Real beta,
+                            Real* c) override;
   absl::Status Add(int64_t n, const Real* a, const Real* b, Real* out) override;
   absl::Status Axpy(int64_t n, Real alpha, const Real* x, Real* y) override;
   absl::Status Scale(int64_t n, Real alpha, Real* x) override;

@@ -142,9 +142,9 @@ bool OneDnnMatmul::bf16_native() {
 
 absl::StatusOr<OneDnnMatmul::Entry*> OneDnnMatmul::EntryFor(common::DType operands,
                                                            const ProductShape& p,
-                                                           bool b_given) {
+                                                           bool a_given, bool b_given) {
   const bool bf16 = operands == common::DType::kBF16;
-  std::array<int64_t, 21> key = {bf16, b_given, p.batch0, p.batch1, p.m, p.n, p.k,
+  std::array<int64_t, 22> key = {bf16, a_given, b_given, p.batch0, p.batch1, p.m, p.n, p.k,
                               p.a.batch0, p.a.batch1, p.a.row, p.a.col,
                               p.b.batch0, p.b.batch1, p.b.row, p.b.col,
                               p.c.batch0, p.c.batch1, p.c.row, p.c.col,
@@ -154,7 +154,7 @@ absl::StatusOr<OneDnnMatmul::Entry*> OneDnnMatmul::EntryFor(common::DType operan
 
   const dnnl_data_type_t in = bf16 ? dnnl_bf16 : dnnl_f32;
   // bf16 operands are rounded into dense scratch; fp32 ones are read where they are.
-  const MatrixStrides sa = bf16 ? Bf16Layout(p.batch1, p.m, p.k, p.a) : p.a;
+  const MatrixStrides sa = bf16 && !a_given ? Bf16Layout(p.batch1, p.m, p.k, p.a) : p.a;
   const MatrixStrides sb = bf16 && !b_given ? Bf16Layout(p.batch1, p.k, p.n, p.b) : p.b;
   ASSIGN_OR_RETURN(dnnl_memory_desc_t a, ViewDesc(p.batch0, p.batch1, p.m, p.k, sa, in));
   ASSIGN_OR_RETURN(dnnl_memory_desc_t b, ViewDesc(p.batch0, p.batch1, p.k, p.n, sb, in));
@@ -207,11 +207,21 @@ absl::Status OneDnnMatmul::Run(common::DType operands, const ProductShape& p, co
   return Execute(e, a_data, b_data, c);
 }
 
-absl::Status OneDnnMatmul::RunWithBf16B(const ProductShape& p, const float* a,
-                                        const uint16_t* b16, float* c) {
-  ASSIGN_OR_RETURN(Entry * e, EntryFor(common::DType::kBF16, p, /*b_given=*/true));
-  ToBf16(threads_, a, p.batch0, p.batch1, p.m, p.k, p.a, a16_);
-  return Execute(e, a16_.data(), b16, c);
+absl::Status OneDnnMatmul::RunBf16(const ProductShape& p, Bf16Operand a, Bf16Operand b,
+                                   float* c) {
+  ASSIGN_OR_RETURN(Entry * e, EntryFor(common::DType::kBF16, p, a.bits != nullptr,
+                                       b.bits != nullptr));
+  const void* a_data = a.bits;
+  const void* b_data = b.bits;
+  if (a_data == nullptr) {
+    ToBf16(threads_, a.values, p.batch0, p.batch1, p.m, p.k, p.a, a16_);
+    a_data = a16_.data();
+  }
+  if (b_data == nullptr) {
+    ToBf16(threads_, b.values, p.batch0, p.batch1, p.k, p.n, p.b, b16_);
+    b_data = b16_.data();
+  }
+  return Execute(e, a_data, b_data, c);
 }
 
 absl::Status OneDnnMatmul::Execute(Entry* e, const void* a, const void* b, float* c) {

@@ -35,8 +35,7 @@ class OneDnnMatmul : public Products {
   std::string Name() const override { return "onednn"; }
   absl::Status Run(common::DType operands, const ProductShape& p, const float* a,
                    const float* b, float* c) override;
-  absl::Status RunWithBf16B(const ProductShape& p, const float* a, const uint16_t* b16,
-                            float* c) override;
+  absl::Status RunBf16(const ProductShape& p, Bf16Operand a, Bf16Operand b, float* c) override;
 
   size_t cached_primitives() const { return cache_.size(); }
   // Whether this processor has bf16 dot-product instructions (avx512_bf16 or amx).
@@ -47,16 +46,17 @@ class OneDnnMatmul : public Products {
 
  private:
   OneDnnMatmul(int threads, std::unique_ptr<Handles> handles);
-  // `b_given`: b comes in bf16 as p.b lays it out (not rounded into dense scratch).
+  // `a_given`, `b_given`: that operand comes in bf16 as its view lays it out (not
+  // rounded into dense scratch).
   absl::StatusOr<Entry*> EntryFor(common::DType operands, const ProductShape& p,
-                                  bool b_given = false);
+                                  bool a_given = false, bool b_given = false);
   absl::Status Execute(Entry* e, const void* a, const void* b, float* c);
 
   int threads_;
   std::unique_ptr<Handles> handles_;
-  // Key: operand precision, b given in bf16, batches, sizes, the three views' strides,
-  // alpha, beta.
-  std::map<std::array<int64_t, 21>, std::unique_ptr<Entry>> cache_;
+  // Key: operand precision, a and b given in bf16, batches, sizes, the three views'
+  // strides, alpha, beta.
+  std::map<std::array<int64_t, 22>, std::unique_ptr<Entry>> cache_;
   std::vector<uint16_t> a16_, b16_;  // bf16 operands of the product being run
 };
 

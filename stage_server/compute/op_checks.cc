@@ -99,12 +99,12 @@ absl::StatusOr<OpCall> CheckMatmul(absl::string_view backend, int m, int n, int 
 }
 
 absl::StatusOr<OpCall> CheckMatmulByCopy(absl::string_view backend, int m, int n, int k,
-                                         const void* a, const void* b_copy, const void* c) {
+                                         const void* a, const void* b, const void* c) {
   return OpCheck(backend, "MatmulByCopy", {{"m", m}, {"n", n}, {"k", k}})
       .EmptyIf(m == 0 || n == 0)
       .Need({{"c", c}})
       .NeedIf(k > 0, "a", a)
-      .NeedIf(k > 0, "b_copy", b_copy)
+      .NeedIf(k > 0, "b", b)
       .Done();
 }
 

@@ -47,9 +47,9 @@ absl::StatusOr<OpCall> CheckCopy2D(absl::string_view backend, int rows, int cols
                                    int64_t src_stride, const void* dst, int64_t dst_stride);
 absl::StatusOr<OpCall> CheckMatmul(absl::string_view backend, int m, int n, int k,
                                    const void* a, const void* b, const void* c);
-// MatmulByCopy: Matmul's check, with b its product copy.
+// MatmulByCopy: Matmul's check on each operand's values or copy.
 absl::StatusOr<OpCall> CheckMatmulByCopy(absl::string_view backend, int m, int n, int k,
-                                         const void* a, const void* b_copy, const void* c);
+                                         const void* a, const void* b, const void* c);
 absl::StatusOr<OpCall> CheckMakeProductCopy(absl::string_view backend, int64_t n,
                                             const void* x, const void* copy);
 absl::StatusOr<OpCall> CheckAdd(absl::string_view backend, int64_t n, const void* a,

@@ -34,6 +34,12 @@ struct ProductShape {
                                int64_t ldb, int64_t ldc, float alpha, float beta);
 };
 
+// An operand of Products::RunBf16: fp32 values, or bf16 bits (exactly one is set).
+struct Bf16Operand {
+  const float* values = nullptr;
+  const uint16_t* bits = nullptr;
+};
+
 class Products {
  public:
   virtual ~Products() = default;
@@ -44,11 +50,11 @@ class Products {
   // check (op_checks.h); k > 0.
   virtual absl::Status Run(common::DType operands, const ProductShape& p, const float* a,
                            const float* b, float* c) = 0;
-  // The bf16 product with b given already rounded (bf16 bits, laid out as p.b says): a
-  // weight's product copy. The same numbers as Run(kBF16, ...) on the fp32 b it was made
-  // from. This default is an engine without bf16 products.
-  virtual absl::Status RunWithBf16B(const ProductShape& p, const float* a, const uint16_t* b16,
-                                    float* c) {
+  // The bf16 product with each operand given as fp32 values (rounded as Run rounds them)
+  // or already as bf16 bits laid out as its view says (a product copy): the same numbers
+  // as Run(kBF16, ...) on the values the bits were made from. This default is an engine
+  // without bf16 products.
+  virtual absl::Status RunBf16(const ProductShape& p, Bf16Operand a, Bf16Operand b, float* c) {
     return absl::UnimplementedError(absl::StrCat(Name(), " products: no bf16 products"));
   }
 };

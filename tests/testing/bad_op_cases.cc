@@ -40,11 +40,17 @@ void AddElementwiseBadCases(std::vector<BadCase>& b) {
   }, "b is null"));
   // The weight's product copy: checked before the precision, so in fp32 too.
   b.push_back(Bad("MatmulByCopy", "k < 0", mat, [](Backend& be, T& t) {
-    return be.MatmulByCopy(false, false, 3, 4, -2, 1, t["a"], t["b"], 0, t["c"]);
+    return be.MatmulByCopy(false, false, 3, 4, -2, 1, compute::Values<float>(t["a"]),
+                           compute::CopyOf<float>(t["b"]), 0, t["c"]);
   }, "k = -2 is negative"));
-  b.push_back(Bad("MatmulByCopy", "b_copy null with k > 0", mat, [](Backend& be, T& t) {
-    return be.MatmulByCopy(false, true, 3, 4, 2, 1, t["a"], nullptr, 0, t["c"]);
-  }, "b_copy is null"));
+  b.push_back(Bad("MatmulByCopy", "b null with k > 0", mat, [](Backend& be, T& t) {
+    return be.MatmulByCopy(false, true, 3, 4, 2, 1, compute::Values<float>(t["a"]),
+                           compute::CopyOf<float>(nullptr), 0, t["c"]);
+  }, "b is null"));
+  b.push_back(Bad("MatmulByCopy", "a null with k > 0", mat, [](Backend& be, T& t) {
+    return be.MatmulByCopy(true, false, 3, 4, 2, 1, compute::CopyOf<float>(nullptr),
+                           compute::Values<float>(t["b"]), 0, t["c"]);
+  }, "a is null"));
   b.push_back(Bad("MakeProductCopy", "n < 0", mat, [](Backend& be, T& t) {
     return be.MakeProductCopy(-3, t["a"], t["b"]);
   }, "n = -3 is negative"));

@@ -8,6 +8,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "tests/testing/op_case.h"
 
@@ -71,30 +72,45 @@ void AddMatmulCases(std::vector<OpCase>& cases) {
   cases.push_back(MatmulEmptyInnerCase(3, 4, 0.5));
 }
 
-// A product by a weight's product copy (bf16 only: fp32 products keep no copy): the copy
-// made by MakeProductCopy, then MatmulByCopy, must give Matmul's bits on the weight
-// itself (c_matmul, computed beside it from the same c).
-OpCase MatmulByCopyCase(bool ta, bool tb, int m, int n, int k, double beta) {
+// A product by product copies (bf16 only: fp32 products keep none): a (an activation
+// kept for a weight gradient), b (a weight) or both given as copies made by
+// MakeProductCopy must give Matmul's bits on the tensors themselves (c_matmul, computed
+// beside it from the same c).
+OpCase MatmulByCopyCase(bool ta, bool tb, int m, int n, int k, double beta, bool copy_a,
+                        bool copy_b) {
   OpCase c{.op = "MatmulByCopy",
            .shape = absl::StrCat("m=", m, " n=", n, " k=", k, " ta=", ta, " tb=", tb,
-                                 " beta=", beta)};
+                                 " beta=", beta, copy_a ? " a=copy" : "",
+                                 copy_b ? " b=copy" : "")};
   c.tensors = {In("a", Sz(m, k)), In("b", Sz(k, n)),
                beta == 0 ? Out("c", Sz(m, n)) : InOut("c", Sz(m, n)), Out("c_matmul", Sz(m, n))};
   c.run = Call([=](auto& be, auto& t) -> absl::Status {
     using Real = std::remove_pointer_t<decltype(t["a"])>;
-    const int64_t elements = int64_t{k} * n;
     if (beta != 0) {
       absl::Status s = be.Copy(t["c_matmul"], t["c"], Sz(m, n) * sizeof(Real));
       if (!s.ok()) return s;
     }
-    absl::StatusOr<void*> copy = be.Allocate(static_cast<size_t>(be.ProductCopyBytes(elements)));
-    if (!copy.ok()) return copy.status();
-    absl::Status s = be.MakeProductCopy(elements, t["b"], *copy);
-    if (s.ok()) {
-      s = be.MatmulByCopy(ta, tb, m, n, k, t.Scalar(0.7), t["a"], *copy, t.Scalar(beta), t["c"]);
-    }
+    // Each operand as values, or as a copy in memory the case allocates and frees.
+    std::vector<void*> copies;
+    const auto operand = [&](Real* values, int64_t elements,
+                             bool as_copy) -> absl::StatusOr<compute::ProductOperand<Real>> {
+      if (!as_copy) return compute::Values<Real>(values);
+      absl::StatusOr<void*> copy =
+          be.Allocate(static_cast<size_t>(be.ProductCopyBytes(elements)));
+      if (!copy.ok()) return copy.status();
+      copies.push_back(*copy);
+      absl::Status s = be.MakeProductCopy(elements, values, *copy);
+      if (!s.ok()) return s;
+      return compute::CopyOf<Real>(*copy);
+    };
+    absl::StatusOr<compute::ProductOperand<Real>> a = operand(t["a"], int64_t{m} * k, copy_a);
+    absl::StatusOr<compute::ProductOperand<Real>> b = operand(t["b"], int64_t{k} * n, copy_b);
+    absl::Status s = a.ok() ? b.status() : a.status();
+    if (s.ok()) s = be.MatmulByCopy(ta, tb, m, n, k, t.Scalar(0.7), *a, *b, t.Scalar(beta), t["c"]);
     if (s.ok()) s = be.Synchronize();
-    if (absl::Status freed = be.Free(*copy); s.ok()) s = freed;
+    for (void* copy : copies) {
+      if (absl::Status freed = be.Free(copy); s.ok()) s = freed;
+    }
     if (!s.ok()) return s;
     return be.Matmul(ta, tb, m, n, k, t.Scalar(0.7), t["a"], t["b"], t.Scalar(beta),
                      t["c_matmul"]);
@@ -104,14 +120,19 @@ OpCase MatmulByCopyCase(bool ta, bool tb, int m, int n, int k, double beta) {
 }
 
 void AddProductCopyCases(std::vector<OpCase>& cases) {
-  // The shapes of a layer's products by its weights, small, and the head's (vocab 50257).
+  // The shapes of a layer's products, small, and the head's (vocab 50257): the weight as
+  // b (forward, backward-input), the activation as a transposed a (weight gradient), both.
   const int shapes[][3] = {{1, 1, 1}, {7, 5, 9}, {33, 65, 17}, {6, 50257, 16}};
   for (const auto& s : shapes) {
     for (bool tb : {false, true}) {
-      for (double beta : {0.0, 1.0}) cases.push_back(MatmulByCopyCase(false, tb, s[0], s[1], s[2], beta));
+      for (double beta : {0.0, 1.0}) {
+        cases.push_back(MatmulByCopyCase(false, tb, s[0], s[1], s[2], beta, false, true));
+      }
     }
+    cases.push_back(MatmulByCopyCase(true, false, s[2], s[1], s[0], 1.0, true, false));
   }
-  cases.push_back(MatmulByCopyCase(true, false, 12, 20, 8, 0.5));
+  cases.push_back(MatmulByCopyCase(true, false, 12, 20, 8, 0.5, true, true));
+  cases.push_back(MatmulByCopyCase(false, true, 12, 20, 8, 0.0, true, true));
 }
 
 // ---- Elementwise, bias, reductions ------------------------------------------------------
