@@ -83,6 +83,7 @@ class BackendChunk final : public ChunkCompute {
   }
   absl::StatusOr<common::Tensor> TiedGradient(bool embedding_side) override;
   absl::Status AddTiedGradient(bool embedding_side, const common::PiecewiseTensor& other) override;
+  absl::Status SumTiedGradients() override { return layers_->SumTiedGradients(); }
   absl::Status OptimizerStep(const compute::OptimizerSettings& settings,
                              std::optional<double> global_grad_norm) override;
   size_t ActivationBytes() const override { return layers_->ActivationBytes(); }

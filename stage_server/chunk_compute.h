@@ -78,6 +78,9 @@ class ChunkCompute {
   virtual absl::StatusOr<common::Tensor> TiedGradient(bool embedding_side) = 0;
   virtual absl::Status AddTiedGradient(bool embedding_side,
                                        const common::PiecewiseTensor& other) = 0;
+  // For a chunk holding both (a one-stage job): both become their sum, in the chunk's own
+  // memory (compute::ModelChunk::SumTiedGradients), the same bits as the two calls above.
+  virtual absl::Status SumTiedGradients() = 0;
   // AdamW; clipping (when on) uses global_grad_norm, the norm over the whole model.
   virtual absl::Status OptimizerStep(const compute::OptimizerSettings& settings,
                                      std::optional<double> global_grad_norm) = 0;

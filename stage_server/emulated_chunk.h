@@ -64,6 +64,7 @@ class EmulatedChunk final : public ChunkCompute {
   absl::Status AddTiedGradient(bool, const common::PiecewiseTensor&) override {
     return absl::OkStatus();
   }
+  absl::Status SumTiedGradients() override { return absl::OkStatus(); }
   absl::Status OptimizerStep(const compute::OptimizerSettings&, std::optional<double>) override;
   size_t ActivationBytes() const override { return held_; }
   size_t PeakActivationBytes() const override { return peak_; }

@@ -479,7 +479,10 @@ absl::Status Executor::SumTiedGradients(StepState& st) {
   const int embedding_chunk = config_.stage == 0 ? 0 : -1;
   const int head_chunk = last % K == config_.stage ? last / K : -1;
   if (embedding_chunk < 0 && head_chunk < 0) return absl::OkStatus();
-  if (embedding_chunk >= 0 && head_chunk >= 0) {  // one stage holds both
+  if (embedding_chunk >= 0 && embedding_chunk == head_chunk) {  // one chunk holds both
+    return chunks_[embedding_chunk]->SumTiedGradients();
+  }
+  if (embedding_chunk >= 0 && head_chunk >= 0) {  // one stage holds both, in two chunks
     ChunkCompute& e = *chunks_[embedding_chunk];
     ChunkCompute& h = *chunks_[head_chunk];
     ASSIGN_OR_RETURN(common::Tensor from_embedding, e.TiedGradient(true));
