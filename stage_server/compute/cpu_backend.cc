@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/bf16.h"
 #include "common/status_macros.h"
+#include "stage_server/compute/cpu_wide_loops.h"
 #include "stage_server/compute/backend_buffer.h"
 #include "stage_server/compute/fast_math.h"
 #include "stage_server/compute/onednn_matmul.h"
@@ -112,7 +113,7 @@ absl::Status CpuBackend::MakeProductCopy(int64_t n, const float* x, void* copy) 
   if (!bf16_products()) return ProductCopyWithoutBf16(Name(), call);
   auto* out = static_cast<uint16_t*>(copy);
   ForRanges(loop_threads_, n, MinItems(1), [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) out[i] = common::FloatToBf16Bits(x[i]);
+    wide::FloatsToBf16Bits(i1 - i0, x + i0, out + i0);
   });
   return absl::OkStatus();
 }
@@ -160,11 +161,9 @@ void CausalSoftmaxRows(int threads, int64_t matrices, int T, float* p) {
     float* row = p + i * T;
     float max_score = row[0];
     for (int u = 1; u <= t; ++u) max_score = std::max(max_score, row[u]);
+    wide::ExpShifted(t + 1, row, max_score, row);
     float sum = 0;
-    for (int u = 0; u <= t; ++u) {
-      row[u] = FastExp(row[u] - max_score);
-      sum += row[u];
-    }
+    for (int u = 0; u <= t; ++u) sum += row[u];
     const float inv = 1.0f / sum;
     for (int u = 0; u <= t; ++u) row[u] *= inv;
     for (int u = t + 1; u < T; ++u) row[u] = 0;

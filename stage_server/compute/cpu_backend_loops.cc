@@ -6,17 +6,13 @@
 
 #include "common/status_macros.h"
 #include "stage_server/compute/cpu_backend.h"
+#include "stage_server/compute/cpu_wide_loops.h"
 #include "stage_server/compute/fast_math.h"
 #include "stage_server/compute/op_checks.h"
 #include "stage_server/compute/parallel_ranges.h"
 #include "stage_server/compute/reference_ops.h"
 
 namespace pipetrain::compute {
-
-namespace {
-constexpr float kGeluK = 0.7978845608028654f;  // sqrt(2 / pi)
-constexpr float kGeluA = 0.044715f;
-}  // namespace
 
 // ---- Elementwise: the reference loops on each thread's piece --------------------------
 
@@ -92,10 +88,7 @@ absl::Status CpuBackend::GeluForward(int64_t n, const float* x, float* out) {
   ASSIGN_OR_RETURN(const OpCall call, CheckGeluForward(Name(), n, x, out));
   if (call.empty()) return absl::OkStatus();
   ForRanges(loop_threads_, n, MinItems(1), [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const float v = x[i];
-      out[i] = v * SigmoidOfTwice(kGeluK * (v + kGeluA * v * v * v));
-    }
+    wide::GeluForward(i1 - i0, x + i0, out + i0);
   });
   return absl::OkStatus();
 }
@@ -106,13 +99,7 @@ absl::Status CpuBackend::GeluBackward(int64_t n, const float* x, const float* do
   ASSIGN_OR_RETURN(const OpCall call, CheckGeluBackward(Name(), n, x, dout, dx));
   if (call.empty()) return absl::OkStatus();
   ForRanges(loop_threads_, n, MinItems(1), [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) {
-      const float v = x[i];
-      // With s = 0.5 (1 + tanh): 0.5 (1 - tanh^2) = 2 s (1 - s).
-      const float s = SigmoidOfTwice(kGeluK * (v + kGeluA * v * v * v));
-      const float grad = s + 2 * v * s * (1 - s) * kGeluK * (1 + 3 * kGeluA * v * v);
-      dx[i] = grad * dout[i];
-    }
+    wide::GeluBackward(i1 - i0, x + i0, dout + i0, dx + i0);
   });
   return absl::OkStatus();
 }
@@ -257,11 +244,9 @@ absl::Status CpuBackend::CrossEntropyForward(int rows, int V, const float* logit
       const float target_logit = l[targets[r]];  // read before p (which may alias l)
       // The denominator is summed in double: over GPT-2's 50,257 terms a float sum
       // drifts by ~1e-4 relative, which every probability would inherit.
+      wide::ExpShifted(V, l, max_logit, p);
       double sum = 0;
-      for (int v = 0; v < V; ++v) {
-        p[v] = FastExp(l[v] - max_logit);
-        sum += p[v];
-      }
+      for (int v = 0; v < V; ++v) sum += p[v];
       const float inv = static_cast<float>(1.0 / sum);
       for (int v = 0; v < V; ++v) p[v] *= inv;
       row_loss[r] = std::log(sum) + max_logit - target_logit;

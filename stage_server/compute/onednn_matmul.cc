@@ -12,6 +12,7 @@
 #include "absl/strings/string_view.h"
 #include "common/bf16.h"
 #include "common/status_macros.h"
+#include "stage_server/compute/cpu_wide_loops.h"
 #include "oneapi/dnnl/dnnl.h"
 #include "stage_server/compute/parallel_ranges.h"
 
@@ -96,7 +97,7 @@ void ToBf16(int threads, const float* x, int batch0, int batch1, int rows, int c
           x + b0 * s.batch0 + b1 * s.batch1 + r * (by_columns ? s.col : s.row);
       uint16_t* to = o + b0 * d.batch0 + b1 * d.batch1 + r * (by_columns ? d.col : d.row);
       if (in_step == 1) {
-        for (int j = 0; j < run; ++j) to[j] = common::FloatToBf16Bits(in[j]);
+        wide::FloatsToBf16Bits(run, in, to);
       } else {
         for (int j = 0; j < run; ++j) to[j] = common::FloatToBf16Bits(in[j * in_step]);
       }
