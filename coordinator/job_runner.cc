@@ -13,6 +13,7 @@
 #include "common/status_macros.h"
 #include "coordinator/job_data.h"
 #include "coordinator/job_paths.h"
+#include "coordinator/lr_schedule.h"
 #include "coordinator/grpc_stage_connector.h"
 #include "coordinator/planner/cost_fit.h"
 #include "coordinator/planner/forward_only.h"
@@ -235,12 +236,14 @@ class Runner {
                             " carried over unchanged"));
   }
 
-  // Runs one program set on every stage at once. With defer_optimizer the stages only
-  // report their grad_norm_sq at OPTIMIZER_STEP and wait for ApplyOnAll.
+  // Runs one program set on every stage at once (`lr`: its optimizer steps' rate, none
+  // for a program without). With defer_optimizer the stages only report their
+  // grad_norm_sq at OPTIMIZER_STEP and wait for ApplyOnAll.
   absl::StatusOr<std::vector<pb::RunStepResponse>> RunOnAll(int64_t step,
                                                             const schedule::Schedule& programs,
                                                             const model::TokenBatch& batch,
-                                                            float lr, const char* what,
+                                                            std::optional<float> lr,
+                                                            const char* what,
                                                             bool defer_optimizer = false,
                                                             bool snapshot = false) {
     // Each replica's share of the batch (the whole batch with one).
@@ -266,7 +269,8 @@ class Runner {
   // Stage position s's request: its program, with the token micro-batches of its
   // replica's share on the first stage and the targets on the last.
   pb::RunStepRequest StepRequest(int64_t step, const schedule::StageProgram& program, int s,
-                                 const model::TokenBatch& share, float lr) const {
+                                 const model::TokenBatch& share,
+                                 std::optional<float> lr) const {
     const int M = plan_.options.micro_batches, T = plan_.options.model.seq_len;
     const int rows = share.rows / M;
     pb::RunStepRequest req;
@@ -282,7 +286,7 @@ class Runner {
                               req.add_targets());
       }
     }
-    req.set_lr(lr);
+    if (lr) req.set_lr(*lr);  // 0 included: a schedule may end at min_lr 0
     return req;
   }
 
@@ -317,14 +321,11 @@ class Runner {
 
   // The rate of the training run's step `step`. A job started from a checkpoint
   // (init_from) continues its schedule: the warm-up counts the steps the checkpoint
-  // already took, as the data order and AdamW's step do, so a resumed run equals an
-  // unbroken one.
-  float LearningRate(int64_t step) const {
-    const pb::TrainingSpec& t = spec_.training();
-    if (t.warmup_steps() > 0 && step < t.warmup_steps()) {
-      return t.lr() * static_cast<float>(step) / static_cast<float>(t.warmup_steps());
-    }
-    return t.lr();
+  // already took, as the data order and AdamW's step do, and a decay ends at the run's
+  // last step (last_), so a resumed run equals an unbroken one.
+  absl::StatusOr<float> LearningRate(int64_t step) const {
+    ASSIGN_OR_RETURN(const LrSchedule schedule, LrScheduleOf(spec_.training(), last_));
+    return coordinator::LearningRate(schedule, step);
   }
 
   // Whether the stages keep (and copy to their ring neighbour) an in-memory snapshot of
@@ -341,7 +342,7 @@ class Runner {
         model::TokenBatch batch,
         TrainingBatch(data_, plan_.options.model, t.batch_size(), t.seed(), step));
     const absl::Time start = absl::Now();
-    const float lr = LearningRate(step);
+    ASSIGN_OR_RETURN(const float lr, LearningRate(step));
     ASSIGN_OR_RETURN(std::vector<pb::RunStepResponse> responses, RunTraining(step, batch, lr));
     const double wall = absl::ToDoubleSeconds(absl::Now() - start);
     timeline_ = TimelineOf(step, responses);
@@ -442,7 +443,7 @@ class Runner {
                      ValidationBatch(data_, plan_.options.model, spec_.training().batch_size(),
                                      spec_.training().seed()));
     ASSIGN_OR_RETURN(std::vector<pb::RunStepResponse> responses,
-                     RunOnAll(step, eval_programs_, batch, 0, "validating"));
+                     RunOnAll(step, eval_programs_, batch, std::nullopt, "validating"));
     return MeanLoss(responses, step);
   }
 

@@ -11,6 +11,7 @@
 #include "common/model/precision.h"
 #include "common/status_macros.h"
 #include "coordinator/job_spec.h"
+#include "coordinator/lr_schedule.h"
 #include "coordinator/planner/planner.h"
 
 namespace pipetrain::coordinator {
@@ -39,7 +40,40 @@ absl::Status CheckNonNegative(absl::string_view field, double v, absl::string_vi
   return Invalid(field, absl::StrCat("must be >= 0 (got ", v, "); ", hint));
 }
 
-absl::Status ValidateTraining(const pb::TrainingSpec& t) {
+// training.min_lr: in [0, lr], and only with a schedule that decays to it.
+absl::Status ValidateMinLr(const pb::TrainingSpec& t, LrDecay decay) {
+  RETURN_IF_ERROR(CheckNonNegative("training.min_lr", t.min_lr(),
+                                   "it is where a decaying training.lr_schedule ends"));
+  if (t.min_lr() > t.lr()) {
+    return Invalid("training.min_lr", absl::StrCat("must be <= training.lr (got ", t.min_lr(),
+                                                   " > ", t.lr(), "): a decay ends there"));
+  }
+  if (decay == LrDecay::kConstant && t.min_lr() != 0) {
+    return Invalid("training.min_lr",
+                   "is where a decaying schedule ends, but training.lr_schedule is 'constant' "
+                   "(the default), which stays at training.lr: set training.lr_schedule to "
+                   "'cosine' or 'linear', or leave training.min_lr out");
+  }
+  return absl::OkStatus();
+}
+
+// training.lr_schedule and min_lr. A decay needs steps after the warm-up; a job from a
+// checkpoint (`fresh` false) counts the checkpoint's steps too, which are not known here.
+absl::Status ValidateLrSchedule(const pb::TrainingSpec& t, bool fresh) {
+  absl::StatusOr<LrDecay> decay = LrDecayNamed(t.lr_schedule());
+  if (!decay.ok()) return Invalid("training.lr_schedule", decay.status().message());
+  RETURN_IF_ERROR(ValidateMinLr(t, *decay));
+  if (*decay != LrDecay::kConstant && fresh && t.warmup_steps() >= t.steps()) {
+    return Invalid("training.warmup_steps",
+                   absl::StrCat("must be < training.steps (", t.steps(), ") with training."
+                                "lr_schedule '", LrDecayName(*decay), "' (got ",
+                                t.warmup_steps(), "): the decay runs from step warmup_steps "
+                                "to the last step"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateTraining(const pb::TrainingSpec& t, bool fresh) {
   if (t.steps() <= 0) {
     return Invalid("training.steps", absl::StrCat("must be > 0 (got ", t.steps(),
                                                   "); it is the number of optimizer steps"));
@@ -67,7 +101,7 @@ absl::Status ValidateTraining(const pb::TrainingSpec& t) {
   if (absl::StatusOr<model::Precision> p = model::PrecisionNamed(t.precision()); !p.ok()) {
     return Invalid("training.precision", p.status().message());
   }
-  return absl::OkStatus();
+  return ValidateLrSchedule(t, fresh);
 }
 
 absl::Status ValidateTokenPaths(absl::string_view field,
@@ -176,7 +210,7 @@ absl::Status ValidateJobSpec(const pb::JobSpec& spec) {
                                 " blocks, head); every stage needs at least one layer, so lower "
                                 "it or raise model.n_layers"));
   }
-  RETURN_IF_ERROR(ValidateTraining(spec.training()));
+  RETURN_IF_ERROR(ValidateTraining(spec.training(), spec.init_from().empty()));
   RETURN_IF_ERROR(ValidateData(spec.data()));
   if (spec.checkpoint().every_steps() < 0) {
     return Invalid("checkpoint.every_steps",

@@ -1,6 +1,8 @@
 #include "stage_server/stage_service.h"
 
 #include <algorithm>
+#include <cmath>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/error_context.h"
@@ -69,6 +71,20 @@ absl::StatusOr<JobConfig> JobConfigFromProto(const pb::ConfigureRequest& r) {
   return c;
 }
 
+namespace {
+
+// A request's learning rate: unset keeps the default; 0 is a rate (a schedule's min_lr).
+absl::StatusOr<std::optional<float>> LearningRateOf(bool has_lr, float lr) {
+  if (!has_lr) return std::nullopt;
+  if (!(lr >= 0) || !std::isfinite(lr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("field lr is ", lr, ", must be >= 0 and finite (or unset: the configured)"));
+  }
+  return lr;
+}
+
+}  // namespace
+
 absl::StatusOr<StepRequest> StepRequestFromProto(const pb::RunStepRequest& r) {
   StepRequest s;
   s.job_id = r.job_id();
@@ -84,7 +100,7 @@ absl::StatusOr<StepRequest> StepRequestFromProto(const pb::RunStepRequest& r) {
                      common::TensorFromProto(r.targets(i), absl::StrCat("targets[", i, "]")));
     s.inputs.targets.push_back(std::move(t));
   }
-  if (r.lr() > 0) s.inputs.lr = r.lr();
+  ASSIGN_OR_RETURN(s.inputs.lr, LearningRateOf(r.has_lr(), r.lr()));
   s.inputs.defer_optimizer = r.defer_optimizer();
   s.snapshot = r.snapshot();
   return s;
@@ -97,7 +113,7 @@ absl::StatusOr<ApplyOptimizerRequest> ApplyOptimizerRequestFromProto(
   if (r.step() < 0) return absl::InvalidArgumentError("field step must be >= 0");
   a.step = r.step();
   a.global_grad_norm = r.global_grad_norm();
-  if (r.lr() > 0) a.lr = r.lr();
+  ASSIGN_OR_RETURN(a.lr, LearningRateOf(r.has_lr(), r.lr()));
   return a;
 }
 

@@ -224,6 +224,31 @@ TEST_F(CoordinatorClusterTest, AJobFromACheckpointContinuesItsLosses) {
   EXPECT_TRUE(LossesMatch(LossesFromStep2(), {ref[2], ref[3]}, kSameArithmetic)) << "resumed";
 }
 
+// training.lr_schedule "cosine" down to min_lr 0 (no warm-up: the curve starts at the
+// peak): each step's record has its rate, the last step's rate of 0 reaches every stage
+// as a rate (validation after steps 3 and 4 sees the same weights), 4 stages give the
+// losses of one, and a job from the step-2 checkpoint continues the curve at steps 3
+// and 4 (numbered from 1, or ending at its own 2 steps, its step 3 would not get 0.0025).
+TEST_F(CoordinatorClusterTest, ACosineDecayToZeroIsFollowedByEveryStageAndAResumedJob) {
+  spec_["training"]["warmup_steps"] = 0;
+  spec_["training"]["lr_schedule"] = "cosine";
+  spec_["data"]["validate_every_steps"] = 1;
+  const json reference = Status(*c_, Reference());
+  ASSERT_EQ(reference["state"], "SUCCEEDED") << reference.dump();
+  const json& h = reference["history"];
+  ASSERT_EQ(h.size(), 4u);
+  const double rates[] = {0.01, 0.0075, 0.0025, 0};  // 0.01 x (1 + cos(pi (s - 1) / 3)) / 2
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(h[i]["lr"].get<double>(), rates[i], 1e-9) << i;
+  EXPECT_EQ(h[3]["lr"].get<double>(), 0.0);
+  EXPECT_EQ(h[3]["val_loss"].get<double>(), h[2]["val_loss"].get<double>()) << "lr 0 at step 4";
+  EXPECT_NE(h[2]["val_loss"].get<double>(), h[1]["val_loss"].get<double>());
+  const std::vector<double> ref = Losses(reference);
+  const json four = Status(*c_, FinishedJob({"pipeline.stages=4"}));
+  EXPECT_EQ(four["state"], "SUCCEEDED") << four.dump();
+  EXPECT_TRUE(LossesMatch(Losses(four), ref, kSameArithmetic));
+  EXPECT_TRUE(LossesMatch(LossesFromStep2(), {ref[2], ref[3]}, kSameArithmetic)) << "resumed";
+}
+
 // The timeline of a 1F1B job: every stage's compute and link lanes.
 TEST_F(CoordinatorClusterTest, TimelineHasALaneForEveryStage) {
   std::set<int> pids;

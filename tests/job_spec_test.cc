@@ -250,6 +250,12 @@ TEST(JobSpecTest, TokenDataDefaultsAndValidates) {
   EXPECT_EQ(Example().data().format(), "");
 }
 
+// The example with a cosine decay to `min_lr`.
+void Decaying(pb::JobSpec& s, float min_lr) {
+  s.mutable_training()->set_lr_schedule("cosine");
+  s.mutable_training()->set_min_lr(min_lr);
+}
+
 struct Rule {
   std::string name;
   std::function<void(pb::JobSpec&)> mutate;
@@ -293,6 +299,31 @@ TEST(JobSpecTest, EveryValidationRuleNamesItsField) {
        "training.warmup_steps"},
       {"precision", [](pb::JobSpec& s) { s.mutable_training()->set_precision("fp16"); },
        "training.precision: unknown precision 'fp16'; accepted: fp32, bf16"},
+      {"lr schedule", [](pb::JobSpec& s) { s.mutable_training()->set_lr_schedule("cosin"); },
+       "training.lr_schedule: unknown schedule 'cosin'; accepted: constant, cosine, linear"},
+      {"min_lr negative", [](pb::JobSpec& s) { Decaying(s, -1e-5f); },
+       "training.min_lr: must be >= 0 (got -1e-05)"},
+      {"min_lr NaN", [](pb::JobSpec& s) { Decaying(s, NAN); }, "training.min_lr: must be >= 0"},
+      {"min_lr inf", [](pb::JobSpec& s) { Decaying(s, INFINITY); },
+       "training.min_lr: must be >= 0 (got inf)"},
+      {"min_lr above lr", [](pb::JobSpec& s) { Decaying(s, 0.01f); },
+       "training.min_lr: must be <= training.lr (got 0.01 > 0.003)"},
+      {"min_lr with constant", [](pb::JobSpec& s) { s.mutable_training()->set_min_lr(3e-4f); },
+       "training.min_lr: is where a decaying schedule ends, but training.lr_schedule is "
+       "'constant' (the default)"},
+      {"min_lr with explicit constant",
+       [](pb::JobSpec& s) {
+         s.mutable_training()->set_lr_schedule("constant");
+         s.mutable_training()->set_min_lr(3e-4f);
+       },
+       "training.min_lr: is where a decaying schedule ends"},
+      {"decay without steps after the warm-up",
+       [](pb::JobSpec& s) {
+         Decaying(s, 0);
+         s.mutable_training()->set_warmup_steps(300);
+       },
+       "training.warmup_steps: must be < training.steps (300) with training.lr_schedule "
+       "'cosine' (got 300)"},
       {"corpus", [](pb::JobSpec& s) { s.mutable_data()->clear_corpus(); },
        "data.corpus: missing; give the path of a text file the coordinator can read"},
       {"corpus and tokens", [](pb::JobSpec& s) { s.mutable_data()->add_tokens("a.bin"); },
@@ -360,6 +391,54 @@ TEST(JobSpecTest, EveryValidationRuleNamesItsField) {
     rule.mutate(spec);
     EXPECT_THAT(ValidateJobSpec(spec), StatusIs(kInvalid, HasSubstr(rule.expected))) << rule.name;
   }
+}
+
+TEST(JobSpecTest, LrScheduleAndMinLrParseFromJsonAndSet) {
+  auto spec = ParseJobSpec(
+      R"({"training": {"lr": 0.003, "warmup_steps": 10, "lr_schedule": "cosine",
+                       "min_lr": 0.0003}})");
+  ASSERT_THAT(spec, IsOk());
+  EXPECT_EQ(spec->training().lr_schedule(), "cosine");
+  EXPECT_FLOAT_EQ(spec->training().min_lr(), 3e-4f);
+  auto camel = ParseJobSpec(R"({"training": {"lrSchedule": "linear", "minLr": 0}})");
+  ASSERT_THAT(camel, IsOk());
+  EXPECT_EQ(camel->training().lr_schedule(), "linear");
+  pb::JobSpec set = Overridden(ReadExample(), {"training.lr_schedule=linear",
+                                               "training.min_lr=3e-5"});
+  EXPECT_EQ(set.training().lr_schedule(), "linear");
+  EXPECT_FLOAT_EQ(set.training().min_lr(), 3e-5f);
+  EXPECT_THAT(ValidateJobSpec(WithDefaults(set)), IsOk());
+  EXPECT_THAT(ParseJobSpec(R"({"training": {"lr_schedule": 2, "min_lr": true}})"),
+              StatusIs(kInvalid, AllOf(HasSubstr("training.lr_schedule: expected a string"),
+                                       HasSubstr("training.min_lr: expected a number"))));
+  EXPECT_THAT(ParseJobSpec(R"({"training": {"min_lr": "low"}})"),
+              StatusIs(kInvalid, HasSubstr("training.min_lr: invalid value")));
+  EXPECT_THAT(ParseJobSpec(R"({"training": {"lr_shedule": "cosine"}})"),
+              StatusIs(kInvalid, HasSubstr("did you mean 'lr_schedule'?")));
+}
+
+// Every schedule validates, the default one (left out) included; a decay to 0 is one.
+TEST(JobSpecTest, EveryScheduleIsAccepted) {
+  for (const char* name : {"", "constant", "cosine", "linear"}) {
+    pb::JobSpec spec = Example();
+    spec.mutable_training()->set_lr_schedule(name);
+    spec.mutable_training()->set_warmup_steps(299);  // one step left to decay over
+    EXPECT_THAT(ValidateJobSpec(spec), IsOk()) << name;
+    if (std::string(name) == "cosine" || std::string(name) == "linear") {
+      spec.mutable_training()->set_min_lr(0.003f);  // min_lr == lr: a flat "decay"
+      EXPECT_THAT(ValidateJobSpec(spec), IsOk()) << name;
+    }
+  }
+}
+
+// A job from a checkpoint has run steps before its own: the warm-up may outlast them
+// (`pipetrain resume` of a job stopped inside its warm-up, with few steps left).
+TEST(JobSpecTest, AResumedDecayMayHaveFewerStepsThanTheWarmUp) {
+  pb::JobSpec spec = Example();
+  Decaying(spec, 0);
+  spec.mutable_training()->set_warmup_steps(400);
+  spec.set_init_from("/state/checkpoints/job-000001/step-200");
+  EXPECT_THAT(ValidateJobSpec(spec), IsOk());
 }
 
 // The coordinator clips by the norm over the whole model (two phases per step), so

@@ -1,6 +1,8 @@
 // The stage service's translation of a Configure request: the per-chunk recompute list
 // is taken as the coordinator sent it, and refused by its field when it does not give
-// one entry per chunk. The stage applies no recompute rule of its own.
+// one entry per chunk. The stage applies no recompute rule of its own. A step's learning
+// rate is taken as sent, 0 included.
+#include <cmath>
 #include <vector>
 
 #include "common/testing/status_matchers.h"
@@ -67,6 +69,51 @@ TEST(StageServiceTest, AListOfAnotherLengthThanTheChunksIsRefusedByItsField) {
                          AllOf(HasSubstr("chunk_recompute"), HasSubstr("2 chunks"))))
         << entries;
   }
+}
+
+
+// A step's learning rate as the coordinator's schedule gives it: 0 (a decay to min_lr
+// 0) is a rate, unset leaves the configured one, and a rate no optimizer can take is
+// refused by its field.
+TEST(StageServiceTest, AStepsLearningRateOfZeroIsARate) {
+  pb::RunStepRequest r;
+  r.set_job_id("j1");
+  r.set_step(4);
+  auto unset = StepRequestFromProto(r);
+  ASSERT_THAT(unset, IsOk());
+  EXPECT_FALSE(unset->inputs.lr.has_value()) << "the configured rate";
+  r.set_lr(0);
+  auto zero = StepRequestFromProto(r);
+  ASSERT_THAT(zero, IsOk());
+  ASSERT_TRUE(zero->inputs.lr.has_value());
+  EXPECT_EQ(*zero->inputs.lr, 0.0f);
+  r.set_lr(3e-4f);
+  auto rate = StepRequestFromProto(r);
+  ASSERT_THAT(rate, IsOk());
+  EXPECT_EQ(rate->inputs.lr, 3e-4f);
+  for (float bad : {-1e-3f, NAN, INFINITY}) {
+    r.set_lr(bad);
+    EXPECT_THAT(StepRequestFromProto(r),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("field lr is")))
+        << bad;
+  }
+}
+
+TEST(StageServiceTest, ADeferredOptimizersLearningRateOfZeroIsARate) {
+  pb::ApplyOptimizerRequest r;
+  r.set_job_id("j1");
+  r.set_step(4);
+  auto unset = ApplyOptimizerRequestFromProto(r);
+  ASSERT_THAT(unset, IsOk());
+  EXPECT_FALSE(unset->lr.has_value()) << "the rate phase 1 was given";
+  r.set_lr(0);
+  auto zero = ApplyOptimizerRequestFromProto(r);
+  ASSERT_THAT(zero, IsOk());
+  EXPECT_EQ(zero->lr, 0.0f);
+  r.set_lr(-1);
+  EXPECT_THAT(ApplyOptimizerRequestFromProto(r),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("field lr is -1, must be >= 0 and finite")));
 }
 
 }  // namespace

@@ -70,6 +70,10 @@ function fmtBytes(n) {
 function fmtNum(x, digits) {
   return x === undefined || x === null || Number.isNaN(x) ? '-' : Number(x).toFixed(digits);
 }
+// A learning rate: 3.00e-4 (what the step's record says, the schedule's rate).
+function fmtLr(x) {
+  return x === undefined || x === null ? '-' : Number(x).toExponential(2);
+}
 function fmtDuration(s) {
   if (!Number.isFinite(s) || s < 0) return '-';
   if (s < 60) return Math.round(s) + 's';
@@ -146,7 +150,7 @@ function lineChart(series, {width = 800, height = 220, log = false, yFormat = (v
   let x0 = Math.min(...all.map((p) => p[0])), x1 = Math.max(...all.map((p) => p[0]));
   let y0 = Math.min(...all.map((p) => ty(p[1]))), y1 = Math.max(...all.map((p) => ty(p[1])));
   if (x1 === x0) { x0 -= 1; x1 += 1; }
-  if (y1 === y0) { y0 -= 0.5; y1 += 0.5; }
+  if (y1 === y0) { const d = Math.abs(y0) / 2 || 0.5; y0 -= d; y1 += d; }  // a flat line, centred
   const w = SVG_W - pad.l - pad.r, h = height - pad.t - pad.b;
   const sx = (x) => pad.l + ((x - x0) / (x1 - x0)) * w;
   const sy = (y) => pad.t + (1 - (ty(y) - y0) / (y1 - y0)) * h;
@@ -183,6 +187,8 @@ function renderCurves() {
   ], {log, width: widthOf('#loss-curve'), height: 260});
   $('#tps-curve').innerHTML = lineChart([{cls: 'tps', points: steps.map((r) => [Number(r.step), r.tokens_per_s])}],
     {width: widthOf('#tps-curve'), height: 160, yFormat: (v) => v.toFixed(0)});
+  $('#lr-curve').innerHTML = lineChart([{cls: 'lr', points: steps.map((r) => [Number(r.step), Number(r.lr)])}],
+    {width: widthOf('#lr-curve'), height: 160, yFormat: fmtLr});
   $('#bubble-curve').innerHTML = lineChart([
     {cls: 'measured', points: steps.map((r) => [Number(r.step), r.bubble_measured])},
     {cls: 'predicted', points: steps.map((r) => [Number(r.step), r.bubble_predicted])},
@@ -364,6 +370,7 @@ function renderJobHead() {
   $('#job-steps-total').textContent = totalSteps(job);
   $('#job-loss').textContent = last ? fmtNum(last.loss, 4) : '-';
   $('#job-tps').textContent = last ? fmtNum(last.tokens_per_s, 0) : '-';
+  $('#job-lr').textContent = last ? fmtLr(last.lr) : '-';
   $('#job-eta').textContent = eta(job, last);
   $('#job-reason').textContent = job.reason ? `(${job.reason})` : '';
 }

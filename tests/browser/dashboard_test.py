@@ -5,7 +5,7 @@ Starts a real cluster from the built binaries (a coordinator and three stage ser
 127.0.0.1, ports read back from their output), submits a job on two of the stages with
 the CLI and checks what a person watching would: the job is listed, its step counter and
 loss move while it runs, the loss curve has a point per step done (against the JSON
-API), the Gantt a row per stage, the stage that is not in the job turns red once killed,
+API), so has the learning-rate curve of its cosine schedule, the Gantt a row per stage, the stage that is not in the job turns red once killed,
 an unknown job says 404, a restarted coordinator shows "reconnecting" and then recovers,
 and with --token-file the page without the cookie is the login form. Screenshots go to
 --artifacts. Every wait has a deadline; only the processes started here are stopped,
@@ -198,7 +198,9 @@ def write_spec(folder, steps, stages):
         "model": {"vocab_size": 256, "seq_len": 64, "d_model": 64, "n_heads": 4, "n_layers": 4},
         "pipeline": {"stages": stages, "micro_batches": 4, "schedule": "1f1b", "chunks": 1,
                      "recompute": "never"},
-        "training": {"steps": steps, "batch_size": 16, "seed": 1, "lr": 0.003},
+        "training": {"steps": steps, "batch_size": 16, "seed": 1, "lr": 0.003,
+                     "warmup_steps": min(10, steps - 1), "lr_schedule": "cosine",
+                     "min_lr": 0.0003},
         "data": {"corpus": path, "validation_fraction": 0.1, "validate_every_steps": 25},
     }
     spec_path = os.path.join(folder, "job.json")
@@ -352,6 +354,12 @@ class DashboardTest(unittest.TestCase):
         self.assertEqual(int(d.find_element(By.CSS_SELECTOR, ".step-counter").text), steps)
         vals = sum(1 for h in job["history"] if h.get("has_val_loss"))
         self.assertEqual(polyline_points(d, "#loss-curve polyline.val"), vals)
+        # The learning rate: a point per step, and the head shows the last step's (the
+        # cosine schedule's min_lr).
+        self.assertEqual(polyline_points(d, "#lr-curve polyline.lr"), steps)
+        last_lr = job["history"][-1]["lr"]
+        self.assertAlmostEqual(last_lr, 0.0003, places=9)
+        self.assertEqual(d.find_element(By.ID, "job-lr").text, f"{last_lr:.2e}".replace("e-0", "e-"))
         shot(d, "dashboard-job-done.png")
         # The log-scale toggle redraws the same points, higher up for the small losses.
         linear = d.find_element(By.CSS_SELECTOR, "#loss-curve polyline.raw").get_attribute("points")
