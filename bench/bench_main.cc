@@ -18,10 +18,11 @@ int main(int argc, char** argv) {
   }
   bool help = false, version = false, json = false, list = false;
   int64_t reps = 0;
-  std::string precision = "fp32";
+  std::string precision = "fp32", tokenizer = "gpt2";
   common::SecurityFlags security_flags;
   common::FlagSet flags("pipetrain-bench",
-                        "NAME [--json] [--repetitions N] [--precision fp32|bf16] | --list",
+                        "NAME [--json] [--repetitions N] [--precision fp32|bf16] "
+                        "[--tokenizer gpt2|llama3] | --list",
                         "Runs benchmark NAME and prints its figures. Each benchmark "
                         "measures its own\nbaseline in the same run; ratios are what to "
                         "compare across machines.");
@@ -29,6 +30,9 @@ int main(int argc, char** argv) {
   flags.AddInt("repetitions", &reps, "timed repetitions (0: the benchmark's default)");
   flags.AddString("precision", &precision,
                   "fp32 or bf16: the products' operands where the benchmark trains (compute)");
+  flags.AddString("tokenizer", &tokenizer,
+                  "gpt2 or llama3: the BPE that tokenize measures, against npm's gpt-3-encoder "
+                  "or llama3-tokenizer-js");
   common::AddSecurityFlags(flags, &security_flags, "");  // link: mutual TLS instead of plaintext
   flags.AddBool("list", &list, "list the benchmarks and exit");
   flags.AddBool("help", &help, "print this help and exit");
@@ -62,7 +66,7 @@ int main(int argc, char** argv) {
   const std::string& name = (*positionals)[0];
   for (const auto& b : bench::AllBenchmarks()) {
     if (b.name != name) continue;
-    auto result = b.run({static_cast<int>(reps), *security, *named});
+    auto result = b.run({static_cast<int>(reps), *security, *named, tokenizer});
     if (!result.ok()) {
       std::cerr << "pipetrain-bench " << name << ": " << result.status() << "\n";
       return 1;

@@ -19,6 +19,8 @@ struct BenchOptions {
   common::RpcSecurity security;  // links over mutual TLS when it has certificates
   // --precision: training.precision's row where a benchmark trains (compute).
   model::Precision precision = model::PrecisionTable().front();
+  // --tokenizer: the BPE the tokenize benchmark measures (gpt2 or llama3).
+  std::string tokenizer = "gpt2";
 };
 
 struct BenchResult {

@@ -54,17 +54,38 @@ uint32_t Fnv1a(const std::vector<int32_t>& ids) {
   return h;
 }
 
-std::string JsPackage() {
-  const char* env = std::getenv("PIPETRAIN_GPT2_JS_PACKAGE");
+// The JavaScript encoder a tokenizer is measured against, run by `script` under node.
+struct JsEncoder {
+  const char* tokenizer;
+  const char* package;  // npm's package, installed by deploy/install-deps.sh
+  const char* env_var;  // overrides where the package is
+  const char* probe;    // a file of the package, to tell whether it is there
+  const char* script;   // in bench/
+  const char* how;      // how the script calls it, for the label
+};
+
+constexpr JsEncoder kJsEncoders[] = {
+    {"gpt2", "gpt-3-encoder@1.1.4", "PIPETRAIN_GPT2_JS_PACKAGE", "Encoder.js",
+     "gpt2_js_encode.js", "encode() per line"},
+    {"llama3", "llama3-tokenizer-js@1.2.0", "PIPETRAIN_LLAMA3_JS_PACKAGE",
+     "bundle/commonjs-llama3-tokenizer-with-baked-data.cjs", "llama3_js_encode.js",
+     "encode() of the whole text"},
+};
+
+std::string JsPackage(const JsEncoder& js) {
+  const char* env = std::getenv(js.env_var);
+  const absl::string_view name = absl::string_view(js.package).substr(
+      0, absl::string_view(js.package).rfind('@'));
   return env != nullptr && *env != '\0'
              ? env
-             : "/usr/local/share/pipetrain/node/node_modules/gpt-3-encoder";
+             : absl::StrCat("/usr/local/share/pipetrain/node/node_modules/", name);
 }
 
 // One cold encode (a freshly loaded tokenizer, as node loads its package afresh) of
 // `text` on `threads` threads; seconds of the encoding alone.
-absl::StatusOr<double> TimeOurs(const std::string& text, int threads, std::vector<int32_t>* ids) {
-  ASSIGN_OR_RETURN(auto tokenizer, data::MakeTokenizer("gpt2", ""));
+absl::StatusOr<double> TimeOurs(const std::string& name, const std::string& text, int threads,
+                                std::vector<int32_t>* ids) {
+  ASSIGN_OR_RETURN(auto tokenizer, data::MakeTokenizer(name, ""));
   const Clock::time_point start = Clock::now();
   ASSIGN_OR_RETURN(*ids, data::EncodeParallel(*tokenizer, text, threads));
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -74,7 +95,16 @@ absl::StatusOr<double> TimeOurs(const std::string& text, int threads, std::vecto
 
 absl::StatusOr<BenchResult> RunTokenizeBench(const BenchOptions& options) {
   const int reps = options.repetitions > 0 ? options.repetitions : 3;
+  const JsEncoder* encoder = nullptr;
+  for (const JsEncoder& e : kJsEncoders) {
+    if (e.tokenizer == options.tokenizer) encoder = &e;
+  }
+  if (encoder == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tokenizer '", options.tokenizer, "': the tokenize benchmark measures gpt2 or llama3"));
+  }
   BenchResult result;
+  result.Label("tokenizer", options.tokenizer);
   std::string text_label;
   const std::string text = BenchText(&text_label);
   result.Label("text", text_label);
@@ -91,12 +121,13 @@ absl::StatusOr<BenchResult> RunTokenizeBench(const BenchOptions& options) {
   absl::Cleanup remove_file = [&] { unlink(path); };
   RETURN_IF_ERROR(common::WriteFileAtomically(path, text));
 
-  const std::string package = JsPackage();
-  const bool have_js = access((package + "/Encoder.js").c_str(), R_OK) == 0;
-  const std::string js_command = absl::StrFormat("node '%s/gpt2_js_encode.js' '%s' bench '%s' 2>&1",
-                                                 PIPETRAIN_BENCH_DIR, package, path);
+  const std::string package = JsPackage(*encoder);
+  const bool have_js = access(absl::StrCat(package, "/", encoder->probe).c_str(), R_OK) == 0;
+  const std::string js_command =
+      absl::StrFormat("node '%s/%s' '%s' bench '%s' 2>&1", PIPETRAIN_BENCH_DIR, encoder->script,
+                      package, path);
   std::string js_label = have_js ? ""
-                                 : absl::StrCat("skipped: no gpt-3-encoder in ", package,
+                                 : absl::StrCat("skipped: no ", encoder->package, " in ", package,
                                                 " (run deploy/install-deps.sh)");
   std::vector<double> js_times;
   std::vector<std::vector<double>> our_times(std::size(kThreadCounts));
@@ -115,13 +146,13 @@ absl::StatusOr<BenchResult> RunTokenizeBench(const BenchOptions& options) {
         js_times.push_back(js->at("seconds").get<double>());
         js_tokens = js->at("tokens").get<double>();
         js_fnv = js->at("fnv1a").get<double>();
-        js_label =
-            absl::StrCat("npm gpt-3-encoder@1.1.4 under node ", js->at("node").get<std::string>(),
-                         ", encode() per line (bench/gpt2_js_encode.js)");
+        js_label = absl::StrCat("npm ", encoder->package, " under node ",
+                                js->at("node").get<std::string>(), ", ", encoder->how,
+                                " (bench/", encoder->script, ")");
       }
     }
     for (size_t t = 0; t < std::size(kThreadCounts); ++t) {
-      ASSIGN_OR_RETURN(const double s, TimeOurs(text, kThreadCounts[t], &ids));
+      ASSIGN_OR_RETURN(const double s, TimeOurs(options.tokenizer, text, kThreadCounts[t], &ids));
       our_times[t].push_back(s);
       const uint32_t fnv = Fnv1a(ids);
       if (r == 0 && t == 0) first_fnv = fnv;

@@ -61,12 +61,9 @@ absl::StatusOr<model::TokenBatch> LeadingTokens(const std::string& path, data::T
         "file or a smaller --batch)",
         path, file.size(), rows, config.seq_len, needed));
   }
-  const absl::Span<const uint16_t> ids = file.tokens();
   absl::StatusOr<model::TokenBatch> batch = model::LeadingBatch(
       file.size(),
-      [ids](int64_t start, int64_t n, int32_t* out) {
-        std::copy(ids.begin() + start, ids.begin() + start + n, out);
-      },
+      [&file](int64_t start, int64_t n, int32_t* out) { file.CopyTokens(start, n, out); },
       config, static_cast<int>(rows));
   if (!batch.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("'", path, "': ", batch.status().message(),

@@ -37,7 +37,8 @@ constexpr int64_t kMaxTokens = int64_t{1} << 20;
 // What the verb needs of a tokenizer: text to ids and ids to the bytes they stand for
 // (decoding ids one at a time and concatenating gives the bytes of the whole, as for any
 // byte-level tokenizer, so tokens can be printed as they come). Both come from
-// pipetrain::data (common/data/): "bytes", or GPT-2's BPE read from --tokenizer-dir.
+// pipetrain::data (common/data/): "bytes", or GPT-2's or Llama 3's BPE read from
+// --tokenizer-dir (else its default folder).
 struct TextTokenizer {
   std::string name;
   int vocab_size = 0;  // the ids it can decode: [0, vocab_size)
@@ -46,13 +47,14 @@ struct TextTokenizer {
 };
 
 absl::StatusOr<TextTokenizer> TokenizerNamed(const std::string& name, const std::string& dir) {
-  if (name != "bytes" && name != "gpt2") {
+  if (!data::IsTokenizerName(name)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--tokenizer '", name, "' is not one of bytes, gpt2"));
+        absl::StrCat("--tokenizer '", name, "' is not one of ", data::TokenizerNames()));
   }
   if (name == "bytes" && !dir.empty()) {
     return absl::InvalidArgumentError(
-        "--tokenizer-dir is read by --tokenizer gpt2 only; --tokenizer bytes needs no files");
+        "--tokenizer-dir is read by --tokenizer gpt2 and llama3 only; --tokenizer bytes needs "
+        "no files");
   }
   ASSIGN_OR_RETURN(std::shared_ptr<const data::Tokenizer> tokenizer,
                    common::ErrorContext(absl::StrCat("--tokenizer ", name))
@@ -128,9 +130,16 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
   flags.AddInt("top-k", &top_k, "draw from the K most likely tokens only (0: all)", "K");
   flags.AddInt("seed", &seed, "seed of the sampling draws (>= 0)", "S");
   flags.AddString("tokenizer", &tokenizer_name,
-                  "bytes (one token a byte) or gpt2 (GPT-2 BPE, vocabulary from --tokenizer-dir)", "NAME");
+                  "bytes (one token a byte), gpt2 (GPT-2 BPE) or llama3 (Llama 3's BPE, "
+                  "vocabulary 128256; special tokens decode to their text); the BPE "
+                  "vocabularies come from --tokenizer-dir",
+                  "NAME");
   flags.AddString("tokenizer-dir", &tokenizer_dir,
-                  "the folder of the gpt2 tokenizer's files (--tokenizer gpt2 only)", "DIR");
+                  "the folder of the gpt2 or llama3 tokenizer's encoder.json and vocab.bpe "
+                  "(default: $PIPETRAIN_TOKENIZER_DIR or $PIPETRAIN_LLAMA3_TOKENIZER_DIR, else "
+                  "where deploy/install-deps.sh puts them, /usr/local/share/pipetrain/gpt2 or "
+                  ".../llama3)",
+                  "DIR");
   flags.AddString("device", &device, "cpu or cuda:N", "DEVICE");
   flags.AddInt("threads", &threads, "compute threads on the cpu device (>= 1)", "N");
   flags.AddBool("json", &json,

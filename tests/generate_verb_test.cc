@@ -91,6 +91,36 @@ TEST(GenerateVerbTest, Gpt2TokenizerEncodesThePromptAndDecodesTheCompletion) {
   EXPECT_EQ(j["completion"].get<std::string>(), *text);
 }
 
+// The same with Llama 3's BPE on a model of its 128,256 tokens: the prompt's ids are
+// the tokenizer's and the text printed is the prompt and the decoding of the ids drawn.
+TEST(GenerateVerbTest, Llama3TokenizerEncodesThePromptAndDecodesTheCompletion) {
+  auto tokenizer = data::MakeTokenizer("llama3", "");
+  if (!tokenizer.ok()) {
+    GTEST_SKIP() << "the Llama 3 vocabulary is not installed (run deploy/install-deps.sh): "
+                 << tokenizer.status();
+  }
+  TempDir dir;
+  const std::string path = InitCheckpoint(
+      dir, "llama3.safetensors",
+      R"({"vocab_size":128256,"seq_len":16,"d_model":8,"n_heads":2,"n_layers":1,)"
+      R"("tie_embeddings":true})");
+  std::vector<std::string> args = {"generate", "--checkpoint", path, "--tokenizer", "llama3",
+                                   "--prompt", "Hello world", "--tokens", "6", "--seed", "2"};
+  const CliRun text = Cli(args);
+  args.push_back("--json");
+  const CliRun r = Cli(args);
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(text.code, kExitOk) << text.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["prompt_tokens"], nlohmann::json::array({9906, 1917}));
+  EXPECT_EQ(j["tokenizer"], "llama3");
+  const std::vector<int32_t> ids = j["tokens"].get<std::vector<int32_t>>();
+  ASSERT_EQ(ids.size(), 6u);
+  auto completion = (*tokenizer)->Decode(ids);
+  ASSERT_THAT(completion, IsOk());
+  EXPECT_EQ(text.out, "Hello world" + *completion + "\n");
+}
+
 TEST(GenerateVerbTest, GreedyOutputIsDeterministicAndIsTheLibrarysGreedyText) {
   TempDir dir;
   const std::string path = InitCheckpoint(dir, "init.safetensors");
@@ -226,7 +256,8 @@ TEST(GenerateVerbTest, BadFlagsAndInputsExit2NamingTheFlag) {
       // A byte-level model's ids are not GPT-2's: the prompt's first token is refused.
       {with({"--tokenizer", "gpt2"}), "outside the vocabulary [0, 256)"},
       {with({"--tokenizer", "words"}), "--tokenizer 'words' is not one of bytes, gpt2"},
-      {with({"--tokenizer-dir", dir.path()}), "--tokenizer-dir is read by --tokenizer gpt2 only"},
+      {with({"--tokenizer-dir", dir.path()}),
+       "--tokenizer-dir is read by --tokenizer gpt2 and llama3 only"},
       {with({"--device", "tpu"}), "--device 'tpu' is not one of cpu or cuda:N"},
       {with({"--device", "cuda:x"}), "--device 'cuda:x'"},
       {with({"--frobnicate"}), "frobnicate"},

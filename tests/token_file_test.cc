@@ -1,6 +1,7 @@
-// Token files: llm.c and nanoGPT files written byte by byte here read back as their
-// tokens; several files read as one stream; globs expand in sorted order; and every bad
-// file is refused with a message that names it and says what is wrong.
+// Token files: llm.c (GPT-2's uint16 and Llama 3's uint32 layouts) and nanoGPT files
+// written byte by byte here read back as their tokens; several files read as one stream;
+// globs expand in sorted order; and every bad file is refused with a message that names
+// it and says what is wrong.
 #include "common/data/token_file.h"
 
 #include <sys/stat.h>
@@ -21,6 +22,7 @@ namespace {
 
 using ::pipetrain::testing::IsOk;
 using ::pipetrain::testing::LlmcBytes;
+using ::pipetrain::testing::LlmcBytes32;
 using ::pipetrain::testing::NanoGptBytes;
 using ::pipetrain::testing::StatusIs;
 using ::pipetrain::testing::TempDir;
@@ -33,7 +35,12 @@ using ::testing::Not;
 
 constexpr absl::StatusCode kInvalid = absl::StatusCode::kInvalidArgument;
 
-std::vector<uint16_t> Tokens(const TokenFile& f) { return {f.tokens().begin(), f.tokens().end()}; }
+std::vector<uint16_t> Tokens(const TokenFile& f) {
+  EXPECT_EQ(f.token_bytes(), 2) << f.path();
+  std::vector<uint16_t> out;
+  for (int64_t i = 0; i < f.size(); ++i) out.push_back(static_cast<uint16_t>(f.token(i)));
+  return out;
+}
 
 TEST(TokenFileTest, ReadsAnLlmcFile) {
   TempDir dir;
@@ -44,6 +51,32 @@ TEST(TokenFileTest, ReadsAnLlmcFile) {
   EXPECT_EQ(f->path(), dir.File("a.bin"));
   EXPECT_EQ(f->size(), 5);
   EXPECT_EQ(Tokens(*f), tokens);
+}
+
+// Llama 3's layout (llm.c's dev/data scripts for Llama 3): uint32 ids above 65535.
+TEST(TokenFileTest, ReadsAnLlmcLlama3File) {
+  TempDir dir;
+  const std::vector<uint32_t> tokens = {128000, 9906, 1917, 0, 65536, 128255, 128001};
+  WriteFileOrDie(dir.File("l3.bin"), LlmcBytes32(tokens));
+  auto f = TokenFile::Open(dir.File("l3.bin"), TokenFormat::kLlmc);
+  ASSERT_THAT(f, IsOk());
+  EXPECT_EQ(f->token_bytes(), 4);
+  ASSERT_EQ(f->size(), 7);
+  for (int64_t i = 0; i < f->size(); ++i) EXPECT_EQ(f->token(i), tokens[i]) << "token " << i;
+  std::vector<int32_t> out(3);
+  f->CopyTokens(4, 3, out.data());
+  EXPECT_THAT(out, ElementsAre(65536, 128255, 128001));
+  EXPECT_THAT(f->CheckVocabulary(128256), IsOk());
+  EXPECT_THAT(f->CheckVocabulary(128001),
+              StatusIs(kInvalid,
+                       AllOf(HasSubstr(dir.File("l3.bin")), HasSubstr("token 5 is 128255"),
+                             HasSubstr("model.vocab_size = 128001"))));
+  // A uint32 id of 2^31 or more is above any vocabulary.
+  WriteFileOrDie(dir.File("huge.bin"), LlmcBytes32({1, 0x80000000u}));
+  auto huge = TokenFile::Open(dir.File("huge.bin"), TokenFormat::kLlmc);
+  ASSERT_THAT(huge, IsOk());
+  EXPECT_THAT(huge->CheckVocabulary(128256),
+              StatusIs(kInvalid, HasSubstr("token 1 is 2147483648")));
 }
 
 TEST(TokenFileTest, ReadsANanoGptFile) {
@@ -133,6 +166,22 @@ TEST(TokenDatasetTest, ReadsFilesAsOneStream) {
                                    HasSubstr(dir.File("2.bin"))));
 }
 
+// A GPT-2 file and a Llama 3 file in one stream (each is read in its own width).
+TEST(TokenDatasetTest, ReadsBothLlmcLayoutsAsOneStream) {
+  TempDir dir;
+  WriteFileOrDie(dir.File("a.bin"), LlmcBytes({10, 11}));
+  WriteFileOrDie(dir.File("b.bin"), LlmcBytes32({100000, 20, 128001}));
+  auto d = TokenDataset::Open({dir.File("a.bin"), dir.File("b.bin")}, TokenFormat::kLlmc);
+  ASSERT_THAT(d, IsOk());
+  ASSERT_EQ(d->size(), 5);
+  std::vector<int32_t> out(4);
+  d->CopyTokens(1, 4, out.data());
+  EXPECT_THAT(out, ElementsAre(11, 100000, 20, 128001));
+  EXPECT_THAT(d->CheckVocabulary(50257),
+              StatusIs(kInvalid,
+                       AllOf(HasSubstr(dir.File("b.bin")), HasSubstr("token 0 is 100000"))));
+}
+
 TEST(TokenDatasetTest, TheFirstBadFileFailsTheDataset) {
   TempDir dir;
   WriteFileOrDie(dir.File("good.bin"), LlmcBytes({1, 2}));
@@ -209,6 +258,30 @@ TEST(TokenFileTest, EveryBadFileIsNamedWithItsProblem) {
        std::string(100, '\0'),
        TokenFormat::kLlmc,
        {"truncated: 100 bytes", "1024-byte header"}},
+      {"Llama 3 magic with GPT-2's version",
+       LlmcBytes32({1, 2}, 20240801, 1),
+       TokenFormat::kLlmc,
+       {"version 1, expected 7", "magic 20240801", "uint32"}},
+      {"GPT-2's header on Llama 3's tokens",
+       LlmcBytes32({1, 2}, 20240520, 1),
+       TokenFormat::kLlmc,
+       {"header says 2 tokens", "hold 4 tokens"}},
+      {"Llama 3 file cut inside a token",
+       LlmcBytes32({1, 2, 3}) + "xy",
+       TokenFormat::kLlmc,
+       {"header says 3 tokens", "hold 3 tokens and 2 bytes", "uint32 Llama 3 tokens"}},
+      {"Llama 3 header count above the size",
+       LlmcBytes32({1, 2, 3}, 20240801, 7, 4),
+       TokenFormat::kLlmc,
+       {"truncated", "header says 4 tokens", "1040 bytes with the header", "room for 3 tokens"}},
+      {"wrong magic names both layouts",
+       LlmcBytes32({1}, 20240802),
+       TokenFormat::kLlmc,
+       {"wrong magic 20240802", "20240520", "20240801"}},
+      {"Llama 3 file read raw",
+       LlmcBytes32({1, 2}),
+       TokenFormat::kNanoGpt,
+       {"llm.c's magic 20240801", "data.format: \"llmc\""}},
       {"odd nanoGPT file",
        NanoGptBytes(five) + "x",
        TokenFormat::kNanoGpt,

@@ -1,6 +1,7 @@
-// llm.c token files: the header's magic, version and count and the uint16 tokens, read
-// back here byte by byte; ids that do not fit are refused naming them, and a failed or
-// abandoned writer leaves the old file and no temp file.
+// llm.c token files: the header's magic, version and count and the tokens (uint16 in
+// GPT-2's layout, uint32 in Llama 3's), read back here byte by byte; ids that do not fit
+// are refused naming them, and a failed or abandoned writer leaves the old file and no
+// temp file.
 #include "common/data/token_file.h"
 #include "common/data/token_file_writer.h"
 
@@ -86,9 +87,49 @@ TEST(TokenFileWriterTest, TheTrainingReaderReadsWhatItWrites) {
   ASSERT_THAT(writer->Commit(), IsOk());
   auto file = TokenFile::Open(path, TokenFormat::kLlmc);
   ASSERT_THAT(file, IsOk());
-  ASSERT_EQ(file->tokens().size(), ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) ASSERT_EQ(file->tokens()[i], ids[i]) << "token " << i;
+  ASSERT_EQ(file->size(), static_cast<int64_t>(ids.size()));
+  for (size_t i = 0; i < ids.size(); ++i) ASSERT_EQ(file->token(i), ids[i]) << "token " << i;
   EXPECT_THAT(file->CheckVocabulary(50257), IsOk());
+}
+
+TEST(TokenFileWriterTest, WritesLlama3sLayoutWithUint32Tokens) {
+  TempDir dir;
+  const std::string path = dir.File("l3.bin");
+  EXPECT_EQ(&LlmcLayoutFor(50257), &kLlmcGpt2);
+  EXPECT_EQ(&LlmcLayoutFor(65536), &kLlmcGpt2);
+  EXPECT_EQ(&LlmcLayoutFor(65537), &kLlmcLlama3);
+  EXPECT_EQ(&LlmcLayoutFor(128256), &kLlmcLlama3);
+  auto writer = TokenFileWriter::Open(path, 128256, kLlmcLlama3);
+  ASSERT_THAT(writer, IsOk());
+  const std::vector<int32_t> ids = {128000, 9906, 1917, 0, 65535, 65536, 128255};
+  ASSERT_THAT(writer->Append(ids), IsOk());
+  ASSERT_THAT(writer->Commit(), IsOk());
+
+  const std::string bytes = ReadFileOrDie(path);
+  ASSERT_EQ(bytes.size(), 1024u + 4 * ids.size());
+  EXPECT_EQ(Le32(bytes, 0), 20240801u);
+  EXPECT_EQ(Le32(bytes, 4), 7u);
+  EXPECT_EQ(Le32(bytes, 8), ids.size());
+  for (size_t i = 12; i < 1024; ++i) ASSERT_EQ(bytes[i], '\0') << "header byte " << i;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    EXPECT_EQ(Le32(bytes, 1024 + 4 * i), static_cast<uint32_t>(ids[i])) << "token " << i;
+  }
+  auto file = TokenFile::Open(path, TokenFormat::kLlmc);
+  ASSERT_THAT(file, IsOk());
+  EXPECT_EQ(file->token_bytes(), 4);
+  std::vector<int32_t> back(ids.size());
+  file->CopyTokens(0, file->size(), back.data());
+  EXPECT_EQ(back, ids);
+
+  auto refused = TokenFileWriter::Open(path, 128256, kLlmcLlama3);
+  ASSERT_THAT(refused, IsOk());
+  EXPECT_THAT(refused->Append({5, 128256}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       AllOf(HasSubstr(path), HasSubstr("token id 128256 (token 1) is not below "
+                                                        "the vocabulary size 128256"))));
+  EXPECT_THAT(TokenFileWriter::Open(path, 128256, kLlmcLlama3)->Append({-1}),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("does not fit the file's uint32 tokens")));
 }
 
 TEST(TokenFileWriterTest, RefusesIdsThatDoNotFitAndLeavesTheOldFile) {

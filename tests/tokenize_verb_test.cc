@@ -1,8 +1,9 @@
 // `pipetrain tokenize` through RunCli: the token file it writes is parsed here byte by
-// byte (header, count, uint16 tokens), --eot puts 50256 between files only, --json
-// prints one JSON object and nothing else, --threads does not change the file, and bad
-// input exits 2 with a message naming the file or flag. The gpt2 cases skip where
-// deploy/install-deps.sh has not installed the vocabulary.
+// byte (header, count, uint16 tokens; uint32 for llama3), --eot puts the end-of-text
+// token between files only, --bos llama3's begin-of-text before each file, --json prints
+// one JSON object and nothing else, --threads does not change the file, and bad input
+// exits 2 with a message naming the file or flag. The gpt2 and llama3 cases skip where
+// deploy/install-deps.sh has not installed their vocabulary.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/gpt2_vocab.h"
+#include "tests/testing/llama3_vocab.h"
 #include "tests/testing/run_cli.h"
 #include "tests/testing/temp_files.h"
 
@@ -49,6 +51,11 @@ TokenFile ParseTokenFile(const std::string& bytes) {
   f.version = le32(1);
   f.count = le32(2);
   for (size_t i = 3; i < 256; ++i) f.header_rest_zero = f.header_rest_zero && le32(i) == 0;
+  if (f.magic == 20240801) {  // Llama 3's layout: uint32 tokens
+    EXPECT_EQ((bytes.size() - 1024) % 4, 0u);
+    for (size_t i = 256; 4 * i + 3 < bytes.size(); ++i) f.tokens.push_back(le32(i));
+    return f;
+  }
   EXPECT_EQ((bytes.size() - 1024) % 2, 0u);
   for (size_t i = 1024; i + 1 < bytes.size(); i += 2) {
     f.tokens.push_back(static_cast<uint8_t>(bytes[i]) | (static_cast<uint8_t>(bytes[i + 1]) << 8));
@@ -60,6 +67,10 @@ class TokenizeVerbTest : public ::testing::Test {
  protected:
   void SkipWithoutGpt2() {
     const std::string missing = pipetrain::testing::Gpt2VocabMissing();
+    if (!missing.empty()) GTEST_SKIP() << missing;
+  }
+  void SkipWithoutLlama3() {
+    const std::string missing = pipetrain::testing::Llama3VocabMissing();
     if (!missing.empty()) GTEST_SKIP() << missing;
   }
   TempDir dir_;
@@ -109,6 +120,49 @@ TEST_F(TokenizeVerbTest, EotGoesBetweenFilesOnly) {
   const TokenFile f = ParseTokenFile(ReadFileOrDie(out));
   EXPECT_EQ(f.count, 5);
   EXPECT_THAT(f.tokens, ElementsAre(15496, 995, 50256, 50256, 262));
+}
+
+// llm.c's Llama 3 layout (magic 20240801, version 7, uint32); --bos starts every file
+// with <|begin_of_text|>, --eot puts <|end_of_text|> between files; special tokens' text
+// in a file is ordinary text.
+TEST_F(TokenizeVerbTest, Llama3WritesUint32TokensWithBosAndEot) {
+  SkipWithoutLlama3();
+  const std::string a = dir_.File("a.txt"), b = dir_.File("b.txt"), out = dir_.File("t.bin");
+  WriteFileOrDie(a, "Hello world");
+  WriteFileOrDie(b, "<|eot_id|>");
+  const CliRun plain = Cli({"tokenize", "--tokenizer", "llama3", "--out", out, a});
+  ASSERT_EQ(plain.code, kExitOk) << plain.err;
+  TokenFile f = ParseTokenFile(ReadFileOrDie(out));
+  EXPECT_EQ(f.magic, 20240801);
+  EXPECT_EQ(f.version, 7);
+  EXPECT_EQ(f.count, 2);
+  EXPECT_TRUE(f.header_rest_zero);
+  EXPECT_THAT(f.tokens, ElementsAre(9906, 1917));
+
+  const CliRun r =
+      Cli({"tokenize", "--tokenizer", "llama3", "--bos", "--eot", "--json", "--out", out, a, b});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << r.out;
+  EXPECT_EQ(j["bos_tokens"], 2);
+  EXPECT_EQ(j["eot_tokens"], 1);
+  f = ParseTokenFile(ReadFileOrDie(out));
+  EXPECT_EQ(f.count, 12);
+  EXPECT_THAT(f.tokens, ElementsAre(128000, 9906, 1917, 128001, 128000, 27, 91, 68, 354, 851, 91,
+                                    29));
+}
+
+TEST_F(TokenizeVerbTest, BosNeedsATokenizerThatHasOne) {
+  SkipWithoutGpt2();
+  const std::string text = dir_.File("a.txt"), out = dir_.File("a.bin");
+  WriteFileOrDie(text, "abc");
+  for (const char* name : {"bytes", "gpt2"}) {
+    const CliRun r = Cli({"tokenize", "--tokenizer", name, "--bos", "--out", out, text});
+    EXPECT_EQ(r.code, kExitUsage) << name;
+    EXPECT_THAT(r.err, HasSubstr(std::string("--bos: the ") + name +
+                                 " tokenizer has no begin-of-text token (llama3 has one)"));
+  }
+  EXPECT_THAT(ListFolder(dir_.path()), ElementsAre("a.txt"));
 }
 
 TEST_F(TokenizeVerbTest, JsonIsOneObjectAndNothingElse) {
@@ -197,7 +251,9 @@ TEST_F(TokenizeVerbTest, HelpDescribesTheFormatAndFlags) {
   const CliRun r = Cli({"tokenize", "--help"});
   ASSERT_EQ(r.code, kExitOk);
   for (const char* s : {"20240520", "uint16", "--tokenizer-dir", "--threads", "--eot", "--json",
-                        "--out", "deploy/install-deps.sh", "PIPETRAIN_TOKENIZER_DIR"}) {
+                        "--out", "deploy/install-deps.sh", "PIPETRAIN_TOKENIZER_DIR", "llama3",
+                        "20240801", "version 7", "uint32", "--bos", "<|begin_of_text|>", "128000",
+                        "128001", "PIPETRAIN_LLAMA3_TOKENIZER_DIR", "llama3-tokenizer-js"}) {
     EXPECT_THAT(r.out, HasSubstr(s));
   }
   EXPECT_THAT(Cli({"--help"}).out, HasSubstr("tokenize"));

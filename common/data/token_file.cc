@@ -21,7 +21,7 @@ namespace {
 
 // The files are little-endian and read in place; a big-endian host would need a copy.
 static_assert(std::endian::native == std::endian::little,
-              "token files are read in place as little-endian uint16");
+              "token files are read in place as little-endian integers");
 
 absl::Status Invalid(const std::string& path, absl::string_view problem) {
   return absl::InvalidArgumentError(absl::StrCat("'", path, "': ", problem));
@@ -35,9 +35,23 @@ std::string NanoGptHint(int64_t bytes) {
                       " tokens), set data.format: \"nanogpt\"");
 }
 
+// Where a file's tokens are in its mapping and how wide they are.
+struct Tokens {
+  const char* first;
+  int64_t count;
+  int token_bytes;
+};
+
+// The layout whose magic a header has, nullptr for none.
+const LlmcLayout* LayoutOfMagic(int32_t magic) {
+  for (const LlmcLayout* layout : {&kLlmcGpt2, &kLlmcLlama3}) {
+    if (layout->magic == magic) return layout;
+  }
+  return nullptr;
+}
+
 // The tokens of a mapped file of `bytes` bytes at `base`, after its header.
-absl::StatusOr<absl::Span<const uint16_t>> LlmcTokens(const std::string& path, const char* base,
-                                                      int64_t bytes) {
+absl::StatusOr<Tokens> LlmcTokens(const std::string& path, const char* base, int64_t bytes) {
   if (bytes < kLlmcHeaderBytes) {
     return Invalid(path,
                    absl::StrCat("truncated: ", bytes, " bytes, shorter than the ", kLlmcHeaderBytes,
@@ -45,17 +59,22 @@ absl::StatusOr<absl::Span<const uint16_t>> LlmcTokens(const std::string& path, c
   }
   int32_t header[3];
   std::memcpy(header, base, sizeof(header));
-  if (header[0] != kLlmcMagic) {
+  const LlmcLayout* layout = LayoutOfMagic(header[0]);
+  if (layout == nullptr) {
     return Invalid(path, absl::StrCat("wrong magic ", header[0], ": an llm.c token file starts ",
-                                      "with ", kLlmcMagic, NanoGptHint(bytes)));
+                                      "with ", kLlmcGpt2.magic, " (", kLlmcGpt2.contents, ") or ",
+                                      kLlmcLlama3.magic, " (", kLlmcLlama3.contents, ")",
+                                      NanoGptHint(bytes)));
   }
-  if (header[1] != kLlmcVersion) {
+  if (header[1] != layout->version) {
     return Invalid(path, absl::StrCat("llm.c header version ", header[1], ", expected ",
-                                      kLlmcVersion, " (uint16 GPT-2 tokens)"));
+                                      layout->version, " (magic ", layout->magic, ": ",
+                                      layout->contents, ")"));
   }
-  const int64_t count = header[2];
-  const int64_t room = (bytes - kLlmcHeaderBytes) / 2;  // whole tokens after the header
-  const int64_t expected = kLlmcHeaderBytes + 2 * count;
+  const int64_t count = header[2], width = layout->token_bytes;
+  const int64_t room = (bytes - kLlmcHeaderBytes) / width;  // whole tokens after the header
+  const int64_t left_over = (bytes - kLlmcHeaderBytes) % width;
+  const int64_t expected = kLlmcHeaderBytes + width * count;
   if (count < 0) {
     return Invalid(path, absl::StrCat("the header's token count is ", count, " (negative)"));
   }
@@ -66,30 +85,30 @@ absl::StatusOr<absl::Span<const uint16_t>> LlmcTokens(const std::string& path, c
   }
   if (bytes > expected) {
     return Invalid(path, absl::StrCat("the header says ", count, " tokens but the file's ", bytes,
-                                      " bytes hold ", room,
-                                      bytes % 2 != 0 ? " tokens and an odd byte" : " tokens",
-                                      " after the header"));
+                                      " bytes hold ", room, " tokens",
+                                      left_over == 1   ? " and an odd byte"
+                                      : left_over > 1 ? absl::StrCat(" and ", left_over, " bytes")
+                                                      : "",
+                                      " after the header (", layout->contents, ")"));
   }
-  return absl::Span<const uint16_t>(reinterpret_cast<const uint16_t*>(base + kLlmcHeaderBytes),
-                                    static_cast<size_t>(count));
+  return Tokens{base + kLlmcHeaderBytes, count, layout->token_bytes};
 }
 
-absl::StatusOr<absl::Span<const uint16_t>> NanoGptTokens(const std::string& path, const char* base,
-                                                         int64_t bytes) {
+absl::StatusOr<Tokens> NanoGptTokens(const std::string& path, const char* base, int64_t bytes) {
   if (bytes % 2 != 0) {
     return Invalid(path, absl::StrCat(bytes, " bytes, an odd number: a nanoGPT token file is ",
                                       "uint16 tokens of 2 bytes each (truncated?)"));
   }
   int32_t header[2] = {0, 0};
   if (bytes >= 8) std::memcpy(header, base, sizeof(header));
-  if (header[0] == kLlmcMagic && header[1] == kLlmcVersion) {
+  const LlmcLayout* layout = LayoutOfMagic(header[0]);
+  if (layout != nullptr && header[1] == layout->version) {
     // Read raw, an llm.c file would train on its header: refuse rather than guess (raw
     // tokens begin with these two ids by chance once in 2^32 files).
-    return Invalid(path, absl::StrCat("starts with llm.c's magic ", kLlmcMagic,
+    return Invalid(path, absl::StrCat("starts with llm.c's magic ", layout->magic,
                                       ": it is an llm.c token file; set data.format: \"llmc\""));
   }
-  return absl::Span<const uint16_t>(reinterpret_cast<const uint16_t*>(base),
-                                    static_cast<size_t>(bytes / 2));
+  return Tokens{base, bytes / 2, 2};
 }
 
 bool HasWildcard(absl::string_view pattern) {
@@ -97,6 +116,10 @@ bool HasWildcard(absl::string_view pattern) {
 }
 
 }  // namespace
+
+const LlmcLayout& LlmcLayoutFor(int64_t vocab_size) {
+  return vocab_size <= int64_t{0xffff} + 1 ? kLlmcGpt2 : kLlmcLlama3;
+}
 
 absl::StatusOr<TokenFormat> ParseTokenFormat(absl::string_view name) {
   if (name == "llmc") return TokenFormat::kLlmc;
@@ -128,11 +151,15 @@ absl::StatusOr<TokenFile> TokenFile::Open(const std::string& path, TokenFormat f
   }
   *opened = common::ReadOnlyFile();  // closed: the mapping keeps the file
   // Owns the mapping from here on, so every error below unmaps it.
-  TokenFile file(path, mapping, static_cast<size_t>(bytes), {});
+  TokenFile file(path, mapping, static_cast<size_t>(bytes));
   static const char kEmpty[1] = {0};
   const char* base = mapping != nullptr ? static_cast<const char*>(mapping) : kEmpty;
-  ASSIGN_OR_RETURN(file.tokens_, format == TokenFormat::kLlmc ? LlmcTokens(path, base, bytes)
-                                                              : NanoGptTokens(path, base, bytes));
+  ASSIGN_OR_RETURN(const Tokens tokens, format == TokenFormat::kLlmc
+                                            ? LlmcTokens(path, base, bytes)
+                                            : NanoGptTokens(path, base, bytes));
+  file.tokens_ = tokens.first;
+  file.size_ = tokens.count;
+  file.token_bytes_ = tokens.token_bytes;
   return file;
 }
 
@@ -140,7 +167,9 @@ TokenFile::TokenFile(TokenFile&& other) noexcept
     : path_(std::move(other.path_)),
       mapping_(std::exchange(other.mapping_, nullptr)),
       mapped_bytes_(std::exchange(other.mapped_bytes_, 0)),
-      tokens_(std::exchange(other.tokens_, {})) {}
+      tokens_(std::exchange(other.tokens_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      token_bytes_(other.token_bytes_) {}
 
 TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {
   if (this != &other) {
@@ -148,7 +177,9 @@ TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {
     path_ = std::move(other.path_);
     mapping_ = std::exchange(other.mapping_, nullptr);
     mapped_bytes_ = std::exchange(other.mapped_bytes_, 0);
-    tokens_ = std::exchange(other.tokens_, {});
+    tokens_ = std::exchange(other.tokens_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+    token_bytes_ = other.token_bytes_;
   }
   return *this;
 }
@@ -159,17 +190,43 @@ void TokenFile::Unmap() {
   if (mapping_ != nullptr) ::munmap(mapping_, mapped_bytes_);
   mapping_ = nullptr;
   mapped_bytes_ = 0;
-  tokens_ = {};
+  tokens_ = nullptr;
+  size_ = 0;
+}
+
+uint32_t TokenFile::token(int64_t i) const {
+  if (token_bytes_ == 2) {
+    uint16_t id;
+    std::memcpy(&id, tokens_ + 2 * i, 2);
+    return id;
+  }
+  uint32_t id;
+  std::memcpy(&id, tokens_ + 4 * i, 4);
+  return id;
+}
+
+void TokenFile::CopyTokens(int64_t start, int64_t n, int32_t* out) const {
+  // Typed copies of the whole range: the compiler widens these loops in vector registers.
+  if (token_bytes_ == 2) {
+    const auto* ids = reinterpret_cast<const uint16_t*>(tokens_) + start;
+    std::copy(ids, ids + n, out);
+  } else {
+    const auto* ids = reinterpret_cast<const uint32_t*>(tokens_) + start;
+    std::transform(ids, ids + n, out, [](uint32_t id) { return static_cast<int32_t>(id); });
+  }
 }
 
 absl::Status TokenFile::CheckVocabulary(int vocab_size) const {
-  if (vocab_size > 0xffff) return absl::OkStatus();  // every uint16 id is below it
-  const auto bad = std::find_if(tokens_.begin(), tokens_.end(),
-                                [vocab_size](uint16_t id) { return id >= vocab_size; });
-  if (bad == tokens_.end()) return absl::OkStatus();
-  return Invalid(path_, absl::StrCat("token ", bad - tokens_.begin(), " is ", *bad,
-                                     ", at or above model.vocab_size = ", vocab_size,
-                                     " (GPT-2's BPE has 50257 ids)"));
+  // Every uint16 id is below a vocabulary of more than 65535.
+  if (token_bytes_ == 2 && vocab_size > 0xffff) return absl::OkStatus();
+  for (int64_t i = 0; i < size_; ++i) {
+    const uint32_t id = token(i);
+    if (id < static_cast<uint32_t>(vocab_size)) continue;
+    return Invalid(path_, absl::StrCat("token ", i, " is ", id,
+                                       ", at or above model.vocab_size = ", vocab_size,
+                                       " (GPT-2's BPE has 50257 ids, Llama 3's 128256)"));
+  }
+  return absl::OkStatus();
 }
 
 TokenDataset::TokenDataset(std::vector<TokenFile> files) : files_(std::move(files)) {
@@ -192,10 +249,9 @@ void TokenDataset::CopyTokens(int64_t start, int64_t n, int32_t* out) const {
   // start where the next does and are passed over).
   size_t f = std::upper_bound(starts_.begin(), starts_.end(), start) - starts_.begin() - 1;
   while (n > 0) {
-    const absl::Span<const uint16_t> tokens = files_[f].tokens();
     const int64_t at = start - starts_[f];
-    const int64_t take = std::min<int64_t>(n, static_cast<int64_t>(tokens.size()) - at);
-    std::copy(tokens.begin() + at, tokens.begin() + at + take, out);
+    const int64_t take = std::min<int64_t>(n, files_[f].size() - at);
+    files_[f].CopyTokens(at, take, out);
     out += take;
     start += take;
     n -= take;

@@ -1,6 +1,7 @@
-// Token files as llm.c and nanoGPT write them (GPT-2 BPE ids as little-endian uint16),
-// memory-mapped read-only and checked when opened, and a dataset of several such files
-// read as one token stream (their concatenation), which is what batches are drawn from.
+// Token files as llm.c and nanoGPT write them (GPT-2 BPE ids as little-endian uint16;
+// llm.c's Llama 3 ids as uint32), memory-mapped read-only and checked when opened, and a
+// dataset of several such files read as one token stream (their concatenation), which
+// is what batches are drawn from.
 #pragma once
 
 #include <cstdint>
@@ -15,8 +16,9 @@
 namespace pipetrain::data {
 
 enum class TokenFormat {
-  // llm.c: a header of 256 little-endian int32 (magic 20240520, version 1, token count,
-  // the rest unused), then the tokens.
+  // llm.c: a header of 256 little-endian int32 (magic, version, token count, the rest
+  // unused), then the tokens: GPT-2's layout (magic 20240520, version 1, uint16 tokens)
+  // or Llama 3's (magic 20240801, version 7, uint32 tokens), told apart by the magic.
   kLlmc,
   // nanoGPT's train.bin / val.bin: the tokens alone.
   kNanoGpt,
@@ -25,6 +27,19 @@ enum class TokenFormat {
 inline constexpr int32_t kLlmcMagic = 20240520;
 inline constexpr int32_t kLlmcVersion = 1;
 inline constexpr int64_t kLlmcHeaderBytes = 256 * 4;
+
+// One of llm.c's two layouts: what its header says and how wide its tokens are.
+struct LlmcLayout {
+  int32_t magic;
+  int32_t version;
+  int token_bytes;       // 2: little-endian uint16 tokens; 4: uint32
+  const char* contents;  // for messages: "uint16 GPT-2 tokens"
+};
+inline constexpr LlmcLayout kLlmcGpt2 = {kLlmcMagic, kLlmcVersion, 2, "uint16 GPT-2 tokens"};
+inline constexpr LlmcLayout kLlmcLlama3 = {20240801, 7, 4, "uint32 Llama 3 tokens"};
+// The layout llm.c would write ids below vocab_size in: GPT-2's where they fit uint16
+// (vocab_size <= 65536), else Llama 3's.
+const LlmcLayout& LlmcLayoutFor(int64_t vocab_size);
 
 // "llmc" or "nanogpt"; anything else is INVALID_ARGUMENT naming data.format.
 absl::StatusOr<TokenFormat> ParseTokenFormat(absl::string_view name);
@@ -36,8 +51,9 @@ class TokenFile {
  public:
   // Maps `path` and checks its layout. INVALID_ARGUMENT naming the file when it is not a
   // regular file, cannot be opened, or does not have the format's layout: a wrong magic
-  // (with a hint when the file could be raw uint16, i.e. nanoGPT's), a wrong version, a
-  // header count that disagrees with the file's size, an odd byte count.
+  // (with a hint when the file could be raw uint16, i.e. nanoGPT's), a version that is
+  // not its magic's, a header count that disagrees with the file's size, bytes left
+  // over after the last whole token.
   static absl::StatusOr<TokenFile> Open(const std::string& path, TokenFormat format);
 
   TokenFile(TokenFile&& other) noexcept;
@@ -47,8 +63,14 @@ class TokenFile {
   ~TokenFile();
 
   const std::string& path() const { return path_; }
-  int64_t size() const { return static_cast<int64_t>(tokens_.size()); }
-  absl::Span<const uint16_t> tokens() const { return tokens_; }
+  int64_t size() const { return size_; }
+  int token_bytes() const { return token_bytes_; }  // 2 (uint16 tokens) or 4 (uint32)
+  uint32_t token(int64_t i) const;                  // i in [0, size())
+
+  // Tokens [start, start + n) into out[0, n) as int32 ids; the range must lie within
+  // [0, size()). A uint32 id of 2^31 or more would come out negative: check the
+  // vocabulary first.
+  void CopyTokens(int64_t start, int64_t n, int32_t* out) const;
 
   // OK when every id is below vocab_size; else INVALID_ARGUMENT naming the file, the
   // index and id of the first token at or above it, and model.vocab_size. Reads the
@@ -56,14 +78,16 @@ class TokenFile {
   absl::Status CheckVocabulary(int vocab_size) const;
 
  private:
-  TokenFile(std::string path, void* mapping, size_t mapped_bytes, absl::Span<const uint16_t> tokens)
-      : path_(std::move(path)), mapping_(mapping), mapped_bytes_(mapped_bytes), tokens_(tokens) {}
+  TokenFile(std::string path, void* mapping, size_t mapped_bytes)
+      : path_(std::move(path)), mapping_(mapping), mapped_bytes_(mapped_bytes) {}
   void Unmap();
 
   std::string path_;
   void* mapping_ = nullptr;  // nullptr for an empty file (nothing to map)
   size_t mapped_bytes_ = 0;
-  absl::Span<const uint16_t> tokens_;
+  const char* tokens_ = nullptr;  // the first token's bytes, in the mapping
+  int64_t size_ = 0;
+  int token_bytes_ = 2;
 };
 
 // Token files in order, seen as one stream: token i of the stream is token i - start(f)

@@ -17,7 +17,8 @@ void AppendLittleEndian32(int32_t v, std::string* out) {
 
 }  // namespace
 
-absl::StatusOr<TokenFileWriter> TokenFileWriter::Open(const std::string& path, int32_t vocab_size) {
+absl::StatusOr<TokenFileWriter> TokenFileWriter::Open(const std::string& path, int32_t vocab_size,
+                                                      const LlmcLayout& layout) {
   if (vocab_size < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": vocabulary size ", vocab_size, " must be >= 1"));
@@ -25,22 +26,25 @@ absl::StatusOr<TokenFileWriter> TokenFileWriter::Open(const std::string& path, i
   ASSIGN_OR_RETURN(common::AtomicFileWriter file, common::AtomicFileWriter::Open(path));
   // Room for the header, filled in by Commit.
   RETURN_IF_ERROR(file.Write(std::string(kHeaderBytes, '\0')));
-  return TokenFileWriter(std::move(file), vocab_size);
+  return TokenFileWriter(std::move(file), vocab_size, layout);
 }
 
 absl::Status TokenFileWriter::Append(absl::Span<const int32_t> ids) {
   if (failed_) {
     return absl::FailedPreconditionError(absl::StrCat(path(), ": an earlier write failed"));
   }
+  const int64_t most = layout_->token_bytes == 2 ? std::numeric_limits<uint16_t>::max()
+                                                 : std::numeric_limits<int32_t>::max();
   for (size_t i = 0; i < ids.size(); ++i) {
     const int32_t id = ids[i];
-    const bool fits = id >= 0 && id <= std::numeric_limits<uint16_t>::max();
+    const bool fits = id >= 0 && id <= most;
     if (!fits || id >= vocab_size_) {
       failed_ = true;
       return absl::InvalidArgumentError(absl::StrCat(
           path(), ": token id ", id, " (token ", tokens_ + static_cast<int64_t>(i), ") ",
           fits ? absl::StrCat("is not below the vocabulary size ", vocab_size_)
-               : std::string("does not fit the file's uint16 tokens (0..65535)")));
+               : absl::StrCat("does not fit the file's uint", 8 * layout_->token_bytes,
+                              " tokens (0..", most, ")")));
     }
   }
   if (tokens_ + static_cast<int64_t>(ids.size()) > std::numeric_limits<int32_t>::max()) {
@@ -49,8 +53,9 @@ absl::Status TokenFileWriter::Append(absl::Span<const int32_t> ids) {
         path(), ": more than 2^31 - 1 tokens, the most the header's int32 count can hold"));
   }
   for (int32_t id : ids) {
-    buffer_.push_back(static_cast<char>(id & 0xFF));
-    buffer_.push_back(static_cast<char>(id >> 8));
+    for (int shift = 0; shift < 8 * layout_->token_bytes; shift += 8) {
+      buffer_.push_back(static_cast<char>(id >> shift));
+    }
   }
   tokens_ += static_cast<int64_t>(ids.size());
   if (buffer_.size() >= kFlushBytes) return Flush();
@@ -71,8 +76,8 @@ absl::Status TokenFileWriter::Commit() {
   RETURN_IF_ERROR(Flush());
   std::string header;
   header.reserve(kHeaderBytes);
-  AppendLittleEndian32(kMagic, &header);
-  AppendLittleEndian32(kVersion, &header);
+  AppendLittleEndian32(layout_->magic, &header);
+  AppendLittleEndian32(layout_->version, &header);
   AppendLittleEndian32(static_cast<int32_t>(tokens_), &header);
   header.resize(kHeaderBytes, '\0');
   RETURN_IF_ERROR(file_.WriteAt(0, header));

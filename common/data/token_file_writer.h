@@ -1,6 +1,8 @@
 // Writes llm.c's token files (its dev/data scripts' .bin; train_gpt2.c and our corpus
-// readers load them): a header of 256 little-endian int32 (magic 20240520, version 1,
-// the token count, zeros), then the tokens as little-endian uint16. Written atomically.
+// readers load them): a header of 256 little-endian int32 (magic, version, the token
+// count, zeros), then the tokens, in GPT-2's layout (magic 20240520, version 1,
+// little-endian uint16) or Llama 3's (magic 20240801, version 7, uint32). Written
+// atomically.
 #pragma once
 
 #include <cstdint>
@@ -21,17 +23,18 @@ namespace pipetrain::data {
 class TokenFileWriter {
  public:
   // The format's figures are the reader's (token_file.h): one definition of llm.c's.
-  static constexpr int32_t kMagic = kLlmcMagic;
-  static constexpr int32_t kVersion = kLlmcVersion;
   static constexpr int kHeaderInts = 256;
   static constexpr int64_t kHeaderBytes = kLlmcHeaderBytes;
   static_assert(kHeaderInts * 4 == kLlmcHeaderBytes);
 
-  // vocab_size: every id appended must be below it (and fit in uint16).
-  static absl::StatusOr<TokenFileWriter> Open(const std::string& path, int32_t vocab_size);
+  // vocab_size: every id appended must be below it (and fit the layout's tokens).
+  // LlmcLayoutFor(vocab_size) is the layout llm.c would choose.
+  static absl::StatusOr<TokenFileWriter> Open(const std::string& path, int32_t vocab_size,
+                                              const LlmcLayout& layout = kLlmcGpt2);
 
-  // An id that is negative, above 65535 or not below vocab_size is refused, naming the
-  // id and its position in the file; nothing of that call is written.
+  // An id that is negative, does not fit the layout's tokens (above 65535 in GPT-2's)
+  // or is not below vocab_size is refused, naming the id and its position in the file;
+  // nothing of that call is written.
   absl::Status Append(absl::Span<const int32_t> ids);
   absl::Status Commit();
 
@@ -39,12 +42,13 @@ class TokenFileWriter {
   const std::string& path() const { return file_.path(); }
 
  private:
-  TokenFileWriter(common::AtomicFileWriter file, int32_t vocab_size)
-      : file_(std::move(file)), vocab_size_(vocab_size) {}
+  TokenFileWriter(common::AtomicFileWriter file, int32_t vocab_size, const LlmcLayout& layout)
+      : file_(std::move(file)), vocab_size_(vocab_size), layout_(&layout) {}
   absl::Status Flush();
 
   common::AtomicFileWriter file_;
   int32_t vocab_size_;
+  const LlmcLayout* layout_;
   int64_t tokens_ = 0;
   std::string buffer_;  // encoded tokens not yet written
   bool failed_ = false;

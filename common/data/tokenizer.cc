@@ -7,13 +7,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/strings/str_join.h"
 #include "common/data/gpt2_bpe.h"
+#include "common/data/llama3_bpe.h"
 #include "common/status_macros.h"
 
 namespace pipetrain::data {
 namespace {
 
-constexpr char kDefaultTokenizerDir[] = "/usr/local/share/pipetrain/gpt2";
 constexpr int kPartsPerThread = 4;
 
 // A token is a byte: the model's vocabulary is 256 and any text encodes.
@@ -48,6 +49,37 @@ class ByteTokenizer final : public Tokenizer {
   }
 };
 
+template <typename Bpe>
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadBpe(const std::string& dir) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Bpe> bpe, Bpe::Load(dir));
+  return std::unique_ptr<Tokenizer>(std::move(bpe));
+}
+
+// Every tokenizer: a new one is a row here and its own file.
+struct TokenizerEntry {
+  const char* name;
+  const char* env_var;      // overrides default_dir; nullptr for none
+  const char* default_dir;  // where deploy/install-deps.sh puts its files; "" for none
+  absl::StatusOr<std::unique_ptr<Tokenizer>> (*load)(const std::string& dir);
+};
+
+constexpr TokenizerEntry kTokenizers[] = {
+    {"bytes", nullptr, "",
+     [](const std::string&) -> absl::StatusOr<std::unique_ptr<Tokenizer>> {
+       return std::make_unique<ByteTokenizer>();
+     }},
+    {"gpt2", "PIPETRAIN_TOKENIZER_DIR", "/usr/local/share/pipetrain/gpt2", LoadBpe<Gpt2Bpe>},
+    {"llama3", "PIPETRAIN_LLAMA3_TOKENIZER_DIR", "/usr/local/share/pipetrain/llama3",
+     LoadBpe<Llama3Bpe>},
+};
+
+const TokenizerEntry* FindTokenizer(absl::string_view name) {
+  for (const TokenizerEntry& e : kTokenizers) {
+    if (e.name == name) return &e;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(absl::string_view text) const {
@@ -56,21 +88,30 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(absl::string_view text) c
   return ids;
 }
 
-std::string DefaultTokenizerDir() {
-  const char* env = std::getenv("PIPETRAIN_TOKENIZER_DIR");
-  return env != nullptr && *env != '\0' ? env : kDefaultTokenizerDir;
+std::string TokenizerNames() {
+  return absl::StrJoin(kTokenizers, ", ",
+                       [](std::string* out, const TokenizerEntry& e) { out->append(e.name); });
 }
+
+bool IsTokenizerName(absl::string_view name) { return FindTokenizer(name) != nullptr; }
+
+std::string DefaultTokenizerDir(absl::string_view name) {
+  const TokenizerEntry* e = FindTokenizer(name);
+  if (e == nullptr || e->env_var == nullptr) return "";
+  const char* env = std::getenv(e->env_var);
+  return env != nullptr && *env != '\0' ? env : e->default_dir;
+}
+
+std::string DefaultTokenizerDir() { return DefaultTokenizerDir("gpt2"); }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> MakeTokenizer(absl::string_view name,
                                                          const std::string& dir) {
-  if (name == "bytes") return std::make_unique<ByteTokenizer>();
-  if (name == "gpt2") {
-    ASSIGN_OR_RETURN(std::unique_ptr<Gpt2Bpe> bpe,
-                     Gpt2Bpe::Load(dir.empty() ? DefaultTokenizerDir() : dir));
-    return std::unique_ptr<Tokenizer>(std::move(bpe));
+  const TokenizerEntry* e = FindTokenizer(name);
+  if (e == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown tokenizer '", name, "' (known: ", TokenizerNames(), ")"));
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown tokenizer '", name, "' (known: bytes, gpt2)"));
+  return e->load(dir.empty() ? DefaultTokenizerDir(name) : dir);
 }
 
 absl::StatusOr<std::vector<int32_t>> EncodeParallel(const Tokenizer& tokenizer,

@@ -22,7 +22,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* bytes, size_t size) {
     if (!first.ok()) continue;
     (void)first->CheckVocabulary(50257);
     (void)first->CheckVocabulary(256);
-    const std::vector<uint16_t> tokens(first->tokens().begin(), first->tokens().end());
+    std::vector<int32_t> tokens(first->size());
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(first->token(i));
     auto second = data::TokenFile::Open(path, format);
     if (!second.ok()) __builtin_trap();
     std::vector<data::TokenFile> files;

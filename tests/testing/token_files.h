@@ -33,6 +33,15 @@ inline std::string LlmcBytes(const std::vector<uint16_t>& tokens, int32_t magic 
   return out + NanoGptBytes(tokens);
 }
 
+// llm.c's Llama 3 layout: the same header (magic 20240801, version 7 unless given),
+// then the tokens as uint32.
+inline std::string LlmcBytes32(const std::vector<uint32_t>& tokens, int32_t magic = 20240801,
+                               int32_t version = 7, int64_t count = -1) {
+  std::string out = LlmcBytes({}, magic, version, count < 0 ? tokens.size() : count);
+  for (uint32_t t : tokens) AppendLe(out, t, 4);
+  return out;
+}
+
 // `n` ids uniform in [0, vocab), the same for the same seed on every machine (the
 // engine's sequence is fixed by the standard; the modulo keeps it so).
 inline std::vector<uint16_t> RandomTokens(size_t n, int vocab, uint32_t seed) {
