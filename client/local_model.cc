@@ -25,8 +25,9 @@ namespace pipetrain::client {
 namespace {
 
 constexpr const char* kRequiredFields[] = {"seq_len", "d_model", "n_heads", "n_layers"};
-constexpr const char* kAllFields[] = {"vocab_size", "seq_len",  "d_model",
-                                      "n_heads",    "n_layers", "tie_embeddings"};
+constexpr const char* kAllFields[] = {
+    "vocab_size",   "seq_len",    "d_model",  "n_heads",    "n_layers", "tie_embeddings",
+    "architecture", "n_kv_heads", "ffn_dim",  "rope_theta", "norm_eps", "rope_scaling"};
 constexpr char kExample[] = R"({"seq_len":64,"d_model":64,"n_heads":4,"n_layers":2})";
 
 absl::Status Invalid(const std::string& source, absl::string_view what) {
@@ -50,7 +51,9 @@ void AddModelFlag(common::FlagSet& flags, std::string* target) {
   flags.AddString("model", target,
                   absl::StrCat("a model JSON file or inline JSON: seq_len, d_model, n_heads, "
                                "n_layers (vocab_size defaults to ",
-                               kDefaultVocabSize, "; tie_embeddings to false)"),
+                               kDefaultVocabSize, "; tie_embeddings to false; architecture "
+                               "\"gpt2\" (default) or \"llama\", which also takes n_kv_heads, "
+                               "ffn_dim, rope_theta, norm_eps and rope_scaling)"),
                   "JSON");
   flags.MarkRequired("model");
 }
@@ -119,6 +122,14 @@ absl::StatusOr<model::GptConfig> ParseModelArg(const std::string& arg) {
                                           j.at("tie_embeddings").dump(), ")"));
     }
     config.tie_embeddings = j.at("tie_embeddings").get<bool>();
+  }
+  // The architecture and its own fields, read as a job spec's model section reads them.
+  pipetrain::v1::ModelConfig proto;
+  if (auto s = google::protobuf::util::JsonStringToMessage(text, &proto); !s.ok()) {
+    return Invalid(source, std::string(s.message()));
+  }
+  if (absl::Status s = model::FamilyFieldsFromProto(proto, config); !s.ok()) {
+    return Invalid(source, s.message());
   }
   if (absl::Status s = model::ValidateConfig(config); !s.ok()) {
     return Invalid(source, s.message());

@@ -117,6 +117,27 @@ TEST(CpuBackendThreadsTest, TheLoopsGiveTheSameBitsOnOneThreadAndOnTwo) {
     EXPECT_THAT(b.AdamW(n, p.data(), d.data(), m.data(), v.data(), 1e-3f, 0.9f, 0.95f, 1e-8f,
                         0.1f, 3), IsOk());
     keep(emb), keep(p), keep(m), keep(v);
+    // Llama's ops (cpu_backend_llama.cc): x as (rows, C) for RMSNorm, as q|k|v rows of
+    // 4 query and 2 key/value heads of 32 for rotary (wpe and wte as its tables) and the
+    // head copies, as gate|up of F = C / 2 for SwiGLU.
+    const int F = C / 2, NH = 4, NKV = 2, hs = 32;
+    std::vector<float> rms(n), rs(rows), rdx(n, 0.5f), rdw(C, 0.25f), rot = x;
+    EXPECT_THAT(b.RmsNormForward(rows, C, 1e-5f, x.data(), w.data(), rms.data(), rs.data()),
+                IsOk());
+    EXPECT_THAT(b.RmsNormBackward(rows, C, d.data(), x.data(), w.data(), rs.data(), rdx.data(),
+                                  rdw.data()), IsOk());
+    EXPECT_THAT(b.Rotary(rows, T, NH + NKV, hs, C, wpe.data(), wte.data(), false, rot.data()),
+                IsOk());
+    EXPECT_THAT(b.Rotary(rows, T, NKV, hs, C, wpe.data(), wte.data(), true,
+                         rot.data() + NH * hs), IsOk());
+    keep(rms), keep(rs), keep(rdx), keep(rdw), keep(rot);
+    std::vector<float> glu(int64_t{rows} * F), dgu(n), full(int64_t{rows} * 3 * NH * hs),
+        packed(n);
+    EXPECT_THAT(b.SwiGluForward(rows, F, x.data(), glu.data()), IsOk());
+    EXPECT_THAT(b.SwiGluBackward(rows, F, x.data(), d.data(), dgu.data()), IsOk());
+    EXPECT_THAT(b.RepeatKv(rows, NH, NKV, hs, x.data(), full.data()), IsOk());
+    EXPECT_THAT(b.SumKvGroups(rows, NH, NKV, hs, full.data(), packed.data()), IsOk());
+    keep(glu), keep(dgu), keep(full), keep(packed);
     return all;
   };
   const std::vector<float> a = run(**one), b = run(**two);

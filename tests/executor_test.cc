@@ -49,8 +49,9 @@ using ::pipetrain::testing::Rows;
 constexpr int kSteps = 3;
 model::GptConfig Tiny() { return ::pipetrain::testing::TinyModel(); }
 compute::OptimizerSettings Adam() { return ::pipetrain::testing::TestAdam(); }
-const Reference& SharedReference(float clip, bool tied, common::DType products) {
-  return ::pipetrain::testing::SharedReference(kSteps, clip, tied, products);
+const Reference& SharedReference(float clip, bool tied, common::DType products,
+                                 bool llama = false) {
+  return ::pipetrain::testing::SharedReference(kSteps, clip, tied, products, llama);
 }
 // Small enough that every step of the tiny model clips (the tests check that it does).
 constexpr float kClip = 0.05f;
@@ -63,6 +64,7 @@ struct Case {
   float clip = 0;  // global-norm clipping; with K > 1 each step runs in two phases
   bool tied = false;  // model.tie_embeddings: first and last stage swap gradients
   bool bf16 = false;  // training.precision bf16: every stage's and the reference's products
+  bool llama = false;  // the Llama family (grouped-query attention) instead of GPT-2
   common::DType products() const { return bf16 ? common::DType::kBF16 : common::DType::kF32; }
 };
 
@@ -70,7 +72,7 @@ std::string Name(const Case& c) {
   return absl::StrCat(planner::ScheduleName(c.schedule), " K=", c.stages, " v=", c.chunks,
                       " recompute=", planner::RecomputeName(c.recompute),
                       c.clip > 0 ? absl::StrCat(" clip=", c.clip) : "", c.tied ? " tied" : "",
-                      c.bf16 ? " bf16" : "");
+                      c.bf16 ? " bf16" : "", c.llama ? " llama" : "");
 }
 
 // Every parameter, gradient and AdamW moment of a stage's chunks, and their step
@@ -102,7 +104,7 @@ model::TokenBatch EvalBatch() { return RandomBatch(77); }
 void RunPipeline(const Case& c) {
   SCOPED_TRACE(Name(c));
   planner::PlanOptions po;
-  const model::GptConfig config = ::pipetrain::testing::TinyModel(c.tied);
+  const model::GptConfig config = ::pipetrain::testing::TinyModel(c.tied, c.llama);
   po.model = config;
   po.stages = c.stages;
   po.micro_batches = kMicroBatches;
@@ -184,7 +186,7 @@ void RunPipeline(const Case& c) {
 
   auto eval_programs = planner::ForwardOnlySchedule(K, kMicroBatches, c.chunks);
   ASSERT_THAT(eval_programs.status(), IsOk());
-  const Reference& ref = SharedReference(c.clip, c.tied, c.products());
+  const Reference& ref = SharedReference(c.clip, c.tied, c.products(), c.llama);
   // Every layer does the reference's arithmetic in its order, so losses and weights are
   // the reference's bits (kSameArithmetic). Only the clipping norm is summed in another
   // grouping (in double, by stage); its float clip factor moves only if the two norms
@@ -247,7 +249,7 @@ void RunPipeline(const Case& c) {
     for (int s = 0; s < K; ++s) ASSERT_THAT(eval[s].status(), IsOk()) << "stage " << s;
     const std::vector<double> want =
         ::pipetrain::testing::ReferenceEvalLosses(kEvalAfter + 1, EvalBatch(), c.clip, c.tied,
-                                                  c.products());
+                                                  c.products(), c.llama);
     ASSERT_EQ(eval[K - 1]->losses.size(), want.size());
     for (int mb = 0; mb < kMicroBatches; ++mb) {
       EXPECT_EQ(eval[K - 1]->losses[mb], want[mb]) << "micro-batch " << mb;
@@ -334,6 +336,18 @@ std::vector<Case> AllCases() {
   }
   cases.push_back({planner::ScheduleKind::kOneFOneB, 4, 1, never, kClip, true, true});
   cases.push_back({planner::ScheduleKind::kInterleaved, 4, 2, never, kClip, true, true});
+  // Llama (grouped-query attention, rotary positions, SwiGLU): every schedule at K = 4,
+  // recompute on and off, untied and tied, clipping, and bf16.
+  const auto always = pipetrain::v1::RECOMPUTE_ALWAYS;
+  for (auto kind : {planner::ScheduleKind::kGpipe, planner::ScheduleKind::kOneFOneB,
+                    planner::ScheduleKind::kZbH1}) {
+    cases.push_back({kind, 4, 1, never, 0, false, false, true});
+    cases.push_back({kind, 4, 1, always, kClip, true, false, true});
+  }
+  cases.push_back({planner::ScheduleKind::kInterleaved, 4, 2, never, 0, true, false, true});
+  cases.push_back({planner::ScheduleKind::kOneFOneB, 2, 1, never, 0, false, false, true});
+  cases.push_back({planner::ScheduleKind::kOneFOneB, 4, 1, never, kClip, true, true, true});
+  cases.push_back({planner::ScheduleKind::kZbH1, 4, 1, always, 0, false, true, true});
   return cases;
 }
 

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "common/model/gpt2_family.h"
+#include "common/model/llama_family.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -61,10 +62,110 @@ TEST(GptConfigTest, SizesThatOverflowNameTheirField) {
 TEST(GptConfigTest, AConfigOfAnUnknownFamilyIsRefused) {
   EXPECT_EQ(Tiny().family, "gpt2");
   GptConfig c = Tiny();
-  c.family = "llama";
-  EXPECT_THAT(ValidateConfig(c),
+  c.family = "mistral";
+  EXPECT_THAT(ValidateConfig(c), StatusIs(absl::StatusCode::kInvalidArgument,
+                                          HasSubstr("model.architecture 'mistral' is not a model "
+                                                    "family (accepted: gpt2, llama)")));
+  pipetrain::v1::ModelConfig p = ConfigToProto(Tiny());
+  p.set_architecture("mistral");
+  EXPECT_THAT(ConfigFromProto(p), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           HasSubstr("model.architecture 'mistral'")));
+}
+
+pipetrain::v1::ModelConfig LlamaProto() {
+  pipetrain::v1::ModelConfig p = ConfigToProto(Tiny());
+  p.set_architecture("llama");
+  return p;
+}
+
+// A Llama config takes Llama's defaults for what it leaves out, and goes through the
+// proto both ways.
+TEST(GptConfigTest, LlamaFieldsTakeLlamasDefaults) {
+  auto c = ConfigFromProto(LlamaProto());
+  ASSERT_THAT(c, IsOk());
+  EXPECT_EQ(c->family, "llama");
+  EXPECT_EQ(c->n_kv_heads, 4);  // n_heads: no grouping
+  EXPECT_EQ(c->ffn_dim, 256);   // 8 x 32 / 3 = 85, up to a multiple of 256
+  EXPECT_EQ(c->rope_theta, 500000);
+  EXPECT_EQ(c->norm_eps, 1e-5);
+  EXPECT_EQ(c->rope_scaling, RopeScaling{});
+  EXPECT_EQ(LlamaDefaultFfnDim(2048), 5632);  // TinyLlama's 5632
+  EXPECT_EQ(LlamaDefaultFfnDim(4096), 11008);  // Llama 2 7B's 11008
+  pipetrain::v1::ModelConfig p = LlamaProto();
+  p.set_n_kv_heads(2);
+  p.set_ffn_dim(96);
+  p.set_rope_theta(10000);
+  p.set_norm_eps(1e-6);
+  auto* r = p.mutable_rope_scaling();
+  r->set_rope_type("llama3");
+  r->set_factor(8);
+  r->set_low_freq_factor(1);
+  r->set_high_freq_factor(4);
+  r->set_original_max_position_embeddings(8192);
+  auto g = ConfigFromProto(p);
+  ASSERT_THAT(g, IsOk());
+  EXPECT_EQ(g->kv_heads(), 2);
+  EXPECT_EQ(g->rope_scaling, (RopeScaling{8, 1, 4, 8192}));
+  auto back = ConfigFromProto(ConfigToProto(*g));
+  ASSERT_THAT(back, IsOk());
+  EXPECT_EQ(*back, *g);
+}
+
+// A Llama field on a GPT-2 model, and Llama values the model cannot compute, are refused
+// by name.
+TEST(GptConfigTest, LlamaFieldsAreCheckedByName) {
+  pipetrain::v1::ModelConfig p = ConfigToProto(Tiny());
+  p.set_n_kv_heads(2);
+  EXPECT_THAT(ConfigFromProto(p),
               StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("model.family 'llama' is not a model family (accepted: gpt2)")));
+                       HasSubstr("model.n_kv_heads is a field of model.architecture \"llama\"")));
+  p = ConfigToProto(Tiny());
+  p.mutable_rope_scaling();
+  EXPECT_THAT(ConfigFromProto(p), StatusIs(absl::StatusCode::kInvalidArgument,
+                                           HasSubstr("model.rope_scaling is a field")));
+  auto refused = [](auto edit, const char* what) {
+    pipetrain::v1::ModelConfig q = LlamaProto();
+    edit(q);
+    EXPECT_THAT(ConfigFromProto(q), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(what)));
+  };
+  refused([](auto& q) { q.set_n_kv_heads(3); }, "model.n_kv_heads (3) must be > 0 and divide");
+  refused([](auto& q) { q.set_ffn_dim(0); }, "model.ffn_dim must be > 0");
+  refused([](auto& q) { q.set_rope_theta(-1); }, "model.rope_theta must be > 0");
+  refused([](auto& q) { q.set_norm_eps(0); }, "model.norm_eps must be > 0");
+  refused([](auto& q) { q.set_d_model(30); q.set_n_heads(6); }, "heads of an even width");
+  refused([](auto& q) { q.mutable_rope_scaling()->set_rope_type("yarn"); },
+          "model.rope_scaling.rope_type is \"yarn\"");
+  refused(
+      [](auto& q) {
+        q.mutable_rope_scaling()->set_rope_type("llama3");
+        q.mutable_rope_scaling()->set_factor(8);
+        q.mutable_rope_scaling()->set_low_freq_factor(4);
+        q.mutable_rope_scaling()->set_high_freq_factor(1);
+      },
+      "model.rope_scaling.high_freq_factor must be > low_freq_factor");
+}
+
+// Llama 3.2 1B's shape has its published parameter count, 1,235,814,400 (tied).
+TEST(GptConfigTest, ParameterCountOfLlama32OneB) {
+  pipetrain::v1::ModelConfig p = LlamaProto();
+  p.set_vocab_size(128256);
+  p.set_seq_len(2048);
+  p.set_d_model(2048);
+  p.set_n_layers(16);
+  p.set_n_heads(32);
+  p.set_n_kv_heads(8);
+  p.set_ffn_dim(8192);
+  p.set_tie_embeddings(true);
+  auto c = ConfigFromProto(p);
+  ASSERT_THAT(c, IsOk());
+  int64_t total = 0, closed_form = 0;
+  for (const ParamSpec& s : CheckpointParams(*c, 0, c->num_pipeline_layers())) {
+    total += s.num_elements();
+  }
+  for (int l = 0; l < c->num_pipeline_layers(); ++l) closed_form += ParamsOfLayer(*c, l);
+  // ParamsOfLayer counts the head's copy of the tied embedding; the checkpoint does not.
+  EXPECT_EQ(closed_form, total + int64_t{128256} * 2048);
+  EXPECT_EQ(total, 1235814400);
 }
 
 TEST(GptConfigTest, LayersAndNames) {

@@ -1,10 +1,13 @@
-// Each GPT pipeline layer: gradients against central finite differences in double
+// Each pipeline layer of each model family (GPT-2; Llama with grouped-query attention,
+// untied and tied): gradients against central finite differences in double
 // precision (the same layer code on the double host backend), the float CPU layer
 // against the double one, split backward against fused, and stored activation bytes
 // against gpt_config's CostOfLayer.
 #include "stage_server/compute/gpt_layers.h"
 
 #include <cmath>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/model/init.h"
@@ -23,6 +26,25 @@ constexpr int kB = 2;
 model::GptConfig Tiny() {
   return {.vocab_size = 11, .seq_len = 5, .d_model = 8, .n_heads = 2, .n_layers = 2};
 }
+// Llama with two query heads sharing one key/value head, an MLP width that is no
+// multiple of d_model, and rotary angles of several sizes (theta 100 on heads of 4).
+model::GptConfig TinyLlama(bool tied = false) {
+  model::GptConfig c = Tiny();
+  c.family = "llama";
+  c.n_kv_heads = 1;
+  c.ffn_dim = 12;
+  c.rope_theta = 100;
+  c.norm_eps = 1e-5;
+  c.tie_embeddings = tied;
+  return c;
+}
+// The configs every test runs on, by name.
+model::GptConfig ConfigNamed(const std::string& name) {
+  if (name == "gpt2") return Tiny();
+  if (name == "llama") return TinyLlama();
+  return TinyLlama(/*tied=*/true);
+}
+const char* const kConfigs[] = {"gpt2", "llama", "llama_tied"};
 
 template <typename Real>
 std::vector<Real> Randn(size_t n, uint64_t seed, double scale) {
@@ -43,13 +65,14 @@ std::vector<int32_t> Tokens(int n, int V, uint64_t seed) {
 // turns non-head outputs into the scalar L = sum(output * R).
 template <typename Real>
 struct Fixture {
-  model::GptConfig config = Tiny();
+  model::GptConfig config;
   int index;
   std::unique_ptr<PipelineLayer<Real>> layer;
   std::vector<Real> x;                   // (B, T, C) for blocks and the head
   std::vector<int32_t> tokens, targets;  // (B, T)
   std::vector<Real> r;                   // (B, T, C): dL/d output
-  Fixture(BackendT<Real>* backend, int layer_index) : index(layer_index) {
+  Fixture(BackendT<Real>* backend, int layer_index, model::GptConfig c = Tiny())
+      : config(std::move(c)), index(layer_index) {
     auto made = MakeLayer<Real>(config, index, backend);
     EXPECT_THAT(made, IsOk());
     layer = std::move(*made);
@@ -57,7 +80,8 @@ struct Fixture {
     for (size_t i = 0; i < layer->specs().size(); ++i) {
       const model::ParamSpec& s = layer->specs()[i];
       const bool ln_weight = s.shape.size() == 1 &&
-                             s.name.find("ln_") != std::string::npos &&
+                             (s.name.find("ln_") != std::string::npos ||
+                              s.name.find("norm") != std::string::npos) &&
                              s.name.find("weight") != std::string::npos;
       std::vector<Real> v = Randn<Real>(s.num_elements(), 100 + 10 * index + i, 0.3);
       if (ln_weight)
@@ -116,11 +140,11 @@ void CheckGradient(const char* what, const std::vector<double>& analytic,
   EXPECT_LE(max_diff, 1e-6 * std::max(1.0, max_ref)) << what;
 }
 
-class LayerGradientTest : public ::testing::TestWithParam<int> {};
+class LayerGradientTest : public ::testing::TestWithParam<std::tuple<const char*, int>> {};
 
 TEST_P(LayerGradientTest, MatchesFiniteDifferencesInDouble) {
   HostBackendDouble backend;
-  Fixture<double> f(&backend, GetParam());
+  Fixture<double> f(&backend, std::get<1>(GetParam()), ConfigNamed(std::get<0>(GetParam())));
   std::vector<double> grad_input = f.Gradients(/*split=*/false);
   constexpr double kEps = 1e-5;
   auto numeric_for = [&](double* values, size_t n) {
@@ -147,25 +171,33 @@ TEST_P(LayerGradientTest, MatchesFiniteDifferencesInDouble) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(EmbeddingBlockHead, LayerGradientTest, ::testing::Values(0, 1, 3),
+INSTANTIATE_TEST_SUITE_P(EmbeddingBlockHead, LayerGradientTest,
+                         ::testing::Combine(::testing::ValuesIn(kConfigs),
+                                            ::testing::Values(0, 1, 3)),
                          [](const auto& info) {
-                           return model::LayerName(Tiny(), info.param) == "head"
-                                      ? std::string("head")
-                                  : info.param == 0 ? std::string("embedding")
-                                                    : std::string("block");
+                           const int index = std::get<1>(info.param);
+                           return std::string(std::get<0>(info.param)) + "_" +
+                                  (index == 3   ? "head"
+                                   : index == 0 ? "embedding"
+                                                : "block");
                          });
+
+class FamilyTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  model::GptConfig config() const { return ConfigNamed(GetParam()); }
+};
 
 // The float CPU layer agrees with the double layer, and split backward is exactly the
 // fused backward.
-TEST(GptLayersTest, CpuFloatMatchesDoubleAndSplitEqualsFused) {
+TEST_P(FamilyTest, CpuFloatMatchesDoubleAndSplitEqualsFused) {
   auto cpu = CpuBackend::Create(1);
   ASSERT_THAT(cpu, IsOk());
   HostBackendDouble dbl;
   for (int index : {0, 1, 3}) {
-    SCOPED_TRACE(model::LayerName(Tiny(), index));
-    Fixture<double> fd(&dbl, index);
-    Fixture<float> ff(cpu->get(), index);
-    Fixture<float> fs(cpu->get(), index);
+    SCOPED_TRACE(model::LayerName(config(), index));
+    Fixture<double> fd(&dbl, index, config());
+    Fixture<float> ff(cpu->get(), index, config());
+    Fixture<float> fs(cpu->get(), index, config());
     const std::vector<double> gd = fd.Gradients(false);
     const std::vector<float> gf = ff.Gradients(false);
     const std::vector<float> gs = fs.Gradients(true);
@@ -188,11 +220,11 @@ TEST(GptLayersTest, CpuFloatMatchesDoubleAndSplitEqualsFused) {
 
 // What a layer keeps between forward and backward (its input plus its stash) is what
 // gpt_config promises the planner.
-TEST(GptLayersTest, ActivationBytesMatchCostModel) {
+TEST_P(FamilyTest, ActivationBytesMatchCostModel) {
   HostBackend backend;
-  const model::GptConfig c = Tiny();
+  const model::GptConfig c = config();
   for (int index : {0, 1, 3}) {
-    Fixture<float> f(&backend, index);
+    Fixture<float> f(&backend, index, c);
     std::vector<float> out(f.is_head() ? 1 : f.r.size());
     Stash<float> stash;
     ASSERT_THAT(f.layer->Forward(kB, f.input(), f.targets.data(), out.data(), stash),
@@ -232,13 +264,13 @@ class CountingBackend : public HostBackendT<float> {
 
 // Parameter counts and the FLOPs the layers really issue agree with model::CostOfLayer (which
 // adds a few elementwise FLOPs per vocabulary entry to the head).
-TEST(GptLayersTest, ParamsAndFlopsMatchCostModel) {
+TEST_P(FamilyTest, ParamsAndFlopsMatchCostModel) {
   CountingBackend backend;
-  const model::GptConfig c = Tiny();
+  const model::GptConfig c = config();
   const double tokens = kB * c.seq_len;
   for (int index : {0, 1, 3}) {
     SCOPED_TRACE(model::LayerName(c, index));
-    Fixture<float> f(&backend, index);
+    Fixture<float> f(&backend, index, c);
     const model::LayerCost cost = model::CostOfLayer(c, index);
     EXPECT_EQ(f.layer->num_params(), cost.params);
     std::vector<float> out(f.is_head() ? 1 : f.r.size()), grad_input(f.x.size());
@@ -259,6 +291,9 @@ TEST(GptLayersTest, ParamsAndFlopsMatchCostModel) {
     expect_flops(cost.backward_weight_flops);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Families, FamilyTest, ::testing::ValuesIn(kConfigs),
+                         [](const auto& info) { return std::string(info.param); });
 
 TEST(GptLayersTest, BadInputsAreErrors) {
   HostBackend backend;

@@ -354,9 +354,9 @@ TEST(HfGpt2ReadTest, EveryBadFolderIsRefusedNamingTheFileAndTheTensorOrField) {
        "config.json"},
       {"not GPT-2",
        [](const std::string& f) {
-         EditConfig(f, [](nlohmann::json& j) { j["model_type"] = "llama"; });
+         EditConfig(f, [](nlohmann::json& j) { j["model_type"] = "mistral"; });
        },
-       {"model_type is \"llama\""},
+       {"model_type is \"mistral\""},
        "config.json"},
       {"unscaled attention",
        [](const std::string& f) {

@@ -12,6 +12,7 @@
 #include "common/model/gpt2_family.h"
 #include "common/model/gpt_config.h"
 #include "common/model/init.h"
+#include "common/model/llama_family.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -23,14 +24,15 @@ using ::pipetrain::testing::IsOk;
 
 GptConfig Tiny() { return {64, 8, 16, 2, 3}; }
 
-TEST(ModelFamilyTest, TheRegistryFindsGpt2ByName) {
+TEST(ModelFamilyTest, TheRegistryFindsEachFamilyByName) {
   ASSERT_NE(FindFamily("gpt2"), nullptr);
   EXPECT_EQ(FindFamily("gpt2"), &Gpt2Family());
   EXPECT_EQ(FindFamily("gpt2")->name(), "gpt2");
-  EXPECT_EQ(FindFamily("llama"), nullptr);
+  EXPECT_EQ(FindFamily("llama"), &LlamaFamily());
+  EXPECT_EQ(FindFamily("mistral"), nullptr);
   EXPECT_EQ(FindFamily(""), nullptr);
   EXPECT_EQ(&FamilyOf(Tiny()), &Gpt2Family());
-  EXPECT_EQ(FamilyNames(), "gpt2");
+  EXPECT_EQ(FamilyNames(), "gpt2, llama");
   EXPECT_EQ(FindFamily(kDefaultFamily), &Gpt2Family());
 }
 

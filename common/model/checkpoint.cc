@@ -18,6 +18,7 @@
 #include "common/safetensors.h"
 #include "common/status_macros.h"
 #include "common/user_path.h"
+#include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
 
 namespace pipetrain::model {
@@ -32,6 +33,9 @@ constexpr char kKeyLayers[] = "pipetrain_layers";
 constexpr char kKeyOptimizerStep[] = "pipetrain_optimizer_step";
 constexpr char kKeyPrecision[] = "pipetrain_precision";
 constexpr char kKeyTieEmbeddings[] = "tie_embeddings";  // "true", or absent
+// The architecture and its own fields, as a ModelConfig in protobuf's JSON; absent for
+// GPT-2 (every file written before a second family existed).
+constexpr char kKeyModel[] = "pipetrain_model";
 // How many names an error lists per kind of problem before it summarises.
 constexpr size_t kMaxNamesListed = 8;
 
@@ -151,6 +155,22 @@ absl::StatusOr<int> ParseConfigField(const SafetensorsMetadata& metadata, const 
   return static_cast<int>(value);
 }
 
+// The architecture and its fields of a file's kKeyModel entry, into config.
+absl::Status ParseFamilyFields(const std::string& json, GptConfig& config,
+                               absl::string_view source) {
+  pipetrain::v1::ModelConfig proto;
+  if (auto s = google::protobuf::util::JsonStringToMessage(json, &proto); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": __metadata__ '", kKeyModel,
+                                                   "' is not a model config: ",
+                                                   std::string(s.message())));
+  }
+  if (absl::Status s = FamilyFieldsFromProto(proto, config); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ": __metadata__ '", kKeyModel, "': ", s.message()));
+  }
+  return absl::OkStatus();
+}
+
 // The config, range and optimizer flag a file's metadata declares.
 absl::StatusOr<CheckpointInfo> ParseInfo(const SafetensorsMetadata& metadata,
                                          absl::string_view source) {
@@ -175,6 +195,9 @@ absl::StatusOr<CheckpointInfo> ParseInfo(const SafetensorsMetadata& metadata,
                                                      "\", not \"true\" or \"false\""));
     }
     info.config.tie_embeddings = it->second == "true";
+  }
+  if (auto it = metadata.find(kKeyModel); it != metadata.end()) {
+    RETURN_IF_ERROR(ParseFamilyFields(it->second, info.config, source));
   }
   if (absl::Status s = ValidateConfig(info.config); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(source, ": __metadata__: ", s.message()));
@@ -354,9 +377,28 @@ absl::Status ConfigsMatch(const GptConfig& file, const GptConfig& want, absl::st
         " in the checkpoint but ", want.tie_embeddings ? "true" : "false", " is expected"));
   }
   if (file.family != want.family) {
-    return absl::InvalidArgumentError(absl::StrCat(source, ": model.family is ", file.family,
-                                                   " in the checkpoint but ", want.family,
-                                                   " is expected"));
+    return absl::InvalidArgumentError(absl::StrCat(source, ": model.architecture is ",
+                                                   file.family, " in the checkpoint but ",
+                                                   want.family, " is expected"));
+  }
+  for (auto [a, b, field] : {std::tuple{file.n_kv_heads, want.n_kv_heads, "n_kv_heads"},
+                             {file.ffn_dim, want.ffn_dim, "ffn_dim"}}) {
+    if (a != b) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": model.", field, " is ", a,
+                                                     " in the checkpoint but ", b, " is expected"));
+    }
+  }
+  for (auto [a, b, field] : {std::tuple{file.rope_theta, want.rope_theta, "rope_theta"},
+                             {file.norm_eps, want.norm_eps, "norm_eps"}}) {
+    if (a != b) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": model.", field, " is ", a,
+                                                     " in the checkpoint but ", b, " is expected"));
+    }
+  }
+  if (file.rope_scaling != want.rope_scaling) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        source, ": model.rope_scaling differs between the checkpoint and the job (factor ",
+        file.rope_scaling.factor, " against ", want.rope_scaling.factor, ")"));
   }
   return absl::OkStatus();
 }
@@ -381,6 +423,14 @@ std::map<std::string, std::string> CheckpointMetadata(const Checkpoint& c) {
   };
   if (c.optimizer) m[kKeyOptimizerStep] = absl::StrCat(c.optimizer->step);
   if (c.config.tie_embeddings) m[kKeyTieEmbeddings] = "true";
+  if (c.config.family != kDefaultFamily) {
+    google::protobuf::util::JsonPrintOptions options;
+    options.preserve_proto_field_names = true;
+    std::string json;
+    // A ModelConfig always prints.
+    (void)google::protobuf::util::MessageToJsonString(ConfigToProto(c.config), &json, options);
+    m[kKeyModel] = json;
+  }
   return m;
 }
 

@@ -88,6 +88,12 @@ class Gpt2 : public ModelFamily {
   absl::string_view name() const override { return "gpt2"; }
 
   absl::Status Validate(const GptConfig& c) const override {
+    if (c.n_kv_heads != 0 || c.ffn_dim != 0 || c.rope_theta != 0 || c.norm_eps != 0 ||
+        c.rope_scaling != RopeScaling{}) {
+      return absl::InvalidArgumentError(
+          "model: a GPT-2 config holds Llama fields (n_kv_heads, ffn_dim, rope_theta, "
+          "norm_eps or rope_scaling)");
+    }
     if (c.d_model % c.n_heads != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
           "model.n_heads (", c.n_heads, ") must divide model.d_model (", c.d_model, ")"));
@@ -102,6 +108,21 @@ class Gpt2 : public ModelFamily {
   }
 
   int MlpDim(const GptConfig& c) const override { return kMlpWidth * c.d_model; }
+
+  absl::Status FieldsFromProto(const pipetrain::v1::ModelConfig& p, GptConfig&) const override {
+    for (auto [given, field] : {std::pair{p.has_n_kv_heads(), "n_kv_heads"},
+                                {p.has_ffn_dim(), "ffn_dim"},
+                                {p.has_rope_theta(), "rope_theta"},
+                                {p.has_norm_eps(), "norm_eps"},
+                                {p.has_rope_scaling(), "rope_scaling"}}) {
+      if (given) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "model.", field, " is a field of model.architecture \"llama\", not of \"gpt2\""));
+      }
+    }
+    return absl::OkStatus();
+  }
+  void FieldsToProto(const GptConfig&, pipetrain::v1::ModelConfig&) const override {}
 
   std::vector<ParamSpec> LayerParams(const GptConfig& c, int layer) const override {
     switch (KindOfLayer(c, layer)) {

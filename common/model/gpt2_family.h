@@ -1,4 +1,4 @@
-// GPT-2, the one model family (model_family.h): learned token and position embeddings,
+// GPT-2, a model family (model_family.h): learned token and position embeddings,
 // blocks of pre-LayerNorm causal self-attention (one fused q|k|v projection, biases) and
 // a 4 x d_model GELU MLP, a final LayerNorm and the lm_head. Parameters carry Hugging
 // Face GPT-2's names and layouts: linear weights [in, out] (Conv1D, y = x W + b),

@@ -27,7 +27,7 @@ absl::Status ValidateCommonFields(const GptConfig& c) {
     if (absl::Status s = positive(v, f); !s.ok()) return s;
   }
   if (FindFamily(c.family) == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("model.family '", c.family,
+    return absl::InvalidArgumentError(absl::StrCat("model.architecture '", c.family,
                                                    "' is not a model family (accepted: ",
                                                    FamilyNames(), ")"));
   }
@@ -47,9 +47,21 @@ absl::Status ValidateConfig(const GptConfig& c) {
   return FamilyOf(c).Validate(c);
 }
 
+absl::Status FamilyFieldsFromProto(const pipetrain::v1::ModelConfig& p, GptConfig& c) {
+  c.family = p.architecture().empty() ? kDefaultFamily : p.architecture();
+  const ModelFamily* family = FindFamily(c.family);
+  if (family == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("model.architecture '", c.family,
+                                                   "' is not a model family (accepted: ",
+                                                   FamilyNames(), ")"));
+  }
+  return family->FieldsFromProto(p, c);
+}
+
 absl::StatusOr<GptConfig> ConfigFromProto(const pipetrain::v1::ModelConfig& p) {
   GptConfig c{p.vocab_size(), p.seq_len(), p.d_model(), p.n_heads(), p.n_layers(),
               p.tie_embeddings()};
+  if (absl::Status s = FamilyFieldsFromProto(p, c); !s.ok()) return s;
   if (absl::Status s = ValidateConfig(c); !s.ok()) return s;
   return c;
 }
@@ -62,6 +74,8 @@ pipetrain::v1::ModelConfig ConfigToProto(const GptConfig& c) {
   p.set_n_heads(c.n_heads);
   p.set_n_layers(c.n_layers);
   p.set_tie_embeddings(c.tie_embeddings);
+  if (c.family != kDefaultFamily) p.set_architecture(c.family);
+  FamilyOf(c).FieldsToProto(c, p);
   return p;
 }
 

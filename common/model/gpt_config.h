@@ -23,6 +23,16 @@ namespace pipetrain::model {
 // The family of a config that does not name one (every config until a second exists).
 inline constexpr char kDefaultFamily[] = "gpt2";
 
+// Llama 3.1's rotary frequency scaling (Hugging Face's rope_scaling, rope_type "llama3");
+// factor 0: none.
+struct RopeScaling {
+  double factor = 0;
+  double low_freq_factor = 0;
+  double high_freq_factor = 0;
+  int original_context = 0;  // original_max_position_embeddings
+  bool operator==(const RopeScaling&) const = default;
+};
+
 struct GptConfig {
   int vocab_size = 256;
   int seq_len = 0;
@@ -31,11 +41,20 @@ struct GptConfig {
   int n_layers = 0;
   // The head's lm_head.weight is a copy of the token embedding (see ParamSpec::tied_to).
   bool tie_embeddings = false;
-  // The model family (model_family.h) whose architecture the sizes above describe. Not
-  // on the wire nor in checkpoints yet: with one family there is nothing to tell apart.
+  // The model family (model_family.h) whose architecture the sizes above describe
+  // (a job spec's model.architecture).
   std::string family = kDefaultFamily;
+  // Llama's fields, resolved (defaults filled in) for a Llama config and zero in any
+  // other: grouped-query attention's key/value heads, the SwiGLU width, the rotary
+  // embeddings' base and scaling, and RMSNorm's epsilon.
+  int n_kv_heads = 0;
+  int ffn_dim = 0;
+  double rope_theta = 0;
+  double norm_eps = 0;
+  RopeScaling rope_scaling{};
 
   int head_dim() const { return d_model / n_heads; }
+  int kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
   int mlp_dim() const;  // the family's width of a block's MLP (GPT-2: 4 x d_model)
   int num_pipeline_layers() const { return n_layers + 2; }
   bool operator==(const GptConfig&) const = default;
@@ -44,6 +63,9 @@ struct GptConfig {
 // Errors name the field as written in a job spec ("model.d_model").
 absl::Status ValidateConfig(const GptConfig& config);
 absl::StatusOr<GptConfig> ConfigFromProto(const pipetrain::v1::ModelConfig& proto);
+// Sets config.family from proto.architecture and the family's own fields (defaults filled
+// in), refusing an unknown architecture and another family's fields. Not validated.
+absl::Status FamilyFieldsFromProto(const pipetrain::v1::ModelConfig& proto, GptConfig& config);
 pipetrain::v1::ModelConfig ConfigToProto(const GptConfig& config);
 
 enum class LayerKind { kEmbedding, kBlock, kHead };

@@ -8,61 +8,29 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/model/gpt2_family.h"
+#include "common/model/hf_config_json.h"
 #include "common/status_macros.h"
-#include "nlohmann/json.hpp"
 
 namespace pipetrain::model {
 namespace {
 
-using Json = nlohmann::json;
+using hf::Field;
+using hf::Invalid;
+using hf::Json;
+using hf::OptionalBool;
+using hf::RequireBool;
+
+constexpr char kMissingHint[] =
+    "(a GPT-2 config.json gives vocab_size, n_positions, n_embd, n_layer and n_head)";
+
+absl::StatusOr<int> PositiveInt(const Json& j, const char* name, absl::string_view source) {
+  return hf::PositiveInt(j, name, source, kMissingHint);
+}
 
 constexpr char kPrefix[] = "transformer.";
 // GELU's tanh form under the names Hugging Face gives it (gelu_fast rounds sqrt(2/pi) to
 // ten digits, 4e-12 relative: the same function at float precision). "gelu" is erf's form.
 constexpr const char* kTanhGeluNames[] = {"gelu_new", "gelu_pytorch_tanh", "gelu_fast"};
-
-absl::Status Invalid(absl::string_view source, absl::string_view message) {
-  return absl::InvalidArgumentError(absl::StrCat(source, ": ", message));
-}
-
-// ---- config.json -------------------------------------------------------------------
-
-// An optional field of a given JSON kind; absent and null read as nullopt.
-const Json* Field(const Json& j, const char* name) {
-  auto it = j.find(name);
-  return it == j.end() || it->is_null() ? nullptr : &*it;
-}
-
-absl::StatusOr<int> PositiveInt(const Json& j, const char* name, absl::string_view source) {
-  const Json* v = Field(j, name);
-  if (v == nullptr) {
-    return Invalid(source, absl::StrCat(name,
-                                        " is missing (a GPT-2 config.json gives vocab_size, "
-                                        "n_positions, n_embd, n_layer and n_head)"));
-  }
-  if (!v->is_number_integer() || v->get<int64_t>() <= 0 || v->get<int64_t>() > (int64_t{1} << 30)) {
-    return Invalid(source, absl::StrCat(name, " must be a positive integer (got ", v->dump(), ")"));
-  }
-  return static_cast<int>(v->get<int64_t>());
-}
-
-absl::StatusOr<bool> OptionalBool(const Json& j, const char* name, bool fallback,
-                                  absl::string_view source) {
-  const Json* v = Field(j, name);
-  if (v == nullptr) return fallback;
-  if (!v->is_boolean()) {
-    return Invalid(source, absl::StrCat(name, " must be true or false (got ", v->dump(), ")"));
-  }
-  return v->get<bool>();
-}
-
-// A boolean that must hold `required` (when present) because the model computes only that.
-absl::Status RequireBool(const Json& j, const char* name, bool required, absl::string_view why,
-                         absl::string_view source) {
-  ASSIGN_OR_RETURN(const bool value, OptionalBool(j, name, required, source));
-  if (value == required) return absl::OkStatus();
-  return Invalid(source, absl::StrCat(name, " is ", value ? "true" : "false", "; ", why));
-}
 
 // ---- tensor names ------------------------------------------------------------------
 

@@ -7,13 +7,14 @@
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/model/gpt2_family.h"
+#include "common/model/llama_family.h"
 
 namespace pipetrain::model {
 namespace {
 
 // Every model family: adding one is adding its entry here.
 const std::vector<const ModelFamily*>& Families() {
-  static const auto* families = new std::vector<const ModelFamily*>{&Gpt2Family()};
+  static const auto* families = new std::vector<const ModelFamily*>{&Gpt2Family(), &LlamaFamily()};
   return *families;
 }
 

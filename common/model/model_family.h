@@ -3,9 +3,9 @@
 // pipeline layers' parameters (names, shapes, how they start), FLOPs and activation bytes
 // per layer, the checks of its config and its Hugging Face config.json all come from one
 // ModelFamily, found by the name a config gives (GptConfig::family). GPT-2
-// (gpt2_family.h) is the one family; another is one more implementation and one entry in
-// the table of model_family.cc (and its layers' entry in the compute library's table,
-// stage_server/compute/gpt_layers.cc).
+// (gpt2_family.h) and Llama (llama_family.h) are the families; another is one more
+// implementation and one entry in the table of model_family.cc (and its layers' entry in
+// the compute library's table, stage_server/compute/gpt_layers.cc).
 #pragma once
 
 #include <cstdint>
@@ -36,6 +36,12 @@ class ModelFamily {
   virtual absl::Status Validate(const GptConfig& config) const = 0;
   // The width of a block's MLP.
   virtual int MlpDim(const GptConfig& config) const = 0;
+  // Sets the family's own fields of `config` from a ModelConfig (their defaults where it
+  // leaves them out), refusing the fields of other families, naming them.
+  virtual absl::Status FieldsFromProto(const pipetrain::v1::ModelConfig& proto,
+                                       GptConfig& config) const = 0;
+  // Writes the family's own fields of `config` into `proto`.
+  virtual void FieldsToProto(const GptConfig& config, pipetrain::v1::ModelConfig& proto) const = 0;
 
   // ---- Parameters -----------------------------------------------------------------
   // One pipeline layer's parameters in the fixed order the compute library lays them
@@ -74,7 +80,7 @@ const ModelFamily* FindFamily(absl::string_view name);
 // The family of a config that ValidateConfig accepts. An unknown family here is a bug
 // (every config that comes in is validated first): it aborts, naming the family.
 const ModelFamily& FamilyOf(const GptConfig& config);
-// The families' names, for errors: "gpt2".
+// The families' names, for errors: "gpt2, llama".
 std::string FamilyNames();
 
 }  // namespace pipetrain::model

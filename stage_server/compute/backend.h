@@ -152,7 +152,8 @@ class BackendT {
   virtual absl::StatusOr<double> SumOfSquares(int64_t n, const Real* x) = 0;
 
   // ---- Embedding --------------------------------------------------------------------
-  // out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :]. Fails with InvalidArgument if a
+  // out[b, t, :] = wte[tokens[b, t], :] + wpe[t, :], or without the wpe term when wpe is
+  // nullptr (a model without a position embedding: Llama's are rotary). Fails with InvalidArgument if a
   // token is outside [0, V) where the backend can check cheaply (the cpu backend does);
   // a device backend may instead clamp or skip, so whoever brings tokens in from outside
   // (the executor, the trainer) validates them on the host before copying them over.
@@ -201,6 +202,50 @@ class BackendT {
   virtual absl::Status AttentionBackward(int B, int T, int C, int NH, const Real* dout,
                                          const Real* qkv, const Real* probs,
                                          Real* dqkv) = 0;
+
+  // ---- Llama: RMSNorm, rotary embeddings, SwiGLU, grouped-query heads ----------------
+  // None of these reads the product precision: in bf16 they compute in Real as in f32.
+
+  // ---- RMSNorm: out = x * rstd * weight, rstd = 1 / sqrt(mean over C of x^2 + eps) -----
+  //   x (rows, C), weight (C), out (rows, C), rstd (rows) kept for backward
+  // eps must be finite and positive.
+  virtual absl::Status RmsNormForward(int rows, int C, float eps, const Real* x,
+                                      const Real* weight, Real* out, Real* rstd) = 0;
+  // dx += dL/dx; dweight += dL/dweight; either may be nullptr (weight is read for dx only).
+  //   dout (rows, C), x (rows, C), weight (C), rstd (rows), dx (rows, C) +=, dweight (C) +=
+  virtual absl::Status RmsNormBackward(int rows, int C, const Real* dout, const Real* x,
+                                       const Real* weight, const Real* rstd, Real* dx,
+                                       Real* dweight) = 0;
+  // ---- Rotary position embedding, Hugging Face's convention (rotate_half: the first and
+  // second halves of each head are the pair), in place. Row r is position t = r % T; in
+  // each row the first `heads` heads of hs elements are rotated, the rest left alone.
+  // With x1 = x[r*stride + h*hs + i], x2 = x[r*stride + h*hs + i + hs/2], i < hs/2:
+  //   forward: x1' = x1 cos[t, i] - x2 sin[t, i];  x2' = x2 cos[t, i] + x1 sin[t, i]
+  //   inverse (the backward, the transposed rotation): x1' = x1 cos + x2 sin;
+  //            x2' = x2 cos - x1 sin
+  //   x (rows, >= stride), cos (T, hs/2), sin (T, hs/2); hs even, heads * hs <= stride
+  // (Hugging Face's q_proj and k_proj weights therefore load without a permutation.)
+  virtual absl::Status Rotary(int rows, int T, int heads, int hs, int64_t stride,
+                              const Real* cos, const Real* sin, bool inverse, Real* x) = 0;
+  // ---- SwiGLU: out[r, j] = silu(gu[r, j]) * gu[r, F + j], silu(g) = g / (1 + exp(-g)) --
+  //   gu (rows, 2F) gate|up, out (rows, F); out must not overlap gu.
+  virtual absl::Status SwiGluForward(int rows, int F, const Real* gu, Real* out) = 0;
+  // dgu[r, j] = dout[r, j] * up * silu'(gate); dgu[r, F + j] = dout[r, j] * silu(gate)
+  // (overwrites; dgu must not alias gu or dout).
+  //   gu (rows, 2F), dout (rows, F), dgu (rows, 2F)
+  virtual absl::Status SwiGluBackward(int rows, int F, const Real* gu, const Real* dout,
+                                      Real* dgu) = 0;
+  // ---- Grouped-query attention's heads (NKV key/value heads shared by NH / NKV query
+  // heads each; NKV divides NH): whole heads for AttentionForward, as Hugging Face's
+  // repeat_kv. qkv (rows, (NH + 2 NKV) hs) q|k|v -> out (rows, 3 NH hs) q|k|v, query head
+  // h reading key/value head h / (NH / NKV). out must not overlap qkv.
+  virtual absl::Status RepeatKv(int rows, int NH, int NKV, int hs, const Real* qkv,
+                                Real* out) = 0;
+  // Its backward: dqkv (rows, (NH + 2 NKV) hs) = dfull's q part, and for each key/value
+  // head the sum of the NH / NKV gradients of its copies (overwrites; in copy order).
+  //   dfull (rows, 3 NH hs), dqkv (rows, (NH + 2 NKV) hs); dqkv must not overlap dfull.
+  virtual absl::Status SumKvGroups(int rows, int NH, int NKV, int hs, const Real* dfull,
+                                   Real* dqkv) = 0;
 
   // ---- Softmax ----------------------------------------------------------------------
   // out = softmax(x) per row, with the row maximum subtracted first (out may alias x).

@@ -83,6 +83,21 @@ class CpuBackend : public HostBackendT<float> {
   absl::Status CrossEntropyForward(int rows, int V, const float* logits,
                                    const int32_t* targets, float* probs,
                                    float* loss) override;
+  // cpu_backend_llama.cc: by rows (RMSNorm's weight gradient by columns).
+  absl::Status RmsNormForward(int rows, int C, float eps, const float* x, const float* weight,
+                              float* out, float* rstd) override;
+  absl::Status RmsNormBackward(int rows, int C, const float* dout, const float* x,
+                               const float* weight, const float* rstd, float* dx,
+                               float* dweight) override;
+  absl::Status Rotary(int rows, int T, int heads, int hs, int64_t stride, const float* cos,
+                      const float* sin, bool inverse, float* x) override;
+  absl::Status SwiGluForward(int rows, int F, const float* gu, float* out) override;
+  absl::Status SwiGluBackward(int rows, int F, const float* gu, const float* dout,
+                              float* dgu) override;
+  absl::Status RepeatKv(int rows, int NH, int NKV, int hs, const float* qkv,
+                        float* out) override;
+  absl::Status SumKvGroups(int rows, int NH, int NKV, int hs, const float* dfull,
+                           float* dqkv) override;
 
  private:
   CpuBackend(int threads, ProductEngine engine, std::unique_ptr<Products> products);

@@ -32,6 +32,29 @@ void GeluBackward(int64_t n, const float* x, const float* dout, float* dx) {
   }
 }
 
+// The logistic function through FastExp: 1 / (1 + exp(-g)) keeps FastExp's relative
+// accuracy for every g (FastExp's clamp makes it 0 or 1 only beyond |g| = 87, where the
+// float value is that anyway but for a denormal).
+PIPETRAIN_WIDE_CLONES
+void SwiGluForward(int64_t n, const float* gate, const float* up, float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + FastExp(-g)) * up[i];
+  }
+}
+
+PIPETRAIN_WIDE_CLONES
+void SwiGluBackward(int64_t n, const float* gate, const float* up, const float* dout,
+                    float* dgate, float* dup) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    const float s = 1.0f / (1.0f + FastExp(-g));
+    // silu'(g) = s + g s (1 - s) = s (1 + g (1 - s))
+    dgate[i] = dout[i] * up[i] * (s * (1.0f + g * (1.0f - s)));
+    dup[i] = dout[i] * (g * s);
+  }
+}
+
 PIPETRAIN_WIDE_CLONES
 void ExpShifted(int64_t n, const float* x, float shift, float* out) {
   if (out == x) {  // in place: no overlap check for GCC to fail at run time

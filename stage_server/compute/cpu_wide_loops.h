@@ -14,6 +14,11 @@ namespace pipetrain::compute::wide {
 void GeluForward(int64_t n, const float* x, float* out);
 // dx = dout * d/dx GELU(x), elementwise.
 void GeluBackward(int64_t n, const float* x, const float* dout, float* dx);
+// SwiGLU over n elements: out[i] = silu(gate[i]) * up[i], silu(g) = g / (1 + exp(-g)).
+void SwiGluForward(int64_t n, const float* gate, const float* up, float* out);
+// dgate[i] = dout[i] * up[i] * silu'(gate[i]); dup[i] = dout[i] * silu(gate[i]).
+void SwiGluBackward(int64_t n, const float* gate, const float* up, const float* dout,
+                    float* dgate, float* dup);
 // out[i] = exp(x[i] - shift) (FastExp); out may be x.
 void ExpShifted(int64_t n, const float* x, float shift, float* out);
 // out[i] = the bf16 bits nearest x[i] (common::FloatToBf16Bits).

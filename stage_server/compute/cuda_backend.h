@@ -123,6 +123,21 @@ class CudaBackend final : public Backend {
   absl::Status AttentionBackward(int B, int T, int C, int NH, const float* dout,
                                  const float* qkv, const float* probs,
                                  float* dqkv) override;
+  // cuda_backend_llama.cc: kernels of cuda_kernels_llama.cu.
+  absl::Status RmsNormForward(int rows, int C, float eps, const float* x, const float* weight,
+                              float* out, float* rstd) override;
+  absl::Status RmsNormBackward(int rows, int C, const float* dout, const float* x,
+                               const float* weight, const float* rstd, float* dx,
+                               float* dweight) override;
+  absl::Status Rotary(int rows, int T, int heads, int hs, int64_t stride, const float* cos,
+                      const float* sin, bool inverse, float* x) override;
+  absl::Status SwiGluForward(int rows, int F, const float* gu, float* out) override;
+  absl::Status SwiGluBackward(int rows, int F, const float* gu, const float* dout,
+                              float* dgu) override;
+  absl::Status RepeatKv(int rows, int NH, int NKV, int hs, const float* qkv,
+                        float* out) override;
+  absl::Status SumKvGroups(int rows, int NH, int NKV, int hs, const float* dfull,
+                           float* dqkv) override;
   absl::Status Softmax(int rows, int cols, const float* x, float* out) override;
   absl::Status CrossEntropyForward(int rows, int V, const float* logits,
                                    const int32_t* targets, float* probs,
@@ -147,7 +162,8 @@ class CudaBackend final : public Backend {
   // The one preamble and epilogue of every op, run after its argument check
   // (op_checks.h): nothing for an empty call; otherwise Activate, then `launch` issues
   // the op's work on the stream it is given and returns a cudaError_t (reported as this
-  // call) or an absl::Status, then Finish. Defined in the .cc, its only user.
+  // call) or an absl::Status, then Finish. Defined in cuda_backend_run.h, for the files
+  // of ops.
   template <typename Launch>
   absl::Status Run(const OpCall& call, Launch&& launch);
   // Grows a scratch allocation to at least `bytes` (contents are not kept).

@@ -1,6 +1,7 @@
 // CUDA build of the `cuda` backend's ops (cuda_backend.h): each one runs the shared
 // argument check (op_checks.h), then cuBLAS or a launcher of cuda_kernels.h through
-// CudaBackend::Run, every result turned into an absl::Status naming the op and its shapes.
+// CudaBackend::Run (cuda_backend_run.h), every result turned into an absl::Status naming
+// the op and its shapes. Llama's ops are in cuda_backend_llama.cc.
 #include <climits>
 #include <cmath>
 #include <type_traits>
@@ -13,6 +14,7 @@
 #include "common/status_macros.h"
 #include "stage_server/compute/backend_buffer.h"
 #include "stage_server/compute/cuda_backend.h"
+#include "stage_server/compute/cuda_backend_run.h"
 #include "stage_server/compute/cuda_kernels.h"
 #include "stage_server/compute/cuda_status.h"
 #include "stage_server/compute/op_checks.h"
@@ -22,24 +24,7 @@ namespace {
 
 namespace ck = cuda_kernels;
 
-cudaStream_t S(CUstream_st* s) { return s; }
-
 }  // namespace
-
-// The one preamble and epilogue of every op (see the header).
-template <typename Launch>
-absl::Status CudaBackend::Run(const OpCall& call, Launch&& launch) {
-  if (call.empty()) return absl::OkStatus();
-  RETURN_IF_ERROR(Activate(call.op()));
-  using Result = std::invoke_result_t<Launch, cudaStream_t>;
-  if constexpr (std::is_same_v<Result, cudaError_t>) {
-    CUDA_CHECK(launch(S(stream_)), call.ToString());
-  } else {
-    RETURN_IF_ERROR(launch(S(stream_)));
-  }
-  if (!options_.check_every_op) return absl::OkStatus();
-  return Finish(call.ToString());
-}
 
 // ---- Matrix products --------------------------------------------------------------------
 

@@ -83,6 +83,31 @@ cudaError_t CausalSoftmaxForward(int64_t rows, int T, float* scores, cudaStream_
 cudaError_t CausalSoftmaxBackward(int64_t rows, int T, const float* probs, float* dprobs,
                                   float scale, cudaStream_t stream);
 
+// ---- Llama: RMSNorm, rotary embeddings, SwiGLU, grouped-query heads (cuda_kernels_llama.cu)
+// x (rows, C), weight (C), out (rows, C), rstd (rows); the row's sum of squares in double.
+cudaError_t RmsNormForward(int rows, int C, float eps, const float* x, const float* weight,
+                           float* out, float* rstd, cudaStream_t stream);
+// dx (rows, C) += input gradient; dweight (C) += sum_r dout x rstd (column sums in
+// double, fixed order). Each is skipped when null; weight is read for dx only.
+cudaError_t RmsNormBackward(int rows, int C, const float* dout, const float* x,
+                            const float* weight, const float* rstd, float* dx, float* dweight,
+                            cudaStream_t stream);
+// In place, Hugging Face's rotate_half pairs (backend.h).
+//   x (rows, >= stride), cos (T, hs/2), sin (T, hs/2)
+cudaError_t Rotary(int rows, int T, int heads, int hs, int64_t stride, const float* cos,
+                   const float* sin, bool inverse, float* x, cudaStream_t stream);
+// gu (rows, 2F) gate|up, out (rows, F).
+cudaError_t SwiGluForward(int rows, int F, const float* gu, float* out, cudaStream_t stream);
+// dgu (rows, 2F) = gradient w.r.t. gate|up of dout (rows, F).
+cudaError_t SwiGluBackward(int rows, int F, const float* gu, const float* dout, float* dgu,
+                           cudaStream_t stream);
+// qkv (rows, (NH + 2 NKV) hs) -> out (rows, 3 NH hs).
+cudaError_t RepeatKv(int rows, int NH, int NKV, int hs, const float* qkv, float* out,
+                     cudaStream_t stream);
+// dfull (rows, 3 NH hs) -> dqkv (rows, (NH + 2 NKV) hs), each group summed in copy order.
+cudaError_t SumKvGroups(int rows, int NH, int NKV, int hs, const float* dfull, float* dqkv,
+                        cudaStream_t stream);
+
 // ---- bf16 operands of the products (cuda_kernels_bf16.cu) ----------------------------
 // out (N) = the bits of x (N) rounded to bf16 as common/bf16.h's FloatToBf16Bits does.
 cudaError_t ToBf16Bits(int64_t n, const float* x, uint16_t* out, cudaStream_t stream);

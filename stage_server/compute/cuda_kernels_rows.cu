@@ -27,7 +27,8 @@ __global__ void EmbeddingForwardKernel(int64_t n, int T, int C, int V,
       atomicMin(bad_index, static_cast<int32_t>(row));
       continue;
     }
-    out[i] = wte[int64_t{token} * C + c] + wpe[int64_t{t} * C + c];
+    const float position = wpe == nullptr ? 0.0f : wpe[int64_t{t} * C + c];
+    out[i] = wte[int64_t{token} * C + c] + position;
   }
 }
 

@@ -7,6 +7,7 @@
 #include "common/model/init.h"
 #include "common/status_macros.h"
 #include "stage_server/compute/gpt2_layers.h"
+#include "stage_server/compute/llama_layers.h"
 
 namespace pipetrain::compute {
 
@@ -128,6 +129,7 @@ using LayerMaker = std::unique_ptr<PipelineLayer<Real>> (*)(const model::GptConf
 template <typename Real>
 LayerMaker<Real> LayerMakerOf(absl::string_view family) {
   if (family == "gpt2") return &MakeGpt2Layer<Real>;
+  if (family == "llama") return &MakeLlamaLayer<Real>;
   return nullptr;
 }
 

@@ -259,6 +259,68 @@ absl::Status HostBackendT<Real>::AttentionBackward(int B, int T, int C, int NH,
   return absl::OkStatus();
 }
 
+// ---- Llama --------------------------------------------------------------------------
+
+template <typename Real>
+absl::Status HostBackendT<Real>::RmsNormForward(int rows, int C, float eps, const Real* x,
+                                                const Real* weight, Real* out, Real* rstd) {
+  ASSIGN_OR_RETURN(const OpCall call,
+                   CheckRmsNormForward(Name(), rows, C, eps, x, weight, out, rstd));
+  if (!call.empty()) reference::RmsNormForward(rows, C, eps, x, weight, out, rstd);
+  return absl::OkStatus();
+}
+
+template <typename Real>
+absl::Status HostBackendT<Real>::RmsNormBackward(int rows, int C, const Real* dout,
+                                                 const Real* x, const Real* weight,
+                                                 const Real* rstd, Real* dx, Real* dweight) {
+  ASSIGN_OR_RETURN(const OpCall call,
+                   CheckRmsNormBackward(Name(), rows, C, dout, x, weight, rstd, dx, dweight));
+  if (!call.empty()) reference::RmsNormBackward(rows, C, dout, x, weight, rstd, dx, dweight);
+  return absl::OkStatus();
+}
+
+template <typename Real>
+absl::Status HostBackendT<Real>::Rotary(int rows, int T, int heads, int hs, int64_t stride,
+                                        const Real* cos, const Real* sin, bool inverse,
+                                        Real* x) {
+  ASSIGN_OR_RETURN(const OpCall call,
+                   CheckRotary(Name(), rows, T, heads, hs, stride, cos, sin, x));
+  if (!call.empty()) reference::Rotary(rows, T, heads, hs, stride, cos, sin, inverse, x);
+  return absl::OkStatus();
+}
+
+template <typename Real>
+absl::Status HostBackendT<Real>::SwiGluForward(int rows, int F, const Real* gu, Real* out) {
+  ASSIGN_OR_RETURN(const OpCall call, CheckSwiGluForward(Name(), rows, F, gu, out));
+  if (!call.empty()) reference::SwiGluForward(rows, F, gu, out);
+  return absl::OkStatus();
+}
+
+template <typename Real>
+absl::Status HostBackendT<Real>::SwiGluBackward(int rows, int F, const Real* gu,
+                                                const Real* dout, Real* dgu) {
+  ASSIGN_OR_RETURN(const OpCall call, CheckSwiGluBackward(Name(), rows, F, gu, dout, dgu));
+  if (!call.empty()) reference::SwiGluBackward(rows, F, gu, dout, dgu);
+  return absl::OkStatus();
+}
+
+template <typename Real>
+absl::Status HostBackendT<Real>::RepeatKv(int rows, int NH, int NKV, int hs, const Real* qkv,
+                                          Real* out) {
+  ASSIGN_OR_RETURN(const OpCall call, CheckRepeatKv(Name(), rows, NH, NKV, hs, qkv, out));
+  if (!call.empty()) reference::RepeatKv(rows, NH, NKV, hs, qkv, out);
+  return absl::OkStatus();
+}
+
+template <typename Real>
+absl::Status HostBackendT<Real>::SumKvGroups(int rows, int NH, int NKV, int hs,
+                                             const Real* dfull, Real* dqkv) {
+  ASSIGN_OR_RETURN(const OpCall call, CheckSumKvGroups(Name(), rows, NH, NKV, hs, dfull, dqkv));
+  if (!call.empty()) reference::SumKvGroups(rows, NH, NKV, hs, dfull, dqkv);
+  return absl::OkStatus();
+}
+
 template <typename Real>
 absl::Status HostBackendT<Real>::Softmax(int rows, int cols, const Real* x, Real* out) {
   ASSIGN_OR_RETURN(const OpCall call, CheckSoftmax(Name(), rows, cols, x, out));

@@ -63,6 +63,19 @@ class HostBackendT : public BackendT<Real> {
                                 Real* probs) override;
   absl::Status AttentionBackward(int B, int T, int C, int NH, const Real* dout,
                                  const Real* qkv, const Real* probs, Real* dqkv) override;
+  absl::Status RmsNormForward(int rows, int C, float eps, const Real* x, const Real* weight,
+                              Real* out, Real* rstd) override;
+  absl::Status RmsNormBackward(int rows, int C, const Real* dout, const Real* x,
+                               const Real* weight, const Real* rstd, Real* dx,
+                               Real* dweight) override;
+  absl::Status Rotary(int rows, int T, int heads, int hs, int64_t stride, const Real* cos,
+                      const Real* sin, bool inverse, Real* x) override;
+  absl::Status SwiGluForward(int rows, int F, const Real* gu, Real* out) override;
+  absl::Status SwiGluBackward(int rows, int F, const Real* gu, const Real* dout,
+                              Real* dgu) override;
+  absl::Status RepeatKv(int rows, int NH, int NKV, int hs, const Real* qkv, Real* out) override;
+  absl::Status SumKvGroups(int rows, int NH, int NKV, int hs, const Real* dfull,
+                           Real* dqkv) override;
   absl::Status Softmax(int rows, int cols, const Real* x, Real* out) override;
   absl::Status CrossEntropyForward(int rows, int V, const Real* logits,
                                    const int32_t* targets, Real* probs,

@@ -1,12 +1,14 @@
 #include "stage_server/compute/op_checks.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 
 namespace pipetrain::compute {
 
 OpCall::OpCall(const char* op, std::initializer_list<Size> sizes) : op_(op) {
   for (const Size& s : sizes) {
-    if (num_sizes_ == static_cast<int>(sizes_.size())) break;  // messages show the first 4
+    if (num_sizes_ == static_cast<int>(sizes_.size())) break;  // messages show the first 5
     sizes_[num_sizes_++] = s;
   }
 }
@@ -38,6 +40,10 @@ class OpCheck {
   OpCheck& Require(bool ok, absl::string_view problem) {
     if (status_.ok() && !ok) Fail(problem);
     return *this;
+  }
+  // Require for what matters only to a call with work to do (pointers that must differ).
+  OpCheck& RequireIfWork(bool ok, absl::string_view problem) {
+    return call_.empty_ ? *this : Require(ok, problem);
   }
   OpCheck& EmptyIf(bool empty) {
     call_.empty_ = call_.empty_ || empty;
@@ -169,7 +175,7 @@ absl::StatusOr<OpCall> CheckEmbeddingForward(absl::string_view backend, int B, i
                                              const void* wpe, const void* out) {
   return OpCheck(backend, "EmbeddingForward", {{"B", B}, {"T", T}, {"C", C}, {"V", V}})
       .EmptyIf(int64_t{B} * T * C == 0)
-      .Need({{"tokens", tokens}, {"wte", wte}, {"wpe", wpe}, {"out", out}})
+      .Need({{"tokens", tokens}, {"wte", wte}, {"out", out}})  // wpe: optional
       .Done();
 }
 
@@ -250,6 +256,89 @@ absl::StatusOr<OpCall> CheckAttentionBackward(absl::string_view backend, int B, 
       .Require(HeadsDivide(C, NH), kHeadsProblem)
       .EmptyIf(int64_t{B} * T * C == 0)
       .Need({{"dout", dout}, {"qkv", qkv}, {"probs", probs}, {"dqkv", dqkv}})
+      .Done();
+}
+
+// ---- Llama ------------------------------------------------------------------------------
+
+absl::StatusOr<OpCall> CheckRmsNormForward(absl::string_view backend, int rows, int C, float eps,
+                                           const void* x, const void* weight, const void* out,
+                                           const void* rstd) {
+  const bool eps_ok = std::isfinite(eps) && eps > 0;
+  return OpCheck(backend, "RmsNormForward", {{"rows", rows}, {"C", C}})
+      .Require(eps_ok, eps_ok ? "" : absl::StrCat("eps = ", eps, " must be finite and positive"))
+      .EmptyIf(rows == 0 || C == 0)
+      .Need({{"x", x}, {"weight", weight}, {"out", out}, {"rstd", rstd}})
+      .Done();
+}
+
+absl::StatusOr<OpCall> CheckRmsNormBackward(absl::string_view backend, int rows, int C,
+                                            const void* dout, const void* x, const void* weight,
+                                            const void* rstd, const void* dx,
+                                            const void* dweight) {
+  return OpCheck(backend, "RmsNormBackward", {{"rows", rows}, {"C", C}})
+      .EmptyIf(rows == 0 || C == 0 || (dx == nullptr && dweight == nullptr))
+      .Need({{"dout", dout}, {"x", x}, {"rstd", rstd}})
+      .NeedIf(dx != nullptr, "weight", weight)
+      .Done();
+}
+
+absl::StatusOr<OpCall> CheckRotary(absl::string_view backend, int rows, int T, int heads, int hs,
+                                   int64_t stride, const void* cos, const void* sin,
+                                   const void* x) {
+  const bool fits = int64_t{heads} * hs <= stride;
+  return OpCheck(backend, "Rotary",
+                 {{"rows", rows}, {"T", T}, {"heads", heads}, {"hs", hs}, {"stride", stride}})
+      .Require(hs % 2 == 0, "hs must be even (the two halves of a head are the pairs)")
+      .Require(fits, fits ? "" : absl::StrCat("heads * hs = ", int64_t{heads} * hs,
+                                              " is more than stride"))
+      .Require(T > 0 || rows == 0, "T must be positive (row r is position r % T)")
+      .EmptyIf(rows == 0 || heads == 0 || hs == 0)
+      .Need({{"cos", cos}, {"sin", sin}, {"x", x}})
+      .Done();
+}
+
+absl::StatusOr<OpCall> CheckSwiGluForward(absl::string_view backend, int rows, int F,
+                                          const void* gu, const void* out) {
+  return OpCheck(backend, "SwiGluForward", {{"rows", rows}, {"F", F}})
+      .EmptyIf(rows == 0 || F == 0)
+      .Need({{"gu", gu}, {"out", out}})
+      .RequireIfWork(out != gu, "out must not overlap gu")
+      .Done();
+}
+
+absl::StatusOr<OpCall> CheckSwiGluBackward(absl::string_view backend, int rows, int F,
+                                           const void* gu, const void* dout, const void* dgu) {
+  return OpCheck(backend, "SwiGluBackward", {{"rows", rows}, {"F", F}})
+      .EmptyIf(rows == 0 || F == 0)
+      .Need({{"gu", gu}, {"dout", dout}, {"dgu", dgu}})
+      .RequireIfWork(dgu != gu, "dgu must not alias gu")
+      .RequireIfWork(dgu != dout, "dgu must not alias dout")
+      .Done();
+}
+
+namespace {
+bool KvHeadsDivide(int NH, int NKV) { return NH > 0 && NKV > 0 && NH % NKV == 0; }
+constexpr absl::string_view kKvHeadsProblem = "NH and NKV must be positive and NKV must divide NH";
+}  // namespace
+
+absl::StatusOr<OpCall> CheckRepeatKv(absl::string_view backend, int rows, int NH, int NKV, int hs,
+                                     const void* qkv, const void* out) {
+  return OpCheck(backend, "RepeatKv", {{"rows", rows}, {"NH", NH}, {"NKV", NKV}, {"hs", hs}})
+      .Require(KvHeadsDivide(NH, NKV), kKvHeadsProblem)
+      .EmptyIf(rows == 0 || hs == 0)
+      .Need({{"qkv", qkv}, {"out", out}})
+      .RequireIfWork(out != qkv, "out must not overlap qkv")
+      .Done();
+}
+
+absl::StatusOr<OpCall> CheckSumKvGroups(absl::string_view backend, int rows, int NH, int NKV,
+                                        int hs, const void* dfull, const void* dqkv) {
+  return OpCheck(backend, "SumKvGroups", {{"rows", rows}, {"NH", NH}, {"NKV", NKV}, {"hs", hs}})
+      .Require(KvHeadsDivide(NH, NKV), kKvHeadsProblem)
+      .EmptyIf(rows == 0 || hs == 0)
+      .Need({{"dfull", dfull}, {"dqkv", dqkv}})
+      .RequireIfWork(dqkv != dfull, "dqkv must not overlap dfull")
       .Done();
 }
 

@@ -28,13 +28,13 @@ class OpCall {
 
   const char* op() const { return op_; }
   bool empty() const { return empty_; }
-  // "Matmul(m=7 n=5 k=9)".
+  // "Matmul(m=7 n=5 k=9)"; the first five sizes.
   std::string ToString() const;
 
  private:
   friend class OpCheck;
   const char* op_;
-  std::array<Size, 4> sizes_{};
+  std::array<Size, 5> sizes_{};
   int num_sizes_ = 0;
   bool empty_ = false;
 };
@@ -94,6 +94,30 @@ absl::StatusOr<OpCall> CheckAttentionBackward(absl::string_view backend, int B, 
                                               int C, int NH, const void* dout,
                                               const void* qkv, const void* probs,
                                               const void* dqkv);
+// Llama's ops (backend.h). RmsNormForward: eps finite and positive.
+absl::StatusOr<OpCall> CheckRmsNormForward(absl::string_view backend, int rows, int C, float eps,
+                                           const void* x, const void* weight, const void* out,
+                                           const void* rstd);
+// Empty also when neither dx nor dweight is asked for; weight is needed for dx only.
+absl::StatusOr<OpCall> CheckRmsNormBackward(absl::string_view backend, int rows, int C,
+                                            const void* dout, const void* x, const void* weight,
+                                            const void* rstd, const void* dx,
+                                            const void* dweight);
+// hs even, heads * hs <= stride, T positive where there are rows to rotate.
+absl::StatusOr<OpCall> CheckRotary(absl::string_view backend, int rows, int T, int heads, int hs,
+                                   int64_t stride, const void* cos, const void* sin,
+                                   const void* x);
+// The outputs that backend.h says must not overlap an input are refused when they are the
+// same pointer (the checks compare pointers, not ranges).
+absl::StatusOr<OpCall> CheckSwiGluForward(absl::string_view backend, int rows, int F,
+                                          const void* gu, const void* out);
+absl::StatusOr<OpCall> CheckSwiGluBackward(absl::string_view backend, int rows, int F,
+                                           const void* gu, const void* dout, const void* dgu);
+// NH and NKV positive, NKV dividing NH.
+absl::StatusOr<OpCall> CheckRepeatKv(absl::string_view backend, int rows, int NH, int NKV, int hs,
+                                     const void* qkv, const void* out);
+absl::StatusOr<OpCall> CheckSumKvGroups(absl::string_view backend, int rows, int NH, int NKV,
+                                        int hs, const void* dfull, const void* dqkv);
 absl::StatusOr<OpCall> CheckSoftmax(absl::string_view backend, int rows, int cols, const void* x,
                                     const void* out);
 // The mean loss needs rows > 0 and V > 0: never empty.

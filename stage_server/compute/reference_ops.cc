@@ -87,6 +87,10 @@ void EmbeddingForward(int B, int T, int C, int V, const int32_t* tokens, const R
     for (int t = 0; t < T; ++t) {
       const int64_t bt = int64_t{b} * T + t;
       const Real* e = wte + int64_t{tokens[bt]} * C;
+      if (wpe == nullptr) {  // no position embedding (Llama: positions are rotary)
+        for (int c = 0; c < C; ++c) out[bt * C + c] = e[c];
+        continue;
+      }
       const Real* p = wpe + int64_t{t} * C;
       for (int c = 0; c < C; ++c) out[bt * C + c] = e[c] + p[c];
     }

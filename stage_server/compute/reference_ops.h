@@ -63,6 +63,25 @@ template <typename Real>
 void AttentionBackward(int B, int T, int C, int NH, const Real* dout, const Real* qkv,
                        const Real* probs, Real* dqkv, bool bf16_operands = false);
 
+// Llama's ops (reference_llama_ops.cc). Sums in double, as LayerNorm's.
+template <typename Real>
+void RmsNormForward(int rows, int C, float eps, const Real* x, const Real* weight, Real* out,
+                    Real* rstd);
+template <typename Real>
+void RmsNormBackward(int rows, int C, const Real* dout, const Real* x, const Real* weight,
+                     const Real* rstd, Real* dx, Real* dweight);
+template <typename Real>
+void Rotary(int rows, int T, int heads, int hs, int64_t stride, const Real* cos, const Real* sin,
+            bool inverse, Real* x);
+template <typename Real>
+void SwiGluForward(int rows, int F, const Real* gu, Real* out);
+template <typename Real>
+void SwiGluBackward(int rows, int F, const Real* gu, const Real* dout, Real* dgu);
+template <typename Real>
+void RepeatKv(int rows, int NH, int NKV, int hs, const Real* qkv, Real* out);
+template <typename Real>
+void SumKvGroups(int rows, int NH, int NKV, int hs, const Real* dfull, Real* dqkv);
+
 template <typename Real>
 void Copy2D(int rows, int cols, const Real* src, int64_t src_stride, Real* dst, int64_t dst_stride);
 template <typename Real>

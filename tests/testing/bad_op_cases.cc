@@ -264,6 +264,7 @@ const std::vector<BadCase>& AllBadCases() {
     auto* all = new std::vector<BadCase>;
     AddElementwiseBadCases(*all);
     AddLayerBadCases(*all);
+    AddLlamaBadCases(*all);
     return all;
   }();
   return *cases;

@@ -153,4 +153,8 @@ struct BadCase {
 const std::vector<OpCase>& OpCases(common::DType dtype);
 const std::vector<BadCase>& AllBadCases();
 
+// Llama's rows of both tables (llama_op_cases.cc), which the two tables take in.
+void AddLlamaOpCases(std::vector<OpCase>& cases);
+void AddLlamaBadCases(std::vector<BadCase>& cases);
+
 }  // namespace pipetrain::testing

@@ -481,6 +481,7 @@ std::vector<OpCase>* F32Cases() {
   AddEmbeddingCases(*all);
   AddLayerNormCases(*all);
   AddAttentionCases(*all);
+  AddLlamaOpCases(*all);
   AddCopyAndSoftmaxCases(*all);
   AddCrossEntropyCases(*all);
   AddAdamWCases(*all);

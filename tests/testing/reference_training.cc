@@ -10,9 +10,16 @@
 
 namespace pipetrain::testing {
 
-model::GptConfig TinyModel(bool tied) {
+model::GptConfig TinyModel(bool tied, bool llama) {
   model::GptConfig c{64, 8, 16, 2, 6};
   c.tie_embeddings = tied;
+  if (llama) {
+    c.family = "llama";
+    c.n_kv_heads = 1;
+    c.ffn_dim = 40;
+    c.rope_theta = 10000;
+    c.norm_eps = 1e-5;
+  }
   return c;
 }
 
@@ -43,7 +50,7 @@ common::Tensor Rows(const std::vector<int32_t>& all, int mb, int rows) {
 
 namespace {
 
-Reference Train(int steps, float clip, bool tied, common::DType products) {
+Reference Train(int steps, float clip, bool tied, common::DType products, bool llama) {
   Reference r;
   r.backend = *compute::CpuBackend::Create(1);
   EXPECT_TRUE(r.backend->SetProductOperands(products).ok());
@@ -52,7 +59,7 @@ Reference Train(int steps, float clip, bool tied, common::DType products) {
   for (const model::Precision& p : model::PrecisionTable()) {
     if (p.products == products) options.boundary = p.activations;
   }
-  r.model = *compute::ModelChunk::Create(TinyModel(tied), 0, TinyModel().num_pipeline_layers(),
+  r.model = *compute::ModelChunk::Create(TinyModel(tied, llama), 0, TinyModel().num_pipeline_layers(),
                                          r.backend.get(), options);
   EXPECT_TRUE(r.model->Initialize(kSeed).ok());
   compute::OptimizerSettings adam = TestAdam();
@@ -74,17 +81,21 @@ Reference Train(int steps, float clip, bool tied, common::DType products) {
 
 }  // namespace
 
-const Reference& SharedReference(int steps, float clip, bool tied, common::DType products) {
-  static auto* by_run = new std::map<std::tuple<int, float, bool, common::DType>, Reference>();
-  const auto key = std::make_tuple(steps, clip, tied, products);
+const Reference& SharedReference(int steps, float clip, bool tied, common::DType products,
+                                 bool llama) {
+  static auto* by_run =
+      new std::map<std::tuple<int, float, bool, common::DType, bool>, Reference>();
+  const auto key = std::make_tuple(steps, clip, tied, products, llama);
   auto it = by_run->find(key);
-  if (it == by_run->end()) it = by_run->emplace(key, Train(steps, clip, tied, products)).first;
+  if (it == by_run->end()) {
+    it = by_run->emplace(key, Train(steps, clip, tied, products, llama)).first;
+  }
   return it->second;
 }
 
 std::vector<double> ReferenceEvalLosses(int steps, const model::TokenBatch& batch, float clip,
-                                        bool tied, common::DType products) {
-  compute::ModelChunk& model = *SharedReference(steps, clip, tied, products).model;
+                                        bool tied, common::DType products, bool llama) {
+  compute::ModelChunk& model = *SharedReference(steps, clip, tied, products, llama).model;
   const int rows = batch.rows / kMicroBatches, T = TinyModel().seq_len;
   std::vector<double> losses;
   for (int mb = 0; mb < kMicroBatches; ++mb) {

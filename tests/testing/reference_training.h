@@ -17,8 +17,9 @@ namespace pipetrain::testing {
 inline constexpr int kBatch = 8, kMicroBatches = 4;
 inline constexpr uint64_t kSeed = 17;
 
-// 8 pipeline layers; `tied` sets model.tie_embeddings.
-model::GptConfig TinyModel(bool tied = false);
+// 8 pipeline layers; `tied` sets model.tie_embeddings; `llama`: the Llama family, with
+// two query heads sharing one key/value head.
+model::GptConfig TinyModel(bool tied = false, bool llama = false);
 compute::OptimizerSettings TestAdam();
 model::TokenBatch RandomBatch(int step);  // kBatch rows of random tokens
 // Rows [mb * rows, (mb + 1) * rows) of a (kBatch, T) token array as a (rows, T) tensor.
@@ -31,16 +32,18 @@ struct Reference {
   std::vector<double> grad_norms;  // per step, before clipping (0 when clipping is off)
 };
 // Trained once per process for `steps` steps, kMicroBatches micro-batches each, with
-// the gradients clipped to the global norm `clip` when it is > 0, on TinyModel(tied),
+// the gradients clipped to the global norm `clip` when it is > 0, on TinyModel(tied, llama),
 // with the products' operands in `products` (Backend::SetProductOperands) and the
 // activations of training.precision's row with those products.
 const Reference& SharedReference(int steps, float clip = 0, bool tied = false,
-                                 common::DType products = common::DType::kF32);
+                                 common::DType products = common::DType::kF32,
+                                 bool llama = false);
 // Per micro-batch losses of SharedReference(steps)'s model on `batch` (kMicroBatches
 // micro-batches), through the training forward, then dropped: what a pipeline's
 // evaluation after `steps` training steps must report. Changes no weight or gradient.
 std::vector<double> ReferenceEvalLosses(int steps, const model::TokenBatch& batch, float clip = 0,
                                         bool tied = false,
-                                        common::DType products = common::DType::kF32);
+                                        common::DType products = common::DType::kF32,
+                                        bool llama = false);
 
 }  // namespace pipetrain::testing

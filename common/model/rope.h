@@ -1,0 +1,23 @@
+// Rotary position embeddings' angles (RoFormer; Llama's convention): position t turns
+// the pair (i, i + hs/2) of every head by t * inv_freq[i], inv_freq[i] = theta^(-2i/hs),
+// with Llama 3.1's "llama3" scaling of the long wavelengths where the config has it (as
+// Hugging Face's _compute_llama3_parameters). Computed in double, so that every backend
+// and the float64 reference start from the same angles.
+#pragma once
+
+#include <vector>
+
+#include "common/model/gpt_config.h"
+
+namespace pipetrain::model {
+
+// inv_freq (hs / 2) of a Llama config.
+std::vector<double> RotaryInverseFrequencies(const GptConfig& config);
+
+// cos and sin of t * inv_freq[i], each (seq_len, hs / 2) row-major.
+struct RotaryTables {
+  std::vector<double> cos, sin;
+};
+RotaryTables MakeRotaryTables(const GptConfig& config);
+
+}  // namespace pipetrain::model
