@@ -44,6 +44,12 @@ std::vector<std::string> PartsText(const JobConfig& c, const MemoryBreakdown& co
   if (counted.state > 0) {
     parts.push_back(absl::StrCat(counted.state, " for weights, gradients and optimizer state"));
   }
+  if (counted.tables > 0) {
+    parts.push_back(absl::StrCat(counted.tables,
+                                 " for the layers' shared tables (rotary angles, field "
+                                 "model.seq_len ",
+                                 c.model.seq_len, ")"));
+  }
   if (counted.buffers > 0) {
     parts.push_back(absl::StrCat(counted.buffers,
                                  " for micro-batch buffers (field micro_batch_size ",
@@ -65,7 +71,8 @@ std::vector<std::string> PartsText(const JobConfig& c, const MemoryBreakdown& co
 }  // namespace
 
 uint64_t MemoryBreakdown::Total() const {
-  return SaturatingAdd(SaturatingAdd(state, buffers), SaturatingAdd(activations, reserve));
+  return SaturatingAdd(SaturatingAdd(SaturatingAdd(state, tables), buffers),
+                       SaturatingAdd(activations, reserve));
 }
 
 uint64_t ParamsOf(const JobConfig& config) {
@@ -93,9 +100,18 @@ uint64_t StateBytes(const JobConfig& config) {
   return SaturatingMul(ParamsOf(config), StateBytesPerParam(config.precision.products));
 }
 
+uint64_t TableBytes(const JobConfig& config) {
+  uint64_t bytes = 0;
+  for (const auto& [begin, end] : config.chunks) {
+    bytes = SaturatingAdd(bytes, model::ChunkTableBytes(config.model, begin, end));
+  }
+  return bytes;
+}
+
 MemoryBreakdown MemoryOf(const JobConfig& config, DeviceSpec::Kind device) {
   MemoryBreakdown need;
   need.state = StateBytes(config);
+  need.tables = TableBytes(config);
   // A real backend allocates each chunk's micro-batch buffers at configure; they grow
   // with micro_batch_size, which the request sets (found by tests/fuzz/configure_fuzz:
   // a 16 MiB stage allocated 6 GB).
@@ -121,7 +137,7 @@ std::vector<MemoryLimit> MemoryLimitsOf(const MemoryBreakdown& need, DeviceSpec:
   }
   if (device != DeviceSpec::Kind::kCuda && host_memory_bytes > 0) {
     MemoryBreakdown counted = need;
-    if (device == DeviceSpec::Kind::kEmulated) counted.state = 0;
+    if (device == DeviceSpec::Kind::kEmulated) counted.state = counted.tables = 0;
     limits.push_back({"the host's memory", host_memory_bytes, counted});
   }
   return limits;

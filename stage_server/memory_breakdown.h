@@ -17,6 +17,7 @@ namespace pipetrain::stage_server {
 
 struct MemoryBreakdown {
   uint64_t state = 0;        // weights, gradients and AdamW's two moments
+  uint64_t tables = 0;       // each chunk's shared tables (model::ChunkTableBytes)
   uint64_t buffers = 0;      // each chunk's micro-batch buffers (BackendChunk's scratch)
   uint64_t activations = 0;  // one micro-batch's activations, every chunk's
   uint64_t reserve = 0;      // in-memory snapshots (field snapshot_reserve_bytes)
@@ -36,9 +37,13 @@ using model::WeightBytesPerParam;
 uint64_t ParamsOf(const JobConfig& config);
 // ParamsOf x StateBytesPerParam of the job's precision (bf16 adds the products' copy).
 uint64_t StateBytes(const JobConfig& config);
+// The tables the config's chunks' layers share (Llama's rotary angles), each chunk's
+// model::ChunkTableBytes, as the planner predicts them.
+uint64_t TableBytes(const JobConfig& config);
 
 // The breakdown of `config` on a stage of this device kind: an emulated one allocates
-// no micro-batch buffers (it computes nothing), but sizes the state it emulates.
+// no micro-batch buffers (it computes nothing), but sizes the state and the tables it
+// emulates.
 MemoryBreakdown MemoryOf(const JobConfig& config, DeviceSpec::Kind device);
 
 // A limit and the parts of a breakdown it bounds (the others are 0 in `counted`).
@@ -52,7 +57,7 @@ struct MemoryLimit {
 // Configure allocates and the snapshot reserve; the planner fits the schedule's
 // activations within it. A CPU or emulated stage's host memory (when known) bounds all
 // the host allocates, one micro-batch's activations at least; an emulated stage holds
-// no state there. A CUDA stage's backend refuses what its GPU cannot hold.
+// no state or tables there. A CUDA stage's backend refuses what its GPU cannot hold.
 std::vector<MemoryLimit> MemoryLimitsOf(const MemoryBreakdown& need, DeviceSpec::Kind device,
                                         uint64_t memory_limit_bytes, uint64_t host_memory_bytes);
 

@@ -144,8 +144,9 @@ absl::StatusOr<StepReport> StageRuntime::RunStep(StepRequest request) {
   }
   StepReport report;
   report.snapshots = snapshot_figures();
-  report.peak_memory_bytes =
-      job.state_bytes + report.snapshots.bytes + result.peak_activation_bytes;
+  // What the planner predicts (planner::StagePlan::peak_memory_bytes), part by part.
+  report.peak_memory_bytes = job.state_bytes + job.table_bytes + report.snapshots.bytes +
+                             result.peak_activation_bytes;
   report.emulated = job.emulated;
   report.result = std::move(result);
   return report;
@@ -215,7 +216,7 @@ RuntimeStats StageRuntime::Stats() const {
   if (current_.job) {
     const Job& job = *current_.job;
     s.job_id = job.config.job_id;
-    s.memory_used_bytes = job.state_bytes + snapshots_.bytes();
+    s.memory_used_bytes = job.state_bytes + job.table_bytes + snapshots_.bytes();
     for (PeerLink* l : {job.next.get(), job.prev.get()}) {
       if (l == nullptr) continue;
       s.bytes_sent += l->bytes_sent();

@@ -159,7 +159,8 @@ class StageRuntime {
   // memory.
   void DropCurrentJob() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The new job: its chunks on their backend, its executor and snapshot pusher.
-  absl::StatusOr<std::unique_ptr<Job>> BuildJob(const JobConfig& config, uint64_t state_bytes)
+  absl::StatusOr<std::unique_ptr<Job>> BuildJob(const JobConfig& config,
+                                                const MemoryBreakdown& need)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status MakeChunks(Job& job, std::vector<std::unique_ptr<ChunkCompute>>& chunks) const;
   ExecutorConfig ExecutorConfigFor(const Job& job) const;

@@ -68,7 +68,7 @@ absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config)
   AbortRunningStep();
   absl::MutexLock lock(&mu_);
   DropCurrentJob();
-  ASSIGN_OR_RETURN(std::unique_ptr<Job> job, BuildJob(config, need.state));
+  ASSIGN_OR_RETURN(std::unique_ptr<Job> job, BuildJob(config, need));
   InstallJob(std::move(job));
   const uint64_t params = ParamsOf(config);
   return ConfigureResult{
@@ -98,13 +98,14 @@ void StageRuntime::DropCurrentJob() {
   snapshots_.Reset("");
 }
 
-absl::StatusOr<std::unique_ptr<StageRuntime::Job>> StageRuntime::BuildJob(const JobConfig& config,
-                                                                         uint64_t state_bytes) {
+absl::StatusOr<std::unique_ptr<StageRuntime::Job>> StageRuntime::BuildJob(
+    const JobConfig& config, const MemoryBreakdown& need) {
   auto job = std::make_unique<Job>();
   job->config = config;
   job->links = LinksOf(config);
   job->emulated = options_.device.kind == DeviceSpec::Kind::kEmulated;
-  job->state_bytes = state_bytes;
+  job->state_bytes = need.state;
+  job->table_bytes = need.tables;
   job->pool = std::make_shared<common::BufferPool>();
   std::vector<std::unique_ptr<ChunkCompute>> chunks;
   RETURN_IF_ERROR(MakeChunks(*job, chunks));

@@ -35,6 +35,7 @@ struct StageRuntime::Job {
   StageLinks links;  // which of next and prev this stage has
   bool emulated = false;
   uint64_t state_bytes = 0;
+  uint64_t table_bytes = 0;  // its chunks' shared tables (MemoryBreakdown::tables)
   std::unique_ptr<compute::Backend> backend;
   std::shared_ptr<common::BufferPool> pool;
   std::vector<BackendChunk*> backend_chunks;  // real chunks, owned by the executor

@@ -7,8 +7,8 @@
 // (every step clips) K > 1 runs each step in two phases, the optimizer deferred until
 // the summed norm comes, and still matches the clipped reference; a deferred step
 // applied later is bit for bit one run with the same norm, and out-of-turn calls are
-// refused. Also: bad programs are refused, and an emulated stage takes the cost
-// model's time and reports real sizes.
+// refused. Also: bad programs are refused, an emulated stage takes the cost model's time
+// and reports real sizes, and a stage reports the peak memory the planner predicts.
 #include "stage_server/executor.h"
 
 #include <cmath>
@@ -26,6 +26,8 @@
 #include "stage_server/compute/trainer.h"
 #include "stage_server/emulated_chunk.h"
 #include "stage_server/local_channel.h"
+#include "stage_server/memory_breakdown.h"
+#include "stage_server/stage_runtime.h"
 #include "tests/testing/loss_comparison.h"
 #include "tests/testing/reference_training.h"
 #include "tests/testing/tolerance.h"
@@ -1026,6 +1028,60 @@ TEST(ExecutorTest, EmulatedBackwardsReportTheModelledRecompute) {
       SCOPED_TRACE(schedule::ToString(t.action));
       const bool recomputes = recompute && schedule::ProducesInputGradient(t.action.kind);
       EXPECT_EQ(t.recompute_us, recomputes ? forward_us : 0);
+    }
+  }
+}
+
+// What a stage reports as its peak memory is the planner's prediction to the byte, part
+// by part: the state, the tables its chunks' layers share (Llama's rotary angles, one
+// pair per chunk; none for GPT-2) and the activations, in both precisions. One stage
+// runs in process through StageRuntime, as a stage server runs it.
+TEST(ExecutorTest, AStagesReportedPeakMemoryIsThePlannersPrediction) {
+  for (const bool llama : {false, true}) {
+    for (const char* precision : {"fp32", "bf16"}) {
+      SCOPED_TRACE(absl::StrCat(llama ? "llama " : "gpt2 ", precision));
+      planner::PlanOptions po;
+      po.model = ::pipetrain::testing::TinyModel(/*tied=*/false, llama);
+      po.micro_batches = kMicroBatches;
+      po.schedule = planner::ScheduleKind::kGpipe;
+      po.batch_size = kBatch;
+      po.precision = precision;
+      auto plan = planner::MakePlan(po);
+      ASSERT_THAT(plan.status(), IsOk());
+      const planner::StagePlan& sp = plan->stages[0];
+      JobConfig config;
+      config.job_id = "solo";
+      config.model = po.model;
+      config.chunks = sp.chunks;
+      config.chunk_recompute = sp.chunk_recompute;
+      config.precision = *model::PrecisionNamed(precision);
+      config.micro_batch_size = kBatch / kMicroBatches;
+      config.seed = kSeed;
+      const MemoryBreakdown need = MemoryOf(config, DeviceSpec::Kind::kCpu);
+      EXPECT_EQ(static_cast<double>(need.state), sp.state_bytes);
+      EXPECT_EQ(static_cast<double>(need.tables), sp.table_bytes);
+      const model::GptConfig& m = po.model;
+      EXPECT_EQ(need.tables, llama ? 2u * m.seq_len * (m.head_dim() / 2) * 4 : 0u);
+
+      RuntimeOptions options;
+      options.device.kind = DeviceSpec::Kind::kCpu;
+      StageRuntime runtime(options);
+      ASSERT_THAT(runtime.Configure(config).status(), IsOk());
+      StepRequest request;
+      request.job_id = "solo";
+      request.program = plan->programs[0];
+      const model::TokenBatch b = RandomBatch(0);
+      for (int mb = 0; mb < kMicroBatches; ++mb) {
+        request.inputs.tokens.push_back(Rows(b.inputs, mb, config.micro_batch_size));
+        request.inputs.targets.push_back(Rows(b.targets, mb, config.micro_batch_size));
+      }
+      auto report = runtime.RunStep(std::move(request));
+      ASSERT_THAT(report.status(), IsOk());
+      EXPECT_EQ(static_cast<double>(report->result.peak_activation_bytes),
+                sp.peak_activation_bytes);
+      EXPECT_EQ(static_cast<double>(report->peak_memory_bytes), sp.peak_memory_bytes());
+      EXPECT_EQ(sp.peak_memory_bytes(),
+                sp.state_bytes + sp.table_bytes + sp.peak_activation_bytes);
     }
   }
 }

@@ -291,5 +291,46 @@ TEST(GptConfigTest, ActivationsKeptForProductsTakeTheProductsBytes) {
   EXPECT_DOUBLE_EQ(ChunkActivationBytes(c, 3, 5, true, common::DType::kBF16).stored, C * 4 + 4);
 }
 
+// The tables a chunk's layers share, in closed form: Llama's blocks read one pair of
+// rotary tables per chunk, cos and sin of T x hs/2 fp32 each (Llama 3.2 1B at T 8192, hs
+// 64: 2 MiB a chunk, where 16 blocks each with their own held 32 MiB); a chunk of only
+// the embedding or the head reads none, and GPT-2's learned positions are parameters.
+TEST(GptConfigTest, ChunkTableBytesAreOnePairOfRotaryTablesPerChunkWithALlamaBlock) {
+  GptConfig llama{.vocab_size = 128256, .seq_len = 8192, .d_model = 2048, .n_heads = 32,
+                  .n_layers = 16};
+  llama.family = "llama";
+  llama.n_kv_heads = 8;
+  llama.ffn_dim = 8192;
+  llama.rope_theta = kLlamaDefaultRopeTheta;
+  llama.norm_eps = kLlamaDefaultNormEps;
+  ASSERT_THAT(ValidateConfig(llama), IsOk());
+  const uint64_t pair = 2 * uint64_t{8192} * (64 / 2) * 4;
+  EXPECT_EQ(pair, uint64_t{2} << 20);
+  const int n = llama.num_pipeline_layers();  // embedding 0, blocks 1..16, head 17
+  EXPECT_EQ(ChunkTableBytes(llama, 0, n), pair) << "once for the whole model's 16 blocks";
+  EXPECT_EQ(ChunkTableBytes(llama, 1, 2), pair);
+  EXPECT_EQ(ChunkTableBytes(llama, 0, 2), pair);
+  EXPECT_EQ(ChunkTableBytes(llama, 16, n), pair);
+  EXPECT_EQ(ChunkTableBytes(llama, 0, 1), 0u) << "the embedding alone";
+  EXPECT_EQ(ChunkTableBytes(llama, n - 1, n), 0u) << "the head alone";
+  EXPECT_EQ(ChunkTableBytes(llama, 3, 3), 0u) << "an empty range";
+  llama.seq_len = 16;  // the formula, on another shape: heads of 2048 / 32 = 64
+  EXPECT_EQ(ChunkTableBytes(llama, 2, 5), 2u * 16 * 32 * 4);
+
+  const GptConfig gpt2 = Tiny();
+  for (int b = 0; b < gpt2.num_pipeline_layers(); ++b) {
+    for (int e = b + 1; e <= gpt2.num_pipeline_layers(); ++e) {
+      EXPECT_EQ(ChunkTableBytes(gpt2, b, e), 0u) << b << ".." << e;
+    }
+  }
+  // The largest sizes a request can set are counted without wrapping.
+  constexpr int kBig = std::numeric_limits<int>::max();
+  GptConfig huge = llama;
+  huge.seq_len = kBig;
+  huge.d_model = kBig;
+  huge.n_heads = 1;
+  EXPECT_EQ(ChunkTableBytes(huge, 1, 2), 8 * uint64_t{kBig} * uint64_t{kBig / 2});
+}
+
 }  // namespace
 }  // namespace pipetrain::model

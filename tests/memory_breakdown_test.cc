@@ -54,6 +54,44 @@ TEST(MemoryBreakdownTest, ThePartsAreTheStateTheBuffersOneMicroBatchAndTheReserv
   EXPECT_EQ(emulated.activations, cpu.activations);
 }
 
+// A Llama chunk that holds a block holds one pair of rotary tables, 2 x T x hs/2 fp32,
+// counted once per chunk (not per block) on every device kind, as the planner counts
+// them; a chunk of only the embedding or the head holds none, and GPT-2 none at all.
+TEST(MemoryBreakdownTest, EachLlamaChunkWithABlockCountsOnePairOfRotaryTables) {
+  JobConfig c = Job(3);
+  EXPECT_EQ(MemoryOf(c, DeviceSpec::Kind::kCpu).tables, 0u) << "GPT-2";
+  c.model.family = "llama";  // T 8, C 16, 2 heads of 8: tables of 8 x 4
+  c.model.n_kv_heads = 1;
+  c.model.ffn_dim = 24;
+  c.model.rope_theta = 10000;
+  c.model.norm_eps = 1e-5;
+  ASSERT_THAT(model::ValidateConfig(c.model), IsOk());
+  const uint64_t pair = 2 * 8 * 4 * 4;
+  const int n = c.model.num_pipeline_layers();  // embedding, 4 blocks, head
+  c.chunks = {{0, 1}, {1, 3}, {3, n - 1}, {n - 1, n}};  // as a stage of several chunks
+  EXPECT_EQ(TableBytes(c), 2 * pair);
+  const MemoryBreakdown cpu = MemoryOf(c, DeviceSpec::Kind::kCpu);
+  EXPECT_EQ(cpu.tables, 2 * pair);
+  EXPECT_EQ(cpu.Total(), cpu.state + cpu.tables + cpu.buffers + cpu.activations + cpu.reserve);
+  c.chunks = {{0, n}};
+  EXPECT_EQ(MemoryOf(c, DeviceSpec::Kind::kCpu).tables, pair) << "one pair for 4 blocks";
+  // An emulated stage sizes the tables it emulates, as it sizes the state; its host holds
+  // neither.
+  const MemoryBreakdown emulated = MemoryOf(c, DeviceSpec::Kind::kEmulated);
+  EXPECT_EQ(emulated.tables, pair);
+  const std::vector<MemoryLimit> limits =
+      MemoryLimitsOf(emulated, DeviceSpec::Kind::kEmulated, 0, 1 << 30);
+  ASSERT_EQ(limits.size(), 1u);
+  EXPECT_EQ(limits[0].counted.tables, 0u);
+  EXPECT_EQ(limits[0].counted.state, 0u);
+  // Over a limit, the part is named with its field.
+  const MemoryLimit limit{"--memory-limit", 1, {.state = 10, .tables = pair}};
+  EXPECT_THAT(CheckFits(c, limit),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr(absl::StrCat(pair, " for the layers' shared tables (rotary "
+                                                    "angles, field model.seq_len 8)"))));
+}
+
 TEST(MemoryBreakdownTest, EachLimitCountsWhatItBounds) {
   const MemoryBreakdown need{.state = 100, .buffers = 20, .activations = 5, .reserve = 7};
   // --memory-limit: all but the activations (the planner fits those); the host's memory

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/model/gpt2_family.h"
 #include "common/model/init.h"
 #include "common/testing/status_matchers.h"
@@ -417,6 +418,66 @@ TEST(ModelChunkTest, ActivationBytesFollowTheCostModel) {
   }
 }
 
+// A host backend that counts the bytes it has handed out and not had back.
+class CountingBackend : public HostBackend {
+ public:
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
+    absl::StatusOr<void*> p = HostBackend::Allocate(bytes);
+    if (p.ok() && *p != nullptr) live_[*p] = bytes;
+    return p;
+  }
+  absl::Status Free(void* ptr) override {
+    live_.erase(ptr);
+    return HostBackend::Free(ptr);
+  }
+  uint64_t live_bytes() const {
+    uint64_t total = 0;
+    for (const auto& [ptr, bytes] : live_) total += bytes;
+    return total;
+  }
+
+ private:
+  std::map<void*, size_t> live_;
+};
+
+// What a chunk holds besides its micro-batches is its parameters, their gradients and
+// the tables its layers share, exactly model::ChunkTableBytes: Llama's blocks read one
+// pair of rotary tables made at Create (one pair for three blocks, not three), a chunk
+// of only the embedding or the head none, GPT-2 none. A step leaves nothing else.
+TEST(ModelChunkTest, AChunkHoldsItsParametersAndTheTablesItsLayersShareExactly) {
+  model::GptConfig llama = Tiny();  // heads of 4: rotary tables of 5 x 2 each
+  llama.family = "llama";
+  llama.n_kv_heads = 1;
+  llama.ffn_dim = 12;
+  llama.rope_theta = 10000;
+  llama.norm_eps = 1e-5;
+  EXPECT_EQ(model::ChunkTableBytes(llama, 0, llama.num_pipeline_layers()), 2u * 5 * 2 * 4);
+  for (const model::GptConfig& c : {Tiny(), llama}) {
+    const int n = c.num_pipeline_layers();
+    for (const auto& [begin, end] :
+         std::vector<std::pair<int, int>>{{0, n}, {0, 1}, {1, 2}, {1, 4}, {n - 1, n}, {2, n}}) {
+      SCOPED_TRACE(absl::StrCat(c.family, " layers ", begin, "..", end));
+      CountingBackend backend;
+      auto made = ModelChunk::Create(c, begin, end, &backend);
+      ASSERT_THAT(made, IsOk());
+      ModelChunk& m = **made;
+      const uint64_t held = static_cast<uint64_t>(m.NumParams()) * 2 * sizeof(float) +
+                            model::ChunkTableBytes(c, begin, end);
+      EXPECT_EQ(backend.live_bytes(), held);
+      EXPECT_EQ(model::ChunkTableBytes(c, begin, end) > 0,
+                c.family == "llama" && end > 1 && begin < n - 1);
+      if (begin != 0 || end != n) continue;
+      // A micro-batch through the whole model and back, forward-only too: nothing more.
+      ASSERT_THAT(m.Initialize(5), IsOk());
+      const Batch batch = MakeBatch(c, 2);
+      float loss = 0;
+      ASSERT_THAT(m.Forward(0, 2, batch.tokens.data(), batch.targets.data(), &loss), IsOk());
+      ASSERT_THAT(m.Backward(0, nullptr, nullptr), IsOk());
+      ASSERT_THAT(m.Evaluate(2, batch.tokens.data(), batch.targets.data(), &loss), IsOk());
+      EXPECT_EQ(backend.live_bytes(), held);
+    }
+  }
+}
 
 TEST(ModelChunkTest, InitIsDeterministicAcrossPartitions) {
   HostBackend backend;

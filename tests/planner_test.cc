@@ -314,6 +314,59 @@ TEST(PlannerTest, RecomputationIsResolvedPerChunkAndPricedPerChunk) {
   EXPECT_EQ(plan->stages[1].chunk_recompute, (std::vector<bool>{false, false}));
 }
 
+// A Llama stage's peak holds one pair of rotary tables per chunk that holds a block
+// (model::ChunkTableBytes, 2 x T x hs/2 fp32), as the stage counts and reports them; a
+// stage of only the embedding or only the head holds none, and a GPT-2 stage none.
+TEST(PlannerTest, EachChunkWithALlamaBlockAddsOnePairOfRotaryTables) {
+  pipetrain::v1::JobSpec spec = Spec();  // T 64, C 128, 4 heads of 32: tables of 64 x 16
+  spec.mutable_model()->set_architecture("llama");
+  spec.mutable_model()->set_n_kv_heads(2);
+  auto o = OptionsFromJobSpec(spec);
+  ASSERT_THAT(o, IsOk());
+  const double pair = 2 * 64 * 16 * 4;
+  o->stages = 8;  // embedding, 6 blocks, head: one layer each
+  o->partition = PartitionMode::kCount;
+  auto plan = MakePlan(*o);
+  ASSERT_THAT(plan, IsOk());
+  for (const StagePlan& sp : plan->stages) {
+    EXPECT_EQ(sp.table_bytes, sp.stage == 0 || sp.stage == 7 ? 0 : pair) << sp.stage;
+    EXPECT_EQ(sp.peak_memory_bytes(),
+              sp.state_bytes + sp.table_bytes + sp.snapshot_bytes + sp.peak_activation_bytes);
+  }
+  // Interleaved: each of a stage's two chunks that holds a block has its own pair.
+  o->stages = 2;
+  o->chunks = 2;
+  o->schedule = ScheduleKind::kInterleaved;
+  plan = MakePlan(*o);
+  ASSERT_THAT(plan, IsOk());
+  for (const StagePlan& sp : plan->stages) {
+    double want = 0;
+    for (const auto& [b, e] : sp.chunks) want += model::ChunkTableBytes(o->model, b, e);
+    EXPECT_EQ(sp.table_bytes, want) << sp.stage;
+    EXPECT_EQ(sp.table_bytes, 2 * pair) << "both chunks of 2 layers hold a block";
+  }
+  // Over a cap, the message names them.
+  o->memory_cap_bytes = plan->stages[0].peak_memory_bytes() - 1;
+  EXPECT_THAT(MakePlan(*o), StatusIs(absl::StatusCode::kResourceExhausted,
+                                     HasSubstr("GiB shared tables")));
+  // GPT-2's learned positions are parameters: no tables.
+  auto gpt2 = MakePlan(*OptionsFromJobSpec(Spec()));
+  ASSERT_THAT(gpt2, IsOk());
+  for (const StagePlan& sp : gpt2->stages) EXPECT_EQ(sp.table_bytes, 0) << sp.stage;
+}
+
+// Partitioning under a cap counts a part's tables once with its layers' memory.
+TEST(PlannerTest, PartMemoryCountsWhatAPartHoldsOnce) {
+  MemoryLimit limit;
+  limit.weight_bytes = {10, 20, 30};
+  limit.activation_bytes = {1, 2, 3};
+  limit.in_flight = {2, 1};
+  EXPECT_EQ(PartMemory(limit, 0, 0, 2), 30 + 3 * 2);
+  limit.chunk_bytes = [](int begin, int end) { return begin < 2 && end > 1 ? 100.0 : 0.0; };
+  EXPECT_EQ(PartMemory(limit, 0, 0, 2), 30 + 100 + 3 * 2);
+  EXPECT_EQ(PartMemory(limit, 1, 2, 3), 30 + 3);
+}
+
 TEST(PlannerTest, TooManyStagesOrTooLittleMemoryAreClearErrors) {
   auto o = OptionsFromJobSpec(Spec());
   o->stages = 9;  // 6 blocks + embedding + head = 8 layers

@@ -76,6 +76,27 @@ TEST(StageRuntimeTest, TheLimitIsStatePlusBuffersExactly) {
   EXPECT_TRUE(enough.configured());
 }
 
+// A Llama chunk's rotary tables count too, once per chunk: 2 x T x hs/2 fp32.
+TEST(StageRuntimeTest, TheLimitIsStateTablesAndBuffersExactlyForLlama) {
+  JobConfig config = TinyWholeModel(2);
+  config.model.family = "llama";
+  config.model.n_kv_heads = 1;
+  config.model.ffn_dim = 8;
+  config.model.rope_theta = 10000;
+  config.model.norm_eps = 1e-5;
+  const uint64_t state = StateBytes(config);
+  const uint64_t tables = TableBytes(config);
+  EXPECT_EQ(tables, 2u * 4 * 1 * 4);  // T 4, heads of 2
+  const uint64_t buffers =
+      BackendChunk::BufferBytes(config.model, 0, config.model.num_pipeline_layers(), 2);
+  StageRuntime tight(Cpu(state + tables + buffers - 1));
+  EXPECT_THAT(tight.Configure(config),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr(absl::StrCat(tables, " for the layers' shared tables"))));
+  StageRuntime enough(Cpu(state + tables + buffers));
+  EXPECT_THAT(enough.Configure(config).status(), IsOk());
+}
+
 TEST(StageRuntimeTest, BufferBytesSaturatesInsteadOfOverflowing) {
   constexpr int kBig = std::numeric_limits<int>::max();
   const model::GptConfig huge{8, kBig, kBig, 1, 1, false};

@@ -171,6 +171,8 @@ class Gpt2 : public ModelFamily {
     }
     return cost;
   }
+  // Learned positions are parameters: a GPT-2 chunk shares no tables.
+  uint64_t ChunkTableBytes(const GptConfig&, int, int) const override { return 0; }
 
   absl::StatusOr<GptConfig> ParseHfConfig(absl::string_view json,
                                           const std::string& source) const override {

@@ -143,6 +143,10 @@ LayerCost CostOfLayer(const GptConfig& c, int layer, common::DType products) {
   return FamilyOf(c).CostOfLayer(c, layer, products);
 }
 
+uint64_t ChunkTableBytes(const GptConfig& c, int begin, int end) {
+  return FamilyOf(c).ChunkTableBytes(c, begin, end);
+}
+
 ChunkMemory ChunkActivationBytes(const GptConfig& config, int begin, int end, bool recompute,
                                  common::DType products) {
   ChunkMemory m;

@@ -168,4 +168,10 @@ struct ChunkMemory {
 ChunkMemory ChunkActivationBytes(const GptConfig& config, int begin, int end, bool recompute,
                                  common::DType products = common::DType::kF32);
 
+// Bytes a model chunk, pipeline layers [begin, end), holds once whatever its micro-batches:
+// the tables its layers share and only read (ModelFamily::ChunkTableBytes: Llama's rotary
+// angles, one pair per chunk that holds a block; GPT-2's none), saturating. The planner
+// predicts with it, and a stage counts it at Configure and reports it.
+uint64_t ChunkTableBytes(const GptConfig& config, int begin, int end);
+
 }  // namespace pipetrain::model

@@ -1,11 +1,13 @@
 #include "common/model/llama_family.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/checked_math.h"
 #include "common/model/hf_llama.h"
+#include "common/model/rope.h"
 #include "common/status_macros.h"
 
 namespace pipetrain::model {
@@ -199,6 +201,13 @@ class Llama : public ModelFamily {
         break;
     }
     return cost;
+  }
+  // The blocks of a chunk share one pair of rotary tables; the embedding and the head
+  // read none.
+  uint64_t ChunkTableBytes(const GptConfig& c, int begin, int end) const override {
+    const int64_t first_block = std::max<int64_t>(begin, 1);
+    const int64_t blocks_end = std::min<int64_t>(end, int64_t{c.n_layers} + 1);
+    return first_block < blocks_end ? RotaryTableBytes(c) : 0;
   }
 
   absl::StatusOr<GptConfig> ParseHfConfig(absl::string_view json,

@@ -57,6 +57,11 @@ class ModelFamily {
   // activations kept only as product operands held as product copies of `products`.
   virtual LayerCost CostOfLayer(const GptConfig& config, int pipeline_layer,
                                 common::DType products) const = 0;
+  // Bytes a model chunk, pipeline layers [begin, end), holds once on its backend for
+  // tables its layers share and only read (Llama: one pair of rotary tables when it holds
+  // a block; GPT-2: none), in fp32 as a stage holds them, saturating at UINT64_MAX; the
+  // compute library's layers of one chunk allocate exactly this.
+  virtual uint64_t ChunkTableBytes(const GptConfig& config, int begin, int end) const = 0;
 
   // ---- Hugging Face folders -------------------------------------------------------
   // The config a config.json of this family's model_type describes; errors

@@ -3,6 +3,9 @@
 #include <cmath>
 #include <numbers>
 
+#include "common/checked_math.h"
+#include "common/tensor.h"
+
 namespace pipetrain::model {
 namespace {
 
@@ -46,6 +49,13 @@ RotaryTables MakeRotaryTables(const GptConfig& c) {
     }
   }
   return t;
+}
+
+uint64_t RotaryTableBytes(const GptConfig& c) {
+  if (c.seq_len <= 0 || c.n_heads <= 0 || c.head_dim() / 2 <= 0) return 0;
+  const uint64_t table = common::SaturatingMul(static_cast<uint64_t>(c.seq_len),
+                                               static_cast<uint64_t>(c.head_dim() / 2));
+  return common::SaturatingMul(2 * common::DTypeSize(common::DType::kF32), table);
 }
 
 }  // namespace pipetrain::model

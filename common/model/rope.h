@@ -5,6 +5,7 @@
 // and the float64 reference start from the same angles.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "common/model/gpt_config.h"
@@ -19,5 +20,8 @@ struct RotaryTables {
   std::vector<double> cos, sin;
 };
 RotaryTables MakeRotaryTables(const GptConfig& config);
+// Bytes of the two tables on a stage, in fp32: 2 x seq_len x hs / 2 x 4, saturating at
+// UINT64_MAX; 0 for a shape without positions or heads.
+uint64_t RotaryTableBytes(const GptConfig& config);
 
 }  // namespace pipetrain::model

@@ -66,7 +66,8 @@ double PartMemory(const MemoryLimit& limit, int part, int begin, int end) {
     w += limit.weight_bytes[l];
     a += limit.activation_bytes[l];
   }
-  return w + a * limit.in_flight[part];
+  const double once = limit.chunk_bytes ? limit.chunk_bytes(begin, end) : 0;
+  return w + once + a * limit.in_flight[part];
 }
 
 absl::StatusOr<Partition> PartitionByCount(int num_layers, int parts) {

@@ -4,6 +4,7 @@
 // optionally under a per-part memory cap.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,7 +20,8 @@ struct Partition {
   bool operator==(const Partition&) const = default;
 };
 
-// Memory of a part: its layers' weight bytes (weights, gradients, optimizer state) plus
+// Memory of a part: its layers' weight bytes (weights, gradients, optimizer state), what
+// the part holds once for its layers together (chunk_bytes: the tables they share), plus
 // the activation bytes one micro-batch keeps in its layers times how many micro-batches
 // the part holds at peak, which depends on its position (1F1B's first stage holds K).
 struct MemoryLimit {
@@ -27,6 +29,7 @@ struct MemoryLimit {
   std::vector<double> activation_bytes;  // per layer, per micro-batch held
   std::vector<int> in_flight;            // per part
   double cap_bytes = 0;                  // per part
+  std::function<double(int begin, int end)> chunk_bytes;  // per part; none when empty
 };
 double PartMemory(const MemoryLimit& limit, int part, int begin, int end);
 

@@ -143,15 +143,25 @@ std::string RenderPlanText(const Plan& plan) {
   } else {
     out += "; in-memory snapshots off):\n";
   }
-  out += absl::StrFormat("  %-6s %-28s %10s %12s %12s %12s %12s %10s\n", "stage", "layers",
-                         "params", "state", "snapshots", "activations", "memory", "in-flight");
+  // The tables column only for a family whose chunks share some (Llama's rotary angles).
+  const bool tables = std::any_of(plan.stages.begin(), plan.stages.end(),
+                                  [](const StagePlan& sp) { return sp.table_bytes > 0; });
+  out += absl::StrFormat("  %-6s %-28s %10s %12s ", "stage", "layers", "params", "state");
+  if (tables) out += absl::StrFormat("%12s ", "tables");
+  out += absl::StrFormat("%12s %12s %12s %10s\n", "snapshots", "activations", "memory",
+                         "in-flight");
   for (const StagePlan& sp : plan.stages) {
-    out += absl::StrFormat("  %-6d %-28s %10s %12s %12s %12s %12s %10d%s\n", sp.stage,
-                           Layers(plan, sp), Count(static_cast<double>(sp.params)),
-                           FormatBytes(sp.state_bytes), FormatBytes(sp.snapshot_bytes),
+    out += absl::StrFormat("  %-6d %-28s %10s %12s ", sp.stage, Layers(plan, sp),
+                           Count(static_cast<double>(sp.params)), FormatBytes(sp.state_bytes));
+    if (tables) out += absl::StrFormat("%12s ", FormatBytes(sp.table_bytes));
+    out += absl::StrFormat("%12s %12s %12s %10d%s\n", FormatBytes(sp.snapshot_bytes),
                            FormatBytes(sp.peak_activation_bytes),
-                           FormatBytes(sp.peak_memory_bytes()),
-                           sp.max_in_flight, sp.recomputes_any() ? "  (recompute)" : "");
+                           FormatBytes(sp.peak_memory_bytes()), sp.max_in_flight,
+                           sp.recomputes_any() ? "  (recompute)" : "");
+  }
+  if (tables) {
+    out += "  (tables: what each chunk's layers share and only read, such as Llama's rotary "
+           "angles)\n";
   }
   const char* unit = o.equal_stage_cost ? " units" : " s";
   const SimulationResult& sim = plan.simulation;
@@ -234,6 +244,7 @@ std::string PlanJson(const Plan& plan) {
     for (auto [b, e] : sp.chunks) s["layers"].push_back({b, e});
     s["params"] = sp.params;
     s["state_bytes"] = sp.state_bytes;
+    s["table_bytes"] = sp.table_bytes;
     s["peak_activation_bytes"] = sp.peak_activation_bytes;
     s["snapshot_bytes"] = sp.snapshot_bytes;
     s["peak_memory_bytes"] = sp.peak_memory_bytes();

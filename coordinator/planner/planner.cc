@@ -135,6 +135,9 @@ absl::StatusOr<Partition> PartitionLayers(const PlanOptions& o,
   for (int s = 0; s < o.stages; ++s)
     limit.in_flight.push_back(InFlightBound(o.schedule, o.stages, o.micro_batches, o.chunks, s));
   limit.cap_bytes = o.memory_cap_bytes;
+  limit.chunk_bytes = [&o](int begin, int end) {
+    return static_cast<double>(model::ChunkTableBytes(o.model, begin, end));
+  };
   absl::StatusOr<Partition> capped = PartitionByCost(LayerWeights(o), parts, &limit);
   if (!capped.ok() && o.snapshots) {
     return absl::Status(capped.status().code(),
@@ -214,6 +217,7 @@ void PlaceChunks(const PlanOptions& o, const Partition& partition,
     sp.chunk_recompute.push_back(recompute[s][c]);
     sp.max_in_flight = InFlightBound(o.schedule, k, o.micro_batches, v, s);
     for (int l = b; l < e; ++l) sp.params += cost[l].params;
+    sp.table_bytes += static_cast<double>(model::ChunkTableBytes(o.model, b, e));
     plan.costs.chunks[s][c] = CostOfChunk(o, cost, b, e, recompute[s][c], tokens);
   }
 }
@@ -257,8 +261,12 @@ absl::Status AddPeaksWithinCap(const PlanOptions& o, Plan& plan) {
     if (o.memory_cap_bytes > 0 && total > o.memory_cap_bytes) {
       return absl::ResourceExhaustedError(absl::StrFormat(
           "the model does not fit: stage %d needs %.2f GiB (%.2f GiB weights and optimizer "
-          "state, %.2f GiB activations%s) but has %.2f GiB",
-          s, total / (1 << 30), sp.state_bytes / (1 << 30), sp.peak_activation_bytes / (1 << 30),
+          "state, %s%.2f GiB activations%s) but has %.2f GiB",
+          s, total / (1 << 30), sp.state_bytes / (1 << 30),
+          sp.table_bytes > 0
+              ? absl::StrFormat("%.2f GiB shared tables, ", sp.table_bytes / (1 << 30))
+              : "",
+          sp.peak_activation_bytes / (1 << 30),
           o.snapshots ? absl::StrFormat(", %.2f GiB in-memory snapshots (turn them off with "
                                         "checkpoint.snapshot_every_steps 0)",
                                         sp.snapshot_bytes / (1 << 30))

@@ -110,6 +110,9 @@ struct StagePlan {
   std::vector<std::pair<int, int>> chunks;  // per chunk: pipeline layers [first, end)
   int64_t params = 0;
   double state_bytes = 0;            // weights, gradients, optimizer state
+  // The tables each chunk's layers share (model::ChunkTableBytes: Llama's rotary angles,
+  // a pair per chunk holding a block; 0 for GPT-2). Part of its peak memory.
+  double table_bytes = 0;
   // With snapshots: 2 steps x 12 bytes/param x (its own params + its ring predecessor's;
   // only its own with one stage). Part of its peak memory.
   double snapshot_bytes = 0;
@@ -124,7 +127,9 @@ struct StagePlan {
   // in place: it adds no memory.
   double allreduce_bytes = 0;
   double allreduce_s = 0;
-  double peak_memory_bytes() const { return state_bytes + snapshot_bytes + peak_activation_bytes; }
+  double peak_memory_bytes() const {
+    return state_bytes + table_bytes + snapshot_bytes + peak_activation_bytes;
+  }
   bool recomputes_any() const;
 };
 

@@ -121,42 +121,69 @@ int64_t PipelineLayer<Real>::OutputElementsPerRow() const {
 namespace {
 
 // The compute side of every model family (common/model/model_family.h): the function
-// that makes its layers. Adding a family is adding its entry here.
+// that makes a chunk's layers. Adding a family is adding its entry here.
 template <typename Real>
-using LayerMaker = std::unique_ptr<PipelineLayer<Real>> (*)(const model::GptConfig&, int,
-                                                           BackendT<Real>*);
+using LayersMaker = absl::StatusOr<Layers<Real>> (*)(const model::GptConfig&, int, int,
+                                                     BackendT<Real>*);
+
+// A family whose layers share nothing: each made on its own by `make`.
+template <typename Real, std::unique_ptr<PipelineLayer<Real>> (*make)(const model::GptConfig&, int,
+                                                                      BackendT<Real>*)>
+absl::StatusOr<Layers<Real>> OneByOne(const model::GptConfig& config, int begin, int end,
+                                      BackendT<Real>* backend) {
+  Layers<Real> layers;
+  for (int index = begin; index < end; ++index) layers.push_back(make(config, index, backend));
+  return layers;
+}
 
 template <typename Real>
-LayerMaker<Real> LayerMakerOf(absl::string_view family) {
-  if (family == "gpt2") return &MakeGpt2Layer<Real>;
-  if (family == "llama") return &MakeLlamaLayer<Real>;
+LayersMaker<Real> LayersMakerOf(absl::string_view family) {
+  if (family == "gpt2") return &OneByOne<Real, &MakeGpt2Layer<Real>>;
+  if (family == "llama") return &MakeLlamaLayers<Real>;
   return nullptr;
 }
 
 }  // namespace
 
 template <typename Real>
-absl::StatusOr<std::unique_ptr<PipelineLayer<Real>>> MakeLayer(const model::GptConfig& config,
-                                                               int index, BackendT<Real>* backend) {
+absl::StatusOr<Layers<Real>> MakeLayers(const model::GptConfig& config, int begin, int end,
+                                        BackendT<Real>* backend) {
   RETURN_IF_ERROR(model::ValidateConfig(config));
-  if (index < 0 || index >= config.num_pipeline_layers()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "pipeline layer ", index, " is outside [0, ", config.num_pipeline_layers(), ")"));
+  if (begin < 0 || end > config.num_pipeline_layers() || begin >= end) {
+    return absl::InvalidArgumentError(absl::StrCat("pipeline layers [", begin, ", ", end,
+                                                   ") are empty or outside [0, ",
+                                                   config.num_pipeline_layers(), ")"));
   }
-  const LayerMaker<Real> make = LayerMakerOf<Real>(config.family);
+  const LayersMaker<Real> make = LayersMakerOf<Real>(config.family);
   if (make == nullptr) {
     return absl::UnimplementedError(absl::StrCat("model family '", config.family,
                                                  "' has no layers in the compute library"));
   }
-  std::unique_ptr<PipelineLayer<Real>> layer = make(config, index, backend);
-  RETURN_IF_ERROR(layer->AllocateParams());
-  return layer;
+  ASSIGN_OR_RETURN(Layers<Real> layers, make(config, begin, end, backend));
+  for (auto& layer : layers) RETURN_IF_ERROR(layer->AllocateParams());
+  return layers;
+}
+
+template <typename Real>
+absl::StatusOr<std::unique_ptr<PipelineLayer<Real>>> MakeLayer(const model::GptConfig& config,
+                                                               int index, BackendT<Real>* backend) {
+  if (index < 0 || index >= config.num_pipeline_layers()) {
+    RETURN_IF_ERROR(model::ValidateConfig(config));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline layer ", index, " is outside [0, ", config.num_pipeline_layers(), ")"));
+  }
+  ASSIGN_OR_RETURN(Layers<Real> layers, MakeLayers(config, index, index + 1, backend));
+  return std::move(layers.front());
 }
 
 template class Stash<float>;
 template class Stash<double>;
 template class PipelineLayer<float>;
 template class PipelineLayer<double>;
+template absl::StatusOr<Layers<float>> MakeLayers(const model::GptConfig&, int, int,
+                                                  BackendT<float>*);
+template absl::StatusOr<Layers<double>> MakeLayers(const model::GptConfig&, int, int,
+                                                   BackendT<double>*);
 template absl::StatusOr<std::unique_ptr<PipelineLayer<float>>> MakeLayer(const model::GptConfig&,
                                                                          int, BackendT<float>*);
 template absl::StatusOr<std::unique_ptr<PipelineLayer<double>>> MakeLayer(const model::GptConfig&,

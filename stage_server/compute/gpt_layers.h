@@ -3,7 +3,7 @@
 // memory; what one micro-batch's forward keeps for its backward lives in a Stash the
 // caller owns, so several micro-batches can be in flight at once. Each model family
 // (common/model/model_family.h) implements the three kinds once (GPT-2: gpt2_layers.cc),
-// for training and for generation one position at a time; MakeLayer picks the family's.
+// for training and for generation one position at a time; MakeLayers picks the family's.
 //
 // Layer inputs and outputs (all in backend memory, B = micro-batch rows, T = seq_len):
 //   embedding: input tokens (B, T) int32       -> output x (B, T, C)
@@ -80,8 +80,18 @@ class Stash {
 template <typename Real>
 class PipelineLayer;
 
-// Creates pipeline layer `index` of the model, of its family (allocated, not
-// initialised).
+// A chunk's pipeline layers, in order.
+template <typename Real>
+using Layers = std::vector<std::unique_ptr<PipelineLayer<Real>>>;
+
+// Creates pipeline layers [begin, end) of the model, of its family, as one chunk holds
+// them (parameters allocated, not initialised). Layers made together share the tables
+// they only read, made here once (model::ChunkTableBytes: Llama's blocks share one pair
+// of rotary tables).
+template <typename Real>
+absl::StatusOr<Layers<Real>> MakeLayers(const model::GptConfig& config, int begin, int end,
+                                        BackendT<Real>* backend);
+// Pipeline layer `index` alone: MakeLayers of [index, index + 1).
 template <typename Real>
 absl::StatusOr<std::unique_ptr<PipelineLayer<Real>>> MakeLayer(const model::GptConfig& config,
                                                                int index, BackendT<Real>* backend);
@@ -150,8 +160,7 @@ class PipelineLayer {
 
  protected:
   template <typename R>
-  friend absl::StatusOr<std::unique_ptr<PipelineLayer<R>>> MakeLayer(const model::GptConfig&, int,
-                                                                     BackendT<R>*);
+  friend absl::StatusOr<Layers<R>> MakeLayers(const model::GptConfig&, int, int, BackendT<R>*);
   PipelineLayer(const model::GptConfig& config, int index, BackendT<Real>* backend)
       : config_(config), index_(index), backend_(backend) {}
   absl::Status AllocateParams();

@@ -1,6 +1,8 @@
 #include "stage_server/compute/llama_block.h"
 
 #include <cmath>
+#include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/functional/function_ref.h"
@@ -18,8 +20,9 @@ class LlamaBlockLayer : public BlockLayer<Real> {
   using P = model::LlamaBlock;
 
  public:
-  LlamaBlockLayer(const model::GptConfig& c, int index, BackendT<Real>* b)
-      : BlockLayer<Real>(c, index, b) {}
+  LlamaBlockLayer(const model::GptConfig& c, int index, BackendT<Real>* b,
+                  std::shared_ptr<const LlamaRotary<Real>> rotary)
+      : BlockLayer<Real>(c, index, b), rotary_(std::move(rotary)) {}
 
   absl::Status Forward(int B, const void* input, const int32_t*, Real* output,
                        Stash<Real>& s) override;
@@ -64,7 +67,6 @@ class LlamaBlockLayer : public BlockLayer<Real> {
   absl::Status AttendBackward(int B, const Real* datt, const Real* qkv, const Real* probs,
                               Real* dqkv);
   absl::Status AttendToCache(Cache& c, int t, const Real* qkv, Real* att);
-  absl::Status EnsureRotaryTables();
   absl::Status KeepCopy(int64_t n, const Real* x, void* copy) {
     return copy == nullptr ? absl::OkStatus() : this->backend_->MakeProductCopy(n, x, copy);
   }
@@ -80,19 +82,11 @@ class LlamaBlockLayer : public BlockLayer<Real> {
                             1, G(p));
   }
 
-  BackendBuffer<Real> cos_, sin_;  // (T, hs / 2) each: the rotary angles, made once
-};
+  const Real* cos_table() const { return rotary_->cos.data(); }
+  const Real* sin_table() const { return rotary_->sin.data(); }
 
-template <typename Real>
-absl::Status LlamaBlockLayer<Real>::EnsureRotaryTables() {
-  if (!cos_.empty()) return absl::OkStatus();
-  const model::RotaryTables t = model::MakeRotaryTables(this->config_);
-  const std::vector<Real> cos(t.cos.begin(), t.cos.end()), sin(t.sin.begin(), t.sin.end());
-  ASSIGN_OR_RETURN(cos_, BackendBuffer<Real>::Elements(this->backend_, cos.size()));
-  ASSIGN_OR_RETURN(sin_, BackendBuffer<Real>::Elements(this->backend_, sin.size()));
-  RETURN_IF_ERROR(this->backend_->CopyFromHost(cos_.data(), cos.data(), BytesOf<Real>(cos.size())));
-  return this->backend_->CopyFromHost(sin_.data(), sin.data(), BytesOf<Real>(sin.size()));
-}
+  std::shared_ptr<const LlamaRotary<Real>> rotary_;  // its chunk's, shared by its blocks
+};
 
 template <typename Real>
 absl::Status LlamaBlockLayer<Real>::Forward(int B, const void* input, const int32_t*,
@@ -136,14 +130,14 @@ absl::Status LlamaBlockLayer<Real>::ForwardRows(int rows, int T_rows, int first,
                                                 const Activations& a, Real* out,
                                                 Attention attention) {
   BackendT<Real>* be = this->backend_;
-  RETURN_IF_ERROR(EnsureRotaryTables());
   const int64_t RC = int64_t{rows} * C();
   const int64_t half = hs() / 2;
   RETURN_IF_ERROR(be->RmsNormForward(rows, C(), eps(), x, W(P::kInputNorm), a.h1, a.rstd1));
   RETURN_IF_ERROR(KeepCopy(RC, a.h1, a.h1_copy));
   RETURN_IF_ERROR(this->MatmulByParam(rows, Wqkv(), C(), a.h1, P::kQProj, true, a.qkv, a.h1_copy));
-  RETURN_IF_ERROR(be->Rotary(rows, T_rows, NH() + NKV(), hs(), Wqkv(), cos_.data() + first * half,
-                             sin_.data() + first * half, false, a.qkv));
+  RETURN_IF_ERROR(be->Rotary(rows, T_rows, NH() + NKV(), hs(), Wqkv(),
+                             cos_table() + first * half, sin_table() + first * half, false,
+                             a.qkv));
   RETURN_IF_ERROR(attention(a.qkv, a.att));
   RETURN_IF_ERROR(KeepCopy(RC, a.att, a.att_copy));
   RETURN_IF_ERROR(this->MatmulByParam(rows, C(), C(), a.att, P::kOProj, true, a.x2, a.att_copy));
@@ -212,8 +206,8 @@ absl::Status LlamaBlockLayer<Real>::BackwardInput(Stash<Real>& s, const Real* gr
   RETURN_IF_ERROR(AttendBackward(B, datt.data(), s.get(kQkv), s.get(kProbs), dqkv));
   s.Release(kQkv);
   s.Release(kProbs);
-  RETURN_IF_ERROR(be->Rotary(N, T(), NH() + NKV(), hs(), Wqkv(), cos_.data(), sin_.data(), true,
-                             dqkv));
+  RETURN_IF_ERROR(be->Rotary(N, T(), NH() + NKV(), hs(), Wqkv(), cos_table(), sin_table(),
+                             true, dqkv));
   ASSIGN_OR_RETURN(Real * dh1, s.New(be, kDh1, NC));
   RETURN_IF_ERROR(this->MatmulByParam(N, C(), Wqkv(), dqkv, P::kQProj, false, dh1));
   RETURN_IF_ERROR(be->Copy(grad_input, dx2, BytesOf<Real>(NC)));
@@ -299,14 +293,31 @@ absl::Status LlamaBlockLayer<Real>::AttendToCache(Cache& c, int t, const Real* q
 }  // namespace
 
 template <typename Real>
-std::unique_ptr<PipelineLayer<Real>> MakeLlamaBlock(const model::GptConfig& config, int index,
-                                                    BackendT<Real>* backend) {
-  return std::make_unique<LlamaBlockLayer<Real>>(config, index, backend);
+absl::StatusOr<std::shared_ptr<const LlamaRotary<Real>>> LlamaRotary<Real>::Make(
+    const model::GptConfig& config, BackendT<Real>* backend) {
+  const model::RotaryTables t = model::MakeRotaryTables(config);
+  auto r = std::make_shared<LlamaRotary>();
+  for (auto [values, table] : {std::pair{&t.cos, &r->cos}, std::pair{&t.sin, &r->sin}}) {
+    const std::vector<Real> rounded(values->begin(), values->end());
+    ASSIGN_OR_RETURN(*table, BackendBuffer<Real>::Elements(backend, rounded.size()));
+    RETURN_IF_ERROR(
+        backend->CopyFromHost(table->data(), rounded.data(), BytesOf<Real>(rounded.size())));
+  }
+  return std::shared_ptr<const LlamaRotary>(std::move(r));
 }
 
-template std::unique_ptr<PipelineLayer<float>> MakeLlamaBlock(const model::GptConfig&, int,
-                                                              BackendT<float>*);
-template std::unique_ptr<PipelineLayer<double>> MakeLlamaBlock(const model::GptConfig&, int,
-                                                               BackendT<double>*);
+template <typename Real>
+std::unique_ptr<PipelineLayer<Real>> MakeLlamaBlock(
+    const model::GptConfig& config, int index, BackendT<Real>* backend,
+    std::shared_ptr<const LlamaRotary<Real>> rotary) {
+  return std::make_unique<LlamaBlockLayer<Real>>(config, index, backend, std::move(rotary));
+}
+
+template struct LlamaRotary<float>;
+template struct LlamaRotary<double>;
+template std::unique_ptr<PipelineLayer<float>> MakeLlamaBlock(
+    const model::GptConfig&, int, BackendT<float>*, std::shared_ptr<const LlamaRotary<float>>);
+template std::unique_ptr<PipelineLayer<double>> MakeLlamaBlock(
+    const model::GptConfig&, int, BackendT<double>*, std::shared_ptr<const LlamaRotary<double>>);
 
 }  // namespace pipetrain::compute

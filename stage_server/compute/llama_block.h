@@ -4,13 +4,27 @@
 
 #include <memory>
 
+#include "absl/status/statusor.h"
 #include "common/model/gpt_config.h"
+#include "stage_server/compute/backend_buffer.h"
 #include "stage_server/compute/gpt_layers.h"
 
 namespace pipetrain::compute {
 
+// The rotary angles' cos and sin on a backend, (seq_len, hs / 2) each:
+// model::MakeRotaryTables's doubles rounded to Real. Made once per chunk and shared by
+// its blocks, which only read them; model::ChunkTableBytes counts them (in fp32).
 template <typename Real>
-std::unique_ptr<PipelineLayer<Real>> MakeLlamaBlock(const model::GptConfig& config, int index,
-                                                    BackendT<Real>* backend);
+struct LlamaRotary {
+  BackendBuffer<Real> cos, sin;
+  static absl::StatusOr<std::shared_ptr<const LlamaRotary>> Make(const model::GptConfig& config,
+                                                                  BackendT<Real>* backend);
+};
+
+// Block `index`, reading `rotary` (not null), which it keeps alive.
+template <typename Real>
+std::unique_ptr<PipelineLayer<Real>> MakeLlamaBlock(
+    const model::GptConfig& config, int index, BackendT<Real>* backend,
+    std::shared_ptr<const LlamaRotary<Real>> rotary);
 
 }  // namespace pipetrain::compute

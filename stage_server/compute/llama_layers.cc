@@ -155,22 +155,32 @@ class LlamaHeadLayer : public HeadLayer<Real> {
 }  // namespace
 
 template <typename Real>
-std::unique_ptr<PipelineLayer<Real>> MakeLlamaLayer(const model::GptConfig& config, int index,
-                                                    BackendT<Real>* backend) {
-  switch (model::KindOfLayer(config, index)) {
-    case model::LayerKind::kEmbedding:
-      return std::make_unique<LlamaEmbeddingLayer<Real>>(config, index, backend);
-    case model::LayerKind::kBlock:
-      return MakeLlamaBlock(config, index, backend);
-    case model::LayerKind::kHead:
-      return std::make_unique<LlamaHeadLayer<Real>>(config, index, backend);
+absl::StatusOr<Layers<Real>> MakeLlamaLayers(const model::GptConfig& config, int begin, int end,
+                                             BackendT<Real>* backend) {
+  std::shared_ptr<const LlamaRotary<Real>> rotary;
+  if (model::ChunkTableBytes(config, begin, end) > 0) {
+    ASSIGN_OR_RETURN(rotary, LlamaRotary<Real>::Make(config, backend));
   }
-  return nullptr;
+  Layers<Real> layers;
+  for (int index = begin; index < end; ++index) {
+    switch (model::KindOfLayer(config, index)) {
+      case model::LayerKind::kEmbedding:
+        layers.push_back(std::make_unique<LlamaEmbeddingLayer<Real>>(config, index, backend));
+        break;
+      case model::LayerKind::kBlock:
+        layers.push_back(MakeLlamaBlock(config, index, backend, rotary));
+        break;
+      case model::LayerKind::kHead:
+        layers.push_back(std::make_unique<LlamaHeadLayer<Real>>(config, index, backend));
+        break;
+    }
+  }
+  return layers;
 }
 
-template std::unique_ptr<PipelineLayer<float>> MakeLlamaLayer(const model::GptConfig&, int,
-                                                              BackendT<float>*);
-template std::unique_ptr<PipelineLayer<double>> MakeLlamaLayer(const model::GptConfig&, int,
-                                                               BackendT<double>*);
+template absl::StatusOr<Layers<float>> MakeLlamaLayers(const model::GptConfig&, int, int,
+                                                       BackendT<float>*);
+template absl::StatusOr<Layers<double>> MakeLlamaLayers(const model::GptConfig&, int, int,
+                                                        BackendT<double>*);
 
 }  // namespace pipetrain::compute

@@ -6,7 +6,7 @@
 // heads, the attention runs on heads repeated to the query heads' count (RepeatKv) and
 // their gradients are summed back (SumKvGroups). As GPT-2's, the block's forward is
 // written once for training and for generation against a key-value cache, which holds
-// only the n_kv_heads heads.
+// only the n_kv_heads heads. A chunk's blocks read one pair of rotary tables.
 #pragma once
 
 #include <memory>
@@ -16,9 +16,11 @@
 
 namespace pipetrain::compute {
 
-// Pipeline layer `index` of a Llama config, of its kind; parameters not yet allocated.
+// Pipeline layers [begin, end) of a Llama config, each of its kind; parameters not yet
+// allocated. The blocks among them share one pair of rotary tables (LlamaRotary, made
+// here when the range holds a block: model::ChunkTableBytes).
 template <typename Real>
-std::unique_ptr<PipelineLayer<Real>> MakeLlamaLayer(const model::GptConfig& config, int index,
-                                                    BackendT<Real>* backend);
+absl::StatusOr<Layers<Real>> MakeLlamaLayers(const model::GptConfig& config, int begin, int end,
+                                             BackendT<Real>* backend);
 
 }  // namespace pipetrain::compute

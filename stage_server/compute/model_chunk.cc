@@ -26,10 +26,7 @@ absl::StatusOr<std::unique_ptr<ModelChunkT<Real>>> ModelChunkT<Real>::Create(
         "; fp32 and bf16 are supported"));
   }
   std::unique_ptr<ModelChunkT> chunk(new ModelChunkT(config, begin, end, backend, options));
-  for (int l = begin; l < end; ++l) {
-    ASSIGN_OR_RETURN(auto layer, MakeLayer<Real>(config, l, backend));
-    chunk->layers_.push_back(std::move(layer));
-  }
+  ASSIGN_OR_RETURN(chunk->layers_, MakeLayers<Real>(config, begin, end, backend));
   return chunk;
 }
 

@@ -12,6 +12,8 @@
 //                over M micro-batches)
 //   grad_input:  dL/d input (B, T, C); nullptr allowed when the chunk holds the embedding
 // Inputs are copied, so callers may reuse their buffers as soon as a call returns.
+// Besides its layers' parameters and its micro-batches' activations, a chunk holds the
+// tables its layers share, made once at Create (model::ChunkTableBytes).
 #pragma once
 
 #include <cstdint>
