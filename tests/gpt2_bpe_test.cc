@@ -6,19 +6,19 @@
 #include "common/data/gpt2_bpe.h"
 
 #include <cstdint>
-#include <map>
 #include <random>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "nlohmann/json.hpp"
+#include "tests/testing/bpe_checks.h"
 #include "tests/testing/gpt2_vocab.h"
+#include "tests/testing/loaded_bpe.h"
+#include "tests/testing/made_up_vocab.h"
 #include "tests/testing/temp_files.h"
 
 namespace pipetrain::data {
@@ -33,23 +33,7 @@ using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
-std::string Utf8(char32_t c) {
-  std::string s;
-  if (c < 0x80) {
-    s += static_cast<char>(c);
-  } else {  // the byte map's code points are all below U+0800
-    s += static_cast<char>(0xC0 | (c >> 6));
-    s += static_cast<char>(0x80 | (c & 0x3F));
-  }
-  return s;
-}
-
-// A byte string as the vocabulary spells it.
-std::string Symbol(absl::string_view bytes) {
-  std::string s;
-  for (char b : bytes) s += Utf8(BytesToUnicode()[static_cast<uint8_t>(b)]);
-  return s;
-}
+namespace pt = ::pipetrain::testing;  // the helpers of tests/testing/
 
 TEST(BytesToUnicodeTest, IsABijectionOntoPrintableCharacters) {
   std::set<char32_t> seen;
@@ -70,34 +54,9 @@ TEST(BytesToUnicodeTest, IsABijectionOntoPrintableCharacters) {
   EXPECT_EQ(UnicodeToByte(U' '), std::nullopt);
 }
 
-// A made-up vocabulary: the 256 bytes (id = the byte), then one symbol per merge, ranked
-// in order; eot, when asked for, after them.
-struct MadeUpVocab {
-  std::vector<std::pair<std::string, std::string>> merges;  // raw bytes
-  bool with_eot = false;
-
-  std::map<std::string, int32_t> Ids() const {  // raw bytes -> id
-    std::map<std::string, int32_t> ids;
-    for (int b = 0; b < 256; ++b) ids[std::string(1, static_cast<char>(b))] = b;
-    for (const auto& [l, r] : merges) ids.emplace(l + r, static_cast<int32_t>(ids.size()));
-    return ids;
-  }
-
-  void Write(const std::string& dir) const {
-    nlohmann::ordered_json encoder = nlohmann::ordered_json::object();
-    for (const auto& [bytes, id] : Ids()) encoder[Symbol(bytes)] = id;
-    if (with_eot) encoder["<|endoftext|>"] = Ids().size();
-    WriteFileOrDie(dir + "/encoder.json", encoder.dump());
-    std::string bpe = "#version: 0.2\n";
-    for (const auto& [l, r] : merges) absl::StrAppend(&bpe, Symbol(l), " ", Symbol(r), "\n");
-    WriteFileOrDie(dir + "/vocab.bpe", bpe);
-  }
-};
-
 // OpenAI's bpe() on strings, written independently: while a pair has a rank, merge every
 // occurrence of the lowest-ranked one, left to right.
-std::vector<std::string> ReferenceBpe(
-    const std::string& word, const std::map<std::pair<std::string, std::string>, int>& ranks) {
+std::vector<std::string> ReferenceBpe(const std::string& word, const pt::MergeRanks& ranks) {
   std::vector<std::string> symbols;
   for (char c : word) symbols.emplace_back(1, c);
   while (symbols.size() > 1) {
@@ -127,9 +86,9 @@ std::vector<std::string> ReferenceBpe(
 
 TEST(Gpt2BpeMadeUpTest, MergesByRankAndDecodesBack) {
   TempDir dir;
-  MadeUpVocab vocab;
+  pt::MadeUpVocab vocab;
   vocab.merges = {{"h", "e"}, {"l", "l"}, {"he", "ll"}, {"hell", "o"}, {" ", "w"}};
-  vocab.with_eot = true;
+  vocab.specials = {"<|endoftext|>"};
   vocab.Write(dir.path());
   auto bpe = Gpt2Bpe::Load(dir.path());
   ASSERT_THAT(bpe, IsOk());
@@ -153,28 +112,16 @@ TEST(Gpt2BpeMadeUpTest, MergesByRankAndDecodesBack) {
 TEST(Gpt2BpeMadeUpTest, EqualsTheReferenceOnShortAndLongWords) {
   std::mt19937 rng(7);
   for (int v = 0; v < 8; ++v) {
-    MadeUpVocab vocab;
-    std::vector<std::string> symbols = {"a", "b", "c"};
-    std::set<std::string> known(symbols.begin(), symbols.end());
-    std::map<std::pair<std::string, std::string>, int> ranks;
-    while (vocab.merges.size() < 40) {
-      const std::string& l = symbols[rng() % symbols.size()];
-      const std::string& r = symbols[rng() % symbols.size()];
-      if (l.size() + r.size() > 10 || known.count(l + r) > 0) continue;
-      ranks[{l, r}] = static_cast<int>(vocab.merges.size());
-      vocab.merges.emplace_back(l, r);
-      known.insert(l + r);
-      symbols.push_back(l + r);
-    }
+    pt::MadeUpVocab vocab;
+    vocab.merges = pt::RandomMerges(rng, 40, pt::MergesPerSymbol::kOne);
+    const pt::MergeRanks ranks = pt::RanksOf(vocab.merges);
     TempDir dir;
     vocab.Write(dir.path());
     auto bpe = Gpt2Bpe::Load(dir.path());
     ASSERT_THAT(bpe, IsOk());
     const auto ids = vocab.Ids();
     for (int w = 0; w < 300; ++w) {
-      const size_t length = 1 + rng() % (w % 2 == 0 ? 20 : 400);
-      std::string word;
-      for (size_t i = 0; i < length; ++i) word += "abc"[rng() % 3];
+      const std::string word = pt::RandomAbcWord(rng, w % 2 == 0 ? 20 : 400);
       std::vector<int32_t> expected;
       for (const std::string& s : ReferenceBpe(word, ranks)) expected.push_back(ids.at(s));
       ASSERT_THAT((*bpe)->Encode(word), IsOkAndHolds(ElementsAreArray(expected)))
@@ -190,7 +137,7 @@ TEST(Gpt2BpeLoadTest, MissingFilesNameThePathAndTheWayToGetThem) {
                        ::testing::AllOf(HasSubstr(dir.File("nowhere/encoder.json")),
                                         HasSubstr("deploy/install-deps.sh"),
                                         HasSubstr("--tokenizer-dir"))));
-  MadeUpVocab().Write(dir.path());
+  pt::MadeUpVocab().Write(dir.path());
   std::remove(dir.File("vocab.bpe").c_str());
   EXPECT_THAT(Gpt2Bpe::Load(dir.path()),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr(dir.File("vocab.bpe"))));
@@ -215,7 +162,7 @@ TEST(Gpt2BpeLoadTest, MalformedFilesNameTheFileAndLine) {
       {"", "#version: 0.2\nx y\n", merges + ":2: the merged symbol 'xy' is not in encoder.json"},
   };
   for (const Case& c : cases) {
-    MadeUpVocab good;
+    pt::MadeUpVocab good;
     good.merges = {{"h", "e"}};
     good.Write(dir.path());
     if (!c.encoder_json.empty()) WriteFileOrDie(encoder, c.encoder_json);
@@ -227,30 +174,8 @@ TEST(Gpt2BpeLoadTest, MalformedFilesNameTheFileAndLine) {
 }
 
 // The real vocabulary, loaded once.
-class Gpt2BpeTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    if (!pipetrain::testing::Gpt2VocabMissing().empty()) return;
-    auto loaded = Gpt2Bpe::Load(DefaultTokenizerDir());
-    ASSERT_THAT(loaded, IsOk());
-    bpe_ = loaded->release();
-  }
-  static void TearDownTestSuite() {
-    delete bpe_;
-    bpe_ = nullptr;
-  }
-  void SetUp() override {
-    if (bpe_ == nullptr) GTEST_SKIP() << pipetrain::testing::Gpt2VocabMissing();
-  }
-  static std::vector<int32_t> Ids(absl::string_view text) {
-    auto ids = bpe_->Encode(text);
-    EXPECT_THAT(ids, IsOk());
-    return ids.ok() ? *ids : std::vector<int32_t>{};
-  }
-
-  static Gpt2Bpe* bpe_;
-};
-Gpt2Bpe* Gpt2BpeTest::bpe_ = nullptr;
+constexpr char kGpt2[] = "gpt2";
+class Gpt2BpeTest : public pt::LoadedBpeTest<Gpt2Bpe, kGpt2, pt::Gpt2VocabMissing> {};
 
 TEST_F(Gpt2BpeTest, VocabularyFigures) {
   EXPECT_EQ(bpe_->name(), "gpt2");
@@ -279,28 +204,7 @@ TEST_F(Gpt2BpeTest, KnownEncodings) {
 }
 
 TEST_F(Gpt2BpeTest, DecodeOfEncodeGivesTheBytesBack) {
-  std::string all_bytes;
-  for (int b = 0; b < 256; ++b) all_bytes += static_cast<char>(b);
-  const std::vector<std::string> texts = {
-      "",
-      "Hello world",
-      "  leading and trailing  \n\n\t",
-      "caf\xC3\xA9 na\xC3\xAFve \xE6\x97\xA5\xE6\x9C\xAC "
-      "\xF0\x9F\x91\xA9\xE2\x80\x8D\xF0\x9F\x91\xA7",
-      std::string("nul\0byte", 8),
-      all_bytes,
-      "\xFF\xFE invalid \xC3 utf-8 \xE6\x97 cut \xF0\x9F\x91",  // invalid sequences kept
-      "\xED\xA0\x80 a surrogate, \xC0\xAF an overlong slash",
-      std::string(100000, ' '),  // one whitespace pre-token
-      std::string(100000, 'x'),  // one letter pre-token: the heap merge
-      std::string(50000, '\n') + "end",
-  };
-  for (const std::string& text : texts) {
-    auto ids = bpe_->Encode(text);
-    ASSERT_THAT(ids, IsOk()) << text.substr(0, 40);
-    EXPECT_THAT(bpe_->Decode(*ids), IsOkAndHolds(text)) << text.substr(0, 40);
-    for (int32_t id : *ids) ASSERT_TRUE(id >= 0 && id < 50256) << id;
-  }
+  pt::ExpectDecodeOfEncodeGivesTheBytesBack(*bpe_, pt::AnyBytesTexts(), 50256);
 }
 
 TEST_F(Gpt2BpeTest, PreTokensCoverTheText) {
@@ -360,36 +264,11 @@ std::string ManyLineShapes(size_t bytes, uint32_t seed) {
                                            "I",
                                            "x_1",
                                            "\xFF"};
-  std::mt19937 rng(seed);
-  std::string text;
-  while (text.size() < bytes) text += pieces[rng() % pieces.size()];
-  return text;
+  return pt::MixOfPieces(pieces, bytes, seed);
 }
 
 TEST_F(Gpt2BpeTest, SafeSplitsLeaveEveryPreTokenUnchanged) {
-  const std::string text = ManyLineShapes(6000, 1);
-  auto whole = bpe_->PreTokenize(text);
-  ASSERT_THAT(whole, IsOk());
-  auto strings = [](const std::vector<absl::string_view>& views) {
-    std::vector<std::string> out;
-    for (absl::string_view v : views) out.emplace_back(v);
-    return out;
-  };
-  const std::vector<std::string> expected = strings(*whole);
-  int splits = 0;
-  for (size_t p = bpe_->NextSafeSplit(text, 1); p < text.size();
-       p = bpe_->NextSafeSplit(text, p + 1)) {
-    ++splits;
-    auto left = bpe_->PreTokenize(absl::string_view(text).substr(0, p));
-    auto right = bpe_->PreTokenize(absl::string_view(text).substr(p));
-    ASSERT_THAT(left, IsOk());
-    ASSERT_THAT(right, IsOk());
-    std::vector<std::string> joined = strings(*left);
-    for (std::string& s : strings(*right)) joined.push_back(std::move(s));
-    ASSERT_EQ(joined, expected) << "split at " << p << ": ..."
-                                << text.substr(p >= 10 ? p - 10 : 0, 20) << "...";
-  }
-  EXPECT_GT(splits, 50);
+  pt::ExpectSafeSplitsLeaveEveryPreTokenUnchanged(*bpe_, ManyLineShapes(6000, 1), 50);
   EXPECT_EQ(bpe_->NextSafeSplit("\n\n\n   \t\t", 1), 8u);  // none: the end
   EXPECT_EQ(bpe_->NextSafeSplit("ab\ncd", 1), 3u);         // after the newline
   EXPECT_EQ(bpe_->NextSafeSplit("ab cd", 1), 2u);          // before the space
@@ -397,16 +276,7 @@ TEST_F(Gpt2BpeTest, SafeSplitsLeaveEveryPreTokenUnchanged) {
 }
 
 TEST_F(Gpt2BpeTest, ParallelEqualsSerial) {
-  const std::string text = ManyLineShapes(2 << 20, 2);
-  auto serial = bpe_->Encode(text);
-  ASSERT_THAT(serial, IsOk());
-  for (int threads : {2, 3, 4, 8}) {
-    for (size_t min_part : {size_t{1} << 10, kDefaultMinPartBytes}) {
-      auto parallel = EncodeParallel(*bpe_, text, threads, min_part);
-      ASSERT_THAT(parallel, IsOk());
-      ASSERT_EQ(*parallel, *serial) << threads << " threads, parts of " << min_part;
-    }
-  }
+  pt::ExpectParallelEqualsSerial(*bpe_, ManyLineShapes(2 << 20, 2));
 }
 
 }  // namespace

@@ -9,18 +9,18 @@
 #include <cstdint>
 #include <map>
 #include <random>
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "common/data/gpt2_bpe.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "nlohmann/json.hpp"
+#include "tests/testing/bpe_checks.h"
 #include "tests/testing/llama3_vocab.h"
+#include "tests/testing/loaded_bpe.h"
+#include "tests/testing/made_up_vocab.h"
 #include "tests/testing/temp_files.h"
 
 namespace pipetrain::data {
@@ -36,55 +36,12 @@ using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
-// A byte string as the vocabulary spells it (the byte map's code points are below U+0800).
-std::string Symbol(absl::string_view bytes) {
-  std::string s;
-  for (char b : bytes) {
-    const char32_t c = BytesToUnicode()[static_cast<uint8_t>(b)];
-    if (c < 0x80) {
-      s += static_cast<char>(c);
-    } else {
-      s += static_cast<char>(0xC0 | (c >> 6));
-      s += static_cast<char>(0x80 | (c & 0x3F));
-    }
-  }
-  return s;
-}
-
-// A made-up vocabulary: the 256 bytes (id = the byte), then each merged symbol once, in
-// the order its first merge comes, then the given special tokens.
-struct MadeUpVocab {
-  std::vector<std::pair<std::string, std::string>> merges;  // raw bytes, by rank
-  std::vector<std::string> specials;
-
-  std::map<std::string, int32_t> Ids() const {  // raw bytes -> id
-    std::map<std::string, int32_t> ids;
-    for (int b = 0; b < 256; ++b) ids[std::string(1, static_cast<char>(b))] = b;
-    for (const auto& [l, r] : merges) ids.emplace(l + r, static_cast<int32_t>(ids.size()));
-    return ids;
-  }
-
-  void Write(const std::string& dir) const {
-    nlohmann::ordered_json encoder = nlohmann::ordered_json::object();
-    std::map<std::string, int32_t> ids = Ids();
-    for (const auto& [bytes, id] : ids) encoder[Symbol(bytes)] = id;
-    for (const std::string& s : specials) {
-      const auto id = static_cast<int32_t>(encoder.size());
-      encoder[s] = id;
-    }
-    WriteFileOrDie(dir + "/encoder.json", encoder.dump());
-    std::string bpe = "#version: made up\n";
-    for (const auto& [l, r] : merges) absl::StrAppend(&bpe, Symbol(l), " ", Symbol(r), "\n");
-    WriteFileOrDie(dir + "/vocab.bpe", bpe);
-  }
-};
+namespace pt = ::pipetrain::testing;  // the helpers of tests/testing/
 
 // Hugging Face's BPE on strings, written independently: the whole word when it is a
 // symbol; else, while a pair has a rank, merge the lowest-ranked pair, the leftmost one
 // of equal rank, and only that one.
-using Ranks = std::map<std::pair<std::string, std::string>, int>;
-
-std::vector<std::string> ReferenceBpe(const std::string& word, const Ranks& ranks,
+std::vector<std::string> ReferenceBpe(const std::string& word, const pt::MergeRanks& ranks,
                                       const std::map<std::string, int32_t>& ids) {
   if (ids.count(word) > 0) return {word};
   std::vector<std::string> symbols;
@@ -112,7 +69,7 @@ std::vector<std::string> ReferenceBpe(const std::string& word, const Ranks& rank
 // covers where they differ).
 TEST(Llama3BpeMadeUpTest, AWordThatIsASymbolIsTakenWhole) {
   TempDir dir;
-  MadeUpVocab vocab;
+  pt::MadeUpVocab vocab;
   vocab.merges = {{"a", "b"}, {"b", "c"}, {"a", "bc"}, {"a", "a"}};
   vocab.specials = {"<|begin_of_text|>", "<|end_of_text|>"};
   vocab.Write(dir.path());
@@ -150,18 +107,9 @@ TEST(Llama3BpeMadeUpTest, EqualsTheReferenceOnShortAndLongWords) {
   std::mt19937 rng(11);
   int differs_from_rounds = 0;
   for (int v = 0; v < 8; ++v) {
-    MadeUpVocab vocab;
-    std::vector<std::string> symbols = {"a", "b", "c"};
-    std::set<std::string> known(symbols.begin(), symbols.end());
-    Ranks ranks;
-    while (vocab.merges.size() < 60) {
-      const std::string& l = symbols[rng() % symbols.size()];
-      const std::string& r = symbols[rng() % symbols.size()];
-      if (l.size() + r.size() > 10 || ranks.count({l, r}) > 0) continue;
-      ranks[{l, r}] = static_cast<int>(vocab.merges.size());
-      vocab.merges.emplace_back(l, r);
-      if (known.insert(l + r).second) symbols.push_back(l + r);
-    }
+    pt::MadeUpVocab vocab;
+    vocab.merges = pt::RandomMerges(rng, 60, pt::MergesPerSymbol::kSeveral);
+    const pt::MergeRanks ranks = pt::RanksOf(vocab.merges);
     TempDir dir;
     vocab.Write(dir.path());
     auto llama = Llama3Bpe::Load(dir.path());
@@ -170,9 +118,7 @@ TEST(Llama3BpeMadeUpTest, EqualsTheReferenceOnShortAndLongWords) {
     ASSERT_THAT(gpt2, IsOk());
     const auto ids = vocab.Ids();
     for (int w = 0; w < 300; ++w) {
-      const size_t length = 1 + rng() % (w % 2 == 0 ? 20 : 400);
-      std::string word;
-      for (size_t i = 0; i < length; ++i) word += "abc"[rng() % 3];
+      const std::string word = pt::RandomAbcWord(rng, w % 2 == 0 ? 20 : 400);
       std::vector<int32_t> expected;
       for (const std::string& s : ReferenceBpe(word, ranks, ids)) expected.push_back(ids.at(s));
       ASSERT_THAT((*llama)->Encode(word), IsOkAndHolds(ElementsAreArray(expected)))
@@ -190,7 +136,7 @@ TEST(Llama3BpeMadeUpTest, MissingFilesNameThePathAndTheWayToGetThem) {
                        AllOf(HasSubstr(dir.File("nowhere/encoder.json")), HasSubstr("Llama 3"),
                              HasSubstr("deploy/install-deps.sh"), HasSubstr("--tokenizer-dir"),
                              HasSubstr("PIPETRAIN_LLAMA3_TOKENIZER_DIR"))));
-  MadeUpVocab vocab;
+  pt::MadeUpVocab vocab;
   vocab.merges = {{"a", "b"}};
   vocab.Write(dir.path());
   WriteFileOrDie(dir.File("vocab.bpe"), "#version: made up\na b\nab zz\n");
@@ -214,30 +160,8 @@ TEST(TokenizerNamesTest, Llama3IsKnownWithItsOwnDefaultFolder) {
 }
 
 // The real vocabulary, loaded once.
-class Llama3BpeTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    if (!pipetrain::testing::Llama3VocabMissing().empty()) return;
-    auto loaded = Llama3Bpe::Load(DefaultTokenizerDir("llama3"));
-    ASSERT_THAT(loaded, IsOk());
-    bpe_ = loaded->release();
-  }
-  static void TearDownTestSuite() {
-    delete bpe_;
-    bpe_ = nullptr;
-  }
-  void SetUp() override {
-    if (bpe_ == nullptr) GTEST_SKIP() << pipetrain::testing::Llama3VocabMissing();
-  }
-  static std::vector<int32_t> Ids(absl::string_view text) {
-    auto ids = bpe_->Encode(text);
-    EXPECT_THAT(ids, IsOk());
-    return ids.ok() ? *ids : std::vector<int32_t>{};
-  }
-
-  static Llama3Bpe* bpe_;
-};
-Llama3Bpe* Llama3BpeTest::bpe_ = nullptr;
+constexpr char kLlama3[] = "llama3";
+class Llama3BpeTest : public pt::LoadedBpeTest<Llama3Bpe, kLlama3, pt::Llama3VocabMissing> {};
 
 TEST_F(Llama3BpeTest, VocabularyFigures) {
   EXPECT_EQ(bpe_->name(), "llama3");
@@ -295,31 +219,12 @@ TEST_F(Llama3BpeTest, SpecialIdsDecodeToTheirText) {
 }
 
 TEST_F(Llama3BpeTest, DecodeOfEncodeGivesTheBytesBack) {
-  std::string all_bytes;
-  for (int b = 0; b < 256; ++b) all_bytes += static_cast<char>(b);
-  const std::vector<std::string> texts = {
-      "",
-      "Hello world",
-      "  leading and trailing  \n\n\t",
-      "caf\xC3\xA9 na\xC3\xAFve \xE6\x97\xA5\xE6\x9C\xAC "
-      "\xF0\x9F\x91\xA9\xE2\x80\x8D\xF0\x9F\x91\xA7",
-      std::string("nul\0byte", 8),
-      all_bytes,
-      "\xFF\xFE invalid \xC3 utf-8 \xE6\x97 cut \xF0\x9F\x91",  // invalid sequences kept
-      "\xED\xA0\x80 a surrogate, \xC0\xAF an overlong slash",
-      "<|begin_of_text|><|end_of_text|><|eot_id|>",
-      std::string(100000, ' '),   // one whitespace pre-token
-      std::string(100000, 'x'),   // one letter pre-token: the heap merge
-      std::string(100000, '7'),   // digits in threes
-      std::string(50000, '\n') + "end",
-      std::string(30000, '!') + "\r\n\r\n",  // punctuation with its newlines
-  };
-  for (const std::string& text : texts) {
-    auto ids = bpe_->Encode(text);
-    ASSERT_THAT(ids, IsOk()) << text.substr(0, 40);
-    EXPECT_THAT(bpe_->Decode(*ids), IsOkAndHolds(text)) << text.substr(0, 40);
-    for (int32_t id : *ids) ASSERT_TRUE(id >= 0 && id < 128000) << id;  // never a special id
-  }
+  std::vector<std::string> texts = pt::AnyBytesTexts();
+  texts.push_back("<|begin_of_text|><|end_of_text|><|eot_id|>");
+  texts.push_back(std::string(100000, '7'));              // digits in threes
+  texts.push_back(std::string(30000, '!') + "\r\n\r\n");  // punctuation with its newlines
+  // Never a special id among the ids.
+  pt::ExpectDecodeOfEncodeGivesTheBytesBack(*bpe_, texts, 128000);
 }
 
 TEST_F(Llama3BpeTest, PreTokensFollowLlama3sPattern) {
@@ -341,34 +246,11 @@ std::string ManyLineShapes(size_t bytes, uint32_t seed) {
       ".\n", "!\n\n", "--", "(x)", "{", "}", "//", "#", "caf\xC3\xA9", "\xE6\x97\xA5\xE6\x9C\xAC",
       "\xD0\x9C\xD0\xBE\xD1\x81", "\xF0\x9F\x91\x8D", "\xC2\xA0", "\xE3\x80\x80", "    ",
       "        return x;", "a", "I", "x_1", "<|eot_id|>", "\xD9\xA3\xD9\xA4", "\xFF"};
-  std::mt19937 rng(seed);
-  std::string text;
-  while (text.size() < bytes) text += pieces[rng() % pieces.size()];
-  return text;
+  return pt::MixOfPieces(pieces, bytes, seed);
 }
 
 TEST_F(Llama3BpeTest, SafeSplitsLeaveEveryPreTokenUnchanged) {
-  const std::string text = ManyLineShapes(6000, 1);
-  auto whole = bpe_->PreTokenize(text);
-  ASSERT_THAT(whole, IsOk());
-  auto strings = [](const std::vector<absl::string_view>& views) {
-    return std::vector<std::string>(views.begin(), views.end());
-  };
-  const std::vector<std::string> expected = strings(*whole);
-  int splits = 0;
-  for (size_t p = bpe_->NextSafeSplit(text, 1); p < text.size();
-       p = bpe_->NextSafeSplit(text, p + 1)) {
-    ++splits;
-    auto left = bpe_->PreTokenize(absl::string_view(text).substr(0, p));
-    auto right = bpe_->PreTokenize(absl::string_view(text).substr(p));
-    ASSERT_THAT(left, IsOk());
-    ASSERT_THAT(right, IsOk());
-    std::vector<std::string> joined = strings(*left);
-    for (std::string& s : strings(*right)) joined.push_back(std::move(s));
-    ASSERT_EQ(joined, expected) << "split at " << p << ": ..."
-                                << text.substr(p >= 10 ? p - 10 : 0, 20) << "...";
-  }
-  EXPECT_GT(splits, 50);
+  pt::ExpectSafeSplitsLeaveEveryPreTokenUnchanged(*bpe_, ManyLineShapes(6000, 1), 50);
   EXPECT_EQ(bpe_->NextSafeSplit("ab.\ncd", 1), 4u);  // after the newline of ".\n"
   EXPECT_EQ(bpe_->NextSafeSplit("ab cd", 1), 2u);    // before the space
   EXPECT_EQ(bpe_->NextSafeSplit("12 34", 1), 2u);
@@ -376,16 +258,7 @@ TEST_F(Llama3BpeTest, SafeSplitsLeaveEveryPreTokenUnchanged) {
 }
 
 TEST_F(Llama3BpeTest, ParallelEqualsSerial) {
-  const std::string text = ManyLineShapes(2 << 20, 2);
-  auto serial = bpe_->Encode(text);
-  ASSERT_THAT(serial, IsOk());
-  for (int threads : {2, 3, 4, 8}) {
-    for (size_t min_part : {size_t{1} << 10, kDefaultMinPartBytes}) {
-      auto parallel = EncodeParallel(*bpe_, text, threads, min_part);
-      ASSERT_THAT(parallel, IsOk());
-      ASSERT_EQ(*parallel, *serial) << threads << " threads, parts of " << min_part;
-    }
-  }
+  pt::ExpectParallelEqualsSerial(*bpe_, ManyLineShapes(2 << 20, 2));
 }
 
 }  // namespace

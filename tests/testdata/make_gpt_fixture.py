@@ -178,8 +178,9 @@ def forward_loss_torch(p, cfg, inputs, targets):
     return F.cross_entropy(logits.reshape(B * T, -1), targets.reshape(B * T))
 
 
-def check_against_finite_differences(params, cfg, inputs, targets, grads, gen):
-    """Central differences on a few entries of every parameter (float64)."""
+def check_against_finite_differences(params, loss_of, grads, gen):
+    """Central differences on a few entries of every parameter (float64): loss_of(params)
+    is the loss, grads the gradients autograd gave. Returns the worst relative error."""
     h = 1e-6
     worst = 0.0
     for name, value in params.items():
@@ -188,9 +189,9 @@ def check_against_finite_differences(params, cfg, inputs, targets, grads, gen):
             orig = flat[idx].item()
             with torch.no_grad():
                 flat[idx] = orig + h
-                up = forward_loss(params, cfg, inputs, targets).item()
+                up = loss_of(params).item()
                 flat[idx] = orig - h
-                down = forward_loss(params, cfg, inputs, targets).item()
+                down = loss_of(params).item()
                 flat[idx] = orig
             numeric = (up - down) / (2 * h)
             analytic = grads[name].view(-1)[idx].item()
@@ -198,6 +199,23 @@ def check_against_finite_differences(params, cfg, inputs, targets, grads, gen):
             worst = max(worst, err)
             assert err < 1e-5, f"{name}[{idx}]: finite difference {numeric} vs autograd {analytic}"
     return worst
+
+
+def checked_loss_and_grads(weights32, loss_of, torch_loss_of, seed):
+    """The loss of the float32 weights computed in float64 by loss_of(params) and its
+    gradient by autograd; the script checks itself: PyTorch's own layers
+    (torch_loss_of(params)) agree to 1e-12, and so do finite differences (entries drawn
+    with `seed`). Returns the loss, the gradients, the F.* path's loss and the worst
+    finite-difference error."""
+    params = {n: w.to(torch.float64).requires_grad_(True) for n, w in weights32.items()}
+    loss = loss_of(params)
+    loss.backward()
+    grads = {n: p.grad.detach().clone() for n, p in params.items()}
+    loss_torch = torch_loss_of(params).item()
+    assert abs(loss_torch - loss.item()) <= 1e-12 * abs(loss.item()), (loss_torch, loss.item())
+    worst = check_against_finite_differences(params, loss_of, grads,
+                                             torch.Generator().manual_seed(seed))
+    return loss, grads, loss_torch, worst
 
 
 # --- output ---------------------------------------------------------------------------
@@ -232,29 +250,29 @@ def summary(t):
     return {"first": values[0], "last": values[-1], "sum": math.fsum(values)}
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def start_fixture(description, folder):
+    """What every fixture script does first: reads --out (by default `folder` next to
+    this script) and makes PyTorch deterministic, on one thread. Returns the folder."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                      "gpt_tiny"))
-    args = parser.parse_args()
+                                                      folder))
+    out = parser.parse_args().out
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
+    return out
+
+
+def main():
+    out = start_fixture(__doc__.splitlines()[0], "gpt_tiny")
     cfg = CONFIG
     weights32 = init_weights(cfg, SEED)
     text, inputs, targets = make_batch(cfg, BATCH, TEXT)
 
-    params = {n: w.to(torch.float64).requires_grad_(True) for n, w in weights32.items()}
-    loss = forward_loss(params, cfg, inputs, targets)
-    loss.backward()
-    grads = {n: p.grad.detach().clone() for n, p in params.items()}
+    loss, grads, loss_torch, worst = checked_loss_and_grads(
+        weights32, lambda p: forward_loss(p, cfg, inputs, targets),
+        lambda p: forward_loss_torch(p, cfg, inputs, targets), SEED + 1)
 
-    # The script checks itself: PyTorch's own layers agree, and so do finite differences.
-    loss_torch = forward_loss_torch(params, cfg, inputs, targets).item()
-    assert abs(loss_torch - loss.item()) <= 1e-12 * abs(loss.item()), (loss_torch, loss.item())
-    worst = check_against_finite_differences(params, cfg, inputs, targets, grads,
-                                             torch.Generator().manual_seed(SEED + 1))
-
-    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(out, exist_ok=True)
     names = [n for n, _, _ in param_specs(cfg)]
     n_pipeline_layers = cfg["n_layers"] + 2
     base_meta = {"format": "pt", "pipetrain_format": "1",
@@ -263,9 +281,9 @@ def main():
                  "generator": "tests/testdata/make_gpt_fixture.py",
                  "torch_version": torch.__version__}
     grads32 = {n: g.to(torch.float32) for n, g in grads.items()}
-    write_safetensors(os.path.join(args.out, "weights.safetensors"),
+    write_safetensors(os.path.join(out, "weights.safetensors"),
                       [(n, weights32[n]) for n in names], {**base_meta, "content": "weights"})
-    write_safetensors(os.path.join(args.out, "grads.safetensors"),
+    write_safetensors(os.path.join(out, "grads.safetensors"),
                       [(n, grads32[n]) for n in names],
                       {**base_meta, "content": "gradients of the loss in expected.json"})
     expected = {
@@ -288,12 +306,12 @@ def main():
                        lambda m: "[" + ", ".join(v.strip() for v in m.group(1).split(",")) + "]",
                        text_json)
     assert json.loads(text_json) == expected
-    with open(os.path.join(args.out, "expected.json"), "w") as f:
+    with open(os.path.join(out, "expected.json"), "w") as f:
         f.write(text_json + "\n")
     print(f"loss {loss.item():.17g} (torch.nn.functional path agrees to "
           f"{abs(loss_torch - loss.item()):.1e}); finite differences: worst rel. error "
           f"{worst:.1e}; {len(names)} tensors, "
-          f"{sum(w.numel() for w in weights32.values())} parameters -> {args.out}")
+          f"{sum(w.numel() for w in weights32.values())} parameters -> {out}")
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ gradient in float64, checked against PyTorch's own F.* path and finite differenc
 Run with Debian's PyTorch: /usr/bin/python3 tests/testdata/make_llama_fixture.py
 """
 
-import argparse
 import json
 import math
 import os
@@ -26,7 +25,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_gpt_fixture import make_batch, summary, write_safetensors  # noqa: E402
+from make_gpt_fixture import (checked_loss_and_grads, make_batch, start_fixture,  # noqa: E402
+                              summary, write_safetensors)
 
 CONFIG = {"vocab_size": 256, "seq_len": 16, "d_model": 32, "n_heads": 4, "n_layers": 2}
 LLAMA = {"architecture": "llama", "n_kv_heads": 2, "ffn_dim": 48, "rope_theta": 10000.0,
@@ -83,6 +83,8 @@ def inv_freq(cfg, llama):
     base = torch.tensor([1.0 / llama["rope_theta"] ** (2 * i / hd) for i in range(hd // 2)],
                         dtype=torch.float64)
     s = llama["rope_scaling"]
+    if s is None:
+        return base
     old, low, high, factor = (s["original_max_position_embeddings"], s["low_freq_factor"],
                               s["high_freq_factor"], s["factor"])
     out = []
@@ -159,46 +161,16 @@ def forward_loss(p, cfg, llama, inputs, targets, torch_path=False):
     return -(logits - log_z).gather(-1, targets.unsqueeze(-1)).mean()
 
 
-def check_finite_differences(params, cfg, llama, inputs, targets, grads, gen):
-    h, worst = 1e-6, 0.0
-    for name, value in params.items():
-        flat = value.detach().view(-1)
-        for idx in torch.randint(flat.numel(), (3,), generator=gen).tolist():
-            orig = flat[idx].item()
-            with torch.no_grad():
-                flat[idx] = orig + h
-                up = forward_loss(params, cfg, llama, inputs, targets).item()
-                flat[idx] = orig - h
-                down = forward_loss(params, cfg, llama, inputs, targets).item()
-                flat[idx] = orig
-            numeric = (up - down) / (2 * h)
-            analytic = grads[name].view(-1)[idx].item()
-            err = abs(numeric - analytic) / max(1e-3, abs(numeric) + abs(analytic))
-            worst = max(worst, err)
-            assert err < 1e-5, f"{name}[{idx}]: finite difference {numeric} vs autograd {analytic}"
-    return worst
-
-
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                      "llama_tiny"))
-    args = parser.parse_args()
-    torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(1)
+    out = start_fixture(__doc__.splitlines()[0], "llama_tiny")
     cfg, llama = CONFIG, LLAMA
     weights32 = init_weights(cfg, llama, SEED)
     text, inputs, targets = make_batch(cfg, BATCH, TEXT)
-    params = {n: w.to(torch.float64).requires_grad_(True) for n, w in weights32.items()}
-    loss = forward_loss(params, cfg, llama, inputs, targets)
-    loss.backward()
-    grads = {n: p.grad.detach().clone() for n, p in params.items()}
-    loss_torch = forward_loss(params, cfg, llama, inputs, targets, torch_path=True).item()
-    assert abs(loss_torch - loss.item()) <= 1e-12 * abs(loss.item()), (loss_torch, loss.item())
-    worst = check_finite_differences(params, cfg, llama, inputs, targets, grads,
-                                     torch.Generator().manual_seed(SEED + 1))
+    loss, grads, loss_torch, worst = checked_loss_and_grads(
+        weights32, lambda p: forward_loss(p, cfg, llama, inputs, targets),
+        lambda p: forward_loss(p, cfg, llama, inputs, targets, torch_path=True), SEED + 1)
 
-    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(out, exist_ok=True)
     names = [n for n, _, _ in param_specs(cfg, llama)]
     model_json = json.dumps({**cfg, **llama}, separators=(",", ":"))
     meta = {"format": "pt", "pipetrain_format": "1",
@@ -206,9 +178,9 @@ def main():
             **{k: str(v) for k, v in cfg.items()}, "pipetrain_model": model_json,
             "generator": "tests/testdata/make_llama_fixture.py",
             "torch_version": torch.__version__}
-    write_safetensors(os.path.join(args.out, "weights.safetensors"),
+    write_safetensors(os.path.join(out, "weights.safetensors"),
                       [(n, weights32[n]) for n in names], {**meta, "content": "weights"})
-    write_safetensors(os.path.join(args.out, "grads.safetensors"),
+    write_safetensors(os.path.join(out, "grads.safetensors"),
                       [(n, grads[n].to(torch.float32)) for n in names],
                       {**meta, "content": "gradients of the loss in expected.json"})
     expected = {"config": {**cfg, **llama}, "batch": BATCH, "seed": SEED, "text": text,
@@ -217,10 +189,10 @@ def main():
                 "tensors": {n: {"shape": list(weights32[n].shape),
                                 "weight": summary(weights32[n]),
                                 "grad": summary(grads[n].to(torch.float32))} for n in names}}
-    with open(os.path.join(args.out, "expected.json"), "w") as f:
+    with open(os.path.join(out, "expected.json"), "w") as f:
         f.write(json.dumps(expected, indent=1) + "\n")
     print(f"loss {loss.item():.17g} (F path agrees to {abs(loss_torch - loss.item()):.1e}); "
-          f"finite differences: worst rel. error {worst:.1e}; {len(names)} tensors -> {args.out}")
+          f"finite differences: worst rel. error {worst:.1e}; {len(names)} tensors -> {out}")
 
 
 if __name__ == "__main__":
