@@ -72,18 +72,30 @@ absl::StatusOr<model::TokenBatch> LeadingTokens(const std::string& path, data::T
   return batch;
 }
 
+// The checkpoint for rows of `seq_len` positions (--seq-len): at most its own.
+absl::StatusOr<model::Checkpoint> FitToSeqLen(model::Checkpoint whole, int64_t seq_len) {
+  if (seq_len > whole.config.seq_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--seq-len ", seq_len, " is more than the checkpoint's seq_len ",
+                     whole.config.seq_len, " (the positions it was made for)"));
+  }
+  model::GptConfig want = whole.config;
+  want.seq_len = static_cast<int>(seq_len);
+  return model::FitCheckpointToModel(std::move(whole), want, "--seq-len");
+}
+
 }  // namespace
 
 int RunEval(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   std::string checkpoint_path, text_path, tokens_path, format_name = "llmc", grads_out;
-  int64_t batch = 0, threads = 1;
+  int64_t batch = 0, threads = 1, seq_len = 0;
   bool json = false, help = false;
   common::FlagSet flags(
       "pipetrain eval", "--checkpoint FILE (--text FILE | --tokens FILE) --batch B [flags]",
       "Prints the mean cross-entropy loss of a whole-model checkpoint on the first\n"
       "B * (T + 1) tokens of a text (its bytes) or of a token file, read as B rows of\n"
-      "T + 1 tokens (T = the checkpoint's seq_len): inputs = row[0:T], targets =\n"
-      "row[1:T+1]. With --grads-out, also writes the gradient of that loss for every\n"
+      "T + 1 tokens (T = --seq-len, else the checkpoint's seq_len): inputs =\n"
+      "row[0:T], targets = row[1:T+1]. With --grads-out, also writes the gradient of that loss for every\n"
       "parameter, under the parameter's name, as a safetensors file in the checkpoint\n"
       "format. Optimizer state in the checkpoint is ignored. Runs in-process on the cpu\n"
       "backend.\n"
@@ -91,7 +103,7 @@ int RunEval(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       "error or an unreadable or invalid checkpoint, text or token file.");
   flags.AddString("checkpoint", &checkpoint_path,
                   "whole-model checkpoint: a safetensors file (pipetrain init, train-local "
-                  "--save), a job's checkpoint folder or a Hugging Face GPT-2 folder",
+                  "--save), a job's checkpoint folder or a Hugging Face GPT-2 or Llama folder",
                   "FILE");
   flags.AddString("text", &text_path, "the text; its bytes are the tokens", "FILE");
   flags.AddString("tokens", &tokens_path,
@@ -100,6 +112,11 @@ int RunEval(const std::vector<std::string>& args, std::ostream& out, std::ostrea
                   "the --tokens file's format: llmc (a 1024-byte header) or nanogpt (raw uint16)",
                   "llmc|nanogpt");
   flags.AddInt("batch", &batch, "B, rows of seq_len + 1 tokens", "B");
+  flags.AddInt("seq-len", &seq_len,
+               "T, positions per row: at most the checkpoint's (a Llama with "
+               "max_position_embeddings 131072 evaluated on rows of 2048; GPT-2 keeps the "
+               "first T rows of its position table); 0, the default: the checkpoint's",
+               "T");
   flags.AddString("grads-out", &grads_out,
                   "write the gradient of the loss for every parameter here", "FILE");
   flags.AddInt("threads", &threads, "compute threads", "N");
@@ -127,11 +144,13 @@ int RunEval(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     return usage(absl::StrCat("--batch B is required and must be >= 1 (got ", batch, ")"));
   }
   if (threads < 1) return usage(absl::StrCat("--threads must be >= 1 (got ", threads, ")"));
+  if (seq_len < 0) return usage(absl::StrCat("--seq-len must be >= 0 (got ", seq_len, ")"));
   if (batch > kMaxBatch) {
     return usage(absl::StrCat("--batch ", batch, " is more than ", kMaxBatch, " rows"));
   }
 
   auto checkpoint = model::LoadWholeModel(checkpoint_path, "--checkpoint", "eval");
+  if (checkpoint.ok() && seq_len > 0) checkpoint = FitToSeqLen(*std::move(checkpoint), seq_len);
   if (!checkpoint.ok()) {
     err << "pipetrain eval: " << checkpoint.status().message() << "\n";
     return kExitUsage;

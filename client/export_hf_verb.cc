@@ -6,6 +6,7 @@
 #include "common/flags.h"
 #include "common/model/checkpoint_folder.h"
 #include "common/model/hf_folder.h"
+#include "common/model/model_family.h"
 
 namespace pipetrain::client {
 namespace {
@@ -17,11 +18,10 @@ std::string Summary(const std::string& out_dir, const model::Checkpoint& checkpo
   int64_t params = 0;
   for (const auto& [name, t] : checkpoint.params) params += t.num_elements();
   return absl::StrFormat(
-      "wrote %s: %s and %s in %s, %d parameters in %d tensors (vocab_size %d, "
-      "n_positions %d, n_embd %d, n_head %d, n_layer %d, %s embeddings)%s\n",
+      "wrote %s: %s and %s in %s, %d parameters in %d tensors (%s, %s embeddings)%s\n",
       out_dir, model::kHfConfigFileName, model::kHfWeightsFileName, dtype, params,
-      checkpoint.params.size(), config.vocab_size, config.seq_len, config.d_model, config.n_heads,
-      config.n_layers, config.tie_embeddings ? "tied" : "untied",
+      checkpoint.params.size(), model::DescribeModel(config),
+      config.tie_embeddings ? "tied" : "untied",
       checkpoint.optimizer ? "; the optimizer state is left out" : "");
 }
 
@@ -32,14 +32,17 @@ int RunExportHf(const std::vector<std::string>& args, std::ostream& out, std::os
   bool help = false;
   common::FlagSet flags(
       "pipetrain export-hf", "CHECKPOINT --out DIR [--dtype fp32|bf16]",
-      "Writes a whole-model checkpoint as a Hugging Face GPT-2 folder, for\n"
-      "GPT2LMHeadModel.from_pretrained(DIR): DIR/model.safetensors (F32, or BF16 with\n"
-      "--dtype bf16; transformer.* names, lm_head.weight only when the embeddings are\n"
-      "untied, no optimizer state) and DIR/config.json (model_type gpt2, the model's sizes,\n"
-      "activation gelu_new, dropout 0 as pipetrain trains, torch_dtype float32 or\n"
-      "bfloat16), each replaced atomically. CHECKPOINT is a job's checkpoint folder (with\n"
+      "Writes a whole-model checkpoint as a Hugging Face folder of its family, for\n"
+      "GPT2LMHeadModel.from_pretrained(DIR) (model.architecture gpt2) or\n"
+      "LlamaForCausalLM.from_pretrained(DIR) (llama): DIR/model.safetensors (F32, or BF16\n"
+      "with --dtype bf16; Hugging Face's tensor names, lm_head.weight only when the\n"
+      "embeddings are untied, no optimizer state) and DIR/config.json (model_type gpt2 or\n"
+      "llama, the model's sizes, gpt2: activation gelu_new and dropout 0 as pipetrain\n"
+      "trains; llama: silu, num_key_value_heads, rope_theta, rope_scaling, rms_norm_eps and\n"
+      "max_position_embeddings = the job's seq_len; torch_dtype float32 or bfloat16), each\n"
+      "replaced atomically. CHECKPOINT is a job's checkpoint folder (with\n"
       "model.safetensors.index.json), one whole-model safetensors file (pipetrain init,\n"
-      "train-local --save) or a Hugging Face GPT-2 folder. Checkpoints hold fp32 weights\n"
+      "train-local --save) or a Hugging Face folder. Checkpoints hold fp32 weights\n"
       "whatever training.precision was; bf16 rounds each to the nearest bf16 (ties to even).\n"
       "Exit codes: 0 written, 1 DIR could not be written, 2 usage error or an unreadable,\n"
       "invalid or partial checkpoint.");

@@ -1,6 +1,6 @@
 // `pipetrain export-hf CHECKPOINT --out DIR`: a pipetrain checkpoint (a job's checkpoint
-// folder or one whole-model safetensors file) written as a Hugging Face GPT-2 folder that
-// GPT2LMHeadModel.from_pretrained(DIR) loads. Runs no model, so it links no backend.
+// folder or one whole-model safetensors file) written as a Hugging Face folder that
+// GPT2LMHeadModel or LlamaForCausalLM.from_pretrained(DIR) loads. Runs no model, so it links no backend.
 #pragma once
 
 #include <ostream>

@@ -18,6 +18,7 @@
 #include "common/error_context.h"
 #include "common/flags.h"
 #include "common/model/checkpoint_folder.h"
+#include "common/model/model_family.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "stage_server/compute/chunk_checkpoint.h"
@@ -122,7 +123,7 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
   flags.AddString("checkpoint", &checkpoint_path,
                   "whole-model checkpoint: a .safetensors file (pipetrain init, train-local "
                   "--save), a job's checkpoint folder (pipetrain status ID: checkpoint) or a "
-                  "Hugging Face GPT-2 folder",
+                  "Hugging Face GPT-2 or Llama folder",
                   "CKPT");
   flags.AddString("prompt", &prompt, "the text to continue (not empty)", "TEXT");
   flags.AddInt("tokens", &tokens, "tokens to generate (>= 0)", "N");
@@ -215,10 +216,10 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
   checkpoint->params.clear();  // the host copy of the weights is no longer needed
   checkpoint->optimizer.reset();
   err << absl::StrFormat(
-      "%s: %s (vocab_size %d, seq_len %d, d_model %d, n_heads %d, n_layers %d) on %s; "
-      "%d prompt tokens, %d to generate, temperature %g, top-k %d, seed %d\n",
-      kProgram, checkpoint_path, config.vocab_size, config.seq_len, config.d_model, config.n_heads,
-      config.n_layers, (*backend)->Name(), prompt_ids->size(), tokens, temperature, top_k, seed);
+      "%s: %s (%s) on %s; %d prompt tokens, %d to generate, temperature %g, top-k %d, "
+      "seed %d\n",
+      kProgram, checkpoint_path, model::DescribeModel(config), (*backend)->Name(),
+      prompt_ids->size(), tokens, temperature, top_k, seed);
 
   if (!json) {
     out << prompt;

@@ -6,6 +6,7 @@
 #include "client/local_model.h"
 #include "common/flags.h"
 #include "common/model/checkpoint.h"
+#include "common/model/model_family.h"
 #include "common/status_macros.h"
 #include "stage_server/compute/chunk_checkpoint.h"
 #include "stage_server/compute/cpu_backend.h"
@@ -56,10 +57,8 @@ int RunInit(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   int64_t params = 0;
   for (const auto& [name, t] : checkpoint->params) params += t.num_elements();
   out << absl::StrFormat(
-      "wrote %s: %d parameters in %d tensors, seed %d (vocab_size %d, seq_len %d, d_model %d, "
-      "n_heads %d, n_layers %d)\n",
-      out_path, params, checkpoint->params.size(), seed, config->vocab_size, config->seq_len,
-      config->d_model, config->n_heads, config->n_layers);
+      "wrote %s: %d parameters in %d tensors, seed %d (%s)\n", out_path, params,
+      checkpoint->params.size(), seed, model::DescribeModel(*config));
   return kExitOk;
 }
 

@@ -11,6 +11,7 @@
 #include "client/local_model.h"
 #include "common/flags.h"
 #include "common/model/checkpoint.h"
+#include "common/model/model_family.h"
 #include "common/model/precision.h"
 #include "nlohmann/json.hpp"
 #include "stage_server/compute/chunk_checkpoint.h"
@@ -129,11 +130,10 @@ int RunTrainLocal(const std::vector<std::string>& args, std::ostream& out, std::
   }
   if (!json) {
     out << absl::StrFormat(
-        "training %d steps of %d rows x %d tokens (vocab_size %d, d_model %d, n_heads %d, "
-        "n_layers %d, %d parameters), lr %g, seed %d, %d thread%s\n",
-        steps, batch, config->seq_len, config->vocab_size, config->d_model, config->n_heads,
-        config->n_layers, (*trainer)->model().NumParams(), lr, seed, threads,
-        threads == 1 ? "" : "s");
+        "training %d steps of %d rows x %d tokens (%s, %d parameters), lr %g, seed %d, "
+        "%d thread%s\n",
+        steps, batch, config->seq_len, model::DescribeModel(*config),
+        (*trainer)->model().NumParams(), lr, seed, threads, threads == 1 ? "" : "s");
     out.flush();
   }
   double total_seconds = 0, first_loss = 0, last_loss = 0;

@@ -100,7 +100,7 @@ absl::Status CheckFolderHeaders(const std::string& path) {
   if (files > 0) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
       kInitFrom, " ", path, " holds no .safetensors file; give a checkpoint folder the "
-      "coordinator wrote, a Hugging Face GPT-2 folder or one .safetensors file"));
+      "coordinator wrote, a Hugging Face GPT-2 or Llama folder or one .safetensors file"));
 }
 
 // A folder, or else a regular file of bounded size (stats only: a FIFO is never

@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/param_maps.h"
 #include "tests/testing/temp_files.h"
 
 namespace pipetrain::model {
@@ -21,6 +22,7 @@ namespace {
 using ::pipetrain::common::DType;
 using ::pipetrain::common::SafetensorsView;
 using ::pipetrain::common::Tensor;
+using ::pipetrain::testing::IdenticalParams;
 using ::pipetrain::testing::IsOk;
 using ::pipetrain::testing::ListFolder;
 using ::pipetrain::testing::ReadFileOrDie;
@@ -60,29 +62,17 @@ Checkpoint RandomCheckpoint(const GptConfig& c, int begin, int end, bool with_op
   return ckpt;
 }
 
-bool SameMaps(const ParamMap& a, const ParamMap& b) {
-  if (a.size() != b.size()) return false;
-  for (const auto& [name, t] : a) {
-    auto it = b.find(name);
-    if (it == b.end() || it->second.dtype() != t.dtype() || it->second.shape() != t.shape() ||
-        std::memcmp(it->second.bytes().data(), t.bytes().data(), t.num_bytes()) != 0) {
-      return false;
-    }
-  }
-  return true;
-}
-
 void ExpectSameCheckpoint(const Checkpoint& got, const Checkpoint& want) {
   EXPECT_EQ(got.config, want.config);
   EXPECT_EQ(got.layer_begin, want.layer_begin);
   EXPECT_EQ(got.layer_end, want.layer_end);
   EXPECT_EQ(got.precision, want.precision);
-  EXPECT_TRUE(SameMaps(got.params, want.params));
+  EXPECT_TRUE(IdenticalParams(got.params, want.params));
   ASSERT_EQ(got.optimizer.has_value(), want.optimizer.has_value());
   if (want.optimizer) {
     EXPECT_EQ(got.optimizer->step, want.optimizer->step);
-    EXPECT_TRUE(SameMaps(got.optimizer->m, want.optimizer->m));
-    EXPECT_TRUE(SameMaps(got.optimizer->v, want.optimizer->v));
+    EXPECT_TRUE(IdenticalParams(got.optimizer->m, want.optimizer->m));
+    EXPECT_TRUE(IdenticalParams(got.optimizer->v, want.optimizer->v));
   }
 }
 

@@ -37,6 +37,7 @@
 #include "stage_server/compute/cpu_backend.h"
 #include "stage_server/compute/model_chunk.h"
 #include "stage_server/compute/reference_ops.h"
+#include "tests/testing/param_maps.h"
 #include "tests/testing/run_cli.h"
 #include "tests/testing/temp_files.h"
 
@@ -46,6 +47,7 @@ namespace {
 namespace fs = std::filesystem;
 using ::pipetrain::testing::Cli;
 using ::pipetrain::testing::CliRun;
+using ::pipetrain::testing::IdenticalParams;
 using ::pipetrain::testing::IsOk;
 using ::pipetrain::testing::ReadFileOrDie;
 using ::pipetrain::testing::StatusIs;
@@ -114,18 +116,6 @@ double Sum(const common::Tensor& t) {
   return s;
 }
 
-bool Identical(const ParamMap& a, const ParamMap& b) {
-  if (a.size() != b.size()) return false;
-  for (const auto& [name, t] : a) {
-    auto it = b.find(name);
-    if (it == b.end() || it->second.shape() != t.shape() || it->second.dtype() != t.dtype() ||
-        std::memcmp(it->second.bytes().data(), t.bytes().data(), t.num_bytes()) != 0) {
-      return false;
-    }
-  }
-  return true;
-}
-
 // The folder's tensors equal what PyTorch stored: names, shapes and exact sums.
 void ExpectTheFixtureTensors(const Checkpoint& c, const std::string& variant) {
   const nlohmann::json& tensors = Expected(variant)["tensors"];
@@ -172,7 +162,7 @@ TEST(HfGpt2ReadTest, LoadWholeCheckpointRecognisesHfFolders) {
     auto direct = LoadHfFolder(Folder(variant));
     ASSERT_THAT(direct.status(), IsOk());
     EXPECT_EQ(whole->config, direct->config);
-    EXPECT_TRUE(Identical(whole->params, direct->params)) << variant;
+    EXPECT_TRUE(IdenticalParams(whole->params, direct->params)) << variant;
   }
 }
 
@@ -582,7 +572,7 @@ TEST(ExportHfTest, HfFoldersRoundTripIdentically) {
     ASSERT_THAT(original.status(), IsOk());
     ASSERT_THAT(back.status(), IsOk());
     EXPECT_EQ(back->config, original->config);
-    EXPECT_TRUE(Identical(back->params, original->params)) << variant;
+    EXPECT_TRUE(IdenticalParams(back->params, original->params)) << variant;
     EXPECT_EQ(testing::ListFolder(out),
               (std::vector<std::string>{"config.json", "model.safetensors"}));
   }
@@ -625,7 +615,7 @@ TEST(ExportHfTest, PipetrainCheckpointsExportWithoutOptimizerState) {
       auto back = LoadHfFolder(out);
       ASSERT_THAT(back.status(), IsOk());
       EXPECT_FALSE(back->optimizer.has_value());
-      EXPECT_TRUE(Identical(back->params, whole.params)) << input;
+      EXPECT_TRUE(IdenticalParams(back->params, whole.params)) << input;
     }
   }
 }
@@ -650,8 +640,8 @@ TEST(ExportHfTest, Bf16ExportsRoundEveryWeightToNearestEven) {
     auto back = LoadWholeCheckpoint(out, "CHECKPOINT");
     ASSERT_THAT(back.status(), IsOk());
     EXPECT_EQ(back->config, trained.config);
-    EXPECT_TRUE(Identical(back->params, RoundedToBf16(trained.params))) << variant;
-    EXPECT_FALSE(Identical(back->params, trained.params)) << "nothing was rounded";
+    EXPECT_TRUE(IdenticalParams(back->params, RoundedToBf16(trained.params))) << variant;
+    EXPECT_FALSE(IdenticalParams(back->params, trained.params)) << "nothing was rounded";
   }
 }
 
@@ -681,7 +671,8 @@ TEST(ExportHfTest, UsageAndBadInputExitTwoAndWriteFailuresOne) {
   CliRun help = Cli({"export-hf", "--help"});
   EXPECT_EQ(help.code, client::kExitOk);
   EXPECT_THAT(help.out, AllOf(HasSubstr("CHECKPOINT --out DIR"), HasSubstr("from_pretrained"),
-                              HasSubstr("--dtype"), HasSubstr("BF16 with\n--dtype bf16")));
+                              HasSubstr("--dtype"), HasSubstr("BF16\nwith --dtype bf16"),
+                              HasSubstr("LlamaForCausalLM.from_pretrained(DIR)")));
   EXPECT_THAT(Cli({"--help"}).out, HasSubstr("export-hf"));
 
   const std::string nope = dir.File("nope");

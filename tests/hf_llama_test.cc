@@ -9,6 +9,7 @@
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 
 namespace pipetrain::model {
 namespace {
@@ -49,6 +50,13 @@ TEST(HfLlamaTest, ReadsLlama32OneB) {
   auto back = ParseHfLlamaConfig(HfLlamaConfigJson(*c), "exported");
   ASSERT_THAT(back, IsOk());
   EXPECT_EQ(*back, *c);
+  // Llama 3's vocabulary: generate() must stop at <|end_of_text|>, not LlamaConfig's 2.
+  const nlohmann::json j = nlohmann::json::parse(HfLlamaConfigJson(*c));
+  EXPECT_EQ(j["bos_token_id"], 128000);
+  EXPECT_EQ(j["eos_token_id"], 128001);
+  GptConfig bytes = *c;
+  bytes.vocab_size = 256;
+  EXPECT_FALSE(nlohmann::json::parse(HfLlamaConfigJson(bytes)).contains("eos_token_id"));
 }
 
 TEST(HfLlamaTest, RefusesWhatItDoesNotComputeByField) {

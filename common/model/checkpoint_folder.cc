@@ -197,7 +197,7 @@ absl::StatusOr<model::Checkpoint> LoadWholeCheckpoint(const std::string& path,
                             kHfConfigFileName,
                             "; give a checkpoint folder the coordinator wrote (its index is "
                             "written last, so a folder without one is incomplete), a Hugging "
-                            "Face GPT-2 folder or one .safetensors file"));
+                            "Face GPT-2 or Llama folder or one .safetensors file"));
   }
   absl::StatusOr<std::vector<std::string>> files = model::IndexShardFiles(path);
   if (!files.ok()) return bad(std::string(files.status().message()));

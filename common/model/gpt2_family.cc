@@ -186,6 +186,7 @@ class Gpt2 : public ModelFamily {
   absl::string_view hf_renamed_note() const override {
     return "names shown with the transformer. prefix";
   }
+  std::string DescribeFields(const GptConfig&) const override { return ""; }
 
  private:
   static constexpr int kMlpWidth = 4;  // the MLP is 4 x d_model wide

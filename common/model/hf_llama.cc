@@ -20,6 +20,10 @@ constexpr char kMissingHint[] =
     "(a Llama config.json gives vocab_size, max_position_embeddings, hidden_size, "
     "intermediate_size, num_hidden_layers and num_attention_heads)";
 constexpr double kHfDefaultRopeTheta = 10000;  // LlamaConfig's default
+// Llama 3's vocabulary and its begin- and end-of-text ids (common/data/llama3_bpe.h).
+constexpr int kLlama3Vocabulary = 128256;
+constexpr int kLlama3BeginOfText = 128000;
+constexpr int kLlama3EndOfText = 128001;
 
 absl::StatusOr<int> PositiveInt(const Json& j, const char* name, absl::string_view source) {
   return hf::PositiveInt(j, name, source, kMissingHint);
@@ -134,6 +138,12 @@ std::string HfLlamaConfigJson(const GptConfig& c) {
       {"initializer_range", 0.02},
       {"torch_dtype", "float32"},
   };
+  if (c.vocab_size == kLlama3Vocabulary) {
+    // Llama 3's tokenizer (pipetrain tokenize --tokenizer llama3): generate() stops at its
+    // end of text. LlamaConfig's own defaults (1 and 2) are Llama 2's.
+    j["bos_token_id"] = kLlama3BeginOfText;
+    j["eos_token_id"] = kLlama3EndOfText;
+  }
   if (c.rope_scaling != RopeScaling{}) {
     j["rope_scaling"] = {{"rope_type", "llama3"},
                          {"factor", c.rope_scaling.factor},

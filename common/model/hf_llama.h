@@ -24,7 +24,8 @@ namespace pipetrain::model {
 // (InvalidArgument) start with `source`.
 absl::StatusOr<GptConfig> ParseHfLlamaConfig(absl::string_view json, const std::string& source);
 
-// The config.json of an exported Llama folder (pretty-printed, ends in a newline).
+// The config.json of an exported Llama folder (pretty-printed, ends in a newline); with
+// Llama 3's 128,256-token vocabulary, its bos_token_id 128000 and eos_token_id 128001.
 std::string HfLlamaConfigJson(const GptConfig& config);
 
 // The parameter a Llama file's tensor holds: its name; nullopt for the rotary buffer

@@ -220,6 +220,9 @@ class Llama : public ModelFamily {
     return LlamaParamOfHfTensor(file_name, expected);
   }
   absl::string_view hf_renamed_note() const override { return "names as Hugging Face's"; }
+  std::string DescribeFields(const GptConfig& c) const override {
+    return absl::StrCat(", llama: n_kv_heads ", c.kv_heads(), ", ffn_dim ", c.ffn_dim);
+  }
 
  private:
   static void BlockCost(const GptConfig& c, double a, double p, LayerCost& cost) {

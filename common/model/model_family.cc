@@ -38,6 +38,12 @@ const ModelFamily& FamilyOf(const GptConfig& config) {
   return *f;
 }
 
+std::string DescribeModel(const GptConfig& c) {
+  return absl::StrCat("vocab_size ", c.vocab_size, ", seq_len ", c.seq_len, ", d_model ",
+                      c.d_model, ", n_heads ", c.n_heads, ", n_layers ", c.n_layers,
+                      FamilyOf(c).DescribeFields(c));
+}
+
 std::string FamilyNames() {
   std::vector<std::string> names;
   for (const ModelFamily* f : Families()) names.emplace_back(f->name());

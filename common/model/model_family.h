@@ -42,6 +42,9 @@ class ModelFamily {
                                        GptConfig& config) const = 0;
   // Writes the family's own fields of `config` into `proto`.
   virtual void FieldsToProto(const GptConfig& config, pipetrain::v1::ModelConfig& proto) const = 0;
+  // The family's own fields for a one-line description after the common ones
+  // (", llama: n_kv_heads 2, ffn_dim 48"); empty for the default family.
+  virtual std::string DescribeFields(const GptConfig& config) const = 0;
 
   // ---- Parameters -----------------------------------------------------------------
   // One pipeline layer's parameters in the fixed order the compute library lays them
@@ -87,5 +90,8 @@ const ModelFamily* FindFamily(absl::string_view name);
 const ModelFamily& FamilyOf(const GptConfig& config);
 // The families' names, for errors: "gpt2, llama".
 std::string FamilyNames();
+// A validated config in one line, as the CLI's banners print it: "vocab_size 256,
+// seq_len 64, d_model 32, n_heads 4, n_layers 2" and the family's own fields.
+std::string DescribeModel(const GptConfig& config);
 
 }  // namespace pipetrain::model
