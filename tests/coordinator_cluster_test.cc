@@ -3,7 +3,7 @@
 // (GPipe, 1F1B) give the losses of 1 stage; a checkpoint resumes exactly; the timeline
 // has every stage's lanes; global-norm clipping on 2 and 4 stages gives the losses of 1
 // stage, and really clips; a job on token files gives on 2 and 4 stages the losses of 1
-// and resumes exactly. The CLI verbs and the API: coordinator_cli_test.cc; faults:
+// and resumes exactly; a Llama on 4 stages and on 2 x 2 replicas gives the losses of 1. The CLI verbs and the API: coordinator_cli_test.cc; faults:
 // coordinator_faults_test.cc.
 #include <algorithm>
 #include <cmath>
@@ -178,6 +178,50 @@ TEST_F(CoordinatorClusterTest, Bf16PipelinesGiveTheLossesOfOneBf16Stage) {
     const std::string bf16 = s["device"].value("bf16", "");
     EXPECT_TRUE(bf16 == "native" || bf16 == "slow") << s.dump();
   }
+}
+
+// Llama (issue 29) on the real binaries: grouped-query attention (4 query heads sharing
+// 2 key/value heads), tied embeddings, rotary positions. 4 stages of ZB-H1 with every
+// stage recomputing give one stage's losses bit for bit, in fp32 and in bf16; 2 replicas
+// of 2 stages give them within the bound of the regrouped sums (fp32).
+class CoordinatorLlamaTest : public CoordinatorClusterTest {
+ protected:
+  void SetUp() override {
+    CoordinatorClusterTest::SetUp();
+    spec_["model"]["architecture"] = "llama";
+    spec_["model"]["n_heads"] = 4;
+    spec_["model"]["n_kv_heads"] = 2;
+    spec_["model"]["tie_embeddings"] = true;
+  }
+
+  void ExpectFourStagesRecomputingGiveTheLossesOfOne() {
+    const std::vector<double> ref = ReferenceLosses();
+    ASSERT_EQ(ref.size(), 4u);
+    const json s = Status(*c_, FinishedJob({"pipeline.stages=4", "pipeline.schedule=zb-h1",
+                                            "pipeline.recompute=always"}));
+    EXPECT_EQ(s["state"], "SUCCEEDED") << s.dump();
+    EXPECT_EQ(s["spec"]["model"]["architecture"], "llama") << s.dump();
+    EXPECT_EQ(s["spec"]["model"]["n_kv_heads"], 2) << s.dump();
+    EXPECT_TRUE(LossesMatch(Losses(s), ref, kSameArithmetic));
+  }
+};
+
+TEST_F(CoordinatorLlamaTest, FourStagesRecomputingGiveTheLossesOfOne) {
+  ExpectFourStagesRecomputingGiveTheLossesOfOne();
+}
+
+TEST_F(CoordinatorLlamaTest, Bf16FourStagesRecomputingGiveTheLossesOfOneBitForBit) {
+  spec_["training"]["precision"] = "bf16";
+  ExpectFourStagesRecomputingGiveTheLossesOfOne();
+}
+
+TEST_F(CoordinatorLlamaTest, TwoReplicasOfTwoStagesGiveTheLossesOfOne) {
+  const std::vector<double> ref = ReferenceLosses();
+  ASSERT_EQ(ref.size(), 4u);
+  const json s = Status(*c_, FinishedJob({"pipeline.replicas=2", "pipeline.stages=2",
+                                          "pipeline.schedule=1f1b", "pipeline.micro_batches=2"}));
+  EXPECT_EQ(s["state"], "SUCCEEDED") << s.dump();
+  EXPECT_TRUE(LossesMatch(Losses(s), ref, RegroupedTolerances(ref)));
 }
 
 TEST_F(CoordinatorClusterTest, FourReplicasOfOneStageGiveTheLossesOfOne) {
