@@ -4,6 +4,7 @@
 #include "absl/strings/str_format.h"
 #include "bench/allreduce_bench.h"
 #include "bench/benchmark.h"
+#include "bench/compute_bench.h"
 #include "common/flags.h"
 #include "common/malloc_tuning.h"
 #include "common/rpc_security.h"
@@ -18,11 +19,11 @@ int main(int argc, char** argv) {
   }
   bool help = false, version = false, json = false, list = false;
   int64_t reps = 0;
-  std::string precision = "fp32", tokenizer = "gpt2";
+  std::string precision = "fp32", tokenizer = "gpt2", model = "gpt2";
   common::SecurityFlags security_flags;
   common::FlagSet flags("pipetrain-bench",
                         "NAME [--json] [--repetitions N] [--precision fp32|bf16] "
-                        "[--tokenizer gpt2|llama3] | --list",
+                        "[--tokenizer gpt2|llama3] [--model gpt2|llama] | --list",
                         "Runs benchmark NAME and prints its figures. Each benchmark "
                         "measures its own\nbaseline in the same run; ratios are what to "
                         "compare across machines.");
@@ -33,6 +34,9 @@ int main(int argc, char** argv) {
   flags.AddString("tokenizer", &tokenizer,
                   "gpt2 or llama3: the BPE that tokenize measures, against npm's gpt-3-encoder "
                   "or llama3-tokenizer-js");
+  flags.AddString("model", &model,
+                  "gpt2 or llama: the model compute trains (llama: Llama-3.2-1B's proportions "
+                  "at the GPT-2 model's size)");
   common::AddSecurityFlags(flags, &security_flags, "");  // link: mutual TLS instead of plaintext
   flags.AddBool("list", &list, "list the benchmarks and exit");
   flags.AddBool("help", &help, "print this help and exit");
@@ -45,6 +49,9 @@ int main(int argc, char** argv) {
   const absl::StatusOr<model::Precision> named = model::PrecisionNamed(precision);
   if (st.ok() && !named.ok()) {
     st = absl::InvalidArgumentError(absl::StrCat("--precision: ", named.status().message()));
+  }
+  if (const absl::Status m = bench::CheckComputeModel(model); st.ok() && !m.ok()) {
+    st = absl::InvalidArgumentError(absl::StrCat("--model: ", m.message()));
   }
   if (help) {
     std::cout << flags.Help() << "\nBenchmarks:\n";
@@ -66,7 +73,7 @@ int main(int argc, char** argv) {
   const std::string& name = (*positionals)[0];
   for (const auto& b : bench::AllBenchmarks()) {
     if (b.name != name) continue;
-    auto result = b.run({static_cast<int>(reps), *security, *named, tokenizer});
+    auto result = b.run({static_cast<int>(reps), *security, *named, tokenizer, model});
     if (!result.ok()) {
       std::cerr << "pipetrain-bench " << name << ": " << result.status() << "\n";
       return 1;

@@ -21,6 +21,8 @@ struct BenchOptions {
   model::Precision precision = model::PrecisionTable().front();
   // --tokenizer: the BPE the tokenize benchmark measures (gpt2 or llama3).
   std::string tokenizer = "gpt2";
+  // --model: the model compute trains (gpt2 or llama).
+  std::string model = "gpt2";
 };
 
 struct BenchResult {

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "bench/json_command.h"
+#include "common/model/llama_family.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "stage_server/compute/cpu_backend.h"
@@ -37,8 +38,9 @@ std::string Text() {
   return text;
 }
 
-// Median GFLOP/s of the model's largest product (the MLP up-projection of one step:
-// (B*T, C) x (C, 4C)) on one product engine at `threads` threads, with `operands`.
+// Median GFLOP/s of the model's largest product (the MLP's input projection of one step:
+// (B*T, C) x (C, n), LargestProductColumns) on one product engine at `threads` threads,
+// with `operands`.
 absl::StatusOr<double> ProductGflops(compute::CpuBackend::ProductEngine engine, int threads,
                                      common::DType operands, int m, int n, int k, int reps) {
   ASSIGN_OR_RETURN(std::unique_ptr<compute::Products> products,
@@ -79,6 +81,17 @@ std::string PythonPath() {
   return env != nullptr && *env != '\0' ? env : "/usr/bin/python3";
 }
 
+// The PyTorch script's flags for a Llama model's own fields; none for GPT-2's.
+std::string TorchLlamaFlags(const GptConfig& c) {
+  if (c.family != model::kLlamaFamily) return "";
+  const model::RopeScaling& r = c.rope_scaling;
+  return absl::StrFormat(
+      " --model llama --kv-heads %d --ffn-dim %d --rope-theta %g --norm-eps %g "
+      "--rope-scaling %g,%g,%g,%d%s",
+      c.n_kv_heads, c.ffn_dim, c.rope_theta, c.norm_eps, r.factor, r.low_freq_factor,
+      r.high_freq_factor, r.original_context, c.tie_embeddings ? " --tie-embeddings" : "");
+}
+
 // Trains the same model with PyTorch on the CPU (bench/torch_compute_bench.py) at
 // `threads` threads for one warm-up and `steps` timed steps. Returns the script's JSON
 // object, which has "error" instead of figures when torch is not importable.
@@ -86,19 +99,65 @@ absl::StatusOr<nlohmann::json> RunPyTorch(const compute::TrainOptions& o, int th
                                           int steps) {
   const std::string command = absl::StrFormat(
       "'%s' '%s/torch_compute_bench.py' --threads %d --steps %d --vocab %d --seq %d "
-      "--d-model %d --heads %d --layers %d --batch %d --precision %s 2>&1",
+      "--d-model %d --heads %d --layers %d --batch %d --precision %s%s 2>&1",
       PythonPath(), PIPETRAIN_BENCH_DIR, threads, steps, o.model.vocab_size, o.model.seq_len,
-      o.model.d_model, o.model.n_heads, o.model.n_layers, o.batch, PrecisionName(o.precision));
+      o.model.d_model, o.model.n_heads, o.model.n_layers, o.batch, PrecisionName(o.precision),
+      TorchLlamaFlags(o.model));
   return RunJsonCommand(command);
+}
+
+// What --model trains: the small GPT-2 (today's bench, unchanged) or a stack
+// with Llama-3.2-1B's proportions at the same width, depth, length and vocabulary:
+// heads of 64, 4 query heads a key/value head (32 / 8), ffn_dim 4 x d_model
+// (8192 / 2048), its rotary base and llama3 scaling, RMSNorm's epsilon, tied embeddings.
+struct ComputeModel {
+  GptConfig config;
+  std::string label;
+};
+
+ComputeModel Gpt2Model() {
+  return {GptConfig{
+              .vocab_size = 256, .seq_len = 128, .d_model = 256, .n_heads = 4, .n_layers = 8},
+          "vocab 256, seq 128, d_model 256, 4 heads, 8 layers; batch 32"};
+}
+
+ComputeModel LlamaModel() {
+  GptConfig c{.vocab_size = 256, .seq_len = 128, .d_model = 256, .n_heads = 4, .n_layers = 8,
+              .tie_embeddings = true, .family = model::kLlamaFamily};
+  c.n_kv_heads = 1;
+  c.ffn_dim = 4 * c.d_model;
+  c.rope_theta = model::kLlamaDefaultRopeTheta;
+  c.norm_eps = model::kLlamaDefaultNormEps;
+  c.rope_scaling = {.factor = 32, .low_freq_factor = 1, .high_freq_factor = 4,
+                    .original_context = 8192};
+  return {c,
+          "Llama-3.2-1B shape scaled down: vocab 256 tied, seq 128, d_model 256, 4 heads of "
+          "64, 1 KV head (4 query heads a KV head, as 32/8), SwiGLU ffn_dim 1024 (4 x d_model, "
+          "as 8192/2048), rope_theta 500000 with llama3 scaling (32, 1, 4, 8192), RMSNorm eps "
+          "1e-5, 8 layers; batch 32 (Llama-3.2-1B: vocab 128256, d_model 2048, 32 heads, "
+          "8 KV heads, 16 layers)"};
+}
+
+// Columns of the model's largest product, (B*T, C) x (C, n): GPT-2's MLP up-projection
+// (4C), Llama's gate and up projections, adjacent in memory and multiplied as one (2F).
+int LargestProductColumns(const GptConfig& c) {
+  return c.family == model::kLlamaFamily ? 2 * c.mlp_dim() : c.mlp_dim();
 }
 
 }  // namespace
 
+absl::Status CheckComputeModel(const std::string& name) {
+  if (name == "gpt2" || name == model::kLlamaFamily) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown model '", name, "'; accepted: gpt2, llama"));
+}
+
 absl::StatusOr<BenchResult> RunComputeBench(const BenchOptions& options) {
   const int reps = options.repetitions > 0 ? options.repetitions : 3;
+  RETURN_IF_ERROR(CheckComputeModel(options.model));
+  const ComputeModel trained = options.model == "gpt2" ? Gpt2Model() : LlamaModel();
   compute::TrainOptions o;
-  o.model = GptConfig{
-      .vocab_size = 256, .seq_len = 128, .d_model = 256, .n_heads = 4, .n_layers = 8};
+  o.model = trained.config;
   o.batch = 32;
   o.optimizer = {.lr = 3e-4f};
   const double tokens = static_cast<double>(o.batch) * o.model.seq_len;
@@ -109,13 +168,14 @@ absl::StatusOr<BenchResult> RunComputeBench(const BenchOptions& options) {
         cost.forward_flops + cost.backward_input_flops + cost.backward_weight_flops;
   }
   BenchResult result;
-  result.Label("model", "vocab 256, seq 128, d_model 256, 4 heads, 8 layers; batch 32");
+  result.Label("model", trained.label);
   result.Label("precision", PrecisionName(options.precision));
   result.Add("gflop_per_step", flops_per_token * tokens / 1e9);
   const std::string text = Text();
   std::string pytorch_label;
   using Engine = compute::CpuBackend::ProductEngine;
-  const int m = o.batch * o.model.seq_len, n = o.model.mlp_dim(), k = o.model.d_model;
+  const int m = o.batch * o.model.seq_len, n = LargestProductColumns(o.model);
+  const int k = o.model.d_model;
   for (int threads : {1, 2}) {
     o.threads = threads;
     // The fp32 OpenBLAS path first (the baseline), then oneDNN in fp32 and, with

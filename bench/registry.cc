@@ -48,7 +48,8 @@ const std::vector<Benchmark>& AllBenchmarks() {
        "cpu backend: training tokens/s of d_model 256, 8 layers, seq 128, batch 32 on 1 "
        "and 2 threads with oneDNN products, against the OpenBLAS engine in the same run "
        "(speedup), oneDNN's rate for the model's largest product (fraction) and PyTorch "
-       "CPU on the same model (ours/PyTorch)",
+       "CPU on the same model (ours/PyTorch); --model llama: Llama-3.2-1B's proportions "
+       "(GQA, SwiGLU, rotary, RMSNorm, tied) at the same size",
        RunComputeBench},
       {"compute-124m",
        "cpu backend on a GPT-2-124M-shaped model (vocab 50257 tied) at batch 4 x 64 tokens on "

@@ -173,6 +173,12 @@ TEST(BinariesTest, BenchListsItsBenchmarks) {
   EXPECT_THAT(precision->err,
               HasSubstr("--precision: unknown precision 'fp16'; accepted: fp32, bf16"));
   EXPECT_EQ(precision->out, "");
+  // So is a model compute does not train.
+  auto model = RunCommand({Bin("pipetrain-bench"), "compute", "--model", "mistral", "--json"}, 20s);
+  ASSERT_TRUE(model.ok());
+  EXPECT_EQ(model->exit_code, 2);
+  EXPECT_THAT(model->err, HasSubstr("--model: unknown model 'mistral'; accepted: gpt2, llama"));
+  EXPECT_EQ(model->out, "");
 }
 
 }  // namespace
