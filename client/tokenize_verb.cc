@@ -238,8 +238,12 @@ int RunTokenize(const std::vector<std::string>& args, std::ostream& out, std::os
         "wrote %s tokens to %s (%s, %d file%s, %s bytes read%s%s)\n", WithThousands(tokens),
         out_path, tok.name(), inputs.size(), inputs.size() == 1 ? "" : "s",
         WithThousands(bytes_read),
-        bos_tokens > 0 ? absl::StrCat(", ", bos_tokens, " begin-of-text tokens") : "",
-        eot_tokens > 0 ? absl::StrCat(", ", eot_tokens, " end-of-text tokens") : "");
+        bos_tokens > 0 ? absl::StrCat(", ", bos_tokens, " begin-of-text token",
+                                      bos_tokens == 1 ? "" : "s")
+                       : "",
+        eot_tokens > 0 ? absl::StrCat(", ", eot_tokens, " end-of-text token",
+                                      eot_tokens == 1 ? "" : "s")
+                       : "");
     out << absl::StrFormat("%.1f MB/s, %s tokens/s on %d thread%s (%.2f s)\n", mb_per_s,
                            WithThousands(static_cast<int64_t>(tokens_per_s)), threads,
                            threads == 1 ? "" : "s", seconds);
