@@ -78,19 +78,13 @@ absl::Status CpuBackend::RmsNormBackward(int rows, int C, const float* dout, con
 
 namespace {
 // One head's halves x1, x2 (half elements each) by the angles whose cosines and sines are
-// c and s: forward, or back by the transposed rotation.
-void RotateHead(int half, const float* c, const float* s, float* x1, float* x2) {
+// c and sign * s: sign 1 forward, -1 back by the transposed rotation (as exact as writing
+// the inverse's signs out: the product by -1 only flips the sign bit).
+void RotateHead(int half, const float* c, const float* s, float sign, float* x1, float* x2) {
   for (int i = 0; i < half; ++i) {
-    const float a = x1[i], b = x2[i];
-    x1[i] = a * c[i] - b * s[i];
-    x2[i] = b * c[i] + a * s[i];
-  }
-}
-void RotateHeadBack(int half, const float* c, const float* s, float* x1, float* x2) {
-  for (int i = 0; i < half; ++i) {
-    const float a = x1[i], b = x2[i];
-    x1[i] = a * c[i] + b * s[i];
-    x2[i] = b * c[i] - a * s[i];
+    const float a = x1[i], b = x2[i], si = sign * s[i];
+    x1[i] = a * c[i] - b * si;
+    x2[i] = b * c[i] + a * si;
   }
 }
 }  // namespace
@@ -102,6 +96,7 @@ absl::Status CpuBackend::Rotary(int rows, int T, int heads, int hs, int64_t stri
                    CheckRotary(Name(), rows, T, heads, hs, stride, cos, sin, x));
   if (call.empty()) return absl::OkStatus();
   const int half = hs / 2;
+  const float sign = inverse ? -1.0f : 1.0f;
   ForRanges(loop_threads_, rows, MinItems(int64_t{heads} * hs), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t t = r % T;
@@ -109,11 +104,7 @@ absl::Status CpuBackend::Rotary(int rows, int T, int heads, int hs, int64_t stri
       const float* s = sin + t * half;
       for (int h = 0; h < heads; ++h) {
         float* x1 = x + r * stride + int64_t{h} * hs;
-        if (inverse) {
-          RotateHeadBack(half, c, s, x1, x1 + half);
-        } else {
-          RotateHead(half, c, s, x1, x1 + half);
-        }
+        RotateHead(half, c, s, sign, x1, x1 + half);
       }
     }
   });

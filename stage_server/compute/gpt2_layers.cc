@@ -3,9 +3,9 @@
 #include <cmath>
 
 #include "absl/functional/function_ref.h"
-#include "absl/strings/str_cat.h"
 #include "common/model/gpt2_family.h"
 #include "common/status_macros.h"
+#include "stage_server/compute/normed_head.h"
 
 namespace pipetrain::compute {
 namespace {
@@ -336,107 +336,33 @@ absl::StatusOr<std::unique_ptr<typename BlockLayer<Real>::Cache>> Gpt2BlockLayer
 }
 
 // ---- Head: loss = mean cross-entropy(ln_f(x) lm_head^T, targets) -----------------------
+// The skeleton is NormedHeadLayer's; ln_f is a LayerNorm, whose statistics are each
+// row's mean, then each row's rstd.
 
 template <typename Real>
-class Gpt2HeadLayer : public HeadLayer<Real> {
+class Gpt2HeadLayer : public NormedHeadLayer<Real> {
   using P = model::Gpt2Head;
 
  public:
   Gpt2HeadLayer(const model::GptConfig& c, int index, BackendT<Real>* b)
-      : HeadLayer<Real>(c, index, b) {}
-
-  absl::Status Forward(int B, const void* input, const int32_t* targets, Real* output,
-                       Stash<Real>& s) override {
-    BackendT<Real>* be = this->backend_;
-    const int C = this->config_.d_model, V = this->config_.vocab_size;
-    const int N = B * this->config_.seq_len;
-    if (targets == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(model::LayerName(this->config_, this->index_), ": forward needs targets"));
-    }
-    s.Reset(B, input);
-    ASSIGN_OR_RETURN(int32_t * tgt, s.template New<int32_t>(be, kTargets, N));  // (N)
-    RETURN_IF_ERROR(be->Copy(tgt, targets, BytesOf<int32_t>(N)));
-    ASSIGN_OR_RETURN(Real * mean, s.New(be, kMean, N));                 // (N)
-    ASSIGN_OR_RETURN(Real * rstd, s.New(be, kRstd, N));                 // (N)
-    ASSIGN_OR_RETURN(Real * probs, s.New(be, kProbs, int64_t{N} * V));  // (N, V)
-    // ln_f's output (N, C) is read again only by the head's weight-gradient product: with
-    // product copies the stash keeps its copy and its values live for this forward only.
-    BackendBuffer<Real> ln_values;
-    Real* ln = nullptr;
-    void* ln_copy = nullptr;
-    if (this->product_copies()) {
-      ASSIGN_OR_RETURN(ln_values, BackendBuffer<Real>::Elements(be, int64_t{N} * C));
-      ln = ln_values.data();
-      ASSIGN_OR_RETURN(ln_copy, s.NewCopy(be, kLn, int64_t{N} * C));
-    } else {
-      ASSIGN_OR_RETURN(ln, s.New(be, kLn, int64_t{N} * C));
-    }
-    // Logits are computed in place of the probabilities they turn into.
-    RETURN_IF_ERROR(
-        LogitsRows(N, static_cast<const Real*>(input), ln, mean, rstd, probs, ln_copy));
-    return be->CrossEntropyForward(N, V, probs, tgt, probs, output);
-  }
-
-  absl::Status Logits(int rows, const Real* x, Real* logits) override {
-    BackendT<Real>* be = this->backend_;
-    const int64_t C = this->config_.d_model;
-    ASSIGN_OR_RETURN(auto ln, BackendBuffer<Real>::Elements(be, rows * C));  // (rows, C)
-    // LayerNorm's mean and rstd (rows each).
-    ASSIGN_OR_RETURN(auto stats, BackendBuffer<Real>::Elements(be, 2 * int64_t{rows}));
-    return LogitsRows(rows, x, ln.data(), stats.data(), stats.data() + rows, logits);
-  }
-
-  absl::Status BackwardInput(Stash<Real>& s, const Real*, Real loss_grad,
-                             Real* grad_input) override {
-    BackendT<Real>* be = this->backend_;
-    const int C = this->config_.d_model, V = this->config_.vocab_size;
-    const int N = s.rows() * this->config_.seq_len;
-    // dlogits (N, V) replaces the probabilities.
-    Real* dlogits = s.get(kProbs);
-    RETURN_IF_ERROR(be->CrossEntropyBackward(N, V, dlogits, s.ints(kTargets),
-                                             loss_grad / static_cast<Real>(N), dlogits));
-    ASSIGN_OR_RETURN(Real * dln, s.New(be, kDln, int64_t{N} * C));  // (N, C)
-    RETURN_IF_ERROR(this->MatmulByParam(N, C, V, dlogits, P::kLmHead, false, dln));
-    RETURN_IF_ERROR(be->Zero(grad_input, BytesOf<Real>(int64_t{N} * C)));
-    return be->LayerNormBackward(N, C, dln, static_cast<const Real*>(s.input()),
-                                 W(P::kLnFWeight), s.get(kMean), s.get(kRstd), grad_input,
-                                 nullptr, nullptr);
-  }
-
-  absl::Status BackwardWeight(Stash<Real>& s) override {
-    BackendT<Real>* be = this->backend_;
-    const int C = this->config_.d_model, V = this->config_.vocab_size;
-    const int N = s.rows() * this->config_.seq_len;
-    if (this->product_copies()) {
-      RETURN_IF_ERROR(be->MatmulByCopy(true, false, V, C, N, 1, Values<Real>(s.get(kProbs)),
-                                       CopyOf<Real>(s.raw(kLn)), 1, G(P::kLmHead)));
-    } else {
-      RETURN_IF_ERROR(
-          be->Matmul(true, false, V, C, N, 1, s.get(kProbs), s.get(kLn), 1, G(P::kLmHead)));
-    }
-    RETURN_IF_ERROR(be->LayerNormBackward(
-        N, C, s.get(kDln), static_cast<const Real*>(s.input()), W(P::kLnFWeight), s.get(kMean),
-        s.get(kRstd), nullptr, G(P::kLnFWeight), G(P::kLnFBias)));
-    s.Clear();
-    return absl::OkStatus();
-  }
+      : NormedHeadLayer<Real>(c, index, b, P::kLmHead, /*stats_per_row=*/2) {}
 
  private:
-  enum Slot { kTargets, kLn, kMean, kRstd, kProbs, kDln };
-
-  // ln (rows, C) = ln_f(x), keeping its mean and rstd (rows), and its product copy in
-  // ln_copy when given; out (rows, V) = ln lm_head^T.
-  absl::Status LogitsRows(int rows, const Real* x, Real* ln, Real* mean, Real* rstd, Real* out,
-                          void* ln_copy = nullptr) {
-    BackendT<Real>* be = this->backend_;
-    const int C = this->config_.d_model, V = this->config_.vocab_size;
-    RETURN_IF_ERROR(
-        be->LayerNormForward(rows, C, x, W(P::kLnFWeight), W(P::kLnFBias), ln, mean, rstd));
-    if (ln_copy != nullptr) {
-      RETURN_IF_ERROR(be->MakeProductCopy(int64_t{rows} * C, ln, ln_copy));
-    }
-    return this->MatmulByParam(rows, V, C, ln, P::kLmHead, true, out, ln_copy);
+  absl::Status NormForward(int rows, const Real* x, Real* h, Real* stats) override {
+    return this->backend_->LayerNormForward(rows, this->config_.d_model, x, W(P::kLnFWeight),
+                                            W(P::kLnFBias), h, stats, stats + rows);
+  }
+  absl::Status NormBackwardInput(int rows, const Real* dh, const Real* x, const Real* stats,
+                                 Real* dx) override {
+    return this->backend_->LayerNormBackward(rows, this->config_.d_model, dh, x,
+                                             W(P::kLnFWeight), stats, stats + rows, dx, nullptr,
+                                             nullptr);
+  }
+  absl::Status NormBackwardWeight(int rows, const Real* dh, const Real* x,
+                                  const Real* stats) override {
+    return this->backend_->LayerNormBackward(rows, this->config_.d_model, dh, x,
+                                             W(P::kLnFWeight), stats, stats + rows, nullptr,
+                                             G(P::kLnFWeight), G(P::kLnFBias));
   }
   Real* W(P::Param p) const { return this->param(p); }
   Real* G(P::Param p) const { return this->grad(p); }
