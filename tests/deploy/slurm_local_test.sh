@@ -32,7 +32,8 @@ port=$((20000 + RANDOM % 20000))
 trap cleanup EXIT
 
 # The stand-ins: srun runs --ntasks(-per-node) copies of the command here, each with its
-# SLURM_LOCALID, and passes SIGTERM on; scontrol knows one node, this one.
+# SLURM_LOCALID, and passes SIGTERM on; scontrol knows one node, this one, at its name.
+# (tests/slurm/sbatch_test.sh runs the script on a real Slurm, as root.)
 mkdir -p "$tmp/slurm-bin"
 cat > "$tmp/slurm-bin/srun" <<'EOF'
 #!/usr/bin/env bash
@@ -55,7 +56,11 @@ exit "$status"
 EOF
 cat > "$tmp/slurm-bin/scontrol" <<'EOF'
 #!/usr/bin/env bash
-[ "$1 $2" = "show hostnames" ] && hostname
+case "$1 $2" in
+  "show hostnames") hostname ;;
+  "show node") echo "NodeName=$3 NodeAddr=$3 State=IDLE" ;;
+  *) exit 1 ;;
+esac
 EOF
 chmod +x "$tmp/slurm-bin/srun" "$tmp/slurm-bin/scontrol"
 
