@@ -105,6 +105,25 @@ void ToBf16(int threads, const float* x, int batch0, int batch1, int rows, int c
   });
 }
 
+// The view `s` of bf16 bits, widened (exactly) to fp32 into out laid out densely as
+// Bf16Layout says for `like`.
+void WidenBf16(const uint16_t* bits, int batch0, int batch1, int rows, int cols,
+               const MatrixStrides& s, const MatrixStrides& like, std::vector<float>& out) {
+  const MatrixStrides d = Bf16Layout(batch1, rows, cols, like);
+  out.resize(size_t(batch0) * batch1 * rows * cols);
+  for (int64_t b0 = 0; b0 < batch0; ++b0) {
+    for (int64_t b1 = 0; b1 < batch1; ++b1) {
+      const uint16_t* in = bits + b0 * s.batch0 + b1 * s.batch1;
+      float* to = out.data() + b0 * d.batch0 + b1 * d.batch1;
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < cols; ++c) {
+          to[r * d.row + c * d.col] = common::Bf16BitsToFloat(in[r * s.row + c * s.col]);
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 
 struct OneDnnMatmul::Handles {
@@ -115,6 +134,7 @@ struct OneDnnMatmul::Handles {
 struct OneDnnMatmul::Entry {
   OwnedPrimitive primitive;
   OwnedMemory a, b, c;  // their data handles are set before every run
+  bool widened = false;  // a bf16 product run as fp32 on widened operands (no bf16 kernel)
 };
 
 absl::StatusOr<std::unique_ptr<OneDnnMatmul>> OneDnnMatmul::Create(int threads) {
@@ -153,10 +173,26 @@ absl::StatusOr<OneDnnMatmul::Entry*> OneDnnMatmul::EntryFor(common::DType operan
   auto it = cache_.find(key);
   if (it != cache_.end()) return it->second.get();
 
-  const dnnl_data_type_t in = bf16 ? dnnl_bf16 : dnnl_f32;
   // bf16 operands are rounded into dense scratch; fp32 ones are read where they are.
   const MatrixStrides sa = bf16 && !a_given ? Bf16Layout(p.batch1, p.m, p.k, p.a) : p.a;
   const MatrixStrides sb = bf16 && !b_given ? Bf16Layout(p.batch1, p.k, p.n, p.b) : p.b;
+  absl::StatusOr<std::unique_ptr<Entry>> entry =
+      MakeEntry(p, bf16 ? dnnl_bf16 : dnnl_f32, sa, sb);
+  if (bf16 && absl::IsUnimplemented(entry.status())) {
+    // No bf16 kernel here: fp32 ones on the widened operands, dense as the scratch.
+    entry = MakeEntry(p, dnnl_f32, Bf16Layout(p.batch1, p.m, p.k, p.a),
+                      Bf16Layout(p.batch1, p.k, p.n, p.b));
+    if (entry.ok()) (*entry)->widened = true;
+  }
+  if (!entry.ok()) return entry.status();
+  Entry* raw = entry->get();
+  cache_.emplace(std::move(key), *std::move(entry));
+  return raw;
+}
+
+absl::StatusOr<std::unique_ptr<OneDnnMatmul::Entry>> OneDnnMatmul::MakeEntry(
+    const ProductShape& p, int in_type, const MatrixStrides& sa, const MatrixStrides& sb) {
+  const auto in = static_cast<dnnl_data_type_t>(in_type);
   ASSIGN_OR_RETURN(dnnl_memory_desc_t a, ViewDesc(p.batch0, p.batch1, p.m, p.k, sa, in));
   ASSIGN_OR_RETURN(dnnl_memory_desc_t b, ViewDesc(p.batch0, p.batch1, p.k, p.n, sb, in));
   ASSIGN_OR_RETURN(dnnl_memory_desc_t c, ViewDesc(p.batch0, p.batch1, p.m, p.n, p.c, dnnl_f32));
@@ -177,17 +213,15 @@ absl::StatusOr<OneDnnMatmul::Entry*> OneDnnMatmul::EntryFor(common::DType operan
   OwnedDesc pd;
   RETURN_IF_ERROR(Check(dnnl_primitive_desc_create(&pd.h, &desc, attr.h, handles_->engine.h,
                                                    nullptr),
-                        absl::StrCat("making a ", bf16 ? "bf16" : "fp32", " product of ", p.m,
-                                     "x", p.k, " by ", p.k, "x", p.n)));
+                        absl::StrCat("making a ", in == dnnl_bf16 ? "bf16" : "fp32",
+                                     " product of ", p.m, "x", p.k, " by ", p.k, "x", p.n)));
   auto entry = std::make_unique<Entry>();
   RETURN_IF_ERROR(Check(dnnl_primitive_create(&entry->primitive.h, pd.h), "making the primitive"));
   dnnl_engine_t eng = handles_->engine.h;
   RETURN_IF_ERROR(Check(dnnl_memory_create(&entry->a.h, &a, eng, DNNL_MEMORY_NONE), "memory"));
   RETURN_IF_ERROR(Check(dnnl_memory_create(&entry->b.h, &b, eng, DNNL_MEMORY_NONE), "memory"));
   RETURN_IF_ERROR(Check(dnnl_memory_create(&entry->c.h, &c, eng, DNNL_MEMORY_NONE), "memory"));
-  Entry* raw = entry.get();
-  cache_.emplace(std::move(key), std::move(entry));
-  return raw;
+  return entry;
 }
 
 absl::Status OneDnnMatmul::Run(common::DType operands, const ProductShape& p, const float* a,
@@ -197,32 +231,40 @@ absl::Status OneDnnMatmul::Run(common::DType operands, const ProductShape& p, co
         "oneDNN matmul: operands must be f32 or bf16 (got ", common::DTypeName(operands), ")"));
   }
   ASSIGN_OR_RETURN(Entry * e, EntryFor(operands, p));
-  const void* a_data = a;
-  const void* b_data = b;
-  if (operands == common::DType::kBF16) {
-    ToBf16(threads_, a, p.batch0, p.batch1, p.m, p.k, p.a, a16_);
-    ToBf16(threads_, b, p.batch0, p.batch1, p.k, p.n, p.b, b16_);
-    a_data = a16_.data();
-    b_data = b16_.data();
-  }
-  return Execute(e, a_data, b_data, c);
+  if (operands != common::DType::kBF16) return Execute(e, a, b, c);
+  ToBf16(threads_, a, p.batch0, p.batch1, p.m, p.k, p.a, a16_);
+  ToBf16(threads_, b, p.batch0, p.batch1, p.k, p.n, p.b, b16_);
+  return ExecuteBf16(e, p, a16_.data(), Bf16Layout(p.batch1, p.m, p.k, p.a), b16_.data(),
+                     Bf16Layout(p.batch1, p.k, p.n, p.b), c);
 }
 
 absl::Status OneDnnMatmul::RunBf16(const ProductShape& p, Bf16Operand a, Bf16Operand b,
                                    float* c) {
   ASSIGN_OR_RETURN(Entry * e, EntryFor(common::DType::kBF16, p, a.bits != nullptr,
                                        b.bits != nullptr));
-  const void* a_data = a.bits;
-  const void* b_data = b.bits;
+  const uint16_t* a_data = a.bits;
+  const uint16_t* b_data = b.bits;
+  MatrixStrides sa = p.a, sb = p.b;
   if (a_data == nullptr) {
     ToBf16(threads_, a.values, p.batch0, p.batch1, p.m, p.k, p.a, a16_);
     a_data = a16_.data();
+    sa = Bf16Layout(p.batch1, p.m, p.k, p.a);
   }
   if (b_data == nullptr) {
     ToBf16(threads_, b.values, p.batch0, p.batch1, p.k, p.n, p.b, b16_);
     b_data = b16_.data();
+    sb = Bf16Layout(p.batch1, p.k, p.n, p.b);
   }
-  return Execute(e, a_data, b_data, c);
+  return ExecuteBf16(e, p, a_data, sa, b_data, sb, c);
+}
+
+absl::Status OneDnnMatmul::ExecuteBf16(Entry* e, const ProductShape& p, const uint16_t* a,
+                                       const MatrixStrides& sa, const uint16_t* b,
+                                       const MatrixStrides& sb, float* c) {
+  if (!e->widened) return Execute(e, a, b, c);
+  WidenBf16(a, p.batch0, p.batch1, p.m, p.k, sa, p.a, a32_);
+  WidenBf16(b, p.batch0, p.batch1, p.k, p.n, sb, p.b, b32_);
+  return Execute(e, a32_.data(), b32_.data(), c);
 }
 
 absl::Status OneDnnMatmul::Execute(Entry* e, const void* a, const void* b, float* c) {

@@ -8,6 +8,9 @@
 // common/bf16.h) into a scratch buffer and the products are summed in fp32: the same
 // numbers the reference backend's bf16 mode gives, at oneDNN's bf16 rate on a processor
 // with bf16 instructions (and on its slower path on one without: see bf16_native()).
+// Where this oneDNN has no bf16 product at all (2.6 on a processor without AVX-512),
+// the rounded operands are widened back to fp32 (exactly) and multiplied by the fp32
+// kernels: the same bf16 products, each exact in fp32, summed in fp32 in their order.
 //
 // Same shapes and thread count give the same bits run after run: oneDNN's matmul splits
 // work by the shape and thread count only. Not thread-safe: one executor thread drives it.
@@ -50,6 +53,14 @@ class OneDnnMatmul : public Products {
   // rounded into dense scratch).
   absl::StatusOr<Entry*> EntryFor(common::DType operands, const ProductShape& p,
                                   bool a_given = false, bool b_given = false);
+  // Makes the primitive of `p` on operands of `in` type laid out as sa and sb.
+  absl::StatusOr<std::unique_ptr<Entry>> MakeEntry(const ProductShape& p, int in,
+                                                   const MatrixStrides& sa,
+                                                   const MatrixStrides& sb);
+  // Runs a bf16 product: a and b are bf16 bits laid out as sa and sb.
+  absl::Status ExecuteBf16(Entry* e, const ProductShape& p, const uint16_t* a,
+                           const MatrixStrides& sa, const uint16_t* b, const MatrixStrides& sb,
+                           float* c);
   absl::Status Execute(Entry* e, const void* a, const void* b, float* c);
 
   int threads_;
@@ -58,6 +69,7 @@ class OneDnnMatmul : public Products {
   // strides, alpha, beta.
   std::map<std::array<int64_t, 22>, std::unique_ptr<Entry>> cache_;
   std::vector<uint16_t> a16_, b16_;  // bf16 operands of the product being run
+  std::vector<float> a32_, b32_;     // the same widened, where bf16 products are missing
 };
 
 }  // namespace pipetrain::compute
