@@ -53,6 +53,7 @@ std::string TopHelp() {
 const std::vector<Verb>& Verbs() {
   static const std::vector<Verb> verbs = {
       {"submit", "submit a job spec and follow it to the end (--no-wait to detach)", RunSubmit},
+      {"follow", "follow a job already submitted to its end, as submit does", RunFollow},
       {"status", "a job's state, steps, loss and bubble (--json with the step history)",
        RunStatus},
       {"logs", "a job's log lines (-f to follow until it ends)", RunLogs},

@@ -1,5 +1,6 @@
 // `pipetrain submit JOB.json`: checks the spec here (so a typo costs no round trip),
-// submits it, and follows the job to its end with a progress bar and a summary.
+// submits it, and follows the job to its end with a progress bar and a summary;
+// `pipetrain follow ID` follows a job already submitted the same way.
 #include <sys/ioctl.h>
 #include <unistd.h>
 
@@ -98,6 +99,29 @@ int Follow(Remote& remote, const std::string& job_id, const pb::JobSpec& spec, b
 }
 
 }  // namespace
+
+int RunFollow(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  RemoteFlags connection;
+  std::string job_id;
+  bool json = false, help = false;
+  common::FlagSet flags(
+      "pipetrain follow", "ID [flags]",
+      "Follows a job already submitted until it ends, as submit does: a progress bar on a\n"
+      "terminal, a line every 5% of the steps otherwise, log lines, and a summary; the steps\n"
+      "it has done already come first. For a script that submitted with --no-wait, or\n"
+      "one that comes back to its job (deploy/slurm/pipetrain.sbatch after a requeue).\n\n" +
+          RemoteExitCodes("the job failed or was cancelled"));
+  flags.AddBool("json", &json, "print every event as one JSON line");
+  AddRemoteFlags(flags, &connection);
+  flags.AddBool("help", &help, "print this help and exit");
+  if (auto code = ParseJobIdVerb(flags, args, help, &connection, out, err, &job_id)) return *code;
+  Remote remote("follow", connection);
+  pb::JobStatus job;
+  if (grpc::Status st = remote.GetJob(job_id, &job, false); !st.ok()) return remote.Fail(st, err);
+  const pb::JobSpec filled = coordinator::WithDefaults(job.spec());
+  if (!json) out << "following " << job_id << " (" << filled.name() << ")\n";
+  return Follow(remote, job_id, filled, json, out, err);
+}
 
 int RunSubmit(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   std::vector<std::string> sets;

@@ -1,6 +1,6 @@
 // End to end, what a user sees of jobs through the `pipetrain` CLI and the HTTP API:
 // cancel keeps a checkpoint, logs and list tell of it, `pipetrain resume` continues it
-// (in the other precision too, saying so);
+// (in the other precision too, saying so); `pipetrain follow` follows a job to its end;
 // the API serves the same records; bad specs, unknown ids and unreachable coordinators
 // get their exit codes; a model too big for the stages is refused naming the memory;
 // GET /metrics agrees with `pipetrain status`.
@@ -113,6 +113,39 @@ TEST_F(CoordinatorCliTest, ResumeOfAJobThatSucceededHasNoStepsLeft) {
   ASSERT_TRUE(done.ok());
   EXPECT_EQ(done->exit_code, 2);
   EXPECT_THAT(done->err, HasSubstr("no steps left"));
+}
+
+// `pipetrain follow ID`: a job submitted with --no-wait, followed to its end as submit
+// would: every step from the first (those done before it came too), exit 0; a cancelled
+// job exits 1, an unknown one 2.
+TEST_F(CoordinatorCliTest, FollowShowsEveryStepOfAJobItDidNotSubmit) {
+  const std::string id = SubmitNoWait(*c_, {});
+  auto followed = c_->Cli({"follow", id, "--json"});
+  ASSERT_TRUE(followed.ok());
+  EXPECT_EQ(followed->exit_code, 0) << followed->err;
+  std::vector<double> losses;
+  for (absl::string_view line : absl::StrSplit(followed->out, '\n', absl::SkipEmpty())) {
+    const json event = json::parse(line, nullptr, false);
+    ASSERT_FALSE(event.is_discarded()) << "not JSON: " << std::string(line);
+    if (event.contains("step")) losses.push_back(event["step"]["loss"].get<double>());
+  }
+  EXPECT_EQ(losses, testing::Losses(Status(*c_, id)));
+  EXPECT_EQ(losses.size(), 4u);
+  auto text = c_->Cli({"follow", id});
+  ASSERT_TRUE(text.ok());
+  EXPECT_EQ(text->exit_code, 0);
+  EXPECT_THAT(text->out, HasSubstr("following " + id));
+  EXPECT_THAT(text->out, HasSubstr("SUCCEEDED"));
+}
+
+TEST_F(CoordinatorCliTest, FollowOfACancelledJobExits1AndOfAnUnknownOne2) {
+  auto cancelled = c_->Cli({"follow", CancelledJob()});
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->exit_code, 1) << cancelled->out;
+  auto unknown = c_->Cli({"follow", "job-999999"});
+  ASSERT_TRUE(unknown.ok());
+  EXPECT_EQ(unknown->exit_code, 2);
+  EXPECT_THAT(unknown->err, HasSubstr("job-999999"));
 }
 
 // The HTTP API serves the records the CLI shows.
