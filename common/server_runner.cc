@@ -1,5 +1,6 @@
 #include "common/server_runner.h"
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <iostream>
@@ -121,6 +122,13 @@ int WaitForTerminationSignal() {
   sigwait(&set, &sig);
   LogInfo("server", absl::StrCat("received signal ", sig, ", shutting down"));
   return sig;
+}
+
+bool TerminationSignalWithin(absl::Duration timeout) {
+  const sigset_t set = TerminationSignals();
+  const struct timespec wait = absl::ToTimespec(std::max(timeout, absl::ZeroDuration()));
+  // EINTR (another signal) or EAGAIN (the time is over): no termination signal.
+  return sigtimedwait(&set, nullptr, &wait) > 0;
 }
 
 void WaitForTerminationSignal(grpc::Server* server, absl::Duration grace) {

@@ -55,5 +55,8 @@ void WaitForTerminationSignal(grpc::Server* server, absl::Duration grace);
 // Blocks until SIGINT or SIGTERM; returns the signal. For servers with work to wind
 // down before the gRPC server shuts down.
 int WaitForTerminationSignal();
+// Waits at most `timeout` for SIGINT or SIGTERM (blocked by BlockTerminationSignals);
+// true if one came. For a server winding down that a second signal stops at once.
+bool TerminationSignalWithin(absl::Duration timeout);
 
 }  // namespace pipetrain::common

@@ -76,7 +76,8 @@ JobFacts JobManager::FactsOf(LiveJob* job) {
           .restarts_done = s.recoveries_size(),
           .max_restarts = s.spec().fault_tolerance().max_restarts(),
           .cancel_requested = job->cancel.load(),
-          .coordinator_stopping = shutting_down_.load()};
+          .coordinator_stopping = shutting_down_.load(),
+          .on_stop = options_.on_stop};
 }
 
 RunnerOptions JobManager::RunnerOptionsFor(const std::string& job_id) const {

@@ -38,6 +38,8 @@ struct ManagerOptions {
   size_t events_in_memory = kDefaultEventsInMemory;
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(5);
+  // What Shutdown makes of the jobs running (--on-stop).
+  OnStop on_stop = OnStop::kRecover;
   RunnerOptions runner;  // checkpoint_root is set per job
 };
 
@@ -50,7 +52,10 @@ class JobManager {
   ~JobManager();  // Shutdown()
   // Running jobs stop after their current step (with a checkpoint) and are recorded
   // RECOVERING, for the next coordinator to continue (FAILED, naming the checkpoint,
-  // with fault_tolerance.max_restarts 0); waits for their threads.
+  // with fault_tolerance.max_restarts 0), or CANCELLED, naming the checkpoint, with
+  // OnStop::kCancel; waits for their threads, which free their stages first (a stage
+  // signalled with the coordinator serves until then: its heartbeat's `held`). Queued
+  // jobs stay QUEUED in the store either way.
   void Shutdown();
 
   // Requests reach these calls checked by the service (request_checks.h: sizes, ids,

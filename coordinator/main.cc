@@ -36,6 +36,7 @@ constexpr int kDefaultHttpPort = 7401;
 struct Flags {
   std::string listen = "127.0.0.1:7400";
   std::string state_dir, http, health_listen, tensorboard_dir;
+  std::string on_stop = "recover";
   std::vector<std::string> data_roots;
   double heartbeat_timeout = 5;
   double stage_deadline = 30;
@@ -68,10 +69,18 @@ constexpr char kDescription[] =
     "with --http).\n"
     "Jobs, their step history and logs are kept in DIR/jobs.db (SQLite), checkpoints in\n"
     "DIR/checkpoints/JOB/step-N/, TensorBoard event files (every step's scalars) in\n"
-    "DIR/tensorboard/JOB/ (tensorboard --logdir DIR/tensorboard). Runs until SIGINT or\n"
-    "SIGTERM; a job running then stops after its current step and is recorded\n"
-    "RECOVERING, for the next coordinator on DIR to continue (FAILED, naming its last\n"
-    "checkpoint, with fault_tolerance.max_restarts 0).\n"
+    "DIR/tensorboard/JOB/ (tensorboard --logdir DIR/tensorboard).\n"
+    "\n"
+    "Stopping: runs until SIGINT or SIGTERM. A job running then (or recovering, or\n"
+    "waiting for its stages) stops after its current step with a checkpoint, and\n"
+    "--on-stop says what it becomes: with recover (the default) it is recorded\n"
+    "RECOVERING, for the next coordinator on DIR to continue (FAILED, naming the\n"
+    "checkpoint, with fault_tolerance.max_restarts 0); with cancel it ends CANCELLED,\n"
+    "naming the step, the checkpoint and 'pipetrain resume JOB' (for stops meant as\n"
+    "final, such as scancel). Queued jobs stay QUEUED either way and start on the next\n"
+    "coordinator on DIR. Stage servers signalled at the same moment (scancel signals\n"
+    "every process of a job) keep serving a job that holds them until it lets them go,\n"
+    "for up to their --stop-grace, so that its step and checkpoint can finish.\n"
     "\n"
     "Data: a job names files the coordinator reads (data.corpus, data.tokens,\n"
     "data.validation_tokens, init_from). Each must resolve, after symlinks, inside the\n"
@@ -112,7 +121,7 @@ void DefinePlaceFlags(common::FlagSet& flags, Flags& f) {
                   "HOST:PORT");
 }
 
-// Deadlines and bounds, security, help.
+// Deadlines and bounds, the stop, security, help.
 void DefineLimitFlags(common::FlagSet& flags, Flags& f) {
   flags.AddDouble("heartbeat-timeout", &f.heartbeat_timeout,
                   "seconds without a heartbeat after which a stage is marked lost", "S");
@@ -126,6 +135,12 @@ void DefineLimitFlags(common::FlagSet& flags, Flags& f) {
                "watchers; older ones are read from the job store, so memory stays bounded "
                "however long a job runs",
                "N");
+  flags.AddString("on-stop", &f.on_stop,
+                  "what a job running on SIGINT/SIGTERM becomes once its current step is done "
+                  "and checkpointed: recover (RECOVERING, continued by the next coordinator on "
+                  "the same --state-dir) or cancel (CANCELLED, continued with 'pipetrain resume "
+                  "JOB'); queued jobs stay QUEUED either way",
+                  "recover|cancel");
   common::AddSecurityFlags(flags, &f.security,
                            "require this bearer token (the file's contents, trimmed) on every "
                            "call and HTTP request, and send it to the stages");
@@ -141,8 +156,8 @@ std::optional<int> ParseFlags(int argc, char** argv, Flags& f,
   common::FlagSet flags(
       "pipetrain-coordinator",
       "--state-dir DIR [--listen HOST:PORT] [--http HOST:PORT] [--data-root DIR]...\n"
-      "    [--tensorboard-dir DIR] [--tls-cert FILE --tls-key FILE --tls-ca FILE]\n"
-      "    [--token-file FILE]",
+      "    [--tensorboard-dir DIR] [--on-stop recover|cancel]\n"
+      "    [--tls-cert FILE --tls-key FILE --tls-ca FILE] [--token-file FILE]",
       kDescription);
   DefinePlaceFlags(flags, f);
   DefineLimitFlags(flags, f);
@@ -170,6 +185,13 @@ absl::StatusOr<std::optional<common::HostPort>> OptionalAddress(const std::strin
   if (value.empty()) return std::nullopt;
   ASSIGN_OR_RETURN(common::HostPort a, common::ParseHostPort(value, default_port, flag));
   return a;
+}
+
+absl::StatusOr<coordinator::OnStop> OnStopOf(const std::string& value) {
+  if (value == "recover") return coordinator::OnStop::kRecover;
+  if (value == "cancel") return coordinator::OnStop::kCancel;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--on-stop must be recover or cancel, not '", value, "'"));
 }
 
 absl::Status CheckNumbers(const Flags& f) {
@@ -211,8 +233,10 @@ absl::StatusOr<Options> CheckFlags(const Flags& f, common::RpcSecurity security)
   ASSIGN_OR_RETURN(o.health_address, OptionalAddress(f.health_listen, 0, "--health-listen"));
   ASSIGN_OR_RETURN(o.http_address, OptionalAddress(f.http, kDefaultHttpPort, "--http"));
   RETURN_IF_ERROR(CheckNumbers(f));
+  ASSIGN_OR_RETURN(const coordinator::OnStop on_stop, OnStopOf(f.on_stop));
   ASSIGN_OR_RETURN(common::DataRoots roots, coordinator::JobDataRoots(f.data_roots, f.state_dir));
   o.manager = ManagerOptionsOf(f, security, std::move(roots));
+  o.manager.on_stop = on_stop;
   o.security = std::move(security);
   return o;
 }
@@ -268,8 +292,10 @@ absl::Status Start(Options& o, Running& r) {
   return StartGrpc(o, r);
 }
 
-// Jobs stop first (each finishes its current step and is recorded), so that the
-// watchers' streams end with the jobs' last state; then the servers stop.
+// Jobs stop first (each finishes its current step, is checkpointed and recorded as
+// --on-stop says, and frees its stages), so that the watchers' streams end with the
+// jobs' last state and stages signalled with us hear from their heartbeats that they
+// may go; then the servers stop.
 void Stop(Running& r) {
   r.manager->Shutdown();
   r.server.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

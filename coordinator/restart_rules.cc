@@ -14,11 +14,18 @@ namespace pb = ::pipetrain::v1;
 bool Stopped(const JobFacts& job) { return job.cancel_requested || job.coordinator_stopping; }
 
 // How a job whose run (or recovery) ended with `state` and `reason` ends. A run the
-// coordinator's stop cancelled is left for the next coordinator when the job may be
-// restarted at all, else it failed; a failure says how to resume.
+// coordinator's stop cancelled ends CANCELLED with --on-stop cancel; otherwise it is
+// left for the next coordinator when the job may be restarted at all, else it failed.
+// A failure, and a stop's cancel, say how to resume.
 Verdict Ending(pb::JobStatus::State state, std::string reason, const JobFacts& job) {
   using Action = Verdict::Action;
   const bool stopped_by_coordinator = state == pb::JobStatus::CANCELLED && !job.cancel_requested;
+  if (stopped_by_coordinator && job.on_stop == OnStop::kCancel) {
+    return {Action::kEnd, pb::JobStatus::CANCELLED,
+            absl::StrCat("the coordinator was stopped by a signal (--on-stop cancel) after step ",
+                         job.steps_done, " (", reason, ")",
+                         ResumeHint(job.job_id, job.checkpoint_dir))};
+  }
   if (stopped_by_coordinator && job.max_restarts > 0) {
     return {Action::kLeaveForNextCoordinator, pb::JobStatus::RECOVERING,
             absl::StrCat("the coordinator stopped while the job was running (after step ",
@@ -40,6 +47,12 @@ Verdict Ending(pb::JobStatus::State state, std::string reason, const JobFacts& j
 
 Verdict AfterRun(const RunOutcome& run, const JobFacts& job) {
   const bool lost = run.state == pb::JobStatus::FAILED && !run.lost_stage_ids.empty();
+  if (lost && job.coordinator_stopping && !job.cancel_requested &&
+      job.on_stop == OnStop::kCancel) {
+    // Its stages were signalled with the coordinator and did not wait for the step: the
+    // stop is still the final one it was meant to be, from the newest checkpoint.
+    return Ending(pb::JobStatus::CANCELLED, run.reason, job);
+  }
   if (!lost || Stopped(job)) return Ending(run.state, run.reason, job);
   const int done = job.restarts_done, max = job.max_restarts;
   if (done < max) {

@@ -1,7 +1,8 @@
 // What becomes of a job once a run of it has ended, or a recovery could not continue
 // it: recover it (a stage was lost and restarts are left), end it with a state and a
-// reason, or leave it RECOVERING for the next coordinator (this one is stopping). Pure:
-// the job manager (job_driver.cc) gathers the facts and applies the verdict.
+// reason, or leave it RECOVERING for the next coordinator (this one is stopping, and
+// --on-stop says recover). Pure: the job manager (job_driver.cc) gathers the facts and
+// applies the verdict.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +14,15 @@
 
 namespace pipetrain::coordinator {
 
+// What a job running (or recovering, or waiting for its stages) becomes when the
+// coordinator is stopped (SIGINT/SIGTERM): pipetrain-coordinator --on-stop.
+enum class OnStop {
+  kRecover,  // RECOVERING, for the next coordinator on the same --state-dir (FAILED
+             // with fault_tolerance.max_restarts 0)
+  kCancel,   // CANCELLED, with its checkpoint and how to resume it: the stop is final
+             // (scancel, a machine taken back)
+};
+
 // What the rules need to know of the job besides how its run ended, as it is now.
 struct JobFacts {
   std::string job_id;
@@ -22,6 +32,7 @@ struct JobFacts {
   int max_restarts = 0;   // fault_tolerance.max_restarts
   bool cancel_requested = false;      // the user cancelled the job
   bool coordinator_stopping = false;  // the coordinator is shutting down
+  OnStop on_stop = OnStop::kRecover;  // what that stop makes of the job
 };
 
 struct Verdict {
@@ -36,7 +47,10 @@ struct Verdict {
 };
 
 // After a run: a failure that lost a stage is recovered while restarts are left (and
-// the job is neither cancelled nor the coordinator stopping); anything else ends it.
+// the job is neither cancelled nor the coordinator stopping); anything else ends it. A
+// run the coordinator's stop ended is left for the next coordinator, failed, or (with
+// OnStop::kCancel) ended CANCELLED naming its step, the stop and the resume hint; with
+// kCancel so is a run that lost stages while the coordinator was stopping.
 Verdict AfterRun(const RunOutcome& run, const JobFacts& job);
 
 // After a recovery failed with `error` (no stages in time, or stopped while waiting).

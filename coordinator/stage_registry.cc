@@ -233,6 +233,14 @@ std::vector<std::optional<StageRecord>> StageRegistry::AcquireAt(
   return taken;
 }
 
+bool StageRegistry::Held(const std::string& stage_id) {
+  absl::MutexLock lock(&mu_);
+  for (const StageRecord& stage : stages_) {
+    if (stage.stage_id == stage_id) return !stage.job_id.empty();
+  }
+  return false;
+}
+
 int StageRegistry::FreeCount(uint64_t min_memory_bytes) {
   absl::MutexLock lock(&mu_);
   SweepLocked();

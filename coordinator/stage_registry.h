@@ -102,6 +102,10 @@ class StageRegistry {
   std::vector<std::optional<StageRecord>> AcquireAt(const std::string& job_id,
                                                     const std::vector<std::string>& addresses);
 
+  // Whether a job holds the stage: taken by Acquire or AcquireAt and not yet freed by
+  // Release or ReleaseStage (lost or not). False for an unknown id.
+  bool Held(const std::string& stage_id);
+
   // Stages that are free and not lost, and how many there are in all (not lost).
   int FreeCount(uint64_t min_memory_bytes = 0);
   int LiveCount();

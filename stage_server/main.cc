@@ -18,6 +18,7 @@
 #include "stage_server/registration.h"
 #include "stage_server/stage_runtime.h"
 #include "stage_server/stage_service.h"
+#include "stage_server/stop_drain.h"
 
 namespace {
 
@@ -34,6 +35,26 @@ std::string Bf16Support(pipetrain::stage_server::DeviceSpec::Kind kind) {
   }
 }
 
+// After the first SIGINT/SIGTERM: serves on while the coordinator holds this stage for
+// a job, for up to `grace` (stop_drain.h), then stops serving as before.
+void StopServing(grpc::Server* server, std::optional<pipetrain::common::RunningServer>& health,
+                 pipetrain::stage_server::Registration* registration,
+                 const pipetrain::stage_server::StageRuntime& runtime, absl::Duration grace) {
+  using namespace pipetrain;
+  stage_server::StopDrain drain;
+  drain.grace = grace;
+  // Asked afresh: the latest periodic heartbeat may predate the job that took the stage.
+  drain.held = [registration] {
+    return registration != nullptr && registration->HeartbeatNow();
+  };
+  drain.job_id = [&runtime] { return runtime.current_job_id(); };
+  drain.signal_within = common::TerminationSignalWithin;
+  drain.log = [](const std::string& line) { common::LogInfo("stage", line); };
+  stage_server::WaitWhileHeld(drain);
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  if (health) health->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -44,17 +65,23 @@ int main(int argc, char** argv) {
   std::string listen = "127.0.0.1:0", device = "cpu", coordinator, advertise, health_listen,
       fail_at;
   int64_t threads = 1, memory_limit = 0;
+  double stop_grace = 30;
   bool help = false, version = false;
   common::SecurityFlags security_flags;
   common::FlagSet flags(
       "pipetrain-stage",
       "[--coordinator HOST:PORT] [--listen HOST:PORT] [--device cpu|cuda:N|emulated:NAME]\n"
-      "    [--tls-cert FILE --tls-key FILE --tls-ca FILE] [--token-file FILE]",
+      "    [--stop-grace S] [--tls-cert FILE --tls-key FILE --tls-ca FILE] [--token-file FILE]",
       "Serves one pipeline stage (gRPC service pipetrain.v1.Stage, gRPC health and\n"
       "reflection): the coordinator configures it with a chunk of the model and drives\n"
       "its steps; neighbouring stages stream activations and gradients to it directly.\n"
       "Health of service pipetrain.v1.Stage is NOT_SERVING until a job is configured.\n"
       "Runs until SIGINT or SIGTERM; without --coordinator it only waits to be driven.\n"
+      "Told to stop while its coordinator holds it for a job (running, or recovering onto\n"
+      "it), it keeps serving until the coordinator lets it go, for up to --stop-grace\n"
+      "seconds, so that a coordinator stopped at the same moment (scancel signals every\n"
+      "process of a job) can finish the job's step and take its checkpoint; a second\n"
+      "SIGINT or SIGTERM, or a coordinator that no longer answers, stops it at once.\n"
       "\n"
       "Security: with --tls-cert/--tls-key/--tls-ca every connection (coordinator calls,\n"
       "registration, peer streams to and from neighbouring stages) is mutual TLS against\n"
@@ -89,6 +116,11 @@ int main(int argc, char** argv) {
                   "job's stage STAGE; never once state was imported (a run restored after a "
                   "recovery, or a job started from init_from)",
                   "JOB:STAGE:STEP:POINT");
+  flags.AddDouble("stop-grace", &stop_grace,
+                  "on SIGINT/SIGTERM while the coordinator holds this stage for a job, keep "
+                  "serving until it lets the stage go (the job's step done and checkpointed), "
+                  "at most S seconds; 0 stops at once",
+                  "S");
   common::AddSecurityFlags(flags, &security_flags,
                            "require this bearer token (the file's contents, trimmed) on "
                            "control calls, and send it when registering; the coordinator's "
@@ -102,6 +134,9 @@ int main(int argc, char** argv) {
   }
   if (parse_status.ok() && (threads < 1 || memory_limit < 0)) {
     parse_status = absl::InvalidArgumentError("--threads must be >= 1 and --memory-limit >= 0");
+  }
+  if (parse_status.ok() && !(stop_grace >= 0 && stop_grace <= 86400)) {
+    parse_status = absl::InvalidArgumentError("--stop-grace must be between 0 and 86400 seconds");
   }
   absl::StatusOr<common::RpcSecurity> security = common::RpcSecurity();
   if (parse_status.ok() && !help && !version) {
@@ -218,8 +253,9 @@ int main(int argc, char** argv) {
     registration = std::make_unique<stage_server::Registration>(
         coordinator, request, [&runtime] { return runtime.current_job_id(); }, *security);
   }
-  common::WaitForTerminationSignal(server->server.get(), absl::Seconds(2));
-  if (health) health->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  common::WaitForTerminationSignal();
+  StopServing(server->server.get(), health, registration.get(), runtime,
+              absl::Seconds(stop_grace));
   registration.reset();
   common::LogInfo("stage", "stopped");
   return 0;

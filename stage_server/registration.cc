@@ -28,6 +28,41 @@ std::string Registration::stage_id() const {
   return stage_id_;
 }
 
+bool Registration::held() const {
+  absl::MutexLock lock(&mu_);
+  return held_;
+}
+
+bool Registration::HeartbeatNow() {
+  std::string id, secret;
+  {
+    absl::MutexLock lock(&mu_);
+    id = stage_id_;
+    secret = secret_;
+  }
+  if (id.empty()) return false;
+  pipetrain::v1::HeartbeatResponse response;
+  // An unknown id: the thread registers again.
+  const grpc::Status s = Beat(id, secret, absl::Seconds(2), &response);
+  return s.ok() && response.known() && response.held();
+}
+
+grpc::Status Registration::Beat(const std::string& id, const std::string& secret,
+                                absl::Duration deadline,
+                                pipetrain::v1::HeartbeatResponse* response) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(deadline));
+  security_.AddToken(ctx);
+  pipetrain::v1::HeartbeatRequest req;
+  req.set_stage_id(id);
+  req.set_job_id(job_id_());
+  req.set_registration_secret(secret);
+  grpc::Status s = stub_->Heartbeat(&ctx, req, response);
+  absl::MutexLock lock(&mu_);
+  if (stage_id_ == id) held_ = s.ok() && response->known() && response->held();
+  return s;
+}
+
 std::string Registration::registration_secret() const {
   absl::MutexLock lock(&mu_);
   return secret_;
@@ -73,12 +108,8 @@ void Registration::Run() {
                              s.error_message(), " (retrying)"));
       }
     } else {
-      pipetrain::v1::HeartbeatRequest req;
-      req.set_stage_id(id);
-      req.set_job_id(job_id_());
-      req.set_registration_secret(secret);
       pipetrain::v1::HeartbeatResponse resp;
-      grpc::Status s = stub_->Heartbeat(&ctx, req, &resp);
+      grpc::Status s = Beat(id, secret, absl::Seconds(5), &resp);
       if (s.ok() && !resp.known()) {
         // The coordinator restarted or dropped us, or our id is now another stage's:
         // register again at once, so the coordinator sees this stage as soon as it can.

@@ -60,6 +60,19 @@ TEST(BinariesTest, BadFlagsExitTwoWithAHint) {
   ASSERT_TRUE(no_state.ok());
   EXPECT_EQ(no_state->exit_code, 2);
   EXPECT_THAT(no_state->err, HasSubstr("--state-dir"));
+  // What a stop does: a usage error naming the flag, before anything starts.
+  auto on_stop = RunCommand({Bin("pipetrain-coordinator"), "--listen", "127.0.0.1:0",
+                             "--state-dir", dir.path(), "--on-stop", "fail"},
+                            20s);
+  ASSERT_TRUE(on_stop.ok());
+  EXPECT_EQ(on_stop->exit_code, 2);
+  EXPECT_THAT(on_stop->err, HasSubstr("--on-stop must be recover or cancel, not 'fail'"));
+  for (const char* grace : {"-1", "1e9", "soon"}) {
+    auto stop_grace = RunCommand({Bin("pipetrain-stage"), "--stop-grace", grace}, 20s);
+    ASSERT_TRUE(stop_grace.ok());
+    EXPECT_EQ(stop_grace->exit_code, 2) << grace;
+    EXPECT_THAT(stop_grace->err, HasSubstr("--stop-grace")) << grace;
+  }
 }
 
 TEST(BinariesTest, StageRefusesAMissingGpu) {

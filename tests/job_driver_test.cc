@@ -3,7 +3,8 @@
 // replaced (or the job continued on the survivors) with its steps keeping their numbers
 // and losses; no restarts left, or used up; a stage's error; a cancel mid-run; a
 // coordinator that stops mid-run leaving the job RECOVERING, and the next one on its
-// state folder continuing it, or failing it when its restarts are used up; a job started
+// state folder continuing it, or failing it when its restarts are used up (or, with
+// --on-stop cancel, ending it CANCELLED), its stages held until then; a job started
 // from a checkpoint of another precision saying so once, restarts included.
 #include <atomic>
 #include <memory>
@@ -47,9 +48,10 @@ class JobDriverTest : public ::testing::Test {
   // A, B, C: the stages register in this order, and a job takes the oldest free ones.
   static std::string Address(int i) { return absl::StrCat("10.0.0.", i + 1, ":7000"); }
 
-  std::unique_ptr<JobManager> StartCoordinator() {
+  std::unique_ptr<JobManager> StartCoordinator(OnStop on_stop = OnStop::kRecover) {
     ManagerOptions options;
     options.state_dir = dir_.File("state");
+    options.on_stop = on_stop;
     options.heartbeat_timeout = absl::Seconds(60);  // the fakes send no heartbeats
     options.heartbeat_interval = absl::Milliseconds(20);
     options.runner.connector = fakes_;
@@ -66,7 +68,7 @@ class JobDriverTest : public ::testing::Test {
     return m;
   }
 
-  static void Register(JobManager& m, int i) {
+  static pb::RegisterStageResponse Register(JobManager& m, int i) {
     pb::RegisterStageRequest request;
     request.set_address(Address(i));
     request.mutable_device()->set_kind("cpu");
@@ -74,6 +76,17 @@ class JobDriverTest : public ::testing::Test {
     request.mutable_device()->set_memory_bytes(uint64_t{1} << 30);
     absl::StatusOr<pb::RegisterStageResponse> r = m.RegisterStage(request);
     EXPECT_TRUE(r.ok()) << r.status();
+    return r.value_or(pb::RegisterStageResponse());
+  }
+
+  // What a heartbeat of the registered stage is answered as `held`.
+  static bool Held(JobManager& m, const pb::RegisterStageResponse& stage) {
+    pb::HeartbeatRequest beat;
+    beat.set_stage_id(stage.stage_id());
+    beat.set_registration_secret(stage.registration_secret());
+    const pb::HeartbeatResponse answer = m.Heartbeat(beat);
+    EXPECT_TRUE(answer.known()) << stage.stage_id();
+    return answer.held();
   }
 
   std::string Submit(JobManager& m, const std::vector<std::string>& overrides = {}) {
@@ -339,6 +352,45 @@ TEST_F(JobDriverTest, ACoordinatorStopLeavesTheJobRecoveringAndTheNextContinuesI
   ExpectEveryStepOnceUnbroken(*m, id, 6);
   EXPECT_THAT(Logs(*m, id), HasSubstr("the coordinator restarted: continuing from the newest "
                                       "state its 2 of 2 stages that registered again hold"));
+}
+
+// --on-stop cancel (scancel): the stop is final. The heartbeats of the job's stages say
+// `held` until the job has its checkpoint and is recorded, so stages signalled with the
+// coordinator serve until then.
+TEST_F(JobDriverTest, ACoordinatorStopWithOnStopCancelEndsTheJobCancelledWithItsCheckpoint) {
+  std::unique_ptr<JobManager> m = StartCoordinator(OnStop::kCancel);
+  ASSERT_NE(m, nullptr);
+  std::vector<pb::RegisterStageResponse> stages;
+  for (int i = 0; i < 3; ++i) stages.push_back(Register(*m, i));
+  EXPECT_FALSE(Held(*m, stages[0]));
+  std::atomic<bool> stop_seen{false};
+  fakes_->HoldAtStep(Address(0), 3, [&] { return stop_seen.load(); });
+  const std::string id = Submit(*m, {"fault_tolerance.max_restarts=3"});
+  WaitUntil([&] { return fakes_->Holding(Address(0)); });
+  EXPECT_TRUE(Held(*m, stages[0]));
+  EXPECT_TRUE(Held(*m, stages[1]));
+  EXPECT_FALSE(Held(*m, stages[2])) << "no job holds the third stage";
+  StopDuringStep(m, id, stop_seen);
+  absl::StatusOr<pb::JobStatus> left = m->Get(id, false);
+  ASSERT_TRUE(left.ok()) << left.status();
+  EXPECT_EQ(left->state(), pb::JobStatus::CANCELLED);
+  EXPECT_EQ(left->steps_done(), 3);
+  EXPECT_THAT(left->checkpoint_dir(), EndsWith("/step-3"));
+  EXPECT_EQ(left->reason(),
+            absl::StrCat("the coordinator was stopped by a signal (--on-stop cancel) after step 3 "
+                         "(cancelled before step 4); continue it with 'pipetrain resume ", id,
+                         "' (from ", left->checkpoint_dir(), ")"));
+  EXPECT_FALSE(Held(*m, stages[0]));
+  EXPECT_FALSE(Held(*m, stages[1]));
+  m.reset();
+
+  m = StartWithStages(2);  // the next coordinator keeps it as it ended
+  ASSERT_NE(m, nullptr);
+  absl::SleepFor(absl::Milliseconds(200));
+  const pb::JobStatus s = WaitForEnd(*m, id);
+  EXPECT_EQ(s.state(), pb::JobStatus::CANCELLED);
+  EXPECT_EQ(s.recoveries_size(), 0);
+  EXPECT_THAT(fakes_->StepsRun(Address(0)), ElementsAre(1, 2, 3));
 }
 
 TEST_F(JobDriverTest, ARestartedCoordinatorFailsAJobWhoseRestartsAreUsedUp) {

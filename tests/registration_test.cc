@@ -1,10 +1,12 @@
 // The stage's side of registration against an in-process fake coordinator: heartbeats
 // carry the registration's secret, and a coordinator that restarted and gave this
-// stage's id to another stage makes it register again rather than pass for that one.
+// stage's id to another stage makes it register again rather than pass for that one;
+// held() follows the heartbeats' answers, and is false once the coordinator is gone.
 #include "stage_server/registration.h"
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <thread>
 
 #include "gmock/gmock.h"
@@ -73,6 +75,33 @@ TEST(RegistrationTest, HeartbeatsCarryTheSecretAndARefusedOneRegistersAgain) {
   // had, so a coordinator that still holds this stage's live record lets it replace it.
   EXPECT_EQ(registrations[0].registration_secret(), "");
   EXPECT_EQ(registrations[2].registration_secret(), "secret-1");
+}
+
+TEST(RegistrationTest, HeldFollowsTheHeartbeatsAndEndsWithTheCoordinator) {
+  testing::FakeCoordinator fake;
+  auto server = std::make_unique<testing::TestServer>(&fake);
+  pb::RegisterStageRequest request;
+  request.set_address("127.0.0.1:7001");
+  Registration registration(server->address(), request, [] { return std::string("job-7"); },
+                            common::RpcSecurity());
+  ASSERT_TRUE(WaitFor([&] { return SawHeartbeat(fake, "stage-1", "secret-1"); }));
+  EXPECT_FALSE(registration.held());
+  fake.SetHeld(true);
+  EXPECT_TRUE(WaitFor([&] { return registration.held(); }));
+  fake.SetHeld(false);
+  EXPECT_TRUE(WaitFor([&] { return !registration.held(); }));
+  // Asked at once, the answer is this moment's, not the latest periodic one's.
+  fake.SetHeld(true);
+  EXPECT_TRUE(registration.HeartbeatNow());
+  fake.SetHeld(false);
+  EXPECT_FALSE(registration.HeartbeatNow());
+  fake.SetHeld(true);
+  ASSERT_TRUE(WaitFor([&] { return registration.held(); }));
+  // The coordinator goes away while it holds the stage: nothing will let it go, and
+  // nothing is left to finish a step on it.
+  server.reset();
+  EXPECT_TRUE(WaitFor([&] { return !registration.held(); }));
+  EXPECT_FALSE(registration.HeartbeatNow());
 }
 
 }  // namespace

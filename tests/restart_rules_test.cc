@@ -1,8 +1,9 @@
 // What becomes of a job after a run or a failed recovery (restart_rules.h), case by case:
 // recover while restarts are left, the restart count in the reason when they are used
 // up, the resume hint on a failure, CANCELLED for the user's cancel, RECOVERING for the
-// next coordinator when this one stops; what a starting coordinator does with the jobs
-// its store holds, and the layout it resumes one on.
+// next coordinator when this one stops (CANCELLED with the hint under --on-stop cancel);
+// what a starting coordinator does with the jobs its store holds, and the layout it
+// resumes one on.
 #include "coordinator/restart_rules.h"
 
 #include <string>
@@ -135,6 +136,80 @@ TEST(AfterRunTest, TheCoordinatorsStopWithoutRestartsFailsTheJobWithTheHint) {
   EXPECT_EQ(v.state, pb::JobStatus::FAILED);
   EXPECT_EQ(v.reason, absl::StrCat("the coordinator stopped while the job was running "
                                    "(cancelled before step 6)", kHint));
+}
+
+// --on-stop cancel: the coordinator's stop is final (scancel); the job ends CANCELLED
+// with the step it stopped after, the stop, and how to continue it.
+JobFacts StoppedToCancel(int restarts_done, int max_restarts) {
+  JobFacts facts = Facts(restarts_done, max_restarts);
+  facts.coordinator_stopping = true;
+  facts.on_stop = OnStop::kCancel;
+  return facts;
+}
+
+TEST(AfterRunTest, TheCoordinatorsStopWithOnStopCancelEndsCancelledWithTheHint) {
+  for (int max_restarts : {0, 3}) {
+    const Verdict v = AfterRun(Cancelled(), StoppedToCancel(0, max_restarts));
+    EXPECT_EQ(v.action, Action::kEnd) << max_restarts;
+    EXPECT_EQ(v.state, pb::JobStatus::CANCELLED) << max_restarts;
+    EXPECT_EQ(v.reason, absl::StrCat("the coordinator was stopped by a signal (--on-stop "
+                                     "cancel) after step 5 (cancelled before step 6)",
+                                     kHint));
+  }
+}
+
+TEST(AfterRunTest, OnStopCancelWithoutACheckpointHasNoHint) {
+  JobFacts facts = StoppedToCancel(0, 3);
+  facts.checkpoint_dir.clear();
+  const Verdict v = AfterRun(Cancelled(), facts);
+  EXPECT_EQ(v.state, pb::JobStatus::CANCELLED);
+  EXPECT_EQ(v.reason, "the coordinator was stopped by a signal (--on-stop cancel) after step 5 "
+                      "(cancelled before step 6)");
+}
+
+TEST(AfterRunTest, OnStopCancelLeavesTheUsersCancelAsItIs) {
+  JobFacts facts = StoppedToCancel(0, 3);
+  facts.cancel_requested = true;
+  const Verdict v = AfterRun(Cancelled(), facts);
+  EXPECT_EQ(v.state, pb::JobStatus::CANCELLED);
+  EXPECT_EQ(v.reason, "cancelled before step 6");
+}
+
+TEST(AfterRunTest, OnStopCancelChangesNothingWhileTheCoordinatorRuns) {
+  JobFacts facts = Facts(1, 3);
+  facts.on_stop = OnStop::kCancel;
+  EXPECT_EQ(AfterRun(Lost(), facts).action, Action::kRecover);
+  facts = Facts(1, 1);
+  facts.on_stop = OnStop::kCancel;
+  const Verdict failed = AfterRun(Lost(), facts);
+  EXPECT_EQ(failed.state, pb::JobStatus::FAILED);
+  RunOutcome done;
+  done.state = pb::JobStatus::SUCCEEDED;
+  EXPECT_EQ(AfterRun(done, facts).state, pb::JobStatus::SUCCEEDED);
+}
+
+// Stages signalled with the coordinator that did not wait for the step (--stop-grace 0,
+// or an older stage): still the final stop, from the newest checkpoint.
+TEST(AfterRunTest, OnStopCancelEndsARunThatLostStagesDuringTheStopCancelled) {
+  const Verdict v = AfterRun(Lost(), StoppedToCancel(0, 3));
+  EXPECT_EQ(v.action, Action::kEnd);
+  EXPECT_EQ(v.state, pb::JobStatus::CANCELLED);
+  EXPECT_EQ(v.reason, absl::StrCat("the coordinator was stopped by a signal (--on-stop cancel) "
+                                   "after step 5 (", Lost().reason, ")", kHint));
+  // A failure that lost no stage stays a failure.
+  RunOutcome bad = Lost({});
+  bad.reason = "running stage 0 failed at step 6: bad frame";
+  EXPECT_EQ(AfterRun(bad, StoppedToCancel(0, 3)).state, pb::JobStatus::FAILED);
+}
+
+TEST(AfterFailedRecoveryTest, StoppedByTheCoordinatorWithOnStopCancelIsCancelled) {
+  const Verdict v = AfterFailedRecovery(absl::CancelledError("stopped while waiting for its "
+                                                             "stages"),
+                                        StoppedToCancel(1, 3));
+  EXPECT_EQ(v.action, Action::kEnd);
+  EXPECT_EQ(v.state, pb::JobStatus::CANCELLED);
+  EXPECT_EQ(v.reason, absl::StrCat("the coordinator was stopped by a signal (--on-stop cancel) "
+                                   "after step 5 (stopped while waiting for its stages)", kHint));
 }
 
 TEST(AfterFailedRecoveryTest, NoStagesInTimeFailsWithTheHint) {

@@ -272,6 +272,33 @@ TEST_F(StageRegistryTest, LostStageStaysHeldUntilReleased) {
   EXPECT_EQ(registry_.FreeCount(), 2);
 }
 
+// What a heartbeat answers as `held` (a stage told to stop waits while it is true).
+TEST_F(StageRegistryTest, HeldFromAcquireOrAcquireAtUntilReleased) {
+  const std::string s1 = RegisterOrDie("a:1");
+  const std::string s2 = RegisterOrDie("b:1");
+  const std::string s3 = RegisterOrDie("c:1");
+  EXPECT_FALSE(registry_.Held(s1));
+  EXPECT_FALSE(registry_.Held("stage-99"));
+  ASSERT_TRUE(registry_.Acquire("job-1", 2).has_value());
+  EXPECT_TRUE(registry_.Held(s1));
+  EXPECT_TRUE(registry_.Held(s2));
+  EXPECT_FALSE(registry_.Held(s3));
+  // Recovering onto a stage holds it too.
+  ASSERT_TRUE(registry_.AcquireAt("job-2", {"c:1"})[0].has_value());
+  EXPECT_TRUE(registry_.Held(s3));
+  // A lost stage its job still holds is held until the job lets it go.
+  registry_.MarkLost(s2);
+  EXPECT_TRUE(registry_.Held(s2));
+  registry_.ReleaseStage("job-1", s2);
+  EXPECT_FALSE(registry_.Held(s2));
+  EXPECT_TRUE(registry_.Held(s1));
+  registry_.Release("job-1");
+  EXPECT_FALSE(registry_.Held(s1));
+  EXPECT_TRUE(registry_.Held(s3));
+  registry_.Release("job-2");
+  EXPECT_FALSE(registry_.Held(s3));
+}
+
 TEST_F(StageRegistryTest, SnapshotShowsStatesJobsAndHeartbeats) {
   RegisterOrDie("a:1");
   RegisterOrDie("b:1");

@@ -48,6 +48,10 @@ std::vector<pb::RegisterStageRequest> FakeCoordinator::registrations() const {
   absl::MutexLock lock(&mu_);
   return registrations_;
 }
+void FakeCoordinator::SetHeld(bool held) {
+  absl::MutexLock lock(&mu_);
+  held_ = held;
+}
 std::vector<pb::RegisterStageResponse> FakeCoordinator::ForgetStages(
     const std::vector<pb::RegisterStageRequest>& first) {
   absl::MutexLock lock(&mu_);
@@ -85,6 +89,7 @@ grpc::Status FakeCoordinator::Heartbeat(grpc::ServerContext*, const pb::Heartbea
   heartbeats_.push_back(*request);
   auto it = secrets_.find(request->stage_id());
   response->set_known(it != secrets_.end() && it->second == request->registration_secret());
+  response->set_held(response->known() && held_);
   return grpc::Status::OK;
 }
 

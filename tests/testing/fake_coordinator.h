@@ -38,6 +38,8 @@ class FakeCoordinator final : public pipetrain::v1::Coordinator::Service {
   // its id and secret are a current registration's. Every heartbeat is recorded.
   std::vector<pipetrain::v1::HeartbeatRequest> heartbeats() const;
   std::vector<pipetrain::v1::RegisterStageRequest> registrations() const;
+  // What a known heartbeat answers as `held` from now on (false at first).
+  void SetHeld(bool held);
   // Forgets every registration and hands out ids from stage-1 again, as a restarted
   // coordinator does; the stages of `first` register at once, before any heartbeat
   // can come in between. Returns their answers.
@@ -81,6 +83,7 @@ class FakeCoordinator final : public pipetrain::v1::Coordinator::Service {
   std::map<std::string, std::string> secrets_ ABSL_GUARDED_BY(mu_);  // id -> secret
   int next_stage_ ABSL_GUARDED_BY(mu_) = 1;
   int next_secret_ ABSL_GUARDED_BY(mu_) = 1;
+  bool held_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 // Serves a service on 127.0.0.1:0 until destroyed.

@@ -189,4 +189,35 @@ bool LocalCluster::SignalStage(const std::string& address, int signal) {
 
 bool LocalCluster::KillStage(const std::string& address) { return SignalStage(address, SIGKILL); }
 
+absl::StatusOr<int> LocalCluster::WaitForStageExit(const std::string& address,
+                                                   std::chrono::milliseconds deadline) {
+  for (size_t i = 0; i < stages_.size(); ++i) {
+    if (stage_addresses_[i] == address) return stages_[i]->Wait(deadline);
+  }
+  return absl::NotFoundError(absl::StrCat("no stage of this cluster listens on ", address));
+}
+
+absl::StatusOr<std::vector<int>> LocalCluster::SignalAllAndWait(
+    int signal, std::chrono::milliseconds deadline) {
+  std::vector<Subprocess*> all;
+  if (coordinator_) all.push_back(coordinator_.get());
+  for (auto& s : stages_) all.push_back(s.get());
+  for (Subprocess* p : all) p->Signal(signal);
+  const auto end = std::chrono::steady_clock::now() + deadline;
+  std::vector<int> codes;
+  std::string late;
+  for (Subprocess* p : all) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        end - std::chrono::steady_clock::now());
+    absl::StatusOr<int> code = p->Wait(std::max(left, std::chrono::milliseconds(1)));
+    if (!code.ok()) absl::StrAppend(&late, late.empty() ? "" : ", ", "pid ", p->pid());
+    codes.push_back(code.ok() ? *code : -1);
+  }
+  if (!late.empty()) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        late, " still running ", deadline.count(), " ms after signal ", signal, " (killed)"));
+  }
+  return codes;
+}
+
 }  // namespace pipetrain::testing

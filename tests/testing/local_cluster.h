@@ -73,6 +73,16 @@ class LocalCluster {
   bool SignalStage(const std::string& address, int signal);
   // SIGKILLs the stage server listening on `address`; false if none of ours does.
   bool KillStage(const std::string& address);
+  // Waits for the stage server listening on `address` to end (killing it at the
+  // deadline, with an error then); its exit code. NOT_FOUND if none of ours does.
+  absl::StatusOr<int> WaitForStageExit(const std::string& address,
+                                       std::chrono::milliseconds deadline);
+  // Sends `signal` to the coordinator and every stage at the same moment, as scancel
+  // does to the processes of a job, and waits for all of them to end within
+  // `deadline` in all; their exit codes, the coordinator's first. An error names those
+  // still running at the deadline (killed then).
+  absl::StatusOr<std::vector<int>> SignalAllAndWait(int signal,
+                                                    std::chrono::milliseconds deadline);
   // SIGKILLs it if it still runs, then starts a new stage server on the same address
   // (it registers again, as a restarted node would).
   absl::Status RestartStage(const std::string& address);

@@ -58,7 +58,7 @@ absl::StatusOr<Subprocess> Subprocess::Start(const std::vector<std::string>& arg
 
 Subprocess::Subprocess(Subprocess&& o) noexcept
     : pid_(o.pid_), out_fd_(o.out_fd_), err_path_(std::move(o.err_path_)),
-      buffered_(std::move(o.buffered_)), reaped_(o.reaped_) {
+      buffered_(std::move(o.buffered_)), reaped_(o.reaped_), exit_code_(o.exit_code_) {
   o.pid_ = -1;
   o.out_fd_ = -1;
   o.reaped_ = true;
@@ -106,13 +106,15 @@ void Subprocess::Signal(int sig) {
 }
 
 absl::StatusOr<int> Subprocess::Wait(std::chrono::milliseconds deadline) {
+  if (reaped_) return exit_code_;
   const auto end = Clock::now() + deadline;
   while (true) {
     int status = 0;
     pid_t r = waitpid(pid_, &status, WNOHANG);
     if (r == pid_) {
       reaped_ = true;
-      return DecodeWaitStatus(status);
+      exit_code_ = DecodeWaitStatus(status);
+      return exit_code_;
     }
     if (Clock::now() >= end) {
       kill(pid_, SIGKILL);

@@ -37,7 +37,8 @@ class Subprocess {
                                           std::chrono::milliseconds deadline);
   void Signal(int sig);
   // Waits for exit; returns the exit code (-1 if killed by a signal). At the deadline
-  // the child is killed and an error returned.
+  // the child is killed and an error returned. Once it has ended, returns the same code
+  // again at once (-1 after a kill at the deadline): the pid may be another process's.
   absl::StatusOr<int> Wait(std::chrono::milliseconds deadline);
   std::string stderr_text() const;  // what it wrote to stderr so far
 
@@ -50,6 +51,7 @@ class Subprocess {
   std::string err_path_;
   std::string buffered_;
   bool reaped_ = false;
+  int exit_code_ = -1;  // once reaped_
 };
 
 }  // namespace pipetrain::testing
