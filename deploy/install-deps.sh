@@ -49,6 +49,7 @@ test_packages=(
   shellcheck yamllint python3-yaml systemd  # tests/deploy: scripts, manifests, units
   iproute2    # `ip netns`: the multi-host test (tests/multihost) makes network namespaces
   slurmctld slurmd slurm-client munge  # a real Slurm for deploy/slurm's script (tests/slurm)
+  slurmdbd mariadb-server  # its accounting (sacct) in the same test
   openssl     # deploy/certs/make-dev-certs.sh (TLS certificates; the tests make theirs)
   gnuplot-nox  # bench/experiments.sh draws docs/EXPERIMENTS.md's figures
   chromium chromium-driver python3-selenium  # the dashboard's browser tests (ctest -L browser)

@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Makes a development CA and certificates for pipetrain's mutual TLS:
-#   make-dev-certs.sh OUT_DIR HOST...
+#   make-dev-certs.sh OUT_DIR HOST[=ALSO[,ALSO...]]...
 # writes OUT_DIR/ca.pem + ca-key.pem, for each HOST a HOST.pem + HOST-key.pem whose
-# names (SANs) are HOST (DNS name or IP address), localhost and 127.0.0.1, and a
-# client.pem + client-key.pem for the CLI. Every certificate serves as both server and
+# names (SANs) are HOST (DNS name or IP address), every ALSO (more names or addresses the
+# host is reached at, such as a Slurm node's NodeAddr: n1=10.0.0.11), localhost and
+# 127.0.0.1, and a client.pem + client-key.pem for the CLI. Every certificate serves as both server and
 # client certificate. For tests and trials: keep ca-key.pem away from the cluster.
 set -euo pipefail
 
 usage() {
-  echo "usage: $0 OUT_DIR HOST..." >&2
-  echo "  makes OUT_DIR/ca.pem, OUT_DIR/HOST.pem (+ -key.pem) per HOST and OUT_DIR/client.pem" >&2
+  echo "usage: $0 OUT_DIR HOST[=ALSO[,ALSO...]]..." >&2
+  echo "  makes OUT_DIR/ca.pem, OUT_DIR/HOST.pem (+ -key.pem) per HOST and OUT_DIR/client.pem;" >&2
+  echo "  each HOST.pem names HOST, every ALSO (names or addresses), localhost and 127.0.0.1" >&2
 }
 
 if [[ $# -lt 1 || "$1" == "-h" || "$1" == "--help" ]]; then
@@ -69,16 +71,30 @@ EXT
   chmod 600 "$out/$name-key.pem"
 }
 
-for host in "$@"; do
-  sans=("DNS:localhost" "IP:127.0.0.1")
-  if is_ip "$host"; then
-    sans+=("IP:$host")
-  elif [[ "$host" != "localhost" ]]; then
-    sans+=("DNS:$host")
+# The SAN entry of a name or address ("" for localhost, already there).
+san_of() {
+  if is_ip "$1"; then
+    echo "IP:$1"
+  elif [[ "$1" != "localhost" ]]; then
+    echo "DNS:$1"
   fi
+}
+
+for arg in "$@"; do
+  host=${arg%%=*}
+  names=("$host")
+  if [[ "$arg" == *=* ]]; then
+    IFS=, read -r -a also <<< "${arg#*=}"
+    names+=("${also[@]}")
+  fi
+  sans=("DNS:localhost" "IP:127.0.0.1")
+  for name in "${names[@]}"; do
+    san=$(san_of "$name")
+    [[ -n "$san" ]] && sans+=("$san")
+  done
   make_cert "$(file_name "$host")" "${sans[@]}"
 done
 make_cert client "DNS:localhost" "IP:127.0.0.1"
 rm -f "$out/ca.srl"
 
-echo "made in $out: ca.pem, client.pem$(for h in "$@"; do printf ', %s.pem' "$(file_name "$h")"; done) (each with its -key.pem)"
+echo "made in $out: ca.pem, client.pem$(for h in "$@"; do printf ', %s.pem' "$(file_name "${h%%=*}")"; done) (each with its -key.pem)"

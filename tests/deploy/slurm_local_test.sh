@@ -32,7 +32,7 @@ port=$((20000 + RANDOM % 20000))
 trap cleanup EXIT
 
 # The stand-ins: srun runs --ntasks(-per-node) copies of the command here, each with its
-# SLURM_LOCALID, and passes SIGTERM on; scontrol knows one node, this one, at its name.
+# SLURM_LOCALID, and passes SIGTERM on to every process of each; scontrol knows one node, this one, at its name.
 # (tests/slurm/sbatch_test.sh runs the script on a real Slurm, as root.)
 mkdir -p "$tmp/slurm-bin"
 cat > "$tmp/slurm-bin/srun" <<'EOF'
@@ -43,9 +43,10 @@ while [[ $# -gt 0 && $1 == -* ]]; do
   shift
 done
 pids=()
-trap 'kill -TERM "${pids[@]}" 2>/dev/null' TERM INT
+# As slurmstepd does: each task in a process group of its own, a signal to all of it.
+trap 'for p in "${pids[@]}"; do kill -TERM -- "-$p" 2>/dev/null; done' TERM INT
 for ((i = 0; i < tasks; i++)); do
-  SLURM_LOCALID=$i SLURM_PROCID=$i "$@" &
+  SLURM_LOCALID=$i SLURM_PROCID=$i setsid "$@" &
   pids+=($!)
 done
 status=0
