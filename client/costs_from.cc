@@ -46,8 +46,10 @@ absl::StatusOr<MeasuredJob> MeasuredJobFrom(const pb::JobStatus& job, const pb::
     return MeasuredJob{*std::move(plan), planner::MeasuredCosts(options->stages, options->chunks),
                        rates, r.first_step(), r.last_step(), /*from_record=*/true};
   }
+  const schedule::Placement placement = planner::PlacementOf(*options);
   MeasuredJob out{*std::move(plan), planner::MeasuredCosts(options->stages, options->chunks,
-                                                           static_cast<int>(steps.size())),
+                                                           static_cast<int>(steps.size()),
+                                                           placement),
                   {}, steps.begin()->first, steps.rbegin()->first};
   for (const auto& [step, events] : steps) {
     if (absl::Status s = out.costs.AddStep(events); !s.ok()) {

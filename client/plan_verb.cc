@@ -8,12 +8,16 @@
 #include "client/cli.h"
 #include "client/costs_from.h"
 #include "client/remote.h"
+#include "client/schedule_file_read.h"
 #include "common/flags.h"
 #include "common/model/precision.h"
+#include "common/status_macros.h"
 #include "common/user_path.h"
 #include "coordinator/job_spec.h"
+#include "coordinator/planner/auto_plan.h"
 #include "coordinator/planner/plan_report.h"
 #include "coordinator/planner/planner.h"
+#include "common/schedule/stage_program.h"
 #include "google/protobuf/util/json_util.h"
 #include "pipetrain/v1/job.pb.h"
 
@@ -22,6 +26,50 @@ namespace pipetrain::client {
 namespace pb = ::pipetrain::v1;
 
 namespace {
+
+// --schedule NAME or --schedule-file FILE (relative to here) in place of the spec's
+// schedule, and the spec's own schedule file read (relative to the spec's folder).
+// A schedule chosen here takes its own default chunks unless --chunks says
+// (`chunks_given`).
+absl::Status ApplyScheduleFlags(const std::string& name, const std::string& file,
+                                bool chunks_given, const std::string& spec_path,
+                                pb::JobSpec& spec) {
+  pb::PipelineSpec* p = spec.mutable_pipeline();
+  if (!name.empty() && !file.empty()) {
+    return absl::InvalidArgumentError("give --schedule or --schedule-file, not both");
+  }
+  if (!name.empty() || !file.empty()) {
+    p->clear_schedule();
+    p->clear_schedule_file();
+    p->clear_schedule_program();
+    if (!chunks_given) p->clear_chunks();
+  }
+  if (!name.empty()) p->set_schedule(name);
+  if (!file.empty()) {
+    p->set_schedule_file(file);
+    return ReadScheduleFile(spec, "");
+  }
+  return ReadScheduleFile(spec, spec_path);
+}
+
+// --auto: the search's report into `report`, and the plan of its choice.
+absl::StatusOr<planner::Plan> AutoPlan(const planner::PlanOptions& base, int devices,
+                                       std::string* report) {
+  ASSIGN_OR_RETURN(planner::AutoResult result, planner::SearchPlans(base, {.max_devices = devices}));
+  *report = planner::RenderAutoReport(result);
+  return planner::MakePlan(result.best().options);
+}
+
+// The programs without the sends and receives lowering added: what a schedule file
+// holds.
+std::string ComputeOnlyText(const schedule::Schedule& lowered) {
+  schedule::Schedule compute = lowered;
+  for (schedule::StageProgram& program : compute) {
+    std::erase_if(program.actions,
+                  [](const schedule::Action& a) { return schedule::IsCommunication(a.kind); });
+  }
+  return schedule::ToText(compute);
+}
 
 // The job and its latest timelines from the coordinator; `measured` gets the fit (or why
 // there is none). Returns the exit code of a failed call, else kExitOk.
@@ -53,9 +101,10 @@ int FetchMeasuredJob(const RemoteFlags& connection, const std::string& job_id, s
 
 int RunPlan(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   int64_t stages = 0, micro_batches = 0, chunks = 0, replicas = 0;
-  std::string schedule_name, recompute, partition = "cost", trace, costs_from;
+  std::string schedule_name, schedule_file, recompute, partition = "cost", trace, costs_from;
   RemoteFlags connection;
-  bool equal = false, json = false, help = false;
+  bool equal = false, json = false, help = false, print_schedule = false, automatic = false;
+  int64_t devices = 0;
   double device_tflops = 100, link_gbps = 10, memory_cap_gib = 0, collective_gbps = 0;
   common::FlagSet flags(
       "pipetrain plan", "JOB.json [flags]",
@@ -78,6 +127,19 @@ int RunPlan(const std::vector<std::string>& args, std::ostream& out, std::ostrea
                "R, data-parallel copies of the pipeline (0 = from the spec, which defaults to 1)",
                "R");
   flags.AddString("schedule", &schedule_name, planner::ScheduleNameList(), "NAME");
+  flags.AddString("schedule-file", &schedule_file,
+                  "a schedule written by hand, in the text form --print-schedule prints "
+                  "(docs/SCHEDULES.md), instead of --schedule",
+                  "FILE");
+  flags.AddBool("auto", &automatic,
+                "search every K, R, M, schedule, chunks and recompute mode on --devices stage "
+                "servers under --memory-cap-gib and plan the fastest predicted (with the "
+                "analytic or --costs-from costs)");
+  flags.AddInt("devices", &devices,
+               "with --auto, the stage servers to plan for (0 = the spec's stages x replicas)",
+               "N");
+  flags.AddBool("print-schedule", &print_schedule,
+                "print the plan's schedule in the text form a schedule file takes, and exit");
   flags.AddInt("chunks", &chunks,
                "v, model chunks per stage for a chunked schedule (0 = from the spec)", "V");
   flags.AddString("recompute", &recompute, planner::RecomputeNameList(), "MODE");
@@ -136,8 +198,17 @@ int RunPlan(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   if (micro_batches != 0) p->set_micro_batches(static_cast<int>(micro_batches));
   if (chunks != 0) p->set_chunks(static_cast<int>(chunks));
   if (replicas != 0) p->set_replicas(static_cast<int>(replicas));
-  if (!schedule_name.empty()) p->set_schedule(schedule_name);
+  if (absl::Status s = ApplyScheduleFlags(schedule_name, schedule_file, chunks != 0, path, spec);
+      !s.ok()) {
+    err << "pipetrain plan: " << path << ": " << s.message() << "\n";
+    return kExitUsage;
+  }
   if (!recompute.empty()) p->set_recompute(recompute);
+  // As at submit: a chunked schedule without chunks takes its default (2); a schedule
+  // file, its header's.
+  if (p->chunks() == 0 && p->schedule_program().empty()) {
+    p->set_chunks(planner::DefaultChunks(p->schedule()));
+  }
 
   // Snapshots are on unless the spec turns them off, as for a submitted job, so the
   // memory shown is what the job will take.
@@ -163,7 +234,7 @@ int RunPlan(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   std::string measured_line;
   absl::StatusOr<planner::Plan> plan;
   if (costs_from.empty()) {
-    plan = planner::MakePlan(*options);
+    if (!automatic) plan = planner::MakePlan(*options);
   } else {
     if (!CheckRemoteFlags(flags, &connection, err)) return kExitUsage;
     absl::StatusOr<MeasuredJob> measured;
@@ -179,11 +250,22 @@ int RunPlan(const std::vector<std::string>& args, std::ostream& out, std::ostrea
           << path << "; its rates per FLOP, byte and parameter are used as they are\n";
     }
     measured_line = DescribeMeasured(costs_from, *measured);
-    plan = PlanWithMeasuredCosts(*options, *measured);
+    if (automatic) options->rates = measured->rates;
+    if (!automatic) plan = PlanWithMeasuredCosts(*options, *measured);
+  }
+  if (automatic) {
+    const int n = devices > 0 ? static_cast<int>(devices) : options->stages * options->replicas;
+    std::string report;
+    plan = AutoPlan(*options, n, &report);
+    if (plan.ok() && !json) out << measured_line << report << "\n";
   }
   if (!plan.ok()) {
     err << "pipetrain plan: " << plan.status().message() << "\n";
     return kExitUsage;
+  }
+  if (print_schedule) {
+    out << ComputeOnlyText(plan->programs);
+    return kExitOk;
   }
   if (!trace.empty()) {
     std::ofstream t(trace);

@@ -14,6 +14,7 @@
 #include "client/output.h"
 #include "client/progress.h"
 #include "client/remote.h"
+#include "client/schedule_file_read.h"
 #include "client/remote_verbs.h"
 #include "client/submit_verb.h"
 #include "common/job_state.h"
@@ -163,6 +164,9 @@ int RunSubmit(const std::vector<std::string>& args, std::ostream& out, std::ostr
   }
   auto spec = coordinator::ParseJobSpec(*overridden);
   if (spec.ok() && !init_from.empty()) spec->set_init_from(init_from);
+  if (spec.ok()) {
+    if (absl::Status read = ReadScheduleFile(*spec, path); !read.ok()) spec = read;
+  }
   absl::Status valid =
       spec.ok() ? coordinator::ValidateJobSpec(coordinator::WithDefaults(*spec)) : spec.status();
   if (!valid.ok()) {

@@ -94,7 +94,7 @@ class Runner {
     SetCostsFromDevices(devices, po);
     ASSIGN_OR_RETURN(plan_, planner::MakePlan(po));
     // A short window follows a machine whose load changes (CPU stages sharing cores).
-    measured_.emplace(K(), po.chunks, /*window=*/5);
+    measured_.emplace(K(), po.chunks, /*window=*/5, plan_.topology().placement);
     LogPlan();
     return absl::OkStatus();
   }
@@ -127,8 +127,9 @@ class Runner {
     RETURN_IF_ERROR(CheckJobPaths(read, options_.data_roots));
     ASSIGN_OR_RETURN(data_, LoadJobData(spec_));
     if (spec_.data().validate_every_steps() > 0) {
-      ASSIGN_OR_RETURN(eval_programs_, planner::ForwardOnlySchedule(K(), plan_.options.micro_batches,
-                                                                    plan_.options.chunks));
+      ASSIGN_OR_RETURN(eval_programs_, planner::ForwardOnlySchedule(
+                                         K(), plan_.options.micro_batches, plan_.options.chunks,
+                                         plan_.topology().placement));
     }
     return absl::OkStatus();
   }
@@ -267,7 +268,7 @@ class Runner {
   }
 
   // Stage position s's request: its program, with the token micro-batches of its
-  // replica's share on the first stage and the targets on the last.
+  // replica's share on the first stage and the targets on the one holding the head.
   pb::RunStepRequest StepRequest(int64_t step, const schedule::StageProgram& program, int s,
                                  const model::TokenBatch& share,
                                  std::optional<float> lr) const {
@@ -281,7 +282,7 @@ class Runner {
       if (s == 0) {
         common::TensorToProto(model::MicroBatchRows(share.inputs, mb, rows, T), req.add_tokens());
       }
-      if (s == K() - 1) {
+      if (s == plan_.topology().HeadStage()) {
         common::TensorToProto(model::MicroBatchRows(share.targets, mb, rows, T),
                               req.add_targets());
       }

@@ -13,6 +13,7 @@
 #include "coordinator/job_spec.h"
 #include "coordinator/lr_schedule.h"
 #include "coordinator/planner/planner.h"
+#include "coordinator/planner/schedule_file.h"
 
 namespace pipetrain::coordinator {
 namespace {
@@ -162,8 +163,17 @@ absl::Status ValidateData(const pb::DataSpec& d) {
 
 pb::JobSpec WithDefaults(pb::JobSpec spec) {
   pb::PipelineSpec* p = spec.mutable_pipeline();
-  if (p->schedule().empty()) p->set_schedule(planner::ScheduleName(planner::kDefaultSchedule));
-  if (p->chunks() == 0) p->set_chunks(planner::DefaultChunks(p->schedule()));
+  const bool file = !p->schedule_file().empty() || !p->schedule_program().empty();
+  if (p->schedule().empty() && !file) {
+    p->set_schedule(planner::ScheduleName(planner::kDefaultSchedule));
+  }
+  if (p->chunks() == 0 && file) {
+    // The file's header says; a file that cannot be read is refused by validation.
+    absl::StatusOr<schedule::StageProgram> header =
+        planner::ScheduleFileHeader(p->schedule_program());
+    if (header.ok()) p->set_chunks(header->num_chunks);
+  }
+  if (p->chunks() == 0 && !file) p->set_chunks(planner::DefaultChunks(p->schedule()));
   if (p->recompute().empty()) p->set_recompute(planner::RecomputeName(pb::RECOMPUTE_NEVER));
   if (p->micro_batches() == 0) p->set_micro_batches(p->stages());
   if (p->replicas() == 0) p->set_replicas(1);

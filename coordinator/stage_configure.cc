@@ -41,6 +41,8 @@ pb::ConfigureRequest BuildConfigureRequest(const planner::Plan& plan, int stage,
   }
   for (bool recompute : plan.stages[stage].chunk_recompute) r.add_chunk_recompute(recompute);
   r.set_precision(plan.options.precision);
+  r.set_placement(plan.topology().placement == schedule::Placement::kV ? pb::PLACEMENT_V
+                                                                      : pb::PLACEMENT_LOOPED);
   r.set_micro_batch_size(plan.options.replica_batch_size() / plan.options.micro_batches);
   r.set_peer_secret(wiring.peer_secret);
   r.set_recv_deadline_ms(wiring.recv_deadline_ms);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <set>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "common/error_context.h"
@@ -34,6 +35,9 @@ struct Executor::StepState {
   std::map<Key, std::shared_ptr<const Tensor>> outputs;  // F -> SEND_F
   std::map<Key, common::PiecewiseTensor> received_gradients;    // RECV_B -> B / I
   std::map<Key, std::shared_ptr<const Tensor>> input_grads;  // B / I -> SEND_B
+  // Sent from one chunk of this stage to another (a V placement's turn): by kind, the
+  // receiving chunk and micro-batch, until its RECV takes it.
+  std::map<std::tuple<common::TensorKind, int, int>, std::shared_ptr<const Tensor>> handed_over;
   std::vector<float> losses;
   std::vector<bool> have_loss;
   double grad_norm_sq = 0;  // this stage's, summed when the optimizer step comes
@@ -134,6 +138,10 @@ absl::Status Executor::CheckProgram(const schedule::StageProgram& p,
   if (p.num_chunks != config_.num_chunks) {
     return bad(absl::StrCat("field num_chunks is ", p.num_chunks, ", configured ",
                             config_.num_chunks));
+  }
+  if (p.placement != config_.placement) {
+    return bad(absl::StrCat("field placement is ", schedule::PlacementName(p.placement),
+                            ", configured ", schedule::PlacementName(config_.placement)));
   }
   const int M = p.num_micro_batches;
   if (config_.stage == 0 && static_cast<int>(inputs.tokens.size()) != M) {
@@ -312,13 +320,14 @@ absl::Status Executor::FinishStep(StepState& st) {
   if (next_) RETURN_IF_ERROR(next_->Flush(deadline));
   if (prev_) RETURN_IF_ERROR(prev_->Flush(deadline));
   if (!st.outputs.empty() || !st.input_grads.empty() || !st.received_activations.empty() ||
-      !st.received_gradients.empty()) {
+      !st.received_gradients.empty() || !st.handed_over.empty()) {
     return StepContext(st.inputs.step)
         .Error(absl::StatusCode::kInvalidArgument,
                absl::StrCat("the program left tensors unsent or unused (", st.outputs.size(),
                             " outputs, ", st.input_grads.size(), " input gradients, ",
                             st.received_activations.size(), " activations, ",
-                            st.received_gradients.size(), " gradients)"));
+                            st.received_gradients.size(), " gradients, ",
+                            st.handed_over.size(), " handed between chunks)"));
   }
   return absl::OkStatus();
 }
@@ -362,10 +371,21 @@ common::FrameTag Executor::Tag(const StepState& st, int micro_batch, int receive
                           static_cast<uint32_t>(receiver_chunk), kind};
 }
 
-absl::StatusOr<TensorChannel*> Executor::Neighbour(common::TensorKind kind, bool sending) const {
-  // Activations go downstream through next_, gradients upstream through prev_; each
-  // arrives from the other side.
-  const bool downstream = (kind == common::TensorKind::kActivation) == sending;
+absl::StatusOr<TensorChannel*> Executor::Neighbour(common::TensorKind kind, bool sending,
+                                                  int chunk) const {
+  // The hop an activation takes out of this chunk (sending it, or receiving the
+  // gradient that comes back over it) or into it (the other two).
+  const bool activation = kind == common::TensorKind::kActivation;
+  const bool out_of_chunk = activation == sending;
+  const int j = VirtualStage(chunk), from = out_of_chunk ? j : j - 1;
+  if (from < 0 || from >= LastVirtualStage()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "chunk ", chunk, " has no ", out_of_chunk ? "downstream" : "upstream", " neighbour"));
+  }
+  const schedule::Hop hop = topology().HopAfter(from);
+  if (hop == schedule::Hop::kSelf) return nullptr;
+  // Leaving by a hop's own direction, or arriving against it.
+  const bool downstream = (hop == schedule::Hop::kNext) == out_of_chunk;
   TensorChannel* channel = downstream ? next_ : prev_;
   if (channel != nullptr) return channel;
   return absl::FailedPreconditionError(
@@ -374,10 +394,14 @@ absl::StatusOr<TensorChannel*> Executor::Neighbour(common::TensorKind kind, bool
 
 absl::Status Executor::Receive(const Action& a, common::TensorKind kind, StepState& st,
                                ActionTiming& timing) {
-  ASSIGN_OR_RETURN(TensorChannel * channel, Neighbour(kind, /*sending=*/false));
+  ASSIGN_OR_RETURN(TensorChannel * channel, Neighbour(kind, /*sending=*/false, a.chunk));
   const absl::Time deadline = absl::Now() + config_.recv_timeout;
-  ASSIGN_OR_RETURN(common::PiecewiseTensor t,
-                   channel->Receive(Tag(st, a.micro_batch, a.chunk, kind), deadline));
+  common::PiecewiseTensor t;
+  if (channel == nullptr) {
+    ASSIGN_OR_RETURN(t, TakeHandedOver(kind, a, st));
+  } else {
+    ASSIGN_OR_RETURN(t, channel->Receive(Tag(st, a.micro_batch, a.chunk, kind), deadline));
+  }
   timing.bytes = t.num_bytes();
   auto& received = kind == common::TensorKind::kActivation ? st.received_activations
                                                            : st.received_gradients;
@@ -385,9 +409,25 @@ absl::Status Executor::Receive(const Action& a, common::TensorKind kind, StepSta
   return absl::OkStatus();
 }
 
+absl::StatusOr<common::PiecewiseTensor> Executor::TakeHandedOver(common::TensorKind kind,
+                                                                 const Action& a,
+                                                                 StepState& st) const {
+  auto it = st.handed_over.find({kind, a.chunk, a.micro_batch});
+  if (it == st.handed_over.end()) {
+    return absl::FailedPreconditionError(
+        "receives from another chunk of this stage before that chunk sent it");
+  }
+  std::shared_ptr<const Tensor> tensor = std::move(it->second);
+  st.handed_over.erase(it);
+  std::vector<common::PiecewiseTensor::Piece> pieces;
+  if (tensor->num_bytes() > 0) pieces.push_back(tensor->bytes());
+  return common::PiecewiseTensor::FromPieces(tensor->dtype(), tensor->shape(), std::move(pieces),
+                                             {tensor});
+}
+
 absl::Status Executor::Send(const Action& a, common::TensorKind kind, StepState& st,
                             ActionTiming& timing) {
-  ASSIGN_OR_RETURN(TensorChannel * channel, Neighbour(kind, /*sending=*/true));
+  ASSIGN_OR_RETURN(TensorChannel * channel, Neighbour(kind, /*sending=*/true, a.chunk));
   const bool activation = kind == common::TensorKind::kActivation;
   auto& produced = activation ? st.outputs : st.input_grads;
   auto it = produced.find({a.chunk, a.micro_batch});
@@ -396,8 +436,13 @@ absl::Status Executor::Send(const Action& a, common::TensorKind kind, StepState&
                                                     : "nothing to send: no input gradient");
   }
   // The receiver's chunk: of virtual stage + 1 for an activation, - 1 for a gradient.
-  const int receiver_chunk = (VirtualStage(a.chunk) + (activation ? 1 : -1)) / config_.num_stages;
+  const int receiver_chunk = topology().ChunkOf(VirtualStage(a.chunk) + (activation ? 1 : -1));
   timing.bytes = it->second->num_bytes();
+  if (channel == nullptr) {  // to another chunk of this stage: no copy, no link
+    st.handed_over[{kind, receiver_chunk, a.micro_batch}] = std::move(it->second);
+    produced.erase(it);
+    return absl::OkStatus();
+  }
   const absl::Time deadline = absl::Now() + config_.recv_timeout;
   RETURN_IF_ERROR(
       channel->Send(Tag(st, a.micro_batch, receiver_chunk, kind), it->second, deadline));
@@ -475,9 +520,9 @@ absl::Status Executor::RunOptimizerStep(const Action& a, StepState& st) {
 }
 
 absl::Status Executor::SumTiedGradients(StepState& st) {
-  const int K = config_.num_stages, last = LastVirtualStage();
+  const schedule::Topology t = topology();
   const int embedding_chunk = config_.stage == 0 ? 0 : -1;
-  const int head_chunk = last % K == config_.stage ? last / K : -1;
+  const int head_chunk = HoldsHead() ? t.HeadChunk() : -1;
   if (embedding_chunk < 0 && head_chunk < 0) return absl::OkStatus();
   if (embedding_chunk >= 0 && embedding_chunk == head_chunk) {  // one chunk holds both
     return chunks_[embedding_chunk]->SumTiedGradients();
@@ -490,16 +535,17 @@ absl::Status Executor::SumTiedGradients(StepState& st) {
     RETURN_IF_ERROR(e.AddTiedGradient(true, common::PiecewiseTensor::View(from_head)));
     return h.AddTiedGradient(false, common::PiecewiseTensor::View(from_embedding));
   }
-  // Stage 0 and stage K-1: the ring link joins them (prev of 0, next of K-1).
+  // Stage 0 and the head's stage (K-1, looped): the ring link joins them (prev of 0,
+  // next of K-1).
   const bool embedding_side = embedding_chunk >= 0;
   TensorChannel* peer = embedding_side ? prev_ : next_;
   if (peer == nullptr) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "tied embeddings: no link to stage ", embedding_side ? K - 1 : 0,
+        "tied embeddings: no link to stage ", embedding_side ? t.HeadStage() : 0,
         " for the embedding gradient"));
   }
   const int mine = embedding_side ? embedding_chunk : head_chunk;
-  const int theirs = embedding_side ? last / K : 0;
+  const int theirs = embedding_side ? t.HeadChunk() : 0;
   auto tag = [&](int receiver_chunk) {
     return common::FrameTag{config_.job_id, st.inputs.step, 0, static_cast<uint32_t>(receiver_chunk),
                             common::TensorKind::kTiedGradient};

@@ -5,10 +5,12 @@
 // A forward-only (evaluation) program runs its forwards through ChunkCompute::Evaluate,
 // which keeps nothing for a backward, and touches no gradient, weight or AdamW state.
 //
-// Topology (as the planner's): chunk c of stage s is virtual stage c*K + s. Activations
-// go to virtual stage + 1 through `next` (stage (s+1) mod K: a ring when chunks > 1)
-// and come from virtual stage - 1 through `prev`; gradients the other way. A frame's
-// tag names the receiver's chunk.
+// Topology (as the planner's, common/schedule/topology.h): the program's placement says
+// which virtual stage each chunk is. An activation goes to virtual stage + 1 by the hop
+// between them: through `next` (stage (s+1) mod K: a ring with looped chunks), through
+// `prev` (the V placement's odd chunks run back), or to another chunk of this stage,
+// handed over in memory; a gradient goes back the same way. A frame's tag names the
+// receiver's chunk.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +39,7 @@ struct ExecutorConfig {
   int stage = 0;
   int num_stages = 1;
   int num_chunks = 1;
+  schedule::Placement placement = schedule::Placement::kLooped;
   // model.tie_embeddings: before the optimizer step the holders of the embedding
   // (virtual stage 0) and of the head (the last) swap their (V, C) gradients, over the
   // ring link when they are different stages, and both add the other's.
@@ -169,12 +172,18 @@ class Executor {
   // SEND_F / SEND_B: the forward's output or the input gradient, to the neighbour.
   absl::Status Send(const schedule::Action& action, common::TensorKind kind, StepState& st,
                     ActionTiming& timing);
+  // A RECV whose sender is another chunk of this stage: what its SEND handed over.
+  absl::StatusOr<common::PiecewiseTensor> TakeHandedOver(common::TensorKind kind,
+                                                         const schedule::Action& action,
+                                                         StepState& st) const;
   absl::Status RunForward(const schedule::Action& action, StepState& st);
   absl::Status RunBackward(const schedule::Action& action, StepState& st);  // B or I
   absl::Status RunOptimizerStep(const schedule::Action& action, StepState& st);
-  // The channel a tensor of `kind` leaves by (sending) or arrives on; FAILED_PRECONDITION
-  // naming the side when the topology has none.
-  absl::StatusOr<TensorChannel*> Neighbour(common::TensorKind kind, bool sending) const;
+  // The channel a tensor of `kind` leaves chunk `chunk` by (sending) or arrives on;
+  // nullptr for a hand-over between two chunks of this stage; FAILED_PRECONDITION
+  // naming the side when the topology has no such link.
+  absl::StatusOr<TensorChannel*> Neighbour(common::TensorKind kind, bool sending,
+                                           int chunk) const;
   common::FrameTag Tag(const StepState& st, int micro_batch, int receiver_chunk,
                        common::TensorKind kind) const;
   // The action's end, and the parts of it spent averaging and recomputing.
@@ -198,9 +207,12 @@ class Executor {
   // optimizer step, starts the rest and waits for all, timing it into `t`.
   void StartAveraging(int c, int layer, StepState& st);
   absl::Status AverageGradients(StepState& st, ActionTiming& t);
-  int VirtualStage(int chunk) const { return chunk * config_.num_stages + config_.stage; }
-  int LastVirtualStage() const { return config_.num_chunks * config_.num_stages - 1; }
-  bool HoldsHead() const { return LastVirtualStage() % config_.num_stages == config_.stage; }
+  schedule::Topology topology() const {
+    return {config_.num_stages, config_.num_chunks, config_.placement};
+  }
+  int VirtualStage(int chunk) const { return topology().Virtual(config_.stage, chunk); }
+  int LastVirtualStage() const { return topology().Last(); }
+  bool HoldsHead() const { return topology().HeadStage() == config_.stage; }
   // Wraps a host tensor so that its buffer returns to the pool once sent.
   std::shared_ptr<const common::Tensor> Share(common::Tensor tensor);
 

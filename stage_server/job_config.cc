@@ -73,9 +73,8 @@ absl::Status CheckPlacement(const JobConfig& c, bool has_coordinator) {
 // address fails at the first step, naming it), as before LinksOf existed: tightening it
 // would refuse requests that configure today (tests/fuzz corpus huge_micro_batch_size).
 absl::Status CheckNeighbours(const JobConfig& c) {
-  const bool ring = c.chunks.size() > 1;
-  const bool prev = c.num_stages > 1 && (c.stage > 0 || ring);
-  const bool next = c.num_stages > 1 && (c.stage < c.num_stages - 1 || ring);
+  const schedule::StageLinkNeeds needs = schedule::LinkNeeds(c.topology(), c.stage, false);
+  const bool prev = needs.prev, next = needs.next;
   if (prev && c.upstream_address.empty()) {
     return absl::InvalidArgumentError(
         "field upstream_address is empty but this stage has an upstream neighbour");
@@ -90,9 +89,9 @@ absl::Status CheckNeighbours(const JobConfig& c) {
 }  // namespace
 
 StageLinks LinksOf(const JobConfig& c) {
-  const int K = c.num_stages;
-  const bool ring = c.chunks.size() > 1 || c.model.tie_embeddings;
-  return {.next = K > 1 && (c.stage < K - 1 || ring), .prev = K > 1 && (c.stage > 0 || ring)};
+  const schedule::StageLinkNeeds needs =
+      schedule::LinkNeeds(c.topology(), c.stage, c.model.tie_embeddings);
+  return {.next = needs.next, .prev = needs.prev};
 }
 
 absl::Status ValidateJobConfig(const JobConfig& c, bool has_coordinator) {
@@ -113,6 +112,33 @@ absl::Status ValidateJobConfig(const JobConfig& c, bool has_coordinator) {
   return context.Wrap(CheckNeighbours(c));
 }
 
+namespace {
+
+// Per chunk of this stage, what reaches it over the link to stage s+1 (`next_link`) or
+// from stage s-1: its input activation arrives against the hop into it, its output's
+// gradient comes back along the hop out of it.
+std::vector<common::TensorKind> ReceiveKinds(const JobConfig& c, bool next_link) {
+  const schedule::Topology t = c.topology();
+  std::vector<common::TensorKind> kinds(t.chunks, common::TensorKind::kUnspecified);
+  auto on_next = [](schedule::Hop hop, bool along) {
+    return hop == (along ? schedule::Hop::kNext : schedule::Hop::kPrev);
+  };
+  for (int chunk = 0; chunk < t.chunks; ++chunk) {
+    const int j = t.Virtual(c.stage, chunk);
+    if (j > 0 && t.HopAfter(j - 1) != schedule::Hop::kSelf &&
+        on_next(t.HopAfter(j - 1), false) == next_link) {
+      kinds[chunk] = common::TensorKind::kActivation;
+    }
+    if (j < t.Last() && t.HopAfter(j) != schedule::Hop::kSelf &&
+        on_next(t.HopAfter(j), true) == next_link) {
+      kinds[chunk] = common::TensorKind::kGradient;
+    }
+  }
+  return kinds;
+}
+
+}  // namespace
+
 PeerLinkOptions DownstreamLinkOptions(const JobConfig& c) {
   PeerLinkOptions o;
   o.job_id = c.job_id;
@@ -121,6 +147,7 @@ PeerLinkOptions DownstreamLinkOptions(const JobConfig& c) {
   o.peer_address = c.downstream_address;
   o.frame_bytes = c.frame_bytes;
   o.limits = LinkLimits(c.model, c.micro_batch_size, c.precision.activations);
+  o.receive_kinds = ReceiveKinds(c, /*next_link=*/true);
   return o;
 }
 
@@ -128,6 +155,7 @@ PeerLinkOptions UpstreamLinkOptions(const JobConfig& c) {
   PeerLinkOptions o = DownstreamLinkOptions(c);
   o.peer_stage = (c.stage + c.num_stages - 1) % c.num_stages;
   o.peer_address = c.upstream_address;
+  o.receive_kinds = ReceiveKinds(c, /*next_link=*/false);
   return o;
 }
 

@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "common/model/gpt_config.h"
 #include "common/model/precision.h"
+#include "common/schedule/topology.h"
 #include "common/tensor_codec.h"
 #include "stage_server/compute/optimizer_settings.h"
 #include "stage_server/peer_link.h"
@@ -25,6 +26,11 @@ struct JobConfig {
   int num_stages = 1;
   model::GptConfig model;
   std::vector<std::pair<int, int>> chunks;  // pipeline layers [begin, end) per chunk
+  // The schedule's placement of virtual stages (ConfigureRequest.placement).
+  schedule::Placement placement = schedule::Placement::kLooped;
+  schedule::Topology topology() const {
+    return {num_stages, static_cast<int>(chunks.size()), placement};
+  }
   uint64_t seed = 0;
   compute::OptimizerSettings optimizer = compute::kStageOptimizerDefaults;
   std::string upstream_address;    // previous stage (ring: stage K-1 for stage 0)
@@ -51,9 +57,10 @@ struct JobConfig {
 };
 
 // The neighbour links a stage has: to stage + 1 (it connects) and from stage - 1 (it
-// accepts), modulo K. The ring link K-1 -> 0 exists with several chunks per stage, and
-// when the first and last stage share the tied embedding (its gradient goes straight
-// between them over that link).
+// accepts), modulo K, as schedule::LinkNeeds says: those its chunks' hops use (the ring
+// link K-1 -> 0 with several looped chunks per stage), and the ring link when stage 0
+// and the head's stage share the tied embedding (its gradient goes straight between
+// them over that link).
 struct StageLinks {
   bool next = false;
   bool prev = false;

@@ -249,10 +249,21 @@ absl::Status LinkCore::HandleMessage(grpc::ByteBuffer* buffer) {
   }
   // Besides its own kind, a link may carry the once-a-step tied-embedding gradient
   // (the executor asks for it by tag only on the first and last stage's ring link).
-  if (tag.kind != options_.receive_kind && tag.kind != common::TensorKind::kTiedGradient) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        common::DescribeTag(tag), ": this link receives only ",
-        common::TensorKindName(options_.receive_kind), "s (field kind)"));
+  const common::TensorKind want = tag.chunk < options_.receive_kinds.size()
+                                      ? options_.receive_kinds[tag.chunk]
+                                      : options_.receive_kind;
+  if (tag.kind != want && tag.kind != common::TensorKind::kTiedGradient) {
+    if (want == common::TensorKind::kUnspecified) {
+      return absl::InvalidArgumentError(absl::StrCat(common::DescribeTag(tag),
+                                                     ": this link carries nothing to chunk ",
+                                                     tag.chunk, " (field chunk)"));
+    }
+    const std::string to_chunk =
+        options_.receive_kinds.empty() ? "" : absl::StrCat(" for chunk ", tag.chunk);
+    return absl::InvalidArgumentError(absl::StrCat(common::DescribeTag(tag),
+                                                   ": this link receives only ",
+                                                   common::TensorKindName(want), "s", to_chunk,
+                                                   " (field kind)"));
   }
   {
     absl::MutexLock lock(&mu_);

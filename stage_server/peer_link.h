@@ -37,6 +37,10 @@ struct PeerLinkOptions {
   // (activations come down); a frame of the other kind fails the link, except
   // kTiedGradient, which either direction may carry.
   common::TensorKind receive_kind = common::TensorKind::kActivation;
+  // When set, per chunk of this stage (a frame's tag names the receiving chunk), the
+  // kind this link carries to it, in place of receive_kind (kUnspecified: nothing): with
+  // the V placement one link carries activations to one chunk and gradients to another.
+  std::vector<common::TensorKind> receive_kinds;
 };
 
 class LinkCore;

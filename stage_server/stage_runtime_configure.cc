@@ -167,6 +167,7 @@ ExecutorConfig StageRuntime::ExecutorConfigFor(const Job& job) const {
   ec.stage = config.stage;
   ec.num_stages = config.num_stages;
   ec.num_chunks = static_cast<int>(config.chunks.size());
+  ec.placement = config.placement;
   ec.recv_timeout = config.recv_timeout;
   ec.optimizer = config.optimizer;
   ec.tie_embeddings = config.model.tie_embeddings;

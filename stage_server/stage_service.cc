@@ -47,6 +47,17 @@ absl::StatusOr<JobConfig> JobConfigFromProto(const pb::ConfigureRequest& r) {
   c.optimizer = OptimizerFromProto(r.optimizer());
   c.upstream_address = r.upstream_address();
   c.downstream_address = r.downstream_address();
+  switch (r.placement()) {
+    case pb::PLACEMENT_LOOPED:
+      c.placement = schedule::Placement::kLooped;
+      break;
+    case pb::PLACEMENT_V:
+      c.placement = schedule::Placement::kV;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("field placement has unknown value ", static_cast<int>(r.placement())));
+  }
   if (r.chunk_recompute_size() != 0 && r.chunk_recompute_size() != r.chunks_size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "field chunk_recompute has ", r.chunk_recompute_size(), " entries for ", r.chunks_size(),

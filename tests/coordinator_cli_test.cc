@@ -4,6 +4,7 @@
 // the API serves the same records; bad specs, unknown ids and unreachable coordinators
 // get their exit codes; a model too big for the stages is refused naming the memory;
 // GET /metrics agrees with `pipetrain status`.
+#include <fstream>
 #include <map>
 #include <ostream>
 #include <string>
@@ -149,6 +150,41 @@ TEST_F(CoordinatorCliTest, FollowOfACancelledJobExits1AndOfAnUnknownOne2) {
 }
 
 // The HTTP API serves the records the CLI shows.
+// A schedule written by hand (here what `pipetrain plan --print-schedule` prints for
+// zb-v) runs like the schedule itself, to the same losses bit for bit; a faulty one is
+// refused at submit, naming the stage and the action in the validator's table.
+TEST_F(CoordinatorCliTest, AScheduleFileRunsAndAFaultyOneIsRefusedAtSubmit) {
+  const json saved = spec_;
+  spec_["pipeline"]["stages"] = 2;
+  spec_["pipeline"]["schedule"] = "zb-v";
+  auto printed = c_->Cli({"plan", WriteSpec(spec_, "zb-v.json"), "--print-schedule"});
+  ASSERT_TRUE(printed.ok() && printed->exit_code == 0)
+      << (printed.ok() ? printed->err : printed.status().ToString());
+  ASSERT_THAT(printed->out, HasSubstr("placement v"));
+  std::ofstream(dir_.File("mine.txt")) << printed->out;
+  const std::string named = SubmitAndFollow(*c_, {});
+  spec_["pipeline"].erase("schedule");
+  spec_["pipeline"]["schedule_file"] = "mine.txt";
+  const std::string from_file = SubmitAndFollow(*c_, {});
+  EXPECT_EQ(testing::Losses(Status(*c_, named)), testing::Losses(Status(*c_, from_file)));
+  EXPECT_EQ(testing::Losses(Status(*c_, from_file)).size(), 4u);
+
+  // Stage 1 runs its chunk 1 (virtual stage 2) before its chunk 0 (virtual stage 1).
+  std::string bad = printed->out;
+  const size_t at = bad.find("stage 1 max_in_flight 4: F0 F0@1");
+  ASSERT_NE(at, std::string::npos) << bad;
+  bad.replace(at, 32, "stage 1 max_in_flight 4: F0@1 F0");
+  std::ofstream(dir_.File("bad.txt")) << bad;
+  spec_["pipeline"]["schedule_file"] = "bad.txt";
+  auto refused = c_->Cli({"submit", WriteSpec(spec_)});
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_EQ(refused->exit_code, 2) << refused->out << refused->err;
+  EXPECT_THAT(refused->err, HasSubstr("pipeline.schedule_file: "));
+  EXPECT_THAT(refused->err, HasSubstr("stage 1 position 0 (F0@1)"));
+  EXPECT_THAT(refused->err, HasSubstr("[F0@1]"));
+  spec_ = saved;
+}
+
 TEST_F(CoordinatorCliTest, ApiListsTheJobs) {
   const std::string id = CancelledJob();
   httplib::Client http("127.0.0.1", c_->http_port());

@@ -159,6 +159,7 @@ void RunPipeline(const Case& c) {
     ec.optimizer = Adam();
     ec.optimizer.grad_clip_norm = c.clip;
     ec.tie_embeddings = c.tied;
+    ec.placement = plan->topology().placement;
     executors.push_back(std::make_unique<Executor>(ec, std::move(chunks), up[s].get(),
                                                    down[s].get(), pool));
   }
@@ -176,7 +177,9 @@ void RunPipeline(const Case& c) {
         in.step = step;
         for (int mb = 0; mb < kMicroBatches; ++mb) {
           if (s == 0) in.tokens.push_back(Rows(batch.inputs, mb, rows));
-          if (s == K - 1) in.targets.push_back(Rows(batch.targets, mb, rows));
+          if (s == plan->topology().HeadStage()) {
+            in.targets.push_back(Rows(batch.targets, mb, rows));
+          }
         }
         in.defer_optimizer = two_phase && !programs[s].forward_only;
         results[s] = executors[s]->RunStep(programs[s], std::move(in));
@@ -186,7 +189,8 @@ void RunPipeline(const Case& c) {
     return results;
   };
 
-  auto eval_programs = planner::ForwardOnlySchedule(K, kMicroBatches, c.chunks);
+  auto eval_programs =
+      planner::ForwardOnlySchedule(K, kMicroBatches, c.chunks, plan->topology().placement);
   ASSERT_THAT(eval_programs.status(), IsOk());
   const Reference& ref = SharedReference(c.clip, c.tied, c.products(), c.llama);
   // Every layer does the reference's arithmetic in its order, so losses and weights are
@@ -222,7 +226,7 @@ void RunPipeline(const Case& c) {
         EXPECT_GE(timing->start_us, results[s]->timings.back().end_us);
       }
     }
-    const std::vector<float>& losses = results[K - 1]->losses;
+    const std::vector<float>& losses = results[plan->topology().HeadStage()]->losses;
     ASSERT_EQ(losses.size(), static_cast<size_t>(kMicroBatches));
     double loss = 0;
     for (float l : losses) loss += l;
@@ -252,15 +256,16 @@ void RunPipeline(const Case& c) {
     const std::vector<double> want =
         ::pipetrain::testing::ReferenceEvalLosses(kEvalAfter + 1, EvalBatch(), c.clip, c.tied,
                                                   c.products(), c.llama);
-    ASSERT_EQ(eval[K - 1]->losses.size(), want.size());
+    const int head = plan->topology().HeadStage();
+    ASSERT_EQ(eval[head]->losses.size(), want.size());
     for (int mb = 0; mb < kMicroBatches; ++mb) {
-      EXPECT_EQ(eval[K - 1]->losses[mb], want[mb]) << "micro-batch " << mb;
+      EXPECT_EQ(eval[head]->losses[mb], want[mb]) << "micro-batch " << mb;
     }
     for (int s = 0; s < K; ++s) {
       EXPECT_TRUE(TakeSnapshot(backend_chunks[s]) == before[s])
           << "stage " << s << ": the evaluation changed a weight, gradient or moment";
       EXPECT_EQ(eval[s]->grad_norm_sq, 0.0) << "stage " << s;
-      if (s != K - 1) {
+      if (s != head) {
         EXPECT_TRUE(eval[s]->losses.empty()) << "stage " << s;
       }
       // One layer's stash at a time: never more than a training step holds.
@@ -350,6 +355,17 @@ std::vector<Case> AllCases() {
   cases.push_back({planner::ScheduleKind::kOneFOneB, 2, 1, never, 0, false, false, true});
   cases.push_back({planner::ScheduleKind::kOneFOneB, 4, 1, never, kClip, true, true, true});
   cases.push_back({planner::ScheduleKind::kZbH1, 4, 1, always, 0, false, true, true});
+  // The V placement (stage 0 holds the first and the last chunk, stage K-1 hands its
+  // chunk 0's output to its chunk 1 in memory): K = 1 and 2 (M = 4 >= 2K-1), every
+  // recompute mode, tied (both ends on stage 0), clipping, bf16 and Llama.
+  for (auto kind : {planner::ScheduleKind::kZbV, planner::ScheduleKind::kDualPipeV}) {
+    for (auto mode : modes) {
+      for (int K : {1, 2}) cases.push_back({kind, K, 2, mode});
+    }
+    cases.push_back({kind, 2, 2, never, kClip, true});
+    cases.push_back({kind, 2, 2, never, 0, true, true});
+    cases.push_back({kind, 2, 2, always, kClip, true, false, true});
+  }
   return cases;
 }
 

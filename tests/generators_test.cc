@@ -32,6 +32,7 @@ std::vector<ScheduleKind> All() {
 }
 
 int ChunksFor(ScheduleKind kind) { return EntryOf(kind).chunked ? 2 : 1; }
+bool IsV(ScheduleKind kind) { return EntryOf(kind).placement == schedule::Placement::kV; }
 
 TEST(GeneratorsTest, NamesRoundTrip) {
   for (ScheduleKind k : All()) {
@@ -61,6 +62,39 @@ TEST(GeneratorsTest, InvalidShapesAreRejectedNamingTheField) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pipeline.chunks")));
   EXPECT_THAT(Generate(ScheduleKind::kZbH1, 2, 0),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pipeline.micro_batches")));
+  EXPECT_THAT(Generate(ScheduleKind::kZbV, 4, 8, 3),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("pipeline.chunks must be 2 for the zb-v schedule (got 3)")));
+  EXPECT_THAT(Generate(ScheduleKind::kDualPipeV, 4, 6, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("pipeline.micro_batches (6) must be at least 2 x "
+                                 "pipeline.stages - 1 (7) for the dualpipe-v schedule")));
+}
+
+// The V schedules' placement: stage 0 holds virtual stages 0 and 2K-1 (the embedding
+// and the head), stage K-1 the middle two, and lowering hands stage K-1's activation
+// from its chunk 0 to its chunk 1 (and the gradient back) with a send and a receive on
+// the same stage, which the validator matches like any other.
+TEST(GeneratorsTest, VSchedulesTurnOnTheLastStage) {
+  for (ScheduleKind kind : {ScheduleKind::kZbV, ScheduleKind::kDualPipeV}) {
+    auto gen = Generate(kind, 3, 5, 2);
+    ASSERT_THAT(gen, IsOk());
+    const schedule::Schedule lowered = Lower(*gen);
+    EXPECT_EQ(lowered[0].placement, schedule::Placement::kV);
+    const std::vector<schedule::Action>& last = lowered[2].actions;
+    auto at = [&](schedule::Action a) { return std::find(last.begin(), last.end(), a) - last.begin(); };
+    using schedule::ActionKind;
+    const auto send = at({ActionKind::kSendActivation, 0, 0});
+    const auto recv = at({ActionKind::kRecvActivation, 0, 1});
+    ASSERT_LT(send, static_cast<long>(last.size()));
+    EXPECT_LT(send, recv);
+    // Stage 0 receives no activation for chunk 0 and sends no gradient from it; it
+    // receives chunk 1's input from stage 1 and sends nothing downstream from chunk 1.
+    for (const schedule::Action& a : lowered[0].actions) {
+      EXPECT_FALSE(a.chunk == 0 && a.kind == ActionKind::kRecvActivation) << ToString(a);
+      EXPECT_FALSE(a.chunk == 1 && a.kind == ActionKind::kSendActivation) << ToString(a);
+    }
+  }
 }
 
 // Every generated schedule over the grid: valid before and after lowering (which
@@ -71,6 +105,8 @@ TEST(GeneratorsTest, InvalidShapesAreRejectedNamingTheField) {
 //     time is (K-1)/(vM) of the ideal step (Narayanan et al. 2021, sec. 2.2);
 //   ZB-H1: (K-1)/(3M+K-1) exactly when M >= K, i.e. bubble time (K-1)(F+I-W), a third
 //     of 1F1B's (Qi et al. 2023, sec. 3.1); for M < K no worse than 1F1B.
+//   ZB-V, DualPipe-V (M >= 2K-1): (K-1)/(6M+K-1), bubble time (K-1)/2: each stage
+//     waits K-1 chunk passes of half a stage's time, half of ZB-H1's.
 TEST(GeneratorsTest, GridIsValidBoundedAndMatchesTheTextbookBubble) {
   for (ScheduleKind kind : All()) {
     for (int k = 1; k <= 8; ++k) {
@@ -78,7 +114,7 @@ TEST(GeneratorsTest, GridIsValidBoundedAndMatchesTheTextbookBubble) {
         const int v = ChunksFor(kind);
         SCOPED_TRACE(absl::StrCat(ScheduleName(kind), " K=", k, " M=", m, " v=", v));
         auto gen = Generate(kind, k, m, v);
-        if (kind == ScheduleKind::kInterleaved && m % k != 0) {
+        if ((kind == ScheduleKind::kInterleaved && m % k != 0) || (IsV(kind) && m < 2 * k - 1)) {
           EXPECT_THAT(gen, StatusIs(absl::StatusCode::kInvalidArgument));
           continue;
         }
@@ -101,6 +137,7 @@ TEST(GeneratorsTest, GridIsValidBoundedAndMatchesTheTextbookBubble) {
           EXPECT_NEAR(sim->bubble_fraction, textbook, 1e-12);
           // Step time: the ideal 3M units plus the bubble time of the formula.
           const double bubble_time = kind == ScheduleKind::kZbH1          ? (k - 1)
+                                     : IsV(kind)                          ? (k - 1) / 2.0
                                      : kind == ScheduleKind::kInterleaved ? 3.0 * (k - 1) / v
                                                                           : 3.0 * (k - 1);
           EXPECT_NEAR(sim->step_time_s, 3.0 * m + bubble_time, 1e-9);

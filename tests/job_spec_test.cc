@@ -267,8 +267,8 @@ TEST(JobSpecTest, EveryValidationRuleNamesItsField) {
       {"model missing", [](pb::JobSpec& s) { s.clear_model(); }, "model: missing"},
       {"model shape", [](pb::JobSpec& s) { s.mutable_model()->set_n_heads(3); }, "model.n_heads"},
       {"schedule", [](pb::JobSpec& s) { s.mutable_pipeline()->set_schedule("zigzag"); },
-       "pipeline.schedule: unknown schedule 'zigzag' (expected gpipe, 1f1b, interleaved or "
-       "zb-h1)"},
+       "pipeline.schedule: unknown schedule 'zigzag' (expected gpipe, 1f1b, interleaved, "
+       "zb-h1, zb-v or dualpipe-v)"},
       {"recompute", [](pb::JobSpec& s) { s.mutable_pipeline()->set_recompute("sometimes"); },
        "pipeline.recompute: unknown mode 'sometimes' (expected never, always or except-last)"},
       {"stages zero", [](pb::JobSpec& s) { s.mutable_pipeline()->set_stages(0); },

@@ -45,11 +45,11 @@ TEST(ScheduleRegistryTest, EnumeratorsNameTheirRows) {
 }
 
 TEST(ScheduleRegistryTest, ListsComeFromTheTable) {
-  EXPECT_EQ(ScheduleNameList(), "gpipe, 1f1b, interleaved or zb-h1");
+  EXPECT_EQ(ScheduleNameList(), "gpipe, 1f1b, interleaved, zb-h1, zb-v or dualpipe-v");
   EXPECT_THAT(ParseScheduleKind("fifo"),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("pipeline.schedule: unknown schedule 'fifo' (expected gpipe, "
-                                 "1f1b, interleaved or zb-h1)")));
+                                 "1f1b, interleaved, zb-h1, zb-v or dualpipe-v)")));
   const std::string help = ScheduleHelp();
   for (const ScheduleEntry& e : ScheduleTable()) {
     EXPECT_THAT(help, HasSubstr(std::string("  ") + e.name + "  ")) << help;

@@ -125,12 +125,73 @@ TEST(StageProgramTest, TextErrorsNameTheLine) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("line 2: action 'Z0'")));
 }
 
-TEST(StageProgramTest, ChunkTopologyWrapsFromTheLastStageToTheFirst) {
-  EXPECT_EQ(VirtualStage(3, 0, 4), 3);
-  EXPECT_EQ(VirtualStage(0, 1, 4), 4);
-  EXPECT_EQ(StageOfVirtual(4, 4), 0);
-  EXPECT_EQ(ChunkOfVirtual(4, 4), 1);
-  EXPECT_EQ(StageOfVirtual(7, 4), 3);
+TEST(StageProgramTest, LoopedChunksWrapFromTheLastStageToTheFirst) {
+  const Topology t{4, 2, Placement::kLooped};
+  EXPECT_EQ(t.Virtual(3, 0), 3);
+  EXPECT_EQ(t.Virtual(0, 1), 4);
+  EXPECT_EQ(t.StageOf(4), 0);
+  EXPECT_EQ(t.ChunkOf(4), 1);
+  EXPECT_EQ(t.StageOf(7), 3);
+  EXPECT_EQ(t.HeadStage(), 3);
+  EXPECT_EQ(t.HopAfter(2), Hop::kNext);
+  EXPECT_EQ(t.HopAfter(3), Hop::kNext);  // around the ring, 3 -> 0
+  for (int s = 0; s < 4; ++s) {
+    EXPECT_TRUE(LinkNeeds(t, s, false).next) << s;
+    EXPECT_TRUE(LinkNeeds(t, s, false).prev) << s;
+  }
+}
+
+TEST(StageProgramTest, VChunksTurnOnTheLastStageAndEndOnTheFirst) {
+  const Topology t{4, 2, Placement::kV};
+  // Stage s holds virtual stages s and 7 - s.
+  for (int s = 0; s < 4; ++s) {
+    EXPECT_EQ(t.Virtual(s, 0), s);
+    EXPECT_EQ(t.Virtual(s, 1), 7 - s);
+    EXPECT_EQ(t.StageOf(7 - s), s);
+    EXPECT_EQ(t.ChunkOf(7 - s), 1);
+  }
+  EXPECT_EQ(t.HeadStage(), 0);
+  EXPECT_EQ(t.HeadChunk(), 1);
+  EXPECT_EQ(t.HopAfter(0), Hop::kNext);
+  EXPECT_EQ(t.HopAfter(3), Hop::kSelf);  // stage 3's chunk 0 to its chunk 1
+  EXPECT_EQ(t.HopAfter(4), Hop::kPrev);  // stage 3 back to stage 2
+  // No ring: the first stage has no upstream link and the last no downstream one,
+  // and tied embeddings (both ends on stage 0) add none.
+  EXPECT_FALSE(LinkNeeds(t, 0, true).prev);
+  EXPECT_TRUE(LinkNeeds(t, 0, true).next);
+  EXPECT_FALSE(LinkNeeds(t, 3, true).next);
+  EXPECT_TRUE(LinkNeeds(t, 3, true).prev);
+  // With looped chunks the tied embedding needs the ring between stage 0 and K-1.
+  const Topology plain{4, 1, Placement::kLooped};
+  EXPECT_FALSE(LinkNeeds(plain, 0, false).prev);
+  EXPECT_TRUE(LinkNeeds(plain, 0, true).prev);
+  EXPECT_TRUE(LinkNeeds(plain, 3, true).next);
+}
+
+TEST(StageProgramTest, PlacementTravelsInTheTextAndProtoForms) {
+  const std::string text =
+      "schedule zb-v stages 2 micro_batches 1 chunks 2 placement v\n"
+      "stage 0 max_in_flight 2: F0 F0@1 I0@1 I0 W0@1 W0 OPT\n";
+  absl::StatusOr<Schedule> s = ParseScheduleText(text);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ((*s)[0].placement, Placement::kV);
+  EXPECT_EQ(ToText(*s), text);
+  absl::StatusOr<StageProgram> back = FromProto(ToProto((*s)[0]));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, (*s)[0]);
+  // Looped, the default, is not written; a placement no one knows is refused by name.
+  EXPECT_THAT(ParseScheduleText("schedule x stages 1 micro_batches 1 chunks 1 placement w\n"
+                                "stage 0 max_in_flight 1: F0\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("unknown placement 'w'")));
+  EXPECT_THAT(ParseScheduleText("schedule x stages 1 micro_batches 1 chunks 1 forward_only v\n"
+                                "stage 0 max_in_flight 1: F0\n"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("line 1")));
+  absl::StatusOr<Schedule> eval = ParseScheduleText(
+      "schedule e stages 1 micro_batches 1 chunks 2 placement v forward_only\n"
+      "stage 0 max_in_flight 1: F0 F0@1\n");
+  ASSERT_TRUE(eval.ok()) << eval.status();
+  EXPECT_TRUE((*eval)[0].forward_only);
+  EXPECT_EQ((*eval)[0].placement, Placement::kV);
 }
 
 }  // namespace

@@ -109,6 +109,7 @@ pb::StageProgram ToProto(const StageProgram& p) {
   out.set_schedule(p.schedule);
   out.set_max_in_flight(p.max_in_flight);
   out.set_forward_only(p.forward_only);
+  out.set_placement(p.placement == Placement::kV ? pb::PLACEMENT_V : pb::PLACEMENT_LOOPED);
   for (const Action& a : p.actions) {
     pb::Action* pa = out.add_actions();
     pa->set_kind(KindToProto(a.kind));
@@ -135,6 +136,17 @@ absl::StatusOr<StageProgram> FromProto(const pb::StageProgram& proto) {
   p.max_in_flight = *f;
   p.schedule = proto.schedule();
   p.forward_only = proto.forward_only();
+  switch (proto.placement()) {
+    case pb::PLACEMENT_LOOPED:
+      p.placement = Placement::kLooped;
+      break;
+    case pb::PLACEMENT_V:
+      p.placement = Placement::kV;
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("placement: unknown value ", static_cast<int>(proto.placement())));
+  }
   for (int i = 0; i < proto.actions_size(); ++i) {
     auto a = ActionFromProto(proto.actions(i), absl::StrCat("actions[", i, "]"));
     if (!a.ok()) return a.status();
@@ -149,6 +161,9 @@ std::string ToText(const Schedule& schedule) {
   std::string out = absl::StrCat("schedule ", first.schedule.empty() ? "-" : first.schedule,
                                  " stages ", first.num_stages, " micro_batches ",
                                  first.num_micro_batches, " chunks ", first.num_chunks,
+                                 first.placement == Placement::kLooped
+                                     ? ""
+                                     : absl::StrCat(" placement ", PlacementName(first.placement)),
                                  first.forward_only ? " forward_only" : "", "\n");
   for (const StageProgram& p : schedule) {
     absl::StrAppend(&out, "stage ", p.stage, " max_in_flight ", p.max_in_flight, ": ",
@@ -156,6 +171,38 @@ std::string ToText(const Schedule& schedule) {
   }
   return out;
 }
+
+namespace {
+
+// The header's words after `chunks V`: `placement NAME` and `forward_only`, each at most
+// once, in this order; `w` keeps the first eight.
+absl::Status ReadHeaderOptions(std::vector<absl::string_view>& w, int line_no,
+                               StageProgram& header) {
+  auto bad = [&] {
+    return absl::InvalidArgumentError(
+        absl::StrCat("line ", line_no,
+                     ": expected 'schedule NAME stages K micro_batches M chunks V"
+                     " [placement looped|v] [forward_only]'"));
+  };
+  if (w.size() < 8 || w[0] != "schedule") return bad();
+  size_t i = 8;
+  if (i + 1 < w.size() && w[i] == "placement") {
+    absl::StatusOr<Placement> placement = ParsePlacement(w[i + 1]);
+    if (!placement.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("line ", line_no, ": ", placement.status().message()));
+    }
+    header.placement = *placement;
+    i += 2;
+  }
+  header.forward_only = i < w.size() && w[i] == "forward_only";
+  if (header.forward_only) ++i;
+  if (i != w.size()) return bad();
+  w.resize(8);
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<Schedule> ParseScheduleText(absl::string_view text) {
   Schedule out;
@@ -168,15 +215,7 @@ absl::StatusOr<Schedule> ParseScheduleText(absl::string_view text) {
     if (line.empty() || line[0] == '#') continue;
     if (!have_header) {
       std::vector<absl::string_view> w = absl::StrSplit(line, ' ', absl::SkipEmpty());
-      // The optional ninth word marks a forward-only (evaluation) schedule.
-      const bool flag = w.size() == 9 && w[8] == "forward_only";
-      if ((w.size() != 8 && !flag) || w[0] != "schedule") {
-        return absl::InvalidArgumentError(
-            absl::StrCat("line ", line_no,
-                         ": expected 'schedule NAME stages K micro_batches M chunks V"
-                         " [forward_only]'"));
-      }
-      header.forward_only = flag;
+      if (auto s = ReadHeaderOptions(w, line_no, header); !s.ok()) return s;
       header.schedule = w[1] == "-" ? "" : std::string(w[1]);
       if (auto s = ReadNamedInt(w, 2, "stages", &header.num_stages, line_no); !s.ok()) return s;
       if (auto s = ReadNamedInt(w, 4, "micro_batches", &header.num_micro_batches, line_no);

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/schedule/action.h"
+#include "common/schedule/topology.h"
 #include "pipetrain/v1/schedule.pb.h"
 
 namespace pipetrain::schedule {
@@ -26,18 +27,14 @@ struct StageProgram {
   // Evaluation: forwards with their sends and receives only (no backward, gradient or
   // optimizer action); the weights stay as they are and the head reports the losses.
   bool forward_only = false;
+  // Where its virtual stages live (topology.h); every program of a schedule shares it.
+  Placement placement = Placement::kLooped;
 
+  Topology topology() const { return {num_stages, num_chunks, placement}; }
   bool operator==(const StageProgram&) const = default;
 };
 
 using Schedule = std::vector<StageProgram>;
-
-// Chunk topology: model chunk c of stage s is virtual stage c * K + s, so the model runs
-// stage 0..K-1 for chunk 0, then wraps from stage K-1 back to stage 0 for chunk 1, as in
-// Megatron's interleaved schedule. With v = 1 this is the plain pipeline.
-inline int VirtualStage(int stage, int chunk, int num_stages) { return chunk * num_stages + stage; }
-inline int StageOfVirtual(int virtual_stage, int num_stages) { return virtual_stage % num_stages; }
-inline int ChunkOfVirtual(int virtual_stage, int num_stages) { return virtual_stage / num_stages; }
 
 pipetrain::v1::StageProgram ToProto(const StageProgram& program);
 pipetrain::v1::Action ActionToProto(const Action& action);
@@ -53,7 +50,8 @@ absl::StatusOr<StageProgram> FromProto(const pipetrain::v1::StageProgram& proto)
 //   stage 1 max_in_flight 1: F0 B0 F1 B1 F2 B2 OPT
 // A forward-only schedule ends its header line with the word `forward_only` (every
 // program of a schedule shares the header). Lines starting with '#' and blank lines
-// are ignored. Parse(ToText(s)) == s.
+// are ignored. Parse(ToText(s)) == s. A placement other than looped follows `chunks V`
+// as `placement v`.
 std::string ToText(const Schedule& schedule);
 absl::StatusOr<Schedule> ParseScheduleText(absl::string_view text);
 

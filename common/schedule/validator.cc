@@ -91,9 +91,9 @@ class Checker {
   std::string Mb(int m, int c) const {
     return c == 0 ? absl::StrCat("micro-batch ", m) : absl::StrCat("micro-batch ", m, " chunk ", c);
   }
-  int Virtual(int s, int c) const { return VirtualStage(s, c, k_); }
+  int Virtual(int s, int c) const { return topo_.Virtual(s, c); }
   Slot& SlotOf(int virtual_stage, int m) {
-    return slots_[StageOfVirtual(virtual_stage, k_)][m * v_ + ChunkOfVirtual(virtual_stage, k_)];
+    return slots_[topo_.StageOf(virtual_stage)][m * v_ + topo_.ChunkOf(virtual_stage)];
   }
 
   absl::Status CheckHeaders() {
@@ -110,6 +110,7 @@ class Checker {
     m_ = s_[0].num_micro_batches;
     v_ = s_[0].num_chunks;
     forward_only_ = s_[0].forward_only;
+    topo_ = {k_, v_, s_[0].placement};
     if (m_ < 1) return absl::InvalidArgumentError("invalid schedule: num_micro_batches < 1");
     if (v_ < 1) return absl::InvalidArgumentError("invalid schedule: num_chunks < 1");
     // The checker keeps a slot per (stage, micro-batch, chunk): refuse shapes no real
@@ -121,6 +122,11 @@ class Checker {
     }
     for (int s = 0; whole_ && s < k_; ++s) {
       const StageProgram& p = s_[s];
+      if (p.placement != topo_.placement) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "invalid schedule: program ", s, " has placement ", PlacementName(p.placement),
+            ", program 0 ", PlacementName(topo_.placement)));
+      }
       if (p.stage != s || p.num_stages != k_ || p.num_micro_batches != m_ || p.num_chunks != v_) {
         return absl::InvalidArgumentError(absl::StrCat(
             "invalid schedule: program ", s, " says stage ", p.stage, " of ", p.num_stages,
@@ -242,9 +248,9 @@ class Checker {
           auto check = [&](int pos, int peer_j, int Slot::*peer_field,
                            ActionKind want) -> absl::Status {
             if (pos < 0 || SlotOf(peer_j, m).*peer_field >= 0) return absl::OkStatus();
-            Action w{want, m, ChunkOfVirtual(peer_j, k_)};
+            Action w{want, m, topo_.ChunkOf(peer_j)};
             return FailAt({s, pos}, absl::StrCat("no matching ", ToString(w), " on stage ",
-                                                 StageOfVirtual(peer_j, k_)));
+                                                 topo_.StageOf(peer_j)));
           };
           absl::Status st;
           if (!(st = check(mine.send_f, j + 1, &Slot::recv_f, ActionKind::kRecvActivation)).ok())
@@ -348,7 +354,7 @@ class Checker {
       const bool up = a.kind == ActionKind::kRecvActivation || a.kind == ActionKind::kForward;
       const int peer_j = Virtual(s, a.chunk) + (up ? -1 : 1);
       stuck.push_back(c);
-      why.push_back(absl::StrCat(Name(c), " waits for stage ", StageOfVirtual(peer_j, k_)));
+      why.push_back(absl::StrCat(Name(c), " waits for stage ", topo_.StageOf(peer_j)));
     }
     if (stuck.empty()) return absl::OkStatus();
     return Fail(stuck, absl::StrCat("deadlock: no stage can go on: ", absl::StrJoin(why, "; ")));
@@ -375,6 +381,7 @@ class Checker {
   ValidateOptions options_;
   bool whole_;
   int k_ = 0, m_ = 0, v_ = 0;
+  Topology topo_;
   bool forward_only_ = false;
   std::vector<std::vector<Slot>> slots_;  // [stage][micro_batch * v + chunk]
 };

@@ -28,14 +28,15 @@ void MeasuredCosts::Sum::Add(const Sum& other) {
   count += other.count;
 }
 
-MeasuredCosts::MeasuredCosts(int stages, int chunks, int window)
-    : stages_(stages), chunks_(chunks), window_(std::max(1, window)) {}
+MeasuredCosts::MeasuredCosts(int stages, int chunks, int window, schedule::Placement placement)
+    : stages_(stages), chunks_(chunks), window_(std::max(1, window)), placement_(placement) {}
 
 absl::Status MeasuredCosts::AddStep(const std::vector<pb::TimelineEvent>& events) {
   StepSums sums;
   sums.chunk.resize(static_cast<size_t>(stages_) * chunks_ * kSlots);
   sums.optimizer.resize(stages_);
   const int vj = stages_ * chunks_;
+  const schedule::Topology topology{stages_, chunks_, placement_};
   auto slot = [&](int s, int c, Slot k) -> Sum& {
     return sums.chunk[(static_cast<size_t>(s) * chunks_ + c) * kSlots + k];
   };
@@ -54,7 +55,7 @@ absl::Status MeasuredCosts::AddStep(const std::vector<pb::TimelineEvent>& events
           a.ok() ? absl::StrCat(" (", schedule::ToString(*a), ")") : ""));
     }
     const double d = (e.end_us() - e.start_us()) * 1e-6;
-    const int c = a->chunk, j = schedule::VirtualStage(s, c, stages_);
+    const int c = a->chunk, j = topology.Virtual(s, c);
     if (schedule::IsCompute(a->kind) || a->kind == ActionKind::kOptimizerStep) {
       sums.compute[{s, static_cast<int>(a->kind), a->micro_batch, c}] = d;
     }
@@ -78,10 +79,12 @@ absl::Status MeasuredCosts::AddStep(const std::vector<pb::TimelineEvent>& events
   // A receive's end is the tensor's arrival where it began waiting before the send did;
   // one that began after the send ended found the tensor there (its time: the taking).
   for (const auto& [a, recv] : receives) {
-    const int j = schedule::VirtualStage(recv->stage(), a.chunk, stages_);
+    const int j = topology.Virtual(recv->stage(), a.chunk);
     const bool act = a.kind == ActionKind::kRecvActivation;
     const int from = act ? j - 1 : j + 1;
     if (from < 0 || from >= vj) continue;
+    // A hand-off between chunks of one stage crosses no link: nothing to learn of links.
+    if (topology.HopAfter(std::min(from, j)) == schedule::Hop::kSelf) continue;
     auto it = sends.find({act ? ActionKind::kSendActivation : ActionKind::kSendGradient, from,
                           a.micro_batch});
     if (it == sends.end()) continue;
@@ -94,8 +97,8 @@ absl::Status MeasuredCosts::AddStep(const std::vector<pb::TimelineEvent>& events
     }
     // Only a receiver that waited from before the send began saw the arrival itself.
     if (recv->start_us() > send.start_us()) continue;
-    const int fs = schedule::StageOfVirtual(from, stages_);
-    const int fc = schedule::ChunkOfVirtual(from, stages_);
+    const int fs = topology.StageOf(from);
+    const int fc = topology.ChunkOf(from);
     slot(fs, fc, act ? kTransferAct : kTransferGrad)
         .Add(std::max<int64_t>(0, recv->end_us() - send.start_us()) * 1e-6,
              static_cast<double>(send.bytes()));
@@ -162,17 +165,17 @@ CostModel MeasuredCosts::Fit(const CostModel& planned) const {
   if (steps_.empty()) return fitted;
   const std::vector<std::vector<ChunkMeasure>> means = Means();
   const double per_byte = TransferSecondsPerByte();
+  const schedule::Topology topology{stages_, chunks_, placement_};
   auto recv_busy = [&](int j) {
     if (j < 0 || j >= stages_ * chunks_) return 0.0;
-    const double b = means[schedule::StageOfVirtual(j, stages_)]
-                          [schedule::ChunkOfVirtual(j, stages_)].recv_busy_s;
+    const double b = means[topology.StageOf(j)][topology.ChunkOf(j)].recv_busy_s;
     return b > 0 ? b : 0.0;
   };
   for (int s = 0; s < stages_ && s < static_cast<int>(fitted.chunks.size()); ++s) {
     for (int c = 0; c < chunks_ && c < static_cast<int>(fitted.chunks[s].size()); ++c) {
       const ChunkMeasure& m = means[s][c];
       ChunkCost& cc = fitted.chunks[s][c];
-      const int j = schedule::VirtualStage(s, c, stages_);
+      const int j = topology.Virtual(s, c);
       if (m.forward_s >= 0) cc.forward_s = m.forward_s;
       if (m.backward_input_s >= 0) {
         cc.backward_input_s = m.backward_input_s;

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/schedule/topology.h"
 #include "coordinator/planner/planner.h"
 #include "coordinator/planner/simulator.h"
 #include "pipetrain/v1/coordinator.pb.h"
@@ -42,7 +43,8 @@ struct ChunkMeasure {
 // is the RunStep calls' spread, well under a millisecond on one machine).
 class MeasuredCosts {
  public:
-  MeasuredCosts(int stages, int chunks, int window = 20);
+  MeasuredCosts(int stages, int chunks, int window = 20,
+                schedule::Placement placement = schedule::Placement::kLooped);
 
   // One step's events from every stage. Errors name the stage and the action that
   // does not fit the job's shape; nothing is added then.
@@ -94,6 +96,7 @@ class MeasuredCosts {
   Sum Total(int stage, int chunk, Slot slot) const;
 
   int stages_, chunks_, window_;
+  schedule::Placement placement_;
   std::deque<StepSums> steps_;
 };
 

@@ -19,7 +19,8 @@ absl::Status CheckRange(const char* field, int value, int max) {
 
 }  // namespace
 
-absl::StatusOr<schedule::Schedule> ForwardOnlySchedule(int k, int m, int v) {
+absl::StatusOr<schedule::Schedule> ForwardOnlySchedule(int k, int m, int v,
+                                                       schedule::Placement placement) {
   RETURN_IF_ERROR(CheckRange("pipeline.stages", k, kMaxStages));
   RETURN_IF_ERROR(CheckRange("pipeline.micro_batches", m, kMaxMicroBatches));
   RETURN_IF_ERROR(CheckRange("pipeline.chunks", v, kMaxChunks));
@@ -27,11 +28,13 @@ absl::StatusOr<schedule::Schedule> ForwardOnlySchedule(int k, int m, int v) {
   for (int s = 0; s < k; ++s) {
     schedule::StageProgram& p = compute_only.emplace_back(EmptyProgram("eval", s, k, m, v));
     p.forward_only = true;
+    p.placement = placement;
     // A forward frees its activations as it ends: one micro-batch at a time.
     p.max_in_flight = 1;
     // Every stage walks the same (micro-batch, chunk) sequence, and each forward
     // depends only on one earlier in it (the previous virtual stage), so the programs
-    // cannot deadlock.
+    // cannot deadlock (in either placement: the chain of a (chunk, micro-batch) only
+    // ever goes back to an earlier one).
     for (int first = 0; first < m; first += k) {
       const int end = std::min(first + k, m);
       for (int c = 0; c < v; ++c) {

@@ -13,8 +13,10 @@ namespace pipetrain::planner {
 // Megatron's interleaved order, so that with v chunks a stage starts chunk c + 1 of a
 // micro-batch as soon as the last stage has passed its chunk c on. Any M >= 1 works
 // (the last group may be short). Errors name the job-spec field (pipeline.stages,
-// pipeline.micro_batches, pipeline.chunks).
-absl::StatusOr<schedule::Schedule> ForwardOnlySchedule(int stages, int micro_batches,
-                                                       int chunks);
+// pipeline.micro_batches, pipeline.chunks). `placement` is the training schedule's: the
+// chunks are where it put them.
+absl::StatusOr<schedule::Schedule> ForwardOnlySchedule(
+    int stages, int micro_batches, int chunks,
+    schedule::Placement placement = schedule::Placement::kLooped);
 
 }  // namespace pipetrain::planner

@@ -74,6 +74,7 @@ absl::StatusOr<schedule::Schedule> Generate(ScheduleKind kind, int k, int m, int
   for (int s = 0; s < k; ++s) {
     schedule::StageProgram& p = out.emplace_back(EmptyProgram(e.name, s, k, m, v));
     p.max_in_flight = e.in_flight_bound(k, m, v, s);
+    p.placement = e.placement;
     p.actions = e.stage_order(k, m, v, s);
     p.actions.push_back(schedule::OptimizerStep());
   }

@@ -8,11 +8,12 @@ using schedule::ActionKind;
 schedule::Schedule Lower(const schedule::Schedule& compute_only) {
   schedule::Schedule out = compute_only;
   for (schedule::StageProgram& p : out) {
-    const int last = p.num_stages * p.num_chunks - 1;
+    const schedule::Topology topology = p.topology();
+    const int last = topology.Last();
     std::vector<Action> lowered;
     lowered.reserve(p.actions.size() * 2);
     for (const Action& a : p.actions) {
-      const int j = schedule::VirtualStage(p.stage, a.chunk, p.num_stages);
+      const int j = topology.Virtual(p.stage, a.chunk);
       const bool backward = schedule::ProducesInputGradient(a.kind);
       if (a.kind == ActionKind::kForward && j > 0) {
         lowered.push_back({ActionKind::kRecvActivation, a.micro_batch, a.chunk});

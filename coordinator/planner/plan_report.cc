@@ -98,7 +98,7 @@ std::string RenderPlanText(const Plan& plan) {
   std::string out = absl::StrFormat(
       "Plan: %s schedule, K=%d stages, M=%d micro-batches%s, recompute %s, precision %s\n"
       "Model: %d blocks, d_model %d, %d heads, seq_len %d, vocab %d%s; %s\n",
-      ScheduleName(o.schedule), o.stages, o.micro_batches,
+      ScheduleLabel(o), o.stages, o.micro_batches,
       o.chunks > 1 ? absl::StrCat(", v=", o.chunks, " chunks per stage") : "",
       RecomputeName(o.recompute), o.precision, o.model.n_layers, o.model.d_model, o.model.n_heads,
       o.model.seq_len, o.model.vocab_size,
@@ -194,9 +194,13 @@ std::string RenderPlanText(const Plan& plan) {
                                sim.step_time_without_reduction_s > 0
                                    ? 100 * (sim.step_time_s / sim.step_time_without_reduction_s - 1)
                                    : 0.0);
-  out += absl::StrFormat("Bubble fraction: %.4f simulated, %.4f textbook %s\n",
-                         plan.simulation.bubble_fraction, plan.textbook_bubble,
-                         TextbookFormula(o.schedule));
+  out += o.schedule_program
+             ? absl::StrFormat("Bubble fraction: %.4f simulated (a schedule file has no "
+                               "textbook formula)\n",
+                               plan.simulation.bubble_fraction)
+             : absl::StrFormat("Bubble fraction: %.4f simulated, %.4f textbook %s\n",
+                               plan.simulation.bubble_fraction, plan.textbook_bubble,
+                               TextbookFormula(o.schedule));
   out +=
       "\nSchedule (one column per time slot, '.' = idle; F forward, B backward, I/W its "
       "input/weight parts, @c model chunk";
@@ -207,7 +211,7 @@ std::string RenderPlanText(const Plan& plan) {
 
 std::string PlanJson(const Plan& plan) {
   nlohmann::json j;
-  j["schedule"] = ScheduleName(plan.options.schedule);
+  j["schedule"] = ScheduleLabel(plan.options);
   j["num_stages"] = plan.options.stages;
   j["micro_batches"] = plan.options.micro_batches;
   j["chunks"] = plan.options.chunks;

@@ -9,6 +9,7 @@
 #include "common/schedule/validator.h"
 #include "common/status_macros.h"
 #include "coordinator/planner/lowering.h"
+#include "coordinator/planner/schedule_file.h"
 
 namespace pipetrain::planner {
 
@@ -84,10 +85,31 @@ absl::Status CheckReplicaSplit(const PlanOptions& o) {
   return absl::OkStatus();
 }
 
+// A schedule file's shape is the job's (a flag of `pipetrain plan` may have changed the
+// job's since the file was read), or the table's rules for (K, M, v).
+absl::Status CheckScheduleShape(const PlanOptions& o) {
+  if (!o.schedule_program) return CheckShape(o.schedule, o.stages, o.micro_batches, o.chunks);
+  const schedule::StageProgram& header = o.schedule_program->front();
+  if (header.num_stages == o.stages && header.num_micro_batches == o.micro_batches &&
+      header.num_chunks == o.chunks && static_cast<int>(o.schedule_program->size()) == o.stages) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "pipeline.schedule_file: the file is for K=", header.num_stages, " M=",
+      header.num_micro_batches, " v=", header.num_chunks, ", the job has K=", o.stages, " M=",
+      o.micro_batches, " v=", o.chunks));
+}
+
+// The stage's in-flight bound: the file's declaration, or its row's.
+int BoundOf(const PlanOptions& o, int s) {
+  if (o.schedule_program) return (*o.schedule_program)[s].max_in_flight;
+  return InFlightBound(o.schedule, o.stages, o.micro_batches, o.chunks, s);
+}
+
 // Everything MakePlan needs of its options before it plans.
 absl::Status CheckPlanOptions(const PlanOptions& o) {
   RETURN_IF_ERROR(model::ValidateConfig(o.model));
-  RETURN_IF_ERROR(CheckShape(o.schedule, o.stages, o.micro_batches, o.chunks));
+  RETURN_IF_ERROR(CheckScheduleShape(o));
   RETURN_IF_ERROR(CheckBatchSize(o.batch_size));
   RETURN_IF_ERROR(CheckReplicaSplit(o));
   if (absl::Status p = model::PrecisionNamed(o.precision).status(); !p.ok()) {
@@ -133,7 +155,7 @@ absl::StatusOr<Partition> PartitionLayers(const PlanOptions& o,
         (recompute_everywhere ? c.activation_bytes_recompute : c.activation_bytes) * tokens);
   }
   for (int s = 0; s < o.stages; ++s)
-    limit.in_flight.push_back(InFlightBound(o.schedule, o.stages, o.micro_batches, o.chunks, s));
+    limit.in_flight.push_back(BoundOf(o, s));
   limit.cap_bytes = o.memory_cap_bytes;
   limit.chunk_bytes = [&o](int begin, int end) {
     return static_cast<double>(model::ChunkTableBytes(o.model, begin, end));
@@ -205,7 +227,7 @@ void PlaceChunks(const PlanOptions& o, const Partition& partition,
                  const std::vector<model::LayerCost>& cost, double tokens,
                  const std::vector<std::vector<bool>>& recompute, Plan& plan) {
   const int k = o.stages, v = o.chunks;
-  const Placement placement = EntryOf(o.schedule).placement;
+  const Placement placement = PlacementOf(o);
   plan.costs.chunks.assign(k, std::vector<ChunkCost>(v));
   plan.stages.resize(k);
   for (int j = 0; j < k * v; ++j) {
@@ -215,7 +237,7 @@ void PlaceChunks(const PlanOptions& o, const Partition& partition,
     sp.stage = s;
     sp.chunks.push_back({b, e});
     sp.chunk_recompute.push_back(recompute[s][c]);
-    sp.max_in_flight = InFlightBound(o.schedule, k, o.micro_batches, v, s);
+    sp.max_in_flight = BoundOf(o, s);
     for (int l = b; l < e; ++l) sp.params += cost[l].params;
     sp.table_bytes += static_cast<double>(model::ChunkTableBytes(o.model, b, e));
     plan.costs.chunks[s][c] = CostOfChunk(o, cost, b, e, recompute[s][c], tokens);
@@ -299,6 +321,51 @@ absl::StatusOr<PartitionMode> ParsePartitionMode(absl::string_view name) {
       absl::StrCat("partition: unknown mode '", name, "' (expected count, params or cost)"));
 }
 
+namespace {
+
+// pipeline.schedule's row, or pipeline.schedule_file's programs (one of the two), and
+// the pipeline's shape checked against it.
+absl::Status ReadSchedule(const pb::PipelineSpec& p, PlanOptions& o) {
+  const bool file = !p.schedule_file().empty() || !p.schedule_program().empty();
+  if (file && !p.schedule().empty()) {
+    return absl::InvalidArgumentError(
+        "pipeline.schedule and pipeline.schedule_file: give one (the file's programs are the "
+        "schedule)");
+  }
+  if (!file) {
+    if (p.schedule().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pipeline.schedule: missing (expected ", ScheduleNameList(), ")"));
+    }
+    ASSIGN_OR_RETURN(o.schedule, ParseScheduleKind(p.schedule()));
+    return CheckShape(o.schedule, o.stages, o.micro_batches, o.chunks);
+  }
+  if (p.schedule_program().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline.schedule_file: '", p.schedule_file(),
+        "' was not read: `pipetrain submit` and `pipetrain plan` read it into "
+        "pipeline.schedule_program, which the coordinator plans (it reads no such path)"));
+  }
+  ASSIGN_OR_RETURN(const schedule::StageProgram header, ScheduleFileHeader(p.schedule_program()));
+  if (p.chunks() == 0) o.chunks = header.num_chunks;
+  ASSIGN_OR_RETURN(schedule::Schedule programs,
+                   ParseScheduleFile(p.schedule_program(), o.stages, o.micro_batches, o.chunks));
+  o.schedule_program = std::make_shared<const schedule::Schedule>(std::move(programs));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+schedule::Placement PlacementOf(const PlanOptions& o) {
+  return o.schedule_program ? o.schedule_program->front().placement : EntryOf(o.schedule).placement;
+}
+
+std::string ScheduleLabel(const PlanOptions& o) {
+  if (!o.schedule_program) return ScheduleName(o.schedule);
+  const std::string& name = o.schedule_program->front().schedule;
+  return absl::StrCat(name.empty() ? "-" : name, " (pipeline.schedule_file)");
+}
+
 absl::StatusOr<PlanOptions> OptionsFromJobSpec(const pb::JobSpec& spec) {
   PlanOptions o;
   if (!spec.has_model()) return absl::InvalidArgumentError("model: missing");
@@ -307,13 +374,8 @@ absl::StatusOr<PlanOptions> OptionsFromJobSpec(const pb::JobSpec& spec) {
   o.stages = p.stages();
   o.micro_batches = p.micro_batches();
   o.chunks = p.chunks() == 0 ? 1 : p.chunks();
-  if (p.schedule().empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pipeline.schedule: missing (expected ", ScheduleNameList(), ")"));
-  }
-  ASSIGN_OR_RETURN(o.schedule, ParseScheduleKind(p.schedule()));
+  RETURN_IF_ERROR(ReadSchedule(p, o));
   ASSIGN_OR_RETURN(o.recompute, ParseRecompute(p.recompute()));
-  RETURN_IF_ERROR(CheckShape(o.schedule, o.stages, o.micro_batches, o.chunks));
   o.batch_size = spec.training().batch_size();
   RETURN_IF_ERROR(CheckBatchSize(o.batch_size));
   o.replicas = p.replicas() == 0 ? 1 : p.replicas();
@@ -346,13 +408,19 @@ absl::StatusOr<Plan> MakePlan(const PlanOptions& o) {
   plan.options = o;
   PlaceChunks(o, partition, cost, tokens, recompute, plan);
   AddStageFigures(o, plan);
-  ASSIGN_OR_RETURN(schedule::Schedule compute_only, Generate(o.schedule, k, o.micro_batches, v));
+  schedule::Schedule compute_only;
+  if (o.schedule_program) {
+    compute_only = *o.schedule_program;
+  } else {
+    ASSIGN_OR_RETURN(compute_only, Generate(o.schedule, k, o.micro_batches, v));
+  }
   RETURN_IF_ERROR(schedule::Validate(compute_only, {.lowered = false}));
   plan.programs = Lower(compute_only);
   RETURN_IF_ERROR(schedule::Validate(plan.programs));
   ASSIGN_OR_RETURN(plan.simulation, Simulate(plan.programs, plan.costs));
   RETURN_IF_ERROR(AddPeaksWithinCap(o, plan));
-  plan.textbook_bubble = TextbookBubble(o.schedule, k, o.micro_batches, v);
+  // A file's schedule has no formula.
+  plan.textbook_bubble = o.schedule_program ? 0 : TextbookBubble(o.schedule, k, o.micro_batches, v);
   return plan;
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -92,6 +93,9 @@ struct PlanOptions {
   bool snapshots = false;
   // training.precision, a row of common/model/precision.h ("fp32" when not given).
   std::string precision = "fp32";
+  // pipeline.schedule_file's compute-only programs (schedule_file.h), checked; when set
+  // they replace the table's generator and `schedule` is not used.
+  std::shared_ptr<const schedule::Schedule> schedule_program;
 
   // Sequences one replica takes per step (the whole batch with one replica).
   int replica_batch_size() const { return batch_size / replicas; }
@@ -133,6 +137,11 @@ struct StagePlan {
   bool recomputes_any() const;
 };
 
+// The schedule's placement: the file's, or its row's in the table.
+schedule::Placement PlacementOf(const PlanOptions& options);
+// "zb-v", or "NAME (pipeline.schedule_file)" for a file whose header names NAME.
+std::string ScheduleLabel(const PlanOptions& options);
+
 struct Plan {
   PlanOptions options;
   std::vector<StagePlan> stages;
@@ -140,6 +149,11 @@ struct Plan {
   CostModel costs;
   SimulationResult simulation;
   double textbook_bubble = 0;
+
+  // Where the schedule put each virtual stage (which stage holds the head, ...).
+  schedule::Topology topology() const {
+    return {options.stages, options.chunks, PlacementOf(options)};
+  }
 };
 
 absl::StatusOr<Plan> MakePlan(const PlanOptions& options);

@@ -15,6 +15,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/schedule/action.h"
+#include "common/schedule/topology.h"
 
 namespace pipetrain::planner {
 
@@ -26,21 +27,15 @@ enum class ScheduleKind : int {
   kOneFOneB = 1,     // PipeDream-Flush: warm-up, one forward one backward, cool-down
   kInterleaved = 2,  // Megatron interleaved 1F1B with v model chunks per stage
   kZbH1 = 3,         // zero-bubble H1: backward split into I and W, W deferred into bubbles
+  kZbV = 4,          // zero-bubble V: two chunks a stage in a V, I and W split
+  kDualPipeV = 5,    // DeepSeek's DualPipe-V: the V with F0 B1 F1 B0 steps
 };
 
 // pipeline.schedule when the spec leaves it out.
 inline constexpr ScheduleKind kDefaultSchedule = ScheduleKind::kOneFOneB;
 
-// Which chunk of which stage holds which virtual stage (the j-th contiguous run of the
-// model's layers, j = 0 .. Kv-1).
-enum class Placement {
-  // Virtual stage j on stage j % K as its chunk j / K: the model runs stage 0..K-1 for
-  // chunk 0, then wraps to stage 0 for chunk 1 (Megatron). With v = 1, stage j holds j.
-  // This is the topology common/schedule/stage_program.h defines and that lowering, the
-  // validator, the simulator and the executor follow; another placement needs them to
-  // learn it (a stage program does not carry its placement).
-  kLooped,
-};
+// Which chunk of which stage holds which virtual stage: common/schedule/topology.h.
+using schedule::Placement;
 
 struct ChunkSlot {
   int stage = 0;
@@ -55,7 +50,8 @@ struct ScheduleEntry {
   // step, for K stages, M micro-batches and v chunks that passed CheckShape.
   std::vector<schedule::Action> (*stage_order)(int stages, int micro_batches, int chunks,
                                                int stage);
-  // true: v >= 2 model chunks per stage (pipeline.chunks, default 2); false: v = 1.
+  // true: v >= 2 model chunks per stage (pipeline.chunks, default 2; the V placement's
+  // schedules take exactly 2, their check_shape says); false: v = 1.
   bool chunked = false;
   // The schedule's own conditions on (K, M, v) after the common ones, errors naming the
   // field and the schedule (`name`); null when it has none.
@@ -79,7 +75,7 @@ const ScheduleEntry& EntryOf(ScheduleKind kind);
 // A name from the table; the error names pipeline.schedule and lists the names.
 absl::StatusOr<ScheduleKind> ParseScheduleKind(absl::string_view name);
 std::string ScheduleName(ScheduleKind kind);
-// "gpipe, 1f1b, interleaved or zb-h1".
+// "gpipe, 1f1b, interleaved, zb-h1, zb-v or dualpipe-v".
 std::string ScheduleNameList();
 // One line per schedule: its name and description, for --help.
 std::string ScheduleHelp();

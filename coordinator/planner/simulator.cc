@@ -45,6 +45,11 @@ absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
                                                    " stages, schedule has ", k));
   }
   const int vj = k * v;
+  const schedule::Topology topology = programs[0].topology();
+  // A hand-off between two chunks of one stage takes no transfer time.
+  auto transfer_s = [&](int from_j, int to_j, double link_s) {
+    return topology.HopAfter(std::min(from_j, to_j)) == schedule::Hop::kSelf ? 0.0 : link_s;
+  };
   // Arrival time of the activation into / gradient out of virtual stage j; -1 = unsent.
   std::vector<std::vector<double>> act_at(vj, std::vector<double>(m, -1)), grad_at = act_at;
   SimulationResult r;
@@ -71,7 +76,7 @@ absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
   // The simulator trusts a validated schedule for order, but never indexes out of range.
   for (int s = 0; s < k; ++s) {
     for (const Action& a : programs[s].actions) {
-      const int j = schedule::VirtualStage(s, a.chunk, k);
+      const int j = topology.Virtual(s, a.chunk);
       const bool needs_prev = a.kind == ActionKind::kRecvActivation;
       const bool needs_next = a.kind == ActionKind::kRecvGradient;
       if (a.micro_batch < 0 || a.micro_batch >= m || a.chunk < 0 || a.chunk >= v ||
@@ -84,7 +89,7 @@ absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
   }
 
   auto run = [&](int s, const Action& a) -> bool {
-    const int j = schedule::VirtualStage(s, a.chunk, k);
+    const int j = topology.Virtual(s, a.chunk);
     const ChunkCost* c = a.kind == ActionKind::kOptimizerStep ? nullptr : &costs.chunks[s][a.chunk];
     double start = clock[s], end = start;
     switch (a.kind) {
@@ -98,11 +103,11 @@ absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
       }
       case ActionKind::kSendActivation:
         end = start + c->send_busy_s;
-        act_at[j][a.micro_batch] = start + c->send_activation_s;
+        act_at[j][a.micro_batch] = start + transfer_s(j, j + 1, c->send_activation_s);
         break;
       case ActionKind::kSendGradient:
         end = start + c->send_busy_s;
-        grad_at[j][a.micro_batch] = start + c->send_gradient_s;
+        grad_at[j][a.micro_batch] = start + transfer_s(j, j - 1, c->send_gradient_s);
         break;
       case ActionKind::kForward:
         end = start + c->forward_s;
