@@ -137,7 +137,7 @@ std::string ScalingDataText(const std::vector<ScalingRow>& rows) {
       "# action sleeps its modelled time), one row per (K, M, schedule). Columns:\n"
       "#  1 K                 pipeline stages\n"
       "#  2 M                 micro-batches per step\n"
-      "#  3 schedule          gpipe | 1f1b | interleaved (2 chunks) | zb-h1\n"
+      "#  3 schedule          a row of the schedule table (chunked ones with 2 chunks)\n"
       "#  4 measured_speedup  median tokens/s over the K = 1 gpipe run's at the same M\n"
       "#  5 ideal             K*M/(M+K-1), the textbook GPipe/1F1B speedup\n"
       "#  6 bound             the planner's simulated speedup for this schedule, same costs\n"
