@@ -48,7 +48,11 @@ absl::Status CheckChunks(const JobConfig& c) {
 
 // Where the stage sits: its place in the pipeline and among its replicas.
 absl::Status CheckPlacement(const JobConfig& c, bool has_coordinator) {
-  if (c.num_stages < 1) return absl::InvalidArgumentError("field num_stages must be >= 1");
+  if (c.num_stages < 1 || c.num_stages > schedule::kMaxTopologyStages) {
+    return absl::InvalidArgumentError(absl::StrCat("field num_stages must be in [1, ",
+                                                   schedule::kMaxTopologyStages, "] (got ",
+                                                   c.num_stages, ")"));
+  }
   if (c.stage < 0 || c.stage >= c.num_stages) {
     return absl::InvalidArgumentError(
         absl::StrCat("field stage must be in [0, ", c.num_stages, ")"));

@@ -50,6 +50,36 @@ TEST(JobConfigTest, SeveralChunksOrATiedEmbeddingCloseTheRing) {
   EXPECT_FALSE(LinksOf(StageOf(0, 1, 2, true)).prev);
 }
 
+// The V placement needs no ring: stage 0 has no upstream link even with a tied
+// embedding (both ends are its own), the last stage no downstream one; a middle stage's
+// downstream link carries gradients to chunk 0 and activations to chunk 1.
+TEST(JobConfigTest, TheVPlacementLinksNeighboursOnlyAndMixesKindsPerChunk) {
+  JobConfig first = StageOf(0, 3, 2, /*tied=*/true), middle = StageOf(1, 3, 2),
+            last = StageOf(2, 3, 2);
+  for (JobConfig* c : {&first, &middle, &last}) c->placement = schedule::Placement::kV;
+  EXPECT_FALSE(LinksOf(first).prev);
+  EXPECT_TRUE(LinksOf(first).next);
+  EXPECT_TRUE(LinksOf(middle).prev && LinksOf(middle).next);
+  EXPECT_FALSE(LinksOf(last).next);
+  EXPECT_TRUE(LinksOf(last).prev);
+  using common::TensorKind;
+  EXPECT_EQ(DownstreamLinkOptions(middle).receive_kinds,
+            (std::vector<TensorKind>{TensorKind::kGradient, TensorKind::kActivation}));
+  EXPECT_EQ(UpstreamLinkOptions(middle).receive_kinds,
+            (std::vector<TensorKind>{TensorKind::kActivation, TensorKind::kGradient}));
+  // The last stage hands chunk 0's output to chunk 1 itself: nothing arrives on its
+  // downstream side, and from upstream an activation for chunk 0, a gradient for chunk 1.
+  EXPECT_EQ(UpstreamLinkOptions(last).receive_kinds,
+            (std::vector<TensorKind>{TensorKind::kActivation, TensorKind::kGradient}));
+}
+
+TEST(JobConfigTest, MoreStagesThanAnyProgramMayHaveAreRefused) {
+  JobConfig c = StageOf(0, 3);
+  c.num_stages = 1 << 30;
+  EXPECT_THAT(ValidateJobConfig(c, false),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("field num_stages must be in [1, 4096]")));
+}
+
 TEST(JobConfigTest, ValidationNamesJobStageAndField) {
   EXPECT_THAT(ValidateJobConfig(StageOf(1, 3), false), IsOk());
   JobConfig c = StageOf(1, 3);

@@ -37,13 +37,20 @@ Hop Topology::HopAfter(int virtual_stage) const {
 
 StageLinkNeeds LinkNeeds(const Topology& t, int stage, bool tie_embeddings) {
   StageLinkNeeds needs;
-  for (int j = 0; j < t.Last(); ++j) {
-    const Hop hop = t.HopAfter(j);
-    if (hop == Hop::kSelf) continue;
-    const bool forward_next = hop == Hop::kNext;
-    // The sender of j -> j+1 uses the hop's link; the receiver the opposite one.
-    if (t.StageOf(j) == stage) (forward_next ? needs.next : needs.prev) = true;
-    if (t.StageOf(j + 1) == stage) (forward_next ? needs.prev : needs.next) = true;
+  // Only this stage's chunks: the hop into each (its receiver uses the link opposite the
+  // hop's direction) and the hop out of it (its sender uses the hop's own).
+  for (int c = 0; c < t.chunks; ++c) {
+    const int j = t.Virtual(stage, c);
+    if (j > 0) {
+      const Hop in = t.HopAfter(j - 1);
+      if (in == Hop::kNext) needs.prev = true;
+      if (in == Hop::kPrev) needs.next = true;
+    }
+    if (j < t.Last()) {
+      const Hop out = t.HopAfter(j);
+      if (out == Hop::kNext) needs.next = true;
+      if (out == Hop::kPrev) needs.prev = true;
+    }
   }
   if (tie_embeddings && t.HeadStage() != 0) {
     if (stage == 0) needs.prev = true;

@@ -31,6 +31,10 @@ absl::StatusOr<Placement> ParsePlacement(absl::string_view name);
 // to stage s-1 (`prev`), or to another chunk of the same stage.
 enum class Hop { kNext, kPrev, kSelf };
 
+// The most stages a pipeline may have: the validator refuses programs of more, so a
+// stage configured for more could never run one (and K x v must fit an int).
+inline constexpr int kMaxTopologyStages = 4096;
+
 struct Topology {
   int stages = 1;  // K
   int chunks = 1;  // v

@@ -11,7 +11,7 @@ namespace {
 
 constexpr int64_t kMaxSlots = int64_t{1} << 24;
 constexpr size_t kMaxTablePositions = 120;
-constexpr int kMaxStages = 4096;
+constexpr int kMaxStages = kMaxTopologyStages;
 
 // The actions a forward-only program may contain: forwards and the activations they move.
 bool AllowedForwardOnly(ActionKind k) {
