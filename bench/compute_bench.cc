@@ -24,20 +24,6 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-// Bytes of a pseudo-random English-like text; the throughput does not depend on it.
-std::string Text() {
-  const char* words[] = {"pipeline ", "stage ", "gradient ", "the ",
-                         "of ",       "a ",     "micro ",    "batch. ",
-                         "model ",    "and ",   "weights ",  "loss "};
-  std::string text;
-  uint32_t state = 1;
-  while (text.size() < (1 << 20)) {
-    state = state * 1664525u + 1013904223u;
-    text += words[(state >> 16) % 12];
-  }
-  return text;
-}
-
 // Median GFLOP/s of the model's largest product (the MLP's input projection of one step:
 // (B*T, C) x (C, n), LargestProductColumns) on one product engine at `threads` threads,
 // with `operands`.
@@ -57,20 +43,6 @@ absl::StatusOr<double> ProductGflops(compute::CpuBackend::ProductEngine engine, 
   return 2.0 * m * n * k / Median(times) / 1e9;
 }
 
-// Median seconds of `reps` training steps after one warm-up step (first touch of every
-// buffer, the primitives made).
-absl::StatusOr<double> StepSeconds(const compute::TrainOptions& o, const std::string& text,
-                                   int reps) {
-  ASSIGN_OR_RETURN(auto trainer, compute::Trainer::Create(o, text));
-  RETURN_IF_ERROR(trainer->Step().status());
-  std::vector<double> times;
-  for (int r = 0; r < reps; ++r) {
-    ASSIGN_OR_RETURN(compute::StepStats s, trainer->Step());
-    times.push_back(s.seconds);
-  }
-  return Median(times);
-}
-
 // "fp32" or "bf16", as training.precision spells it.
 std::string PrecisionName(const model::Precision& p) { return std::string(p.name); }
 
@@ -79,6 +51,13 @@ std::string PrecisionName(const model::Precision& p) { return std::string(p.name
 std::string PythonPath() {
   const char* env = std::getenv("PIPETRAIN_PYTHON");
   return env != nullptr && *env != '\0' ? env : "/usr/bin/python3";
+}
+
+// The folder of torch_compute_bench.py: the source tree's bench/ (PIPETRAIN_BENCH_DIR in
+// the environment overrides it, where the binary runs away from its source tree).
+std::string BenchDir() {
+  const char* env = std::getenv("PIPETRAIN_BENCH_DIR");
+  return env != nullptr && *env != '\0' ? env : PIPETRAIN_BENCH_DIR;
 }
 
 // The PyTorch script's flags for a Llama model's own fields; none for GPT-2's.
@@ -92,19 +71,50 @@ std::string TorchLlamaFlags(const GptConfig& c) {
       r.high_freq_factor, r.original_context, c.tie_embeddings ? " --tie-embeddings" : "");
 }
 
-// Trains the same model with PyTorch on the CPU (bench/torch_compute_bench.py) at
-// `threads` threads for one warm-up and `steps` timed steps. Returns the script's JSON
-// object, which has "error" instead of figures when torch is not importable.
+}  // namespace
+
+// Bytes of a pseudo-random English-like text; the throughput does not depend on it.
+std::string BenchText() {
+  const char* words[] = {"pipeline ", "stage ", "gradient ", "the ",
+                         "of ",       "a ",     "micro ",    "batch. ",
+                         "model ",    "and ",   "weights ",  "loss "};
+  std::string text;
+  uint32_t state = 1;
+  while (text.size() < (1 << 20)) {
+    state = state * 1664525u + 1013904223u;
+    text += words[(state >> 16) % 12];
+  }
+  return text;
+}
+
+// Median seconds of `reps` training steps after one warm-up step (first touch of every
+// buffer, the primitives made).
+absl::StatusOr<double> MedianStepSeconds(const compute::TrainOptions& o, const std::string& text,
+                                   int reps) {
+  ASSIGN_OR_RETURN(auto trainer, compute::Trainer::Create(o, text));
+  RETURN_IF_ERROR(trainer->Step().status());
+  std::vector<double> times;
+  for (int r = 0; r < reps; ++r) {
+    ASSIGN_OR_RETURN(compute::StepStats s, trainer->Step());
+    times.push_back(s.seconds);
+  }
+  return Median(times);
+}
+
+std::string PyTorchInterpreter() { return PythonPath(); }
+
 absl::StatusOr<nlohmann::json> RunPyTorch(const compute::TrainOptions& o, int threads,
-                                          int steps) {
+                                          int steps, const std::string& extra_flags) {
   const std::string command = absl::StrFormat(
       "'%s' '%s/torch_compute_bench.py' --threads %d --steps %d --vocab %d --seq %d "
-      "--d-model %d --heads %d --layers %d --batch %d --precision %s%s 2>&1",
-      PythonPath(), PIPETRAIN_BENCH_DIR, threads, steps, o.model.vocab_size, o.model.seq_len,
+      "--d-model %d --heads %d --layers %d --batch %d --precision %s%s%s 2>&1",
+      PythonPath(), BenchDir(), threads, steps, o.model.vocab_size, o.model.seq_len,
       o.model.d_model, o.model.n_heads, o.model.n_layers, o.batch, PrecisionName(o.precision),
-      TorchLlamaFlags(o.model));
+      TorchLlamaFlags(o.model), extra_flags);
   return RunJsonCommand(command);
 }
+
+namespace {
 
 // What --model trains: the small GPT-2 (today's bench, unchanged) or a stack
 // with Llama-3.2-1B's proportions at the same width, depth, length and vocabulary:
@@ -171,7 +181,7 @@ absl::StatusOr<BenchResult> RunComputeBench(const BenchOptions& options) {
   result.Label("model", trained.label);
   result.Label("precision", PrecisionName(options.precision));
   result.Add("gflop_per_step", flops_per_token * tokens / 1e9);
-  const std::string text = Text();
+  const std::string text = BenchText();
   std::string pytorch_label;
   using Engine = compute::CpuBackend::ProductEngine;
   const int m = o.batch * o.model.seq_len, n = LargestProductColumns(o.model);
@@ -182,13 +192,13 @@ absl::StatusOr<BenchResult> RunComputeBench(const BenchOptions& options) {
     // --precision bf16, in bf16, in the same run.
     o.products = Engine::kOpenBlas;
     o.precision = model::PrecisionTable().front();
-    ASSIGN_OR_RETURN(const double openblas_s, StepSeconds(o, text, reps));
+    ASSIGN_OR_RETURN(const double openblas_s, MedianStepSeconds(o, text, reps));
     o.products = Engine::kOneDnn;
-    ASSIGN_OR_RETURN(const double fp32_s, StepSeconds(o, text, reps));
+    ASSIGN_OR_RETURN(const double fp32_s, MedianStepSeconds(o, text, reps));
     o.precision = options.precision;
     double step_s = fp32_s;
     if (options.precision.products != common::DType::kF32) {
-      ASSIGN_OR_RETURN(step_s, StepSeconds(o, text, reps));
+      ASSIGN_OR_RETURN(step_s, MedianStepSeconds(o, text, reps));
     }
     const double gflops = flops_per_token * tokens / step_s / 1e9;
     ASSIGN_OR_RETURN(const double product,
@@ -244,13 +254,13 @@ absl::StatusOr<BenchResult> RunCompute124mBench(const BenchOptions& options) {
   result.Label("model", "GPT-2 124M shape: vocab 50257 tied, d_model 768, 12 heads, 12 layers; "
                         "batch 4 x 64 tokens; 2 threads");
   using Engine = compute::CpuBackend::ProductEngine;
-  const std::string text = Text();
+  const std::string text = BenchText();
   o.products = Engine::kOpenBlas;
-  ASSIGN_OR_RETURN(const double openblas_s, StepSeconds(o, text, reps));
+  ASSIGN_OR_RETURN(const double openblas_s, MedianStepSeconds(o, text, reps));
   o.products = Engine::kOneDnn;
-  ASSIGN_OR_RETURN(const double fp32_s, StepSeconds(o, text, reps));
+  ASSIGN_OR_RETURN(const double fp32_s, MedianStepSeconds(o, text, reps));
   ASSIGN_OR_RETURN(o.precision, model::PrecisionNamed("bf16"));
-  ASSIGN_OR_RETURN(const double bf16_s, StepSeconds(o, text, reps));
+  ASSIGN_OR_RETURN(const double bf16_s, MedianStepSeconds(o, text, reps));
   result.Add("openblas_fp32_tokens_per_s", tokens / openblas_s);
   result.Add("onednn_fp32_tokens_per_s", tokens / fp32_s);
   result.Add("onednn_bf16_tokens_per_s", tokens / bf16_s);

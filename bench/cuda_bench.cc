@@ -134,6 +134,52 @@ absl::Status AddHostCopyFigures(int warmup, int reps, BenchResult& result) {
   return absl::OkStatus();
 }
 
+// A 16 MiB activation leaving one stage's device memory for the next's: the device ends
+// of the TCP path (the backend's staged copy to pageable host memory, then from it to the
+// other buffer, as a send and a receive do around the wire), against a plain cudaMemcpy
+// device-to-host plus host-to-device of the same bytes, and against one device-to-device
+// copy (what CUDA IPC between two stages of one GPU would do), in the same run.
+absl::Status AddActivationFigures(int warmup, int reps, BenchResult& result) {
+  constexpr size_t kBytes = size_t{16} << 20;
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> be, CudaBackend::Create(0, {}));
+  const int64_t n = static_cast<int64_t>(kBytes / compute::BytesOf<float>(1));
+  ASSIGN_OR_RETURN(auto from, RandomBuffer(be.get(), n, 6, 1.0));
+  ASSIGN_OR_RETURN(auto to, BackendBuffer<float>::Elements(be.get(), n));
+  std::vector<float> host(n);
+  const auto gbps = [&](double seconds) { return kBytes / seconds / 1e9; };
+  ASSIGN_OR_RETURN(double staged, MedianWallSeconds(warmup, reps, [&]() -> absl::Status {
+                     RETURN_IF_ERROR(be->CopyToHost(host.data(), from.raw(), kBytes));
+                     return be->CopyFromHost(to.raw(), host.data(), kBytes);
+                   }));
+  {  // what arrived through the staged path is what left
+    std::vector<float> sent(n), got(n);
+    RETURN_IF_ERROR(be->CopyToHost(sent.data(), from.raw(), kBytes));
+    RETURN_IF_ERROR(be->CopyToHost(got.data(), to.raw(), kBytes));
+    if (sent != got) return absl::InternalError("cuda bench: the staged activation changed");
+  }
+  ASSIGN_OR_RETURN(double plain, MedianWallSeconds(warmup, reps, [&]() -> absl::Status {
+                     RETURN_IF_ERROR(EventStatus(
+                         cudaMemcpy(host.data(), from.raw(), kBytes, cudaMemcpyDeviceToHost),
+                         "cudaMemcpy"));
+                     return EventStatus(
+                         cudaMemcpy(to.raw(), host.data(), kBytes, cudaMemcpyHostToDevice),
+                         "cudaMemcpy");
+                   }));
+  ASSIGN_OR_RETURN(double d2d, MedianWallSeconds(warmup, reps, [&]() -> absl::Status {
+                     return EventStatus(
+                         cudaMemcpy(to.raw(), from.raw(), kBytes, cudaMemcpyDeviceToDevice),
+                         "cudaMemcpy");
+                   }));
+  result.Label("activation", "16 MiB device to device: staged D2H + H2D (the TCP path's ends), "
+                             "plain cudaMemcpy D2H + H2D, one D2D copy");
+  result.Add("activation_staged_gbps", gbps(staged));
+  result.Add("activation_plain_d2h_h2d_gbps", gbps(plain));
+  result.Add("activation_d2d_gbps", gbps(d2d));
+  result.Add("activation_staged_vs_plain", plain / staged);
+  result.Add("activation_staged_vs_d2d", d2d / staged);
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<BenchResult> RunCudaBench(const BenchOptions& options) {
@@ -199,6 +245,7 @@ absl::StatusOr<BenchResult> RunCudaBench(const BenchOptions& options) {
     }
   }
   RETURN_IF_ERROR(AddHostCopyFigures(warmup, reps, result));
+  RETURN_IF_ERROR(AddActivationFigures(warmup, reps, result));
   return result;
 }
 

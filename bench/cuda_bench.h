@@ -7,4 +7,9 @@
 
 namespace pipetrain::bench {
 absl::StatusOr<BenchResult> RunCudaBench(const BenchOptions& options);
+// `pipetrain-bench cuda-train` (cuda_train_bench.cc): whole training steps of a
+// GPT-2-small-shaped and a Llama-3.2-1B-shaped model as one stage on GPU 0 in TF32 and
+// bf16: tokens/s and MFU (over the datasheet peak and over the bf16 product rate measured
+// in the same run), next to PyTorch eager on the GPU (bench/torch_compute_bench.py).
+absl::StatusOr<BenchResult> RunCudaTrainBench(const BenchOptions& options);
 }

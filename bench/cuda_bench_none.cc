@@ -10,4 +10,8 @@ absl::StatusOr<BenchResult> RunCudaBench(const BenchOptions& options) {
       absl::StrCat("no usable GPU: ", common::ProbeCuda().reason));
 }
 
+absl::StatusOr<BenchResult> RunCudaTrainBench(const BenchOptions& options) {
+  return RunCudaBench(options);
+}
+
 }  // namespace pipetrain::bench

@@ -13,13 +13,14 @@
 #      most 64 MiB).
 #   2. the device tool's run, with carry [".gpu"] and command `bash bench/gpu.sh`.
 #
-# Environment: JOBS (parallel build jobs, default 2), PACK_DIR (default .gpu).
+# Environment: JOBS (parallel build jobs, default 2), PACK_DIR (default .gpu), BUILD_DIR
+# (default build-gpu; `build` reuses the main build, which has CUDA on wherever nvcc is).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 jobs=${JOBS:-2}
 pack=${PACK_DIR:-.gpu}
-build="build-gpu"
+build=${BUILD_DIR:-build-gpu}
 stage="$build/pack"  # bin/ and lib/ before compression
 
 # Every pipetrain_test(...) call in tests/CMakeLists.txt whose LABELS include gpu.
@@ -43,15 +44,17 @@ gpu_tests+=$'\n'backend_conformance_test
 # (Copy2D, Softmax on the device) against the full forward.
 gpu_tests+=$'\n'kv_cache_decoder_test
 echo "gpu-pack: gpu tests: ${gpu_tests//$'\n'/ }"
+# cuda_cluster_test starts the real binaries (PIPETRAIN_BIN_DIR points it at the pack's).
+programs="pipetrain pipetrain-coordinator pipetrain-stage pipetrain-bench"
 
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DPIPETRAIN_WITH_CUDA=ON
 # shellcheck disable=SC2086
-cmake --build "$build" -j "$jobs" --target pipetrain-bench $gpu_tests
+cmake --build "$build" -j "$jobs" --target $programs $gpu_tests
 
 rm -rf "$stage" "$pack"
 mkdir -p "$stage/bin" "$stage/lib" "$pack"
 bins=()
-for t in $gpu_tests pipetrain-bench; do
+for t in $gpu_tests $programs; do
   cp "$build/bin/$t" "$stage/bin/"
   bins+=("$stage/bin/$t")
 done

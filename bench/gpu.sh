@@ -8,7 +8,7 @@
 #   2. the device tool's run, with carry [".gpu"] and command `bash bench/gpu.sh`
 #
 # Writes into $OUT (the device tool brings it back; at most 8 files): one gtest XML per
-# test binary, gpu.log (everything printed) and cuda_bench.json. Prints a summary table
+# test binary (5), gpu.log (everything printed), cuda_bench.json and cuda_train.json. Prints a summary table
 # last. Exit status: 1 if any test failed or did not run, 2 if only the bench failed,
 # 0 otherwise. SANITIZE=1 bash bench/gpu.sh adds a compute-sanitizer memcheck run.
 set -uo pipefail
@@ -45,6 +45,13 @@ if ldd "$pack/bin/pipetrain-bench" 2>&1 | grep -q "libcu.*not found"; then
   export LD_LIBRARY_PATH
 fi
 
+# The packed tests start the packed binaries (cuda_cluster_test), and the cuda-train
+# bench runs bench/torch_compute_bench.py from this tree under the machine's PyTorch.
+export PIPETRAIN_BIN_DIR="$(cd "$pack" && pwd)/bin"
+export PIPETRAIN_BENCH_DIR="$(pwd)/bench"
+export PIPETRAIN_PYTHON="$(command -v python3 || echo /usr/bin/python3)"
+export PYTHONUNBUFFERED=1
+
 say "== nvidia-smi"
 nvidia-smi 2>&1 | tee -a "$log" || say "nvidia-smi failed"
 
@@ -57,10 +64,14 @@ fi
 declare -a rows=()
 failed=0
 tlog=$(mktemp)
-for t in "$pack"/bin/*_test; do
+# TESTS (a glob, default *_test) and BENCHES (default "cuda cuda-train") pick what runs,
+# for a second, shorter run after a fix.
+for t in "$pack"/bin/${TESTS:-*_test}; do
   name=$(basename "$t")
   say "== $name"
-  timeout 300 "$t" --gtest_output="xml:$OUT/$name.xml" 2>&1 | tee "$tlog" >>"$log"
+  limit=120
+  [[ $name == cuda_cluster_test ]] && limit=${CLUSTER_LIMIT:-260}
+  timeout "$limit" "$t" --gtest_output="xml:$OUT/$name.xml" 2>&1 | tee "$tlog" >>"$log"
   rc=${PIPESTATUS[0]}
   tail -n 40 "$tlog"
   passed=$(grep -c '^\[       OK \]' "$tlog")
@@ -96,22 +107,38 @@ if [[ "${SANITIZE:-0}" == 1 ]]; then
   fi
 fi
 
+benches=" ${BENCHES-cuda cuda-train} "
+bench_rc=0
+train_rc=0
+if [[ $benches == *" cuda "* ]]; then
 say "== pipetrain-bench cuda"
-timeout 300 "$pack/bin/pipetrain-bench" cuda --json >"$OUT/cuda_bench.json" 2>>"$log"
+timeout 120 "$pack/bin/pipetrain-bench" cuda --json >"$OUT/cuda_bench.json" 2>>"$log"
 bench_rc=$?
 cat "$OUT/cuda_bench.json" >>"$log"
+fi
+if [[ $benches == *" cuda-train "* ]]; then
+say "== pipetrain-bench cuda-train"
+timeout "${TRAIN_LIMIT:-200}" "$pack/bin/pipetrain-bench" cuda-train --json \
+  >"$OUT/cuda_train.json" 2>>"$log"
+train_rc=$?
+cat "$OUT/cuda_train.json" >>"$log"
+fi
+[[ $train_rc != 0 ]] && bench_rc=$train_rc
 
 echo
 say "== summary"
 say "$(printf '%-28s %-18s %6s %6s %7s' test-binary status passed failed skipped)"
 for r in "${rows[@]}"; do say "$r"; done
-if [[ $bench_rc == 0 ]]; then
-  # One figure a line: "name value".
-  sed -e 's/[{}]//g' -e 's/","/"\n"/g' -e 's/,"/\n"/g' "$OUT/cuda_bench.json" |
-    sed -e 's/"//g' -e 's/:/  /' | tee -a "$log"
-else
-  say "pipetrain-bench cuda FAILED (exit $bench_rc); see gpu.log"
-fi
+for f in cuda_bench cuda_train; do
+  if [[ -s "$OUT/$f.json" ]]; then
+    # One figure a line: "name value".
+    sed -e 's/[{}]//g' -e 's/","/"\n"/g' -e 's/,"/\n"/g' "$OUT/$f.json" |
+      sed -e 's/"//g' -e 's/:/  /' | tee -a "$log"
+  else
+    say "$f: no figures (see gpu.log)"
+  fi
+done
+[[ $bench_rc != 0 ]] && say "a pipetrain-bench run FAILED (exit $bench_rc); see gpu.log"
 if [[ $failed != 0 ]]; then exit 1; fi
 if [[ $bench_rc != 0 ]]; then exit 2; fi
 exit 0

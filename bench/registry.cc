@@ -61,6 +61,12 @@ const std::vector<Benchmark>& AllBenchmarks() {
        "and TF32, TFLOP/s against a cuBLAS product of its MLP shape in the same run; "
        "64 MiB host copies staged through pinned memory against plain pageable ones",
        RunCudaBench},
+      {"cuda-train",
+       "cuda backend: training steps of a GPT-2-small-shaped (seq 1024) and a "
+       "Llama-3.2-1B-shaped model as one stage on GPU 0 in TF32 and bf16: tokens/s and MFU "
+       "(over the datasheet peak and the bf16 product rate measured in the same run), next "
+       "to PyTorch eager on the GPU on the same model (ours/PyTorch)",
+       RunCudaTrainBench},
       {"allreduce",
        "gloo ring all-reduce of 16 and 64 MiB of floats between 2 and 4 processes on "
        "loopback: bus bandwidth vs raw TCP moving the same bytes in a ring (ratio, higher "

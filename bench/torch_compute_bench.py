@@ -13,6 +13,10 @@ attention (--kv-heads key/value heads repeated to the query heads), a SwiGLU MLP
 down(silu(gate x) * up x) of width --ffn-dim, a final RMSNorm, no biases, and the lm_head
 tied to the token embedding with --tie-embeddings; same optimizer, steps and timing.
 
+With --device cuda it trains on the GPU instead (`pipetrain-bench cuda-train`): eager mode,
+float32 products in TF32 with --tf32, bf16 under torch.autocast("cuda"), each step timed to
+the device's last kernel (torch.cuda.synchronize).
+
 Run with Debian's /usr/bin/python3 (python3-torch). Without torch it prints
 {"error": "..."} and exits 0, so the C++ benchmark can label the comparison as skipped.
 """
@@ -76,7 +80,7 @@ class Gpt(nn.Module):
 
     def forward(self, idx, targets):
         T = idx.size(1)
-        x = self.wte(idx) + self.wpe(torch.arange(T))
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
         for block in self.h:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))
@@ -208,27 +212,43 @@ def main():
                    help="llama3 scaling FACTOR,LOW,HIGH,ORIGINAL, or none")
     p.add_argument("--norm-eps", type=float, default=1e-5)
     p.add_argument("--tie-embeddings", action="store_true")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda for the GPU (eager mode)")
+    p.add_argument("--tf32", action="store_true",
+                   help="cuda: float32 products on the tensor cores in TF32")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    model = make_model(a)
+    device = torch.device(a.device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            print(json.dumps({"error": "torch sees no GPU (torch.cuda.is_available() is False)"}))
+            sys.exit(0)
+        torch.backends.cuda.matmul.allow_tf32 = a.tf32
+        torch.backends.cudnn.allow_tf32 = a.tf32
+    model = make_model(a).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4, betas=(0.9, 0.999), eps=1e-8,
                             weight_decay=0.0)
     times, loss = [], None
     for step in range(a.steps + 1):
-        rows = torch.randint(0, a.vocab, (a.batch, a.seq + 1))
+        rows = torch.randint(0, a.vocab, (a.batch, a.seq + 1), device=device)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
         start = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.precision == "bf16"):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=a.precision == "bf16"):
             loss = model(rows[:, :-1], rows[:, 1:])
         loss.backward()
         opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()  # the step ends when the GPU's work does
         if step > 0:  # the first step warms up allocations and kernels
             times.append(time.perf_counter() - start)
     step_s = statistics.median(times)
     print(json.dumps({
         "torch_version": torch.__version__,
         "threads": a.threads,
+        "device": torch.cuda.get_device_name(0) if device.type == "cuda" else "cpu",
+        "tf32": a.tf32,
         "precision": a.precision,
         "attention": "scaled_dot_product_attention"
         if hasattr(F, "scaled_dot_product_attention") else "explicit softmax",

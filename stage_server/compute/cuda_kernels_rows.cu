@@ -32,18 +32,26 @@ __global__ void EmbeddingForwardKernel(int64_t n, int T, int C, int V,
   }
 }
 
-__global__ void EmbeddingBackwardWteKernel(int64_t n, int C, int V, const int32_t* tokens,
+// Deterministic: thread (c, slice) adds, in row order, every row whose token falls in its
+// slice of the vocabulary (token % slices), so each dwte element is summed in the same order
+// on every run and with any grid, as the cpu backend sums it (no atomicAdd). grid =
+// (ceil(C / kThreads), kWteSlices), block = kThreads.
+constexpr int kWteSlices = 64;
+
+__global__ void EmbeddingBackwardWteKernel(int64_t rows, int C, int V, const int32_t* tokens,
                                            const float* dout, float* dwte,
                                            int32_t* bad_index) {
-  PT_GRID_STRIDE(i, n) {
-    const int64_t row = i / C;
-    const int c = static_cast<int>(i % C);
+  const int c = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  const int slice = static_cast<int>(blockIdx.y);
+  if (c >= C) return;
+  for (int64_t row = 0; row < rows; ++row) {
     const int32_t token = tokens[row];
     if (token < 0 || token >= V) {
-      atomicMin(bad_index, static_cast<int32_t>(row));
+      if (c == 0 && slice == 0) atomicMin(bad_index, static_cast<int32_t>(row));
       continue;
     }
-    atomicAdd(&dwte[int64_t{token} * C + c], dout[i]);
+    if (token % kWteSlices != slice) continue;
+    dwte[int64_t{token} * C + c] += dout[row * C + c];
   }
 }
 
@@ -228,10 +236,11 @@ cudaError_t EmbeddingForward(int B, int T, int C, int V, const int32_t* tokens,
 cudaError_t EmbeddingBackwardWte(int B, int T, int C, int V, const int32_t* tokens,
                                  const float* dout, float* dwte, int32_t* bad_index,
                                  cudaStream_t stream) {
-  const int64_t n = int64_t{B} * T * C;
-  if (n <= 0 || dwte == nullptr) return cudaSuccess;
-  EmbeddingBackwardWteKernel<<<GridFor(n), kThreads, 0, stream>>>(n, C, V, tokens, dout,
-                                                                   dwte, bad_index);
+  const int64_t rows = int64_t{B} * T;
+  if (rows <= 0 || C <= 0 || dwte == nullptr) return cudaSuccess;
+  const dim3 grid((C + kThreads - 1) / kThreads, kWteSlices);
+  EmbeddingBackwardWteKernel<<<grid, kThreads, 0, stream>>>(rows, C, V, tokens, dout, dwte,
+                                                            bad_index);
   return cudaGetLastError();
 }
 

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "stage_server/compute/cuda_backend.h"
 
 namespace pipetrain::compute {
 
@@ -49,7 +50,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& opt
   }
   RETURN_IF_ERROR(model::CheckTextLength(text, int64_t{options.model.seq_len} + 1));
   std::unique_ptr<Trainer> t(new Trainer(options, std::move(text)));
-  ASSIGN_OR_RETURN(t->backend_, CpuBackend::Create(options.threads, options.products));
+  if (options.cuda_device >= 0) {
+    ASSIGN_OR_RETURN(t->backend_,
+                     CreateCudaBackend(options.cuda_device, {.tf32 = options.tf32}));
+  } else {
+    ASSIGN_OR_RETURN(t->backend_, CpuBackend::Create(options.threads, options.products));
+  }
   RETURN_IF_ERROR(t->backend_->SetProductOperands(options.precision.products));
   ASSIGN_OR_RETURN(t->model_,
                    ModelChunk::Create(options.model, 0, options.model.num_pipeline_layers(),
@@ -69,6 +75,7 @@ absl::StatusOr<StepStats> Trainer::Step() {
   ASSIGN_OR_RETURN(stats.loss, LossAndGrads(*model_, batch, options_.micro_batches));
   RETURN_IF_ERROR(model_->SumTiedGradients());
   ASSIGN_OR_RETURN(stats.grad_norm, model_->OptimizerStep(options_.optimizer));
+  RETURN_IF_ERROR(backend_->Synchronize());  // a device's step ends when its work does
   stats.seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   stats.step = ++step_;

@@ -38,6 +38,10 @@ struct TrainOptions {
   CpuBackend::ProductEngine products = CpuBackend::ProductEngine::kOneDnn;
   // training.precision's row: the products' operands and the activations' dtype.
   model::Precision precision = model::PrecisionTable().front();
+  // >= 0: train on that GPU with the cuda backend (threads and products unused), with
+  // TF32 products when `tf32` is set; -1: the cpu backend.
+  int cuda_device = -1;
+  bool tf32 = false;
 };
 
 struct StepStats {
@@ -63,7 +67,7 @@ class Trainer {
 
   TrainOptions options_;
   std::string text_;
-  std::unique_ptr<CpuBackend> backend_;
+  std::unique_ptr<Backend> backend_;
   std::unique_ptr<ModelChunk> model_;
   int step_ = 0;
 };

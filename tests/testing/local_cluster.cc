@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -15,7 +16,12 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::string Bin(const std::string& name) { return std::string(PIPETRAIN_BIN_DIR) + "/" + name; }
+// The built binaries; PIPETRAIN_BIN_DIR in the environment overrides the build's folder
+// (bench/gpu.sh runs packed tests on another machine, with the binaries beside them).
+std::string Bin(const std::string& name) {
+  const char* env = std::getenv("PIPETRAIN_BIN_DIR");
+  return std::string(env != nullptr && *env != '\0' ? env : PIPETRAIN_BIN_DIR) + "/" + name;
+}
 
 int PortOf(const std::string& line) {
   int port = 0;
