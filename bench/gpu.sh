@@ -47,9 +47,10 @@ fi
 
 # The packed tests start the packed binaries (cuda_cluster_test), and the cuda-train
 # bench runs bench/torch_compute_bench.py from this tree under the machine's PyTorch.
-export PIPETRAIN_BIN_DIR="$(cd "$pack" && pwd)/bin"
-export PIPETRAIN_BENCH_DIR="$(pwd)/bench"
-export PIPETRAIN_PYTHON="$(command -v python3 || echo /usr/bin/python3)"
+PIPETRAIN_BIN_DIR="$(cd "$pack" && pwd)/bin"
+PIPETRAIN_BENCH_DIR="$(pwd)/bench"
+PIPETRAIN_PYTHON="$(command -v python3 || echo /usr/bin/python3)"
+export PIPETRAIN_BIN_DIR PIPETRAIN_BENCH_DIR PIPETRAIN_PYTHON
 export PYTHONUNBUFFERED=1
 
 say "== nvidia-smi"
@@ -111,17 +112,17 @@ benches=" ${BENCHES-cuda cuda-train} "
 bench_rc=0
 train_rc=0
 if [[ $benches == *" cuda "* ]]; then
-say "== pipetrain-bench cuda"
-timeout 120 "$pack/bin/pipetrain-bench" cuda --json >"$OUT/cuda_bench.json" 2>>"$log"
-bench_rc=$?
-cat "$OUT/cuda_bench.json" >>"$log"
+  say "== pipetrain-bench cuda"
+  timeout 120 "$pack/bin/pipetrain-bench" cuda --json >"$OUT/cuda_bench.json" 2>>"$log"
+  bench_rc=$?
+  cat "$OUT/cuda_bench.json" >>"$log"
 fi
 if [[ $benches == *" cuda-train "* ]]; then
-say "== pipetrain-bench cuda-train"
-timeout "${TRAIN_LIMIT:-200}" "$pack/bin/pipetrain-bench" cuda-train --json \
-  >"$OUT/cuda_train.json" 2>>"$log"
-train_rc=$?
-cat "$OUT/cuda_train.json" >>"$log"
+  say "== pipetrain-bench cuda-train"
+  timeout "${TRAIN_LIMIT:-200}" "$pack/bin/pipetrain-bench" cuda-train --json \
+    >"$OUT/cuda_train.json" 2>>"$log"
+  train_rc=$?
+  cat "$OUT/cuda_train.json" >>"$log"
 fi
 [[ $train_rc != 0 ]] && bench_rc=$train_rc
 

@@ -1,6 +1,7 @@
 #include <algorithm>
 
 #include "bench/allreduce_bench.h"
+#include "bench/autoplan_bench.h"
 #include "bench/benchmark.h"
 #include "bench/codec_bench.h"
 #include "bench/executor_bench.h"
@@ -33,6 +34,12 @@ const std::vector<Benchmark>& AllBenchmarks() {
        "stages vs speed, EMULATED stages: speedup over K = 1 for K = 1..8, M = 1..32 and 4 "
        "schedules vs the ideal K*M/(M+K-1) and the simulator's bound (1.0 = ideal)",
        RunScalingBench},
+      {"autoplan",
+       "pipeline.schedule \"auto\" on 4 EMULATED stages, 2 models x 2 stage memories: the "
+       "step of the plan it picks over the best of a measured sample of the same space "
+       "(1.0 = the best; aim <= 1.05), the default 1f1b M=K plan's step over it, and its "
+       "predicted step over its measured one",
+       RunAutoplanBench},
       {"model-size",
        "largest GPT that trains on K = 1, 2, 4, 8 real stages under one --memory-limit, "
        "with and without re-materialization, deeper and wider: params vs K x the K = 1 "

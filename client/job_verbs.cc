@@ -43,6 +43,22 @@ std::string StatusText(const pb::JobStatus& job) {
   const auto& p = job.spec().pipeline();
   rows.push_back({"pipeline", absl::StrCat(p.schedule(), ", ", p.stages(), " stages, ",
                                            p.micro_batches(), " micro-batches")});
+  if (job.has_auto_plan()) {
+    // pipeline.schedule "auto": what was chosen and why, and the prediction against
+    // what the steps took.
+    const pb::AutoPlan& a = job.auto_plan();
+    rows.push_back({"auto plan", absl::StrCat(a.shape(), "; costs ", a.cost_source())});
+    rows.push_back({"why", a.reason()});
+    rows.push_back({"step time",
+                    a.steps_measured() > 0
+                        ? absl::StrFormat("%.4g s predicted, %.4g s measured (median of %d "
+                                          "steps, the first left out: %+.1f%%)",
+                                          a.predicted_step_s(), a.measured_step_s(),
+                                          a.steps_measured(),
+                                          100 * (a.measured_step_s() / a.predicted_step_s() - 1))
+                        : absl::StrFormat("%.4g s predicted, none measured yet",
+                                          a.predicted_step_s())});
+  }
   if (job.stage_ids_size() > 0) rows.push_back({"stages", absl::StrJoin(job.stage_ids(), ", ")});
   if (!job.checkpoint_dir().empty()) rows.push_back({"checkpoint", job.checkpoint_dir()});
   // Each automatic restart after a lost stage, oldest first.
@@ -74,7 +90,9 @@ int RunStatus(const std::vector<std::string>& args, std::ostream& out, std::ostr
   bool json = false, help = false;
   common::FlagSet flags("pipetrain status", "ID [flags]",
                         "Shows a job: state (and why it failed), steps done, last loss and "
-                        "bubble, stages,\ncheckpoint, automatic restarts and times. It reports whatever the job's "
+                        "bubble, stages,\ncheckpoint, automatic restarts and times; for "
+                        "pipeline.schedule \"auto\", the plan chosen,\nwhy, and its predicted "
+                        "step time next to the measured one. It reports whatever the job's "
                         "state; it does not judge it.\n\n" +
                             RemoteExitCodes("a coordinator error",
                                             "the job was found, whatever its state"));

@@ -57,6 +57,10 @@ class GrpcStageConnection : public StageConnection {
     return client_.FetchSnapshot(job_id, owner_stage, chunk, step, deadline);
   }
   absl::Status Ping(absl::Duration deadline) override { return client_.Ping(deadline); }
+  absl::StatusOr<pb::CalibrateResponse> Calibrate(const pb::CalibrateRequest& request,
+                                                  absl::Duration deadline) override {
+    return client_.Calibrate(request, deadline);
+  }
 
  private:
   StageClient client_;

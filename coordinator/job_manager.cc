@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <functional>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -176,12 +177,19 @@ absl::StatusOr<std::string> JobManager::Submit(pb::JobSpec spec) {
   // Maps and scans the token files (layout, ids against the vocabulary): a bad file
   // fails here rather than when the job starts.
   RETURN_IF_ERROR(LoadJobData(spec).status());
+  std::optional<AutoChoice> chosen;
+  if (IsAutoSchedule(spec)) {
+    ASSIGN_OR_RETURN(chosen, PlanAuto(spec));
+    spec = chosen->spec;
+    RETURN_IF_ERROR(ValidateJobSpec(spec));  // the chosen shape, checked as any other
+  }
   RETURN_IF_ERROR(CheckFits(spec));
   ASSIGN_OR_RETURN(std::string id, store_->NextJobId());
   pb::JobStatus status;
   status.set_job_id(id);
   *status.mutable_spec() = spec;
   status.set_state(pb::JobStatus::QUEUED);
+  if (chosen) *status.mutable_auto_plan() = chosen->record;
   SetNow(status.mutable_created());
   std::shared_ptr<LiveJob> job;
   {
@@ -192,6 +200,10 @@ absl::StatusOr<std::string> JobManager::Submit(pb::JobSpec spec) {
     RETURN_IF_ERROR(store_->Insert(status));
     Enqueue(status);
     job = live_[id];
+    // Before the scheduler (waiting on mu_) can start it, so the choice comes first.
+    if (chosen) {
+      for (const std::string& line : chosen->log) LogAs(job.get(), id, line);
+    }
   }
   const int free = registry_.FreeCount(), k = common::JobStageServers(spec);
   if (free < k) {
@@ -252,14 +264,18 @@ void JobManager::SchedulerLoop() {
 }
 
 void JobManager::Log(LiveJob* job, const std::string& text) {
-  pb::LogLine line;
-  SetNow(line.mutable_time());
-  line.set_text(text);
   std::string id;
   {
     absl::MutexLock lock(&mu_);
     id = job->status.job_id();
   }
+  LogAs(job, id, text);
+}
+
+void JobManager::LogAs(LiveJob* job, const std::string& id, const std::string& text) {
+  pb::LogLine line;
+  SetNow(line.mutable_time());
+  line.set_text(text);
   common::LogInfo("coordinator", absl::StrCat(id, ": ", text));
   if (absl::Status s = store_->AppendLog(id, line); !s.ok()) {
     common::LogWarning("coordinator", std::string(s.message()));

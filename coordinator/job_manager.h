@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "coordinator/auto_schedule.h"
 #include "coordinator/job_events.h"
 #include "coordinator/job_recovery.h"
 #include "coordinator/job_reporter.h"
@@ -24,6 +25,7 @@
 #include "coordinator/job_store.h"
 #include "coordinator/rendezvous_store.h"
 #include "coordinator/restart_rules.h"
+#include "coordinator/stage_calibration.h"
 #include "coordinator/stage_registry.h"
 #include "pipetrain/v1/coordinator.pb.h"
 
@@ -105,6 +107,9 @@ class JobManager {
   JobManager(ManagerOptions options, std::unique_ptr<JobStore> store);
 
   absl::Status CheckFits(const pipetrain::v1::JobSpec& spec);
+  // pipeline.schedule "auto" (job_manager_auto.cc): the shape planned on the free stages
+  // (all live ones when none is free) with costs calibrated on the first free stage.
+  absl::StatusOr<AutoChoice> PlanAuto(const pipetrain::v1::JobSpec& spec);
   // `stored_logs`: the job's log lines already in the store (one queued by a previous
   // coordinator); 0 for a new job.
   void Enqueue(pipetrain::v1::JobStatus status, size_t stored_logs = 0)
@@ -153,6 +158,9 @@ class JobManager {
   // Records a new state (store, events); the last one also ends the event stream.
   void SetState(LiveJob* job, pipetrain::v1::JobStatus::State state, const std::string& reason);
   void Log(LiveJob* job, const std::string& text);
+  // The same for a job whose id the caller holds; takes no lock of the manager's, so it
+  // may be called with mu_ held.
+  void LogAs(LiveJob* job, const std::string& id, const std::string& text);
   // Null once the job has ended and left memory (Retire): its record is in the store.
   std::shared_ptr<LiveJob> FindLive(const std::string& job_id);
   // The job's thread is done with it: an ended job leaves live_ (watchers that still
@@ -175,6 +183,7 @@ class JobManager {
   std::unique_ptr<JobStore> store_;
   RendezvousStore rendezvous_;  // the jobs' collective rendezvous keys, dropped as they end
   StageRegistry registry_;
+  CalibrationCache calibrations_;  // per model shape and device, for "auto"
 
   absl::Mutex mu_;
   absl::CondVar wake_;  // a job was queued, a stage came or went, a job ended

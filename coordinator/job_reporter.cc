@@ -1,5 +1,6 @@
 #include "coordinator/job_reporter.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -43,10 +44,18 @@ void JobReporter::PredictedTimeline(std::vector<pb::TimelineEvent> events) {
   for (pb::TimelineEvent& e : events) *predicted_.add_events() = std::move(e);
 }
 
-pb::JobStatus JobReporter::CountStep(int64_t step) {
+pb::JobStatus JobReporter::CountStep(const pb::StepRecord& record) {
+  if (first_seen_) step_times_.push_back(record.step_time_s());
+  first_seen_ = true;
   absl::MutexLock lock(job_.mu);
   pb::JobStatus& status = *job_.status;
-  status.set_steps_done(step);
+  status.set_steps_done(record.step());
+  if (status.has_auto_plan() && !step_times_.empty()) {
+    std::vector<double> sorted = step_times_;
+    std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+    status.mutable_auto_plan()->set_measured_step_s(sorted[sorted.size() / 2]);
+    status.mutable_auto_plan()->set_steps_measured(static_cast<int>(step_times_.size()));
+  }
   const int n = status.recoveries_size();
   if (n > 0 && !status.recoveries(n - 1).has_continued()) {
     SetNow(status.mutable_recoveries(n - 1)->mutable_continued());
@@ -56,7 +65,7 @@ pb::JobStatus JobReporter::CountStep(int64_t step) {
 
 void JobReporter::Step(const pb::StepRecord& record, std::vector<pb::TimelineEvent> timeline) {
   tensorboard_.Step(record, absl::Now());
-  const pb::JobStatus copy = CountStep(record.step());
+  const pb::JobStatus copy = CountStep(record);
   pb::Timeline measured;
   for (pb::TimelineEvent& e : timeline) *measured.add_events() = std::move(e);
   if (!predicted_.events().empty() && predicted_.events(0).step() != record.step()) {

@@ -52,8 +52,9 @@ class JobReporter : public RunnerHooks {
   bool Cancelled() override { return job_.stopped(); }
 
  private:
-  // The status with the step counted (and a recovery's first step after it), copied.
-  pipetrain::v1::JobStatus CountStep(int64_t step);
+  // The status with the step counted (and a recovery's first step after it, and an
+  // "auto" job's measured step time), copied.
+  pipetrain::v1::JobStatus CountStep(const pipetrain::v1::StepRecord& record);
 
   const Job job_;
   JobStore& store_;
@@ -62,6 +63,10 @@ class JobReporter : public RunnerHooks {
   pipetrain::v1::Timeline predicted_;
   // A failed write is a warning in the job's log, once; the job goes on.
   TensorBoardJobLog tensorboard_;
+  // Step times this reporter saw, the first left out (links and pools warming up): the
+  // measured side of an "auto" job's prediction (AutoPlan.measured_step_s, a median).
+  std::vector<double> step_times_;
+  bool first_seen_ = false;
 };
 
 }  // namespace pipetrain::coordinator

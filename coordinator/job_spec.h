@@ -48,7 +48,18 @@ pipetrain::v1::JobSpec WithDefaults(pipetrain::v1::JobSpec spec);
 // but has pipeline.replicas > 1 is refused last ("pipeline.replicas: data-parallel
 // replicas are planned (`pipetrain plan`) but not yet run by this coordinator");
 // `pipetrain plan` does not call this and plans them.
+// With pipeline.schedule "auto" (IsAutoSchedule), the pipeline's shape is left to the
+// coordinator's planner at submit (coordinator/auto_schedule.h): pipeline.stages,
+// replicas, micro_batches, chunks, recompute and schedule_file must be unset (each set
+// one is refused, naming it), and the rest is checked as it would be with K = R = M = 1.
 absl::Status ValidateJobSpec(const pipetrain::v1::JobSpec& spec);
+
+// pipeline.schedule "auto": the coordinator chooses the shape when the job is submitted.
+inline constexpr char kAutoSchedule[] = "auto";
+bool IsAutoSchedule(const pipetrain::v1::JobSpec& spec);
+// The spec with the one-stage shape (K = R = M = v = 1, gpipe, no recompute) in place of
+// "auto": what validation and the planner's base options read the rest of the spec from.
+pipetrain::v1::JobSpec WithPlaceholderShape(pipetrain::v1::JobSpec spec);
 
 // The spec as pretty JSON (snake_case names, defaults included), for `status --json`.
 std::string JobSpecToJson(const pipetrain::v1::JobSpec& spec);

@@ -161,8 +161,23 @@ absl::Status ValidateData(const pb::DataSpec& d) {
 
 }  // namespace
 
+bool IsAutoSchedule(const pb::JobSpec& spec) { return spec.pipeline().schedule() == kAutoSchedule; }
+
+pb::JobSpec WithPlaceholderShape(pb::JobSpec spec) {
+  pb::PipelineSpec* p = spec.mutable_pipeline();
+  p->set_stages(1);
+  p->set_replicas(1);
+  p->set_micro_batches(1);
+  p->set_chunks(1);
+  p->set_schedule(planner::ScheduleName(planner::ScheduleKind::kGpipe));
+  p->set_recompute(planner::RecomputeName(pb::RECOMPUTE_NEVER));
+  return spec;
+}
+
 pb::JobSpec WithDefaults(pb::JobSpec spec) {
   pb::PipelineSpec* p = spec.mutable_pipeline();
+  // "auto": the shape is the coordinator's to choose (coordinator/auto_schedule.h).
+  const bool chosen_later = IsAutoSchedule(spec);
   const bool file = !p->schedule_file().empty() || !p->schedule_program().empty();
   if (p->schedule().empty() && !file) {
     p->set_schedule(planner::ScheduleName(planner::kDefaultSchedule));
@@ -173,10 +188,12 @@ pb::JobSpec WithDefaults(pb::JobSpec spec) {
         planner::ScheduleFileHeader(p->schedule_program());
     if (header.ok()) p->set_chunks(header->num_chunks);
   }
-  if (p->chunks() == 0 && !file) p->set_chunks(planner::DefaultChunks(p->schedule()));
-  if (p->recompute().empty()) p->set_recompute(planner::RecomputeName(pb::RECOMPUTE_NEVER));
-  if (p->micro_batches() == 0) p->set_micro_batches(p->stages());
-  if (p->replicas() == 0) p->set_replicas(1);
+  if (!chosen_later) {
+    if (p->chunks() == 0 && !file) p->set_chunks(planner::DefaultChunks(p->schedule()));
+    if (p->recompute().empty()) p->set_recompute(planner::RecomputeName(pb::RECOMPUTE_NEVER));
+    if (p->micro_batches() == 0) p->set_micro_batches(p->stages());
+    if (p->replicas() == 0) p->set_replicas(1);
+  }
   pb::TrainingSpec* t = spec.mutable_training();
   if (!t->has_beta1()) t->set_beta1(kDefaultBeta1);
   if (!t->has_beta2()) t->set_beta2(kDefaultBeta2);
@@ -203,7 +220,35 @@ pb::JobSpec WithDefaults(pb::JobSpec spec) {
   return spec;
 }
 
+namespace {
+
+// "auto" leaves the shape to the planner: any part of it given as well is refused.
+absl::Status CheckAutoShapeUnset(const pb::PipelineSpec& p) {
+  const std::pair<const char*, bool> given[] = {
+      {"pipeline.stages", p.stages() != 0},
+      {"pipeline.replicas", p.replicas() != 0},
+      {"pipeline.micro_batches", p.micro_batches() != 0},
+      {"pipeline.chunks", p.chunks() != 0},
+      {"pipeline.recompute", !p.recompute().empty()},
+      {"pipeline.schedule_file", !p.schedule_file().empty() || !p.schedule_program().empty()}};
+  for (const auto& [field, set] : given) {
+    if (set) {
+      return Invalid(field, absl::StrCat("is chosen by pipeline.schedule \"", kAutoSchedule,
+                                         "\" (stages, replicas, micro-batches, schedule, "
+                                         "chunks and recompute); remove ", field,
+                                         ", or name a schedule to set it yourself"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status ValidateJobSpec(const pb::JobSpec& spec) {
+  if (IsAutoSchedule(spec)) {
+    RETURN_IF_ERROR(CheckAutoShapeUnset(spec.pipeline()));
+    return ValidateJobSpec(WithPlaceholderShape(spec));
+  }
   if (!spec.has_model()) {
     return Invalid("model", "missing; give vocab_size, seq_len, d_model, n_heads and n_layers "
                             "(see examples/tiny-gpt.json)");

@@ -152,6 +152,18 @@ absl::Status StageClient::ImportChunk(const std::string& job_id, int chunk,
   return Annotate(writer->Finish(), "ImportChunk");
 }
 
+absl::StatusOr<pb::CalibrateResponse> StageClient::Calibrate(const pb::CalibrateRequest& request,
+                                                             absl::Duration deadline) {
+  grpc::ClientContext ctx;
+  Prepare(ctx, deadline);
+  pb::CalibrateResponse response;
+  if (absl::Status s = Annotate(stub_->Calibrate(&ctx, request, &response), "Calibrate");
+      !s.ok()) {
+    return s;
+  }
+  return response;
+}
+
 absl::Status StageClient::Ping(absl::Duration deadline) {
   grpc::ClientContext ctx;
   Prepare(ctx, deadline);

@@ -47,6 +47,9 @@ class StageClient {
                                             int64_t step, absl::Duration deadline);
   // Whether the server answers at all (gRPC health), without waiting for a running step.
   absl::Status Ping(absl::Duration deadline);
+  // A few passes of one block on the stage's device, for pipeline.schedule "auto".
+  absl::StatusOr<pipetrain::v1::CalibrateResponse> Calibrate(
+      const pipetrain::v1::CalibrateRequest& request, absl::Duration deadline);
 
  private:
   // Sets the deadline and adds the token.

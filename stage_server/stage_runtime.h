@@ -17,6 +17,7 @@
 #include "common/model/gpt_config.h"
 #include "common/rpc_security.h"
 #include "common/schedule/stage_program.h"
+#include "stage_server/calibration.h"
 #include "stage_server/backend_chunk.h"
 #include "stage_server/compute/backend.h"
 #include "stage_server/device_spec.h"
@@ -113,6 +114,15 @@ class StageRuntime {
   // FAILED_PRECONDITION naming job, stage and step when none of that step is pending.
   absl::StatusOr<ActionTiming> ApplyOptimizer(const ApplyOptimizerRequest& request);
   RuntimeStats Stats() const;  // waits for a running step to finish
+  // A few passes of one transformer block of `config` on this stage's device, as a job
+  // would run it, for the coordinator's automatic planner (calibration.h); waits for a
+  // running step. InvalidArgument for rows or repetitions out of range, or a model
+  // without a block; ResourceExhausted past --memory-limit.
+  static constexpr int kMaxCalibrationRows = 4096;
+  static constexpr int kMaxCalibrationRepetitions = 20;
+  absl::StatusOr<CalibrationResult> Calibrate(const model::GptConfig& config,
+                                              const model::Precision& precision, int rows,
+                                              int repetitions);
   bool configured() const;
   // The configured job, without waiting for a running step (heartbeats use it).
   std::string current_job_id() const;

@@ -9,6 +9,8 @@
 #include "common/frame_proto.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
+#include "common/model/gpt_config.h"
+#include "common/model/precision.h"
 #include "common/status_macros.h"
 #include "grpcpp/health_check_service_interface.h"
 
@@ -378,6 +380,30 @@ grpc::Status StageService::GetStats(grpc::ServerContext* context, const pb::GetS
     response->set_steps_run(s.steps_run);
     response->set_last_step_bytes_sent(s.last_step_bytes_sent);
     response->set_last_step_bytes_received(s.last_step_bytes_received);
+    return grpc::Status::OK;
+  });
+}
+
+grpc::Status StageService::Calibrate(grpc::ServerContext* context,
+                                     const pb::CalibrateRequest* request,
+                                     pb::CalibrateResponse* response) {
+  return common::GuardHandler("Stage.Calibrate", [&]() -> grpc::Status {
+    if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
+    absl::StatusOr<model::GptConfig> config = model::ConfigFromProto(request->model());
+    if (!config.ok()) return common::ToGrpcStatus(common::ErrorContext("calibrate").Wrap(config.status()));
+    absl::StatusOr<model::Precision> precision =
+        model::PrecisionNamed(request->precision().empty() ? "fp32" : request->precision());
+    if (!precision.ok()) {
+      return common::ToGrpcStatus(common::ErrorContext("calibrate: precision").Wrap(precision.status()));
+    }
+    absl::StatusOr<CalibrationResult> r =
+        runtime_->Calibrate(*config, *precision, request->rows(), request->repetitions());
+    if (!r.ok()) return common::ToGrpcStatus(r.status());
+    response->set_forward_s_per_flop(r->forward_s_per_flop);
+    response->set_backward_input_s_per_flop(r->backward_input_s_per_flop);
+    response->set_backward_weight_s_per_flop(r->backward_weight_s_per_flop);
+    response->set_optimizer_s_per_param(r->optimizer_s_per_param);
+    response->set_repetitions(r->repetitions);
     return grpc::Status::OK;
   });
 }

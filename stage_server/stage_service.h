@@ -32,6 +32,9 @@ class StageService final
   grpc::Status ImportChunk(grpc::ServerContext* context,
                            grpc::ServerReader<pipetrain::v1::ChunkPiece>* reader,
                            pipetrain::v1::ImportChunkResponse* response) override;
+  grpc::Status Calibrate(grpc::ServerContext* context,
+                         const pipetrain::v1::CalibrateRequest* request,
+                         pipetrain::v1::CalibrateResponse* response) override;
   grpc::Status GetStats(grpc::ServerContext* context, const pipetrain::v1::GetStatsRequest* request,
                         pipetrain::v1::StageStats* response) override;
   // A peer's push: admitted on its first piece (job, peer_secret, ring predecessor),

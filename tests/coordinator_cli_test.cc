@@ -185,6 +185,47 @@ TEST_F(CoordinatorCliTest, AScheduleFileRunsAndAFaultyOneIsRefusedAtSubmit) {
   spec_ = saved;
 }
 
+// pipeline.schedule "auto": the coordinator calibrates a free stage, plans the shape on
+// the 4 free stages, runs it, logs the choice and its reason, and status shows the
+// prediction next to the measured step; the same shape named by hand gives the same
+// losses, bit for bit. A spec that sets part of the shape too is refused at submit.
+TEST_F(CoordinatorCliTest, AnAutoJobRunsThePlannedShapeAndReportsItsPrediction) {
+  const json saved = spec_;
+  spec_["pipeline"] = {{"schedule", "auto"}};
+  const std::string id = SubmitAndFollow(*c_, {});
+  const json s = Status(*c_, id);
+  EXPECT_EQ(s["state"], "SUCCEEDED") << s.dump();
+  const json& a = s["auto_plan"];
+  ASSERT_TRUE(a.is_object()) << s.dump();
+  EXPECT_THAT(a["cost_source"].get<std::string>(), HasSubstr("calibrated on stage-"));
+  EXPECT_THAT(a["reason"].get<std::string>(), HasSubstr("shortest predicted step"));
+  EXPECT_GT(a["predicted_step_s"].get<double>(), 0);
+  EXPECT_GT(a["measured_step_s"].get<double>(), 0);
+  EXPECT_EQ(a["steps_measured"], 3) << "4 steps, the first left out";
+  const json& p = s["spec"]["pipeline"];
+  EXPECT_NE(p["schedule"], "auto");
+  EXPECT_LE(p["stages"].get<int>() * p["replicas"].get<int>(), kStages);
+  auto text = c_->Cli({"status", id});
+  ASSERT_TRUE(text.ok() && text->exit_code == 0);
+  EXPECT_THAT(text->out, HasSubstr("auto plan"));
+  EXPECT_THAT(text->out, HasSubstr("s measured (median of 3 steps"));
+  auto logs = c_->Cli({"logs", id});
+  ASSERT_TRUE(logs.ok());
+  EXPECT_THAT(logs->out, HasSubstr("auto plan: " + a["shape"].get<std::string>()));
+  EXPECT_THAT(logs->out, HasSubstr("auto plan: why: "));
+
+  spec_["pipeline"] = p;
+  const std::string by_hand = SubmitAndFollow(*c_, {});
+  EXPECT_EQ(testing::Losses(Status(*c_, by_hand)), testing::Losses(s));
+
+  spec_["pipeline"] = {{"schedule", "auto"}, {"stages", 2}};
+  auto refused = c_->Cli({"submit", WriteSpec(spec_)});
+  ASSERT_TRUE(refused.ok()) << refused.status();
+  EXPECT_EQ(refused->exit_code, 2) << refused->out << refused->err;
+  EXPECT_THAT(refused->err, HasSubstr("pipeline.stages: is chosen by pipeline.schedule \"auto\""));
+  spec_ = saved;
+}
+
 TEST_F(CoordinatorCliTest, ApiListsTheJobs) {
   const std::string id = CancelledJob();
   httplib::Client http("127.0.0.1", c_->http_port());

@@ -1,0 +1,221 @@
+// `pipetrain-bench autoplan` (autoplan_bench.h): for each cell of a grid (two models x two
+// stage memories) a cluster of 4 emulated stages, one job with pipeline.schedule "auto"
+// (the coordinator calibrates a stage and picks the shape), then a sample of the same
+// search space measured by hand: the 4 plans the planner ranks best, the default plan
+// (1f1b, K = M = 4, no recompute) and 3 others drawn at random. Each plan's measured step
+// is the median of its steps after the first.
+#include "bench/autoplan_bench.h"
+
+#include <algorithm>
+#include <iostream>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "bench/cluster_jobs.h"
+#include "bench/scratch_dir.h"
+#include "common/atomic_file.h"
+#include "common/status_macros.h"
+#include "coordinator/job_spec.h"
+#include "coordinator/planner/auto_plan.h"
+#include "coordinator/planner/recompute_policy.h"
+#include "coordinator/planner/schedule_registry.h"
+#include "coordinator/stage_costs.h"
+#include "tests/testing/corpus_text.h"
+
+namespace pipetrain::bench {
+namespace {
+
+using json = nlohmann::json;
+namespace pb = ::pipetrain::v1;
+
+constexpr int kStages = 4;
+constexpr double kFlops = 5e10;  // the emulated device: a step of tens of milliseconds
+constexpr int kSteps = 6;
+constexpr int kTopRanked = 4;
+constexpr int kRandom = 3;
+
+struct ModelCell {
+  std::string name;
+  json model;
+};
+
+std::vector<ModelCell> Models() {
+  return {{"narrow", {{"vocab_size", 256}, {"seq_len", 64}, {"d_model", 64}, {"n_heads", 4},
+                      {"n_layers", 8}}},
+          {"wide", {{"vocab_size", 256}, {"seq_len", 64}, {"d_model", 128}, {"n_heads", 4},
+                    {"n_layers", 6}}}};
+}
+
+json Spec(const ModelCell& m, const ScratchDir& dir, const json& pipeline) {
+  return {{"name", absl::StrCat("autoplan-", m.name)},
+          {"model", m.model},
+          {"pipeline", pipeline},
+          {"training", {{"steps", kSteps}, {"batch_size", 16}, {"seed", 1}, {"lr", 1e-3}}},
+          {"data", {{"corpus", dir.File("corpus.txt")}, {"validate_every_steps", 0}}},
+          {"checkpoint", {{"every_steps", 0}, {"snapshot_every_steps", 0}}}};
+}
+
+json PipelineOf(const planner::PlanOptions& o) {
+  return {{"stages", o.stages},
+          {"replicas", o.replicas},
+          {"micro_batches", o.micro_batches},
+          {"schedule", planner::ScheduleName(o.schedule)},
+          {"chunks", o.chunks},
+          {"recompute", planner::RecomputeName(o.recompute)}};
+}
+
+// The search the coordinator makes, here with the emulated device's exact rate.
+absl::StatusOr<planner::AutoResult> Search(const json& spec, uint64_t memory_bytes) {
+  ASSIGN_OR_RETURN(pb::JobSpec parsed, coordinator::ParseJobSpec(spec.dump()));
+  parsed = coordinator::WithDefaults(parsed);
+  ASSIGN_OR_RETURN(planner::PlanOptions base,
+                   planner::OptionsFromJobSpec(coordinator::WithPlaceholderShape(parsed)));
+  pb::DeviceInfo d;
+  d.set_peak_flops(kFlops);
+  d.set_memory_bytes(memory_bytes);
+  coordinator::SetCostsFromDevices(std::vector<pb::DeviceInfo>(kStages, d), base);
+  return planner::SearchPlans(base, {.max_devices = kStages});
+}
+
+struct Measured {
+  std::string shape;
+  double step_s = 0;
+  json status;
+};
+
+// Submits `spec`, follows it, and reads the median step after the first.
+absl::StatusOr<Measured> Run(testing::LocalCluster& c, const ScratchDir& dir, const json& spec,
+                             const std::string& label) {
+  const std::string file = dir.File(absl::StrCat("job-", label, ".json"));
+  RETURN_IF_ERROR(common::WriteFileAtomically(file, spec.dump(2)));
+  ASSIGN_OR_RETURN(std::string id, SubmitJob(c, file, /*wait=*/true));
+  ASSIGN_OR_RETURN(json status, JobStatus(c, id));
+  const size_t steps = status.value("history", json::array()).size();
+  if (steps < static_cast<size_t>(kSteps)) {
+    return absl::InternalError(absl::StrCat("autoplan: ", label, " (", id, ") recorded ", steps,
+                                            " of ", kSteps, " steps: ", status.value("state", ""),
+                                            ": ", status.value("reason", "")));
+  }
+  Measured m;
+  m.step_s = MedianStepSeconds(status, 1);
+  m.status = std::move(status);
+  return m;
+}
+
+// The plans measured besides "auto": the best ranked, the default one, a few at random.
+std::vector<planner::PlanOptions> Sample(const planner::AutoResult& result, uint64_t seed) {
+  std::vector<planner::PlanOptions> out;
+  std::set<std::string> seen;
+  const auto add = [&](const planner::PlanOptions& o) {
+    if (seen.insert(planner::DescribeShape(o)).second) out.push_back(o);
+  };
+  for (int i = 0; i < std::min<int>(kTopRanked, result.ranked.size()); ++i) {
+    add(result.ranked[i].options);
+  }
+  for (const planner::Candidate& c : result.ranked) {
+    const planner::PlanOptions& o = c.options;
+    if (o.stages == kStages && o.replicas == 1 && o.micro_batches == kStages &&
+        o.schedule == planner::ScheduleKind::kOneFOneB && o.recompute == pb::RECOMPUTE_NEVER) {
+      add(o);
+    }
+  }
+  std::mt19937_64 rng(seed);
+  for (int i = 0; i < kRandom && result.ranked.size() > 1; ++i) {
+    add(result.ranked[rng() % result.ranked.size()].options);
+  }
+  return out;
+}
+
+bool IsDefault(const std::string& shape) {
+  return shape == absl::StrCat("K=", kStages, " R=1 M=", kStages, " 1f1b recompute never");
+}
+
+}  // namespace
+
+absl::StatusOr<BenchResult> RunAutoplanBench(const BenchOptions& options) {
+  ASSIGN_OR_RETURN(ScratchDir dir, ScratchDir::Make("autoplan"));
+  RETURN_IF_ERROR(common::WriteFileAtomically(dir.File("corpus.txt"),
+                                              testing::EnglishLikeCorpus(200000)));
+  BenchResult result;
+  result.Label("grid", absl::StrCat("2 models x 2 stage memories, ", kStages,
+                                    " stages --device emulated:", kFlops, ", batch 16, ",
+                                    kSteps, " steps (median of the last ", kSteps - 1, ")"));
+  int cell_index = 0;
+  for (const ModelCell& m : Models()) {
+    // Roomy: no plan refused for memory. Tight: the median peak of the roomy search, so
+    // that about half the plans do not fit.
+    ASSIGN_OR_RETURN(const planner::AutoResult roomy,
+                     Search(Spec(m, dir, {{"schedule", "auto"}}), uint64_t{1} << 34));
+    std::vector<double> peaks;
+    for (const planner::Candidate& c : roomy.ranked) peaks.push_back(c.peak_memory_bytes);
+    std::nth_element(peaks.begin(), peaks.begin() + peaks.size() / 2, peaks.end());
+    const uint64_t tight = static_cast<uint64_t>(peaks[peaks.size() / 2]);
+    for (const auto& [memory_name, memory] :
+         std::vector<std::pair<std::string, uint64_t>>{{"roomy", uint64_t{1} << 34},
+                                                       {"tight", tight}}) {
+      const std::string cell = absl::StrCat(m.name, "_", memory_name);
+      ASSIGN_OR_RETURN(const planner::AutoResult search,
+                       Search(Spec(m, dir, {{"schedule", "auto"}}), memory));
+      testing::LocalClusterOptions co;
+      co.stage_args = {"--device", absl::StrCat("emulated:", kFlops), "--memory-limit",
+                       absl::StrCat(memory)};
+      co.security = options.security;
+      std::cerr << "autoplan: " << cell << ": " << search.ranked.size() << " plans fit, "
+                << search.refused.size() << " refused\n";
+      ASSIGN_OR_RETURN(std::unique_ptr<testing::LocalCluster> cluster,
+                       testing::LocalCluster::Start(dir.File("state-" + cell), kStages, co));
+      // The default plan first: a cluster that has run a job lends "auto" the runtime's
+      // measured costs (sends, receives, the wire), as any cluster in use would.
+      std::vector<planner::PlanOptions> sample = Sample(search, 7 + cell_index);
+      std::stable_partition(sample.begin(), sample.end(), [](const planner::PlanOptions& o) {
+        return IsDefault(planner::DescribeShape(o));
+      });
+      std::vector<std::pair<std::string, double>> runs;
+      for (size_t i = 0; i < sample.size() && IsDefault(planner::DescribeShape(sample[i])); ++i) {
+        ASSIGN_OR_RETURN(Measured run, Run(*cluster, dir, Spec(m, dir, PipelineOf(sample[i])),
+                                           cell + "-default"));
+        runs.push_back({planner::DescribeShape(sample[i]), run.step_s});
+      }
+      ASSIGN_OR_RETURN(Measured chosen,
+                       Run(*cluster, dir, Spec(m, dir, {{"schedule", "auto"}}), cell + "-auto"));
+      const json& a = chosen.status["auto_plan"];
+      const std::string auto_shape = a.value("shape", "");
+      const double predicted = a.value("predicted_step_s", 0.0);
+      for (const planner::PlanOptions& o : sample) {
+        const std::string shape = planner::DescribeShape(o);
+        if (shape == auto_shape || IsDefault(shape)) continue;
+        ASSIGN_OR_RETURN(Measured run, Run(*cluster, dir, Spec(m, dir, PipelineOf(o)),
+                                           absl::StrCat(cell, "-", runs.size())));
+        runs.push_back({shape, run.step_s});
+      }
+      double best_s = chosen.step_s, default_s = 0;
+      std::string best_shape = auto_shape;
+      for (const auto& [shape, step_s] : runs) {
+        std::cerr << absl::StrFormat("autoplan: %s: %-44s %7.1f ms\n", cell, shape, step_s * 1e3);
+        if (step_s < best_s) best_s = step_s, best_shape = shape;
+        if (IsDefault(shape)) default_s = step_s;
+      }
+      const int measured = static_cast<int>(runs.size()) + 1;
+      if (IsDefault(auto_shape)) default_s = chosen.step_s;
+      std::cerr << absl::StrFormat("autoplan: %s: auto %s %7.1f ms (predicted %7.1f)\n", cell,
+                                   auto_shape, chosen.step_s * 1e3, predicted * 1e3);
+      result.Label(cell + "_auto", auto_shape);
+      result.Label(cell + "_best_measured", best_shape);
+      result.Label(cell + "_costs", a.value("cost_source", ""));
+      result.Add(cell + "_plans_fit", static_cast<double>(search.ranked.size()));
+      result.Add(cell + "_plans_measured", measured);
+      result.Add(cell + "_auto_step_ms", chosen.step_s * 1e3);
+      result.Add(cell + "_auto_over_best", chosen.step_s / best_s);
+      if (default_s > 0) result.Add(cell + "_default_over_auto", default_s / chosen.step_s);
+      result.Add(cell + "_predicted_over_measured", predicted / chosen.step_s);
+      ++cell_index;
+    }
+  }
+  return result;
+}
+
+}  // namespace pipetrain::bench

@@ -1,0 +1,56 @@
+// JobManager::PlanAuto: pipeline.schedule "auto" at submit. Which stages the search may
+// use and which one calibrates are the manager's to say; the planning itself is
+// coordinator/auto_schedule.h's and the cache coordinator/stage_calibration.h's.
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "coordinator/grpc_stage_connector.h"
+#include "coordinator/job_manager.h"
+
+namespace pipetrain::coordinator {
+
+namespace pb = ::pipetrain::v1;
+
+namespace {
+// A block's few passes take milliseconds on small models and seconds on large ones.
+constexpr absl::Duration kCalibrationDeadline = absl::Seconds(60);
+// How far back a job's measured runtime costs are looked for.
+constexpr int kRecentJobs = 20;
+}  // namespace
+
+absl::StatusOr<AutoChoice> JobManager::PlanAuto(const pb::JobSpec& spec) {
+  std::vector<pb::StageInfo> idle, live;
+  for (const pb::StageInfo& s : registry_.Snapshot()) {
+    if (s.state() == pb::StageInfo::LOST) continue;
+    live.push_back(s);
+    if (s.state() == pb::StageInfo::IDLE) idle.push_back(s);
+  }
+  // The stages it will run on: the free ones, or, while every stage is busy, all of
+  // them (the job then waits in the queue for the shape chosen).
+  const std::vector<pb::StageInfo>& pool = idle.empty() ? live : idle;
+  std::vector<pb::DeviceInfo> devices;
+  for (const pb::StageInfo& s : pool) devices.push_back(s.device());
+  AutoCosts costs{std::nullopt, "the devices' FLOP rates (no free stage to calibrate)"};
+  if (!idle.empty()) {
+    std::shared_ptr<StageConnector> connector =
+        ConnectorOrGrpc(options_.runner.connector, options_.runner.security);
+    absl::StatusOr<AutoCosts> calibrated = calibrations_.Get(
+        spec, idle.front(), CalibrationRows(spec, static_cast<int>(devices.size())),
+        [&](const std::string& address, const pb::CalibrateRequest& request) {
+          return connector->Connect(address)->Calibrate(request, kCalibrationDeadline);
+        });
+    if (calibrated.ok()) {
+      costs = *std::move(calibrated);
+      // The runtime's costs from the newest job that measured them on this cluster.
+      if (absl::StatusOr<std::vector<pb::JobStatus>> recent = store_->List(kRecentJobs);
+          recent.ok()) {
+        AddRuntimeCosts(*recent, costs);
+      }
+    } else {
+      costs.source = absl::StrCat("the devices' FLOP rates (", calibrated.status().message(), ")");
+      common::LogWarning("coordinator", absl::StrCat("auto plan: ", costs.source));
+    }
+  }
+  return ChooseAutoPlan(spec, devices, costs);
+}
+
+}  // namespace pipetrain::coordinator

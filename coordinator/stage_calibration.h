@@ -1,0 +1,46 @@
+// The costs "auto" plans with (coordinator/auto_schedule.h): a stage's calibration
+// (Stage.Calibrate: a few passes of one block of the job's model on its device),
+// cached per model shape, precision, micro-batch rows and device, so that the next job
+// of the same model on the same kind of stage plans at once. The gRPC call is the
+// caller's; this holds the cache, the key and the translation.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "coordinator/auto_schedule.h"
+#include "pipetrain/v1/coordinator.pb.h"
+#include "pipetrain/v1/job.pb.h"
+#include "pipetrain/v1/stage.pb.h"
+
+namespace pipetrain::coordinator {
+
+// Rounds a calibration times after its warm-up.
+inline constexpr int kCalibrationRepetitions = 3;
+
+class CalibrationCache {
+ public:
+  using Calibrate = std::function<absl::StatusOr<pipetrain::v1::CalibrateResponse>(
+      const std::string& address, const pipetrain::v1::CalibrateRequest& request)>;
+
+  // The costs for `spec` (pipeline.schedule "auto") on `stage` at `rows` rows a
+  // micro-batch: cached, or calibrated through `calibrate` and cached. A failed
+  // calibration is not cached; the error names the stage.
+  absl::StatusOr<AutoCosts> Get(const pipetrain::v1::JobSpec& spec,
+                                const pipetrain::v1::StageInfo& stage, int rows,
+                                const Calibrate& calibrate);
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, AutoCosts> cache_ ABSL_GUARDED_BY(mu_);
+};
+
+// The cache's key: the model's fields, the precision, the rows and the device's kind,
+// name and threads (two stages alike in these run a block alike).
+std::string CalibrationKey(const pipetrain::v1::JobSpec& spec,
+                           const pipetrain::v1::DeviceInfo& device, int rows);
+
+}  // namespace pipetrain::coordinator

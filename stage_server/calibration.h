@@ -1,0 +1,39 @@
+// A stage's short calibration for the automatic planner (`pipeline.schedule: "auto"`):
+// a few forward, backward-input and backward-weight passes and optimizer steps of one
+// transformer block, on the chunk a job of that model would run (the same backend, the
+// same emulated device), turned into the planner's rates: seconds per FLOP of each
+// action kind (model::CostOfLayer's FLOPs) and seconds per parameter of AdamW.
+#pragma once
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/model/gpt_config.h"
+#include "common/model/precision.h"
+#include "stage_server/chunk_compute.h"
+
+namespace pipetrain::stage_server {
+
+struct CalibrationResult {
+  double forward_s_per_flop = 0;
+  double backward_input_s_per_flop = 0;
+  double backward_weight_s_per_flop = 0;
+  double optimizer_s_per_param = 0;
+  int repetitions = 0;  // timed rounds each median was taken over
+};
+
+// The pipeline layer a calibration times: the first transformer block (pipeline layer 1;
+// 0 is the embedding). Every block of a model costs the same.
+constexpr int kCalibrationLayer = 1;
+
+// Times `chunk`, which must hold exactly pipeline layer kCalibrationLayer of `config`
+// for micro-batches of `rows` sequences in `precision`: one untimed round, then
+// `repetitions` rounds of Forward, BackwardInput, BackwardWeight and OptimizerStep on
+// fresh random inputs; each rate is the median round's seconds over the work.
+// InvalidArgument for repetitions < 1 or rows < 1.
+absl::StatusOr<CalibrationResult> CalibrateBlock(ChunkCompute& chunk,
+                                                 const model::GptConfig& config,
+                                                 const model::Precision& precision, int rows,
+                                                 int repetitions);
+
+}  // namespace pipetrain::stage_server

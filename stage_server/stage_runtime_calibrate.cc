@@ -1,0 +1,61 @@
+// StageRuntime::Calibrate: the stage's own calibration for the coordinator's automatic
+// planner (stage_server/calibration.h), on the device a job of that model would use.
+#include "absl/strings/str_cat.h"
+#include "common/byte_format.h"
+#include "common/status_macros.h"
+#include "stage_server/backend_chunk.h"
+#include "stage_server/compute/cpu_backend.h"
+#include "stage_server/compute/cuda_backend.h"
+#include "stage_server/emulated_chunk.h"
+#include "stage_server/stage_runtime.h"
+
+namespace pipetrain::stage_server {
+
+absl::StatusOr<CalibrationResult> StageRuntime::Calibrate(const model::GptConfig& config,
+                                                          const model::Precision& precision,
+                                                          int rows, int repetitions) {
+  if (rows < 1 || rows > kMaxCalibrationRows || repetitions < 1 ||
+      repetitions > kMaxCalibrationRepetitions) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "calibrate: rows (", rows, ") must be in [1, ", kMaxCalibrationRows,
+        "] and repetitions (", repetitions, ") in [1, ", kMaxCalibrationRepetitions, "]"));
+  }
+  const int begin = kCalibrationLayer, end = kCalibrationLayer + 1;
+  if (config.num_pipeline_layers() <= end) {
+    return absl::InvalidArgumentError("calibrate: the model has no transformer block");
+  }
+  // One step at a time: a calibration waits for a running step and runs alone.
+  absl::MutexLock lock(&mu_);
+  auto pool = std::make_shared<common::BufferPool>();
+  if (options_.device.kind == DeviceSpec::Kind::kEmulated) {
+    ASSIGN_OR_RETURN(EmulatedDevice device, EmulatedDeviceByName(options_.device.emulated));
+    EmulatedChunk chunk(config, begin, end, rows, device, false, pool, precision);
+    return CalibrateBlock(chunk, config, precision, rows, repetitions);
+  }
+  const uint64_t needed = BackendChunk::BufferBytes(config, begin, end, rows);
+  if (options_.memory_limit_bytes > 0 && needed > options_.memory_limit_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "calibrate: one block at ", rows, " rows needs ", common::FormatBytes(needed),
+        ", more than this stage's --memory-limit ", common::FormatBytes(options_.memory_limit_bytes)));
+  }
+  std::unique_ptr<compute::Backend> backend;
+  if (options_.device.kind == DeviceSpec::Kind::kCuda) {
+    ASSIGN_OR_RETURN(backend, compute::CreateCudaBackend(options_.device.cuda_index));
+  } else {
+    ASSIGN_OR_RETURN(backend, compute::CpuBackend::Create(options_.threads));
+  }
+  RETURN_IF_ERROR(backend->SetProductOperands(precision.products));
+  ASSIGN_OR_RETURN(auto layers,
+                   compute::ModelChunk::Create(config, begin, end, backend.get(),
+                                               {.recompute = false,
+                                                .boundary = precision.activations}));
+  RETURN_IF_ERROR(layers->Initialize(/*seed=*/1));
+  ASSIGN_OR_RETURN(std::unique_ptr<BackendChunk> chunk,
+                   BackendChunk::Create(std::move(layers), rows, pool));
+  absl::StatusOr<CalibrationResult> result =
+      CalibrateBlock(*chunk, config, precision, rows, repetitions);
+  chunk.reset();  // before its backend
+  return result;
+}
+
+}  // namespace pipetrain::stage_server

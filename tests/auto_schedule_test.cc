@@ -1,0 +1,206 @@
+// pipeline.schedule "auto" at submit (coordinator/auto_schedule.h, stage_calibration.h,
+// and the spec's own rules in job_spec.h): the shape it writes is a valid spec that fits
+// the stages' memory, the same inputs give the same choice, the record says what won and
+// why, a spec that also sets part of the shape is refused naming the field, and
+// calibrations are cached per model and device and never when they failed.
+#include "coordinator/auto_schedule.h"
+
+#include <string>
+#include <vector>
+
+#include "common/testing/status_matchers.h"
+#include "coordinator/job_spec.h"
+#include "coordinator/stage_calibration.h"
+#include "coordinator/stage_costs.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pipetrain::coordinator {
+namespace {
+
+namespace pb = ::pipetrain::v1;
+using ::pipetrain::testing::IsOk;
+using ::pipetrain::testing::StatusIs;
+using ::testing::HasSubstr;
+
+pb::JobSpec AutoSpec() {
+  auto spec = ParseJobSpec(R"({
+    "model": {"vocab_size": 256, "seq_len": 64, "d_model": 64, "n_heads": 4, "n_layers": 6},
+    "pipeline": {"schedule": "auto"},
+    "training": {"steps": 4, "batch_size": 16, "lr": 0.01},
+    "data": {"corpus": "/tmp/corpus.txt"}})");
+  EXPECT_THAT(spec, IsOk());
+  return WithDefaults(*spec);
+}
+
+std::vector<pb::DeviceInfo> Devices(int n, uint64_t memory_bytes, double flops = 1e12) {
+  pb::DeviceInfo d;
+  d.set_kind("emulated");
+  d.set_name("emulated:test");
+  d.set_memory_bytes(memory_bytes);
+  d.set_peak_flops(flops);
+  return std::vector<pb::DeviceInfo>(n, d);
+}
+
+TEST(AutoScheduleTest, WritesAValidShapeThatFitsTheStagesAndSaysWhy) {
+  const pb::JobSpec spec = AutoSpec();
+  ASSERT_THAT(ValidateJobSpec(spec), IsOk());
+  auto choice = ChooseAutoPlan(spec, Devices(4, uint64_t{1} << 30), {std::nullopt, "test rates"});
+  ASSERT_THAT(choice, IsOk());
+  const pb::PipelineSpec& p = choice->spec.pipeline();
+  EXPECT_NE(p.schedule(), kAutoSchedule);
+  EXPECT_THAT(ValidateJobSpec(choice->spec), IsOk());
+  EXPECT_LE(p.stages() * p.replicas(), 4);
+  EXPECT_GT(choice->record.predicted_step_s(), 0);
+  EXPECT_GT(choice->record.candidates(), 1);
+  EXPECT_EQ(choice->record.cost_source(), "test rates");
+  EXPECT_THAT(choice->record.reason(), HasSubstr("shortest predicted step"));
+  EXPECT_THAT(choice->record.reason(), HasSubstr("default 1f1b M=K"));
+  ASSERT_EQ(choice->log.size(), 2u);
+  EXPECT_THAT(choice->log[0], HasSubstr(choice->record.shape()));
+  // The chosen shape, planned as the runner will plan it, fits and predicts the same.
+  auto options = planner::OptionsFromJobSpec(choice->spec);
+  ASSERT_THAT(options, IsOk());
+  SetCostsFromDevices(Devices(4, uint64_t{1} << 30), *options);
+  auto plan = planner::MakePlan(*options);
+  ASSERT_THAT(plan, IsOk());
+  EXPECT_DOUBLE_EQ(plan->simulation.step_time_s, choice->record.predicted_step_s());
+  // Never slower than the default plan it names.
+  EXPECT_LE(choice->record.predicted_step_s(), choice->record.default_step_s());
+}
+
+TEST(AutoScheduleTest, TheSameInputsGiveTheSameChoice) {
+  const pb::JobSpec spec = AutoSpec();
+  auto a = ChooseAutoPlan(spec, Devices(4, uint64_t{1} << 30), {});
+  auto b = ChooseAutoPlan(spec, Devices(4, uint64_t{1} << 30), {});
+  ASSERT_THAT(a, IsOk());
+  ASSERT_THAT(b, IsOk());
+  EXPECT_EQ(a->record.shape(), b->record.shape());
+  EXPECT_EQ(a->spec.SerializeAsString(), b->spec.SerializeAsString());
+}
+
+TEST(AutoScheduleTest, TightMemoryChoosesAShapeThatFitsOrRefuses) {
+  const pb::JobSpec spec = AutoSpec();
+  // Find the smallest peak any shape needs on 4 stages, then give the stages just that.
+  auto roomy = ChooseAutoPlan(spec, Devices(4, uint64_t{1} << 30), {});
+  ASSERT_THAT(roomy, IsOk());
+  auto options = planner::OptionsFromJobSpec(WithPlaceholderShape(spec));
+  ASSERT_THAT(options, IsOk());
+  SetCostsFromDevices(Devices(4, uint64_t{1} << 30), *options);
+  auto all = planner::SearchPlans(*options, {.max_devices = 4});
+  ASSERT_THAT(all, IsOk());
+  double least = all->ranked.front().peak_memory_bytes;
+  for (const planner::Candidate& c : all->ranked) least = std::min(least, c.peak_memory_bytes);
+  const uint64_t cap = static_cast<uint64_t>(least) + 1;
+  auto tight = ChooseAutoPlan(spec, Devices(4, cap), {});
+  ASSERT_THAT(tight, IsOk());
+  auto tight_options = planner::OptionsFromJobSpec(tight->spec);
+  ASSERT_THAT(tight_options, IsOk());
+  SetCostsFromDevices(Devices(4, cap), *tight_options);
+  EXPECT_THAT(planner::MakePlan(*tight_options), IsOk()) << tight->record.shape();
+  EXPECT_THAT(ChooseAutoPlan(spec, Devices(4, 1024), {}),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("fits")));
+}
+
+TEST(AutoScheduleTest, CalibratedRatesAreWhatItPlansWith) {
+  const pb::JobSpec spec = AutoSpec();
+  planner::CostRates slow;
+  slow.forward_s_per_flop = 1e-9;
+  slow.backward_input_s_per_flop = 1e-9;
+  slow.backward_weight_s_per_flop = 1e-9;
+  planner::CostRates fast = slow;
+  fast.forward_s_per_flop = fast.backward_input_s_per_flop = fast.backward_weight_s_per_flop = 1e-12;
+  auto a = ChooseAutoPlan(spec, Devices(2, uint64_t{1} << 30), {slow, "slow"});
+  auto b = ChooseAutoPlan(spec, Devices(2, uint64_t{1} << 30), {fast, "fast"});
+  ASSERT_THAT(a, IsOk());
+  ASSERT_THAT(b, IsOk());
+  EXPECT_GT(a->record.predicted_step_s(), 100 * b->record.predicted_step_s());
+}
+
+TEST(AutoScheduleTest, RefusesNoStagesAndASpecThatSetsPartOfTheShape) {
+  const pb::JobSpec spec = AutoSpec();
+  EXPECT_THAT(ChooseAutoPlan(spec, {}, {}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("no free stage")));
+  for (const char* field : {"stages", "replicas", "micro_batches", "chunks"}) {
+    pb::JobSpec bad = spec;
+    const auto* f = bad.pipeline().GetDescriptor()->FindFieldByName(field);
+    bad.mutable_pipeline()->GetReflection()->SetInt32(bad.mutable_pipeline(), f, 2);
+    EXPECT_THAT(ValidateJobSpec(bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                               HasSubstr(absl::StrCat("pipeline.", field))));
+  }
+  pb::JobSpec bad = spec;
+  bad.mutable_pipeline()->set_recompute("always");
+  EXPECT_THAT(ValidateJobSpec(bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                             HasSubstr("pipeline.recompute")));
+  // The rest of the spec is still checked.
+  bad = spec;
+  bad.mutable_training()->set_steps(0);
+  EXPECT_THAT(ValidateJobSpec(bad), StatusIs(absl::StatusCode::kInvalidArgument,
+                                             HasSubstr("training.steps")));
+}
+
+TEST(AutoScheduleTest, TheRuntimesCostsComeFromTheNewestJobThatMeasuredThem) {
+  planner::CostRates calibrated;
+  calibrated.forward_s_per_flop = 1e-10;
+  AutoCosts costs{calibrated, "calibrated"};
+  std::vector<pb::JobStatus> recent(3);
+  recent[0].set_job_id("job-3");  // newest, nothing measured yet
+  recent[1].set_job_id("job-2");
+  recent[1].mutable_measured_costs()->set_steps(5);
+  recent[1].mutable_measured_costs()->set_send_busy_s(2e-4);
+  recent[1].mutable_measured_costs()->set_recv_busy_s(1e-4);
+  recent[1].mutable_measured_costs()->set_transfer_s_per_byte(1e-9);
+  recent[2] = recent[1];
+  recent[2].set_job_id("job-1");
+  recent[2].mutable_measured_costs()->set_send_busy_s(9);
+  AddRuntimeCosts(recent, costs);
+  EXPECT_DOUBLE_EQ(costs.rates->send_busy_s, 2e-4);
+  EXPECT_DOUBLE_EQ(costs.rates->recv_busy_s, 1e-4);
+  EXPECT_DOUBLE_EQ(costs.rates->transfer_s_per_byte, 1e-9);
+  EXPECT_DOUBLE_EQ(costs.rates->forward_s_per_flop, 1e-10) << "compute stays calibrated";
+  EXPECT_THAT(costs.source, HasSubstr("as job-2 measured them"));
+  AutoCosts none{std::nullopt, "the devices' FLOP rates"};
+  AddRuntimeCosts(recent, none);
+  EXPECT_FALSE(none.rates.has_value());
+  EXPECT_EQ(none.source, "the devices' FLOP rates");
+}
+
+TEST(CalibrationCacheTest, CachesPerModelAndDeviceAndNotAFailure) {
+  const pb::JobSpec spec = AutoSpec();
+  pb::StageInfo stage;
+  stage.set_stage_id("stage-1");
+  stage.set_address("127.0.0.1:1");
+  *stage.mutable_device() = Devices(1, 1 << 30)[0];
+  int calls = 0;
+  bool fail = true;
+  CalibrationCache cache;
+  const auto calibrate = [&](const std::string& address, const pb::CalibrateRequest& request)
+      -> absl::StatusOr<pb::CalibrateResponse> {
+    ++calls;
+    EXPECT_EQ(address, "127.0.0.1:1");
+    EXPECT_EQ(request.rows(), 4);
+    EXPECT_EQ(request.model().d_model(), 64);
+    if (fail) return absl::UnavailableError("down");
+    pb::CalibrateResponse r;
+    r.set_forward_s_per_flop(1e-10);
+    r.set_repetitions(kCalibrationRepetitions);
+    return r;
+  };
+  EXPECT_THAT(cache.Get(spec, stage, 4, calibrate),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("stage-1")));
+  fail = false;
+  auto first = cache.Get(spec, stage, 4, calibrate);
+  ASSERT_THAT(first, IsOk());
+  EXPECT_DOUBLE_EQ(first->rates->forward_s_per_flop, 1e-10);
+  EXPECT_THAT(first->source, HasSubstr("calibrated on stage-1"));
+  EXPECT_THAT(cache.Get(spec, stage, 4, calibrate), IsOk());
+  EXPECT_EQ(calls, 2) << "the second success came from the cache";
+  pb::StageInfo other = stage;
+  other.mutable_device()->set_name("emulated:other");
+  EXPECT_THAT(cache.Get(spec, other, 4, calibrate), IsOk());
+  EXPECT_EQ(calls, 3) << "another device calibrates again";
+  EXPECT_NE(CalibrationKey(spec, stage.device(), 4), CalibrationKey(spec, stage.device(), 8));
+}
+
+}  // namespace
+}  // namespace pipetrain::coordinator
