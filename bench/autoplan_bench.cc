@@ -82,7 +82,6 @@ absl::StatusOr<planner::AutoResult> Search(const json& spec, uint64_t memory_byt
 }
 
 struct Measured {
-  std::string shape;
   double step_s = 0;
   json status;
 };
@@ -106,6 +105,12 @@ absl::StatusOr<Measured> Run(testing::LocalCluster& c, const ScratchDir& dir, co
   return m;
 }
 
+// The default plan's shape as planner::DescribeShape writes it: 1f1b, K = M = 4, R = 1,
+// no recompute.
+bool IsDefault(const std::string& shape) {
+  return shape == absl::StrCat("K=", kStages, " R=1 M=", kStages, " 1f1b recompute never");
+}
+
 // The plans measured besides "auto": the best ranked, the default one, a few at random.
 std::vector<planner::PlanOptions> Sample(const planner::AutoResult& result, uint64_t seed) {
   std::vector<planner::PlanOptions> out;
@@ -117,21 +122,13 @@ std::vector<planner::PlanOptions> Sample(const planner::AutoResult& result, uint
     add(result.ranked[i].options);
   }
   for (const planner::Candidate& c : result.ranked) {
-    const planner::PlanOptions& o = c.options;
-    if (o.stages == kStages && o.replicas == 1 && o.micro_batches == kStages &&
-        o.schedule == planner::ScheduleKind::kOneFOneB && o.recompute == pb::RECOMPUTE_NEVER) {
-      add(o);
-    }
+    if (IsDefault(planner::DescribeShape(c.options))) add(c.options);
   }
   std::mt19937_64 rng(seed);
   for (int i = 0; i < kRandom && result.ranked.size() > 1; ++i) {
     add(result.ranked[rng() % result.ranked.size()].options);
   }
   return out;
-}
-
-bool IsDefault(const std::string& shape) {
-  return shape == absl::StrCat("K=", kStages, " R=1 M=", kStages, " 1f1b recompute never");
 }
 
 }  // namespace

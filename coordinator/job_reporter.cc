@@ -45,13 +45,13 @@ void JobReporter::PredictedTimeline(std::vector<pb::TimelineEvent> events) {
 }
 
 pb::JobStatus JobReporter::CountStep(const pb::StepRecord& record) {
-  if (first_seen_) step_times_.push_back(record.step_time_s());
-  first_seen_ = true;
   absl::MutexLock lock(job_.mu);
   pb::JobStatus& status = *job_.status;
   status.set_steps_done(record.step());
-  if (status.has_auto_plan() && !step_times_.empty()) {
-    std::vector<double> sorted = step_times_;
+  if (status.has_auto_plan() && std::exchange(first_seen_, true)) {
+    step_times_.push_back(record.step_time_s());
+    if (step_times_.size() > kMeasuredWindow) step_times_.pop_front();
+    std::vector<double> sorted(step_times_.begin(), step_times_.end());
     std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
     status.mutable_auto_plan()->set_measured_step_s(sorted[sorted.size() / 2]);
     status.mutable_auto_plan()->set_steps_measured(static_cast<int>(step_times_.size()));

@@ -5,6 +5,7 @@
 // cancel and the coordinator's stop.
 #pragma once
 
+#include <deque>
 #include <functional>
 #include <string>
 #include <vector>
@@ -63,9 +64,11 @@ class JobReporter : public RunnerHooks {
   pipetrain::v1::Timeline predicted_;
   // A failed write is a warning in the job's log, once; the job goes on.
   TensorBoardJobLog tensorboard_;
-  // Step times this reporter saw, the first left out (links and pools warming up): the
-  // measured side of an "auto" job's prediction (AutoPlan.measured_step_s, a median).
-  std::vector<double> step_times_;
+  // An "auto" job's latest step times (at most kMeasuredWindow, the first step left out:
+  // links and pools warming up), the measured side of its prediction
+  // (AutoPlan.measured_step_s, their median). Bounded, so a long job's step stays O(1).
+  static constexpr size_t kMeasuredWindow = 100;
+  std::deque<double> step_times_;
   bool first_seen_ = false;
 };
 
