@@ -1,9 +1,10 @@
 // `pipetrain-bench autoplan` (autoplan_bench.h): for each cell of a grid (two models x two
-// stage memories) a cluster of 4 emulated stages, one job with pipeline.schedule "auto"
-// (the coordinator calibrates a stage and picks the shape), then a sample of the same
-// search space measured by hand: the 4 plans the planner ranks best, the default plan
-// (1f1b, K = M = 4, no recompute) and 3 others drawn at random. Each plan's measured step
-// is the median of its steps after the first.
+// stage memories on 4 emulated stages, one model on 2 cpu stages) a cluster, one job with
+// pipeline.schedule "auto" (the coordinator calibrates a stage, times the ring and picks
+// the shape), then a sample of the same search space measured by hand: the 4 plans the
+// planner ranks best, the default plan (1f1b, K = M = the stages, no recompute) and 3
+// others drawn at random. Each plan's measured step is the median of its steps after
+// the first.
 #include "bench/autoplan_bench.h"
 
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include "bench/scratch_dir.h"
 #include "common/atomic_file.h"
 #include "common/status_macros.h"
+#include "coordinator/auto_schedule.h"
 #include "coordinator/job_spec.h"
 #include "coordinator/planner/auto_plan.h"
 #include "coordinator/planner/recompute_policy.h"
@@ -33,6 +35,7 @@ using json = nlohmann::json;
 namespace pb = ::pipetrain::v1;
 
 constexpr int kStages = 4;
+constexpr int kCpuStages = 2;
 constexpr double kFlops = 5e10;  // the emulated device: a step of tens of milliseconds
 constexpr int kSteps = 6;
 constexpr int kTopRanked = 4;
@@ -68,17 +71,32 @@ json PipelineOf(const planner::PlanOptions& o) {
           {"recompute", planner::RecomputeName(o.recompute)}};
 }
 
-// The search the coordinator makes, here with the emulated device's exact rate.
-absl::StatusOr<planner::AutoResult> Search(const json& spec, uint64_t memory_bytes) {
+// One cell of the grid: a model on `stages` stage servers of one memory, emulated
+// (kFlops, whose replicas do not reduce) or cpu (one thread each: real compute and a
+// real gloo all-reduce).
+struct Cell {
+  std::string name;
+  ModelCell model;
+  uint64_t memory = 0;
+  bool emulated = true;
+  int stages = kStages;
+};
+
+// The search the coordinator makes, here with the emulated device's exact rate (on cpu
+// stages, their guessed rate: the sample's top only, "auto" calibrates).
+absl::StatusOr<planner::AutoResult> Search(const json& spec, const Cell& cell) {
   ASSIGN_OR_RETURN(pb::JobSpec parsed, coordinator::ParseJobSpec(spec.dump()));
   parsed = coordinator::WithDefaults(parsed);
   ASSIGN_OR_RETURN(planner::PlanOptions base,
                    planner::OptionsFromJobSpec(coordinator::WithPlaceholderShape(parsed)));
   pb::DeviceInfo d;
-  d.set_peak_flops(kFlops);
-  d.set_memory_bytes(memory_bytes);
-  coordinator::SetCostsFromDevices(std::vector<pb::DeviceInfo>(kStages, d), base);
-  return planner::SearchPlans(base, {.max_devices = kStages});
+  if (cell.emulated) d.set_peak_flops(kFlops);
+  d.set_threads(1);
+  d.set_memory_bytes(cell.memory);
+  coordinator::SetCostsFromDevices(std::vector<pb::DeviceInfo>(cell.stages, d), base);
+  // Emulated stages' replicas hold no gradients: their all-reduce costs nothing.
+  if (cell.emulated) base.collective_bytes_per_s = coordinator::kFreeCollectiveRate;
+  return planner::SearchPlans(base, {.max_devices = cell.stages});
 }
 
 struct Measured {
@@ -105,14 +123,15 @@ absl::StatusOr<Measured> Run(testing::LocalCluster& c, const ScratchDir& dir, co
   return m;
 }
 
-// The default plan's shape as planner::DescribeShape writes it: 1f1b, K = M = 4, R = 1,
-// no recompute.
-bool IsDefault(const std::string& shape) {
-  return shape == absl::StrCat("K=", kStages, " R=1 M=", kStages, " 1f1b recompute never");
+// The default plan's shape as planner::DescribeShape writes it: 1f1b, K = M = the
+// stages, R = 1, no recompute.
+bool IsDefault(const std::string& shape, int stages) {
+  return shape == absl::StrCat("K=", stages, " R=1 M=", stages, " 1f1b recompute never");
 }
 
 // The plans measured besides "auto": the best ranked, the default one, a few at random.
-std::vector<planner::PlanOptions> Sample(const planner::AutoResult& result, uint64_t seed) {
+std::vector<planner::PlanOptions> Sample(const planner::AutoResult& result, int stages,
+                                         uint64_t seed) {
   std::vector<planner::PlanOptions> out;
   std::set<std::string> seen;
   const auto add = [&](const planner::PlanOptions& o) {
@@ -122,7 +141,7 @@ std::vector<planner::PlanOptions> Sample(const planner::AutoResult& result, uint
     add(result.ranked[i].options);
   }
   for (const planner::Candidate& c : result.ranked) {
-    if (IsDefault(planner::DescribeShape(c.options))) add(c.options);
+    if (IsDefault(planner::DescribeShape(c.options), stages)) add(c.options);
   }
   std::mt19937_64 rng(seed);
   for (int i = 0; i < kRandom && result.ranked.size() > 1; ++i) {
@@ -133,84 +152,100 @@ std::vector<planner::PlanOptions> Sample(const planner::AutoResult& result, uint
 
 }  // namespace
 
+// Runs one cell: the default plan, then "auto", then the rest of the sample; its
+// figures into `result` under the cell's name.
+absl::Status RunCell(const Cell& cell, int index, const ScratchDir& dir,
+                     const BenchOptions& options, BenchResult& result) {
+  const ModelCell& m = cell.model;
+  ASSIGN_OR_RETURN(const planner::AutoResult search,
+                   Search(Spec(m, dir, {{"schedule", "auto"}}), cell));
+  testing::LocalClusterOptions co;
+  co.stage_args = {"--device", cell.emulated ? absl::StrCat("emulated:", kFlops) : "cpu",
+                   "--threads", "1", "--memory-limit", absl::StrCat(cell.memory)};
+  co.security = options.security;
+  std::cerr << "autoplan: " << cell.name << ": " << search.ranked.size() << " plans fit, "
+            << search.refused.size() << " refused\n";
+  ASSIGN_OR_RETURN(std::unique_ptr<testing::LocalCluster> cluster,
+                   testing::LocalCluster::Start(dir.File("state-" + cell.name), cell.stages, co));
+  // The default plan first: a cluster that has run a job lends "auto" the runtime's
+  // measured costs (sends, receives, the wire), as any cluster in use would.
+  const auto is_default = [&](const std::string& shape) { return IsDefault(shape, cell.stages); };
+  std::vector<planner::PlanOptions> sample = Sample(search, cell.stages, 7 + index);
+  std::stable_partition(sample.begin(), sample.end(), [&](const planner::PlanOptions& o) {
+    return is_default(planner::DescribeShape(o));
+  });
+  std::vector<std::pair<std::string, double>> runs;
+  for (size_t i = 0; i < sample.size() && is_default(planner::DescribeShape(sample[i])); ++i) {
+    ASSIGN_OR_RETURN(Measured run, Run(*cluster, dir, Spec(m, dir, PipelineOf(sample[i])),
+                                       cell.name + "-default"));
+    runs.push_back({planner::DescribeShape(sample[i]), run.step_s});
+  }
+  ASSIGN_OR_RETURN(Measured chosen,
+                   Run(*cluster, dir, Spec(m, dir, {{"schedule", "auto"}}), cell.name + "-auto"));
+  const json& a = chosen.status["auto_plan"];
+  const std::string auto_shape = a.value("shape", "");
+  const double predicted = a.value("predicted_step_s", 0.0);
+  for (const planner::PlanOptions& o : sample) {
+    const std::string shape = planner::DescribeShape(o);
+    if (shape == auto_shape || is_default(shape)) continue;
+    ASSIGN_OR_RETURN(Measured run, Run(*cluster, dir, Spec(m, dir, PipelineOf(o)),
+                                       absl::StrCat(cell.name, "-", runs.size())));
+    runs.push_back({shape, run.step_s});
+  }
+  double best_s = chosen.step_s, default_s = is_default(auto_shape) ? chosen.step_s : 0;
+  std::string best_shape = auto_shape;
+  for (const auto& [shape, step_s] : runs) {
+    std::cerr << absl::StrFormat("autoplan: %s: %-44s %7.1f ms\n", cell.name, shape, step_s * 1e3);
+    if (step_s < best_s) best_s = step_s, best_shape = shape;
+    if (is_default(shape)) default_s = step_s;
+  }
+  std::cerr << absl::StrFormat("autoplan: %s: auto %s %7.1f ms (predicted %7.1f)\n", cell.name,
+                               auto_shape, chosen.step_s * 1e3, predicted * 1e3);
+  const std::string& c = cell.name;
+  result.Label(c + "_auto", auto_shape);
+  result.Label(c + "_best_measured", best_shape);
+  result.Label(c + "_costs", a.value("cost_source", ""));
+  result.Add(c + "_plans_fit", static_cast<double>(search.ranked.size()));
+  result.Add(c + "_plans_measured", static_cast<double>(runs.size()) + 1);
+  result.Add(c + "_auto_step_ms", chosen.step_s * 1e3);
+  result.Add(c + "_auto_over_best", chosen.step_s / best_s);
+  if (default_s > 0) result.Add(c + "_default_over_auto", default_s / chosen.step_s);
+  result.Add(c + "_predicted_over_measured", predicted / chosen.step_s);
+  return absl::OkStatus();
+}
+
+// The grid: each model roomy (no plan refused for memory) and tight (the median peak of
+// the roomy search, so that about half the plans do not fit) on emulated stages, and
+// the narrow model on 2 cpu stages (one core each on a 2-core machine).
+absl::StatusOr<std::vector<Cell>> Grid(const ScratchDir& dir) {
+  constexpr uint64_t kRoomy = uint64_t{1} << 34;
+  std::vector<Cell> cells;
+  for (const ModelCell& m : Models()) {
+    Cell roomy{m.name + "_roomy", m, kRoomy};
+    ASSIGN_OR_RETURN(const planner::AutoResult all,
+                     Search(Spec(m, dir, {{"schedule", "auto"}}), roomy));
+    std::vector<double> peaks;
+    for (const planner::Candidate& c : all.ranked) peaks.push_back(c.peak_memory_bytes);
+    std::nth_element(peaks.begin(), peaks.begin() + peaks.size() / 2, peaks.end());
+    cells.push_back(roomy);
+    cells.push_back({m.name + "_tight", m, static_cast<uint64_t>(peaks[peaks.size() / 2])});
+  }
+  cells.push_back({"narrow_cpu", Models().front(), kRoomy, /*emulated=*/false, kCpuStages});
+  return cells;
+}
+
 absl::StatusOr<BenchResult> RunAutoplanBench(const BenchOptions& options) {
   ASSIGN_OR_RETURN(ScratchDir dir, ScratchDir::Make("autoplan"));
   RETURN_IF_ERROR(common::WriteFileAtomically(dir.File("corpus.txt"),
                                               testing::EnglishLikeCorpus(200000)));
   BenchResult result;
-  result.Label("grid", absl::StrCat("2 models x 2 stage memories, ", kStages,
-                                    " stages --device emulated:", kFlops, ", batch 16, ",
-                                    kSteps, " steps (median of the last ", kSteps - 1, ")"));
-  int cell_index = 0;
-  for (const ModelCell& m : Models()) {
-    // Roomy: no plan refused for memory. Tight: the median peak of the roomy search, so
-    // that about half the plans do not fit.
-    ASSIGN_OR_RETURN(const planner::AutoResult roomy,
-                     Search(Spec(m, dir, {{"schedule", "auto"}}), uint64_t{1} << 34));
-    std::vector<double> peaks;
-    for (const planner::Candidate& c : roomy.ranked) peaks.push_back(c.peak_memory_bytes);
-    std::nth_element(peaks.begin(), peaks.begin() + peaks.size() / 2, peaks.end());
-    const uint64_t tight = static_cast<uint64_t>(peaks[peaks.size() / 2]);
-    for (const auto& [memory_name, memory] :
-         std::vector<std::pair<std::string, uint64_t>>{{"roomy", uint64_t{1} << 34},
-                                                       {"tight", tight}}) {
-      const std::string cell = absl::StrCat(m.name, "_", memory_name);
-      ASSIGN_OR_RETURN(const planner::AutoResult search,
-                       Search(Spec(m, dir, {{"schedule", "auto"}}), memory));
-      testing::LocalClusterOptions co;
-      co.stage_args = {"--device", absl::StrCat("emulated:", kFlops), "--memory-limit",
-                       absl::StrCat(memory)};
-      co.security = options.security;
-      std::cerr << "autoplan: " << cell << ": " << search.ranked.size() << " plans fit, "
-                << search.refused.size() << " refused\n";
-      ASSIGN_OR_RETURN(std::unique_ptr<testing::LocalCluster> cluster,
-                       testing::LocalCluster::Start(dir.File("state-" + cell), kStages, co));
-      // The default plan first: a cluster that has run a job lends "auto" the runtime's
-      // measured costs (sends, receives, the wire), as any cluster in use would.
-      std::vector<planner::PlanOptions> sample = Sample(search, 7 + cell_index);
-      std::stable_partition(sample.begin(), sample.end(), [](const planner::PlanOptions& o) {
-        return IsDefault(planner::DescribeShape(o));
-      });
-      std::vector<std::pair<std::string, double>> runs;
-      for (size_t i = 0; i < sample.size() && IsDefault(planner::DescribeShape(sample[i])); ++i) {
-        ASSIGN_OR_RETURN(Measured run, Run(*cluster, dir, Spec(m, dir, PipelineOf(sample[i])),
-                                           cell + "-default"));
-        runs.push_back({planner::DescribeShape(sample[i]), run.step_s});
-      }
-      ASSIGN_OR_RETURN(Measured chosen,
-                       Run(*cluster, dir, Spec(m, dir, {{"schedule", "auto"}}), cell + "-auto"));
-      const json& a = chosen.status["auto_plan"];
-      const std::string auto_shape = a.value("shape", "");
-      const double predicted = a.value("predicted_step_s", 0.0);
-      for (const planner::PlanOptions& o : sample) {
-        const std::string shape = planner::DescribeShape(o);
-        if (shape == auto_shape || IsDefault(shape)) continue;
-        ASSIGN_OR_RETURN(Measured run, Run(*cluster, dir, Spec(m, dir, PipelineOf(o)),
-                                           absl::StrCat(cell, "-", runs.size())));
-        runs.push_back({shape, run.step_s});
-      }
-      double best_s = chosen.step_s, default_s = 0;
-      std::string best_shape = auto_shape;
-      for (const auto& [shape, step_s] : runs) {
-        std::cerr << absl::StrFormat("autoplan: %s: %-44s %7.1f ms\n", cell, shape, step_s * 1e3);
-        if (step_s < best_s) best_s = step_s, best_shape = shape;
-        if (IsDefault(shape)) default_s = step_s;
-      }
-      const int measured = static_cast<int>(runs.size()) + 1;
-      if (IsDefault(auto_shape)) default_s = chosen.step_s;
-      std::cerr << absl::StrFormat("autoplan: %s: auto %s %7.1f ms (predicted %7.1f)\n", cell,
-                                   auto_shape, chosen.step_s * 1e3, predicted * 1e3);
-      result.Label(cell + "_auto", auto_shape);
-      result.Label(cell + "_best_measured", best_shape);
-      result.Label(cell + "_costs", a.value("cost_source", ""));
-      result.Add(cell + "_plans_fit", static_cast<double>(search.ranked.size()));
-      result.Add(cell + "_plans_measured", measured);
-      result.Add(cell + "_auto_step_ms", chosen.step_s * 1e3);
-      result.Add(cell + "_auto_over_best", chosen.step_s / best_s);
-      if (default_s > 0) result.Add(cell + "_default_over_auto", default_s / chosen.step_s);
-      result.Add(cell + "_predicted_over_measured", predicted / chosen.step_s);
-      ++cell_index;
-    }
+  result.Label("grid", absl::StrCat("2 models x 2 stage memories on ", kStages,
+                                    " stages --device emulated:", kFlops, ", and the narrow "
+                                    "model on ", kCpuStages, " cpu stages (--threads 1); batch "
+                                    "16, ", kSteps, " steps (median of the last ", kSteps - 1, ")"));
+  ASSIGN_OR_RETURN(const std::vector<Cell> cells, Grid(dir));
+  for (size_t i = 0; i < cells.size(); ++i) {
+    RETURN_IF_ERROR(RunCell(cells[i], static_cast<int>(i), dir, options, result));
   }
   return result;
 }

@@ -52,12 +52,11 @@ absl::Status ApplyScheduleFlags(const std::string& name, const std::string& file
   return ReadScheduleFile(spec, spec_path);
 }
 
-// --auto: the search's report into `report`, and the plan of its choice.
+// --auto: the search's result into `result`, and the plan of its choice.
 absl::StatusOr<planner::Plan> AutoPlan(const planner::PlanOptions& base, int devices,
-                                       std::string* report) {
-  ASSIGN_OR_RETURN(planner::AutoResult result, planner::SearchPlans(base, {.max_devices = devices}));
-  *report = planner::RenderAutoReport(result);
-  return planner::MakePlan(result.best().options);
+                                       planner::AutoResult* result) {
+  ASSIGN_OR_RETURN(*result, planner::SearchPlans(base, {.max_devices = devices}));
+  return planner::MakePlan(result->best().options);
 }
 
 // The programs without the sends and receives lowering added: what a schedule file
@@ -174,6 +173,11 @@ int RunPlan(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     out << flags.Help();
     return kExitOk;
   }
+  if (devices != 0 && !automatic) {
+    err << "pipetrain plan: --devices is the stage servers --auto may use; add --auto, or "
+           "give the shape with --stages and --replicas\n";
+    return kExitUsage;
+  }
   if (positionals->size() != 1) {
     err << "pipetrain plan: takes one job spec file (JOB.json)\n"
            "Run 'pipetrain plan --help' for usage.\n";
@@ -253,11 +257,11 @@ int RunPlan(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     if (automatic) options->rates = measured->rates;
     if (!automatic) plan = PlanWithMeasuredCosts(*options, *measured);
   }
+  planner::AutoResult search;
   if (automatic) {
     const int n = devices > 0 ? static_cast<int>(devices) : options->stages * options->replicas;
-    std::string report;
-    plan = AutoPlan(*options, n, &report);
-    if (plan.ok() && !json) out << measured_line << report << "\n";
+    plan = AutoPlan(*options, n, &search);
+    if (plan.ok() && !json) out << measured_line << planner::RenderAutoReport(search) << "\n";
   }
   if (!plan.ok()) {
     err << "pipetrain plan: " << plan.status().message() << "\n";
@@ -275,7 +279,12 @@ int RunPlan(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       return kExitUsage;
     }
   }
-  out << (json ? planner::PlanJson(*plan) + "\n" : measured_line + planner::RenderPlanText(*plan));
+  if (json) {
+    const std::string j = planner::PlanJson(*plan);
+    out << (automatic ? planner::AddAutoReportJson(j, search) : j) << "\n";
+    return kExitOk;
+  }
+  out << measured_line << planner::RenderPlanText(*plan);
   return kExitOk;
 }
 

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/model/gpt_config.h"
 #include "common/status_macros.h"
 #include "coordinator/job_spec.h"
 #include "coordinator/planner/recompute_policy.h"
@@ -83,6 +84,26 @@ void AddRuntimeCosts(const std::vector<pb::JobStatus>& recent, AutoCosts& costs)
   }
 }
 
+uint64_t RingCalibrationBytes(const pb::JobSpec& spec) {
+  constexpr uint64_t kMin = 1 << 20, kMax = 64 << 20;
+  absl::StatusOr<planner::PlanOptions> o = planner::OptionsFromJobSpec(WithPlaceholderShape(spec));
+  if (!o.ok()) return kMin;
+  double params = 0;
+  for (int l = 0; l < o->model.num_pipeline_layers(); ++l) {
+    params += static_cast<double>(model::ParamsOfLayer(o->model, l));
+  }
+  const double bytes = std::clamp(planner::GradientBytesPerParam() * params,
+                                  static_cast<double>(kMin), static_cast<double>(kMax));
+  return static_cast<uint64_t>(bytes) / 4 * 4;
+}
+
+double RingRateFromTime(double bytes, int members, double seconds) {
+  const double sent = 2.0 * (members - 1) / std::max(1, members) * bytes;
+  if (seconds <= 0 || sent <= 0) return kFreeCollectiveRate;
+  const double moving = std::max(seconds - planner::kAllReduceCallLatencyS, seconds / 2);
+  return std::min(kFreeCollectiveRate, sent / moving);
+}
+
 int CalibrationRows(const pb::JobSpec& spec, int devices) {
   return std::max(1, spec.training().batch_size() / std::max(1, 2 * devices));
 }
@@ -100,13 +121,15 @@ absl::StatusOr<AutoChoice> ChooseAutoPlan(const pb::JobSpec& spec,
   if (costs.rates) {
     base.rates = *costs.rates;
     // A calibration times compute only; the wire keeps the devices' link rate unless a
-    // job measured it (AddRuntimeCosts). The replicas' all-reduce stays at the link's
-    // rate: a ring's bandwidth is not what a pipeline's one-tensor transfers measure
-    // (taking it from them made "auto" slower in pipetrain-bench autoplan).
+    // job measured it (AddRuntimeCosts).
     if (base.rates->transfer_s_per_byte == 0) {
       base.rates->transfer_s_per_byte = 1.0 / base.link_bytes_per_s;
     }
   }
+  // The replicas' all-reduce at the rate a ring of these stages was timed at, else the
+  // link's: a ring's bandwidth is not what a pipeline's one-tensor transfers measure
+  // (taking it from them made "auto" slower in pipetrain-bench autoplan).
+  if (costs.collective_bytes_per_s) base.collective_bytes_per_s = *costs.collective_bytes_per_s;
   const int n = static_cast<int>(devices.size());
   ASSIGN_OR_RETURN(const planner::AutoResult result,
                    planner::SearchPlans(base, {.max_devices = n}));

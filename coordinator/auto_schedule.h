@@ -7,6 +7,7 @@
 // status (AutoChoice). Pure: the caller brings the devices and the rates.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,7 +25,20 @@ namespace pipetrain::coordinator {
 struct AutoCosts {
   std::optional<planner::CostRates> rates;
   std::string source;
+  // The replicas' all-reduce rate (PlanOptions::collective_bytes_per_s) timed on a ring
+  // of the free stages (RingRateFromTime); unset: the links' rate.
+  std::optional<double> collective_bytes_per_s;
 };
+
+// What a ring calibration all-reduces: the model's gradient bytes (a replicated
+// stage's at most), within [1 MiB, 64 MiB], a multiple of 4.
+uint64_t RingCalibrationBytes(const pipetrain::v1::JobSpec& spec);
+
+// The rate planner::RingAllReduceSeconds needs to give `seconds` for an all-reduce of
+// `bytes` between `members` copies (the call's fixed latency taken off, at most half
+// of it). A ring that took no time (emulated stages do not reduce): kFreeCollectiveRate.
+inline constexpr double kFreeCollectiveRate = 1e15;
+double RingRateFromTime(double bytes, int members, double seconds);
 
 struct AutoChoice {
   pipetrain::v1::JobSpec spec;  // with the chosen shape in place of "auto"

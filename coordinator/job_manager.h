@@ -26,6 +26,7 @@
 #include "coordinator/rendezvous_store.h"
 #include "coordinator/restart_rules.h"
 #include "coordinator/stage_calibration.h"
+#include "coordinator/stage_connection.h"
 #include "coordinator/stage_registry.h"
 #include "pipetrain/v1/coordinator.pb.h"
 
@@ -110,6 +111,11 @@ class JobManager {
   // pipeline.schedule "auto" (job_manager_auto.cc): the shape planned on the free stages
   // (all live ones when none is free) with costs calibrated on the first free stage.
   absl::StatusOr<AutoChoice> PlanAuto(const pipetrain::v1::JobSpec& spec);
+  // ... and the replicas' all-reduce timed on a ring of the free stages, into `costs`
+  // (the links' rate, said in its source, when the ring fails).
+  void TimeRing(const pipetrain::v1::JobSpec& spec,
+                const std::vector<pipetrain::v1::StageInfo>& idle, StageConnector& connector,
+                AutoCosts& costs);
   // `stored_logs`: the job's log lines already in the store (one queued by a previous
   // coordinator); 0 for a new job.
   void Enqueue(pipetrain::v1::JobStatus status, size_t stored_logs = 0)

@@ -1,6 +1,8 @@
 // JobManager::PlanAuto: pipeline.schedule "auto" at submit. Which stages the search may
 // use and which one calibrates are the manager's to say; the planning itself is
 // coordinator/auto_schedule.h's and the cache coordinator/stage_calibration.h's.
+#include <atomic>
+
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "coordinator/grpc_stage_connector.h"
@@ -16,6 +18,26 @@ constexpr absl::Duration kCalibrationDeadline = absl::Seconds(60);
 // How far back a job's measured runtime costs are looked for.
 constexpr int kRecentJobs = 20;
 }  // namespace
+
+void JobManager::TimeRing(const pb::JobSpec& spec, const std::vector<pb::StageInfo>& idle,
+                          StageConnector& connector, AutoCosts& costs) {
+  static std::atomic<int64_t> next{1};
+  const std::string id = absl::StrCat("calibrate-", next++);
+  absl::StatusOr<CalibrationCache::RingCost> ring = calibrations_.GetRing(
+      idle, RingCalibrationBytes(spec), id,
+      [&](const std::string& address, const pb::CalibrateRequest& request) {
+        return connector.Connect(address)->Calibrate(request, kCalibrationDeadline);
+      });
+  rendezvous_.Forget(id);
+  if (ring.ok()) {
+    costs.collective_bytes_per_s = ring->bytes_per_s;
+    absl::StrAppend(&costs.source, "; ", ring->source);
+  } else {
+    absl::StrAppend(&costs.source, "; the replicas' all-reduce at the links' rate (",
+                    ring.status().message(), ")");
+    common::LogWarning("coordinator", absl::StrCat("auto plan: ", ring.status().message()));
+  }
+}
 
 absl::StatusOr<AutoChoice> JobManager::PlanAuto(const pb::JobSpec& spec) {
   std::vector<pb::StageInfo> idle, live;
@@ -40,6 +62,7 @@ absl::StatusOr<AutoChoice> JobManager::PlanAuto(const pb::JobSpec& spec) {
         });
     if (calibrated.ok()) {
       costs = *std::move(calibrated);
+      if (idle.size() > 1 && spec.training().batch_size() > 1) TimeRing(spec, idle, *connector, costs);
       // The runtime's costs from the newest job that measured them on this cluster.
       if (absl::StatusOr<std::vector<pb::JobStatus>> recent = store_->List(kRecentJobs);
           recent.ok()) {

@@ -1,6 +1,10 @@
 #include "coordinator/stage_calibration.h"
 
+#include <algorithm>
+#include <thread>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace pipetrain::coordinator {
 
@@ -44,6 +48,69 @@ absl::StatusOr<AutoCosts> CalibrationCache::Get(const pb::JobSpec& spec,
   absl::MutexLock lock(&mu_);
   cache_[key] = costs;
   return costs;
+}
+
+namespace {
+
+std::string RingKey(const std::vector<pb::StageInfo>& stages, uint64_t bytes) {
+  std::vector<std::string> ids;
+  for (const pb::StageInfo& s : stages) ids.push_back(absl::StrCat(s.stage_id(), "@", s.address()));
+  std::sort(ids.begin(), ids.end());
+  std::string key = absl::StrCat(bytes);
+  for (const std::string& id : ids) absl::StrAppend(&key, "|", id);
+  return key;
+}
+
+}  // namespace
+
+absl::StatusOr<CalibrationCache::RingCost> CalibrationCache::GetRing(
+    const std::vector<pb::StageInfo>& stages, uint64_t bytes, const std::string& calibration_id,
+    const Calibrate& calibrate) {
+  const int n = static_cast<int>(stages.size());
+  if (n < 2) return absl::InvalidArgumentError("a ring calibration needs two stages or more");
+  const std::string key = RingKey(stages, bytes);
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = rings_.find(key); it != rings_.end()) return it->second;
+  }
+  std::vector<absl::StatusOr<pb::CalibrateResponse>> answers(n, absl::UnknownError("not asked"));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      pb::CalibrateRequest request;
+      request.set_repetitions(kCalibrationRepetitions);
+      pb::RingCalibration& ring = *request.mutable_ring();
+      ring.set_calibration_id(calibration_id);
+      ring.set_rendezvous_prefix("ring/");
+      ring.set_rank(i);
+      ring.set_size(n);
+      ring.set_bytes(bytes);
+      answers[i] = calibrate(stages[i].address(), request);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  double slowest = 0;
+  bool emulated = true;
+  for (int i = 0; i < n; ++i) {
+    if (!answers[i].ok()) {
+      return absl::Status(answers[i].status().code(),
+                          absl::StrCat("timing the replicas' all-reduce on ", n, " stages: ",
+                                       stages[i].stage_id(), " (", stages[i].address(),
+                                       "): ", answers[i].status().message()));
+    }
+    slowest = std::max(slowest, answers[i]->allreduce_s());
+    emulated = emulated && answers[i]->emulated();
+  }
+  RingCost cost;
+  cost.bytes_per_s = RingRateFromTime(static_cast<double>(bytes), n, slowest);
+  cost.source = emulated
+      ? absl::StrCat("the replicas' all-reduce free (", n, " emulated stages do not reduce)")
+      : absl::StrFormat("the replicas' all-reduce at %.3g GB/s (%d stages, %.3g MiB in %.3g ms)",
+                        cost.bytes_per_s / 1e9, n, static_cast<double>(bytes) / (1 << 20),
+                        slowest * 1e3);
+  absl::MutexLock lock(&mu_);
+  rings_[key] = cost;
+  return cost;
 }
 
 }  // namespace pipetrain::coordinator

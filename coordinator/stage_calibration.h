@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -33,9 +34,23 @@ class CalibrationCache {
                                 const pipetrain::v1::StageInfo& stage, int rows,
                                 const Calibrate& calibrate);
 
+  // The replicas' all-reduce rate on a ring of `stages` (at least two): every stage is
+  // asked at once (`calibrate` from as many threads) to all-reduce `bytes` under the
+  // rendezvous space `calibration_id`, which the caller drops afterwards; the slowest
+  // member's median gives the rate (RingRateFromTime). Cached per set of stages and
+  // bytes; a failure is not cached and names the stage.
+  struct RingCost {
+    double bytes_per_s = 0;
+    std::string source;  // for AutoCosts::source
+  };
+  absl::StatusOr<RingCost> GetRing(const std::vector<pipetrain::v1::StageInfo>& stages,
+                                   uint64_t bytes, const std::string& calibration_id,
+                                   const Calibrate& calibrate);
+
  private:
   absl::Mutex mu_;
   std::map<std::string, AutoCosts> cache_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, RingCost> rings_ ABSL_GUARDED_BY(mu_);
 };
 
 // The cache's key: the model's fields, the precision, the rows and the device's kind,

@@ -104,4 +104,23 @@ absl::StatusOr<CalibrationResult> CalibrateBlock(ChunkCompute& chunk,
   return out;
 }
 
+absl::StatusOr<double> TimeAllReduce(collective::GradientReducer& reducer, uint64_t bytes,
+                                     int repetitions, absl::Duration deadline) {
+  if (bytes == 0 || bytes % sizeof(float) != 0 || repetitions < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "calibrate: an all-reduce of ", bytes, " bytes (a positive multiple of 4) ",
+        repetitions, " times (at least once) cannot be timed"));
+  }
+  std::vector<float> data(bytes / sizeof(float));
+  std::vector<double> seconds;
+  for (int r = 0; r <= repetitions; ++r) {
+    // The sums grow with every call; refill so that they stay finite and never zero.
+    for (size_t i = 0; i < data.size(); ++i) data[i] = 1.0f + static_cast<float>(i % 7);
+    const Clock::time_point start = Clock::now();
+    RETURN_IF_ERROR(reducer.AllReduceSum(data, deadline));
+    if (r > 0) seconds.push_back(Since(start));  // the first warms the connections
+  }
+  return MedianOf(std::move(seconds));
+}
+
 }  // namespace pipetrain::stage_server

@@ -5,12 +5,15 @@
 // action kind (model::CostOfLayer's FLOPs) and seconds per parameter of AdamW.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/model/gpt_config.h"
 #include "common/model/precision.h"
 #include "stage_server/chunk_compute.h"
+#include "stage_server/collective/gradient_reducer.h"
 
 namespace pipetrain::stage_server {
 
@@ -35,5 +38,13 @@ absl::StatusOr<CalibrationResult> CalibrateBlock(ChunkCompute& chunk,
                                                  const model::GptConfig& config,
                                                  const model::Precision& precision, int rows,
                                                  int repetitions);
+
+// The replicas' all-reduce, for the planner's collective rate: `reducer`'s
+// AllReduceSum of `bytes` of fp32 (a pattern, never zeros), once untimed, then
+// `repetitions` times; the median call's seconds. Every member of the ring must call it
+// with the same bytes and repetitions at once. InvalidArgument for bytes not a positive
+// multiple of 4 or repetitions < 1; the reducer's errors as they are.
+absl::StatusOr<double> TimeAllReduce(collective::GradientReducer& reducer, uint64_t bytes,
+                                     int repetitions, absl::Duration deadline);
 
 }  // namespace pipetrain::stage_server

@@ -96,6 +96,21 @@ absl::Status StageRuntime::EnsureLinks(Job& job) {
   return absl::OkStatus();
 }
 
+collective::ReducerOptions StageRuntime::RingOptions(const std::string& job_id,
+                                                     const std::string& prefix, int replica,
+                                                     int replicas, absl::Duration deadline) const {
+  collective::ReducerOptions ro;
+  ro.job_id = job_id;
+  ro.replica = replica;
+  ro.replicas = replicas;
+  ro.rendezvous_prefix = prefix;
+  ro.coordinator_address = options_.coordinator_address;
+  ro.security = options_.security;
+  ro.listen_host = options_.listen_host;
+  ro.connect_deadline = deadline;
+  return ro;
+}
+
 absl::Status StageRuntime::EnsureReplicas(Job& job) const {
   const JobConfig& c = job.config;
   if (c.replicas < 2 || job.emulated) return absl::OkStatus();
@@ -103,16 +118,9 @@ absl::Status StageRuntime::EnsureReplicas(Job& job) const {
     absl::MutexLock lock(&job.reducer->mu);
     if (job.reducer->reducer != nullptr) return absl::OkStatus();
   }
-  collective::ReducerOptions ro;
-  ro.job_id = c.job_id;
+  collective::ReducerOptions ro =
+      RingOptions(c.job_id, c.rendezvous_prefix, c.replica, c.replicas, c.recv_timeout);
   ro.stage = c.stage;
-  ro.replica = c.replica;
-  ro.replicas = c.replicas;
-  ro.rendezvous_prefix = c.rendezvous_prefix;
-  ro.coordinator_address = options_.coordinator_address;
-  ro.security = options_.security;
-  ro.listen_host = options_.listen_host;
-  ro.connect_deadline = c.recv_timeout;
   ASSIGN_OR_RETURN(std::unique_ptr<collective::GradientReducer> reducer,
                    collective::CreateGlooReducer(ro));
   absl::MutexLock lock(&job.reducer->mu);

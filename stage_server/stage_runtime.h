@@ -18,6 +18,7 @@
 #include "common/rpc_security.h"
 #include "common/schedule/stage_program.h"
 #include "stage_server/calibration.h"
+#include "stage_server/collective/gradient_reducer.h"
 #include "stage_server/backend_chunk.h"
 #include "stage_server/compute/backend.h"
 #include "stage_server/device_spec.h"
@@ -30,9 +31,6 @@
 
 namespace pipetrain::stage_server {
 
-namespace collective {
-class GradientReducer;
-}
 class SnapshotPusher;
 
 struct RuntimeOptions {
@@ -123,6 +121,25 @@ class StageRuntime {
   absl::StatusOr<CalibrationResult> Calibrate(const model::GptConfig& config,
                                               const model::Precision& precision, int rows,
                                               int repetitions);
+  // The replicas' all-reduce between `ring.size` stages the coordinator calls at once
+  // (calibration.h's TimeAllReduce over gloo, rendezvous through the coordinator's store
+  // under ring.calibration_id), not holding this stage's step. An emulated stage does
+  // not reduce: emulated, 0 s, no connection. InvalidArgument for a size, rank, bytes
+  // or repetitions out of range; the ring's errors (a member that never came) in time.
+  static constexpr uint64_t kMaxRingCalibrationBytes = 256ull << 20;
+  struct RingCalibration {
+    std::string calibration_id;
+    std::string rendezvous_prefix;
+    int rank = 0;
+    int size = 0;
+    uint64_t bytes = 0;
+    int repetitions = 0;
+  };
+  struct RingTime {
+    double allreduce_s = 0;
+    bool emulated = false;
+  };
+  absl::StatusOr<RingTime> CalibrateRing(const RingCalibration& ring);
   bool configured() const;
   // The configured job, without waiting for a running step (heartbeats use it).
   std::string current_job_id() const;
@@ -187,6 +204,11 @@ class StageRuntime {
   // Connects what is not connected yet: the neighbours, and the replicas (EnsureReplicas).
   absl::Status EnsureLinks(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status EnsureReplicas(Job& job) const;
+  // A gloo ring of this stage through the coordinator (its address, this stage's
+  // security and listen host): rank `replica` of `replicas` under `job_id`.
+  collective::ReducerOptions RingOptions(const std::string& job_id, const std::string& prefix,
+                                         int replica, int replicas,
+                                         absl::Duration deadline) const;
   // The own snapshot of `step`, right after its optimizer update; queues the copy.
   absl::Status TakeSnapshot(Job& job, uint64_t step) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // FAILED_PRECONDITION "CONTEXT: this stage is configured for ..." unless `job_id` is

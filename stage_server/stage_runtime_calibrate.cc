@@ -4,12 +4,18 @@
 #include "common/byte_format.h"
 #include "common/status_macros.h"
 #include "stage_server/backend_chunk.h"
+#include "stage_server/collective/gradient_reducer.h"
 #include "stage_server/compute/cpu_backend.h"
 #include "stage_server/compute/cuda_backend.h"
 #include "stage_server/emulated_chunk.h"
 #include "stage_server/stage_runtime.h"
 
 namespace pipetrain::stage_server {
+
+namespace {
+// Every member's connecting and each all-reduce: the coordinator calls them together.
+constexpr absl::Duration kRingDeadline = absl::Seconds(30);
+}  // namespace
 
 absl::StatusOr<CalibrationResult> StageRuntime::Calibrate(const model::GptConfig& config,
                                                           const model::Precision& precision,
@@ -56,6 +62,27 @@ absl::StatusOr<CalibrationResult> StageRuntime::Calibrate(const model::GptConfig
       CalibrateBlock(*chunk, config, precision, rows, repetitions);
   chunk.reset();  // before its backend
   return result;
+}
+
+absl::StatusOr<StageRuntime::RingTime> StageRuntime::CalibrateRing(const RingCalibration& ring) {
+  if (ring.size < 2 || ring.size > 1024 || ring.rank < 0 || ring.rank >= ring.size ||
+      ring.bytes == 0 || ring.bytes % sizeof(float) != 0 || ring.bytes > kMaxRingCalibrationBytes ||
+      ring.repetitions < 1 || ring.repetitions > kMaxCalibrationRepetitions ||
+      ring.calibration_id.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "calibrate ring ", ring.calibration_id, ": size (", ring.size, ") must be in [2, 1024], rank (",
+        ring.rank, ") below it, bytes (", ring.bytes, ") a multiple of 4 in [4, ",
+        kMaxRingCalibrationBytes, "], repetitions (", ring.repetitions, ") in [1, ",
+        kMaxCalibrationRepetitions, "] and the calibration id given"));
+  }
+  if (options_.device.kind == DeviceSpec::Kind::kEmulated) return RingTime{0, true};
+  ASSIGN_OR_RETURN(std::unique_ptr<collective::GradientReducer> reducer,
+                   collective::CreateGlooReducer(RingOptions(
+                       ring.calibration_id, ring.rendezvous_prefix, ring.rank, ring.size,
+                       kRingDeadline)));
+  ASSIGN_OR_RETURN(const double seconds,
+                   TimeAllReduce(*reducer, ring.bytes, ring.repetitions, kRingDeadline));
+  return RingTime{seconds, false};
 }
 
 }  // namespace pipetrain::stage_server

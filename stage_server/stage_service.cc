@@ -384,11 +384,26 @@ grpc::Status StageService::GetStats(grpc::ServerContext* context, const pb::GetS
   });
 }
 
+grpc::Status StageService::CalibrateRing(const pb::CalibrateRequest& request,
+                                         pb::CalibrateResponse& response) {
+  const pb::RingCalibration& r = request.ring();
+  absl::StatusOr<StageRuntime::RingTime> t = runtime_->CalibrateRing(
+      {.calibration_id = r.calibration_id(), .rendezvous_prefix = r.rendezvous_prefix(),
+       .rank = r.rank(), .size = r.size(), .bytes = r.bytes(),
+       .repetitions = request.repetitions()});
+  if (!t.ok()) return common::ToGrpcStatus(t.status());
+  response.set_allreduce_s(t->allreduce_s);
+  response.set_emulated(t->emulated);
+  response.set_repetitions(request.repetitions());
+  return grpc::Status::OK;
+}
+
 grpc::Status StageService::Calibrate(grpc::ServerContext* context,
                                      const pb::CalibrateRequest* request,
                                      pb::CalibrateResponse* response) {
   return common::GuardHandler("Stage.Calibrate", [&]() -> grpc::Status {
     if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
+    if (request->has_ring()) return CalibrateRing(*request, *response);
     absl::StatusOr<model::GptConfig> config = model::ConfigFromProto(request->model());
     if (!config.ok()) return common::ToGrpcStatus(common::ErrorContext("calibrate").Wrap(config.status()));
     absl::StatusOr<model::Precision> precision =

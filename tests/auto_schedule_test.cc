@@ -5,8 +5,13 @@
 // calibrations are cached per model and device and never when they failed.
 #include "coordinator/auto_schedule.h"
 
+#include <atomic>
+#include <set>
 #include <string>
 #include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 
 #include "common/testing/status_matchers.h"
 #include "coordinator/job_spec.h"
@@ -200,6 +205,112 @@ TEST(CalibrationCacheTest, CachesPerModelAndDeviceAndNotAFailure) {
   EXPECT_THAT(cache.Get(spec, other, 4, calibrate), IsOk());
   EXPECT_EQ(calls, 3) << "another device calibrates again";
   EXPECT_NE(CalibrationKey(spec, stage.device(), 4), CalibrationKey(spec, stage.device(), 8));
+}
+
+TEST(AutoScheduleTest, ARingsTimeGivesTheRateThatPredictsIt) {
+  for (int members : {2, 3, 8}) {
+    for (double rate : {1e8, 5e9}) {
+      const double bytes = 8 << 20;
+      const double t = planner::RingAllReduceSeconds(bytes, members, rate);
+      EXPECT_NEAR(RingRateFromTime(bytes, members, t) / rate, 1, 1e-9) << members;
+    }
+  }
+  EXPECT_EQ(RingRateFromTime(1 << 20, 4, 0), kFreeCollectiveRate) << "emulated: free";
+  // Faster than the call's latency: half the time is taken as moving bytes.
+  EXPECT_DOUBLE_EQ(RingRateFromTime(1000, 2, 1e-5), 1000 / 5e-6);
+}
+
+TEST(AutoScheduleTest, ARingCalibrationMovesTheModelsGradientsWithinBounds) {
+  pb::JobSpec spec = AutoSpec();  // about 0.3 M parameters: 1.3 MB of gradients
+  const uint64_t small = RingCalibrationBytes(spec);
+  EXPECT_EQ(small % 4, 0u);
+  EXPECT_GT(small, uint64_t{1} << 20);
+  EXPECT_LT(small, uint64_t{2} << 20);
+  spec.mutable_model()->set_n_layers(1);
+  spec.mutable_model()->set_vocab_size(8);
+  EXPECT_EQ(RingCalibrationBytes(spec), uint64_t{1} << 20) << "at least 1 MiB";
+  spec.mutable_model()->set_d_model(1024);
+  spec.mutable_model()->set_n_layers(24);
+  EXPECT_EQ(RingCalibrationBytes(spec), uint64_t{64} << 20) << "at most 64 MiB";
+}
+
+TEST(AutoScheduleTest, ATimedRingIsWhatTheReplicasCost) {
+  // The same spec on 4 stages: with the replicas' all-reduce free the plan is at least
+  // as fast as with it at 1 MB/s, and the slow ring keeps the search off replicas.
+  const pb::JobSpec spec = AutoSpec();
+  AutoCosts free_ring{std::nullopt, "free", kFreeCollectiveRate};
+  AutoCosts slow_ring{std::nullopt, "slow", 1e6};
+  auto a = ChooseAutoPlan(spec, Devices(4, uint64_t{1} << 30), free_ring);
+  auto b = ChooseAutoPlan(spec, Devices(4, uint64_t{1} << 30), slow_ring);
+  ASSERT_THAT(a, IsOk());
+  ASSERT_THAT(b, IsOk());
+  EXPECT_LE(a->record.predicted_step_s(), b->record.predicted_step_s());
+  EXPECT_GT(a->spec.pipeline().replicas(), 1) << a->record.shape();
+  EXPECT_EQ(b->spec.pipeline().replicas(), 1) << b->record.shape();
+}
+
+pb::StageInfo RingStage(int i) {
+  pb::StageInfo s;
+  s.set_stage_id(absl::StrCat("stage-", i));
+  s.set_address(absl::StrCat("127.0.0.1:", 100 + i));
+  return s;
+}
+
+TEST(CalibrationCacheTest, ARingAsksEveryStageAtOnceAndTakesTheSlowest) {
+  const std::vector<pb::StageInfo> stages = {RingStage(0), RingStage(1), RingStage(2)};
+  absl::Mutex mu;
+  int arrived = 0, calls = 0;
+  std::set<int> ranks;
+  CalibrationCache cache;
+  const auto calibrate = [&](const std::string& address, const pb::CalibrateRequest& request)
+      -> absl::StatusOr<pb::CalibrateResponse> {
+    absl::MutexLock lock(&mu);
+    ++calls;
+    ++arrived;
+    ranks.insert(request.ring().rank());
+    EXPECT_EQ(request.ring().size(), 3);
+    EXPECT_EQ(request.ring().bytes(), uint64_t{4} << 20);
+    EXPECT_EQ(request.ring().calibration_id(), "calibrate-1");
+    EXPECT_EQ(address, stages[request.ring().rank()].address());
+    // A ring only meets when every member is in: wait for all three (in time).
+    const bool met = mu.AwaitWithTimeout(absl::Condition(
+        +[](int* n) { return *n >= 3; }, &arrived), absl::Seconds(20));
+    if (!met) return absl::DeadlineExceededError("the ring never met");
+    pb::CalibrateResponse r;
+    r.set_allreduce_s(request.ring().rank() == 1 ? 0.02 : 0.01);
+    return r;
+  };
+  auto ring = cache.GetRing(stages, uint64_t{4} << 20, "calibrate-1", calibrate);
+  ASSERT_THAT(ring, IsOk());
+  EXPECT_EQ(ranks, (std::set<int>{0, 1, 2}));
+  EXPECT_DOUBLE_EQ(ring->bytes_per_s, RingRateFromTime(4 << 20, 3, 0.02)) << "the slowest";
+  EXPECT_THAT(ring->source, HasSubstr("3 stages"));
+  auto again = cache.GetRing({stages[2], stages[0], stages[1]}, uint64_t{4} << 20,
+                             "calibrate-2", calibrate);
+  ASSERT_THAT(again, IsOk());
+  EXPECT_EQ(calls, 3) << "the same stages and bytes come from the cache";
+}
+
+TEST(CalibrationCacheTest, ARingNamesAFailingStageAndSaysWhenEmulated) {
+  const std::vector<pb::StageInfo> stages = {RingStage(0), RingStage(1)};
+  CalibrationCache cache;
+  bool fail = true;
+  const auto calibrate = [&](const std::string&, const pb::CalibrateRequest& request)
+      -> absl::StatusOr<pb::CalibrateResponse> {
+    if (fail && request.ring().rank() == 1) return absl::UnimplementedError("old stage");
+    pb::CalibrateResponse r;
+    r.set_emulated(true);
+    return r;
+  };
+  EXPECT_THAT(cache.GetRing(stages, 1 << 20, "calibrate-3", calibrate),
+              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("stage-1")));
+  fail = false;
+  auto ring = cache.GetRing(stages, 1 << 20, "calibrate-4", calibrate);
+  ASSERT_THAT(ring, IsOk()) << "a failure was not cached";
+  EXPECT_EQ(ring->bytes_per_s, kFreeCollectiveRate);
+  EXPECT_THAT(ring->source, HasSubstr("emulated stages do not reduce"));
+  EXPECT_THAT(cache.GetRing({stages[0]}, 1 << 20, "calibrate-5", calibrate),
+              StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
 }  // namespace

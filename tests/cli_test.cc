@@ -103,6 +103,41 @@ TEST(CliPlanTest, JsonHasTheFiguresAndTraceIsWritten) {
   EXPECT_FALSE(t["traceEvents"].empty());
 }
 
+TEST(CliPlanTest, AutoRanksTheCandidatesInTextAndJson) {
+  std::string out, err;
+  ASSERT_EQ(Cli({"plan", kJob, "--auto", "--devices", "4"}, &out, &err), kExitOk) << err;
+  EXPECT_THAT(out, HasSubstr("Auto plan: "));
+  EXPECT_THAT(out, HasSubstr("rank  plan"));
+  ASSERT_EQ(Cli({"plan", kJob, "--auto", "--devices", "4", "--json"}, &out, &err), kExitOk)
+      << err;
+  const nlohmann::json j = nlohmann::json::parse(out);  // JSON only
+  const nlohmann::json& a = j["auto"];
+  ASSERT_TRUE(a["candidates"].is_array()) << out;
+  ASSERT_GE(a["candidates"].size(), 2u);
+  EXPECT_LE(a["candidates"].size(), 10u);
+  EXPECT_GT(a["fit"].get<int>(), 1);
+  const nlohmann::json& best = a["candidates"][0];
+  EXPECT_EQ(best["rank"], 1);
+  EXPECT_DOUBLE_EQ(best["vs_best"].get<double>(), 1.0);
+  // The plan printed is the best candidate's.
+  EXPECT_EQ(j["num_stages"], best["stages"]);
+  EXPECT_EQ(j["micro_batches"], best["micro_batches"]);
+  EXPECT_DOUBLE_EQ(j["step_time_s"].get<double>(), best["step_time_s"].get<double>());
+  double previous = 0;
+  for (const nlohmann::json& c : a["candidates"]) {
+    EXPECT_GE(c["step_time_s"].get<double>(), previous) << "ranked by predicted step";
+    previous = c["step_time_s"].get<double>();
+    EXPECT_LE(c["stages"].get<int>() * c["replicas"].get<int>(), 4);
+  }
+}
+
+TEST(CliPlanTest, DevicesWithoutAutoIsRefused) {
+  std::string out, err;
+  EXPECT_EQ(Cli({"plan", kJob, "--devices", "4"}, &out, &err), kExitUsage);
+  EXPECT_THAT(err, HasSubstr("--devices"));
+  EXPECT_THAT(err, HasSubstr("--auto"));
+}
+
 // plan_job.json: K = 4, M = 8, batch 32, no replicas.
 TEST(CliPlanTest, ReplicasShowTheLayoutAndEachStagesAllReduce) {
   std::string out, err;

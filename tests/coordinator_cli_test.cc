@@ -198,6 +198,10 @@ TEST_F(CoordinatorCliTest, AnAutoJobRunsThePlannedShapeAndReportsItsPrediction) 
   const json& a = s["auto_plan"];
   ASSERT_TRUE(a.is_object()) << s.dump();
   EXPECT_THAT(a["cost_source"].get<std::string>(), HasSubstr("calibrated on stage-"));
+  // The 4 cpu stages timed the replicas' all-reduce on a gloo ring among themselves.
+  EXPECT_THAT(a["cost_source"].get<std::string>(),
+              HasSubstr("the replicas' all-reduce at")) << a.dump();
+  EXPECT_THAT(a["cost_source"].get<std::string>(), HasSubstr("(4 stages,"));
   EXPECT_THAT(a["reason"].get<std::string>(), HasSubstr("shortest predicted step"));
   EXPECT_GT(a["predicted_step_s"].get<double>(), 0);
   EXPECT_GT(a["measured_step_s"].get<double>(), 0);

@@ -5,6 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "coordinator/planner/recompute_policy.h"
+#include "coordinator/planner/schedule_registry.h"
+#include "nlohmann/json.hpp"
 
 namespace pipetrain::planner {
 namespace {
@@ -111,6 +114,17 @@ absl::StatusOr<AutoResult> SearchPlans(const PlanOptions& base, const AutoSpace&
   return result;
 }
 
+namespace {
+// The refusals grouped by their kind (the refusal's text before its first colon).
+std::map<std::string, int> RefusalKinds(const AutoResult& result) {
+  std::map<std::string, int> reasons;
+  for (const Candidate& c : result.refused) {
+    reasons[c.why_not.substr(0, c.why_not.find(':'))]++;
+  }
+  return reasons;
+}
+}  // namespace
+
 std::string RenderAutoReport(const AutoResult& result, int top) {
   const Candidate& best = result.best();
   std::string out = absl::StrFormat(
@@ -126,10 +140,7 @@ std::string RenderAutoReport(const AutoResult& result, int top) {
                                           c.bubble, c.peak_memory_bytes / (1 << 20)));
   }
   // Why the rest lost: slower (ranked below), or refused, grouped by the refusal's kind.
-  std::map<std::string, int> reasons;
-  for (const Candidate& c : result.refused) {
-    reasons[c.why_not.substr(0, c.why_not.find(':'))]++;
-  }
+  const std::map<std::string, int> reasons = RefusalKinds(result);
   if (result.ranked.size() > static_cast<size_t>(top)) {
     absl::StrAppend(&out, "  ... ", result.ranked.size() - top, " more fit, all slower\n");
   }
@@ -137,6 +148,36 @@ std::string RenderAutoReport(const AutoResult& result, int top) {
     absl::StrAppend(&out, "  refused: ", n, " (", reason, ")\n");
   }
   return out;
+}
+
+std::string AddAutoReportJson(const std::string& plan_json, const AutoResult& result,
+                              int top) {
+  nlohmann::json j = nlohmann::json::parse(plan_json);
+  nlohmann::json candidates = nlohmann::json::array();
+  const double best = result.best().step_s;
+  for (int i = 0; i < std::min<int>(top, result.ranked.size()); ++i) {
+    const Candidate& c = result.ranked[i];
+    const PlanOptions& o = c.options;
+    candidates.push_back({{"rank", i + 1},
+                          {"shape", DescribeShape(o)},
+                          {"stages", o.stages},
+                          {"replicas", o.replicas},
+                          {"micro_batches", o.micro_batches},
+                          {"schedule", ScheduleName(o.schedule)},
+                          {"chunks", o.chunks},
+                          {"recompute", RecomputeName(o.recompute)},
+                          {"step_time_s", c.step_s},
+                          {"vs_best", c.step_s / best},
+                          {"bubble", c.bubble},
+                          {"peak_memory_bytes", c.peak_memory_bytes}});
+  }
+  nlohmann::json refusals = nlohmann::json::object();
+  for (const auto& [kind, n] : RefusalKinds(result)) refusals[kind] = n;
+  j["auto"] = {{"fit", result.ranked.size()},
+               {"refused", result.refused.size()},
+               {"refusals", refusals},
+               {"candidates", candidates}};
+  return j.dump();
 }
 
 }  // namespace pipetrain::planner

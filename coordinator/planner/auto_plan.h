@@ -51,4 +51,12 @@ absl::StatusOr<AutoResult> SearchPlans(const PlanOptions& base, const AutoSpace&
 // peak memory per stage at most) and why the rest lost.
 std::string RenderAutoReport(const AutoResult& result, int top = 10);
 
+// The same for `pipetrain plan --auto --json`: `plan_json` (PlanJson of the choice) with
+// an "auto" object added: "fit" and "refused" counts, "refusals" (kind: count) and
+// "candidates", the best `top` in rank order, each with rank, shape, stages, replicas,
+// micro_batches, schedule, chunks, recompute, step_time_s, vs_best, bubble and
+// peak_memory_bytes.
+std::string AddAutoReportJson(const std::string& plan_json, const AutoResult& result,
+                              int top = 10);
+
 }  // namespace pipetrain::planner
