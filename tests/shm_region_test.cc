@@ -1,0 +1,186 @@
+// The same-host transport's pieces (issue 32): a shared-memory region made by one end
+// and opened by the other, refusing what it was not told (a wrong nonce, a wrong size,
+// a name not of its form, a region open to others, one already unlinked), and the
+// sender's slot accounting (credits, deadlines, a link that goes while slots are out).
+// The second end runs in a child process where it matters: the region is shared memory.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <thread>
+
+#include "absl/time/clock.h"
+#include "common/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "stage_server/shm_region.h"
+#include "stage_server/shm_slots.h"
+
+namespace pipetrain::stage_server {
+namespace {
+
+using ::pipetrain::testing::IsOk;
+using ::pipetrain::testing::StatusIs;
+using ::testing::HasSubstr;
+
+bool NameExists(const std::string& name) {
+  const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+  if (fd < 0) return false;
+  close(fd);
+  return true;
+}
+
+TEST(ShmRegionTest, TheOtherProcessSeesTheBytesAndTheNameGoes) {
+  auto region = ShmRegion::Create(1 << 20);
+  ASSERT_THAT(region, IsOk());
+  EXPECT_THAT(region->name(), HasSubstr(kShmNamePrefix));
+  struct stat st {};
+  const int fd = shm_open(region->name().c_str(), O_RDONLY, 0);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(fstat(fd, &st), 0);
+  close(fd);
+  EXPECT_EQ(st.st_mode & 0777, 0600u) << "only this user";
+  std::span<std::byte> mine = region->payload();
+  ASSERT_EQ(mine.size(), 1u << 20);
+  for (size_t i = 0; i < mine.size(); ++i) mine[i] = static_cast<std::byte>(i * 7 + 3);
+
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The neighbour: open, check every byte, write its answer at the end, unlink.
+    auto theirs = ShmRegion::Open(region->name(), 1 << 20, region->nonce());
+    if (!theirs.ok()) _exit(10);
+    std::span<std::byte> p = theirs->payload();
+    for (size_t i = 0; i + 1 < p.size(); ++i) {
+      if (p[i] != static_cast<std::byte>(i * 7 + 3)) _exit(11);
+    }
+    p[p.size() - 1] = std::byte{0x5a};
+    if (!theirs->Unlink().ok()) _exit(12);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "10 open, 11 bytes, 12 unlink";
+  EXPECT_EQ(mine[mine.size() - 1], std::byte{0x5a}) << "the child's write is seen here";
+  EXPECT_FALSE(NameExists(region->name())) << "unlinked by the neighbour";
+  EXPECT_THAT(region->Unlink(), IsOk()) << "a second unlink finds it gone and is fine";
+  EXPECT_THAT(ShmRegion::Open(region->name(), 1 << 20, region->nonce()),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr(region->name())))
+      << "no third process can open it any more";
+}
+
+TEST(ShmRegionTest, AWrongNonceOrSizeIsRefused) {
+  auto region = ShmRegion::Create(4096);
+  ASSERT_THAT(region, IsOk());
+  ShmNonce wrong = region->nonce();
+  wrong[15] ^= 1;
+  EXPECT_THAT(ShmRegion::Open(region->name(), 4096, wrong),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("nonce")));
+  EXPECT_THAT(ShmRegion::Open(region->name(), 8192, region->nonce()),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("announced")));
+  EXPECT_THAT(ShmRegion::Open(region->name(), 4096, region->nonce()), IsOk());
+}
+
+TEST(ShmRegionTest, OnlyItsOwnNamesAndModesAreOpened) {
+  for (const std::string bad : {"/etc/passwd", "/pipetrain-../../x", "pipetrain-0123",
+                                "/pipetrain-0123456789ABCDEF0123456789abcdef", ""}) {
+    EXPECT_THAT(ShmRegion::Open(bad, 4096, ShmNonce{}),
+                StatusIs(absl::StatusCode::kInvalidArgument))
+        << bad;
+  }
+  // A region of the right form but open to others: refused before it is mapped.
+  const std::string name = std::string(kShmNamePrefix) + "00112233445566778899aabbccddeeff";
+  shm_unlink(name.c_str());
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(fchmod(fd, 0666), 0);
+  ASSERT_EQ(ftruncate(fd, kShmHeaderBytes + 4096), 0);
+  close(fd);
+  EXPECT_THAT(ShmRegion::Open(name, 4096, ShmNonce{}),
+              StatusIs(absl::StatusCode::kPermissionDenied, HasSubstr("mode 666")));
+  shm_unlink(name.c_str());
+}
+
+TEST(ShmRegionTest, ACreatorWhoseNeighbourNeverCameLeavesNoName) {
+  std::string name;
+  {
+    auto region = ShmRegion::Create(4096);
+    ASSERT_THAT(region, IsOk());
+    name = region->name();
+    ShmRegion moved = *std::move(region);
+    EXPECT_TRUE(NameExists(name));
+    EXPECT_TRUE(moved.creator());
+  }
+  EXPECT_FALSE(NameExists(name));
+  EXPECT_THAT(ShmRegion::Create(0), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(ShmRegionTest, NoncesRoundTripAsHexAndBadHexIsRefused) {
+  auto a = ShmRegion::Create(64);
+  auto b = ShmRegion::Create(64);
+  ASSERT_THAT(a, IsOk());
+  ASSERT_THAT(b, IsOk());
+  EXPECT_NE(a->name(), b->name());
+  EXPECT_NE(ShmNonceHex(a->nonce()), ShmNonceHex(b->nonce())) << "fresh random nonces";
+  auto back = ShmNonceFromHex(ShmNonceHex(a->nonce()));
+  ASSERT_THAT(back, IsOk());
+  EXPECT_EQ(*back, a->nonce());
+  EXPECT_THAT(ShmNonceFromHex("xyz"), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(ShmNonceFromHex(std::string(32, 'G')), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(ShmSlotsTest, SlotsGoOutAndComeBackWithCredits) {
+  ShmSlots slots(4, 1000, "job-1 stage 0 -> 1");
+  EXPECT_EQ(slots.SlotsFor(0), 1);
+  EXPECT_EQ(slots.SlotsFor(1000), 1);
+  EXPECT_EQ(slots.SlotsFor(1001), 2);
+  auto a = slots.Acquire(3, absl::InfiniteFuture());
+  ASSERT_THAT(a, IsOk());
+  EXPECT_EQ(*a, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(slots.free_slots(), 1);
+  ASSERT_THAT(slots.Release(1), IsOk());
+  auto b = slots.Acquire(2, absl::InfiniteFuture());
+  ASSERT_THAT(b, IsOk());
+  EXPECT_EQ(*b, (std::vector<int>{1, 3}));
+  EXPECT_THAT(slots.Release(1), IsOk());
+  EXPECT_THAT(slots.Release(1), StatusIs(absl::StatusCode::kFailedPrecondition,
+                                         HasSubstr("slot 1, which is not in flight")))
+      << "a second credit for one slot";
+  EXPECT_THAT(slots.Release(9), StatusIs(absl::StatusCode::kFailedPrecondition));
+  EXPECT_THAT(slots.Acquire(5, absl::InfiniteFuture()),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
+TEST(ShmSlotsTest, AFullRingWaitsForACreditAndNoLongerThanItsDeadline) {
+  ShmSlots slots(2, 64, "job-1 stage 1 -> 2");
+  ASSERT_THAT(slots.Acquire(2, absl::InfiniteFuture()), IsOk());
+  EXPECT_THAT(slots.Acquire(1, absl::Now() + absl::Milliseconds(50)),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("job-1 stage 1 -> 2")));
+  std::thread credit([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    EXPECT_THAT(slots.Release(0), IsOk());
+  });
+  auto got = slots.Acquire(1, absl::Now() + absl::Seconds(30));
+  credit.join();
+  ASSERT_THAT(got, IsOk());
+  EXPECT_EQ(*got, std::vector<int>{0});
+}
+
+TEST(ShmSlotsTest, ALinkThatGoesFreesEverySlotAndWakesTheWaiters) {
+  ShmSlots slots(2, 64, "job-1 stage 2 -> 3");
+  ASSERT_THAT(slots.Acquire(2, absl::InfiniteFuture()), IsOk());
+  absl::StatusOr<std::vector<int>> waited = absl::UnknownError("not run");
+  std::thread waiter([&] { waited = slots.Acquire(1, absl::Now() + absl::Seconds(30)); });
+  absl::SleepFor(absl::Milliseconds(20));
+  slots.Close("stage 3 lost");
+  waiter.join();
+  EXPECT_THAT(waited, StatusIs(absl::StatusCode::kAborted, HasSubstr("stage 3 lost")));
+  EXPECT_EQ(slots.free_slots(), 2) << "nothing leaked";
+}
+
+}  // namespace
+}  // namespace pipetrain::stage_server
