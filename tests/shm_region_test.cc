@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <random>
 #include <thread>
 
 #include "absl/time/clock.h"
@@ -18,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "stage_server/shm_region.h"
 #include "stage_server/shm_slots.h"
+#include "stage_server/shm_transport.h"
 
 namespace pipetrain::stage_server {
 namespace {
@@ -180,6 +182,94 @@ TEST(ShmSlotsTest, ALinkThatGoesFreesEverySlotAndWakesTheWaiters) {
   waiter.join();
   EXPECT_THAT(waited, StatusIs(absl::StatusCode::kAborted, HasSubstr("stage 3 lost")));
   EXPECT_EQ(slots.free_slots(), 2) << "nothing leaked";
+}
+
+// Both ends of one direction in this process (two mappings of one region): a tensor
+// larger than every slot together goes over in parts, each part's slots credited back
+// as the receiver takes them, and arrives equal through the usual reassembler.
+struct Pair {
+  ShmSender sender;
+  ShmReceiver receiver;
+};
+
+Pair MakePair(ShmLayout layout) {
+  auto region = ShmRegion::Create(layout.payload_bytes());
+  EXPECT_THAT(region, IsOk());
+  auto opened = ShmRegion::Open(region->name(), layout.payload_bytes(), region->nonce());
+  EXPECT_THAT(opened, IsOk());
+  EXPECT_THAT(opened->Unlink(), IsOk());
+  return {ShmSender(*std::move(region), layout, "job-1 stage 0 -> 1"),
+          ShmReceiver(*std::move(opened), layout, "job-1 stage 0 -> 1")};
+}
+
+TEST(ShmTransportTest, ATensorLargerThanTheRingArrivesEqual) {
+  Pair pair = MakePair({.slots = 4, .slot_bytes = 1000});
+  auto tensor = common::Tensor::Create(common::DType::kF32, {3, 1001});  // 12012 bytes
+  ASSERT_THAT(tensor, IsOk());
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal;
+  for (float& x : tensor->data<float>()) x = normal(rng);
+  const common::FrameTag tag{"job-1", 3, 2, 0, common::TensorKind::kActivation};
+  common::TensorReassembler reassembler;
+  std::optional<common::ReceivedTensor> got;
+  int parts = 0;
+  ASSERT_THAT(pair.sender.Send(tag, *tensor, absl::Now() + absl::Seconds(10),
+                               [&](const common::FrameHeader& h, std::span<const int> slots,
+                                   uint64_t bytes) {
+                                 ++parts;
+                                 auto pieces = pair.receiver.Pieces(slots, bytes);
+                                 if (!pieces.ok()) return pieces.status();
+                                 auto r = reassembler.Accept(h, *pieces);
+                                 if (!r.ok()) return r.status();
+                                 if (r->has_value()) got = std::move(**r);
+                                 for (int s : slots) {
+                                   if (absl::Status c = pair.sender.Credit(s); !c.ok()) return c;
+                                 }
+                                 return absl::OkStatus();
+                               }),
+              IsOk());
+  EXPECT_EQ(parts, 4) << "12012 bytes in parts of at most 4 x 1000";
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->tag, tag);
+  EXPECT_EQ(got->tensor.shape(), tensor->shape());
+  ASSERT_EQ(got->tensor.num_bytes(), tensor->num_bytes());
+  EXPECT_EQ(std::memcmp(got->tensor.bytes().data(), tensor->bytes().data(), tensor->num_bytes()), 0);
+  EXPECT_EQ(pair.sender.free_slots(), 4) << "every slot credited back";
+}
+
+TEST(ShmTransportTest, WithoutCreditsTheSenderStopsAtItsDeadline) {
+  Pair pair = MakePair({.slots = 2, .slot_bytes = 64});
+  auto tensor = common::Tensor::Create(common::DType::kF32, {64});  // 256 bytes: 2 parts
+  ASSERT_THAT(tensor, IsOk());
+  int parts = 0;
+  EXPECT_THAT(pair.sender.Send({"job-1", 0, 0, 0, common::TensorKind::kGradient}, *tensor,
+                               absl::Now() + absl::Milliseconds(50),
+                               [&](const common::FrameHeader&, std::span<const int>, uint64_t) {
+                                 ++parts;
+                                 return absl::OkStatus();
+                               }),
+              StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("job-1 stage 0 -> 1")));
+  EXPECT_EQ(parts, 1);
+  pair.sender.Close("stage 1 lost");
+  EXPECT_EQ(pair.sender.free_slots(), 2);
+}
+
+TEST(ShmTransportTest, AReceiverRefusesSlotsItWasNotGiven) {
+  Pair pair = MakePair({.slots = 4, .slot_bytes = 100});
+  const std::vector<int> out_of_range = {4}, twice = {1, 1}, too_few = {0}, none = {};
+  EXPECT_THAT(pair.receiver.Pieces(out_of_range, 10),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("slot 4")));
+  EXPECT_THAT(pair.receiver.Pieces(twice, 150),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("named twice")));
+  EXPECT_THAT(pair.receiver.Pieces(too_few, 150),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("not 2")));
+  EXPECT_THAT(pair.receiver.Pieces(none, 0), StatusIs(absl::StatusCode::kInvalidArgument));
+  auto ok = pair.receiver.Pieces(std::vector<int>{3, 0}, 150);
+  ASSERT_THAT(ok, IsOk());
+  ASSERT_EQ(ok->size(), 2u);
+  EXPECT_EQ((*ok)[0].size(), 100u);
+  EXPECT_EQ((*ok)[1].size(), 50u);
+  EXPECT_EQ((*ok)[0].data(), pair.receiver.region().payload().data() + 300);
 }
 
 }  // namespace
