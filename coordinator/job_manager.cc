@@ -198,17 +198,19 @@ absl::StatusOr<std::string> JobManager::Submit(pb::JobSpec spec) {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("the coordinator is stopping; submit again later");
     RETURN_IF_ERROR(store_->Insert(status));
+    // Counted before the scheduler (waiting on mu_) can give this job its stages: after,
+    // a job that starts at once would read "0 free".
+    const int free = registry_.FreeCount(), k = common::JobStageServers(spec);
     Enqueue(status);
     job = live_[id];
-    // Before the scheduler (waiting on mu_) can start it, so the choice comes first.
+    // Before the scheduler can start it, so the choice comes first.
     if (chosen) {
       for (const std::string& line : chosen->log) LogAs(job.get(), id, line);
     }
-  }
-  const int free = registry_.FreeCount(), k = common::JobStageServers(spec);
-  if (free < k) {
-    Log(job.get(), absl::StrCat("queued: needs ", k, " free stages, ", free, " free of ",
-                                registry_.LiveCount(), " registered"));
+    if (free < k) {
+      LogAs(job.get(), id, absl::StrCat("queued: needs ", k, " free stages, ", free, " free of ",
+                                        registry_.LiveCount(), " registered"));
+    }
   }
   return id;
 }

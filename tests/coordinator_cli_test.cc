@@ -217,6 +217,9 @@ TEST_F(CoordinatorCliTest, AnAutoJobRunsThePlannedShapeAndReportsItsPrediction) 
   ASSERT_TRUE(logs.ok());
   EXPECT_THAT(logs->out, HasSubstr("auto plan: " + a["shape"].get<std::string>()));
   EXPECT_THAT(logs->out, HasSubstr("auto plan: why: "));
+  // Every stage was free at submit: no "queued" line, even when the scheduler gave the
+  // job its stages before the submit had counted them.
+  EXPECT_THAT(logs->out, Not(HasSubstr("queued: needs"))) << logs->out;
 
   spec_["pipeline"] = p;
   const std::string by_hand = SubmitAndFollow(*c_, {});
