@@ -1,7 +1,8 @@
 // The same-host transport's pieces (issue 32): a shared-memory region made by one end
 // and opened by the other, refusing what it was not told (a wrong nonce, a wrong size,
-// a name not of its form, a region open to others, one already unlinked), and the
-// sender's slot accounting (credits, deadlines, a link that goes while slots are out).
+// a name not of its form, a region open to others, one already unlinked), the sender's
+// slot accounting (credits, deadlines, a link that goes while slots are out), a tensor
+// through the slots, and the handshake (offer, echo, unlink; its refusals).
 // The second end runs in a child process where it matters: the region is shared memory.
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -17,6 +18,7 @@
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "stage_server/shm_handshake.h"
 #include "stage_server/shm_region.h"
 #include "stage_server/shm_slots.h"
 #include "stage_server/shm_transport.h"
@@ -26,6 +28,7 @@ namespace {
 
 using ::pipetrain::testing::IsOk;
 using ::pipetrain::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 bool NameExists(const std::string& name) {
@@ -270,6 +273,92 @@ TEST(ShmTransportTest, AReceiverRefusesSlotsItWasNotGiven) {
   EXPECT_EQ((*ok)[0].size(), 100u);
   EXPECT_EQ((*ok)[1].size(), 50u);
   EXPECT_EQ((*ok)[0].data(), pair.receiver.region().payload().data() + 300);
+}
+
+TEST(ShmHandshakeTest, OfferEchoAndConfirmAcrossProcessesLeaveNoName) {
+  auto offered = MakeOffer(LayoutFor(100000));
+  ASSERT_THAT(offered, IsOk());
+  const ShmOffer offer = offered->offer;
+  int echo_pipe[2];
+  ASSERT_EQ(pipe(echo_pipe), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    // The neighbour: accept the offer, send back the echo, wait for the bytes.
+    close(echo_pipe[0]);
+    std::string echo;
+    auto receiver = AcceptOffer(offer, ShmLimits{}, "job-1 stage 0 -> 1", &echo);
+    if (!receiver.ok() || echo.size() != 32) _exit(10);
+    if (write(echo_pipe[1], echo.data(), echo.size()) != 32) _exit(11);
+    close(echo_pipe[1]);
+    const std::byte* p = receiver->region().payload().data();
+    for (int i = 0; i < 2000 && p[0] != std::byte{7}; ++i) usleep(1000);
+    _exit(p[0] == std::byte{7} ? 0 : 12);
+  }
+  close(echo_pipe[1]);
+  char echo[32];
+  ASSERT_EQ(read(echo_pipe[0], echo, sizeof(echo)), 32);
+  close(echo_pipe[0]);
+  auto sender = ConfirmEcho(*std::move(offered), std::string(echo, 32), "job-1 stage 0 -> 1");
+  ASSERT_THAT(sender, IsOk());
+  EXPECT_FALSE(NameExists(offer.name)) << "unlinked once both ends held it";
+  (*sender)->region().payload()[0] = std::byte{7};
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "10 accept, 11 echo, 12 the byte never came";
+}
+
+TEST(ShmHandshakeTest, AWrongEchoKeepsToTcpAndUnlinks) {
+  auto offered = MakeOffer(LayoutFor(4096));
+  ASSERT_THAT(offered, IsOk());
+  const std::string name = offered->offer.name;
+  EXPECT_THAT(ConfirmEcho(*std::move(offered), std::string(32, '0'), "job-1 stage 1 -> 2"),
+              StatusIs(absl::StatusCode::kPermissionDenied,
+                       AllOf(HasSubstr("job-1 stage 1 -> 2"), HasSubstr("another nonce"))));
+  EXPECT_FALSE(NameExists(name));
+}
+
+TEST(ShmHandshakeTest, OffersOutsideTheLimitsOrFromElsewhereAreRefused) {
+  auto offered = MakeOffer({.slots = 4, .slot_bytes = 4096});
+  ASSERT_THAT(offered, IsOk());
+  std::string echo;
+  ShmOffer too_many = offered->offer;
+  too_many.layout.slots = 1000;
+  EXPECT_THAT(AcceptOffer(too_many, ShmLimits{}, "L", &echo),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("1000 slots")));
+  ShmOffer too_big = offered->offer;
+  too_big.layout.slot_bytes = uint64_t{1} << 30;
+  EXPECT_THAT(AcceptOffer(too_big, ShmLimits{}, "L", &echo),
+              StatusIs(absl::StatusCode::kInvalidArgument));
+  ShmOffer bad_nonce = offered->offer;
+  bad_nonce.nonce_hex = "zz";
+  EXPECT_THAT(AcceptOffer(bad_nonce, ShmLimits{}, "L", &echo),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("hex")));
+  ShmOffer wrong_size = offered->offer;
+  wrong_size.layout.slots = 3;
+  EXPECT_THAT(AcceptOffer(wrong_size, ShmLimits{}, "L", &echo),
+              StatusIs(absl::StatusCode::kFailedPrecondition));
+  // Another host's region: its name is not here.
+  ShmOffer elsewhere = offered->offer;
+  elsewhere.name = std::string(kShmNamePrefix) + std::string(32, 'a');
+  EXPECT_THAT(AcceptOffer(elsewhere, ShmLimits{}, "L", &echo),
+              StatusIs(absl::StatusCode::kNotFound));
+  EXPECT_THAT(AcceptOffer(offered->offer, ShmLimits{}, "L", &echo), IsOk());
+  EXPECT_EQ(echo, offered->offer.nonce_hex);
+}
+
+TEST(ShmHandshakeTest, TheLayoutHoldsTwoOfTheLargestTensorsWithinTheLimits) {
+  const ShmLayout small = LayoutFor(1000);
+  EXPECT_EQ(small.slot_bytes, 4096u);
+  EXPECT_EQ(small.slots, 4);
+  const ShmLayout mid = LayoutFor(uint64_t{16} << 20);  // a 16 MiB activation
+  EXPECT_EQ(mid.slot_bytes, uint64_t{4} << 20);
+  EXPECT_EQ(mid.slots, 8);
+  const ShmLayout huge = LayoutFor(uint64_t{8} << 30, ShmLimits{});
+  EXPECT_LE(huge.payload_bytes(), ShmLimits{}.max_region_bytes);
+  EXPECT_LE(huge.slots, ShmLimits{}.max_slots);
+  EXPECT_GE(huge.slots, 1);
 }
 
 }  // namespace
