@@ -27,7 +27,7 @@ struct AutoCosts {
   std::string source;
   // The replicas' all-reduce rate (PlanOptions::collective_bytes_per_s) timed on a ring
   // of the free stages (RingRateFromTime); unset: the links' rate.
-  std::optional<double> collective_bytes_per_s;
+  std::optional<double> collective_bytes_per_s = std::nullopt;
 };
 
 // What a ring calibration all-reduces: the model's gradient bytes (a replicated
