@@ -160,9 +160,9 @@ TEST_F(RingCalibrationTest, EveryMemberTimesTheSameAllReduce) {
   EXPECT_GT(store_.keys("calibrate-7"), 0) << "the ring met through the coordinator's store";
 }
 
-TEST_F(RingCalibrationTest, TheSumsAreRightWhileTimed) {
-  // TimeAllReduce's buffer is refilled each round: after the last, every member holds
-  // R times the pattern, which a broken reduction would not give.
+TEST_F(RingCalibrationTest, OneUntimedCallThenTheTimedOnesOnAPatternNeverZero) {
+  // TimeAllReduce refills its buffer with a non-zero pattern before every call (the sums
+  // of a real ring would otherwise grow without bound); a recording reducer sees it.
   struct Recording : collective::GradientReducer {
     absl::Status AllReduceSum(std::span<float> data, absl::Duration) override {
       ++calls;
