@@ -1,10 +1,11 @@
 // `pipetrain-bench autoplan` (autoplan_bench.h): for each cell of a grid (two models x two
 // stage memories on 4 emulated stages, one model on 2 cpu stages) a cluster, one job with
-// pipeline.schedule "auto" (the coordinator calibrates a stage, times the ring and picks
-// the shape), then a sample of the same search space measured by hand: the 4 plans the
-// planner ranks best, the default plan (1f1b, K = M = the stages, no recompute) and 3
-// others drawn at random. Each plan's measured step is the median of its steps after
-// the first.
+// pipeline.schedule "auto" (the coordinator calibrates a stage, times a transfer and the
+// ring, and picks the shape), then a sample of the same search space measured by hand:
+// the 4 plans the planner ranks best, the default plan (1f1b, K = M = the stages, no
+// recompute) and 3 others drawn at random. "auto" runs first, on the cluster as started:
+// what it knows is what the stages calibrate. Each plan's measured step is the median of
+// its steps after the first.
 #include "bench/autoplan_bench.h"
 
 #include <algorithm>
@@ -150,15 +151,58 @@ std::vector<planner::PlanOptions> Sample(const planner::AutoResult& result, int 
   return out;
 }
 
-}  // namespace
+using Runs = std::vector<std::pair<std::string, double>>;  // shape, measured step
 
-// Runs one cell: the default plan, then "auto", then the rest of the sample; its
-// figures into `result` under the cell's name.
+// The sample by hand, "auto"'s own shape left out.
+absl::StatusOr<Runs> RunSample(testing::LocalCluster& cluster, const ScratchDir& dir,
+                               const Cell& cell, const std::vector<planner::PlanOptions>& sample,
+                               const std::string& auto_shape) {
+  Runs runs;
+  for (const planner::PlanOptions& o : sample) {
+    const std::string shape = planner::DescribeShape(o);
+    if (shape == auto_shape) continue;
+    ASSIGN_OR_RETURN(Measured run, Run(cluster, dir, Spec(cell.model, dir, PipelineOf(o)),
+                                       absl::StrCat(cell.name, "-", runs.size())));
+    runs.push_back({shape, run.step_s});
+  }
+  return runs;
+}
+
+// The cell's figures into `result` under its name.
+void Record(const Cell& cell, const Measured& chosen, const Runs& runs, size_t plans_fit,
+            BenchResult& result) {
+  const json& a = chosen.status["auto_plan"];
+  const std::string auto_shape = a.value("shape", "");
+  const double predicted = a.value("predicted_step_s", 0.0);
+  double best_s = chosen.step_s;
+  double default_s = IsDefault(auto_shape, cell.stages) ? chosen.step_s : 0;
+  std::string best_shape = auto_shape;
+  for (const auto& [shape, step_s] : runs) {
+    std::cerr << absl::StrFormat("autoplan: %s: %-44s %7.1f ms\n", cell.name, shape, step_s * 1e3);
+    if (step_s < best_s) best_s = step_s, best_shape = shape;
+    if (IsDefault(shape, cell.stages)) default_s = step_s;
+  }
+  std::cerr << absl::StrFormat("autoplan: %s: auto %s %7.1f ms (predicted %7.1f)\n", cell.name,
+                               auto_shape, chosen.step_s * 1e3, predicted * 1e3);
+  const std::string& c = cell.name;
+  result.Label(c + "_auto", auto_shape);
+  result.Label(c + "_best_measured", best_shape);
+  result.Label(c + "_costs", a.value("cost_source", ""));
+  result.Add(c + "_plans_fit", static_cast<double>(plans_fit));
+  result.Add(c + "_plans_measured", static_cast<double>(runs.size()) + 1);
+  result.Add(c + "_auto_step_ms", chosen.step_s * 1e3);
+  result.Add(c + "_auto_over_best", chosen.step_s / best_s);
+  if (default_s > 0) result.Add(c + "_default_over_auto", default_s / chosen.step_s);
+  result.Add(c + "_predicted_over_measured", predicted / chosen.step_s);
+}
+
+// Runs one cell: "auto" first, on the fresh cluster (so it plans with what the stages
+// calibrate: a block, a transfer, the ring; no job has measured anything yet), then
+// the sample by hand.
 absl::Status RunCell(const Cell& cell, int index, const ScratchDir& dir,
                      const BenchOptions& options, BenchResult& result) {
-  const ModelCell& m = cell.model;
   ASSIGN_OR_RETURN(const planner::AutoResult search,
-                   Search(Spec(m, dir, {{"schedule", "auto"}}), cell));
+                   Search(Spec(cell.model, dir, {{"schedule", "auto"}}), cell));
   testing::LocalClusterOptions co;
   co.stage_args = {"--device", cell.emulated ? absl::StrCat("emulated:", kFlops) : "cpu",
                    "--threads", "1", "--memory-limit", absl::StrCat(cell.memory)};
@@ -167,50 +211,12 @@ absl::Status RunCell(const Cell& cell, int index, const ScratchDir& dir,
             << search.refused.size() << " refused\n";
   ASSIGN_OR_RETURN(std::unique_ptr<testing::LocalCluster> cluster,
                    testing::LocalCluster::Start(dir.File("state-" + cell.name), cell.stages, co));
-  // The default plan first: a cluster that has run a job lends "auto" the runtime's
-  // measured costs (sends, receives, the wire), as any cluster in use would.
-  const auto is_default = [&](const std::string& shape) { return IsDefault(shape, cell.stages); };
-  std::vector<planner::PlanOptions> sample = Sample(search, cell.stages, 7 + index);
-  std::stable_partition(sample.begin(), sample.end(), [&](const planner::PlanOptions& o) {
-    return is_default(planner::DescribeShape(o));
-  });
-  std::vector<std::pair<std::string, double>> runs;
-  for (size_t i = 0; i < sample.size() && is_default(planner::DescribeShape(sample[i])); ++i) {
-    ASSIGN_OR_RETURN(Measured run, Run(*cluster, dir, Spec(m, dir, PipelineOf(sample[i])),
-                                       cell.name + "-default"));
-    runs.push_back({planner::DescribeShape(sample[i]), run.step_s});
-  }
-  ASSIGN_OR_RETURN(Measured chosen,
-                   Run(*cluster, dir, Spec(m, dir, {{"schedule", "auto"}}), cell.name + "-auto"));
-  const json& a = chosen.status["auto_plan"];
-  const std::string auto_shape = a.value("shape", "");
-  const double predicted = a.value("predicted_step_s", 0.0);
-  for (const planner::PlanOptions& o : sample) {
-    const std::string shape = planner::DescribeShape(o);
-    if (shape == auto_shape || is_default(shape)) continue;
-    ASSIGN_OR_RETURN(Measured run, Run(*cluster, dir, Spec(m, dir, PipelineOf(o)),
-                                       absl::StrCat(cell.name, "-", runs.size())));
-    runs.push_back({shape, run.step_s});
-  }
-  double best_s = chosen.step_s, default_s = is_default(auto_shape) ? chosen.step_s : 0;
-  std::string best_shape = auto_shape;
-  for (const auto& [shape, step_s] : runs) {
-    std::cerr << absl::StrFormat("autoplan: %s: %-44s %7.1f ms\n", cell.name, shape, step_s * 1e3);
-    if (step_s < best_s) best_s = step_s, best_shape = shape;
-    if (is_default(shape)) default_s = step_s;
-  }
-  std::cerr << absl::StrFormat("autoplan: %s: auto %s %7.1f ms (predicted %7.1f)\n", cell.name,
-                               auto_shape, chosen.step_s * 1e3, predicted * 1e3);
-  const std::string& c = cell.name;
-  result.Label(c + "_auto", auto_shape);
-  result.Label(c + "_best_measured", best_shape);
-  result.Label(c + "_costs", a.value("cost_source", ""));
-  result.Add(c + "_plans_fit", static_cast<double>(search.ranked.size()));
-  result.Add(c + "_plans_measured", static_cast<double>(runs.size()) + 1);
-  result.Add(c + "_auto_step_ms", chosen.step_s * 1e3);
-  result.Add(c + "_auto_over_best", chosen.step_s / best_s);
-  if (default_s > 0) result.Add(c + "_default_over_auto", default_s / chosen.step_s);
-  result.Add(c + "_predicted_over_measured", predicted / chosen.step_s);
+  ASSIGN_OR_RETURN(Measured chosen, Run(*cluster, dir, Spec(cell.model, dir, {{"schedule", "auto"}}),
+                                        cell.name + "-auto"));
+  ASSIGN_OR_RETURN(const Runs runs,
+                   RunSample(*cluster, dir, cell, Sample(search, cell.stages, 7 + index),
+                             chosen.status["auto_plan"].value("shape", "")));
+  Record(cell, chosen, runs, search.ranked.size(), result);
   return absl::OkStatus();
 }
 
@@ -233,6 +239,8 @@ absl::StatusOr<std::vector<Cell>> Grid(const ScratchDir& dir) {
   cells.push_back({"narrow_cpu", Models().front(), kRoomy, /*emulated=*/false, kCpuStages});
   return cells;
 }
+
+}  // namespace
 
 absl::StatusOr<BenchResult> RunAutoplanBench(const BenchOptions& options) {
   ASSIGN_OR_RETURN(ScratchDir dir, ScratchDir::Make("autoplan"));

@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "common/model/gpt_config.h"
 #include "common/status_macros.h"
+#include "common/tensor.h"
 #include "coordinator/job_spec.h"
 #include "coordinator/planner/recompute_policy.h"
 #include "coordinator/planner/schedule_registry.h"
@@ -95,6 +96,18 @@ uint64_t RingCalibrationBytes(const pb::JobSpec& spec) {
   const double bytes = std::clamp(planner::GradientBytesPerParam() * params,
                                   static_cast<double>(kMin), static_cast<double>(kMax));
   return static_cast<uint64_t>(bytes) / 4 * 4;
+}
+
+uint64_t TransferCalibrationBytes(const pb::JobSpec& spec, int rows) {
+  constexpr double kMin = 4 << 10, kMax = 64 << 20;
+  absl::StatusOr<planner::PlanOptions> o = planner::OptionsFromJobSpec(WithPlaceholderShape(spec));
+  if (!o.ok()) return static_cast<uint64_t>(kMin);
+  const double wire = static_cast<double>(planner::PrecisionBytesOf(*o).activation_wire) /
+                      static_cast<double>(common::DTypeSize(common::DType::kF32));
+  const double tokens = static_cast<double>(std::max(1, rows)) * o->model.seq_len;
+  // Pipeline layer 1, the first block: every block's output is the same (fp32's bytes).
+  const double bytes = model::CostOfLayer(o->model, 1).output_bytes * wire * tokens;
+  return static_cast<uint64_t>(std::clamp(bytes, kMin, kMax)) / 4 * 4;
 }
 
 double RingRateFromTime(double bytes, int members, double seconds) {

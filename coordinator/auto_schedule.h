@@ -34,6 +34,11 @@ struct AutoCosts {
 // stage's at most), within [1 MiB, 64 MiB], a multiple of 4.
 uint64_t RingCalibrationBytes(const pipetrain::v1::JobSpec& spec);
 
+// What a transfer calibration sends: one micro-batch of `rows` sequences' activations
+// between two blocks on the wire (the precision's dtype), within [4 KiB, 64 MiB], a
+// multiple of 4.
+uint64_t TransferCalibrationBytes(const pipetrain::v1::JobSpec& spec, int rows);
+
 // The rate planner::RingAllReduceSeconds needs to give `seconds` for an all-reduce of
 // `bytes` between `members` copies (the call's fixed latency taken off, at most half
 // of it). A ring that took no time (emulated stages do not reduce): kFreeCollectiveRate.
@@ -46,7 +51,8 @@ struct AutoChoice {
   std::vector<std::string> log;    // lines for the job's log, the choice first
 };
 
-// A calibration times compute alone. The runtime's own costs (what a send and a receive
+// A block's calibration times compute alone; a transfer's (CalibrationCache::GetTransfer)
+// times the wire between two free stages on a fresh cluster. The runtime's own costs (what a send and a receive
 // hold their stage, the wire's seconds per byte) are the cluster's, not the model's: the
 // newest of `recent` jobs (newest first) with measured rates lends them to `costs`,
 // which must hold rates already, and the source says which job. No such job: unchanged.

@@ -116,6 +116,11 @@ class JobManager {
   void TimeRing(const pipetrain::v1::JobSpec& spec,
                 const std::vector<pipetrain::v1::StageInfo>& idle, StageConnector& connector,
                 AutoCosts& costs);
+  // ... and one transfer from the first free stage to the second, into `costs`' rates
+  // (the links' rate, said in its source, when it fails).
+  void TimeTransfer(const pipetrain::v1::JobSpec& spec,
+                    const std::vector<pipetrain::v1::StageInfo>& idle, StageConnector& connector,
+                    AutoCosts& costs);
   // `stored_logs`: the job's log lines already in the store (one queued by a previous
   // coordinator); 0 for a new job.
   void Enqueue(pipetrain::v1::JobStatus status, size_t stored_logs = 0)

@@ -3,7 +3,9 @@
 // coordinator/auto_schedule.h's and the cache coordinator/stage_calibration.h's.
 #include <atomic>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/logging.h"
 #include "coordinator/grpc_stage_connector.h"
 #include "coordinator/job_manager.h"
@@ -39,6 +41,30 @@ void JobManager::TimeRing(const pb::JobSpec& spec, const std::vector<pb::StageIn
   }
 }
 
+void JobManager::TimeTransfer(const pb::JobSpec& spec, const std::vector<pb::StageInfo>& idle,
+                              StageConnector& connector, AutoCosts& costs) {
+  static std::atomic<int64_t> next{1};
+  absl::BitGen gen;
+  const std::string secret = absl::StrFormat("%016x%016x", absl::Uniform<uint64_t>(gen),
+                                             absl::Uniform<uint64_t>(gen));
+  const uint64_t bytes =
+      TransferCalibrationBytes(spec, CalibrationRows(spec, static_cast<int>(idle.size())));
+  absl::StatusOr<CalibrationCache::TransferCost> t = calibrations_.GetTransfer(
+      idle[0], idle[1], bytes, absl::StrCat("calibrate-link-", next++), secret,
+      [&](const std::string& address, const pb::CalibrateRequest& request) {
+        return connector.Connect(address)->Calibrate(request, kCalibrationDeadline);
+      });
+  if (t.ok() && t->transfer_s_per_byte > 0) {
+    costs.rates->transfer_s_per_byte = t->transfer_s_per_byte;
+    costs.rates->send_busy_s = t->send_busy_s;
+    absl::StrAppend(&costs.source, "; ", t->source);
+    return;
+  }
+  const std::string why = t.ok() ? "the transfer took no time" : std::string(t.status().message());
+  absl::StrAppend(&costs.source, "; transfers at the links' rate (", why, ")");
+  common::LogWarning("coordinator", absl::StrCat("auto plan: ", why));
+}
+
 absl::StatusOr<AutoChoice> JobManager::PlanAuto(const pb::JobSpec& spec) {
   std::vector<pb::StageInfo> idle, live;
   for (const pb::StageInfo& s : registry_.Snapshot()) {
@@ -62,6 +88,7 @@ absl::StatusOr<AutoChoice> JobManager::PlanAuto(const pb::JobSpec& spec) {
         });
     if (calibrated.ok()) {
       costs = *std::move(calibrated);
+      if (idle.size() > 1) TimeTransfer(spec, idle, *connector, costs);
       if (idle.size() > 1 && spec.training().batch_size() > 1) TimeRing(spec, idle, *connector, costs);
       // The runtime's costs from the newest job that measured them on this cluster.
       if (absl::StatusOr<std::vector<pb::JobStatus>> recent = store_->List(kRecentJobs);

@@ -113,4 +113,49 @@ absl::StatusOr<CalibrationCache::RingCost> CalibrationCache::GetRing(
   return cost;
 }
 
+absl::StatusOr<CalibrationCache::TransferCost> CalibrationCache::GetTransfer(
+    const pb::StageInfo& sender, const pb::StageInfo& receiver, uint64_t bytes,
+    const std::string& calibration_id, const std::string& secret, const Calibrate& calibrate) {
+  const std::string key = absl::StrCat(bytes, "|", sender.stage_id(), "@", sender.address(), "|",
+                                       receiver.stage_id(), "@", receiver.address());
+  {
+    absl::MutexLock lock(&mu_);
+    if (auto it = transfers_.find(key); it != transfers_.end()) return it->second;
+  }
+  const pb::StageInfo* ends[2] = {&sender, &receiver};
+  std::vector<absl::StatusOr<pb::CalibrateResponse>> answers(2, absl::UnknownError("not asked"));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 2; ++i) {
+    threads.emplace_back([&, i] {
+      pb::CalibrateRequest request;
+      request.set_repetitions(kTransferRepetitions);
+      pb::TransferCalibration& t = *request.mutable_transfer();
+      t.set_calibration_id(calibration_id);
+      t.set_peer_secret(secret);
+      t.set_send(i == 0);
+      if (i == 0) t.set_peer_address(receiver.address());
+      t.set_bytes(bytes);
+      answers[i] = calibrate(ends[i]->address(), request);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < 2; ++i) {
+    if (!answers[i].ok()) {
+      return absl::Status(answers[i].status().code(),
+                          absl::StrCat("timing a transfer from ", sender.stage_id(), " to ",
+                                       receiver.stage_id(), ": ", ends[i]->stage_id(), " (",
+                                       ends[i]->address(), "): ", answers[i].status().message()));
+    }
+  }
+  TransferCost cost{answers[0]->transfer_s_per_byte(), answers[0]->send_busy_s(), ""};
+  cost.source = absl::StrFormat(
+      "transfers at %.3g GB/s and sends holding their stage %.3g ms (%.3g MiB from %s to %s)",
+      cost.transfer_s_per_byte > 0 ? 1e-9 / cost.transfer_s_per_byte : 0.0,
+      cost.send_busy_s * 1e3, static_cast<double>(bytes) / (1 << 20), sender.stage_id(),
+      receiver.stage_id());
+  absl::MutexLock lock(&mu_);
+  transfers_[key] = cost;
+  return cost;
+}
+
 }  // namespace pipetrain::coordinator

@@ -1,7 +1,9 @@
 // The costs "auto" plans with (coordinator/auto_schedule.h): a stage's calibration
 // (Stage.Calibrate: a few passes of one block of the job's model on its device),
 // cached per model shape, precision, micro-batch rows and device, so that the next job
-// of the same model on the same kind of stage plans at once. The gRPC call is the
+// of the same model on the same kind of stage plans at once; the replicas' all-reduce
+// on a ring of the free stages and one transfer between two of them, cached per stages
+// and bytes. The gRPC call is the
 // caller's; this holds the cache, the key and the translation.
 #pragma once
 
@@ -19,8 +21,10 @@
 
 namespace pipetrain::coordinator {
 
-// Rounds a calibration times after its warm-up.
-inline constexpr int kCalibrationRepetitions = 3;
+// Rounds a calibration times after its warm-up: a block's and the ring's; a transfer of
+// one micro-batch takes well under a block's time, and more rounds steady its median.
+inline constexpr int kCalibrationRepetitions = 5;
+inline constexpr int kTransferRepetitions = 11;
 
 class CalibrationCache {
  public:
@@ -47,10 +51,26 @@ class CalibrationCache {
                                    uint64_t bytes, const std::string& calibration_id,
                                    const Calibrate& calibrate);
 
+  // The pipeline's transfer costs on the link from `sender` to `receiver`: both asked at
+  // once (`calibrate` from two threads) to time tensors of `bytes` under the link id
+  // `calibration_id` and `secret`. Cached per pair and bytes; a failure is not cached
+  // and names the stage.
+  struct TransferCost {
+    double transfer_s_per_byte = 0;
+    double send_busy_s = 0;
+    std::string source;  // for AutoCosts::source
+  };
+  absl::StatusOr<TransferCost> GetTransfer(const pipetrain::v1::StageInfo& sender,
+                                           const pipetrain::v1::StageInfo& receiver,
+                                           uint64_t bytes, const std::string& calibration_id,
+                                           const std::string& secret,
+                                           const Calibrate& calibrate);
+
  private:
   absl::Mutex mu_;
   std::map<std::string, AutoCosts> cache_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, RingCost> rings_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, TransferCost> transfers_ ABSL_GUARDED_BY(mu_);
 };
 
 // The cache's key: the model's fields, the precision, the rows and the device's kind,

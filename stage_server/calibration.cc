@@ -12,17 +12,6 @@
 namespace pipetrain::stage_server {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double Since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-double MedianOf(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // A (rows, T, C) activation in `dtype` (f32 or bf16) of N(0, scale^2) values: never zeros.
 absl::StatusOr<common::Tensor> RandomActivation(common::DType dtype, int rows, int T, int C,
                                                 double scale, std::mt19937_64& rng) {
@@ -50,22 +39,22 @@ absl::StatusOr<RoundSeconds> Round(ChunkCompute& chunk, const model::GptConfig& 
                    RandomActivation(dtype, rows, config.seq_len, config.d_model, 1e-3, rng));
   RoundSeconds s;
   RETURN_IF_ERROR(chunk.ZeroGrads());
-  auto start = Clock::now();
+  auto start = CalibrationClock::now();
   RETURN_IF_ERROR(chunk.Forward(0, common::PiecewiseTensor::View(x), nullptr).status());
-  s.forward = Since(start);
+  s.forward = SecondsSince(start);
   const common::PiecewiseTensor grad = common::PiecewiseTensor::View(dy);
-  start = Clock::now();
+  start = CalibrationClock::now();
   RETURN_IF_ERROR(chunk.BackwardInput(0, &grad, 1.0f).status());
-  s.backward_input = Since(start);
-  start = Clock::now();
+  s.backward_input = SecondsSince(start);
+  start = CalibrationClock::now();
   RETURN_IF_ERROR(chunk.BackwardWeight(0));
-  s.backward_weight = Since(start);
+  s.backward_weight = SecondsSince(start);
   // A learning rate of 0 leaves the weights as they were; AdamW's work is the same.
   compute::OptimizerSettings adam;
   adam.lr = 0.0f;
-  start = Clock::now();
+  start = CalibrationClock::now();
   RETURN_IF_ERROR(chunk.OptimizerStep(adam, std::nullopt));
-  s.optimizer = Since(start);
+  s.optimizer = SecondsSince(start);
   return s;
 }
 
@@ -116,11 +105,20 @@ absl::StatusOr<double> TimeAllReduce(collective::GradientReducer& reducer, uint6
   for (int r = 0; r <= repetitions; ++r) {
     // The sums grow with every call; refill so that they stay finite and never zero.
     for (size_t i = 0; i < data.size(); ++i) data[i] = 1.0f + static_cast<float>(i % 7);
-    const Clock::time_point start = Clock::now();
+    const CalibrationClock::time_point start = CalibrationClock::now();
     RETURN_IF_ERROR(reducer.AllReduceSum(data, deadline));
-    if (r > 0) seconds.push_back(Since(start));  // the first warms the connections
+    if (r > 0) seconds.push_back(SecondsSince(start));  // the first warms the connections
   }
   return MedianOf(std::move(seconds));
+}
+
+double SecondsSince(CalibrationClock::time_point start) {
+  return std::chrono::duration<double>(CalibrationClock::now() - start).count();
+}
+
+double MedianOf(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
 }
 
 }  // namespace pipetrain::stage_server

@@ -5,8 +5,10 @@
 // action kind (model::CostOfLayer's FLOPs) and seconds per parameter of AdamW.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -24,6 +26,12 @@ struct CalibrationResult {
   double optimizer_s_per_param = 0;
   int repetitions = 0;  // timed rounds each median was taken over
 };
+
+// What every calibration times with: the steady clock, and the median of its rounds
+// (non-empty; of an even count, the upper middle).
+using CalibrationClock = std::chrono::steady_clock;
+double SecondsSince(CalibrationClock::time_point start);
+double MedianOf(std::vector<double> values);
 
 // The pipeline layer a calibration times: the first transformer block (pipeline layer 1;
 // 0 is the embedding). Every block of a model costs the same.

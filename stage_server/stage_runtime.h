@@ -18,6 +18,7 @@
 #include "common/rpc_security.h"
 #include "common/schedule/stage_program.h"
 #include "stage_server/calibration.h"
+#include "stage_server/link_calibration.h"
 #include "stage_server/collective/gradient_reducer.h"
 #include "stage_server/backend_chunk.h"
 #include "stage_server/compute/backend.h"
@@ -140,6 +141,22 @@ class StageRuntime {
     bool emulated = false;
   };
   absl::StatusOr<RingTime> CalibrateRing(const RingCalibration& ring);
+  // One link between this stage and another the coordinator calls at once
+  // (link_calibration.h), not holding this stage's step: the receiver expects the
+  // sender's stream under transfer.calibration_id and answers; the sender connects to
+  // peer_address (again while the receiver does not expect it yet) and times. The
+  // receiver answers zeros. InvalidArgument for bytes or repetitions out of range or no
+  // id, secret or (sender) address; the link's errors in time.
+  struct TransferCalibration {
+    std::string calibration_id;
+    std::string peer_secret;
+    bool send = false;
+    std::string peer_address;
+    uint64_t bytes = 0;
+    int repetitions = 0;
+    absl::Duration deadline = absl::Seconds(30);  // for the link and every answer
+  };
+  absl::StatusOr<LinkTimes> CalibrateTransfer(const TransferCalibration& transfer);
   bool configured() const;
   // The configured job, without waiting for a running step (heartbeats use it).
   std::string current_job_id() const;

@@ -1,13 +1,18 @@
 // StageRuntime::Calibrate: the stage's own calibration for the coordinator's automatic
 // planner (stage_server/calibration.h), on the device a job of that model would use.
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/byte_format.h"
+#include "common/channel_args.h"
+#include "grpcpp/create_channel.h"
 #include "common/status_macros.h"
 #include "stage_server/backend_chunk.h"
 #include "stage_server/collective/gradient_reducer.h"
 #include "stage_server/compute/cpu_backend.h"
 #include "stage_server/compute/cuda_backend.h"
 #include "stage_server/emulated_chunk.h"
+#include "stage_server/link_calibration.h"
 #include "stage_server/stage_runtime.h"
 
 namespace pipetrain::stage_server {
@@ -15,6 +20,40 @@ namespace pipetrain::stage_server {
 namespace {
 // Every member's connecting and each all-reduce: the coordinator calls them together.
 constexpr absl::Duration kRingDeadline = absl::Seconds(30);
+// The sender may call before the receiver expects it, and asks again this often.
+constexpr absl::Duration kLinkRetry = absl::Milliseconds(20);
+
+PeerLinkOptions CalibrationLinkOptions(const StageRuntime::TransferCalibration& t) {
+  PeerLinkOptions o;
+  o.job_id = t.calibration_id;
+  o.local_stage = t.send ? 0 : 1;
+  o.peer_stage = t.send ? 1 : 0;
+  o.peer_address = t.send ? t.peer_address : "the calibrating sender";
+  o.limits.max_tensor_bytes = std::max<uint64_t>(t.bytes, sizeof(float));
+  return o;
+}
+
+// The sender's link, pinged: a receiver that does not expect it yet refuses the stream
+// (NOT_FOUND, or a write that did not go through when the refusal came first), so any
+// failure but a wrong secret is asked again until the deadline.
+absl::StatusOr<std::unique_ptr<PeerLink>> ConnectCalibrationLink(
+    const StageRuntime::TransferCalibration& t, const common::RpcSecurity& security,
+    absl::Time deadline) {
+  auto channel = grpc::CreateCustomChannel(t.peer_address, security.ChannelCredentials(),
+                                           common::ChannelArgumentsFor(common::ChannelUse::kPeerLink));
+  for (;;) {
+    ASSIGN_OR_RETURN(std::unique_ptr<PeerLink> link,
+                     ConnectPeerLink(channel, CalibrationLinkOptions(t), t.peer_secret, deadline));
+    absl::Status ping = PingLink(*link, t.calibration_id, deadline);
+    if (ping.ok()) return link;
+    if (ping.code() == absl::StatusCode::kPermissionDenied ||
+        absl::Now() + kLinkRetry >= deadline) {
+      return ping;
+    }
+    link.reset();
+    absl::SleepFor(kLinkRetry);
+  }
+}
 }  // namespace
 
 absl::StatusOr<CalibrationResult> StageRuntime::Calibrate(const model::GptConfig& config,
@@ -83,6 +122,31 @@ absl::StatusOr<StageRuntime::RingTime> StageRuntime::CalibrateRing(const RingCal
   ASSIGN_OR_RETURN(const double seconds,
                    TimeAllReduce(*reducer, ring.bytes, ring.repetitions, kRingDeadline));
   return RingTime{seconds, false};
+}
+
+absl::StatusOr<LinkTimes> StageRuntime::CalibrateTransfer(const TransferCalibration& t) {
+  if (t.bytes == 0 || t.bytes % sizeof(float) != 0 || t.bytes > kMaxRingCalibrationBytes ||
+      t.repetitions < 1 || t.repetitions > kMaxCalibrationRepetitions ||
+      t.calibration_id.empty() || t.peer_secret.empty() || (t.send && t.peer_address.empty())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "calibrate transfer ", t.calibration_id, ": bytes (", t.bytes,
+        ") must be a multiple of 4 in [4, ", kMaxRingCalibrationBytes, "], repetitions (",
+        t.repetitions, ") in [1, ", kMaxCalibrationRepetitions,
+        "], and the calibration id, the peer secret and (a sender's) peer address given"));
+  }
+  const absl::Time deadline = absl::Now() + t.deadline;
+  if (t.send) {
+    ASSIGN_OR_RETURN(std::unique_ptr<PeerLink> link,
+                     ConnectCalibrationLink(t, options_.security, deadline));
+    return TimeLink(*link, t.calibration_id, t.bytes, t.repetitions, deadline);
+  }
+  acceptor_.Expect(CalibrationLinkOptions(t), t.peer_secret);
+  absl::StatusOr<std::unique_ptr<PeerLink>> link =
+      acceptor_.WaitForPeer(t.calibration_id, /*peer_stage=*/0, deadline);
+  acceptor_.Forget(t.calibration_id);
+  if (!link.ok()) return link.status();
+  RETURN_IF_ERROR(AnswerLink(**link, t.calibration_id, t.repetitions, deadline));
+  return LinkTimes{};
 }
 
 }  // namespace pipetrain::stage_server

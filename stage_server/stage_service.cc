@@ -398,12 +398,27 @@ grpc::Status StageService::CalibrateRing(const pb::CalibrateRequest& request,
   return grpc::Status::OK;
 }
 
+grpc::Status StageService::CalibrateTransfer(const pb::CalibrateRequest& request,
+                                             pb::CalibrateResponse& response) {
+  const pb::TransferCalibration& t = request.transfer();
+  absl::StatusOr<LinkTimes> times = runtime_->CalibrateTransfer(
+      {.calibration_id = t.calibration_id(), .peer_secret = t.peer_secret(), .send = t.send(),
+       .peer_address = t.peer_address(), .bytes = t.bytes(),
+       .repetitions = request.repetitions()});
+  if (!times.ok()) return common::ToGrpcStatus(times.status());
+  response.set_transfer_s_per_byte(times->transfer_s_per_byte);
+  response.set_send_busy_s(times->send_busy_s);
+  response.set_repetitions(request.repetitions());
+  return grpc::Status::OK;
+}
+
 grpc::Status StageService::Calibrate(grpc::ServerContext* context,
                                      const pb::CalibrateRequest* request,
                                      pb::CalibrateResponse* response) {
   return common::GuardHandler("Stage.Calibrate", [&]() -> grpc::Status {
     if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
     if (request->has_ring()) return CalibrateRing(*request, *response);
+    if (request->has_transfer()) return CalibrateTransfer(*request, *response);
     absl::StatusOr<model::GptConfig> config = model::ConfigFromProto(request->model());
     if (!config.ok()) return common::ToGrpcStatus(common::ErrorContext("calibrate").Wrap(config.status()));
     absl::StatusOr<model::Precision> precision =

@@ -55,9 +55,12 @@ class StageService final
 
  private:
   grpc::Status Authorize(const grpc::ServerContext& context) const;
-  // Calibrate with a ring: the replicas' all-reduce instead of a block.
+  // Calibrate with a ring (the replicas' all-reduce) or a transfer (one link) instead of
+  // a block.
   grpc::Status CalibrateRing(const pipetrain::v1::CalibrateRequest& request,
                              pipetrain::v1::CalibrateResponse& response);
+  grpc::Status CalibrateTransfer(const pipetrain::v1::CalibrateRequest& request,
+                                 pipetrain::v1::CalibrateResponse& response);
 
   StageRuntime* runtime_;
   grpc::Server* server_ = nullptr;

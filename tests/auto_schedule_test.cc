@@ -313,5 +313,65 @@ TEST(CalibrationCacheTest, ARingNamesAFailingStageAndSaysWhenEmulated) {
               StatusIs(absl::StatusCode::kInvalidArgument));
 }
 
+TEST(AutoScheduleTest, ATransferCalibrationSendsOneMicroBatchsActivations) {
+  pb::JobSpec spec = AutoSpec();  // seq 64 x d_model 64, fp32
+  EXPECT_EQ(TransferCalibrationBytes(spec, 2), 2u * 64 * 64 * 4);
+  EXPECT_EQ(TransferCalibrationBytes(spec, 8), 8u * 64 * 64 * 4);
+  spec.mutable_training()->set_precision("bf16");
+  EXPECT_EQ(TransferCalibrationBytes(spec, 8), 8u * 64 * 64 * 2) << "the wire's dtype";
+  EXPECT_EQ(TransferCalibrationBytes(spec, 0), 64u * 64 * 2) << "at least one row";
+  spec.mutable_model()->set_d_model(8);
+  EXPECT_EQ(TransferCalibrationBytes(spec, 1), 4096u) << "at least 4 KiB (the row is 1 KiB)";
+  spec.mutable_model()->set_d_model(4096);
+  spec.mutable_model()->set_seq_len(4096);
+  EXPECT_EQ(TransferCalibrationBytes(spec, 64), uint64_t{64} << 20) << "at most 64 MiB";
+}
+
+TEST(CalibrationCacheTest, ATransferAsksBothEndsAtOnceAndKeepsTheSendersFigures) {
+  const pb::StageInfo sender = RingStage(0), receiver = RingStage(1);
+  absl::Mutex mu;
+  int arrived = 0, calls = 0;
+  bool fail = true;
+  CalibrationCache cache;
+  const auto calibrate = [&](const std::string& address, const pb::CalibrateRequest& request)
+      -> absl::StatusOr<pb::CalibrateResponse> {
+    const pb::TransferCalibration& t = request.transfer();
+    absl::MutexLock lock(&mu);
+    ++calls;
+    ++arrived;
+    EXPECT_EQ(address, t.send() ? sender.address() : receiver.address());
+    EXPECT_EQ(t.peer_address(), t.send() ? receiver.address() : "");
+    EXPECT_EQ(t.calibration_id(), "calibrate-link-1");
+    EXPECT_EQ(t.peer_secret(), "secret");
+    EXPECT_EQ(t.bytes(), 1u << 20);
+    // The sender's link only starts once the receiver expects it: both must be in.
+    const bool met = mu.AwaitWithTimeout(absl::Condition(
+        +[](int* n) { return *n >= 2; }, &arrived), absl::Seconds(20));
+    if (!met) return absl::DeadlineExceededError("the other end never came");
+    if (fail && !t.send()) return absl::UnavailableError("receiver gone");
+    pb::CalibrateResponse r;
+    if (t.send()) {
+      r.set_transfer_s_per_byte(1e-9);
+      r.set_send_busy_s(2e-4);
+    }
+    return r;
+  };
+  EXPECT_THAT(cache.GetTransfer(sender, receiver, 1 << 20, "calibrate-link-1", "secret",
+                                calibrate),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("stage-1")));
+  fail = false;
+  arrived = 0;
+  auto t = cache.GetTransfer(sender, receiver, 1 << 20, "calibrate-link-1", "secret", calibrate);
+  ASSERT_THAT(t, IsOk()) << "a failure was not cached";
+  EXPECT_DOUBLE_EQ(t->transfer_s_per_byte, 1e-9);
+  EXPECT_DOUBLE_EQ(t->send_busy_s, 2e-4);
+  EXPECT_THAT(t->source, HasSubstr("1 GB/s"));
+  EXPECT_THAT(t->source, HasSubstr("from stage-0 to stage-1"));
+  auto again = cache.GetTransfer(sender, receiver, 1 << 20, "calibrate-link-2", "other",
+                                 calibrate);
+  ASSERT_THAT(again, IsOk());
+  EXPECT_EQ(calls, 4) << "the same pair and bytes come from the cache";
+}
+
 }  // namespace
 }  // namespace pipetrain::coordinator

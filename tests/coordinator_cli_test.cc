@@ -185,10 +185,11 @@ TEST_F(CoordinatorCliTest, AScheduleFileRunsAndAFaultyOneIsRefusedAtSubmit) {
   spec_ = saved;
 }
 
-// pipeline.schedule "auto": the coordinator calibrates a free stage, plans the shape on
-// the 4 free stages, runs it, logs the choice and its reason, and status shows the
-// prediction next to the measured step; the same shape named by hand gives the same
-// losses, bit for bit. A spec that sets part of the shape too is refused at submit.
+// pipeline.schedule "auto": the coordinator calibrates the free stages (a block, the
+// ring, a transfer), plans the shape on the 4 of them, runs it, logs the choice and its
+// reason, and status shows the prediction next to the measured step; the same shape
+// named by hand gives the same losses, bit for bit. A spec that sets part of the shape
+// too is refused at submit.
 TEST_F(CoordinatorCliTest, AnAutoJobRunsThePlannedShapeAndReportsItsPrediction) {
   const json saved = spec_;
   spec_["pipeline"] = {{"schedule", "auto"}};
@@ -202,6 +203,9 @@ TEST_F(CoordinatorCliTest, AnAutoJobRunsThePlannedShapeAndReportsItsPrediction) 
   EXPECT_THAT(a["cost_source"].get<std::string>(),
               HasSubstr("the replicas' all-reduce at")) << a.dump();
   EXPECT_THAT(a["cost_source"].get<std::string>(), HasSubstr("(4 stages,"));
+  // Two of them timed a transfer between them over a real peer link.
+  EXPECT_THAT(a["cost_source"].get<std::string>(), HasSubstr("transfers at ")) << a.dump();
+  EXPECT_THAT(a["cost_source"].get<std::string>(), HasSubstr(" to stage-")) << a.dump();
   EXPECT_THAT(a["reason"].get<std::string>(), HasSubstr("shortest predicted step"));
   EXPECT_GT(a["predicted_step_s"].get<double>(), 0);
   EXPECT_GT(a["measured_step_s"].get<double>(), 0);
