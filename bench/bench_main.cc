@@ -1,4 +1,6 @@
 // pipetrain-bench NAME [--json]: runs one benchmark and prints its figures.
+#include <unistd.h>
+
 #include <iostream>
 
 #include "absl/strings/str_format.h"
@@ -17,13 +19,13 @@ int main(int argc, char** argv) {
   if (argc > 1 && std::string(argv[1]) == "--allreduce-worker") {
     return bench::RunAllreduceWorker(argc, argv);
   }
-  bool help = false, version = false, json = false, list = false;
+  bool help = false, version = false, json = false, list = false, same_host = false;
   int64_t reps = 0;
   std::string precision = "fp32", tokenizer = "gpt2", model = "gpt2";
   common::SecurityFlags security_flags;
   common::FlagSet flags("pipetrain-bench",
                         "NAME [--json] [--repetitions N] [--precision fp32|bf16] "
-                        "[--tokenizer gpt2|llama3] [--model gpt2|llama] | --list",
+                        "[--tokenizer gpt2|llama3] [--model gpt2|llama] [--same-host] | --list",
                         "Runs benchmark NAME and prints its figures. Each benchmark "
                         "measures its own\nbaseline in the same run; ratios are what to "
                         "compare across machines.");
@@ -37,6 +39,8 @@ int main(int argc, char** argv) {
   flags.AddString("model", &model,
                   "gpt2 or llama: the model compute trains (llama: Llama-3.2-1B's proportions "
                   "at the GPT-2 model's size)");
+  flags.AddBool("same-host", &same_host,
+                "link: also the same-host path (shared memory), against one memcpy of the bytes");
   common::AddSecurityFlags(flags, &security_flags, "");  // link: mutual TLS instead of plaintext
   flags.AddBool("list", &list, "list the benchmarks and exit");
   flags.AddBool("help", &help, "print this help and exit");
@@ -73,7 +77,16 @@ int main(int argc, char** argv) {
   const std::string& name = (*positionals)[0];
   for (const auto& b : bench::AllBenchmarks()) {
     if (b.name != name) continue;
-    auto result = b.run({static_cast<int>(reps), *security, *named, tokenizer, model});
+    // --json prints JSON only: whatever the run writes to stdout (a server's "listening
+    // on" line) goes to stderr instead.
+    const int json_fd = json ? dup(STDOUT_FILENO) : -1;
+    if (json_fd >= 0) dup2(STDERR_FILENO, STDOUT_FILENO);
+    auto result = b.run({static_cast<int>(reps), *security, *named, tokenizer, model, same_host});
+    if (json_fd >= 0) {
+      std::cout.flush();
+      dup2(json_fd, STDOUT_FILENO);
+      close(json_fd);
+    }
     if (!result.ok()) {
       std::cerr << "pipetrain-bench " << name << ": " << result.status() << "\n";
       return 1;

@@ -23,6 +23,8 @@ struct BenchOptions {
   std::string tokenizer = "gpt2";
   // --model: the model compute trains (gpt2 or llama).
   std::string model = "gpt2";
+  // --same-host: link also measures the same-host path (shared memory) and a memcpy.
+  bool same_host = false;
 };
 
 struct BenchResult {

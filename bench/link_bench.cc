@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -26,6 +27,7 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr size_t kTensorBytes = size_t{16} << 20;
 constexpr int kTensorsPerRep = 16;
+constexpr char kSameHostJob[] = "bench-same-host";
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -84,7 +86,8 @@ absl::StatusOr<double> RawTcpOnce(const std::vector<char>& src, std::vector<char
 // `landing`, each received tensor is also copied into it (warm memory, as a stage
 // copies an activation into its compute buffer); without, the rep ends when the
 // receiver holds every tensor (in the network's buffers).
-absl::StatusOr<double> LinkOnce(stage_server::PeerLink& up, stage_server::PeerLink& down,
+absl::StatusOr<double> LinkOnce(const std::string& job, stage_server::PeerLink& up,
+                                stage_server::PeerLink& down,
                                 std::shared_ptr<const common::Tensor> tensor, uint64_t step,
                                 std::vector<std::byte>* landing) {
   up.BeginStep(step);
@@ -92,16 +95,61 @@ absl::StatusOr<double> LinkOnce(stage_server::PeerLink& up, stage_server::PeerLi
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   const auto start = Clock::now();
   for (uint32_t mb = 0; mb < kTensorsPerRep; ++mb) {
-    RETURN_IF_ERROR(up.Send({"bench", step, mb, 0, common::TensorKind::kActivation}, tensor,
+    RETURN_IF_ERROR(up.Send({job, step, mb, 0, common::TensorKind::kActivation}, tensor,
                             deadline));
   }
   for (uint32_t mb = 0; mb < kTensorsPerRep; ++mb) {
     ASSIGN_OR_RETURN(common::PiecewiseTensor t,
-                     down.Receive({"bench", step, mb, 0, common::TensorKind::kActivation},
+                     down.Receive({job, step, mb, 0, common::TensorKind::kActivation},
                                   deadline));
     if (landing) t.CopyTo(*landing);
   }
   return Seconds(start, Clock::now());
+}
+
+// One memcpy of kTensorsPerRep tensors' bytes into warm memory: the same-host path's
+// ceiling.
+double MemcpyOnce(const std::vector<char>& src, std::vector<char>& dst) {
+  const auto start = Clock::now();
+  for (int i = 0; i < kTensorsPerRep; ++i) std::memcpy(dst.data(), src.data(), src.size());
+  return Seconds(start, Clock::now());
+}
+
+struct LinkPair {
+  std::unique_ptr<stage_server::PeerLink> up, down;
+};
+
+// A link from stage 0 to stage 1 (this process's server) for job `job`; with
+// `same_host`, once the upstream end's offer is answered.
+absl::StatusOr<LinkPair> Connect(stage_server::LinkAcceptor& acceptor, const std::string& address,
+                                 const std::string& job, bool same_host,
+                                 const BenchOptions& options) {
+  stage_server::PeerLinkOptions opts;
+  opts.job_id = job;
+  opts.local_stage = 1;
+  opts.peer_stage = 0;
+  opts.same_host = same_host;
+  opts.limits.max_tensor_bytes = kTensorBytes;
+  acceptor.Expect(opts, "s");
+  opts.local_stage = 0;
+  opts.peer_stage = 1;
+  opts.peer_address = address;
+  auto channel = grpc::CreateCustomChannel(address, options.security.ChannelCredentials(),
+                                           common::ChannelArgumentsFor(common::ChannelUse::kPeerLink));
+  LinkPair pair;
+  ASSIGN_OR_RETURN(pair.up, stage_server::ConnectPeerLink(channel, opts, "s",
+                                                          absl::Now() + absl::Seconds(10)));
+  ASSIGN_OR_RETURN(pair.down, acceptor.WaitForPeer(job, 0, absl::Now() + absl::Seconds(10)));
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (same_host && pair.up->sending_path().find("not answered") != std::string::npos &&
+         absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  if (same_host && pair.up->sending_path().find("shared memory") != 0) {
+    return absl::UnavailableError(absl::StrCat("link bench: the same-host path was not taken: ",
+                                               pair.up->sending_path()));
+  }
+  return pair;
 }
 
 }  // namespace
@@ -127,40 +175,47 @@ absl::StatusOr<BenchResult> RunLinkBench(const BenchOptions& options) {
   ASSIGN_OR_RETURN(common::RunningServer server,
                    common::StartServer(builder, {"127.0.0.1", 0}, "bench-stage",
                                        options.security));
-  stage_server::PeerLinkOptions opts;
-  opts.job_id = "bench";
-  opts.local_stage = 1;
-  opts.peer_stage = 0;
-  acceptor.Expect(opts, "s");
-  opts.local_stage = 0;
-  opts.peer_stage = 1;
-  opts.peer_address = server.address.ToString();
-  auto channel =
-      grpc::CreateCustomChannel(server.address.ToString(), options.security.ChannelCredentials(),
-                                common::ChannelArgumentsFor(common::ChannelUse::kPeerLink));
-  ASSIGN_OR_RETURN(auto up, stage_server::ConnectPeerLink(channel, opts, "s",
-                                                          absl::Now() + absl::Seconds(10)));
-  ASSIGN_OR_RETURN(auto down, acceptor.WaitForPeer("bench", 0, absl::Now() + absl::Seconds(10)));
+  const std::string address = server.address.ToString();
+  ASSIGN_OR_RETURN(LinkPair tcp, Connect(acceptor, address, "bench", false, options));
+  std::optional<LinkPair> shm;
+  if (options.same_host) {
+    ASSIGN_OR_RETURN(shm, Connect(acceptor, address, kSameHostJob, true, options));
+  }
+  stage_server::PeerLink& up = *tcp.up;
+  stage_server::PeerLink& down = *tcp.down;
 
   std::vector<std::byte> landing(kTensorBytes, std::byte{0});
   // Warm-up: fills malloc's free lists and the connection's windows.
-  RETURN_IF_ERROR(LinkOnce(*up, *down, tensor, 0, &landing).status());
+  RETURN_IF_ERROR(LinkOnce("bench", up, down, tensor, 0, &landing).status());
   RETURN_IF_ERROR(RawTcpOnce(src, dst).status());
-  std::vector<double> t_tcp, t_link, t_landed;
+  if (shm) RETURN_IF_ERROR(LinkOnce(kSameHostJob, *shm->up, *shm->down, tensor, 0, &landing).status());
+  std::vector<double> t_tcp, t_link, t_landed, t_memcpy, t_shm, t_shm_landed;
   uint64_t step = 1;
-  for (int r = 0; r < reps; ++r) {  // interleaved, so noise hits all three alike
+  for (int r = 0; r < reps; ++r) {  // interleaved, so noise hits them all alike
     ASSIGN_OR_RETURN(double tcp, RawTcpOnce(src, dst));
-    ASSIGN_OR_RETURN(double link, LinkOnce(*up, *down, tensor, step++, nullptr));
-    ASSIGN_OR_RETURN(double landed, LinkOnce(*up, *down, tensor, step++, &landing));
+    ASSIGN_OR_RETURN(double link, LinkOnce("bench", up, down, tensor, step, nullptr));
+    ASSIGN_OR_RETURN(double landed, LinkOnce("bench", up, down, tensor, step + 1, &landing));
     t_tcp.push_back(tcp);
     t_link.push_back(link);
     t_landed.push_back(landed);
+    if (shm) {
+      t_memcpy.push_back(MemcpyOnce(src, dst));
+      ASSIGN_OR_RETURN(double same, LinkOnce(kSameHostJob, *shm->up, *shm->down, tensor, step, nullptr));
+      ASSIGN_OR_RETURN(double same_landed,
+                       LinkOnce(kSameHostJob, *shm->up, *shm->down, tensor, step + 1, &landing));
+      t_shm.push_back(same);
+      t_shm_landed.push_back(same_landed);
+    }
+    step += 2;
   }
   if (std::memcmp(landing.data(), src.data(), kTensorBytes) != 0) {
     return absl::DataLossError("the bytes received through the peer link differ from those sent");
   }
-  up->Close();
-  down->Close();
+  for (LinkPair* pair : {&tcp, shm ? &*shm : nullptr}) {
+    if (pair == nullptr) continue;
+    pair->up->Close();
+    pair->down->Close();
+  }
   server.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
 
   const double gb = static_cast<double>(kTensorBytes) * kTensorsPerRep / 1e9;
@@ -177,6 +232,19 @@ absl::StatusOr<BenchResult> RunLinkBench(const BenchOptions& options) {
   // staging does with every received tensor).
   result.Add("peer_link_copied_out_gb_per_s", gb / landed_s);
   result.Add("peer_link_copied_out_over_raw_tcp", tcp_s / landed_s);
+  if (shm) {
+    // --same-host: the same link through shared memory (both ends in this process; the
+    // protocol is the one two stage processes on a host use), against one memcpy.
+    const double memcpy_s = Median(t_memcpy), shm_s = Median(t_shm);
+    const double shm_landed_s = Median(t_shm_landed);
+    result.Label("same_host_path", shm->up->sending_path());
+    result.Add("memcpy_gb_per_s", gb / memcpy_s);
+    result.Add("same_host_gb_per_s", gb / shm_s);
+    result.Add("same_host_over_memcpy", memcpy_s / shm_s);
+    result.Add("same_host_over_peer_link", link_s / shm_s);
+    result.Add("same_host_copied_out_gb_per_s", gb / shm_landed_s);
+    result.Add("same_host_copied_out_over_memcpy", memcpy_s / shm_landed_s);
+  }
   return result;
 }
 

@@ -13,6 +13,8 @@ namespace {
 // Protobuf wire types and the field numbers used here.
 constexpr int kVarint = 0, kFixed64 = 1, kLengthDelimited = 2, kFixed32 = 5;
 constexpr int kExchangeHelloField = 1, kExchangeFrameField = 2, kFramePayloadField = 10;
+// ExchangeMessage.shm_offer .. shm_credit.
+constexpr int kExchangeFirstControlField = 3, kExchangeLastControlField = 6;
 
 void AppendVarint(std::string* out, uint64_t v) {
   while (v >= 0x80) {
@@ -151,8 +153,9 @@ absl::StatusOr<ParsedExchange> ParseExchange(
     auto tag = c.ReadVarint("ExchangeMessage tag");
     if (!tag.ok()) return tag.status();
     const int field = static_cast<int>(*tag >> 3), wire_type = static_cast<int>(*tag & 7);
+    const bool control = field >= kExchangeFirstControlField && field <= kExchangeLastControlField;
     if (wire_type != kLengthDelimited ||
-        (field != kExchangeHelloField && field != kExchangeFrameField)) {
+        (field != kExchangeHelloField && field != kExchangeFrameField && !control)) {
       // Unknown fields are skipped, as protobuf parsers do.
       if (absl::Status s = TakeValue(c, wire_type, "ExchangeMessage", nullptr); !s.ok()) return s;
       continue;
@@ -161,6 +164,17 @@ absl::StatusOr<ParsedExchange> ParseExchange(
     if (!len.ok()) return len.status();
     const size_t end = c.position() + *len;
     have_body = true;
+    if (control) {
+      std::string bytes;
+      AppendVarint(&bytes, *tag);
+      AppendVarint(&bytes, *len);
+      if (absl::Status s = c.Take(*len, "same-host message", nullptr, &bytes); !s.ok()) return s;
+      out.kind = ParsedExchange::Kind::kControl;
+      if (!out.control.ParseFromString(bytes)) {
+        return absl::InvalidArgumentError("a same-host message is not a valid ExchangeMessage");
+      }
+      continue;
+    }
     if (field == kExchangeHelloField) {
       std::string bytes;
       if (absl::Status s = c.Take(*len, "hello", nullptr, &bytes); !s.ok()) return s;

@@ -25,9 +25,12 @@ std::string EncodeFramePrefix(const common::FrameView& frame);
 std::string EncodeHello(const pipetrain::v1::PeerHello& hello);
 
 struct ParsedExchange {
-  enum class Kind { kHello, kFrame };
+  // kControl: the same-host transport's messages (offer, answer, frame, credit), small
+  // and parsed whole by protobuf into `control`.
+  enum class Kind { kHello, kFrame, kControl };
   Kind kind = Kind::kFrame;
   pipetrain::v1::PeerHello hello;                       // kHello
+  pipetrain::v1::ExchangeMessage control;               // kControl
   common::FrameHeader header;                           // kFrame
   std::vector<std::span<const std::byte>> payload;      // kFrame: views into the input
 };

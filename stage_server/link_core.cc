@@ -31,11 +31,37 @@ std::string DescribeWanted(const FrameTag& tag) {
 // them must not wait for it to finish.
 thread_local int tls_io_calls = 0;
 
+// What a link keeps of warm buffers for tensors copied out of shared memory.
+constexpr size_t kShmPoolBytes = size_t{256} << 20;
+
 }  // namespace
 
 LinkCore::LinkCore(PeerLinkOptions options)
-    : options_(std::move(options)), reassembler_(options_.limits) {
+    : options_(std::move(options)),
+      shm_pool_(std::make_shared<common::BufferPool>(kShmPoolBytes)),
+      reassembler_(options_.limits, shm_pool_.get()) {
+  ConfigureShm();
   starter_ = std::thread([this] { StartWrites(); });
+}
+
+void LinkCore::ConfigureShm() {
+  shm_.Configure({.enabled = options_.same_host,
+                  .link = PeerName(),
+                  .largest_tensor_bytes = options_.limits.max_tensor_bytes,
+                  .limits = {}});
+}
+
+void LinkCore::SendMessage(const std::string& bytes) {
+  grpc::Slice slice(bytes);
+  SendRaw(grpc::ByteBuffer(&slice, 1));
+}
+
+void LinkCore::StartSameHost() {
+  if (std::optional<std::string> offer = shm_.Offer()) {
+    SendMessage(*offer);  // the answer's handling logs the path
+  } else {
+    common::LogInfo("link", absl::StrCat("to ", PeerName(), ": sending on ", shm_.sending_path()));
+  }
 }
 
 LinkCore::~LinkCore() {
@@ -66,7 +92,8 @@ void LinkCore::StartWrites() {
 
 void LinkCore::SetOptions(PeerLinkOptions options) {
   options_ = std::move(options);
-  reassembler_ = common::TensorReassembler(options_.limits);
+  reassembler_ = common::TensorReassembler(options_.limits, shm_pool_.get());
+  ConfigureShm();
 }
 
 std::string LinkCore::PeerName() const {
@@ -129,6 +156,7 @@ void LinkCore::RequestShutdown(const grpc::Status& status, bool cancel) {
 
 void LinkCore::FailLocked(absl::Status status) {
   if (status_.ok()) status_ = std::move(status);
+  shm_.Close(std::string(status_.message()));  // sends waiting for slots fail too
   // Frames not yet written will never be: let their tensors go.
   queue_.clear();
   queued_bytes_ = 0;
@@ -150,6 +178,12 @@ void LinkCore::SendRaw(grpc::ByteBuffer buffer) {
 
 absl::Status LinkCore::Send(const FrameTag& tag, std::shared_ptr<const Tensor> tensor,
                             absl::Time deadline) {
+  if (ShmSender* shm = shm_.sender()) {
+    absl::Status sent = SendShm(*shm, tag, *tensor, deadline);
+    absl::MutexLock lock(&mu_);
+    // A link that failed says why, not the slots it closed.
+    return sent.ok() || status_.ok() ? sent : status_;
+  }
   ASSIGN_OR_RETURN(common::TensorEncoder encoder,
                    common::TensorEncoder::Create(tag, *tensor, options_.frame_bytes));
   std::vector<Outgoing> frames;
@@ -168,12 +202,30 @@ absl::Status LinkCore::Send(const FrameTag& tag, std::shared_ptr<const Tensor> t
     }
     frames.push_back({grpc::ByteBuffer(slices, n), f.payload.size()});
   }
+  return Enqueue(std::move(frames), tensor->num_bytes(), tag, deadline);
+}
 
+absl::Status LinkCore::SendShm(ShmSender& shm, const FrameTag& tag, const Tensor& tensor,
+                               absl::Time deadline) {
+  return shm.Send(tag, tensor, deadline,
+                  [&](const common::FrameHeader& header, std::span<const int> slots,
+                      uint64_t bytes) -> absl::Status {
+                    grpc::Slice slice(LinkShm::FrameMessage(header, slots, bytes));
+                    std::vector<Outgoing> one;
+                    one.push_back({grpc::ByteBuffer(&slice, 1), 0});
+                    RETURN_IF_ERROR(Enqueue(std::move(one), 0, tag, deadline));
+                    absl::MutexLock lock(&mu_);
+                    bytes_sent_ += bytes;
+                    return absl::OkStatus();
+                  });
+}
+
+absl::Status LinkCore::Enqueue(std::vector<Outgoing> frames, size_t bytes, const FrameTag& tag,
+                               absl::Time deadline) {
   {
     absl::MutexLock lock(&mu_);
-    const size_t bytes = tensor->num_bytes();
     auto has_room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return !status_.ok() || closing_ || queued_bytes_ == 0 ||
+      return !status_.ok() || closing_ || bytes == 0 || queued_bytes_ == 0 ||
              queued_bytes_ + bytes <= options_.max_queued_bytes;
     };
     if (!mu_.AwaitWithDeadline(absl::Condition(&has_room), deadline)) {
@@ -197,15 +249,11 @@ absl::Status LinkCore::Send(const FrameTag& tag, std::shared_ptr<const Tensor> t
 
 void LinkCore::OnWriteDone(bool ok) {
   const grpc::ByteBuffer* next = nullptr;
-  {
-    absl::MutexLock lock(&mu_);
-    if (!ok) {
-      FailLocked(absl::UnavailableError(
-          absl::StrCat("link to ", PeerName(), " broke: a write did not go through")));
-    }
-  }
   if (!ok) {
-    RequestShutdown(grpc::Status::OK, /*cancel=*/true);
+    // The stream is over for writing (the peer finished it or went away), and no write
+    // follows (writing_ stays set). The read that is always pending ends too, and the
+    // call's final status, which says why (a refused frame, a wrong secret), fails the
+    // link in OnDone: a failure of its own here would hide that reason.
     return;
   }
   {
@@ -238,10 +286,57 @@ absl::Status LinkCore::HandleMessage(grpc::ByteBuffer* buffer) {
     pieces.emplace_back(reinterpret_cast<const std::byte*>(s.begin()), s.size());
   }
   ASSIGN_OR_RETURN(ParsedExchange msg, ParseExchange(pieces));
+  if (msg.kind == ParsedExchange::Kind::kControl) return HandleControl(msg.control);
   if (msg.kind != ParsedExchange::Kind::kFrame) {
     return absl::InvalidArgumentError("a second hello arrived on an established link");
   }
-  const FrameTag& tag = msg.header.tag;
+  RETURN_IF_ERROR(CheckTag(msg.header.tag));
+  ASSIGN_OR_RETURN(std::optional<common::ReceivedPieces> done,
+                   reassembler_.AcceptPieces(msg.header, msg.payload, std::move(slices)));
+  uint64_t bytes = 0;
+  for (const auto& p : msg.payload) bytes += p.size();
+  if (!done.has_value()) return Deliver(std::nullopt, bytes);
+  return Deliver(std::make_pair(done->tag, std::move(done->tensor)), bytes);
+}
+
+absl::Status LinkCore::HandleControl(const pipetrain::v1::ExchangeMessage& message) {
+  if (!message.has_shm_frame()) {
+    ASSIGN_OR_RETURN(std::optional<std::string> reply, shm_.OnControl(message));
+    if (reply) SendMessage(*reply);
+    if (message.has_shm_offer()) {
+      common::LogInfo("link", absl::StrCat("from ", PeerName(), ": receiving on ",
+                                           shm_.receiving_path()));
+    } else if (message.has_shm_answer()) {
+      common::LogInfo("link", absl::StrCat("to ", PeerName(), ": sending on ",
+                                           shm_.sending_path()));
+    }
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(LinkShm::Part part, shm_.OnFrame(message.shm_frame()));
+  RETURN_IF_ERROR(CheckTag(part.header.tag));
+  // The bytes are copied out of the slots here (or refused): they go back either way.
+  absl::StatusOr<std::optional<common::ReceivedTensor>> done =
+      reassembler_.Accept(part.header, part.pieces);
+  SendMessage(LinkShm::CreditMessage(part.slots));
+  if (!done.ok()) return done.status();
+  if (!done->has_value()) return Deliver(std::nullopt, message.shm_frame().bytes());
+  ASSIGN_OR_RETURN(common::PiecewiseTensor tensor, Pooled(std::move((*done)->tensor)));
+  return Deliver(std::make_pair((*done)->tag, std::move(tensor)), message.shm_frame().bytes());
+}
+
+absl::StatusOr<common::PiecewiseTensor> LinkCore::Pooled(Tensor tensor) {
+  auto* owned = new Tensor(std::move(tensor));
+  std::shared_ptr<const void> owner(owned, [pool = shm_pool_](Tensor* t) {
+    pool->Release(t->ReleaseBuffer());
+    delete t;
+  });
+  std::vector<common::PiecewiseTensor::Piece> pieces;
+  if (owned->num_bytes() > 0) pieces.push_back(owned->bytes());
+  return common::PiecewiseTensor::FromPieces(owned->dtype(), owned->shape(), std::move(pieces),
+                                             {std::move(owner)});
+}
+
+absl::Status LinkCore::CheckTag(const FrameTag& tag) {
   if (tag.job_id != options_.job_id) {
     return absl::InvalidArgumentError(absl::StrCat("frame of job '", tag.job_id,
                                                    "' on the link of job '", options_.job_id,
@@ -265,28 +360,27 @@ absl::Status LinkCore::HandleMessage(grpc::ByteBuffer* buffer) {
                                                    common::TensorKindName(want), "s", to_chunk,
                                                    " (field kind)"));
   }
-  {
-    absl::MutexLock lock(&mu_);
-    // A neighbour may start a step before this stage does, so later steps are kept;
-    // an earlier one is stale.
-    if (tag.step < min_step_) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(common::DescribeTag(tag), ": stale, this stage is at step ",
-                       min_step_, " (field step)"));
-    }
-  }
-  ASSIGN_OR_RETURN(std::optional<common::ReceivedPieces> done,
-                   reassembler_.AcceptPieces(msg.header, msg.payload, std::move(slices)));
   absl::MutexLock lock(&mu_);
-  for (const auto& p : msg.payload) bytes_received_ += p.size();
-  if (done.has_value()) {
-    const Key key = KeyOf(done->tag);
-    if (mailbox_.count(key)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(common::DescribeTag(done->tag), " arrived twice"));
-    }
-    mailbox_.emplace(key, std::move(done->tensor));
+  // A neighbour may start a step before this stage does, so later steps are kept;
+  // an earlier one is stale.
+  if (tag.step < min_step_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        common::DescribeTag(tag), ": stale, this stage is at step ", min_step_, " (field step)"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status LinkCore::Deliver(std::optional<std::pair<FrameTag, common::PiecewiseTensor>> done,
+                               uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  bytes_received_ += bytes;
+  if (!done.has_value()) return absl::OkStatus();
+  const Key key = KeyOf(done->first);
+  if (mailbox_.count(key)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(common::DescribeTag(done->first), " arrived twice"));
+  }
+  mailbox_.emplace(key, std::move(done->second));
   return absl::OkStatus();
 }
 
@@ -402,6 +496,7 @@ void LinkCore::Close() {
     if (closing_) return;
     closing_ = true;
   }
+  shm_.Close(absl::StrCat("link to ", PeerName(), " is closed"));
   RequestShutdown(grpc::Status::OK, /*cancel=*/true);
   std::shared_ptr<void> owner;
   {

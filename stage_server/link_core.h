@@ -12,16 +12,21 @@
 #include <map>
 #include <memory>
 #include <thread>
+#include <optional>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/buffer_pool.h"
 #include "common/piecewise_tensor.h"
 #include "common/tensor.h"
 #include "common/tensor_codec.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/status.h"
+#include "stage_server/link_shm.h"
 #include "stage_server/peer_link.h"
 
 namespace pipetrain::stage_server {
@@ -55,6 +60,13 @@ class LinkCore {
 
   // Queues raw bytes (the client's hello) ahead of any frame.
   void SendRaw(grpc::ByteBuffer buffer);
+  // Offers the peer a shared-memory region for this end's tensors (options().same_host;
+  // after the client's hello, or once the server admitted the stream); until the peer
+  // accepts, and for good if it refuses, tensors go on the stream.
+  void StartSameHost();
+  // Each direction's path, as the log says it: "shared memory (...)" or "tcp (why)".
+  std::string sending_path() { return shm_.sending_path(); }
+  std::string receiving_path() { return shm_.receiving_path(); }
 
   // PeerLink's API.
   void BeginStep(uint64_t step);
@@ -85,6 +97,26 @@ class LinkCore {
   // Marks the stream broken with `status` (the first cause wins) and wakes waiters.
   void FailLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status HandleMessage(grpc::ByteBuffer* buffer);
+  // A same-host message: the peer's part in the region, or the handshake's and
+  // credits (LinkShm).
+  absl::Status HandleControl(const pipetrain::v1::ExchangeMessage& message);
+  // A received frame's tag: this job, a kind this link carries to that chunk, not stale.
+  absl::Status CheckTag(const common::FrameTag& tag);
+  // A finished tensor into the mailbox; `bytes` more were received.
+  absl::Status Deliver(std::optional<std::pair<common::FrameTag, common::PiecewiseTensor>> done,
+                       uint64_t bytes);
+  // Queues `frames` (`bytes` of tensor payload) once the queue has room, or fails.
+  absl::Status Enqueue(std::vector<Outgoing> frames, size_t bytes, const common::FrameTag& tag,
+                       absl::Time deadline);
+  // A tensor through the region's slots; the stream carries only the parts' headers.
+  absl::Status SendShm(ShmSender& shm, const common::FrameTag& tag, const common::Tensor& tensor,
+                       absl::Time deadline);
+  void SendMessage(const std::string& bytes);
+  // A tensor copied out of shared memory, whose buffer goes back to shm_pool_ when the
+  // last piece of it is dropped.
+  absl::StatusOr<common::PiecewiseTensor> Pooled(common::Tensor tensor);
+  // Points the same-host transport at options_ (the link's name, limits, the flag).
+  void ConfigureShm();
   // Runs f(io) outside the lock unless the link is closing; false if it did not run.
   template <typename F>
   bool CallIo(F f);
@@ -96,7 +128,10 @@ class LinkCore {
 
   PeerLinkOptions options_;
   std::shared_ptr<void> keep_alive_;  // released once the call is done
+  // Warm buffers for tensors copied out of shared memory, back here when dropped.
+  std::shared_ptr<common::BufferPool> shm_pool_;
   common::TensorReassembler reassembler_;  // used only by the read reaction
+  LinkShm shm_;                            // thread-safe on its own
 
   mutable absl::Mutex mu_;
   Io* io_ ABSL_GUARDED_BY(mu_) = nullptr;

@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
   common::KeepFreedMemoryForReuse();
 
   std::string listen = "127.0.0.1:0", device = "cpu", coordinator, advertise, health_listen,
-      fail_at;
+      fail_at, same_host = "auto";
   int64_t threads = 1, memory_limit = 0;
   double stop_grace = 30;
   bool help = false, version = false;
@@ -110,6 +110,11 @@ int main(int argc, char** argv) {
   flags.AddInt("memory-limit", &memory_limit,
                "refuse jobs whose weights and optimizer state exceed this many bytes (0: no limit)",
                "BYTES");
+  flags.AddString("same-host-transport", &same_host,
+                  "auto: a neighbour on this host gets this stage's tensors through shared "
+                  "memory (the stream carries only their headers), checked by a nonce and "
+                  "falling back to the stream on any failure; off: always the stream",
+                  "auto|off");
   flags.AddString("fail-at", &fail_at,
                   "testing aid: kill this process (SIGKILL) at POINT (forward, backward, "
                   "optimizer, snapshot or checkpoint) of step STEP of job JOB when it is that "
@@ -134,6 +139,10 @@ int main(int argc, char** argv) {
   }
   if (parse_status.ok() && (threads < 1 || memory_limit < 0)) {
     parse_status = absl::InvalidArgumentError("--threads must be >= 1 and --memory-limit >= 0");
+  }
+  if (parse_status.ok() && same_host != "auto" && same_host != "off") {
+    parse_status = absl::InvalidArgumentError(
+        absl::StrCat("--same-host-transport must be auto or off, not '", same_host, "'"));
   }
   if (parse_status.ok() && !(stop_grace >= 0 && stop_grace <= 86400)) {
     parse_status = absl::InvalidArgumentError("--stop-grace must be between 0 and 86400 seconds");
@@ -213,6 +222,7 @@ int main(int argc, char** argv) {
   options.memory_limit_bytes = static_cast<uint64_t>(memory_limit);
   options.security = *security;
   options.faults = faults;
+  options.same_host_transport = same_host == "auto";
   // Replicas of a stage position meet through the coordinator and connect to each other
   // (gloo) on the host the others reach this stage at.
   options.coordinator_address = coordinator;

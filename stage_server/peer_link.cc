@@ -99,6 +99,7 @@ class ServerEndpoint final : public grpc::ServerBidiReactor<grpc::ByteBuffer, gr
     }
     admitted_ = true;
     core_->Attach(this);
+    core_->StartSameHost();
     ServerBidiReactor::StartRead(&read_buffer_);
   }
   void OnWriteDone(bool ok) override { core_->OnWriteDone(ok); }
@@ -156,6 +157,8 @@ absl::StatusOr<common::PiecewiseTensor> PeerLink::Receive(const common::FrameTag
 absl::Status PeerLink::Flush(absl::Time deadline) { return core_->Flush(deadline); }
 void PeerLink::Close() { core_->Close(); }
 absl::Status PeerLink::status() const { return core_->status(); }
+std::string PeerLink::sending_path() const { return core_->sending_path(); }
+std::string PeerLink::receiving_path() const { return core_->receiving_path(); }
 uint64_t PeerLink::bytes_sent() const { return core_->bytes_sent(); }
 uint64_t PeerLink::bytes_received() const { return core_->bytes_received(); }
 
@@ -182,6 +185,7 @@ absl::StatusOr<std::unique_ptr<PeerLink>> ConnectPeerLink(
   hello.set_peer_secret(peer_secret);
   link->endpoint->Start(*link->stub);
   core->SendRaw(ToByteBuffer(EncodeHello(hello)));
+  core->StartSameHost();
   return std::make_unique<PeerLink>(core);
 }
 

@@ -41,6 +41,10 @@ struct PeerLinkOptions {
   // kind this link carries to it, in place of receive_kind (kUnspecified: nothing): with
   // the V placement one link carries activations to one chunk and gradients to another.
   std::vector<common::TensorKind> receive_kinds;
+  // pipetrain-stage --same-host-transport auto: offer the peer a shared-memory region
+  // for this end's tensors and accept its offer (stage_server/link_shm.h); either end
+  // off, another host or any failure keeps that direction on the stream.
+  bool same_host = false;
 };
 
 class LinkCore;
@@ -69,6 +73,10 @@ class PeerLink final : public TensorChannel {
   void Close();
 
   absl::Status status() const;  // OK while the stream is healthy
+  // Each direction's path: "shared memory (N slots of S)" or "tcp (why)"; this end's
+  // offer may still await its answer ("tcp (shared memory offered, not answered yet)").
+  std::string sending_path() const;
+  std::string receiving_path() const;
   uint64_t bytes_sent() const override;
   uint64_t bytes_received() const override;
 

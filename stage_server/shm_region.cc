@@ -115,9 +115,16 @@ absl::StatusOr<ShmRegion> ShmRegion::Create(uint64_t payload_bytes) {
   r.creator_ = true;  // from here on the destructor unlinks the name
   const uint64_t total = kShmHeaderBytes + payload_bytes;
   absl::StatusOr<std::byte*> base = absl::UnavailableError("not mapped");
+  // The pages are reserved now: a tmpfs too small for them (a container's 64 MiB
+  // /dev/shm) refuses here, instead of a SIGBUS on the first write past its end.
+  int reserved = 0;
   if (ftruncate(fd, static_cast<off_t>(total)) != 0) {
     base = absl::UnavailableError(absl::StrCat("shared-memory region ", r.name_, " of ", total,
                                                " bytes: ", Errno("ftruncate")));
+  } else if ((reserved = posix_fallocate(fd, 0, static_cast<off_t>(total))) != 0) {
+    base = absl::ResourceExhaustedError(absl::StrCat(
+        "shared-memory region ", r.name_, " of ", total, " bytes: posix_fallocate: ",
+        std::strerror(reserved), " (/dev/shm too small? the link keeps to TCP)"));
   } else {
     base = Map(fd, total, r.name_);
   }

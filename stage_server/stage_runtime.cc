@@ -81,7 +81,7 @@ absl::Status StageRuntime::EnsureLinks(Job& job) {
         grpc::CreateCustomChannel(c.downstream_address, options_.security.ChannelCredentials(),
                                   common::ChannelArgumentsFor(common::ChannelUse::kPeerLink));
     ASSIGN_OR_RETURN(job.next,
-                     ConnectPeerLink(channel, DownstreamLinkOptions(c), c.peer_secret, deadline));
+                     ConnectPeerLink(channel, WithTransport(DownstreamLinkOptions(c)), c.peer_secret, deadline));
   }
   if (job.links.prev && job.prev == nullptr) {
     ASSIGN_OR_RETURN(job.prev, acceptor_.WaitForPeer(c.job_id, UpstreamLinkOptions(c).peer_stage,
@@ -193,7 +193,7 @@ absl::Status StageRuntime::ReconnectLinks(Job& job, uint64_t step) {
   if (job.next && !job.next->status().ok()) DropLink(job.next);
   if (job.prev && !job.prev->status().ok()) {
     DropLink(job.prev);
-    acceptor_.Expect(UpstreamLinkOptions(job.config), job.config.peer_secret);
+    acceptor_.Expect(WithTransport(UpstreamLinkOptions(job.config)), job.config.peer_secret);
   }
   return StepContext(job.config, step).Wrap(EnsureLinks(job));
 }

@@ -46,6 +46,9 @@ struct RuntimeOptions {
   common::RpcSecurity security;
   // --fail-at: dies at one point of one step of one job (tests); null: never.
   std::shared_ptr<FaultInjector> faults;
+  // --same-host-transport auto: peer links offer and accept shared memory
+  // (PeerLinkOptions::same_host).
+  bool same_host_transport = false;
 };
 
 struct ConfigureResult {
@@ -223,6 +226,11 @@ class StageRuntime {
   absl::Status EnsureReplicas(Job& job) const;
   // A gloo ring of this stage through the coordinator (its address, this stage's
   // security and listen host): rank `replica` of `replicas` under `job_id`.
+  // A link's options with this stage's --same-host-transport.
+  PeerLinkOptions WithTransport(PeerLinkOptions o) const {
+    o.same_host = options_.same_host_transport;
+    return o;
+  }
   collective::ReducerOptions RingOptions(const std::string& job_id, const std::string& prefix,
                                          int replica, int replicas,
                                          absl::Duration deadline) const;

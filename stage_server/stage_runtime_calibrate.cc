@@ -34,16 +34,15 @@ PeerLinkOptions CalibrationLinkOptions(const StageRuntime::TransferCalibration& 
 }
 
 // The sender's link, pinged: a receiver that does not expect it yet refuses the stream
-// (NOT_FOUND, or a write that did not go through when the refusal came first), so any
-// failure but a wrong secret is asked again until the deadline.
+// (NOT_FOUND), so any failure but a wrong secret is asked again until the deadline.
 absl::StatusOr<std::unique_ptr<PeerLink>> ConnectCalibrationLink(
-    const StageRuntime::TransferCalibration& t, const common::RpcSecurity& security,
-    absl::Time deadline) {
+    const StageRuntime::TransferCalibration& t, const PeerLinkOptions& options,
+    const common::RpcSecurity& security, absl::Time deadline) {
   auto channel = grpc::CreateCustomChannel(t.peer_address, security.ChannelCredentials(),
                                            common::ChannelArgumentsFor(common::ChannelUse::kPeerLink));
   for (;;) {
     ASSIGN_OR_RETURN(std::unique_ptr<PeerLink> link,
-                     ConnectPeerLink(channel, CalibrationLinkOptions(t), t.peer_secret, deadline));
+                     ConnectPeerLink(channel, options, t.peer_secret, deadline));
     absl::Status ping = PingLink(*link, t.calibration_id, deadline);
     if (ping.ok()) return link;
     if (ping.code() == absl::StatusCode::kPermissionDenied ||
@@ -137,10 +136,11 @@ absl::StatusOr<LinkTimes> StageRuntime::CalibrateTransfer(const TransferCalibrat
   const absl::Time deadline = absl::Now() + t.deadline;
   if (t.send) {
     ASSIGN_OR_RETURN(std::unique_ptr<PeerLink> link,
-                     ConnectCalibrationLink(t, options_.security, deadline));
+                     ConnectCalibrationLink(t, WithTransport(CalibrationLinkOptions(t)),
+                                            options_.security, deadline));
     return TimeLink(*link, t.calibration_id, t.bytes, t.repetitions, deadline);
   }
-  acceptor_.Expect(CalibrationLinkOptions(t), t.peer_secret);
+  acceptor_.Expect(WithTransport(CalibrationLinkOptions(t)), t.peer_secret);
   absl::StatusOr<std::unique_ptr<PeerLink>> link =
       acceptor_.WaitForPeer(t.calibration_id, /*peer_stage=*/0, deadline);
   acceptor_.Forget(t.calibration_id);

@@ -109,7 +109,7 @@ absl::StatusOr<std::unique_ptr<StageRuntime::Job>> StageRuntime::BuildJob(
   job->pool = std::make_shared<common::BufferPool>();
   std::vector<std::unique_ptr<ChunkCompute>> chunks;
   RETURN_IF_ERROR(MakeChunks(*job, chunks));
-  if (job->links.prev) acceptor_.Expect(UpstreamLinkOptions(config), config.peer_secret);
+  if (job->links.prev) acceptor_.Expect(WithTransport(UpstreamLinkOptions(config)), config.peer_secret);
   // The links are made at the first step (EnsureLinks); the executor gets them then.
   job->executor = std::make_unique<Executor>(ExecutorConfigFor(*job), std::move(chunks),
                                              nullptr, nullptr, job->pool);

@@ -118,6 +118,31 @@ TEST(FrameWireTest, ParsesHello) {
   EXPECT_EQ(parsed->hello.peer_secret(), "s3cret");
 }
 
+// The same-host transport's messages are parsed whole, however they were split.
+TEST(FrameWireTest, ParsesTheSameHostMessages) {
+  pipetrain::v1::ExchangeMessage offer;
+  offer.mutable_shm_offer()->set_name("/pipetrain-00ff");
+  offer.mutable_shm_offer()->set_slots(8);
+  offer.mutable_shm_offer()->set_slot_bytes(4096);
+  pipetrain::v1::ExchangeMessage frame;
+  frame.mutable_shm_frame()->mutable_header()->set_job_id("j1");
+  frame.mutable_shm_frame()->add_slots(3);
+  frame.mutable_shm_frame()->add_slots(0);
+  frame.mutable_shm_frame()->set_bytes(5000);
+  std::mt19937 rng(2);
+  for (const pipetrain::v1::ExchangeMessage& m : {offer, frame}) {
+    const std::vector<std::byte> wire = Bytes(m.SerializeAsString());
+    auto parsed = ParseExchange(Split(wire, rng));
+    ASSERT_THAT(parsed, IsOk());
+    ASSERT_EQ(parsed->kind, ParsedExchange::Kind::kControl);
+    EXPECT_EQ(parsed->control.SerializeAsString(), m.SerializeAsString());
+  }
+  // A truncated one is an error, as a frame's is.
+  const std::vector<std::byte> wire = Bytes(frame.SerializeAsString());
+  std::vector<std::span<const std::byte>> cut = {std::span<const std::byte>(wire).first(wire.size() - 1)};
+  EXPECT_THAT(ParseExchange(cut), StatusIs(absl::StatusCode::kInvalidArgument));
+}
+
 TEST(FrameWireTest, RejectsMalformedMessages) {
   std::mt19937 rng(13);
   std::vector<std::byte> storage;

@@ -11,6 +11,7 @@
 #include "common/channel_args.h"
 #include "common/server_runner.h"
 #include "common/testing/status_matchers.h"
+#include "absl/strings/match.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -45,7 +46,9 @@ bool SameBytes(const common::PiecewiseTensor& a, const Tensor& b) {
 
 absl::Time In(absl::Duration d) { return absl::Now() + d; }
 
-class PeerLinkTest : public ::testing::Test {
+// Every test runs on both paths: the stream alone, and shared memory for both directions
+// (--same-host-transport auto; the default on one host).
+class PeerLinkTest : public ::testing::TestWithParam<bool> {
  protected:
   void SetUp() override {
     acceptor_ = std::make_unique<LinkAcceptor>();
@@ -71,6 +74,7 @@ class PeerLinkTest : public ::testing::Test {
     o.peer_stage = peer;
     o.peer_address = address_;
     o.frame_bytes = frame_bytes;
+    o.same_host = GetParam();
     return o;
   }
 
@@ -83,6 +87,17 @@ class PeerLinkTest : public ::testing::Test {
     auto up = ConnectPeerLink(channel, Options(0, 1, frame_bytes), up_secret, In(absl::Seconds(10)));
     ASSERT_THAT(up.status(), IsOk());
     up_ = std::move(*up);
+  }
+  // Stage 1 expects `down`; stage 0 connects with the usual options; both ends held.
+  void ConnectTo(const PeerLinkOptions& down) {
+    acceptor_->Expect(down, "secret");
+    auto channel = grpc::CreateCustomChannel(
+        address_, grpc::InsecureChannelCredentials(),
+        common::ChannelArgumentsFor(common::ChannelUse::kPeerLink));
+    auto up = ConnectPeerLink(channel, Options(0, 1), "secret", In(absl::Seconds(10)));
+    ASSERT_THAT(up.status(), IsOk());
+    up_ = std::move(*up);
+    Accept();
   }
   void Accept() {
     auto down = acceptor_->WaitForPeer("job-1", 0, In(absl::Seconds(10)));
@@ -101,7 +116,7 @@ FrameTag Tag(uint64_t step, uint32_t mb, TensorKind kind, uint32_t chunk = 0) {
   return {"job-1", step, mb, chunk, kind};
 }
 
-TEST_F(PeerLinkTest, ActivationsDownGradientsUpInAnyOrder) {
+TEST_P(PeerLinkTest, ActivationsDownGradientsUpInAnyOrder) {
   Connect();
   Accept();
   std::mt19937 rng(21);
@@ -128,9 +143,13 @@ TEST_F(PeerLinkTest, ActivationsDownGradientsUpInAnyOrder) {
       auto got = up_->Receive(Tag(step, mb, TensorKind::kGradient), In(absl::Seconds(10)));
       ASSERT_THAT(got.status(), IsOk());
       EXPECT_TRUE(SameBytes(*got, *grads[3 - mb])) << "micro-batch " << mb;
-      // Received in 1000-byte frames and kept where the network put them: at least
-      // one piece per frame, none gathered into one buffer.
-      EXPECT_GE(got->pieces().size(), (got->num_bytes() + 999) / 1000) << "micro-batch " << mb;
+      // On the stream: received in 1000-byte frames and kept where the network put them,
+      // at least one piece per frame, none gathered into one buffer. Through shared
+      // memory (once the offer is answered) it is copied out of the slots at once, so
+      // that they go back to the sender: one piece.
+      if (!GetParam()) {
+        EXPECT_GE(got->pieces().size(), (got->num_bytes() + 999) / 1000) << "micro-batch " << mb;
+      }
     }
   }
   // Both sides: a sender counts bytes when its writes complete, which may be after the
@@ -147,7 +166,7 @@ TEST_F(PeerLinkTest, ActivationsDownGradientsUpInAnyOrder) {
   EXPECT_THAT(down_->status(), IsOk());
 }
 
-TEST_F(PeerLinkTest, ANeighbourMayRunAheadByAStep) {
+TEST_P(PeerLinkTest, ANeighbourMayRunAheadByAStep) {
   Connect();
   Accept();
   std::mt19937 rng(22);
@@ -163,7 +182,7 @@ TEST_F(PeerLinkTest, ANeighbourMayRunAheadByAStep) {
   EXPECT_TRUE(SameBytes(*got, *t));
 }
 
-TEST_F(PeerLinkTest, ReceiveHasADeadline) {
+TEST_P(PeerLinkTest, ReceiveHasADeadline) {
   Connect();
   Accept();
   down_->BeginStep(3);
@@ -176,7 +195,7 @@ TEST_F(PeerLinkTest, ReceiveHasADeadline) {
   EXPECT_THAT(down_->status(), IsOk()) << "a timeout does not break the link";
 }
 
-TEST_F(PeerLinkTest, ForeignJobFrameIsRejected) {
+TEST_P(PeerLinkTest, ForeignJobFrameIsRejected) {
   Connect();
   Accept();
   down_->BeginStep(0);
@@ -194,20 +213,14 @@ TEST_F(PeerLinkTest, ForeignJobFrameIsRejected) {
 
 // The job's bound (stage_server/link_limits): a micro-batch's activation passes, one
 // announcing more than any tensor of the job could be is refused before it is buffered.
-TEST_F(PeerLinkTest, ATensorLargerThanTheJobsLargestIsRefused) {
+TEST_P(PeerLinkTest, ATensorLargerThanTheJobsLargestIsRefused) {
   model::GptConfig model;
   model.seq_len = 4;
   model.d_model = 8;
   PeerLinkOptions down = Options(1, 0);
   down.limits = LinkLimits(model, /*micro_batch_size=*/2);
   ASSERT_EQ(down.limits.max_tensor_bytes, 2u * 4 * 8 * 4);
-  acceptor_->Expect(down, "secret");
-  auto channel = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(),
-                                           common::ChannelArgumentsFor(common::ChannelUse::kPeerLink));
-  auto up = ConnectPeerLink(channel, Options(0, 1), "secret", In(absl::Seconds(10)));
-  ASSERT_THAT(up.status(), IsOk());
-  up_ = std::move(*up);
-  Accept();
+  ConnectTo(down);
   up_->BeginStep(0);
   down_->BeginStep(0);
   std::mt19937 rng(29);
@@ -255,7 +268,7 @@ TEST(LinkLimitsTest, Bf16ActivationsHalveTheActivationBoundButNotTheTiedGradient
             uint64_t{50257} * 768 * 4);
 }
 
-TEST_F(PeerLinkTest, WrongKindAndStaleStepAreRejected) {
+TEST_P(PeerLinkTest, WrongKindAndStaleStepAreRejected) {
   Connect();
   Accept();
   down_->BeginStep(5);
@@ -276,7 +289,7 @@ TEST_F(PeerLinkTest, WrongKindAndStaleStepAreRejected) {
               StatusIs(absl::StatusCode::kInvalidArgument, AllOf(HasSubstr("stale"), HasSubstr("step"))));
 }
 
-TEST_F(PeerLinkTest, WrongSecretIsRefused) {
+TEST_P(PeerLinkTest, WrongSecretIsRefused) {
   Connect("not-the-secret");
   auto down = acceptor_->WaitForPeer("job-1", 0, In(absl::Milliseconds(500)));
   EXPECT_THAT(down.status(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("did not connect")));
@@ -303,7 +316,7 @@ TEST_F(PeerLinkTest, WrongSecretIsRefused) {
   EXPECT_TRUE(SameBytes(*arrived, *act));
 }
 
-TEST_F(PeerLinkTest, LostPeerIsUnavailableNotAHang) {
+TEST_P(PeerLinkTest, LostPeerIsUnavailableNotAHang) {
   Connect();
   Accept();
   up_->BeginStep(2);
@@ -324,13 +337,87 @@ TEST_F(PeerLinkTest, LostPeerIsUnavailableNotAHang) {
               StatusIs(absl::StatusCode::kUnavailable));
 }
 
-TEST_F(PeerLinkTest, UnreachablePeerFailsBeforeTheDeadline) {
+TEST_P(PeerLinkTest, UnreachablePeerFailsBeforeTheDeadline) {
   auto channel =
       grpc::CreateCustomChannel("127.0.0.1:1", grpc::InsecureChannelCredentials(),
                                 common::ChannelArgumentsFor(common::ChannelUse::kPeerLink));
   auto up = ConnectPeerLink(channel, Options(0, 1), "secret", In(absl::Milliseconds(500)));
   EXPECT_THAT(up.status(), StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cannot reach stage 1")));
 }
+
+// Waits until `link`'s offer for what it sends has been answered.
+std::string SettledPath(PeerLink& link) {
+  const absl::Time deadline = In(absl::Seconds(10));
+  std::string path = link.sending_path();
+  while (absl::StrContains(path, "not answered yet") && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+    path = link.sending_path();
+  }
+  return path;
+}
+
+// With the same-host path, both directions go through shared memory once the offers are
+// answered: tensors larger than a slot (4 MiB), and more of them than the region holds
+// (64 MiB), arrive intact in order of asking; with it off, both stay on the stream.
+TEST_P(PeerLinkTest, EachDirectionSaysItsPathAndLargeTensorsArriveIntact) {
+  Connect();
+  Accept();
+  const std::string up_path = SettledPath(*up_), down_path = SettledPath(*down_);
+  if (GetParam()) {
+    EXPECT_THAT(up_path, HasSubstr("shared memory (16 slots of 4.0 MiB)"));
+    EXPECT_THAT(down_path, HasSubstr("shared memory"));
+    EXPECT_THAT(down_->receiving_path(), HasSubstr("shared memory"));
+  } else {
+    EXPECT_EQ(up_path, "tcp (--same-host-transport off)");
+    EXPECT_EQ(down_path, "tcp (--same-host-transport off)");
+  }
+  up_->BeginStep(0);
+  down_->BeginStep(0);
+  std::mt19937 rng(41);
+  std::vector<std::shared_ptr<const Tensor>> sent;
+  for (int mb = 0; mb < 12; ++mb) {  // 12 x 9 MiB: 108 MiB through a 64 MiB region
+    sent.push_back(RandomTensor({9, 1 << 18}, rng));
+    ASSERT_THAT(up_->Send(Tag(0, mb, TensorKind::kActivation), sent.back(), In(absl::Seconds(20))),
+                IsOk());
+  }
+  auto grad = RandomTensor({5, 1 << 18}, rng);
+  ASSERT_THAT(down_->Send(Tag(0, 3, TensorKind::kGradient), grad, In(absl::Seconds(20))), IsOk());
+  for (int mb = 11; mb >= 0; --mb) {
+    auto got = down_->Receive(Tag(0, mb, TensorKind::kActivation), In(absl::Seconds(20)));
+    ASSERT_THAT(got.status(), IsOk()) << mb;
+    EXPECT_TRUE(SameBytes(*got, *sent[mb])) << mb;
+  }
+  auto got = up_->Receive(Tag(0, 3, TensorKind::kGradient), In(absl::Seconds(20)));
+  ASSERT_THAT(got.status(), IsOk());
+  EXPECT_TRUE(SameBytes(*got, *grad));
+  EXPECT_EQ(up_->bytes_sent(), 12u * 9 * (1 << 18) * 4);
+  EXPECT_EQ(down_->bytes_received(), up_->bytes_sent());
+}
+
+// One end off is enough: the other's offer is refused, said why, and tensors keep to
+// the stream.
+TEST_P(PeerLinkTest, AReceiverThatIsOffRefusesTheOffer) {
+  if (!GetParam()) GTEST_SKIP() << "the sender offers only with the same-host path on";
+  PeerLinkOptions down = Options(1, 0);
+  down.same_host = false;
+  ConnectTo(down);
+  EXPECT_THAT(SettledPath(*up_),
+              HasSubstr("tcp (the peer: the receiving stage runs --same-host-transport off)"));
+  EXPECT_THAT(up_->receiving_path(), HasSubstr("tcp (no offer came)"));
+  up_->BeginStep(0);
+  down_->BeginStep(0);
+  std::mt19937 rng(43);
+  auto act = RandomTensor({3, 5}, rng);
+  ASSERT_THAT(up_->Send(Tag(0, 0, TensorKind::kActivation), act, In(absl::Seconds(10))), IsOk());
+  auto got = down_->Receive(Tag(0, 0, TensorKind::kActivation), In(absl::Seconds(10)));
+  ASSERT_THAT(got.status(), IsOk());
+  EXPECT_TRUE(SameBytes(*got, *act));
+}
+
+INSTANTIATE_TEST_SUITE_P(Paths, PeerLinkTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "SameHost" : "Stream";
+                         });
 
 }  // namespace
 }  // namespace pipetrain::stage_server
