@@ -1,5 +1,6 @@
 // `pipetrain cluster`: the stage servers the coordinator knows, with their devices,
-// memory, state, job and the age of their last heartbeat.
+// memory, state, job, the age of their last heartbeat and how their job's peer links move
+// tensors (shared memory or the stream).
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/cli.h"
@@ -12,6 +13,25 @@ namespace pipetrain::client {
 
 namespace pb = ::pipetrain::v1;
 
+namespace {
+
+// "1:shm/shm 3:tcp/shm": per peer link, the neighbour and each direction's path
+// ("shm": through shared memory; "tcp": on the stream); "-" without links.
+std::string LinksText(const pb::StageInfo& s) {
+  if (s.links().empty()) return "-";
+  auto path = [](const std::string& p) {
+    return p.rfind("shared memory", 0) == 0 ? "shm" : "tcp";
+  };
+  std::string text;
+  for (const pb::LinkPath& l : s.links()) {
+    absl::StrAppend(&text, text.empty() ? "" : " ", l.peer_stage(), ":", path(l.sending()), "/",
+                    path(l.receiving()));
+  }
+  return text;
+}
+
+}  // namespace
+
 int RunCluster(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   RemoteFlags connection;
   bool json = false, help = false;
@@ -19,7 +39,9 @@ int RunCluster(const std::vector<std::string>& args, std::ostream& out, std::ost
                         "Lists the stage servers registered with the coordinator: address, "
                         "device, how it\nruns training.precision bf16 (native; slow: no bf16 "
                         "instructions, same numbers;\nnone: refuses it), memory, state (IDLE, "
-                        "BUSY, LOST), job and last heartbeat.\n\n" +
+                        "BUSY, LOST), job, last heartbeat and, per peer link of its job, the\n"
+                        "neighbour and whether each direction goes through shared memory (shm) "
+                        "or the\nstream (tcp); --json has each path's reason.\n\n" +
                             RemoteExitCodes("a coordinator error"));
   flags.AddBool("json", &json, "print the ClusterStatus as JSON");
   AddRemoteFlags(flags, &connection);
@@ -54,10 +76,11 @@ int RunCluster(const std::vector<std::string>& args, std::ostream& out, std::ost
     rows.push_back({s.stage_id(), s.address(), device, d.bf16().empty() ? "-" : d.bf16(),
                     d.memory_bytes() > 0 ? common::FormatBytes(d.memory_bytes()) : "-",
                     pb::StageInfo::State_Name(s.state()), s.job_id().empty() ? "-" : s.job_id(),
-                    AgeText(s.last_heartbeat(), now)});
+                    AgeText(s.last_heartbeat(), now), LinksText(s)});
   }
-  out << RenderTable(
-      {"ID", "ADDRESS", "DEVICE", "BF16", "MEMORY", "STATE", "JOB", "LAST HEARTBEAT"}, rows);
+  out << RenderTable({"ID", "ADDRESS", "DEVICE", "BF16", "MEMORY", "STATE", "JOB",
+                      "LAST HEARTBEAT", "LINKS (STAGE:SEND/RECEIVE)"},
+                     rows);
   return kExitOk;
 }
 

@@ -33,6 +33,10 @@ inline constexpr int64_t kMaxAddressBytes = 512;
 inline constexpr int64_t kMaxDeviceNameBytes = 256;
 // Secrets the coordinator issues are 32 hex digits; tokens a little more.
 inline constexpr int64_t kMaxSecretBytes = 256;
+// A heartbeat's peer links (a stage has two; a V schedule's may wrap) and each
+// direction's path text.
+inline constexpr int64_t kMaxReportedLinks = 8;
+inline constexpr int64_t kMaxLinkPathBytes = 512;
 // CPU compute threads a stage may report: more than any machine has cores.
 inline constexpr int64_t kMaxThreads = 4096;
 // A FLOP rate a stage may report: 1e18 FLOP/s, a thousand of today's largest GPUs.

@@ -475,7 +475,9 @@ absl::StatusOr<pb::RegisterStageResponse> JobManager::RegisterStage(
 pb::HeartbeatResponse JobManager::Heartbeat(const pb::HeartbeatRequest& request) {
   pb::HeartbeatResponse response;
   // An id with the wrong secret is answered as unknown: the stage registers again.
-  response.set_known(registry_.Heartbeat(request.stage_id(), request.registration_secret()));
+  response.set_known(registry_.Heartbeat(
+      request.stage_id(), request.registration_secret(),
+      {request.links().begin(), request.links().end()}));
   // A stage told to stop keeps serving while a job holds it (pipetrain-stage
   // --stop-grace): until the job's thread has finished its step and freed it.
   response.set_held(response.known() && registry_.Held(request.stage_id()));

@@ -100,6 +100,15 @@ absl::Status CheckRegisterStageRequest(const pb::RegisterStageRequest& request) 
 absl::Status CheckHeartbeatRequest(const pb::HeartbeatRequest& request) {
   RETURN_IF_ERROR(CheckLength("stage_id", request.stage_id(), common::kMaxIdBytes));
   RETURN_IF_ERROR(CheckLength("job_id", request.job_id(), common::kMaxIdBytes));
+  if (request.links_size() > common::kMaxReportedLinks) {
+    return absl::InvalidArgumentError(absl::StrCat("links: ", request.links_size(),
+                                                   " reported, at most ",
+                                                   common::kMaxReportedLinks));
+  }
+  for (const pb::LinkPath& link : request.links()) {
+    RETURN_IF_ERROR(CheckLength("links.sending", link.sending(), common::kMaxLinkPathBytes));
+    RETURN_IF_ERROR(CheckLength("links.receiving", link.receiving(), common::kMaxLinkPathBytes));
+  }
   return CheckLength("registration_secret", request.registration_secret(),
                      common::kMaxSecretBytes);
 }

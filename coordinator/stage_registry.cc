@@ -147,7 +147,8 @@ absl::StatusOr<StageRegistration> StageRegistry::Register(const std::string& add
   return StageRegistration{stage.stage_id, stage.secret};
 }
 
-bool StageRegistry::Heartbeat(const std::string& stage_id, const std::string& secret) {
+bool StageRegistry::Heartbeat(const std::string& stage_id, const std::string& secret,
+                              std::vector<pipetrain::v1::LinkPath> links) {
   absl::Time now = now_();
   absl::MutexLock lock(&mu_);
   for (StageRecord& stage : stages_) {
@@ -157,6 +158,7 @@ bool StageRegistry::Heartbeat(const std::string& stage_id, const std::string& se
       if (stage.secret != secret) return false;
       stage.last_heartbeat = now;
       stage.lost = false;
+      stage.links = std::move(links);
       return true;
     }
   }
@@ -277,6 +279,7 @@ std::vector<pipetrain::v1::StageInfo> StageRegistry::Snapshot() {
     info.set_address(stage.address);
     *info.mutable_device() = stage.device;
     info.set_job_id(stage.job_id);
+    for (const pipetrain::v1::LinkPath& link : stage.links) *info.add_links() = link;
     if (stage.lost) {
       info.set_state(pipetrain::v1::StageInfo::LOST);
     } else if (!stage.job_id.empty()) {

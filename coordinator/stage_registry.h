@@ -52,6 +52,7 @@ struct StageRecord {
   bool lost = false;
   std::string secret;  // of its latest registration; heartbeats must carry it
   std::string identity;  // the TLS peer identity it registered with, "" without TLS
+  std::vector<pipetrain::v1::LinkPath> links = {};  // as its latest heartbeat said
 };
 
 // What a stage is told when it registers: its id and the secret its heartbeats carry.
@@ -78,8 +79,9 @@ class StageRegistry {
                                              const std::string& identity = "");
   // False unless `stage_id` is known and `secret` is its latest registration's (the
   // stage should register again); the record is not touched then. A lost stage that
-  // heartbeats is no longer lost.
-  bool Heartbeat(const std::string& stage_id, const std::string& secret);
+  // heartbeats is no longer lost. `links`: its job's peer links as it reports them.
+  bool Heartbeat(const std::string& stage_id, const std::string& secret,
+                 std::vector<pipetrain::v1::LinkPath> links = {});
 
   // Marks stages whose last heartbeat is older than the timeout as lost; returns the
   // ids newly marked. Called by Snapshot/Acquire and by the coordinator's timer.

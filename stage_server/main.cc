@@ -261,7 +261,8 @@ int main(int argc, char** argv) {
     request.set_address(advertise.empty() ? server->address.ToString() : advertise);
     *request.mutable_device() = info;
     registration = std::make_unique<stage_server::Registration>(
-        coordinator, request, [&runtime] { return runtime.current_job_id(); }, *security);
+        coordinator, request, [&runtime] { return runtime.current_job_id(); }, *security,
+        [&runtime] { return stage_server::LinkPathProtos(runtime); });
   }
   common::WaitForTerminationSignal();
   StopServing(server->server.get(), health, registration.get(), runtime,

@@ -77,6 +77,7 @@ class PeerLink final : public TensorChannel {
   // offer may still await its answer ("tcp (shared memory offered, not answered yet)").
   std::string sending_path() const;
   std::string receiving_path() const;
+  int peer_stage() const;  // the neighbour's position in the job
   uint64_t bytes_sent() const override;
   uint64_t bytes_received() const override;
 

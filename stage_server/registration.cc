@@ -8,9 +8,10 @@
 namespace pipetrain::stage_server {
 
 Registration::Registration(std::string coordinator, pipetrain::v1::RegisterStageRequest request,
-                           std::function<std::string()> job_id, common::RpcSecurity security)
+                           std::function<std::string()> job_id, common::RpcSecurity security,
+                           Links links)
     : coordinator_(std::move(coordinator)), request_(std::move(request)),
-      job_id_(std::move(job_id)), security_(std::move(security)) {
+      job_id_(std::move(job_id)), links_(std::move(links)), security_(std::move(security)) {
   // A restarted coordinator should see its stages back within a few heartbeats.
   stub_ = pipetrain::v1::Coordinator::NewStub(
       grpc::CreateCustomChannel(coordinator_, security_.ChannelCredentials(),
@@ -56,6 +57,9 @@ grpc::Status Registration::Beat(const std::string& id, const std::string& secret
   pipetrain::v1::HeartbeatRequest req;
   req.set_stage_id(id);
   req.set_job_id(job_id_());
+  if (links_) {
+    for (pipetrain::v1::LinkPath& link : links_()) *req.add_links() = std::move(link);
+  }
   req.set_registration_secret(secret);
   grpc::Status s = stub_->Heartbeat(&ctx, req, response);
   absl::MutexLock lock(&mu_);

@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
@@ -25,9 +26,12 @@ namespace pipetrain::stage_server {
 
 class Registration {
  public:
-  // `job_id` returns the job currently configured (sent with each heartbeat).
+  // `job_id` returns the job currently configured and `links` its peer links' paths
+  // (both sent with each heartbeat; no links without it).
+  using Links = std::function<std::vector<pipetrain::v1::LinkPath>()>;
   Registration(std::string coordinator, pipetrain::v1::RegisterStageRequest request,
-               std::function<std::string()> job_id, common::RpcSecurity security);
+               std::function<std::string()> job_id, common::RpcSecurity security,
+               Links links = nullptr);
   ~Registration();  // stops the thread
 
   std::string stage_id() const;
@@ -53,6 +57,7 @@ class Registration {
   std::string coordinator_;
   pipetrain::v1::RegisterStageRequest request_;
   std::function<std::string()> job_id_;
+  Links links_;
   const common::RpcSecurity security_;
   std::unique_ptr<pipetrain::v1::Coordinator::Stub> stub_;
   absl::Notification stop_;

@@ -63,6 +63,15 @@ void StageRuntime::DropLink(std::unique_ptr<PeerLink>& link) {
   link.reset();
 }
 
+std::vector<LinkPathInfo> StageRuntime::LinkPaths() {
+  absl::MutexLock lock(&abort_mu_);
+  std::vector<LinkPathInfo> paths;
+  for (PeerLink* link : abortable_.links) {
+    paths.push_back({link->peer_stage(), link->sending_path(), link->receiving_path()});
+  }
+  return paths;
+}
+
 void StageRuntime::ForgetLinks() {
   absl::MutexLock lock(&abort_mu_);
   abortable_ = Abortable();  // the job that owns them goes next

@@ -87,6 +87,14 @@ struct StepReport {
   SnapshotFigures snapshots;
 };
 
+// One of the configured job's peer links: its neighbour and how each direction moves
+// tensors (PeerLink::sending_path, receiving_path).
+struct LinkPathInfo {
+  int peer_stage = 0;
+  std::string sending;
+  std::string receiving;
+};
+
 struct RuntimeStats {
   std::string job_id;
   uint64_t memory_used_bytes = 0;
@@ -163,6 +171,9 @@ class StageRuntime {
   bool configured() const;
   // The configured job, without waiting for a running step (heartbeats use it).
   std::string current_job_id() const;
+  // The configured job's peer links once its first step made them, without waiting for
+  // a running step (heartbeats and GetStats use it).
+  std::vector<LinkPathInfo> LinkPaths() ABSL_LOCKS_EXCLUDED(abort_mu_);
 
   // Parameters of the configured job by Hugging Face name, for checkpoints and tests.
   absl::StatusOr<std::vector<float>> GetParam(const std::string& name) const;

@@ -367,6 +367,17 @@ grpc::Status StageService::ImportChunk(grpc::ServerContext* context,
   });
 }
 
+std::vector<pb::LinkPath> LinkPathProtos(StageRuntime& runtime) {
+  std::vector<pb::LinkPath> out;
+  for (const LinkPathInfo& link : runtime.LinkPaths()) {
+    pb::LinkPath& l = out.emplace_back();
+    l.set_peer_stage(link.peer_stage);
+    l.set_sending(link.sending);
+    l.set_receiving(link.receiving);
+  }
+  return out;
+}
+
 grpc::Status StageService::GetStats(grpc::ServerContext* context, const pb::GetStatsRequest*,
                                     pb::StageStats* response) {
   return common::GuardHandler("Stage.GetStats", [&]() -> grpc::Status {
@@ -380,6 +391,7 @@ grpc::Status StageService::GetStats(grpc::ServerContext* context, const pb::GetS
     response->set_steps_run(s.steps_run);
     response->set_last_step_bytes_sent(s.last_step_bytes_sent);
     response->set_last_step_bytes_received(s.last_step_bytes_received);
+    for (pb::LinkPath& link : LinkPathProtos(*runtime_)) *response->add_links() = std::move(link);
     return grpc::Status::OK;
   });
 }

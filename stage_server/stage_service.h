@@ -11,6 +11,9 @@
 
 namespace pipetrain::stage_server {
 
+// The configured job's peer links as GetStats and the heartbeats report them.
+std::vector<pipetrain::v1::LinkPath> LinkPathProtos(StageRuntime& runtime);
+
 class StageService final
     : public pipetrain::v1::Stage::WithRawCallbackMethod_Exchange<pipetrain::v1::Stage::Service> {
  public:

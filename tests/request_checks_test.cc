@@ -154,5 +154,25 @@ TEST(RequestChecksTest, IdsAndCountsInQueries) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("stage_id is 300 bytes")));
 }
 
+// A heartbeat's peer links are bounded in number and text: the registry keeps them.
+TEST(RequestChecksTest, AHeartbeatsLinksAreBounded) {
+  pb::HeartbeatRequest beat;
+  beat.set_stage_id("stage-1");
+  for (int i = 0; i < 8; ++i) {
+    pb::LinkPath& l = *beat.add_links();
+    l.set_peer_stage(i);
+    l.set_sending("shared memory (16 slots of 4.0 MiB)");
+    l.set_receiving("tcp (--same-host-transport off)");
+  }
+  EXPECT_THAT(CheckHeartbeatRequest(beat), IsOk());
+  pb::HeartbeatRequest long_path = beat;
+  long_path.mutable_links(3)->set_receiving(std::string(600, 'x'));
+  EXPECT_THAT(CheckHeartbeatRequest(long_path),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("links.receiving is 600 bytes")));
+  beat.add_links();
+  EXPECT_THAT(CheckHeartbeatRequest(beat),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("links: 9 reported, at most 8")));
+}
+
 }  // namespace
 }  // namespace pipetrain::coordinator

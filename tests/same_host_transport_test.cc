@@ -5,13 +5,15 @@
 // the shared-memory path is replaced and the job ends with the uninterrupted losses; and
 // however many jobs and recoveries came before, a stage maps only its current links'
 // regions (`/proc/PID/maps`: two a link, its own and its neighbour's, so at most 4: a
-// stage keeps its last job's links until its next job, as it keeps their streams).
+// stage keeps its last job's links until its next job, as it keeps their streams), and
+// `pipetrain cluster` shows each link's paths, as the stages' heartbeats report them.
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/cluster_jobs.h"
@@ -57,6 +59,22 @@ class SameHostTransportTest : public testing::ClusterJobTest {
     return Status(c, id);
   }
 
+  // `pipetrain cluster`'s table once some stage reports its links (heartbeats come every
+  // 2 s): "" if none does within 20 s.
+  std::string ClusterTableOnceLinked(LocalCluster& c) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    while (absl::Now() < deadline) {
+      auto table = c.Cli({"cluster"});
+      if (table.ok() && table->exit_code == 0 &&
+          (table->out.find("shm/") != std::string::npos ||
+           table->out.find("tcp/") != std::string::npos)) {
+        return table->out;
+      }
+      absl::SleepFor(absl::Milliseconds(200));
+    }
+    return "";
+  }
+
   // Every stage maps at most its two links' regions; `some`: and some stage maps any.
   void ExpectOnlyCurrentLinksMapped(LocalCluster& c, bool some) {
     size_t total = 0;
@@ -89,6 +107,9 @@ TEST_F(SameHostTransportTest, BothPathsGiveTheSameLossesAndSayWhichTheyTook) {
       EXPECT_THAT(logs, Not(HasSubstr("on shared memory"))) << logs;
     }
     ExpectOnlyCurrentLinksMapped(**cluster, /*some=*/same_host);
+    // The stages' heartbeats carry the paths to `pipetrain cluster`.
+    const std::string want = same_host ? "shm/shm" : "tcp/tcp";
+    EXPECT_THAT(ClusterTableOnceLinked(**cluster), HasSubstr(want));
   }
   ASSERT_EQ(losses[true].size(), static_cast<size_t>(kSteps));
   EXPECT_TRUE(LossesMatch(losses[true], losses[false], testing::kSameArithmetic));
