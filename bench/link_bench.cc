@@ -82,10 +82,11 @@ absl::StatusOr<double> RawTcpOnce(const std::vector<char>& src, std::vector<char
 }
 
 
-// One rep through an established link: kTensorsPerRep activations of one step. With
-// `landing`, each received tensor is also copied into it (warm memory, as a stage
-// copies an activation into its compute buffer); without, the rep ends when the
-// receiver holds every tensor (in the network's buffers).
+// One rep through an established link: kTensorsPerRep activations of one step, taken
+// by the receiver as they arrive (as a stage's executor does). With `landing`, each
+// received tensor is also copied into it (warm memory, as a stage copies an activation
+// into its compute buffer) before it is dropped; without, the receiver drops each as it
+// comes (it was in the network's buffers, or viewed in place in shared memory).
 absl::StatusOr<double> LinkOnce(const std::string& job, stage_server::PeerLink& up,
                                 stage_server::PeerLink& down,
                                 std::shared_ptr<const common::Tensor> tensor, uint64_t step,
@@ -94,16 +95,26 @@ absl::StatusOr<double> LinkOnce(const std::string& job, stage_server::PeerLink& 
   down.BeginStep(step);
   const absl::Time deadline = absl::Now() + absl::Seconds(60);
   const auto start = Clock::now();
-  for (uint32_t mb = 0; mb < kTensorsPerRep; ++mb) {
-    RETURN_IF_ERROR(up.Send({job, step, mb, 0, common::TensorKind::kActivation}, tensor,
-                            deadline));
+  absl::Status received;
+  std::thread receiver([&] {
+    for (uint32_t mb = 0; mb < kTensorsPerRep && received.ok(); ++mb) {
+      absl::StatusOr<common::PiecewiseTensor> t =
+          down.Receive({job, step, mb, 0, common::TensorKind::kActivation}, deadline);
+      if (!t.ok()) {
+        received = t.status();
+      } else if (landing) {
+        t->CopyTo(*landing);
+      }
+    }
+  });
+  absl::Status sent;
+  for (uint32_t mb = 0; mb < kTensorsPerRep && sent.ok(); ++mb) {
+    sent = up.Send({job, step, mb, 0, common::TensorKind::kActivation}, tensor, deadline);
   }
-  for (uint32_t mb = 0; mb < kTensorsPerRep; ++mb) {
-    ASSIGN_OR_RETURN(common::PiecewiseTensor t,
-                     down.Receive({job, step, mb, 0, common::TensorKind::kActivation},
-                                  deadline));
-    if (landing) t.CopyTo(*landing);
-  }
+  if (!sent.ok()) down.Close();  // the receiver stops waiting
+  receiver.join();
+  RETURN_IF_ERROR(sent);
+  RETURN_IF_ERROR(received);
   return Seconds(start, Clock::now());
 }
 

@@ -39,7 +39,8 @@ constexpr size_t kShmPoolBytes = size_t{256} << 20;
 LinkCore::LinkCore(PeerLinkOptions options)
     : options_(std::move(options)),
       shm_pool_(std::make_shared<common::BufferPool>(kShmPoolBytes)),
-      reassembler_(options_.limits, shm_pool_.get()) {
+      reassembler_(options_.limits, shm_pool_.get()),
+      holds_(std::make_shared<ShmHolds>([this](std::span<const int> s) { SendCredit(s); })) {
   ConfigureShm();
   starter_ = std::thread([this] { StartWrites(); });
 }
@@ -56,6 +57,17 @@ void LinkCore::SendMessage(const std::string& bytes) {
   SendRaw(grpc::ByteBuffer(&slice, 1));
 }
 
+void LinkCore::SendCredit(std::span<const int> slots) {
+  grpc::Slice slice(LinkShm::CreditMessage(slots));
+  absl::MutexLock lock(&mu_);
+  if (closing_ || done_ || !status_.ok()) return;
+  queue_.push_back({grpc::ByteBuffer(&slice, 1), 0});
+  if (!writing_ && attached_) {
+    writing_ = true;
+    start_pending_ = true;  // the starter thread writes, not the stage's executor
+  }
+}
+
 void LinkCore::StartSameHost() {
   if (std::optional<std::string> offer = shm_.Offer()) {
     SendMessage(*offer);  // the answer's handling logs the path
@@ -65,6 +77,7 @@ void LinkCore::StartSameHost() {
 }
 
 LinkCore::~LinkCore() {
+  holds_->Detach();  // tensors still held credit nothing after this
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
@@ -314,14 +327,33 @@ absl::Status LinkCore::HandleControl(const pipetrain::v1::ExchangeMessage& messa
   }
   ASSIGN_OR_RETURN(LinkShm::Part part, shm_.OnFrame(message.shm_frame()));
   RETURN_IF_ERROR(CheckTag(part.header.tag));
+  const uint64_t bytes = message.shm_frame().bytes();
+  ASSIGN_OR_RETURN(std::optional<common::ReceivedPieces> done, AcceptShmPart(std::move(part)));
+  if (!done.has_value()) return Deliver(std::nullopt, bytes);
+  return Deliver(std::make_pair(done->tag, std::move(done->tensor)), bytes);
+}
+
+absl::StatusOr<std::optional<common::ReceivedPieces>> LinkCore::AcceptShmPart(LinkShm::Part part) {
+  uint64_t bytes = 0;
+  for (const auto& piece : part.pieces) bytes += piece.size();
+  const bool whole = part.header.offset == 0 && !reassembler_.in_progress() &&
+                     bytes == part.header.total_bytes;
+  if (whole) {
+    const int limit = part.receiver->layout().max_held_slots();
+    if (std::shared_ptr<const void> hold = holds_->TryHold(part.receiver, part.slots, limit)) {
+      // Checked like any frame; a refusal drops the hold, which credits the slots.
+      return reassembler_.AcceptPieces(part.header, part.pieces, std::move(hold));
+    }
+  }
   // The bytes are copied out of the slots here (or refused): they go back either way.
   absl::StatusOr<std::optional<common::ReceivedTensor>> done =
       reassembler_.Accept(part.header, part.pieces);
   SendMessage(LinkShm::CreditMessage(part.slots));
   if (!done.ok()) return done.status();
-  if (!done->has_value()) return Deliver(std::nullopt, message.shm_frame().bytes());
+  if (!done->has_value()) return std::optional<common::ReceivedPieces>();
   ASSIGN_OR_RETURN(common::PiecewiseTensor tensor, Pooled(std::move((*done)->tensor)));
-  return Deliver(std::make_pair((*done)->tag, std::move(tensor)), message.shm_frame().bytes());
+  return std::optional<common::ReceivedPieces>(
+      common::ReceivedPieces{(*done)->tag, std::move(tensor)});
 }
 
 absl::StatusOr<common::PiecewiseTensor> LinkCore::Pooled(Tensor tensor) {
@@ -438,6 +470,8 @@ absl::Status LinkCore::WaitAttached(absl::Time deadline) {
 }
 
 void LinkCore::BeginStep(uint64_t step) {
+  // Dropped after the lock: a tensor held in the peer's slots sends its credit.
+  std::vector<common::PiecewiseTensor> stale;
   absl::MutexLock lock(&mu_);
   min_step_ = step;
   for (auto it = mailbox_.begin(); it != mailbox_.end();) {
@@ -448,6 +482,7 @@ void LinkCore::BeginStep(uint64_t step) {
     common::LogWarning("link", absl::StrCat("dropping an unclaimed tensor of step ",
                                             std::get<0>(it->first), " from ", PeerName(),
                                             " at the start of step ", step));
+    stale.push_back(std::move(it->second));
     it = mailbox_.erase(it);
   }
 }

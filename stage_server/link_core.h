@@ -27,6 +27,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/status.h"
 #include "stage_server/link_shm.h"
+#include "stage_server/shm_holds.h"
 #include "stage_server/peer_link.h"
 
 namespace pipetrain::stage_server {
@@ -112,6 +113,12 @@ class LinkCore {
   absl::Status SendShm(ShmSender& shm, const common::FrameTag& tag, const common::Tensor& tensor,
                        absl::Time deadline);
   void SendMessage(const std::string& bytes);
+  // The credit for slots the stage let go of (ShmHolds), from whichever thread dropped
+  // them: queued for the write starter, or nothing once the link is over.
+  void SendCredit(std::span<const int> slots);
+  // A part that came whole: kept in the peer's slots (credited when the stage drops it)
+  // while the receiver keeps fewer than half of them, else copied out and credited now.
+  absl::StatusOr<std::optional<common::ReceivedPieces>> AcceptShmPart(LinkShm::Part part);
   // A tensor copied out of shared memory, whose buffer goes back to shm_pool_ when the
   // last piece of it is dropped.
   absl::StatusOr<common::PiecewiseTensor> Pooled(common::Tensor tensor);
@@ -132,6 +139,7 @@ class LinkCore {
   std::shared_ptr<common::BufferPool> shm_pool_;
   common::TensorReassembler reassembler_;  // used only by the read reaction
   LinkShm shm_;                            // thread-safe on its own
+  std::shared_ptr<ShmHolds> holds_;        // tensors the stage views in the peer's slots
 
   mutable absl::Mutex mu_;
   Io* io_ ABSL_GUARDED_BY(mu_) = nullptr;

@@ -12,8 +12,8 @@ namespace {
 
 namespace pb = ::pipetrain::v1;
 
-// What this end's region may take: two of the largest tensors in flight, but no more
-// than this of the host's /dev/shm per direction.
+// What this end's region may take: four of the largest tensors (LayoutFor), but no
+// more than this of the host's /dev/shm per direction.
 constexpr uint64_t kMaxOwnRegionBytes = uint64_t{64} << 20;
 
 std::string Describe(const ShmLayout& l) {
@@ -79,7 +79,7 @@ absl::StatusOr<std::optional<std::string>> LinkShm::OnControl(const pb::Exchange
 }
 
 absl::StatusOr<std::optional<std::string>> LinkShm::OnOffer(const pb::ShmOffer& offer) {
-  if (receiver_.has_value()) {
+  if (receiver_ != nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("link ", options_.link, ": a second shared-memory offer"));
   }
@@ -100,7 +100,7 @@ absl::StatusOr<std::optional<std::string>> LinkShm::OnOffer(const pb::ShmOffer& 
   }
   answer.set_nonce_echo(echo);
   receive_path_ = Describe({offer.slots(), offer.slot_bytes()});
-  receiver_.emplace(*std::move(receiver));
+  receiver_ = std::make_shared<const ShmReceiver>(*std::move(receiver));
   return Serialize(m);
 }
 
@@ -129,7 +129,7 @@ absl::Status LinkShm::OnAnswer(const pb::ShmAnswer& answer) {
 
 absl::StatusOr<LinkShm::Part> LinkShm::OnFrame(const pb::ShmFrame& frame) {
   absl::MutexLock lock(&mu_);
-  if (!receiver_.has_value()) {
+  if (receiver_ == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         "link ", options_.link, ": a shared-memory frame, but no region was accepted"));
   }
@@ -137,6 +137,7 @@ absl::StatusOr<LinkShm::Part> LinkShm::OnFrame(const pb::ShmFrame& frame) {
   part.slots.assign(frame.slots().begin(), frame.slots().end());
   ASSIGN_OR_RETURN(part.pieces, receiver_->Pieces(part.slots, frame.bytes()));
   part.header = common::HeaderFromProto(frame.header());
+  part.receiver = receiver_;
   return part;
 }
 

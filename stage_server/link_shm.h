@@ -42,11 +42,12 @@ class LinkShm {
   absl::StatusOr<std::optional<std::string>> OnControl(const pipetrain::v1::ExchangeMessage& m);
 
   // The peer's part in the region: its header, its bytes where they lie (valid until the
-  // credit for `slots` is sent) and those slots.
+  // credit for `slots` is sent), those slots, and the region (mapped while held).
   struct Part {
     common::FrameHeader header;
     std::vector<std::span<const std::byte>> pieces;
     std::vector<int> slots;
+    std::shared_ptr<const ShmReceiver> receiver;
   };
   absl::StatusOr<Part> OnFrame(const pipetrain::v1::ShmFrame& frame);
   static std::string CreditMessage(std::span<const int> slots);
@@ -71,7 +72,7 @@ class LinkShm {
   Options options_ ABSL_GUARDED_BY(mu_);
   std::optional<OfferedRegion> offered_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<ShmSender> sender_ ABSL_GUARDED_BY(mu_);
-  std::optional<ShmReceiver> receiver_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const ShmReceiver> receiver_ ABSL_GUARDED_BY(mu_);
   std::string send_path_ ABSL_GUARDED_BY(mu_) = "tcp (--same-host-transport off)";
   std::string receive_path_ ABSL_GUARDED_BY(mu_) = "tcp (--same-host-transport off)";
 };

@@ -16,7 +16,7 @@ ShmLayout LayoutFor(uint64_t largest_tensor_bytes, const ShmLimits& limits) {
   const uint64_t per_tensor = (largest_tensor_bytes + layout.slot_bytes - 1) / layout.slot_bytes;
   const uint64_t fit = std::max<uint64_t>(1, limits.max_region_bytes / layout.slot_bytes);
   layout.slots = static_cast<int>(std::min<uint64_t>(
-      {std::max<uint64_t>(4, 2 * per_tensor), static_cast<uint64_t>(limits.max_slots), fit}));
+      {std::max<uint64_t>(8, 4 * per_tensor), static_cast<uint64_t>(limits.max_slots), fit}));
   return layout;
 }
 

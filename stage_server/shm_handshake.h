@@ -32,8 +32,9 @@ struct ShmLimits {
 };
 
 // The slots for a link whose largest tensor is `largest_tensor_bytes`: slots of
-// min(that, 4 MiB) bytes (at least 4 KiB), enough for two of the largest tensors in
-// flight (at least 4 slots), within `limits`.
+// min(that, 4 MiB) bytes (at least 4 KiB), enough for four of the largest tensors (at
+// least 8 slots: two the receiving stage may hold in place, two in flight), within
+// `limits`.
 ShmLayout LayoutFor(uint64_t largest_tensor_bytes, const ShmLimits& limits = {});
 
 // The sender's region and its offer.

@@ -19,7 +19,7 @@ ShmSender::ShmSender(ShmRegion region, ShmLayout layout, std::string link)
 absl::Status ShmSender::Send(const common::FrameTag& tag, const common::Tensor& tensor,
                              absl::Time deadline, const Emit& emit) {
   ASSIGN_OR_RETURN(const common::TensorEncoder parts,
-                   common::TensorEncoder::Create(tag, tensor, layout_.payload_bytes()));
+                   common::TensorEncoder::Create(tag, tensor, layout_.max_part_bytes()));
   std::span<std::byte> memory = region_.payload();
   for (size_t p = 0; p < parts.num_frames(); ++p) {
     const common::FrameView part = parts.frame(p);

@@ -2,8 +2,9 @@
 // tensor's bytes into free slots of its shared-memory region (shm_region.h) part by part
 // and hands each part's frame header and slot numbers to `emit` (the stream carries them
 // instead of the payload); the receiver turns a header's slots back into the payload's
-// pieces, which the usual reassembler (common/tensor_codec.h) checks and copies once into
-// the tensor, and then returns the slots with a credit. Slot i is the payload's bytes
+// pieces, which the usual reassembler (common/tensor_codec.h) checks, and returns the
+// slots with a credit: at once when it copied them out, or when its stage drops the
+// tensor it viewed in place (shm_holds.h). Slot i is the payload's bytes
 // [i x slot_bytes, (i + 1) x slot_bytes).
 #pragma once
 
@@ -27,6 +28,13 @@ struct ShmLayout {
   int slots = 0;
   uint64_t slot_bytes = 0;
   uint64_t payload_bytes() const { return static_cast<uint64_t>(slots) * slot_bytes; }
+  // The protocol's split of the slots: a receiver keeps at most max_held_slots() of
+  // them while its stage holds tensors in place (shm_holds.h); a sender's part takes at
+  // most the rest, so it always gets them back from tensors the receiver copies out.
+  int max_held_slots() const { return slots / 2; }
+  uint64_t max_part_bytes() const {
+    return static_cast<uint64_t>(slots - max_held_slots()) * slot_bytes;
+  }
 };
 
 class ShmSender {
@@ -38,7 +46,7 @@ class ShmSender {
   // slots holding it in order, and its bytes.
   using Emit = std::function<absl::Status(const common::FrameHeader&, std::span<const int>,
                                           uint64_t)>;
-  // Writes `tensor` in parts of at most every slot, waiting (up to `deadline`) for
+  // Writes `tensor` in parts of at most layout().max_part_bytes(), waiting (up to `deadline`) for
   // credits when the slots are in flight; the first error of a wait or of `emit`.
   absl::Status Send(const common::FrameTag& tag, const common::Tensor& tensor,
                     absl::Time deadline, const Emit& emit);
@@ -67,6 +75,7 @@ class ShmReceiver {
   absl::StatusOr<std::vector<std::span<const std::byte>>> Pieces(std::span<const int> slots,
                                                                  uint64_t bytes) const;
   const ShmRegion& region() const { return region_; }
+  const ShmLayout& layout() const { return layout_; }
 
  private:
   ShmRegion region_;

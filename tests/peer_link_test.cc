@@ -397,6 +397,39 @@ TEST_P(PeerLinkTest, EachDirectionSaysItsPathAndLargeTensorsArriveIntact) {
   EXPECT_EQ(down_->bytes_received(), up_->bytes_sent());
 }
 
+// On the same-host path a tensor that came in one part is viewed where the sender wrote
+// it (one piece per 4 MiB slot, no copy) until the receiver drops it. A receiver that
+// keeps every tensor never stalls the sender (it keeps at most half the slots; the
+// rest are copied out), and what it kept stays intact after both ends closed.
+TEST_P(PeerLinkTest, TensorsKeptInPlaceNeverStallTheSenderAndOutliveTheLink) {
+  if (!GetParam()) GTEST_SKIP() << "only the same-host path views tensors in place";
+  Connect();
+  Accept();
+  const std::string path = SettledPath(*up_);
+  if (absl::StrContains(path, "shared-memory region")) {
+    GTEST_SKIP() << "this machine cannot make the regions (a small /dev/shm?): " << path;
+  }
+  ASSERT_THAT(path, HasSubstr("shared memory (16 slots of 4.0 MiB)"));
+  up_->BeginStep(0);
+  down_->BeginStep(0);
+  std::mt19937 rng(47);
+  std::vector<std::shared_ptr<const Tensor>> sent;
+  std::vector<common::PiecewiseTensor> kept;
+  for (int mb = 0; mb < 10; ++mb) {  // 10 x 9 MiB, all kept: more than the region
+    sent.push_back(RandomTensor({9, 1 << 18}, rng));
+    ASSERT_THAT(up_->Send(Tag(0, mb, TensorKind::kActivation), sent.back(), In(absl::Seconds(20))),
+                IsOk()) << mb;
+    auto got = down_->Receive(Tag(0, mb, TensorKind::kActivation), In(absl::Seconds(20)));
+    ASSERT_THAT(got.status(), IsOk()) << mb;
+    kept.push_back(*std::move(got));
+  }
+  EXPECT_EQ(kept[0].pieces().size(), 3u) << "the first tensor is viewed in its three slots";
+  EXPECT_EQ(kept[9].pieces().size(), 1u) << "past half the slots, tensors are copied out";
+  up_->Close();
+  down_->Close();
+  for (int mb = 0; mb < 10; ++mb) EXPECT_TRUE(SameBytes(kept[mb], *sent[mb])) << mb;
+}
+
 // One end off is enough: the other's offer is refused, said why, and tensors keep to
 // the stream.
 TEST_P(PeerLinkTest, AReceiverThatIsOffRefusesTheOffer) {

@@ -19,6 +19,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "stage_server/shm_handshake.h"
+#include "stage_server/shm_holds.h"
 #include "stage_server/shm_region.h"
 #include "stage_server/shm_slots.h"
 #include "stage_server/shm_transport.h"
@@ -231,7 +232,7 @@ TEST(ShmTransportTest, ATensorLargerThanTheRingArrivesEqual) {
                                  return absl::OkStatus();
                                }),
               IsOk());
-  EXPECT_EQ(parts, 4) << "12012 bytes in parts of at most 4 x 1000";
+  EXPECT_EQ(parts, 7) << "12012 bytes in parts of at most half the 4 slots (2 x 1000)";
   ASSERT_TRUE(got.has_value());
   EXPECT_EQ(got->tag, tag);
   EXPECT_EQ(got->tensor.shape(), tensor->shape());
@@ -242,7 +243,8 @@ TEST(ShmTransportTest, ATensorLargerThanTheRingArrivesEqual) {
 
 TEST(ShmTransportTest, WithoutCreditsTheSenderStopsAtItsDeadline) {
   Pair pair = MakePair({.slots = 2, .slot_bytes = 64});
-  auto tensor = common::Tensor::Create(common::DType::kF32, {64});  // 256 bytes: 2 parts
+  // 256 bytes: 4 parts of one slot (half the ring); two fit before the credits run out.
+  auto tensor = common::Tensor::Create(common::DType::kF32, {64});
   ASSERT_THAT(tensor, IsOk());
   int parts = 0;
   EXPECT_THAT(pair.sender.Send({"job-1", 0, 0, 0, common::TensorKind::kGradient}, *tensor,
@@ -252,9 +254,43 @@ TEST(ShmTransportTest, WithoutCreditsTheSenderStopsAtItsDeadline) {
                                  return absl::OkStatus();
                                }),
               StatusIs(absl::StatusCode::kDeadlineExceeded, HasSubstr("job-1 stage 0 -> 1")));
-  EXPECT_EQ(parts, 1);
+  EXPECT_EQ(parts, 2);
   pair.sender.Close("stage 1 lost");
   EXPECT_EQ(pair.sender.free_slots(), 2);
+}
+
+// A receiving stage that views tensors in place keeps their slots until the last view
+// goes, then credits exactly those; never more than the limit at once (the rest is
+// copied out); and after the link went (Detach) a late drop credits nothing but still
+// frees the mapping, which lived as long as a view of it.
+TEST(ShmHoldsTest, SlotsGoBackWhenTheLastViewGoesAndNeverPastTheLimit) {
+  Pair pair = MakePair({.slots = 8, .slot_bytes = 64});
+  auto receiver = std::make_shared<const ShmReceiver>(std::move(pair.receiver));
+  std::vector<int> credited;
+  auto holds = std::make_shared<ShmHolds>(
+      [&](std::span<const int> s) { credited.insert(credited.end(), s.begin(), s.end()); });
+  std::shared_ptr<const void> a = holds->TryHold(receiver, {0, 1, 2}, 4);
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(holds->TryHold(receiver, {3, 4}, 4), nullptr) << "5 held would pass the limit of 4";
+  EXPECT_EQ(holds->held(), 3);
+  std::shared_ptr<const void> c = holds->TryHold(receiver, {5}, 4);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(holds->held(), 4);
+  std::shared_ptr<const void> a_view = a;
+  a.reset();
+  EXPECT_TRUE(credited.empty()) << "a view is still alive";
+  a_view.reset();
+  EXPECT_EQ(credited, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(holds->held(), 1);
+
+  std::weak_ptr<const ShmReceiver> mapping = receiver;
+  receiver.reset();
+  EXPECT_FALSE(mapping.expired()) << "a held tensor keeps the region mapped";
+  holds->Detach();
+  c.reset();
+  EXPECT_EQ(credited, (std::vector<int>{0, 1, 2})) << "no credit after the link went";
+  EXPECT_EQ(holds->held(), 0);
+  EXPECT_TRUE(mapping.expired());
 }
 
 TEST(ShmTransportTest, AReceiverRefusesSlotsItWasNotGiven) {
@@ -348,13 +384,19 @@ TEST(ShmHandshakeTest, OffersOutsideTheLimitsOrFromElsewhereAreRefused) {
   EXPECT_EQ(echo, offered->offer.nonce_hex);
 }
 
-TEST(ShmHandshakeTest, TheLayoutHoldsTwoOfTheLargestTensorsWithinTheLimits) {
+TEST(ShmHandshakeTest, TheLayoutHoldsFourOfTheLargestTensorsWithinTheLimits) {
   const ShmLayout small = LayoutFor(1000);
   EXPECT_EQ(small.slot_bytes, 4096u);
-  EXPECT_EQ(small.slots, 4);
+  EXPECT_EQ(small.slots, 8);
   const ShmLayout mid = LayoutFor(uint64_t{16} << 20);  // a 16 MiB activation
   EXPECT_EQ(mid.slot_bytes, uint64_t{4} << 20);
-  EXPECT_EQ(mid.slots, 8);
+  EXPECT_EQ(mid.slots, 16);
+  // Half the slots may be held in place, the other half takes a whole tensor.
+  EXPECT_EQ(mid.max_held_slots(), 8);
+  EXPECT_EQ(mid.max_part_bytes(), uint64_t{32} << 20);
+  const ShmLayout odd{5, 4096};
+  EXPECT_EQ(odd.max_held_slots(), 2);
+  EXPECT_EQ(odd.max_part_bytes(), 3u * 4096);
   const ShmLayout huge = LayoutFor(uint64_t{8} << 30, ShmLimits{});
   EXPECT_LE(huge.payload_bytes(), ShmLimits{}.max_region_bytes);
   EXPECT_LE(huge.slots, ShmLimits{}.max_slots);
