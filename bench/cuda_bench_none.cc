@@ -14,4 +14,10 @@ absl::StatusOr<BenchResult> RunCudaTrainBench(const BenchOptions& options) {
   return RunCudaBench(options);
 }
 
+absl::StatusOr<BenchResult> RunCudaIpcBench(const BenchOptions& options) {
+  return RunCudaBench(options);
+}
+
+int RunCudaIpcWorker(int, char**) { return 1; }
+
 }  // namespace pipetrain::bench

@@ -7,10 +7,11 @@
 #   1. here: bash bench/gpu-pack.sh          (builds and packs into .gpu/gpu-pack.tar.gz)
 #   2. the device tool's run, with carry [".gpu"] and command `bash bench/gpu.sh`
 #
-# Writes into $OUT (the device tool brings it back; at most 8 files): one gtest XML per
-# test binary (5), gpu.log (everything printed), cuda_bench.json and cuda_train.json. Prints a summary table
-# last. Exit status: 1 if any test failed or did not run, 2 if only the bench failed,
-# 0 otherwise. SANITIZE=1 bash bench/gpu.sh adds a compute-sanitizer memcheck run.
+# Writes into $OUT (the device tool brings it back; at most 8 files): gtest-xml.tar.gz (one
+# gtest XML per test binary), gpu.log (everything printed), cuda_bench.json,
+# cuda_train.json and cuda_ipc.json. Prints a summary table last. Exit status: 1 if any
+# test failed or did not run, 2 if only a bench failed, 0 otherwise. SANITIZE=1 bash
+# bench/gpu.sh adds a compute-sanitizer memcheck run.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
@@ -65,14 +66,15 @@ fi
 declare -a rows=()
 failed=0
 tlog=$(mktemp)
-# TESTS (a glob, default *_test) and BENCHES (default "cuda cuda-train") pick what runs,
+xml_dir=$(mktemp -d)
+# TESTS (a glob, default *_test) and BENCHES (default "cuda cuda-train cuda-ipc") pick what runs,
 # for a second, shorter run after a fix.
 for t in "$pack"/bin/${TESTS:-*_test}; do
   name=$(basename "$t")
   say "== $name"
   limit=120
   [[ $name == cuda_cluster_test ]] && limit=${CLUSTER_LIMIT:-260}
-  timeout "$limit" "$t" --gtest_output="xml:$OUT/$name.xml" 2>&1 | tee "$tlog" >>"$log"
+  timeout "$limit" "$t" --gtest_output="xml:$xml_dir/$name.xml" 2>&1 | tee "$tlog" >>"$log"
   rc=${PIPESTATUS[0]}
   tail -n 40 "$tlog"
   passed=$(grep -c '^\[       OK \]' "$tlog")
@@ -108,7 +110,7 @@ if [[ "${SANITIZE:-0}" == 1 ]]; then
   fi
 fi
 
-benches=" ${BENCHES-cuda cuda-train} "
+benches=" ${BENCHES-cuda cuda-train cuda-ipc} "
 bench_rc=0
 train_rc=0
 if [[ $benches == *" cuda "* ]]; then
@@ -125,15 +127,26 @@ if [[ $benches == *" cuda-train "* ]]; then
   cat "$OUT/cuda_train.json" >>"$log"
 fi
 [[ $train_rc != 0 ]] && bench_rc=$train_rc
+tar -C "$xml_dir" -czf "$OUT/gtest-xml.tar.gz" . 2>>"$log"
+# The same-host path between GPUs: two processes on GPU 0 through a CUDA IPC ring.
+ipc_json="$OUT/cuda_ipc.json"
+if [[ $benches == *" cuda-ipc "* ]]; then
+  say "== pipetrain-bench cuda-ipc"
+  timeout 90 "$pack/bin/pipetrain-bench" cuda-ipc --json >"$ipc_json" 2>>"$log"
+  ipc_rc=$?
+  cat "$ipc_json" >>"$log"
+  [[ $ipc_rc != 0 && $bench_rc == 0 ]] && bench_rc=$ipc_rc
+fi
 
 echo
 say "== summary"
 say "$(printf '%-28s %-18s %6s %6s %7s' test-binary status passed failed skipped)"
 for r in "${rows[@]}"; do say "$r"; done
-for f in cuda_bench cuda_train; do
-  if [[ -s "$OUT/$f.json" ]]; then
+for f in cuda_bench cuda_train cuda_ipc; do
+  json="$OUT/$f.json"
+  if [[ -s "$json" ]]; then
     # One figure a line: "name value".
-    sed -e 's/[{}]//g' -e 's/","/"\n"/g' -e 's/,"/\n"/g' "$OUT/$f.json" |
+    sed -e 's/[{}]//g' -e 's/","/"\n"/g' -e 's/,"/\n"/g' "$json" |
       sed -e 's/"//g' -e 's/:/  /' | tee -a "$log"
   else
     say "$f: no figures (see gpu.log)"

@@ -74,6 +74,11 @@ const std::vector<Benchmark>& AllBenchmarks() {
        "(over the datasheet peak and the bf16 product rate measured in the same run), next "
        "to PyTorch eager on the GPU on the same model (ours/PyTorch)",
        RunCudaTrainBench},
+      {"cuda-ipc",
+       "same-host path between GPUs: a 16 MiB activation from one process's device memory "
+       "to another's on GPU 0 through a CUDA IPC ring (copy in, copy out), against "
+       "device -> pinned host -> device and one device-to-device copy in the same run",
+       RunCudaIpcBench},
       {"allreduce",
        "gloo ring all-reduce of 16 and 64 MiB of floats between 2 and 4 processes on "
        "loopback: bus bandwidth vs raw TCP moving the same bytes in a ring (ratio, higher "
