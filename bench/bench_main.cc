@@ -7,6 +7,8 @@
 #include "bench/allreduce_bench.h"
 #include "bench/benchmark.h"
 #include "bench/compute_bench.h"
+#include "bench/cuda_bench.h"
+#include "bench/link_processes.h"
 #include "common/flags.h"
 #include "common/malloc_tuning.h"
 #include "common/rpc_security.h"
@@ -18,6 +20,13 @@ int main(int argc, char** argv) {
   // `allreduce`'s processes: hidden, not a benchmark of its own.
   if (argc > 1 && std::string(argv[1]) == "--allreduce-worker") {
     return bench::RunAllreduceWorker(argc, argv);
+  }
+  if (argc > 1 && std::string(argv[1]) == "--cuda-ipc-worker") {
+    return bench::RunCudaIpcWorker(argc, argv);
+  }
+  // `link --same-host`'s receiving stage process: hidden too.
+  if (argc > 1 && std::string(argv[1]) == "--link-worker") {
+    return bench::RunLinkWorker(argc, argv);
   }
   bool help = false, version = false, json = false, list = false, same_host = false;
   int64_t reps = 0;

@@ -11,6 +11,7 @@
 #include <optional>
 #include <random>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "common/channel_args.h"
@@ -18,6 +19,7 @@
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "pipetrain/v1/stage.grpc.pb.h"
+#include "bench/link_processes.h"
 #include "stage_server/exchange_service.h"
 #include "stage_server/peer_link.h"
 
@@ -25,9 +27,8 @@ namespace pipetrain::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr size_t kTensorBytes = size_t{16} << 20;
-constexpr int kTensorsPerRep = 16;
-constexpr char kSameHostJob[] = "bench-same-host";
+constexpr size_t kTensorBytes = kLinkTensorBytes;
+constexpr int kTensorsPerRep = kLinkTensorsPerStep;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -126,20 +127,29 @@ double MemcpyOnce(const std::vector<char>& src, std::vector<char>& dst) {
   return Seconds(start, Clock::now());
 }
 
+// The same bytes copied into a 64 MiB ring, four tensors' places in turn, as the
+// same-host path's sender writes its region (which, unlike one 16 MiB destination,
+// does not stay in this processor's last-level cache).
+double MemcpyRingOnce(const std::vector<char>& src, std::vector<char>& ring) {
+  const size_t places = ring.size() / src.size();
+  const auto start = Clock::now();
+  for (int i = 0; i < kTensorsPerRep; ++i) {
+    std::memcpy(ring.data() + (i % places) * src.size(), src.data(), src.size());
+  }
+  return Seconds(start, Clock::now());
+}
+
 struct LinkPair {
   std::unique_ptr<stage_server::PeerLink> up, down;
 };
 
-// A link from stage 0 to stage 1 (this process's server) for job `job`; with
-// `same_host`, once the upstream end's offer is answered.
+// A link from stage 0 to stage 1 (this process's server) for job `job`.
 absl::StatusOr<LinkPair> Connect(stage_server::LinkAcceptor& acceptor, const std::string& address,
-                                 const std::string& job, bool same_host,
-                                 const BenchOptions& options) {
+                                 const std::string& job, const BenchOptions& options) {
   stage_server::PeerLinkOptions opts;
   opts.job_id = job;
   opts.local_stage = 1;
   opts.peer_stage = 0;
-  opts.same_host = same_host;
   opts.limits.max_tensor_bytes = kTensorBytes;
   acceptor.Expect(opts, "s");
   opts.local_stage = 0;
@@ -151,25 +161,50 @@ absl::StatusOr<LinkPair> Connect(stage_server::LinkAcceptor& acceptor, const std
   ASSIGN_OR_RETURN(pair.up, stage_server::ConnectPeerLink(channel, opts, "s",
                                                           absl::Now() + absl::Seconds(10)));
   ASSIGN_OR_RETURN(pair.down, acceptor.WaitForPeer(job, 0, absl::Now() + absl::Seconds(10)));
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  while (same_host && pair.up->sending_path().find("not answered") != std::string::npos &&
-         absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(5));
-  }
-  if (same_host && pair.up->sending_path().find("shared memory") != 0) {
-    return absl::UnavailableError(absl::StrCat("link bench: the same-host path was not taken: ",
-                                               pair.up->sending_path()));
-  }
   return pair;
+}
+
+// --same-host: two stage processes (this one and a worker, link_processes.h) on the
+// stream and on shared memory, against one memcpy, interleaved like the rest.
+struct ProcessTimes {
+  std::vector<double> memcpy_s, memcpy_ring, tcp, tcp_landed, shm, shm_landed;
+  std::string path;
+};
+
+absl::StatusOr<ProcessTimes> TimeProcesses(int reps, const std::vector<char>& src,
+                                           std::vector<char>& dst,
+                                           std::shared_ptr<const common::Tensor> tensor) {
+  const int steps = 1 + 2 * reps;  // a warm-up, then each repetition's two steps
+  ASSIGN_OR_RETURN(LinkWorker tcp, LinkWorker::Start(false, steps));
+  ASSIGN_OR_RETURN(LinkWorker shm, LinkWorker::Start(true, steps));
+  ProcessTimes t;
+  t.path = shm.path();
+  std::vector<char> ring(4 * kTensorBytes, 0);
+  RETURN_IF_ERROR(tcp.Step(0, tensor).status());
+  RETURN_IF_ERROR(shm.Step(0, tensor).status());
+  for (int r = 0; r < reps; ++r) {
+    const uint64_t step = 1 + 2 * r;  // odd: the worker drops; even: it copies out
+    t.memcpy_s.push_back(MemcpyOnce(src, dst));
+    t.memcpy_ring.push_back(MemcpyRingOnce(src, ring));
+    for (auto [worker, plain, landed] : {std::tuple{&tcp, &t.tcp, &t.tcp_landed},
+                                         std::tuple{&shm, &t.shm, &t.shm_landed}}) {
+      ASSIGN_OR_RETURN(double a, worker->Step(step, tensor));
+      ASSIGN_OR_RETURN(double b, worker->Step(step + 1, tensor));
+      plain->push_back(a);
+      landed->push_back(b);
+    }
+  }
+  RETURN_IF_ERROR(tcp.Finish());
+  RETURN_IF_ERROR(shm.Finish());
+  return t;
 }
 
 }  // namespace
 
 absl::StatusOr<BenchResult> RunLinkBench(const BenchOptions& options) {
   const int reps = options.repetitions > 0 ? options.repetitions : 7;
-  std::vector<char> src(kTensorBytes), dst(kTensorBytes);
-  std::mt19937 rng(3);
-  for (char& c : src) c = static_cast<char>(rng());
+  const std::vector<char> src = LinkBenchBytes();
+  std::vector<char> dst(kTensorBytes);
   std::memset(dst.data(), 0, dst.size());
   auto tensor = std::make_shared<common::Tensor>();
   {
@@ -187,11 +222,7 @@ absl::StatusOr<BenchResult> RunLinkBench(const BenchOptions& options) {
                    common::StartServer(builder, {"127.0.0.1", 0}, "bench-stage",
                                        options.security));
   const std::string address = server.address.ToString();
-  ASSIGN_OR_RETURN(LinkPair tcp, Connect(acceptor, address, "bench", false, options));
-  std::optional<LinkPair> shm;
-  if (options.same_host) {
-    ASSIGN_OR_RETURN(shm, Connect(acceptor, address, kSameHostJob, true, options));
-  }
+  ASSIGN_OR_RETURN(LinkPair tcp, Connect(acceptor, address, "bench", options));
   stage_server::PeerLink& up = *tcp.up;
   stage_server::PeerLink& down = *tcp.down;
 
@@ -199,8 +230,7 @@ absl::StatusOr<BenchResult> RunLinkBench(const BenchOptions& options) {
   // Warm-up: fills malloc's free lists and the connection's windows.
   RETURN_IF_ERROR(LinkOnce("bench", up, down, tensor, 0, &landing).status());
   RETURN_IF_ERROR(RawTcpOnce(src, dst).status());
-  if (shm) RETURN_IF_ERROR(LinkOnce(kSameHostJob, *shm->up, *shm->down, tensor, 0, &landing).status());
-  std::vector<double> t_tcp, t_link, t_landed, t_memcpy, t_shm, t_shm_landed;
+  std::vector<double> t_tcp, t_link, t_landed;
   uint64_t step = 1;
   for (int r = 0; r < reps; ++r) {  // interleaved, so noise hits them all alike
     ASSIGN_OR_RETURN(double tcp, RawTcpOnce(src, dst));
@@ -209,23 +239,16 @@ absl::StatusOr<BenchResult> RunLinkBench(const BenchOptions& options) {
     t_tcp.push_back(tcp);
     t_link.push_back(link);
     t_landed.push_back(landed);
-    if (shm) {
-      t_memcpy.push_back(MemcpyOnce(src, dst));
-      ASSIGN_OR_RETURN(double same, LinkOnce(kSameHostJob, *shm->up, *shm->down, tensor, step, nullptr));
-      ASSIGN_OR_RETURN(double same_landed,
-                       LinkOnce(kSameHostJob, *shm->up, *shm->down, tensor, step + 1, &landing));
-      t_shm.push_back(same);
-      t_shm_landed.push_back(same_landed);
-    }
     step += 2;
   }
   if (std::memcmp(landing.data(), src.data(), kTensorBytes) != 0) {
     return absl::DataLossError("the bytes received through the peer link differ from those sent");
   }
-  for (LinkPair* pair : {&tcp, shm ? &*shm : nullptr}) {
-    if (pair == nullptr) continue;
-    pair->up->Close();
-    pair->down->Close();
+  tcp.up->Close();
+  tcp.down->Close();
+  std::optional<ProcessTimes> processes;
+  if (options.same_host) {
+    ASSIGN_OR_RETURN(processes, TimeProcesses(reps, src, dst, tensor));
   }
   server.server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
 
@@ -243,18 +266,25 @@ absl::StatusOr<BenchResult> RunLinkBench(const BenchOptions& options) {
   // staging does with every received tensor).
   result.Add("peer_link_copied_out_gb_per_s", gb / landed_s);
   result.Add("peer_link_copied_out_over_raw_tcp", tcp_s / landed_s);
-  if (shm) {
-    // --same-host: the same link through shared memory (both ends in this process; the
-    // protocol is the one two stage processes on a host use), against one memcpy.
-    const double memcpy_s = Median(t_memcpy), shm_s = Median(t_shm);
-    const double shm_landed_s = Median(t_shm_landed);
-    result.Label("same_host_path", shm->up->sending_path());
+  if (processes) {
+    // --same-host: between two stage processes, the stream (--same-host-transport off)
+    // and shared memory, against one memcpy of the same bytes.
+    ProcessTimes& p = *processes;
+    const double memcpy_s = Median(p.memcpy_s), tcp2_s = Median(p.tcp), shm_s = Median(p.shm);
+    const double tcp2_landed_s = Median(p.tcp_landed), shm_landed_s = Median(p.shm_landed);
+    result.Label("same_host_transfer", "the same, between two stage processes");
+    result.Label("same_host_path", p.path);
     result.Add("memcpy_gb_per_s", gb / memcpy_s);
+    result.Add("memcpy_64mib_ring_gb_per_s", gb / Median(p.memcpy_ring));
+    result.Add("processes_tcp_gb_per_s", gb / tcp2_s);
+    result.Add("processes_tcp_copied_out_gb_per_s", gb / tcp2_landed_s);
     result.Add("same_host_gb_per_s", gb / shm_s);
     result.Add("same_host_over_memcpy", memcpy_s / shm_s);
-    result.Add("same_host_over_peer_link", link_s / shm_s);
+    result.Add("same_host_over_memcpy_64mib_ring", Median(p.memcpy_ring) / shm_s);
+    result.Add("same_host_over_tcp", tcp2_s / shm_s);
     result.Add("same_host_copied_out_gb_per_s", gb / shm_landed_s);
     result.Add("same_host_copied_out_over_memcpy", memcpy_s / shm_landed_s);
+    result.Add("same_host_copied_out_over_tcp_copied_out", tcp2_landed_s / shm_landed_s);
   }
   return result;
 }

@@ -191,7 +191,10 @@ void LinkCore::SendRaw(grpc::ByteBuffer buffer) {
 
 absl::Status LinkCore::Send(const FrameTag& tag, std::shared_ptr<const Tensor> tensor,
                             absl::Time deadline) {
-  if (ShmSender* shm = shm_.sender()) {
+  // Small tensors keep to the stream: there one message carries them, where shared
+  // memory takes two (the header, the credit) to save a copy that costs less.
+  ShmSender* shm = shm_.sender();
+  if (shm != nullptr && tensor->num_bytes() >= LinkShm::kMinTensorBytes) {
     absl::Status sent = SendShm(*shm, tag, *tensor, deadline);
     absl::MutexLock lock(&mu_);
     // A link that failed says why, not the slots it closed.
@@ -229,6 +232,7 @@ absl::Status LinkCore::SendShm(ShmSender& shm, const FrameTag& tag, const Tensor
                     RETURN_IF_ERROR(Enqueue(std::move(one), 0, tag, deadline));
                     absl::MutexLock lock(&mu_);
                     bytes_sent_ += bytes;
+                    bytes_sent_same_host_ += bytes;
                     return absl::OkStatus();
                   });
 }
@@ -558,6 +562,10 @@ absl::Status LinkCore::status() const {
 uint64_t LinkCore::bytes_sent() const {
   absl::MutexLock lock(&mu_);
   return bytes_sent_;
+}
+uint64_t LinkCore::bytes_sent_same_host() const {
+  absl::MutexLock lock(&mu_);
+  return bytes_sent_same_host_;
 }
 uint64_t LinkCore::bytes_received() const {
   absl::MutexLock lock(&mu_);

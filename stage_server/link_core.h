@@ -79,6 +79,7 @@ class LinkCore {
   void Close();
   absl::Status status() const;
   uint64_t bytes_sent() const;
+  uint64_t bytes_sent_same_host() const;
   uint64_t bytes_received() const;
 
   // Keeps `owner` (the client's reactor and stub) alive until the call is done.
@@ -155,6 +156,7 @@ class LinkCore {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;       // the core is going away
   size_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_sent_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t bytes_sent_same_host_ ABSL_GUARDED_BY(mu_) = 0;  // of bytes_sent_
   uint64_t bytes_received_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t min_step_ ABSL_GUARDED_BY(mu_) = 0;  // frames of earlier steps are stale
   std::map<Key, common::PiecewiseTensor> mailbox_ ABSL_GUARDED_BY(mu_);

@@ -23,6 +23,11 @@ namespace pipetrain::stage_server {
 
 class LinkShm {
  public:
+  // Tensors smaller than this go on the stream even where the region was accepted: the
+  // stream carries them in one message, shared memory in two (header, credit), and the
+  // copy it saves is worth less than the second message below about this size.
+  static constexpr uint64_t kMinTensorBytes = uint64_t{256} << 10;
+
   struct Options {
     bool enabled = false;               // pipetrain-stage --same-host-transport auto
     std::string link;                   // names the link in logs and errors

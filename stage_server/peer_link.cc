@@ -161,6 +161,7 @@ std::string PeerLink::sending_path() const { return core_->sending_path(); }
 std::string PeerLink::receiving_path() const { return core_->receiving_path(); }
 int PeerLink::peer_stage() const { return core_->options().peer_stage; }
 uint64_t PeerLink::bytes_sent() const { return core_->bytes_sent(); }
+uint64_t PeerLink::bytes_sent_same_host() const { return core_->bytes_sent_same_host(); }
 uint64_t PeerLink::bytes_received() const { return core_->bytes_received(); }
 
 // ---- Client side ------------------------------------------------------------------

@@ -79,6 +79,8 @@ class PeerLink final : public TensorChannel {
   std::string receiving_path() const;
   int peer_stage() const;  // the neighbour's position in the job
   uint64_t bytes_sent() const override;
+  // Of those, the bytes that went through shared memory (the same-host path).
+  uint64_t bytes_sent_same_host() const;
   uint64_t bytes_received() const override;
 
  private:

@@ -67,7 +67,8 @@ std::vector<LinkPathInfo> StageRuntime::LinkPaths() {
   absl::MutexLock lock(&abort_mu_);
   std::vector<LinkPathInfo> paths;
   for (PeerLink* link : abortable_.links) {
-    paths.push_back({link->peer_stage(), link->sending_path(), link->receiving_path()});
+    paths.push_back({link->peer_stage(), link->sending_path(), link->receiving_path(),
+                     link->bytes_sent(), link->bytes_sent_same_host()});
   }
   return paths;
 }

@@ -93,6 +93,8 @@ struct LinkPathInfo {
   int peer_stage = 0;
   std::string sending;
   std::string receiving;
+  uint64_t bytes_sent = 0;            // this job's tensor bytes to the neighbour
+  uint64_t bytes_sent_same_host = 0;  // of those, through shared memory
 };
 
 struct RuntimeStats {

@@ -374,6 +374,8 @@ std::vector<pb::LinkPath> LinkPathProtos(StageRuntime& runtime) {
     l.set_peer_stage(link.peer_stage);
     l.set_sending(link.sending);
     l.set_receiving(link.receiving);
+    l.set_bytes_sent(link.bytes_sent);
+    l.set_bytes_sent_same_host(link.bytes_sent_same_host);
   }
   return out;
 }

@@ -430,6 +430,31 @@ TEST_P(PeerLinkTest, TensorsKeptInPlaceNeverStallTheSenderAndOutliveTheLink) {
   for (int mb = 0; mb < 10; ++mb) EXPECT_TRUE(SameBytes(kept[mb], *sent[mb])) << mb;
 }
 
+// Tensors under LinkShm::kMinTensorBytes keep to the stream even on the same-host path
+// (one message there, two through shared memory); larger ones go through the region.
+TEST_P(PeerLinkTest, SmallTensorsKeepToTheStream) {
+  Connect();
+  Accept();
+  const std::string path = SettledPath(*up_);
+  if (GetParam() && absl::StrContains(path, "shared-memory region")) {
+    GTEST_SKIP() << "this machine cannot make the regions (a small /dev/shm?): " << path;
+  }
+  up_->BeginStep(0);
+  down_->BeginStep(0);
+  std::mt19937 rng(53);
+  auto small = RandomTensor({16, 1024}, rng);  // 64 KiB
+  auto large = RandomTensor({256, 1024}, rng);  // 1 MiB
+  ASSERT_THAT(up_->Send(Tag(0, 0, TensorKind::kActivation), small, In(absl::Seconds(10))), IsOk());
+  ASSERT_THAT(up_->Send(Tag(0, 1, TensorKind::kActivation), large, In(absl::Seconds(10))), IsOk());
+  for (int mb = 0; mb < 2; ++mb) {
+    auto got = down_->Receive(Tag(0, mb, TensorKind::kActivation), In(absl::Seconds(10)));
+    ASSERT_THAT(got.status(), IsOk()) << mb;
+    EXPECT_TRUE(SameBytes(*got, mb == 0 ? *small : *large)) << mb;
+  }
+  EXPECT_EQ(up_->bytes_sent(), small->num_bytes() + large->num_bytes());
+  EXPECT_EQ(up_->bytes_sent_same_host(), GetParam() ? large->num_bytes() : 0u);
+}
+
 // One end off is enough: the other's offer is refused, said why, and tensors keep to
 // the stream.
 TEST_P(PeerLinkTest, AReceiverThatIsOffRefusesTheOffer) {

@@ -51,6 +51,11 @@ class SameHostTransportTest : public testing::ClusterJobTest {
     spec_["data"]["validate_every_steps"] = 0;
     spec_["checkpoint"]["every_steps"] = 0;
     spec_["pipeline"]["schedule"] = "1f1b";
+    // Activations of 8 x 64 x 128 floats (256 KiB): large enough for shared memory
+    // (smaller tensors keep to the stream, LinkShm::kMinTensorBytes).
+    spec_["model"]["seq_len"] = 64;
+    spec_["model"]["d_model"] = 128;
+    spec_["training"]["batch_size"] = 32;
   }
 
   // A job on 3 of the cluster's 4 stages, followed to its end: its status.
@@ -73,6 +78,27 @@ class SameHostTransportTest : public testing::ClusterJobTest {
       absl::SleepFor(absl::Milliseconds(200));
     }
     return "";
+  }
+
+  // Over every stage's links in `pipetrain cluster --json`: the tensor bytes sent, and
+  // of those through shared memory, once some were reported (within 20 s).
+  std::pair<uint64_t, uint64_t> LinkBytesOnceSent(LocalCluster& c) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(20);
+    std::pair<uint64_t, uint64_t> sent{0, 0};
+    while (absl::Now() < deadline && sent.first == 0) {
+      auto out = c.Cli({"cluster", "--json"});
+      if (out.ok() && out->exit_code == 0) {
+        sent = {0, 0};
+        for (const json& stage : json::parse(out->out).value("stages", json::array())) {
+          for (const json& link : stage.value("links", json::array())) {
+            sent.first += std::stoull(link.value("bytes_sent", "0"));
+            sent.second += std::stoull(link.value("bytes_sent_same_host", "0"));
+          }
+        }
+      }
+      if (sent.first == 0) absl::SleepFor(absl::Milliseconds(200));
+    }
+    return sent;
   }
 
   // Every stage maps at most its two links' regions; `some`: and some stage maps any.
@@ -113,6 +139,14 @@ TEST_F(SameHostTransportTest, BothPathsGiveTheSameLossesAndSayWhichTheyTook) {
     // The stages' heartbeats carry the paths to `pipetrain cluster`.
     const std::string want = same_host ? "shm/shm" : "tcp/tcp";
     EXPECT_THAT(ClusterTableOnceLinked(**cluster), HasSubstr(want));
+    // The activations and gradients (256 KiB) went where the paths say.
+    const auto [sent, shm_bytes] = LinkBytesOnceSent(**cluster);
+    EXPECT_GT(sent, 0u);
+    if (same_host) {
+      EXPECT_GT(shm_bytes, sent / 2) << "of " << sent << " bytes sent";
+    } else {
+      EXPECT_EQ(shm_bytes, 0u);
+    }
   }
   ASSERT_EQ(losses[true].size(), static_cast<size_t>(kSteps));
   EXPECT_TRUE(LossesMatch(losses[true], losses[false], testing::kSameArithmetic));
