@@ -49,7 +49,8 @@ int main(int argc, char** argv) {
                   "gpt2 or llama: the model compute trains (llama: Llama-3.2-1B's proportions "
                   "at the GPT-2 model's size)");
   flags.AddBool("same-host", &same_host,
-                "link: also the same-host path (shared memory), against one memcpy of the bytes");
+                "link: also two stage processes, on the stream and on the same-host path (shared "
+                "memory), against one memcpy of the bytes");
   common::AddSecurityFlags(flags, &security_flags, "");  // link: mutual TLS instead of plaintext
   flags.AddBool("list", &list, "list the benchmarks and exit");
   flags.AddBool("help", &help, "print this help and exit");

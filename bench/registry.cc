@@ -28,7 +28,8 @@ const std::vector<Benchmark>& AllBenchmarks() {
        RunExecutorBench},
       {"link",
        "peer link: 16 MiB activations stage to stage over gRPC on loopback vs raw TCP "
-       "(ratio, higher is better, 1.0 = raw TCP speed)",
+       "(ratio, higher is better, 1.0 = raw TCP speed); --same-host: also between two stage "
+       "processes on the stream and on shared memory, vs one memcpy of the bytes",
        RunLinkBench},
       {"scaling",
        "stages vs speed, EMULATED stages: speedup over K = 1 for K = 1..8, M = 1..32 and 4 "
