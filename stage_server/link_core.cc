@@ -62,9 +62,13 @@ void LinkCore::SendCredit(std::span<const int> slots) {
   absl::MutexLock lock(&mu_);
   if (closing_ || done_ || !status_.ok()) return;
   queue_.push_back({grpc::ByteBuffer(&slice, 1), 0});
+  WakeStarterLocked();  // the starter thread writes, not the stage's executor
+}
+
+void LinkCore::WakeStarterLocked() {
   if (!writing_ && attached_) {
     writing_ = true;
-    start_pending_ = true;  // the starter thread writes, not the stage's executor
+    start_pending_ = true;
   }
 }
 
@@ -256,10 +260,7 @@ absl::Status LinkCore::Enqueue(std::vector<Outgoing> frames, size_t bytes, const
       queued_bytes_ += o.payload_bytes;
       queue_.push_back(std::move(o));
     }
-    if (!writing_ && attached_) {
-      writing_ = true;
-      start_pending_ = true;  // the starter thread writes; this one goes on computing
-    }
+    WakeStarterLocked();  // the starter thread writes; this one goes on computing
   }
   return absl::OkStatus();
 }
@@ -331,15 +332,15 @@ absl::Status LinkCore::HandleControl(const pipetrain::v1::ExchangeMessage& messa
   }
   ASSIGN_OR_RETURN(LinkShm::Part part, shm_.OnFrame(message.shm_frame()));
   RETURN_IF_ERROR(CheckTag(part.header.tag));
-  const uint64_t bytes = message.shm_frame().bytes();
-  ASSIGN_OR_RETURN(std::optional<common::ReceivedPieces> done, AcceptShmPart(std::move(part)));
+  const uint64_t bytes = message.shm_frame().bytes();  // what part.pieces add up to
+  ASSIGN_OR_RETURN(std::optional<common::ReceivedPieces> done,
+                   AcceptShmPart(std::move(part), bytes));
   if (!done.has_value()) return Deliver(std::nullopt, bytes);
   return Deliver(std::make_pair(done->tag, std::move(done->tensor)), bytes);
 }
 
-absl::StatusOr<std::optional<common::ReceivedPieces>> LinkCore::AcceptShmPart(LinkShm::Part part) {
-  uint64_t bytes = 0;
-  for (const auto& piece : part.pieces) bytes += piece.size();
+absl::StatusOr<std::optional<common::ReceivedPieces>> LinkCore::AcceptShmPart(LinkShm::Part part,
+                                                                             uint64_t bytes) {
   const bool whole = part.header.offset == 0 && !reassembler_.in_progress() &&
                      bytes == part.header.total_bytes;
   if (whole) {

@@ -119,7 +119,11 @@ class LinkCore {
   void SendCredit(std::span<const int> slots);
   // A part that came whole: kept in the peer's slots (credited when the stage drops it)
   // while the receiver keeps fewer than half of them, else copied out and credited now.
-  absl::StatusOr<std::optional<common::ReceivedPieces>> AcceptShmPart(LinkShm::Part part);
+  // `bytes`: the part's, as its frame says (ShmReceiver::Pieces checked the pieces).
+  absl::StatusOr<std::optional<common::ReceivedPieces>> AcceptShmPart(LinkShm::Part part,
+                                                                      uint64_t bytes);
+  // Hands the queue's first write to the starter thread unless a write is under way.
+  void WakeStarterLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A tensor copied out of shared memory, whose buffer goes back to shm_pool_ when the
   // last piece of it is dropped.
   absl::StatusOr<common::PiecewiseTensor> Pooled(common::Tensor tensor);
