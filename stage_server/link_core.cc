@@ -31,14 +31,12 @@ std::string DescribeWanted(const FrameTag& tag) {
 // them must not wait for it to finish.
 thread_local int tls_io_calls = 0;
 
-// What a link keeps of warm buffers for tensors copied out of shared memory.
-constexpr size_t kShmPoolBytes = size_t{256} << 20;
-
 }  // namespace
 
 LinkCore::LinkCore(PeerLinkOptions options)
     : options_(std::move(options)),
-      shm_pool_(std::make_shared<common::BufferPool>(kShmPoolBytes)),
+      shm_pool_(std::make_shared<common::BufferPool>(
+          LinkShm::WarmBufferBytes(options_.limits.max_tensor_bytes))),
       reassembler_(options_.limits, shm_pool_.get()),
       holds_(std::make_shared<ShmHolds>([this](std::span<const int> s) { SendCredit(s); })) {
   ConfigureShm();
@@ -109,6 +107,9 @@ void LinkCore::StartWrites() {
 
 void LinkCore::SetOptions(PeerLinkOptions options) {
   options_ = std::move(options);
+  // Tensors still out hold the old pool; the new one is sized for the new limits.
+  shm_pool_ = std::make_shared<common::BufferPool>(
+      LinkShm::WarmBufferBytes(options_.limits.max_tensor_bytes));
   reassembler_ = common::TensorReassembler(options_.limits, shm_pool_.get());
   ConfigureShm();
 }

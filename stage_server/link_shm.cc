@@ -28,6 +28,16 @@ constexpr char kNotAnswered[] = "tcp (shared memory offered, not answered yet)";
 
 }  // namespace
 
+ShmLayout LinkShm::OwnLayout(uint64_t largest_tensor_bytes) {
+  ShmLimits own;
+  own.max_region_bytes = kMaxOwnRegionBytes;
+  return LayoutFor(largest_tensor_bytes, own);
+}
+
+uint64_t LinkShm::WarmBufferBytes(uint64_t largest_tensor_bytes) {
+  return OwnLayout(largest_tensor_bytes).payload_bytes();
+}
+
 void LinkShm::Configure(Options options) {
   absl::MutexLock lock(&mu_);
   options_ = std::move(options);
@@ -38,10 +48,7 @@ void LinkShm::Configure(Options options) {
 std::optional<std::string> LinkShm::Offer() {
   absl::MutexLock lock(&mu_);
   if (!options_.enabled) return std::nullopt;
-  ShmLimits own;
-  own.max_region_bytes = kMaxOwnRegionBytes;
-  absl::StatusOr<OfferedRegion> offered =
-      MakeOffer(LayoutFor(options_.largest_tensor_bytes, own));
+  absl::StatusOr<OfferedRegion> offered = MakeOffer(OwnLayout(options_.largest_tensor_bytes));
   if (!offered.ok()) {
     send_path_ = absl::StrCat("tcp (", offered.status().message(), ")");
     return std::nullopt;

@@ -28,6 +28,13 @@ class LinkShm {
   // copy it saves is worth less than the second message below about this size.
   static constexpr uint64_t kMinTensorBytes = uint64_t{256} << 10;
 
+  // This end's region for what it sends: four of the largest tensors (LayoutFor), at
+  // most 64 MiB of the host's /dev/shm per direction.
+  static ShmLayout OwnLayout(uint64_t largest_tensor_bytes);
+  // The most a link end keeps of warm buffers for tensors it copied out (of the peer's
+  // slots, or reassembled from the stream's frames): as much as its own region.
+  static uint64_t WarmBufferBytes(uint64_t largest_tensor_bytes);
+
   struct Options {
     bool enabled = false;               // pipetrain-stage --same-host-transport auto
     std::string link;                   // names the link in logs and errors

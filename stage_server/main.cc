@@ -108,7 +108,8 @@ int main(int argc, char** argv) {
                   "DEVICE");
   flags.AddInt("threads", &threads, "CPU compute threads (the cpu backend's oneDNN products)");
   flags.AddInt("memory-limit", &memory_limit,
-               "refuse jobs whose weights and optimizer state exceed this many bytes (0: no limit)",
+               "refuse jobs whose weights, optimizer state, buffers, snapshot reserve and links' "
+               "host memory exceed this many bytes (0: no limit)",
                "BYTES");
   flags.AddString("same-host-transport", &same_host,
                   "auto: a neighbour on this host gets this stage's tensors through shared "

@@ -11,6 +11,7 @@
 #include "common/safetensors.h"
 #include "common/tensor.h"
 #include "stage_server/backend_chunk.h"
+#include "stage_server/link_shm.h"
 
 namespace pipetrain::stage_server {
 namespace {
@@ -65,6 +66,12 @@ std::vector<std::string> PartsText(const JobConfig& c, const MemoryBreakdown& co
     parts.push_back(absl::StrCat(counted.reserve,
                                  " for in-memory snapshots (field snapshot_reserve_bytes)"));
   }
+  if (counted.links > 0) {
+    parts.push_back(absl::StrCat(counted.links,
+                                 " for the peer links' buffers and shared memory (field "
+                                 "micro_batch_size ",
+                                 c.micro_batch_size, "; pipetrain-stage --same-host-transport)"));
+  }
   return parts;
 }
 
@@ -72,7 +79,7 @@ std::vector<std::string> PartsText(const JobConfig& c, const MemoryBreakdown& co
 
 uint64_t MemoryBreakdown::Total() const {
   return SaturatingAdd(SaturatingAdd(SaturatingAdd(state, tables), buffers),
-                       SaturatingAdd(activations, reserve));
+                       SaturatingAdd(SaturatingAdd(activations, reserve), links));
 }
 
 uint64_t ParamsOf(const JobConfig& config) {
@@ -108,7 +115,19 @@ uint64_t TableBytes(const JobConfig& config) {
   return bytes;
 }
 
-MemoryBreakdown MemoryOf(const JobConfig& config, DeviceSpec::Kind device) {
+uint64_t LinkBytes(const JobConfig& config, bool same_host_transport) {
+  const StageLinks links = LinksOf(config);
+  const int neighbours = (links.prev ? 1 : 0) + (links.next ? 1 : 0);
+  const uint64_t largest = DownstreamLinkOptions(config).limits.max_tensor_bytes;
+  uint64_t per_link = LinkShm::WarmBufferBytes(largest);
+  if (same_host_transport) {
+    per_link = SaturatingAdd(per_link, LinkShm::OwnLayout(largest).payload_bytes());
+  }
+  return SaturatingMul(static_cast<uint64_t>(neighbours), per_link);
+}
+
+MemoryBreakdown MemoryOf(const JobConfig& config, DeviceSpec::Kind device,
+                         bool same_host_transport) {
   MemoryBreakdown need;
   need.state = StateBytes(config);
   need.tables = TableBytes(config);
@@ -124,6 +143,7 @@ MemoryBreakdown MemoryOf(const JobConfig& config, DeviceSpec::Kind device) {
   }
   need.activations = ActivationsOfOneMicroBatch(config);
   need.reserve = config.snapshot_reserve_bytes;
+  need.links = LinkBytes(config, same_host_transport);
   return need;
 }
 
@@ -133,6 +153,7 @@ std::vector<MemoryLimit> MemoryLimitsOf(const MemoryBreakdown& need, DeviceSpec:
   if (memory_limit_bytes > 0) {
     MemoryBreakdown counted = need;
     counted.activations = 0;
+    if (device == DeviceSpec::Kind::kCuda) counted.links = 0;  // host memory, not the GPU's
     limits.push_back({"--memory-limit", memory_limit_bytes, counted});
   }
   if (device != DeviceSpec::Kind::kCuda && host_memory_bytes > 0) {

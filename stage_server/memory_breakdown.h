@@ -21,6 +21,7 @@ struct MemoryBreakdown {
   uint64_t buffers = 0;      // each chunk's micro-batch buffers (BackendChunk's scratch)
   uint64_t activations = 0;  // one micro-batch's activations, every chunk's
   uint64_t reserve = 0;      // in-memory snapshots (field snapshot_reserve_bytes)
+  uint64_t links = 0;        // host memory of the peer links (LinkBytes)
   uint64_t Total() const;
 };
 
@@ -41,10 +42,17 @@ uint64_t StateBytes(const JobConfig& config);
 // model::ChunkTableBytes, as the planner predicts them.
 uint64_t TableBytes(const JobConfig& config);
 
+// What the stage's peer links may hold in host memory, per neighbour: warm buffers for
+// received tensors (LinkShm::WarmBufferBytes) and, where the same-host path is on
+// (--same-host-transport auto), the shared-memory region for what it sends
+// (LinkShm::OwnLayout). The neighbour's region is its memory, counted there.
+uint64_t LinkBytes(const JobConfig& config, bool same_host_transport);
+
 // The breakdown of `config` on a stage of this device kind: an emulated one allocates
 // no micro-batch buffers (it computes nothing), but sizes the state and the tables it
 // emulates.
-MemoryBreakdown MemoryOf(const JobConfig& config, DeviceSpec::Kind device);
+MemoryBreakdown MemoryOf(const JobConfig& config, DeviceSpec::Kind device,
+                         bool same_host_transport);
 
 // A limit and the parts of a breakdown it bounds (the others are 0 in `counted`).
 struct MemoryLimit {
@@ -57,7 +65,8 @@ struct MemoryLimit {
 // Configure allocates and the snapshot reserve; the planner fits the schedule's
 // activations within it. A CPU or emulated stage's host memory (when known) bounds all
 // the host allocates, one micro-batch's activations at least; an emulated stage holds
-// no state or tables there. A CUDA stage's backend refuses what its GPU cannot hold.
+// no state or tables there. A CUDA stage's backend refuses what its GPU cannot hold;
+// its --memory-limit (the GPU's) does not count the links' host memory.
 std::vector<MemoryLimit> MemoryLimitsOf(const MemoryBreakdown& need, DeviceSpec::Kind device,
                                         uint64_t memory_limit_bytes, uint64_t host_memory_bytes);
 

@@ -60,7 +60,8 @@ GradientAverage ReplicaAverage(std::shared_ptr<ReducerSlot> slot,
 
 absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config) {
   RETURN_IF_ERROR(ValidateJobConfig(config, !options_.coordinator_address.empty()));
-  const MemoryBreakdown need = MemoryOf(config, options_.device.kind);
+  const MemoryBreakdown need =
+      MemoryOf(config, options_.device.kind, options_.same_host_transport);
   RETURN_IF_ERROR(CheckMemory(config, need));
   // A step still running (waiting on a lost neighbour up to its receive deadline, or for
   // an ApplyOptimizer that will never come) ends now: a job restarted after a lost stage

@@ -1073,7 +1073,7 @@ TEST(ExecutorTest, AStagesReportedPeakMemoryIsThePlannersPrediction) {
       config.precision = *model::PrecisionNamed(precision);
       config.micro_batch_size = kBatch / kMicroBatches;
       config.seed = kSeed;
-      const MemoryBreakdown need = MemoryOf(config, DeviceSpec::Kind::kCpu);
+      const MemoryBreakdown need = MemoryOf(config, DeviceSpec::Kind::kCpu, false);
       EXPECT_EQ(static_cast<double>(need.state), sp.state_bytes);
       EXPECT_EQ(static_cast<double>(need.tables), sp.table_bytes);
       const model::GptConfig& m = po.model;

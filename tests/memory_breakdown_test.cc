@@ -40,15 +40,16 @@ JobConfig Job(int micro_batch_size) {
 
 TEST(MemoryBreakdownTest, ThePartsAreTheStateTheBuffersOneMicroBatchAndTheReserve) {
   const JobConfig c = Job(3);
-  const MemoryBreakdown cpu = MemoryOf(c, DeviceSpec::Kind::kCpu);
+  const MemoryBreakdown cpu = MemoryOf(c, DeviceSpec::Kind::kCpu, false);
   EXPECT_EQ(cpu.state, ParamsOf(c) * 16) << "fp32 weight, gradient and two AdamW moments";
   EXPECT_EQ(cpu.buffers, BackendChunk::BufferBytes(c.model, 1, c.model.num_pipeline_layers(), 3));
   EXPECT_GT(cpu.activations, 0u);
   EXPECT_EQ(cpu.reserve, 777u);
-  EXPECT_EQ(cpu.Total(), cpu.state + cpu.buffers + cpu.activations + cpu.reserve);
+  EXPECT_EQ(cpu.links, LinkBytes(c, false));
+  EXPECT_EQ(cpu.Total(), cpu.state + cpu.buffers + cpu.activations + cpu.reserve + cpu.links);
   // Activations grow with the micro-batch; an emulated stage allocates no buffers.
-  EXPECT_GT(MemoryOf(Job(6), DeviceSpec::Kind::kCpu).activations, cpu.activations);
-  const MemoryBreakdown emulated = MemoryOf(c, DeviceSpec::Kind::kEmulated);
+  EXPECT_GT(MemoryOf(Job(6), DeviceSpec::Kind::kCpu, false).activations, cpu.activations);
+  const MemoryBreakdown emulated = MemoryOf(c, DeviceSpec::Kind::kEmulated, false);
   EXPECT_EQ(emulated.buffers, 0u);
   EXPECT_EQ(emulated.state, cpu.state);
   EXPECT_EQ(emulated.activations, cpu.activations);
@@ -59,7 +60,7 @@ TEST(MemoryBreakdownTest, ThePartsAreTheStateTheBuffersOneMicroBatchAndTheReserv
 // them; a chunk of only the embedding or the head holds none, and GPT-2 none at all.
 TEST(MemoryBreakdownTest, EachLlamaChunkWithABlockCountsOnePairOfRotaryTables) {
   JobConfig c = Job(3);
-  EXPECT_EQ(MemoryOf(c, DeviceSpec::Kind::kCpu).tables, 0u) << "GPT-2";
+  EXPECT_EQ(MemoryOf(c, DeviceSpec::Kind::kCpu, false).tables, 0u) << "GPT-2";
   c.model.family = "llama";  // T 8, C 16, 2 heads of 8: tables of 8 x 4
   c.model.n_kv_heads = 1;
   c.model.ffn_dim = 24;
@@ -70,14 +71,15 @@ TEST(MemoryBreakdownTest, EachLlamaChunkWithABlockCountsOnePairOfRotaryTables) {
   const int n = c.model.num_pipeline_layers();  // embedding, 4 blocks, head
   c.chunks = {{0, 1}, {1, 3}, {3, n - 1}, {n - 1, n}};  // as a stage of several chunks
   EXPECT_EQ(TableBytes(c), 2 * pair);
-  const MemoryBreakdown cpu = MemoryOf(c, DeviceSpec::Kind::kCpu);
+  const MemoryBreakdown cpu = MemoryOf(c, DeviceSpec::Kind::kCpu, false);
   EXPECT_EQ(cpu.tables, 2 * pair);
-  EXPECT_EQ(cpu.Total(), cpu.state + cpu.tables + cpu.buffers + cpu.activations + cpu.reserve);
+  EXPECT_EQ(cpu.Total(),
+            cpu.state + cpu.tables + cpu.buffers + cpu.activations + cpu.reserve + cpu.links);
   c.chunks = {{0, n}};
-  EXPECT_EQ(MemoryOf(c, DeviceSpec::Kind::kCpu).tables, pair) << "one pair for 4 blocks";
+  EXPECT_EQ(MemoryOf(c, DeviceSpec::Kind::kCpu, false).tables, pair) << "one pair for 4 blocks";
   // An emulated stage sizes the tables it emulates, as it sizes the state; its host holds
   // neither.
-  const MemoryBreakdown emulated = MemoryOf(c, DeviceSpec::Kind::kEmulated);
+  const MemoryBreakdown emulated = MemoryOf(c, DeviceSpec::Kind::kEmulated, false);
   EXPECT_EQ(emulated.tables, pair);
   const std::vector<MemoryLimit> limits =
       MemoryLimitsOf(emulated, DeviceSpec::Kind::kEmulated, 0, 1 << 30);
@@ -90,6 +92,41 @@ TEST(MemoryBreakdownTest, EachLlamaChunkWithABlockCountsOnePairOfRotaryTables) {
               StatusIs(absl::StatusCode::kResourceExhausted,
                        HasSubstr(absl::StrCat(pair, " for the layers' shared tables (rotary "
                                                     "angles, field model.seq_len 8)"))));
+}
+
+// Per neighbour, a link keeps warm buffers as large as its own region and, with the
+// same-host path on, that region: four of the largest tensors in slots of at least
+// 4 KiB (at least 8 slots), at most 64 MiB, as a tied GPT-2 vocabulary's gradient needs.
+TEST(MemoryBreakdownTest, EachNeighbourCountsItsLinksBuffersAndWithTheSameHostPathItsRegion) {
+  const JobConfig last = Job(3);  // stage 1 of 2: a neighbour upstream
+  const uint64_t region = 8 * 4096;  // its largest tensor, 3 x 8 x 16 fp32, fits a slot
+  EXPECT_EQ(MemoryOf(last, DeviceSpec::Kind::kCpu, false).links, region);
+  EXPECT_EQ(MemoryOf(last, DeviceSpec::Kind::kCpu, true).links, 2 * region);
+  JobConfig middle = last;
+  middle.num_stages = 3;
+  middle.chunks = {{1, 2}};
+  EXPECT_EQ(MemoryOf(middle, DeviceSpec::Kind::kEmulated, true).links, 4 * region);
+  JobConfig alone = last;
+  alone.stage = 0;
+  alone.num_stages = 1;
+  alone.chunks = {{0, last.model.num_pipeline_layers()}};
+  EXPECT_EQ(MemoryOf(alone, DeviceSpec::Kind::kCpu, true).links, 0u) << "no neighbour";
+  JobConfig tied = last;
+  tied.model = model::GptConfig{50257, 8, 768, 2, 4, true};
+  tied.chunks = {{1, tied.model.num_pipeline_layers()}};
+  EXPECT_EQ(MemoryOf(tied, DeviceSpec::Kind::kCpu, true).links, uint64_t{256} << 20)
+      << "a 154 MB gradient: the region's cap and as much of warm buffers, on the link "
+         "upstream and on the tied embedding's link back to stage 0";
+  // Counted against the limits of the host it lives in, and named.
+  const MemoryBreakdown need{.state = 100, .links = 50};
+  EXPECT_EQ(MemoryLimitsOf(need, DeviceSpec::Kind::kCpu, 1000, 5000)[0].counted.links, 50u);
+  EXPECT_EQ(MemoryLimitsOf(need, DeviceSpec::Kind::kCpu, 1000, 5000)[1].counted.links, 50u);
+  EXPECT_EQ(MemoryLimitsOf(need, DeviceSpec::Kind::kCuda, 1000, 5000)[0].counted.links, 0u)
+      << "a CUDA stage's --memory-limit is its GPU's";
+  EXPECT_THAT(CheckFits(last, {"--memory-limit", 120, need}),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       HasSubstr("50 for the peer links' buffers and shared memory (field "
+                                 "micro_batch_size 3; pipetrain-stage --same-host-transport)")));
 }
 
 TEST(MemoryBreakdownTest, EachLimitCountsWhatItBounds) {
@@ -148,7 +185,7 @@ TEST(MemoryBreakdownTest, HugeRequestsSaturateAndAreRefused) {
   c.model = model::GptConfig{8, kBig, kBig, 1, 1, false};
   c.chunks = {{0, 3}};
   c.snapshot_reserve_bytes = UINT64_MAX;
-  const MemoryBreakdown need = MemoryOf(c, DeviceSpec::Kind::kCpu);
+  const MemoryBreakdown need = MemoryOf(c, DeviceSpec::Kind::kCpu, false);
   EXPECT_EQ(need.activations, UINT64_MAX);
   EXPECT_EQ(need.Total(), UINT64_MAX);
   const MemoryLimit limit{"--memory-limit", UINT64_MAX - 1, need};

@@ -170,7 +170,7 @@ TEST(StageRuntimeTest, OptimizerFieldsLeftZeroTakeTheStagesDefaults) {
 TEST(StageRuntimeTest, AConfigureOverTheLimitNamesEveryPartThatCountsAndTheLimit) {
   JobConfig config = TinyWholeModel(2);
   config.snapshot_reserve_bytes = 1000;
-  const MemoryBreakdown need = MemoryOf(config, DeviceSpec::Kind::kCpu);
+  const MemoryBreakdown need = MemoryOf(config, DeviceSpec::Kind::kCpu, false);
   StageRuntime runtime(Cpu(need.state + need.buffers + need.reserve - 1));
   EXPECT_THAT(
       runtime.Configure(config),
