@@ -13,6 +13,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <thread>
@@ -333,7 +334,7 @@ TEST_F(StageClusterTest, ABf16JobOnFourStagesGivesTheOneStageBf16Losses) {
   EXPECT_NE(losses, std::vector<double>(fp32.losses.begin(), fp32.losses.begin() + kSteps))
       << "the bf16 job trained as fp32 does";
 
-  auto last_step_bytes = [&](int s) {
+  auto stats_of = [&](int s) {
     pb::StageStats stats;
     const grpc::Status st = Call3(
         [&](grpc::ClientContext* c, const pb::GetStatsRequest& q, pb::StageStats* r) {
@@ -341,12 +342,17 @@ TEST_F(StageClusterTest, ABf16JobOnFourStagesGivesTheOneStageBf16Losses) {
         },
         pb::GetStatsRequest(), &stats);
     EXPECT_TRUE(st.ok()) << st.error_message();
+    return stats;
+  };
+  auto last_step_bytes = [&](int s) {
+    const pb::StageStats stats = stats_of(s);
     return std::pair{stats.last_step_bytes_sent(), stats.last_step_bytes_received()};
   };
   std::vector<std::pair<uint64_t, uint64_t>> bf16_bytes;
   for (int s = 0; s < 4; ++s) bf16_bytes.push_back(last_step_bytes(s));
-  // The same plan in fp32, one step.
+  // The same plan in fp32, one step. Its links are made at that step: none before.
   for (int s = 0; s < 4; ++s) ASSERT_TRUE(configure("job-fp32", s, "fp32").ok());
+  for (int s = 0; s < 4; ++s) EXPECT_EQ(stats_of(s).links_size(), 0) << "stage " << s;
   std::vector<pb::RunStepResponse> out;
   auto status = RunStep(plan, "job-fp32", 0, *stages_, out);
   for (int s = 0; s < 4; ++s) ASSERT_TRUE(status[s].ok()) << "stage " << s;
@@ -360,6 +366,21 @@ TEST_F(StageClusterTest, ABf16JobOnFourStagesGivesTheOneStageBf16Losses) {
     EXPECT_EQ(bf16_bytes[s].first * 2, sent) << "stage " << s;
     EXPECT_EQ(bf16_bytes[s].second * 2, received) << "stage " << s;
     EXPECT_EQ(sent, out[s].bytes_sent()) << "stage " << s << ": the RunStep's figure";
+    // GetStats names each link's neighbour, its paths (the stages share this host: the
+    // handshake put both directions on shared memory) and its bytes, which add up to the
+    // step's; these 1 KiB tensors are under LinkShm::kMinTensorBytes, so the stream
+    // carried them all.
+    const pb::StageStats stats = stats_of(s);
+    ASSERT_EQ(stats.links_size(), s == 0 || s == 3 ? 1 : 2) << "stage " << s;
+    uint64_t link_bytes = 0;
+    for (const pb::LinkPath& link : stats.links()) {
+      EXPECT_EQ(std::abs(link.peer_stage() - s), 1) << "stage " << s;
+      EXPECT_THAT(link.sending(), HasSubstr("shared memory (")) << "stage " << s;
+      EXPECT_THAT(link.receiving(), HasSubstr("shared memory (")) << "stage " << s;
+      EXPECT_EQ(link.bytes_sent_same_host(), 0u) << "stage " << s;
+      link_bytes += link.bytes_sent();
+    }
+    EXPECT_EQ(link_bytes, sent) << "stage " << s;
   }
 }
 
