@@ -44,7 +44,6 @@ constexpr double kDefaultDeviceFlops = 1e11;
 // (coordinator/stage_costs.cc), near what `pipetrain-bench link` measures on loopback.
 constexpr double kLinkBytesPerS = 1e9;
 constexpr int kMaxStages = 8;
-constexpr int kRows = 1;             // sequences per micro-batch
 constexpr int kStageCounts[] = {1, 2, 4, 8};
 constexpr int kMicroBatchCounts[] = {1, 4, 8, 32};
 // Every K = 1 cell is the gpipe program: the K = 1 programs of the other schedules
@@ -70,6 +69,32 @@ absl::StatusOr<double> DeviceFlops() {
   return flops;
 }
 
+// Sequences per micro-batch: 1 (128 KiB frames), or PIPETRAIN_BENCH_SCALING_ROWS for
+// larger frames (4: 512 KiB, past LinkShm::kMinTensorBytes, so that the same-host path
+// carries them; raise PIPETRAIN_BENCH_SCALING_FLOPS as much to keep the actions' length).
+absl::StatusOr<int> Rows() {
+  const char* text = getenv("PIPETRAIN_BENCH_SCALING_ROWS");
+  if (text == nullptr || *text == 0) return 1;
+  int rows = 0;
+  if (!absl::SimpleAtoi(text, &rows) || rows < 1 || rows > 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scaling: PIPETRAIN_BENCH_SCALING_ROWS must be a row count from 1 to 64, not '", text,
+        "'"));
+  }
+  return rows;
+}
+
+// The stages' --same-host-transport: auto (theirs), or PIPETRAIN_BENCH_SCALING_TRANSPORT.
+absl::StatusOr<std::string> Transport() {
+  const char* text = getenv("PIPETRAIN_BENCH_SCALING_TRANSPORT");
+  if (text == nullptr || *text == 0) return std::string("auto");
+  if (std::string(text) != "auto" && std::string(text) != "off") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "scaling: PIPETRAIN_BENCH_SCALING_TRANSPORT must be auto or off, not '", text, "'"));
+  }
+  return std::string(text);
+}
+
 // Every schedule of the planner's table, in its order: a new one joins the table here.
 std::vector<const char*> Schedules() {
   std::vector<const char*> names;
@@ -82,14 +107,14 @@ int ChunksOf(const std::string& schedule) { return planner::DefaultChunks(schedu
 
 // The planner's plan of one cell with the emulated costs; an error where it refuses.
 absl::StatusOr<planner::Plan> PlanCell(int k, int m, const std::string& schedule,
-                                       double flops) {
+                                       double flops, int rows) {
   planner::PlanOptions po;
   po.model = Model();
   po.stages = k;
   po.micro_batches = m;
   po.chunks = ChunksOf(schedule);
   ASSIGN_OR_RETURN(po.schedule, planner::ParseScheduleKind(schedule));
-  po.batch_size = m * kRows;
+  po.batch_size = m * rows;
   po.device_flops = flops;
   po.link_bytes_per_s = kLinkBytesPerS;
   return planner::MakePlan(po);
@@ -165,7 +190,7 @@ absl::Status ReadTimeline(const std::string& trace_file, const planner::Plan& pl
 
 // Submits one job through the CLI, follows it to its end and reads its step records.
 absl::StatusOr<CellRun> RunCell(testing::LocalCluster& cluster, const ScratchDir& dir, int k,
-                                int m, const std::string& schedule, int reps,
+                                int m, const std::string& schedule, int reps, int rows,
                                 const planner::Plan& plan) {
   const double sim_step_s = plan.simulation.step_time_s;
   const std::string cell = CellName(k, m, schedule);
@@ -177,7 +202,7 @@ absl::StatusOr<CellRun> RunCell(testing::LocalCluster& cluster, const ScratchDir
       {"model", {{"vocab_size", mc.vocab_size}, {"seq_len", mc.seq_len}, {"d_model", mc.d_model},
                  {"n_heads", mc.n_heads}, {"n_layers", mc.n_layers}}},
       {"pipeline", pipeline},
-      {"training", {{"steps", reps + 1}, {"batch_size", m * kRows}, {"seed", 1}, {"lr", 1e-3}}},
+      {"training", {{"steps", reps + 1}, {"batch_size", m * rows}, {"seed", 1}, {"lr", 1e-3}}},
       {"data", {{"corpus", dir.File("corpus.txt")}, {"validate_every_steps", 0}}},
       {"checkpoint", {{"every_steps", 0}}}};
   const std::string spec_file = dir.File(cell + ".json");
@@ -238,6 +263,8 @@ absl::StatusOr<CellRun> RunCell(testing::LocalCluster& cluster, const ScratchDir
 absl::StatusOr<BenchResult> RunScalingBench(const BenchOptions& options) {
   const int reps = options.repetitions > 0 ? options.repetitions : 3;
   ASSIGN_OR_RETURN(const double flops, DeviceFlops());
+  ASSIGN_OR_RETURN(const int rows, Rows());
+  ASSIGN_OR_RETURN(const std::string transport, Transport());
   // Plan every cell first: the planner's refusals are the cells to skip, and its
   // simulated steps are the bounds.
   std::vector<ScalingPrediction> predicted;
@@ -249,7 +276,7 @@ absl::StatusOr<BenchResult> RunScalingBench(const BenchOptions& options) {
     double k1_gpipe = 0;
     for (int k : kStageCounts) {
       for (const char* s : Schedules()) {
-        absl::StatusOr<planner::Plan> plan = PlanCell(k, m, s, flops);
+        absl::StatusOr<planner::Plan> plan = PlanCell(k, m, s, flops, rows);
         if (!plan.ok()) {
           skipped.push_back(absl::StrCat(CellName(k, m, s), " (", plan.status().message(), ")"));
           continue;
@@ -274,9 +301,11 @@ absl::StatusOr<BenchResult> RunScalingBench(const BenchOptions& options) {
   // The end-to-end tests' deterministic English-like text; its bytes are the tokens.
   RETURN_IF_ERROR(common::WriteFileAtomically(dir.File("corpus.txt"), testing::EnglishLikeCorpus(200000)));
   std::cerr << "scaling: starting a coordinator and " << kMaxStages
-            << " stages on --device emulated:" << flops << "\n";
+            << " stages on --device emulated:" << flops << " --same-host-transport " << transport
+            << "\n";
   testing::LocalClusterOptions co;
-  co.stage_args = {"--device", absl::StrCat("emulated:", flops)};  // the last --device wins
+  co.stage_args = {"--device", absl::StrCat("emulated:", flops),  // the last --device wins
+                   "--same-host-transport", transport};
   co.security = options.security;
   ASSIGN_OR_RETURN(std::unique_ptr<testing::LocalCluster> cluster,
                    testing::LocalCluster::Start(dir.File("state"), kMaxStages, co));
@@ -291,7 +320,7 @@ absl::StatusOr<BenchResult> RunScalingBench(const BenchOptions& options) {
         const std::string cell = CellName(k, m, s);
         if (!sim_step.count(cell)) continue;  // refused by the planner
         if (k == 1 && std::string(s) != kBaselineSchedule) continue;
-        ASSIGN_OR_RETURN(CellRun run, RunCell(*cluster, dir, k, m, s, reps, plans.at(cell)));
+        ASSIGN_OR_RETURN(CellRun run, RunCell(*cluster, dir, k, m, s, reps, rows, plans.at(cell)));
         std::cerr << absl::StrFormat(
             "scaling: %-20s %9.0f tokens/s  step %7.1f ms (simulated %7.1f)  bubble %.3f  "
             "send %.0f us  compute overrun %.0f us%s\n",
@@ -308,12 +337,12 @@ absl::StatusOr<BenchResult> RunScalingBench(const BenchOptions& options) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   cluster.reset();
 
-  ASSIGN_OR_RETURN(std::vector<ScalingRow> rows,
+  ASSIGN_OR_RETURN(std::vector<ScalingRow> table,
                    BuildScalingTable(measured, predicted, kBaselineSchedule));
-  const TargetCheck speed = CheckSpeedupTarget(rows, kSpeedupTarget);
-  const TargetCheck kept = CheckKeptAdvantageTarget(rows, kKeptAdvantageTarget);
+  const TargetCheck speed = CheckSpeedupTarget(table, kSpeedupTarget);
+  const TargetCheck kept = CheckKeptAdvantageTarget(table, kKeptAdvantageTarget);
   std::cerr << "scaling: " << speed.Line() << "\nscaling: " << kept.Line() << "\n";
-  const std::string data = ScalingDataText(rows);
+  const std::string data = ScalingDataText(table);
   if (const char* out = getenv("PIPETRAIN_BENCH_DATA_OUT"); out && *out) {
     RETURN_IF_ERROR(common::WriteFileAtomically(out, data));
     std::cerr << "scaling: wrote the table to " << out << " (PIPETRAIN_BENCH_DATA_OUT)\n";
@@ -326,7 +355,9 @@ absl::StatusOr<BenchResult> RunScalingBench(const BenchOptions& options) {
   result.Label("model", absl::StrFormat("d_model %d, %d blocks, %d heads, seq %d, byte vocabulary; "
                                         "%d row(s) a micro-batch, batch_size = M x %d",
                                         Model().d_model, Model().n_layers, Model().n_heads,
-                                        Model().seq_len, kRows, kRows));
+                                        Model().seq_len, rows, rows));
+  result.Label("transport", absl::StrCat("--same-host-transport ", transport,
+                                         " (links between the stages, all on this host)"));
   result.Label("partition_k8", partition8);
   result.Label("partition_k8_interleaved", partition8_interleaved);
   result.Label("baseline", absl::StrCat(
@@ -350,7 +381,7 @@ absl::StatusOr<BenchResult> RunScalingBench(const BenchOptions& options) {
         "what the simulator does not model, median over the K > 1 cells' last steps: a SEND "
         "holds its stage for %.0f us (%.0f KiB frames; the simulator charges the sender "
         "nothing), a compute action runs %.0f us over its modelled time",
-        Median(sends) * 1e6, Model().seq_len * Model().d_model * kRows * 4 / 1024.0,
+        Median(sends) * 1e6, Model().seq_len * Model().d_model * rows * 4 / 1024.0,
         Median(overruns) * 1e6));
   }
   result.Label("target_speedup", speed.Line());
@@ -361,7 +392,7 @@ absl::StatusOr<BenchResult> RunScalingBench(const BenchOptions& options) {
   result.Add("repetitions", reps);
   result.Add("wall_s", wall_s);
   for (const auto& [m, v] : kPaperK8) result.Add(absl::StrCat("paper_gpipe_k8_m", m, "_speedup"), v);
-  for (const ScalingRow& r : rows) {
+  for (const ScalingRow& r : table) {
     const std::string cell = CellName(r.k, r.m, r.schedule);
     const CellRun& run = runs[cell];
     result.Add(cell + "_speedup", r.measured_speedup);
