@@ -169,6 +169,12 @@ TEST_F(RingCalibrationTest, OneUntimedCallThenTheTimedOnesOnAPatternNeverZero) {
       last.assign(data.begin(), data.end());
       return absl::OkStatus();
     }
+    absl::Status ReduceScatterSum(std::span<float>, absl::Duration) override {
+      return absl::UnimplementedError("calibration times the all-reduce only");
+    }
+    absl::Status AllGather(std::span<float>, absl::Duration) override {
+      return absl::UnimplementedError("calibration times the all-reduce only");
+    }
     int rank() const override { return 0; }
     int size() const override { return 1; }
     int calls = 0;

@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/model/optimizer_split.h"
 #include "coordinator/rendezvous_service.h"
 #include "coordinator/rendezvous_store.h"
 #include "gloo/common/error.h"
@@ -139,6 +140,82 @@ TEST_F(GradientReducerTest, SumsFreshRandomFloatsOverSeveralCallsInARow) {
   }
 }
 
+// The split optimizer's halves: a reduce-scatter leaves each replica the sum of its own
+// piece (added in replica order, so the test's float sum in that order is the very same
+// bits) and the rest untouched; the all-gather then gives every replica every piece.
+TEST_F(GradientReducerTest, ReduceScatterThenAllGatherGiveEveryReplicaTheSumInReplicaOrder) {
+  for (int replicas : {2, 3, 4}) {
+    SCOPED_TRACE(absl::StrCat("R = ", replicas));
+    Reducers reducers = Connect(replicas, absl::StrCat("split-", replicas));
+    for (const auto& r : reducers) ASSERT_TRUE(r.ok()) << r.status();
+    std::mt19937 gen(std::random_device{}());
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    // Fewer elements than replicas (empty pieces), odd sizes, several gloo segments.
+    for (size_t n : {size_t{1}, size_t{2}, size_t{3}, size_t{10007}, size_t{600001}}) {
+      SCOPED_TRACE(absl::StrCat("n = ", n));
+      std::vector<std::vector<float>> data(replicas, std::vector<float>(n));
+      for (auto& d : data) {
+        for (float& x : d) x = normal(gen);
+      }
+      const std::vector<std::vector<float>> before = data;
+      std::vector<float> want = before[0];
+      for (int r = 1; r < replicas; ++r) {
+        for (size_t i = 0; i < n; ++i) want[i] += before[r][i];
+      }
+      auto each = [&](auto op) {
+        std::vector<absl::Status> out(replicas);
+        std::vector<std::thread> threads;
+        for (int r = 0; r < replicas; ++r) {
+          threads.emplace_back([&, r] { out[r] = op(**reducers[r], data[r]); });
+        }
+        for (std::thread& t : threads) t.join();
+        return out;
+      };
+      for (const absl::Status& s : each([](GradientReducer& g, std::vector<float>& d) {
+             return g.ReduceScatterSum(d, absl::Seconds(30));
+           })) {
+        ASSERT_TRUE(s.ok()) << s;
+      }
+      for (int r = 0; r < replicas; ++r) {
+        const model::CopyRange own = model::RangeOfCopy(n, replicas, r);
+        for (size_t i = 0; i < n; ++i) {
+          const bool mine = i >= own.begin && i < own.end;
+          ASSERT_EQ(data[r][i], mine ? want[i] : before[r][i])
+              << "replica " << r << " element " << i << (mine ? " (its piece)" : " (not its)");
+        }
+      }
+      for (const absl::Status& s : each([](GradientReducer& g, std::vector<float>& d) {
+             return g.AllGather(d, absl::Seconds(30));
+           })) {
+        ASSERT_TRUE(s.ok()) << s;
+      }
+      for (int r = 0; r < replicas; ++r) EXPECT_EQ(data[r], want) << "replica " << r;
+    }
+    // The all-reduce still works on the same connections after the split's calls.
+    std::vector<std::vector<float>> ones(replicas, std::vector<float>(5, 1.0f));
+    for (const absl::Status& s : ReduceAll(reducers, ones)) ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(ones[0], std::vector<float>(5, static_cast<float>(replicas)));
+  }
+}
+
+TEST_F(GradientReducerTest, AReduceScatterWithAPeerGoneIsNamedAndBreaksTheReducer) {
+  Reducers reducers = Connect(2, "split-dies");
+  for (const auto& r : reducers) ASSERT_TRUE(r.ok()) << r.status();
+  reducers[1]->reset();
+  std::vector<float> data(4096, 1.0f);
+  const absl::Time start = absl::Now();
+  absl::Status s = (*reducers[0])->ReduceScatterSum(data, absl::Seconds(3));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+  ASSERT_FALSE(s.ok());
+  EXPECT_TRUE(s.code() == absl::StatusCode::kUnavailable ||
+              s.code() == absl::StatusCode::kDeadlineExceeded)
+      << s;
+  EXPECT_THAT(s.message(), HasSubstr("reduce-scatter of 4096 floats"));
+  EXPECT_THAT(s.message(), HasSubstr("replica 1 (host"));
+  EXPECT_EQ((*reducers[0])->AllGather(data, absl::Seconds(3)).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(GradientReducerTest, OneReplicaIsANoOpWithoutAnyConnection) {
   ReducerOptions o = Options(0, 1, "solo");
   o.coordinator_address = "";  // nothing to reach
@@ -147,6 +224,8 @@ TEST_F(GradientReducerTest, OneReplicaIsANoOpWithoutAnyConnection) {
   std::vector<float> data = {1.5f, -2.0f, 3.25f};
   const std::vector<float> before = data;
   ASSERT_TRUE((*reducer)->AllReduceSum(data, absl::Seconds(1)).ok());
+  ASSERT_TRUE((*reducer)->ReduceScatterSum(data, absl::Seconds(1)).ok());
+  ASSERT_TRUE((*reducer)->AllGather(data, absl::Seconds(1)).ok());
   EXPECT_EQ(data, before);
   EXPECT_EQ((*reducer)->size(), 1);
   EXPECT_EQ(store_.jobs(), 0);  // it published nothing

@@ -1,5 +1,6 @@
 #include "stage_server/collective/gradient_reducer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <exception>
 #include <utility>
@@ -10,8 +11,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "common/error_context.h"
+#include "common/model/optimizer_split.h"
 #include "common/status_macros.h"
+#include "gloo/allgatherv.h"
 #include "gloo/allreduce.h"
+#include "gloo/alltoallv.h"
 #include "gloo/common/error.h"
 #include "gloo/math.h"
 #include "gloo/rendezvous/context.h"
@@ -33,6 +37,10 @@ std::chrono::milliseconds ToMillis(absl::Duration d) {
 class SoloReducer final : public GradientReducer {
  public:
   absl::Status AllReduceSum(std::span<float>, absl::Duration) override { return absl::OkStatus(); }
+  absl::Status ReduceScatterSum(std::span<float>, absl::Duration) override {
+    return absl::OkStatus();
+  }
+  absl::Status AllGather(std::span<float>, absl::Duration) override { return absl::OkStatus(); }
   int rank() const override { return 0; }
   int size() const override { return 1; }
 };
@@ -58,20 +66,7 @@ class GlooReducer final : public GradientReducer {
   int size() const override { return options_.replicas; }
 
   absl::Status AllReduceSum(std::span<float> data, absl::Duration deadline) override {
-    if (deadline <= absl::ZeroDuration()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(Who(), ": all-reduce deadline must be positive, got ",
-                       absl::FormatDuration(deadline)));
-    }
-    if (!broken_.ok()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(Who(), ": the reducer failed earlier and cannot be used again: ",
-                       broken_.message()));
-    }
-    if (data.empty()) return absl::OkStatus();
-    absl::StatusCode code = absl::StatusCode::kUnavailable;
-    std::string what;
-    try {
+    return Run("all-reduce", data.size(), deadline, [&] {
       gloo::AllreduceOptions opts(context_);
       opts.setOutput(data.data(), data.size());
       opts.setReduceFunction(
@@ -79,23 +74,85 @@ class GlooReducer final : public GradientReducer {
       opts.setTag(next_tag_++);
       opts.setTimeout(ToMillis(deadline));
       gloo::allreduce(opts);
-      return absl::OkStatus();
-    } catch (const gloo::IoException& e) {
-      what = e.what();
-      if (absl::StrContains(what, "Timed out")) code = absl::StatusCode::kDeadlineExceeded;
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-      what = "unknown exception from gloo";
-    }
-    broken_ = absl::Status(
-        code, absl::StrCat(Who(), ": all-reduce of ", data.size(), " floats (deadline ",
-                           absl::FormatDuration(deadline), ") failed; ring neighbours ",
-                           Peer(Left()), " and ", Peer(Right()), ": ", what));
-    return broken_;
+    });
+  }
+
+  // Every replica sends each other its piece of `data` (gloo's alltoallv), then adds the
+  // R pieces it received in replica order: the same sum whichever replica computes it.
+  absl::Status ReduceScatterSum(std::span<float> data, absl::Duration deadline) override {
+    const model::CopyRange own = model::RangeOfCopy(data.size(), size(), rank());
+    return Run("reduce-scatter", data.size(), deadline, [&] {
+      const std::vector<int64_t> sent = Counts(model::PieceSizes(data.size(), size()));
+      const std::vector<int64_t> received(size(), static_cast<int64_t>(own.size()));
+      received_.resize(own.size() * size());
+      gloo::AlltoallvOptions opts(context_);
+      opts.setInput(data.data(), sent);
+      opts.setOutput(received_.data(), received);
+      opts.setTag(next_tag_++);
+      opts.setTimeout(ToMillis(deadline));
+      gloo::alltoallv(opts);
+      float* out = data.data() + own.begin;
+      std::copy_n(received_.data(), own.size(), out);
+      for (int r = 1; r < size(); ++r) {
+        const float* piece = received_.data() + r * own.size();
+        for (uint64_t i = 0; i < own.size(); ++i) out[i] += piece[i];
+      }
+    });
+  }
+
+  // gloo's allgatherv in place: with no input, the output's own piece is what is sent.
+  absl::Status AllGather(std::span<float> data, absl::Duration deadline) override {
+    return Run("all-gather", data.size(), deadline, [&] {
+      std::vector<size_t> counts;
+      for (uint64_t n : model::PieceSizes(data.size(), size())) counts.push_back(n);
+      gloo::AllgathervOptions opts(context_);
+      opts.setOutput(data.data(), counts);
+      opts.setTag(next_tag_++);
+      opts.setTimeout(ToMillis(deadline));
+      gloo::allgatherv(opts);
+    });
   }
 
  private:
+  static std::vector<int64_t> Counts(const std::vector<uint64_t>& sizes) {
+    return std::vector<int64_t>(sizes.begin(), sizes.end());
+  }
+
+  // Runs one collective over `floats` floats, turning whatever gloo throws into a status
+  // that breaks the reducer for good (its connections are in an unknown state).
+  template <typename Collective>
+  absl::Status Run(const char* what, size_t floats, absl::Duration deadline, Collective run) {
+    if (deadline <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError(absl::StrCat(Who(), ": ", what,
+                                                     " deadline must be positive, got ",
+                                                     absl::FormatDuration(deadline)));
+    }
+    if (!broken_.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(Who(), ": the reducer failed earlier and cannot be used again: ",
+                       broken_.message()));
+    }
+    if (floats == 0) return absl::OkStatus();
+    absl::StatusCode code = absl::StatusCode::kUnavailable;
+    std::string error;
+    try {
+      run();
+      return absl::OkStatus();
+    } catch (const gloo::IoException& e) {
+      error = e.what();
+      if (absl::StrContains(error, "Timed out")) code = absl::StatusCode::kDeadlineExceeded;
+    } catch (const std::exception& e) {
+      error = e.what();
+    } catch (...) {
+      error = "unknown exception from gloo";
+    }
+    broken_ = absl::Status(
+        code, absl::StrCat(Who(), ": ", what, " of ", floats, " floats (deadline ",
+                           absl::FormatDuration(deadline), ") failed; ring neighbours ",
+                           Peer(Left()), " and ", Peer(Right()), ": ", error));
+    return broken_;
+  }
+
   std::string Who() const {
     return absl::StrCat("job ", options_.job_id, ", stage ", options_.stage, ", replica ",
                         options_.replica, " of ", options_.replicas);
@@ -109,6 +166,7 @@ class GlooReducer final : public GradientReducer {
   std::shared_ptr<gloo::transport::Device> device_;
   std::shared_ptr<gloo::rendezvous::Context> context_;
   uint32_t next_tag_ = 0;
+  std::vector<float> received_;  // reduce-scatter: the R pieces this replica sums
   absl::Status broken_;
 };
 

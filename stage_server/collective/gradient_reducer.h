@@ -25,6 +25,14 @@ class GradientReducer {
   // order of calls. After an error the reducer is broken (its connections are in an
   // unknown state): later calls fail at once; make a new one (with a new prefix).
   virtual absl::Status AllReduceSum(std::span<float> data, absl::Duration deadline) = 0;
+  // The two halves of an all-reduce, for copies that split the optimizer between them
+  // (common/model/optimizer_split.h: copy r owns piece RangeOfCopy(data.size(), R, r)).
+  // ReduceScatterSum: afterwards this replica's own piece of `data` holds the sum of all
+  // replicas' pieces, added in replica order; the rest of `data` is left as it was.
+  virtual absl::Status ReduceScatterSum(std::span<float> data, absl::Duration deadline) = 0;
+  // AllGather: afterwards every piece of `data` holds its owner's piece (this replica's
+  // own piece is what it was). Same rules as AllReduceSum: equal lengths, same order.
+  virtual absl::Status AllGather(std::span<float> data, absl::Duration deadline) = 0;
   virtual int rank() const = 0;  // this replica
   virtual int size() const = 0;  // R
 };
