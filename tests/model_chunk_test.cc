@@ -558,6 +558,70 @@ TEST(ModelChunkTest, AdamWDecaysMatricesOnlyAndClipsByTheGivenNorm) {
   EXPECT_NE(px, before);
 }
 
+// Copies of a stage that split the optimizer each step their piece of every layer; put
+// together, the pieces are the whole step bit for bit (AdamW is element by element),
+// with weight decay on matrices only and clipping by the norm their pieces sum to.
+TEST(ModelChunkTest, CopiesSteppingTheirPiecesGiveTheWholeStepBitForBit) {
+  HostBackend backend;
+  model::GptConfig c = Tiny();
+  c.tie_embeddings = true;  // the head's tied copy stays out of every piece's norm
+  const Batch batch = MakeBatch(c, 2);
+  const OptimizerSettings adam = {.lr = 0.1f, .weight_decay = 0.1f, .grad_clip_norm = 0.5f};
+  for (int copies : {2, 3, 7}) {
+    SCOPED_TRACE(absl::StrCat(copies, " copies"));
+    Stages<float> whole = MakeStages<float>(&backend, c, {});
+    RunStep(whole, batch, 1);
+    ASSERT_THAT(whole[0]->SumTiedGradients(), IsOk());
+    std::vector<Stages<float>> pieces;
+    double squares = 0;
+    for (int r = 0; r < copies; ++r) {
+      pieces.push_back(MakeStages<float>(&backend, c, {}));
+      RunStep(pieces.back(), batch, 1);
+      ASSERT_THAT(pieces.back()[0]->SumTiedGradients(), IsOk());
+      auto sq = pieces.back()[0]->GradSquaredNorm({copies, r});
+      ASSERT_THAT(sq, IsOk());
+      squares += *sq;
+    }
+    const Stages<float> fresh = MakeStages<float>(&backend, c, {});
+    const double whole_squares = *whole[0]->GradSquaredNorm();
+    ASSERT_GT(whole_squares, 0);
+    // Doubles summing floats' squares in another grouping: far below a float's rounding.
+    EXPECT_NEAR(squares, whole_squares, 1e-12 * whole_squares);
+    const double norm = std::sqrt(whole_squares);
+    ASSERT_GT(norm, adam.grad_clip_norm) << "clipping must act";
+    ASSERT_THAT(whole[0]->OptimizerStep(adam, norm), IsOk());
+    for (int r = 0; r < copies; ++r) {
+      ASSERT_THAT(pieces[r][0]->OptimizerStep(adam, norm, {copies, r}), IsOk());
+    }
+    for (int l = 0; l < c.num_pipeline_layers(); ++l) {
+      const PipelineLayer<float>& want = whole[0]->layer(l);
+      const size_t n = want.num_params();
+      for (int r = 0; r < copies; ++r) {
+        const PipelineLayer<float>& got = pieces[r][0]->layer(l);
+        const PipelineLayer<float>& before = fresh[0]->layer(l);
+        const model::CopyRange own = model::RangeOfCopy(n, copies, r);
+        for (size_t i = 0; i < n; ++i) {
+          const bool mine = i >= own.begin && i < own.end;
+          ASSERT_EQ(got.all_params()[i], mine ? want.all_params()[i] : before.all_params()[i])
+              << "layer " << l << " element " << i << " of copy " << r;
+          if (mine) {
+            ASSERT_EQ(got.adam_m(0)[i], want.adam_m(0)[i]) << "layer " << l << " element " << i;
+            ASSERT_EQ(got.adam_v(0)[i], want.adam_v(0)[i]) << "layer " << l << " element " << i;
+          }
+        }
+      }
+    }
+  }
+  Stages<float> one = MakeStages<float>(&backend, c, {});
+  EXPECT_THAT(one[0]->OptimizerStep(adam, std::nullopt, {2, 1}),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("copy 1 of 2: clipping needs the global gradient norm")));
+  EXPECT_THAT(one[0]->OptimizerStep({}, std::nullopt, {2, 2}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("copy 2 of 2")));
+  EXPECT_THAT(one[0]->GradSquaredNorm({0, 0}), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_EQ(one[0]->step(), 0) << "refused steps count nothing";
+}
+
 // Evaluation runs the forward's arithmetic, so its output is Forward's bit for bit,
 // but keeps nothing: no micro-batch in flight after it, and a lower peak than a
 // forward that keeps its stashes for the backward.

@@ -96,18 +96,24 @@ absl::Status PipelineLayer<Real>::EnsureOptimizerState() {
 
 template <typename Real>
 absl::Status PipelineLayer<Real>::AdamWStep(float lr, float beta1, float beta2, float eps,
-                                            float weight_decay, int step,
-                                            Real grad_scale) {
+                                            float weight_decay, int step, Real grad_scale,
+                                            model::CopyRange range) {
+  if (range.begin > range.end || range.end > static_cast<uint64_t>(num_params_)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "optimizer step of layer ", index_, ": range [", range.begin, ", ", range.end,
+        ") is not within its ", num_params_, " parameters"));
+  }
   RETURN_IF_ERROR(EnsureOptimizerState());
   if (grad_scale != Real{1}) {
-    RETURN_IF_ERROR(backend_->Scale(num_params_, grad_scale, grads_.data()));
+    RETURN_IF_ERROR(backend_->Scale(range.size(), grad_scale, grads_.data() + range.begin));
   }
   for (size_t i = 0; i < specs_.size(); ++i) {
-    const int64_t off = offsets_[i];
-    RETURN_IF_ERROR(backend_->AdamW(specs_[i].num_elements(), params_.data() + off,
-                                    grads_.data() + off, adam_m_.data() + off,
-                                    adam_v_.data() + off, lr, beta1, beta2, eps,
-                                    specs_[i].is_matrix ? weight_decay : 0.0f, step));
+    const uint64_t first = std::max<uint64_t>(offsets_[i], range.begin);
+    const uint64_t end = std::min<uint64_t>(offsets_[i] + specs_[i].num_elements(), range.end);
+    if (first >= end) continue;
+    RETURN_IF_ERROR(backend_->AdamW(end - first, params_.data() + first, grads_.data() + first,
+                                    adam_m_.data() + first, adam_v_.data() + first, lr, beta1,
+                                    beta2, eps, specs_[i].is_matrix ? weight_decay : 0.0f, step));
   }
   ParamsChanged();
   return absl::OkStatus();

@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/model/gpt_config.h"
+#include "common/model/optimizer_split.h"
 #include "stage_server/compute/backend.h"
 #include "stage_server/compute/backend_buffer.h"
 
@@ -153,7 +154,15 @@ class PipelineLayer {
   // One AdamW step on every parameter, weight decay on matrices only. The gradient is
   // first multiplied by grad_scale (for global-norm clipping).
   absl::Status AdamWStep(float lr, float beta1, float beta2, float eps,
-                         float weight_decay, int step, Real grad_scale);
+                         float weight_decay, int step, Real grad_scale) {
+    return AdamWStep(lr, beta1, beta2, eps, weight_decay, step, grad_scale,
+                     {0, static_cast<uint64_t>(num_params_)});
+  }
+  // The same on the parameters in `range` of the layer's flat parameters only (one copy's
+  // piece when the copies split the optimizer): each element's update is the one the
+  // whole step gives it, bit for bit; the rest, their gradients and moments untouched.
+  absl::Status AdamWStep(float lr, float beta1, float beta2, float eps, float weight_decay,
+                         int step, Real grad_scale, model::CopyRange range);
 
   // Elements of one micro-batch row in this layer's output ((T, C), or 1 for the head).
   int64_t OutputElementsPerRow() const;

@@ -354,21 +354,40 @@ absl::Status ModelChunkT<Real>::ZeroGrads() {
   return absl::OkStatus();
 }
 
+namespace {
+
+absl::Status CheckSplit(const OptimizerSplit& split) {
+  if (split.copies < 1 || split.copy < 0 || split.copy >= split.copies) {
+    return absl::InvalidArgumentError(absl::StrCat("optimizer split: copy ", split.copy, " of ",
+                                                   split.copies, " is not a copy"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 template <typename Real>
-absl::StatusOr<double> ModelChunkT<Real>::GradSquaredNorm() {
+absl::StatusOr<double> ModelChunkT<Real>::GradSquaredNorm(OptimizerSplit split) {
+  RETURN_IF_ERROR(CheckSplit(split));
   double total = 0;
   for (auto& layer : layers_) {
     const auto& specs = layer->specs();
+    const model::CopyRange piece = model::RangeOfCopy(layer->num_params(), split.copies, split.copy);
     const bool has_copy = std::any_of(specs.begin(), specs.end(),
                                       [](const model::ParamSpec& p) { return !p.tied_to.empty(); });
     if (!has_copy) {
-      ASSIGN_OR_RETURN(double s, backend_->SumOfSquares(layer->num_params(), layer->all_grads()));
+      ASSIGN_OR_RETURN(double s, backend_->SumOfSquares(piece.size(),
+                                                        layer->all_grads() + piece.begin));
       total += s;
       continue;
     }
+    uint64_t offset = 0;  // parameter i's, in the layer's flat gradients
     for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
-      if (!specs[i].tied_to.empty()) continue;
-      ASSIGN_OR_RETURN(double s, backend_->SumOfSquares(specs[i].num_elements(), layer->grad(i)));
+      const uint64_t first = std::max<uint64_t>(offset, piece.begin);
+      const uint64_t end = std::min<uint64_t>(offset + specs[i].num_elements(), piece.end);
+      offset += specs[i].num_elements();
+      if (!specs[i].tied_to.empty() || first >= end) continue;
+      ASSIGN_OR_RETURN(double s, backend_->SumOfSquares(end - first, layer->all_grads() + first));
       total += s;
     }
   }
@@ -449,10 +468,18 @@ absl::Status ModelChunkT<Real>::SumTiedGradients() {
 
 template <typename Real>
 absl::StatusOr<double> ModelChunkT<Real>::OptimizerStep(const OptimizerSettings& o,
-                                                        std::optional<double> global_norm) {
+                                                        std::optional<double> global_norm,
+                                                        OptimizerSplit split) {
+  RETURN_IF_ERROR(CheckSplit(split));
   double norm = global_norm.value_or(0.0);
   Real scale = 1;
   if (o.grad_clip_norm > 0) {
+    if (!global_norm.has_value() && split.copies > 1) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "optimizer step ", step_ + 1, " of copy ", split.copy, " of ", split.copies,
+          ": clipping needs the global gradient norm (summed over the copies' pieces and "
+          "the stages), not given"));
+    }
     if (!global_norm.has_value()) {
       ASSIGN_OR_RETURN(double sq, GradSquaredNorm());
       norm = std::sqrt(sq);
@@ -463,7 +490,9 @@ absl::StatusOr<double> ModelChunkT<Real>::OptimizerStep(const OptimizerSettings&
   }
   ++step_;
   for (auto& layer : layers_) {
-    RETURN_IF_ERROR(layer->AdamWStep(o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, step_, scale));
+    RETURN_IF_ERROR(layer->AdamWStep(
+        o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, step_, scale,
+        model::RangeOfCopy(layer->num_params(), split.copies, split.copy)));
   }
   return norm;
 }

@@ -149,8 +149,9 @@ class ModelChunkT {
   // both gradients become their sum. A no-op otherwise.
   absl::Status SumTiedGradients();
   // Sum of squares of every gradient in this chunk (add across stages, then sqrt, for
-  // the global norm). A tied copy is left out: its original counts once.
-  absl::StatusOr<double> GradSquaredNorm();
+  // the global norm). A tied copy is left out: its original counts once. With a split,
+  // only this copy's piece of each layer (add across the copies as well).
+  absl::StatusOr<double> GradSquaredNorm(OptimizerSplit split = {});
   // Data-parallel replicas (averaged layer by layer, see ChunkCompute): layer i's
   // (0-based in this chunk) gradients as one host buffer, as they lie, and back.
   int num_layers() const { return static_cast<int>(layers_.size()); }
@@ -167,8 +168,12 @@ class ModelChunkT {
   // are clipped by `global_grad_norm`, or by this chunk's own norm if not given (right
   // for a single stage; a pipeline passes the norm over all stages). Does not zero the
   // gradients. Returns the gradient norm used (0 when clipping is off and none given).
+  // With a split of more than one copy, steps only this copy's piece of each layer
+  // (PipelineLayer::AdamWStep), and clipping needs the global norm (FAILED_PRECONDITION
+  // without: this copy's gradients alone do not give it).
   absl::StatusOr<double> OptimizerStep(const OptimizerSettings& settings,
-                                       std::optional<double> global_grad_norm = {});
+                                       std::optional<double> global_grad_norm = {},
+                                       OptimizerSplit split = {});
   int step() const { return step_; }
 
   PipelineLayer<Real>& layer(int global_index) { return *layers_[global_index - begin_]; }

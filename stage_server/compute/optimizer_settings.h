@@ -27,4 +27,12 @@ struct OptimizerSettings {
 // value for them).
 inline constexpr OptimizerSettings kStageOptimizerDefaults{.beta2 = 0.95f};
 
+// Which piece of every layer's parameters this copy of a stage steps when the R copies
+// of the stage split the optimizer (model::RangeOfCopy of the layer's parameters);
+// the default, one copy, steps all of them.
+struct OptimizerSplit {
+  int copies = 1;
+  int copy = 0;
+};
+
 }  // namespace pipetrain::compute
