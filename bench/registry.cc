@@ -33,7 +33,9 @@ const std::vector<Benchmark>& AllBenchmarks() {
        RunLinkBench},
       {"scaling",
        "stages vs speed, EMULATED stages: speedup over K = 1 for K = 1..8, M = 1..32 and 4 "
-       "schedules vs the ideal K*M/(M+K-1) and the simulator's bound (1.0 = ideal)",
+       "schedules vs the ideal K*M/(M+K-1) and the simulator's bound (1.0 = ideal); "
+       "PIPETRAIN_BENCH_SCALING_FLOPS, _ROWS and _TRANSPORT (auto|off) change the emulated "
+       "rate, the frames and the stages' --same-host-transport",
        RunScalingBench},
       {"autoplan",
        "pipeline.schedule \"auto\" on 4 EMULATED stages, 2 models x 2 stage memories: the "
