@@ -85,7 +85,8 @@ const std::vector<Benchmark>& AllBenchmarks() {
       {"allreduce",
        "gloo ring all-reduce of 16 and 64 MiB of floats between 2 and 4 processes on "
        "loopback: bus bandwidth vs raw TCP moving the same bytes in a ring (ratio, higher "
-       "is better, 1.0 = raw TCP speed); then the step time of R = 2 replicas over R = 1 "
+       "is better, 1.0 = raw TCP speed), and a reduce-scatter + all-gather of the same "
+       "buffer over the all-reduce's time; then the step time of R = 2 replicas over R = 1 "
        "at equal work per replica (1.0 = free) and the share of the all-reduce hidden "
        "behind the backward",
        RunAllreduceBench},
