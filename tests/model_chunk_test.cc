@@ -575,10 +575,10 @@ TEST(ModelChunkTest, CopiesSteppingTheirPiecesGiveTheWholeStepBitForBit) {
     std::vector<Stages<float>> pieces;
     double squares = 0;
     for (int r = 0; r < copies; ++r) {
-      pieces.push_back(MakeStages<float>(&backend, c, {}));
+      pieces.push_back(MakeStages<float>(&backend, c, {}, {.split = {copies, r}}));
       RunStep(pieces.back(), batch, 1);
       ASSERT_THAT(pieces.back()[0]->SumTiedGradients(), IsOk());
-      auto sq = pieces.back()[0]->GradSquaredNorm({copies, r});
+      auto sq = pieces.back()[0]->GradSquaredNorm();
       ASSERT_THAT(sq, IsOk());
       squares += *sq;
     }
@@ -591,7 +591,7 @@ TEST(ModelChunkTest, CopiesSteppingTheirPiecesGiveTheWholeStepBitForBit) {
     ASSERT_GT(norm, adam.grad_clip_norm) << "clipping must act";
     ASSERT_THAT(whole[0]->OptimizerStep(adam, norm), IsOk());
     for (int r = 0; r < copies; ++r) {
-      ASSERT_THAT(pieces[r][0]->OptimizerStep(adam, norm, {copies, r}), IsOk());
+      ASSERT_THAT(pieces[r][0]->OptimizerStep(adam, norm), IsOk());
     }
     for (int l = 0; l < c.num_pipeline_layers(); ++l) {
       const PipelineLayer<float>& want = whole[0]->layer(l);
@@ -605,21 +605,57 @@ TEST(ModelChunkTest, CopiesSteppingTheirPiecesGiveTheWholeStepBitForBit) {
           ASSERT_EQ(got.all_params()[i], mine ? want.all_params()[i] : before.all_params()[i])
               << "layer " << l << " element " << i << " of copy " << r;
           if (mine) {
-            ASSERT_EQ(got.adam_m(0)[i], want.adam_m(0)[i]) << "layer " << l << " element " << i;
-            ASSERT_EQ(got.adam_v(0)[i], want.adam_v(0)[i]) << "layer " << l << " element " << i;
+            ASSERT_EQ(*got.adam_m_at(i), *want.adam_m_at(i)) << "layer " << l << " element " << i;
+            ASSERT_EQ(*got.adam_v_at(i), *want.adam_v_at(i)) << "layer " << l << " element " << i;
           }
         }
+        // A copy keeps the moments of its piece only: that is the memory the split saves.
+        EXPECT_EQ(got.moment_piece(), own) << "layer " << l << " copy " << r;
       }
     }
+    // Checkpoints: each copy gives its piece's moments and zeros elsewhere, so the pieces
+    // added up are the whole's; given the whole, a copy keeps its piece.
+    for (const model::ParamSpec& p : whole[0]->Params()) {
+      for (bool second : {false, true}) {
+        const std::vector<float> want = *whole[0]->GetOptimizerMoment(p.name, second);
+        std::vector<float> sum(want.size(), 0.0f);
+        for (int r = 0; r < copies; ++r) {
+          const std::vector<float> part = *pieces[r][0]->GetOptimizerMoment(p.name, second);
+          for (size_t i = 0; i < sum.size(); ++i) sum[i] += part[i];
+        }
+        ASSERT_EQ(sum, want) << p.name << (second ? " v" : " m");
+      }
+    }
+    uint64_t held = 0, pieces_size = 0;
+    for (int l = 0; l < c.num_pipeline_layers(); ++l) {
+      pieces_size += pieces[1][0]->layer(l).moment_piece().size();
+    }
+    for (const model::ParamSpec& p : whole[0]->Params()) {
+      const std::vector<float> ones(p.num_elements(), 1.0f), twos(p.num_elements(), 2.0f);
+      ModelChunkT<float>& copy = *pieces[1][0];
+      ASSERT_THAT(copy.SetOptimizerMoment(p.name, true, ones), IsOk());
+      const std::vector<float> mask = *copy.GetOptimizerMoment(p.name, true);
+      ASSERT_THAT(copy.SetOptimizerMoment(p.name, true, twos), IsOk());
+      const std::vector<float> back = *copy.GetOptimizerMoment(p.name, true);
+      for (size_t i = 0; i < back.size(); ++i) {
+        ASSERT_TRUE(mask[i] == 1.0f || mask[i] == 0.0f) << p.name << " " << i;
+        ASSERT_EQ(back[i], 2.0f * mask[i]) << p.name << " " << i;
+        held += mask[i] == 1.0f;
+      }
+    }
+    EXPECT_EQ(held, pieces_size) << "copy 1 takes exactly its pieces' moments";
   }
-  Stages<float> one = MakeStages<float>(&backend, c, {});
-  EXPECT_THAT(one[0]->OptimizerStep(adam, std::nullopt, {2, 1}),
+  Stages<float> one = MakeStages<float>(&backend, c, {}, {.split = {2, 1}});
+  EXPECT_THAT(one[0]->OptimizerStep(adam),
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("copy 1 of 2: clipping needs the global gradient norm")));
-  EXPECT_THAT(one[0]->OptimizerStep({}, std::nullopt, {2, 2}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("copy 2 of 2")));
-  EXPECT_THAT(one[0]->GradSquaredNorm({0, 0}), StatusIs(absl::StatusCode::kInvalidArgument));
-  EXPECT_EQ(one[0]->step(), 0) << "refused steps count nothing";
+  EXPECT_EQ(one[0]->step(), 0) << "a refused step counts nothing";
+  for (OptimizerSplit bad : {OptimizerSplit{2, 2}, OptimizerSplit{0, 0}, OptimizerSplit{3, -1}}) {
+    EXPECT_THAT(ModelChunkT<float>::Create(c, 0, c.num_pipeline_layers(), &backend,
+                                           {.split = bad}),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         HasSubstr(absl::StrCat("copy ", bad.copy, " of ", bad.copies))));
+  }
 }
 
 // Evaluation runs the forward's arithmetic, so its output is Forward's bit for bit,

@@ -29,6 +29,22 @@ absl::Status PipelineLayer<Real>::AllocateParams() {
   }
   ASSIGN_OR_RETURN(params_, BackendBuffer<Real>::Zeros(backend_, num_params_));
   ASSIGN_OR_RETURN(grads_, BackendBuffer<Real>::Zeros(backend_, num_params_));
+  moment_piece_ = {0, static_cast<uint64_t>(num_params_)};
+  return absl::OkStatus();
+}
+
+template <typename Real>
+absl::Status PipelineLayer<Real>::SetMomentPiece(model::CopyRange piece) {
+  if (piece.begin > piece.end || piece.end > static_cast<uint64_t>(num_params_)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layer ", index_, ": moment piece [", piece.begin, ", ", piece.end,
+        ") is not within its ", num_params_, " parameters"));
+  }
+  if (has_optimizer_state()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "layer ", index_, ": its optimizer state exists; the moment piece is set before"));
+  }
+  moment_piece_ = piece;
   return absl::OkStatus();
 }
 
@@ -89,8 +105,8 @@ absl::Status PipelineLayer<Real>::Backward(Stash<Real>& stash, const Real* grad_
 template <typename Real>
 absl::Status PipelineLayer<Real>::EnsureOptimizerState() {
   if (!adam_m_.empty()) return absl::OkStatus();
-  ASSIGN_OR_RETURN(adam_m_, BackendBuffer<Real>::Zeros(backend_, num_params_));
-  ASSIGN_OR_RETURN(adam_v_, BackendBuffer<Real>::Zeros(backend_, num_params_));
+  ASSIGN_OR_RETURN(adam_m_, BackendBuffer<Real>::Zeros(backend_, moment_piece_.size()));
+  ASSIGN_OR_RETURN(adam_v_, BackendBuffer<Real>::Zeros(backend_, moment_piece_.size()));
   return absl::OkStatus();
 }
 
@@ -98,10 +114,12 @@ template <typename Real>
 absl::Status PipelineLayer<Real>::AdamWStep(float lr, float beta1, float beta2, float eps,
                                             float weight_decay, int step, Real grad_scale,
                                             model::CopyRange range) {
-  if (range.begin > range.end || range.end > static_cast<uint64_t>(num_params_)) {
+  if (range.begin > range.end || range.begin < moment_piece_.begin ||
+      range.end > moment_piece_.end) {
     return absl::InvalidArgumentError(absl::StrCat(
         "optimizer step of layer ", index_, ": range [", range.begin, ", ", range.end,
-        ") is not within its ", num_params_, " parameters"));
+        ") is not within the piece [", moment_piece_.begin, ", ", moment_piece_.end,
+        ") of its ", num_params_, " parameters whose moments it keeps"));
   }
   RETURN_IF_ERROR(EnsureOptimizerState());
   if (grad_scale != Real{1}) {
@@ -112,8 +130,8 @@ absl::Status PipelineLayer<Real>::AdamWStep(float lr, float beta1, float beta2, 
     const uint64_t end = std::min<uint64_t>(offsets_[i] + specs_[i].num_elements(), range.end);
     if (first >= end) continue;
     RETURN_IF_ERROR(backend_->AdamW(end - first, params_.data() + first, grads_.data() + first,
-                                    adam_m_.data() + first, adam_v_.data() + first, lr, beta1,
-                                    beta2, eps, specs_[i].is_matrix ? weight_decay : 0.0f, step));
+                                    adam_m_at(first), adam_v_at(first), lr, beta1, beta2, eps,
+                                    specs_[i].is_matrix ? weight_decay : 0.0f, step));
   }
   ParamsChanged();
   return absl::OkStatus();

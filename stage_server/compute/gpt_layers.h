@@ -114,12 +114,21 @@ class PipelineLayer {
   Real* grad(int i) const { return grads_.data() + offsets_[i]; }
   Real* all_params() const { return params_.data(); }  // (num_params)
   Real* all_grads() const { return grads_.data(); }    // (num_params)
-  // AdamW's first and second moments of parameter i (checkpoints carry them). They
-  // exist from the first optimizer step on, or after EnsureOptimizerState.
+  // Where parameter i starts in the layer's flat parameters.
+  uint64_t offset(int i) const { return static_cast<uint64_t>(offsets_[i]); }
+  // AdamW's first and second moments (checkpoints carry them), kept for the piece of the
+  // flat parameters moment_piece() names: all of them, or one copy's piece when the
+  // copies of a stage split the optimizer. They exist from the first optimizer step on,
+  // or after EnsureOptimizerState.
   bool has_optimizer_state() const { return !adam_m_.empty(); }
   absl::Status EnsureOptimizerState();  // zeroed moments if there are none yet
-  Real* adam_m(int i) const { return adam_m_.data() + offsets_[i]; }
-  Real* adam_v(int i) const { return adam_v_.data() + offsets_[i]; }
+  model::CopyRange moment_piece() const { return moment_piece_; }
+  // Keeps the moments of `piece` only from now on: before any optimizer state exists
+  // (FAILED_PRECONDITION after), within the layer's parameters (INVALID_ARGUMENT).
+  absl::Status SetMomentPiece(model::CopyRange piece);
+  // The moments of flat parameter `flat`, which lies in moment_piece().
+  Real* adam_m_at(uint64_t flat) const { return adam_m_.data() + (flat - moment_piece_.begin); }
+  Real* adam_v_at(uint64_t flat) const { return adam_v_.data() + (flat - moment_piece_.begin); }
 
   // The copy of parameter i the products read (Backend::MakeProductCopy; bf16 products
   // only), remade from the parameters when they changed since the last one: once per
@@ -153,13 +162,13 @@ class PipelineLayer {
 
   // One AdamW step on every parameter, weight decay on matrices only. The gradient is
   // first multiplied by grad_scale (for global-norm clipping).
+  // With a moment piece, on that piece.
   absl::Status AdamWStep(float lr, float beta1, float beta2, float eps,
                          float weight_decay, int step, Real grad_scale) {
-    return AdamWStep(lr, beta1, beta2, eps, weight_decay, step, grad_scale,
-                     {0, static_cast<uint64_t>(num_params_)});
+    return AdamWStep(lr, beta1, beta2, eps, weight_decay, step, grad_scale, moment_piece_);
   }
-  // The same on the parameters in `range` of the layer's flat parameters only (one copy's
-  // piece when the copies split the optimizer): each element's update is the one the
+  // The same on the parameters in `range` of the layer's flat parameters only, within
+  // moment_piece() (INVALID_ARGUMENT otherwise): each element's update is the one the
   // whole step gives it, bit for bit; the rest, their gradients and moments untouched.
   absl::Status AdamWStep(float lr, float beta1, float beta2, float eps, float weight_decay,
                          int step, Real grad_scale, model::CopyRange range);
@@ -188,7 +197,9 @@ class PipelineLayer {
   std::vector<model::ParamSpec> specs_;
   std::vector<int64_t> offsets_;
   int64_t num_params_ = 0;
-  BackendBuffer<Real> params_, grads_, adam_m_, adam_v_;
+  BackendBuffer<Real> params_, grads_;
+  BackendBuffer<Real> adam_m_, adam_v_;  // moment_piece_.size() each, once they exist
+  model::CopyRange moment_piece_;
   // Every parameter as the products take it, at the parameters' offsets, in
   // product_copy_dtype_; made by ProductCopy, stale once product_copy_fresh_ is false.
   BackendBuffer<Real> product_copy_;

@@ -25,8 +25,18 @@ absl::StatusOr<std::unique_ptr<ModelChunkT<Real>>> ModelChunkT<Real>::Create(
         "model chunk: activations between layers in ", common::DTypeName(options.boundary),
         "; fp32 and bf16 are supported"));
   }
+  const OptimizerSplit& split = options.split;
+  if (split.copies < 1 || split.copy < 0 || split.copy >= split.copies) {
+    return absl::InvalidArgumentError(absl::StrCat("model chunk: optimizer split: copy ",
+                                                   split.copy, " of ", split.copies,
+                                                   " is not a copy"));
+  }
   std::unique_ptr<ModelChunkT> chunk(new ModelChunkT(config, begin, end, backend, options));
   ASSIGN_OR_RETURN(chunk->layers_, MakeLayers<Real>(config, begin, end, backend));
+  for (auto& layer : chunk->layers_) {
+    RETURN_IF_ERROR(layer->SetMomentPiece(
+        model::RangeOfCopy(layer->num_params(), split.copies, split.copy)));
+  }
   return chunk;
 }
 
@@ -310,11 +320,23 @@ Real* ModelChunkT<Real>::Address(const PipelineLayer<Real>& layer, int i, Field 
     case Field::kGrad:
       return layer.grad(i);
     case Field::kAdamM:
-      return layer.adam_m(i);
     case Field::kAdamV:
-      return layer.adam_v(i);
+      break;  // HeldPart
   }
   return nullptr;
+}
+
+template <typename Real>
+typename ModelChunkT<Real>::Part ModelChunkT<Real>::HeldPart(const PipelineLayer<Real>& layer,
+                                                             int i, Field field) {
+  const uint64_t n = layer.specs()[i].num_elements();
+  if (field == Field::kParam || field == Field::kGrad) return {Address(layer, i, field), 0, n};
+  const uint64_t off = layer.offset(i);
+  const uint64_t first = std::max(off, layer.moment_piece().begin);
+  const uint64_t end = std::min(off + n, layer.moment_piece().end);
+  if (first >= end) return {nullptr, 0, 0};
+  Real* at = field == Field::kAdamM ? layer.adam_m_at(first) : layer.adam_v_at(first);
+  return {at, first - off, end - first};
 }
 
 template <typename Real>
@@ -325,8 +347,11 @@ absl::StatusOr<std::vector<Real>> ModelChunkT<Real>::CopyOut(absl::string_view n
   std::vector<Real> out(layer->specs()[i].num_elements());
   const bool moment = field == Field::kAdamM || field == Field::kAdamV;
   if (moment && !layer->has_optimizer_state()) return out;  // no step yet: zeros
-  RETURN_IF_ERROR(
-      backend_->CopyToHost(out.data(), Address(*layer, i, field), BytesOf<Real>(out.size())));
+  // Moments outside this copy's piece are another copy's: zeros here.
+  const Part part = HeldPart(*layer, i, field);
+  if (part.count == 0) return out;
+  RETURN_IF_ERROR(backend_->CopyToHost(out.data() + part.skip, part.device,
+                                       BytesOf<Real>(part.count)));
   return out;
 }
 
@@ -342,8 +367,12 @@ absl::Status ModelChunkT<Real>::CopyIn(absl::string_view name, Field field,
     return absl::InvalidArgumentError(absl::StrCat(
         "parameter \"", name, "\" has ", spec.num_elements(), " elements, got ", values.size()));
   }
-  RETURN_IF_ERROR(backend_->CopyFromHost(Address(*found.first, found.second, field),
-                                         values.data(), BytesOf<Real>(values.size())));
+  // Of the moments, this copy keeps its piece's only.
+  const Part part = HeldPart(*found.first, found.second, field);
+  if (part.count > 0) {
+    RETURN_IF_ERROR(backend_->CopyFromHost(part.device, values.data() + part.skip,
+                                           BytesOf<Real>(part.count)));
+  }
   if (field == Field::kParam) found.first->ParamsChanged();
   return absl::OkStatus();
 }
@@ -354,21 +383,9 @@ absl::Status ModelChunkT<Real>::ZeroGrads() {
   return absl::OkStatus();
 }
 
-namespace {
-
-absl::Status CheckSplit(const OptimizerSplit& split) {
-  if (split.copies < 1 || split.copy < 0 || split.copy >= split.copies) {
-    return absl::InvalidArgumentError(absl::StrCat("optimizer split: copy ", split.copy, " of ",
-                                                   split.copies, " is not a copy"));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 template <typename Real>
-absl::StatusOr<double> ModelChunkT<Real>::GradSquaredNorm(OptimizerSplit split) {
-  RETURN_IF_ERROR(CheckSplit(split));
+absl::StatusOr<double> ModelChunkT<Real>::GradSquaredNorm() {
+  const OptimizerSplit& split = options_.split;
   double total = 0;
   for (auto& layer : layers_) {
     const auto& specs = layer->specs();
@@ -468,9 +485,8 @@ absl::Status ModelChunkT<Real>::SumTiedGradients() {
 
 template <typename Real>
 absl::StatusOr<double> ModelChunkT<Real>::OptimizerStep(const OptimizerSettings& o,
-                                                        std::optional<double> global_norm,
-                                                        OptimizerSplit split) {
-  RETURN_IF_ERROR(CheckSplit(split));
+                                                        std::optional<double> global_norm) {
+  const OptimizerSplit& split = options_.split;
   double norm = global_norm.value_or(0.0);
   Real scale = 1;
   if (o.grad_clip_norm > 0) {

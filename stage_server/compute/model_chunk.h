@@ -46,6 +46,9 @@ struct ChunkOptions {
   // boundary, so they cross it in 2 bytes an element without loss and K stages still
   // compute what one does.
   common::DType boundary = common::DType::kF32;
+  // The copies of this stage that split the optimizer, and which one this is: the chunk
+  // steps, and sums the squared norm of, only its piece of every layer's parameters.
+  OptimizerSplit split;
 };
 
 // Not thread-safe: one executor thread drives a chunk (and its backend). ModelChunk
@@ -129,6 +132,8 @@ class ModelChunkT {
     return CopyIn(name, Field::kParam, values);
   }
   // AdamW state, for checkpoints: the two moments of a parameter and the step count.
+  // Under a split, a copy gives its piece's moments and zeros for the rest, and takes
+  // its piece's from the values it is given.
   absl::StatusOr<std::vector<Real>> GetOptimizerMoment(absl::string_view name, bool second) const {
     return CopyOut(name, second ? Field::kAdamV : Field::kAdamM);
   }
@@ -149,9 +154,9 @@ class ModelChunkT {
   // both gradients become their sum. A no-op otherwise.
   absl::Status SumTiedGradients();
   // Sum of squares of every gradient in this chunk (add across stages, then sqrt, for
-  // the global norm). A tied copy is left out: its original counts once. With a split,
-  // only this copy's piece of each layer (add across the copies as well).
-  absl::StatusOr<double> GradSquaredNorm(OptimizerSplit split = {});
+  // the global norm). A tied copy is left out: its original counts once. With a split
+  // (ChunkOptions::split), only this copy's piece of each layer: add across the copies too.
+  absl::StatusOr<double> GradSquaredNorm();
   // Data-parallel replicas (averaged layer by layer, see ChunkCompute): layer i's
   // (0-based in this chunk) gradients as one host buffer, as they lie, and back.
   int num_layers() const { return static_cast<int>(layers_.size()); }
@@ -172,8 +177,7 @@ class ModelChunkT {
   // (PipelineLayer::AdamWStep), and clipping needs the global norm (FAILED_PRECONDITION
   // without: this copy's gradients alone do not give it).
   absl::StatusOr<double> OptimizerStep(const OptimizerSettings& settings,
-                                       std::optional<double> global_grad_norm = {},
-                                       OptimizerSplit split = {});
+                                       std::optional<double> global_grad_norm = {});
   int step() const { return step_; }
 
   PipelineLayer<Real>& layer(int global_index) { return *layers_[global_index - begin_]; }
@@ -203,7 +207,17 @@ class ModelChunkT {
   void NotePeak();
   absl::StatusOr<std::vector<Real>> CopyOut(absl::string_view name, Field field) const;
   absl::Status CopyIn(absl::string_view name, Field field, const std::vector<Real>& values);
+  // Parameter i's weights or gradient (not its moments: HeldPart).
   static Real* Address(const PipelineLayer<Real>& layer, int i, Field field);
+  // The part of parameter i's `field` this chunk holds: `count` elements from element
+  // `skip` of the parameter, at `device`. All of it, except moments under a split (the
+  // part in the layer's moment piece; none when they do not meet).
+  struct Part {
+    Real* device;
+    uint64_t skip;
+    uint64_t count;
+  };
+  static Part HeldPart(const PipelineLayer<Real>& layer, int i, Field field);
   // Rounds a tensor crossing a layer boundary to options_.boundary.
   absl::Status AtBoundary(int64_t n, Real* x);
 
