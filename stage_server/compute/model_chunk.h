@@ -48,7 +48,7 @@ struct ChunkOptions {
   common::DType boundary = common::DType::kF32;
   // The copies of this stage that split the optimizer, and which one this is: the chunk
   // steps, and sums the squared norm of, only its piece of every layer's parameters.
-  OptimizerSplit split;
+  OptimizerSplit split = {};
 };
 
 // Not thread-safe: one executor thread drives a chunk (and its backend). ModelChunk
