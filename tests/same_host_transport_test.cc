@@ -102,6 +102,17 @@ class SameHostTransportTest : public testing::ClusterJobTest {
     return sent;
   }
 
+  // Tensor bytes went where the path says: most through shared memory, or none.
+  void ExpectBytesOnThePath(LocalCluster& c, bool same_host) {
+    const auto [sent, shm_bytes] = LinkBytesOnceSent(c);
+    EXPECT_GT(sent, 0u);
+    if (same_host) {
+      EXPECT_GT(shm_bytes, sent / 2) << "of " << sent << " bytes sent";
+    } else {
+      EXPECT_EQ(shm_bytes, 0u);
+    }
+  }
+
   // Every stage maps at most its two links' regions; `some`: and some stage maps any.
   void ExpectOnlyCurrentLinksMapped(LocalCluster& c, bool some) {
     size_t total = 0;
@@ -141,13 +152,7 @@ TEST_F(SameHostTransportTest, BothPathsGiveTheSameLossesAndSayWhichTheyTook) {
     const std::string want = same_host ? "shm/shm" : "tcp/tcp";
     EXPECT_THAT(ClusterTableOnceLinked(**cluster), HasSubstr(want));
     // The activations and gradients (256 KiB) went where the paths say.
-    const auto [sent, shm_bytes] = LinkBytesOnceSent(**cluster);
-    EXPECT_GT(sent, 0u);
-    if (same_host) {
-      EXPECT_GT(shm_bytes, sent / 2) << "of " << sent << " bytes sent";
-    } else {
-      EXPECT_EQ(shm_bytes, 0u);
-    }
+    ExpectBytesOnThePath(**cluster, same_host);
   }
   ASSERT_EQ(losses[true].size(), static_cast<size_t>(kSteps));
   EXPECT_TRUE(LossesMatch(losses[true], losses[false], testing::kSameArithmetic));
@@ -173,13 +178,7 @@ TEST_F(SameHostTransportTest, ReplicasGiveTheSameLossesOnBothPaths) {
     if (same_host && logs.find("shared-memory region") != std::string::npos) {
       GTEST_SKIP() << "this machine cannot make the regions (a small /dev/shm?): " << logs;
     }
-    const auto [sent, shm_bytes] = LinkBytesOnceSent(**cluster);
-    EXPECT_GT(sent, 0u);
-    if (same_host) {
-      EXPECT_GT(shm_bytes, sent / 2) << "of " << sent << " bytes sent";
-    } else {
-      EXPECT_EQ(shm_bytes, 0u);
-    }
+    ExpectBytesOnThePath(**cluster, same_host);
   }
   ASSERT_EQ(losses[true].size(), static_cast<size_t>(kSteps));
   EXPECT_TRUE(LossesMatch(losses[true], losses[false], testing::kSameArithmetic));

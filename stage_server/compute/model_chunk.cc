@@ -385,11 +385,10 @@ absl::Status ModelChunkT<Real>::ZeroGrads() {
 
 template <typename Real>
 absl::StatusOr<double> ModelChunkT<Real>::GradSquaredNorm() {
-  const OptimizerSplit& split = options_.split;
   double total = 0;
   for (auto& layer : layers_) {
     const auto& specs = layer->specs();
-    const model::CopyRange piece = model::RangeOfCopy(layer->num_params(), split.copies, split.copy);
+    const model::CopyRange piece = layer->moment_piece();  // this copy's (Create)
     const bool has_copy = std::any_of(specs.begin(), specs.end(),
                                       [](const model::ParamSpec& p) { return !p.tied_to.empty(); });
     if (!has_copy) {
@@ -398,11 +397,9 @@ absl::StatusOr<double> ModelChunkT<Real>::GradSquaredNorm() {
       total += s;
       continue;
     }
-    uint64_t offset = 0;  // parameter i's, in the layer's flat gradients
     for (int i = 0; i < static_cast<int>(specs.size()); ++i) {
-      const uint64_t first = std::max<uint64_t>(offset, piece.begin);
-      const uint64_t end = std::min<uint64_t>(offset + specs[i].num_elements(), piece.end);
-      offset += specs[i].num_elements();
+      const uint64_t first = std::max(layer->offset(i), piece.begin);
+      const uint64_t end = std::min<uint64_t>(layer->offset(i) + specs[i].num_elements(), piece.end);
       if (!specs[i].tied_to.empty() || first >= end) continue;
       ASSIGN_OR_RETURN(double s, backend_->SumOfSquares(end - first, layer->all_grads() + first));
       total += s;
@@ -506,9 +503,8 @@ absl::StatusOr<double> ModelChunkT<Real>::OptimizerStep(const OptimizerSettings&
   }
   ++step_;
   for (auto& layer : layers_) {
-    RETURN_IF_ERROR(layer->AdamWStep(
-        o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, step_, scale,
-        model::RangeOfCopy(layer->num_params(), split.copies, split.copy)));
+    // On the layer's moment piece: this copy's.
+    RETURN_IF_ERROR(layer->AdamWStep(o.lr, o.beta1, o.beta2, o.eps, o.weight_decay, step_, scale));
   }
   return norm;
 }
