@@ -4,6 +4,9 @@
 #include <signal.h>
 
 #include <chrono>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "common/cuda_probe.h"
@@ -192,6 +195,18 @@ TEST(BinariesTest, BenchListsItsBenchmarks) {
   EXPECT_EQ(model->exit_code, 2);
   EXPECT_THAT(model->err, HasSubstr("--model: unknown model 'mistral'; accepted: gpt2, llama"));
   EXPECT_EQ(model->out, "");
+  // The scaling bench's knobs are checked before it starts a cluster, naming the variable.
+  for (const auto& [set, want] : std::vector<std::pair<std::string, std::string>>{
+           {"PIPETRAIN_BENCH_SCALING_ROWS=0",
+            "PIPETRAIN_BENCH_SCALING_ROWS must be a row count from 1 to 64, not '0'"},
+           {"PIPETRAIN_BENCH_SCALING_TRANSPORT=shm",
+            "PIPETRAIN_BENCH_SCALING_TRANSPORT must be auto or off, not 'shm'"}}) {
+    auto knob = RunCommand({"/usr/bin/env", set, Bin("pipetrain-bench"), "scaling", "--json"}, 20s);
+    ASSERT_TRUE(knob.ok());
+    EXPECT_NE(knob->exit_code, 0) << set;
+    EXPECT_THAT(knob->err, HasSubstr(want));
+    EXPECT_EQ(knob->out, "") << set;
+  }
 }
 
 }  // namespace

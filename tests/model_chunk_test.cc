@@ -650,6 +650,16 @@ TEST(ModelChunkTest, CopiesSteppingTheirPiecesGiveTheWholeStepBitForBit) {
               StatusIs(absl::StatusCode::kFailedPrecondition,
                        HasSubstr("copy 1 of 2: clipping needs the global gradient norm")));
   EXPECT_EQ(one[0]->step(), 0) << "a refused step counts nothing";
+  // A layer steps and takes a piece only within its parameters and its moment piece.
+  PipelineLayer<float>& layer = one[0]->layer(0);
+  const model::CopyRange own = layer.moment_piece();
+  EXPECT_THAT(layer.AdamWStep(0.1f, 0.9f, 0.95f, 1e-8f, 0, 1, 1.0f, {0, own.end}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("whose moments it keeps")));
+  EXPECT_THAT(layer.SetMomentPiece({0, static_cast<uint64_t>(layer.num_params()) + 1}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("layer 0: moment piece")));
+  ASSERT_THAT(layer.EnsureOptimizerState(), IsOk());
+  EXPECT_THAT(layer.SetMomentPiece({0, 1}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("state exists")));
   for (OptimizerSplit bad : {OptimizerSplit{2, 2}, OptimizerSplit{0, 0}, OptimizerSplit{3, -1}}) {
     EXPECT_THAT(ModelChunkT<float>::Create(c, 0, c.num_pipeline_layers(), &backend,
                                            {.split = bad}),
