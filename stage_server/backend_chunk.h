@@ -77,6 +77,12 @@ class BackendChunk final : public ChunkCompute {
   absl::Status SetLayerGradients(int layer, std::span<const float> values) override {
     return layers_->SetLayerGradients(layer, values);
   }
+  absl::StatusOr<std::vector<float>> LayerParams(int layer) override {
+    return layers_->LayerParams(layer);
+  }
+  absl::Status SetLayerParams(int layer, std::span<const float> values) override {
+    return layers_->SetLayerParams(layer, values);
+  }
   bool LayerHoldsTiedParam(int layer) const override { return layers_->LayerHoldsTiedParam(layer); }
   void OnFinalGradients(std::function<void(int)> on_final) override {
     layers_->OnFinalGradients(std::move(on_final));

@@ -26,7 +26,13 @@
 namespace pipetrain::stage_server {
 
 // Sums a buffer with the other data-parallel replicas' and divides by their number.
+// Where the replicas split the optimizer (pipeline.shard_optimizer), only this copy's
+// piece of the buffer (common/model/optimizer_split.h) gets the mean; the rest is left
+// as it was, and the chunk reads nothing else of it.
 using GradientAverage = std::function<absl::Status(std::span<float>)>;
+// Replicas that split the optimizer: every piece of a layer's weights becomes its
+// owner's (each copy updated its own piece), in place.
+using WeightGather = std::function<absl::Status(std::span<float>)>;
 
 class ChunkCompute {
  public:
@@ -65,6 +71,9 @@ class ChunkCompute {
   virtual int NumGradientLayers() const = 0;
   virtual absl::StatusOr<std::vector<float>> LayerGradients(int layer) = 0;
   virtual absl::Status SetLayerGradients(int layer, std::span<const float> values) = 0;
+  // Layer i's weights the same way, for copies that gather each other's updated pieces.
+  virtual absl::StatusOr<std::vector<float>> LayerParams(int layer) = 0;
+  virtual absl::Status SetLayerParams(int layer, std::span<const float> values) = 0;
   // With tied embeddings: layer i holds wte or the head's copy, whose gradient is summed
   // with its other holder's at the optimizer step, so averaged only after that.
   virtual bool LayerHoldsTiedParam(int layer) const = 0;

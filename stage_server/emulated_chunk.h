@@ -57,6 +57,12 @@ class EmulatedChunk final : public ChunkCompute {
   absl::Status SetLayerGradients(int, std::span<const float>) override {
     return absl::FailedPreconditionError("an emulated chunk holds no gradients");
   }
+  absl::StatusOr<std::vector<float>> LayerParams(int) override {
+    return absl::FailedPreconditionError("an emulated chunk holds no weights");
+  }
+  absl::Status SetLayerParams(int, std::span<const float>) override {
+    return absl::FailedPreconditionError("an emulated chunk holds no weights");
+  }
   bool LayerHoldsTiedParam(int) const override { return false; }
   void OnFinalGradients(std::function<void(int)>) override {}
   // The tied gradient has its real size on the wire; its values mean nothing.

@@ -513,9 +513,34 @@ absl::Status Executor::RunOptimizerStep(const Action& a, StepState& st) {
     return absl::OkStatus();
   }
   std::optional<double> norm = st.inputs.global_grad_norm;
-  // Without the global norm, clip by this stage's (all its chunks together).
-  if (!norm && settings.grad_clip_norm > 0) norm = std::sqrt(st.grad_norm_sq);
-  for (auto& c : chunks_) RETURN_IF_ERROR(c->OptimizerStep(settings, norm));
+  // Without the global norm, clip by this stage's (all its chunks together), unless it
+  // holds only its pieces of them: then only the norm over every copy will do.
+  if (!norm && settings.grad_clip_norm > 0) {
+    if (config_.gather_weights) {
+      return StepContext(st.inputs.step)
+          .Error(absl::StatusCode::kFailedPrecondition,
+                 "clipping with the optimizer split among the replicas needs the global "
+                 "gradient norm over every copy's pieces: run the step with defer_optimizer, "
+                 "then ApplyOptimizer with that norm");
+    }
+    norm = std::sqrt(st.grad_norm_sq);
+  }
+  return StepChunks(settings, norm);
+}
+
+absl::Status Executor::StepChunks(const compute::OptimizerSettings& settings,
+                                  std::optional<double> global_grad_norm) {
+  for (auto& c : chunks_) RETURN_IF_ERROR(c->OptimizerStep(settings, global_grad_norm));
+  if (!config_.gather_weights) return absl::OkStatus();
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    for (int l = 0; l < chunks_[c]->NumGradientLayers(); ++l) {
+      ASSIGN_OR_RETURN(std::vector<float> weights, chunks_[c]->LayerParams(l));
+      RETURN_IF_ERROR(common::ErrorContext(absl::StrCat("gathering the weights of chunk ", c,
+                                                        " layer ", l, " from the replicas"))
+                          .Wrap(config_.gather_weights(weights)));
+      RETURN_IF_ERROR(chunks_[c]->SetLayerParams(l, weights));
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -600,9 +625,7 @@ absl::StatusOr<ActionTiming> Executor::ApplyOptimizer(uint64_t step, double glob
   t.start_us = absl::ToInt64Microseconds(absl::Now() - p.step_start);
   t.reduce_us = p.reduce_us;  // at the end of the step's first phase, before this
   t.reduce_total_us = p.reduce_total_us;
-  for (auto& c : chunks_) {
-    RETURN_IF_ERROR(context.Wrap(c->OptimizerStep(p.settings, global_grad_norm)));
-  }
+  RETURN_IF_ERROR(context.Wrap(StepChunks(p.settings, global_grad_norm)));
   t.end_us = absl::ToInt64Microseconds(absl::Now() - p.step_start);
   return t;
 }

@@ -49,6 +49,11 @@ struct ExecutorConfig {
   // layer's gradients are final; the optimizer step waits for them all, after the
   // tied exchange (tied layers are averaged after it) and before the norm.
   GradientAverage average_gradients;
+  // Replicas that split the optimizer (its chunks made with compute::ChunkOptions::split):
+  // average_gradients averages only this copy's piece of each layer, the chunks step only
+  // their pieces, and right after that step every layer's weights are gathered through
+  // this, chunk by chunk in layer order (the same order on every copy). Empty: no split.
+  WeightGather gather_weights;
   absl::Duration recv_timeout = absl::Seconds(60);
   compute::OptimizerSettings optimizer = compute::kStageOptimizerDefaults;
   // Called before each action of a training step's program (never of an evaluation's):
@@ -207,6 +212,10 @@ class Executor {
   // optimizer step, starts the rest and waits for all, timing it into `t`.
   void StartAveraging(int c, int layer, StepState& st);
   absl::Status AverageGradients(StepState& st, ActionTiming& t);
+  // Every chunk's optimizer step, then (with gather_weights) every layer's weights
+  // gathered from the copies that own their pieces.
+  absl::Status StepChunks(const compute::OptimizerSettings& settings,
+                          std::optional<double> global_grad_norm);
   schedule::Topology topology() const {
     return {config_.num_stages, config_.num_chunks, config_.placement};
   }

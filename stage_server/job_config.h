@@ -54,6 +54,14 @@ struct JobConfig {
   int replica = 0;
   int replicas = 1;
   std::string rendezvous_prefix;
+  // ConfigureRequest.shard_optimizer: the replicas split the optimizer between them.
+  bool shard_optimizer = false;
+  // How the chunks split the optimizer: this copy of `replicas`, or one copy of one (no
+  // split) without replicas or without shard_optimizer.
+  compute::OptimizerSplit split() const {
+    if (!shard_optimizer || replicas < 2) return {};
+    return {.copies = replicas, .copy = replica};
+  }
 };
 
 // The neighbour links a stage has: to stage + 1 (it connects) and from stage - 1 (it

@@ -103,8 +103,27 @@ uint64_t ParamsOf(const JobConfig& config) {
   return params;
 }
 
+uint64_t MomentParamsOf(const JobConfig& config) {
+  const uint64_t params = ParamsOf(config);
+  const compute::OptimizerSplit split = config.split();
+  if (split.copies <= 1) return params;
+  // Each layer's piece is at most one more than its share (RangeOfCopy): a bound of one
+  // per layer held, clamped as ParamsOf clamps the ranges.
+  uint64_t layers = 0;
+  const int64_t count = config.model.num_pipeline_layers();
+  for (const auto& [begin, end] : config.chunks) {
+    const int64_t b = std::max<int64_t>(begin, 0), e = std::min<int64_t>(end, count);
+    if (b < e) layers = SaturatingAdd(layers, static_cast<uint64_t>(e - b));
+  }
+  return std::min(params, SaturatingAdd(params / static_cast<uint64_t>(split.copies), layers));
+}
+
 uint64_t StateBytes(const JobConfig& config) {
-  return SaturatingMul(ParamsOf(config), StateBytesPerParam(config.precision.products));
+  const uint64_t params = ParamsOf(config);
+  const uint64_t moments = MomentParamsOf(config);
+  const uint64_t per_param = StateBytesPerParam(config.precision.products) - OptimizerBytesPerParam();
+  return SaturatingAdd(SaturatingMul(params, per_param),
+                       SaturatingMul(moments, OptimizerBytesPerParam()));
 }
 
 uint64_t TableBytes(const JobConfig& config) {

@@ -36,7 +36,11 @@ using model::WeightBytesPerParam;
 // same parameters), clamped to the model's layers: a range of 2^31 layers, unvalidated,
 // costs no more to size than one of two (tests/fuzz/configure_fuzz timed out looping).
 uint64_t ParamsOf(const JobConfig& config);
-// ParamsOf x StateBytesPerParam of the job's precision (bf16 adds the products' copy).
+// The parameters whose AdamW moments the stage keeps: all of ParamsOf, or with a split
+// optimizer (JobConfig::split) at most this copy's piece of every layer.
+uint64_t MomentParamsOf(const JobConfig& config);
+// ParamsOf x StateBytesPerParam of the job's precision (bf16 adds the products' copy),
+// the moments' bytes for MomentParamsOf only.
 uint64_t StateBytes(const JobConfig& config);
 // The tables the config's chunks' layers share (Llama's rotary angles), each chunk's
 // model::ChunkTableBytes, as the planner predicts them.

@@ -11,6 +11,7 @@
 
 #include "common/checked_math.h"
 #include "common/logging.h"
+#include "common/model/optimizer_split.h"
 #include "common/status_macros.h"
 #include "stage_server/compute/cpu_backend.h"
 #include "stage_server/compute/cuda_backend.h"
@@ -35,24 +36,40 @@ std::function<void(const schedule::Action&, int, uint64_t)> FaultHook(
   };
 }
 
-// Replicas: the mean of a buffer over this stage position's replicas, through the
-// reducer EnsureLinks puts in `slot` before the first step (the job outlives its
-// executor, and the slot outlives an all-reduce aborted with the job).
-GradientAverage ReplicaAverage(std::shared_ptr<ReducerSlot> slot,
+// The reducer EnsureLinks puts in `slot` before the first step (the job outlives its
+// executor, and the slot outlives a collective aborted with the job).
+absl::StatusOr<std::shared_ptr<collective::GradientReducer>> ReducerIn(ReducerSlot& slot) {
+  absl::MutexLock lock(&slot.mu);
+  if (slot.reducer == nullptr) {
+    return absl::FailedPreconditionError("the replicas of this stage are not connected");
+  }
+  return slot.reducer;
+}
+
+// Replicas: the mean of a buffer over this stage position's replicas. With a split
+// optimizer, of this copy's piece only (reduce-scatter): the rest is never read.
+GradientAverage ReplicaAverage(std::shared_ptr<ReducerSlot> slot, compute::OptimizerSplit split,
                                int replicas, absl::Duration deadline) {
   const float scale = 1.0f / static_cast<float>(replicas);
-  return [slot = std::move(slot), scale, deadline](std::span<float> data) -> absl::Status {
-    std::shared_ptr<collective::GradientReducer> reducer;
-    {
-      absl::MutexLock lock(&slot->mu);
-      reducer = slot->reducer;
+  return [slot = std::move(slot), split, scale, deadline](std::span<float> data) -> absl::Status {
+    ASSIGN_OR_RETURN(std::shared_ptr<collective::GradientReducer> reducer, ReducerIn(*slot));
+    if (split.copies <= 1) {
+      RETURN_IF_ERROR(reducer->AllReduceSum(data, deadline));
+      for (float& v : data) v *= scale;
+      return absl::OkStatus();
     }
-    if (reducer == nullptr) {
-      return absl::FailedPreconditionError("the replicas of this stage are not connected");
-    }
-    RETURN_IF_ERROR(reducer->AllReduceSum(data, deadline));
-    for (float& v : data) v *= scale;
+    RETURN_IF_ERROR(reducer->ReduceScatterSum(data, deadline));
+    const model::CopyRange own = model::RangeOfCopy(data.size(), split.copies, split.copy);
+    for (float& v : data.subspan(own.begin, own.size())) v *= scale;
     return absl::OkStatus();
+  };
+}
+
+// A split optimizer: every copy's updated piece of a layer's weights, in place.
+WeightGather ReplicaGather(std::shared_ptr<ReducerSlot> slot, absl::Duration deadline) {
+  return [slot = std::move(slot), deadline](std::span<float> data) -> absl::Status {
+    ASSIGN_OR_RETURN(std::shared_ptr<collective::GradientReducer> reducer, ReducerIn(*slot));
+    return reducer->AllGather(data, deadline);
   };
 }
 
@@ -60,6 +77,10 @@ GradientAverage ReplicaAverage(std::shared_ptr<ReducerSlot> slot,
 
 absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config) {
   RETURN_IF_ERROR(ValidateJobConfig(config, !options_.coordinator_address.empty()));
+  if (config.split().copies > 1) {
+    RETURN_IF_ERROR(
+        model::CheckSplit(config.job_id, config.stage, ParamsOf(config), config.split().copies));
+  }
   const MemoryBreakdown need =
       MemoryOf(config, options_.device.kind, options_.same_host_transport);
   RETURN_IF_ERROR(CheckMemory(config, need));
@@ -74,7 +95,7 @@ absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config)
   const uint64_t params = ParamsOf(config);
   return ConfigureResult{
       .weight_bytes = common::SaturatingMul(params, WeightBytesPerParam()),
-      .optimizer_bytes = common::SaturatingMul(params, OptimizerBytesPerParam())};
+      .optimizer_bytes = common::SaturatingMul(MomentParamsOf(config), OptimizerBytesPerParam())};
 }
 
 absl::Status StageRuntime::CheckMemory(const JobConfig& config, const MemoryBreakdown& need) const {
@@ -151,7 +172,8 @@ absl::Status StageRuntime::MakeChunks(Job& job,
     ASSIGN_OR_RETURN(auto layers,
                      compute::ModelChunk::Create(config.model, begin, end, job.backend.get(),
                                                  {.recompute = config.recomputes(c),
-                                                  .boundary = config.precision.activations}));
+                                                  .boundary = config.precision.activations,
+                                                  .split = config.split()}));
     RETURN_IF_ERROR(layers->Initialize(config.seed));
     ASSIGN_OR_RETURN(auto backend_chunk,
                      BackendChunk::Create(std::move(layers), config.micro_batch_size, job.pool));
@@ -174,7 +196,9 @@ ExecutorConfig StageRuntime::ExecutorConfigFor(const Job& job) const {
   ec.tie_embeddings = config.model.tie_embeddings;
   if (options_.faults) ec.before_action = FaultHook(options_.faults, config.job_id);
   if (config.replicas > 1) {
-    ec.average_gradients = ReplicaAverage(job.reducer, config.replicas, config.recv_timeout);
+    ec.average_gradients =
+        ReplicaAverage(job.reducer, config.split(), config.replicas, config.recv_timeout);
+    if (config.split().copies > 1) ec.gather_weights = ReplicaGather(job.reducer, config.recv_timeout);
   }
   return ec;
 }

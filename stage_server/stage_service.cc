@@ -81,6 +81,7 @@ absl::StatusOr<JobConfig> JobConfigFromProto(const pb::ConfigureRequest& r) {
   c.replica = r.replica();
   c.replicas = std::max(1, r.replicas());
   c.rendezvous_prefix = r.rendezvous_prefix();
+  c.shard_optimizer = r.shard_optimizer();
   return c;
 }
 

@@ -28,6 +28,7 @@
 #include "stage_server/local_channel.h"
 #include "stage_server/memory_breakdown.h"
 #include "stage_server/stage_runtime.h"
+#include "tests/testing/in_process_copies.h"
 #include "tests/testing/loss_comparison.h"
 #include "tests/testing/reference_training.h"
 #include "tests/testing/tolerance.h"
@@ -446,44 +447,6 @@ std::vector<std::vector<float>> Weights(Executor& ex) {
   return out;
 }
 
-// Stands in for the collective between data-parallel replicas in one process: each of
-// `parties` threads hands its buffer in, and all get the element-wise mean back.
-class InProcessAverage {
- public:
-  explicit InProcessAverage(int parties) : parties_(parties) {}
-  GradientAverage For() {
-    return [this](std::span<float> data) { return Average(data); };
-  }
-
- private:
-  absl::Status Average(std::span<float> data) {
-    absl::MutexLock lock(&mu_);
-    const int round = round_;
-    parts_.push_back(data);
-    if (static_cast<int>(parts_.size()) == parties_) {
-      std::vector<float> mean(data.size(), 0.0f);
-      for (std::span<float> p : parts_) {
-        for (size_t i = 0; i < mean.size(); ++i) mean[i] += p[i];
-      }
-      for (float& v : mean) v /= static_cast<float>(parties_);
-      for (std::span<float> p : parts_) std::copy(mean.begin(), mean.end(), p.begin());
-      parts_.clear();
-      ++round_;
-    } else {
-      auto next = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return round_ != round; };
-      if (!mu_.AwaitWithTimeout(absl::Condition(&next), absl::Seconds(30))) {
-        return absl::DeadlineExceededError("the other replicas never came");
-      }
-    }
-    return absl::OkStatus();
-  }
-
-  const int parties_;
-  absl::Mutex mu_;
-  std::vector<std::span<float>> parts_ ABSL_GUARDED_BY(mu_);
-  int round_ ABSL_GUARDED_BY(mu_) = 0;
-};
-
 compute::ModelChunk& LayersOf(Executor& ex) {
   return static_cast<BackendChunk&>(ex.chunk(0)).layers();
 }
@@ -535,10 +498,10 @@ TEST_P(ReplicasTest, ReplicasAveragingTheirGradientsTrainAsOneOnTheWholeBatch) {
   Single whole = MakeSingle(1, 0, adam, false, {}, bf16);
   whole.program.num_micro_batches = 4;
   whole.program.actions = *schedule::ParseActions("F0 F1 F2 F3 B0 B1 B2 B3 OPT");
-  InProcessAverage average(2);
+  ::pipetrain::testing::InProcessCopies average(2);
   std::vector<Single> replicas;
   for (int r = 0; r < 2; ++r) {
-    replicas.push_back(MakeSingle(1, 0, adam, false, average.For(), bf16));
+    replicas.push_back(MakeSingle(1, 0, adam, false, average.AllReduceFor(r), bf16));
   }
   // The whole batch's program on the replicas' weights: what their losses must be.
   Single probe = MakeSingle(1, 0, adam, false, {}, bf16);

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/model/checkpoint.h"
+#include "common/model/optimizer_split.h"
 #include "common/safetensors.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -53,6 +54,32 @@ TEST(MemoryBreakdownTest, ThePartsAreTheStateTheBuffersOneMicroBatchAndTheReserv
   EXPECT_EQ(emulated.buffers, 0u);
   EXPECT_EQ(emulated.state, cpu.state);
   EXPECT_EQ(emulated.activations, cpu.activations);
+}
+
+// Copies that split the optimizer (shard_optimizer with replicas) keep AdamW's moments for
+// their piece of every layer: counted by a bound at least what the chunk holds (each
+// layer's RangeOfCopy) and at most one element a layer over the even share; the weights
+// and gradients stay whole. One replica, or no shard_optimizer: no split.
+TEST(MemoryBreakdownTest, CopiesThatSplitTheOptimizerCountTheirPieceOfTheMoments) {
+  JobConfig c = Job(1);
+  c.replicas = 3;
+  c.replica = 1;
+  EXPECT_EQ(MomentParamsOf(c), ParamsOf(c)) << "replicas without the split hold every moment";
+  c.shard_optimizer = true;
+  uint64_t held = 0;
+  const int layers = c.model.num_pipeline_layers() - 1;
+  for (int l = 1; l < c.model.num_pipeline_layers(); ++l) {
+    held += model::RangeOfCopy(static_cast<uint64_t>(model::ParamsOfLayer(c.model, l)), 3, 1).size();
+  }
+  EXPECT_GE(MomentParamsOf(c), held);
+  EXPECT_LE(MomentParamsOf(c), ParamsOf(c) / 3 + layers);
+  EXPECT_LT(MomentParamsOf(c), ParamsOf(c) / 2);
+  EXPECT_EQ(StateBytes(c), ParamsOf(c) * 8 + MomentParamsOf(c) * 8)
+      << "fp32 weight and gradient whole, the two moments for the piece";
+  EXPECT_LT(MemoryOf(c, DeviceSpec::Kind::kCpu, false).state, ParamsOf(c) * 16);
+  c.replicas = 1;
+  c.replica = 0;
+  EXPECT_EQ(MomentParamsOf(c), ParamsOf(c)) << "one replica has nothing to split with";
 }
 
 // A Llama chunk that holds a block holds one pair of rotary tables, 2 x T x hs/2 fp32,

@@ -668,6 +668,74 @@ TEST_F(ReplicaFaultTest, AConfigureEndsAStepWaitingInTheAllReduce) {
   EXPECT_LT(configure_took, 10s) << "the 20 s all-reduce deadline held the Configure";
 }
 
+// The same two replicas (their fixture's connected stages) on gloo, configured afresh for
+// a job that all-reduces and then for one whose copies split the optimizer
+// (shard_optimizer): each replica on batches of its own, the same losses bit for bit
+// (with two replicas a sum has one order), the copies' norms adding up to the
+// replicas', and each copy reporting about half the replicas' optimizer bytes.
+class ReplicaSplitTest : public ReplicaFaultTest {
+ protected:
+  struct Run {
+    std::vector<std::vector<float>> losses;  // per step, per replica: its micro-batches'
+    std::vector<double> norm_sq;             // per step, the replicas' grad_norm_sq summed
+    uint64_t optimizer_bytes = 0;            // replica 0's, from Configure
+  };
+  Run Train(const std::string& job, bool split) {
+    Run run;
+    for (int r = 0; r < 2; ++r) {
+      pb::ConfigureRequest req = ConfigureFor(plan_, job, 0, replicas_);
+      req.set_replica(r);
+      req.set_replicas(2);
+      req.set_rendezvous_prefix("run-" + job);
+      req.set_shard_optimizer(split);
+      pb::ConfigureResponse resp;
+      grpc::Status st = Call3([&](grpc::ClientContext* c, const pb::ConfigureRequest& q,
+                                  pb::ConfigureResponse* rr) { return replicas_[r].stub->Configure(c, q, rr); },
+                              req, &resp);
+      EXPECT_TRUE(st.ok()) << st.error_message();
+      if (r == 0) run.optimizer_bytes = resp.optimizer_bytes();
+    }
+    for (int step = 0; step < 3; ++step) {
+      std::vector<pb::RunStepResponse> out[2];
+      grpc::Status status[2];
+      std::vector<std::thread> threads;
+      for (int r = 0; r < 2; ++r) {
+        threads.emplace_back([&, r] {
+          std::vector<Stage> one;
+          one.push_back(std::move(replicas_[r]));
+          status[r] = RunStep(plan_.programs, job, step, testing::RandomBatch(100 * r + step),
+                              one, out[r])[0];
+          replicas_[r] = std::move(one[0]);
+        });
+      }
+      for (std::thread& t : threads) t.join();
+      run.losses.emplace_back();
+      run.norm_sq.push_back(0);
+      for (int r = 0; r < 2; ++r) {
+        EXPECT_TRUE(status[r].ok()) << job << " step " << step << ": " << status[r].error_message();
+        if (!status[r].ok()) return run;
+        run.losses.back().insert(run.losses.back().end(), out[r][0].losses().begin(),
+                                 out[r][0].losses().end());
+        run.norm_sq.back() += out[r][0].grad_norm_sq();
+      }
+    }
+    return run;
+  }
+};
+
+TEST_F(ReplicaSplitTest, CopiesSplittingTheOptimizerTrainAsAllReducingReplicas) {
+  const Run whole = Train("whole", false);
+  const Run split = Train("split", true);
+  ASSERT_EQ(split.losses.size(), whole.losses.size());
+  for (size_t step = 0; step < whole.losses.size(); ++step) {
+    EXPECT_EQ(split.losses[step], whole.losses[step]) << "step " << step;
+    // Each replica reports the whole (averaged) gradient's norm; each copy its pieces'.
+    EXPECT_NEAR(split.norm_sq[step], whole.norm_sq[step] / 2, 1e-12 * whole.norm_sq[step]);
+  }
+  EXPECT_LE(split.optimizer_bytes, whole.optimizer_bytes / 2 + 8 * 16);
+  EXPECT_GE(split.optimizer_bytes, whole.optimizer_bytes / 2 - 8 * 16);
+}
+
 TEST(StageFaultTest, ChunksExportAndImportWithOptimizerStateToResumeExactly) {
   std::vector<Stage> stages;
   stages.push_back(StartStage());

@@ -409,30 +409,34 @@ absl::StatusOr<double> ModelChunkT<Real>::GradSquaredNorm() {
 }
 
 template <typename Real>
-absl::StatusOr<std::vector<Real>> ModelChunkT<Real>::LayerGradients(int i) const {
+absl::StatusOr<std::vector<Real>> ModelChunkT<Real>::LayerOut(int i, bool params) const {
   if (i < 0 || i >= num_layers()) {
     return absl::OutOfRangeError(absl::StrCat("layer ", i, " of layers [", begin_, ", ", end_,
                                               "): the chunk has ", num_layers()));
   }
-  std::vector<Real> out(static_cast<size_t>(layers_[i]->num_params()));
-  RETURN_IF_ERROR(
-      backend_->CopyToHost(out.data(), layers_[i]->all_grads(), BytesOf<Real>(out.size())));
+  const PipelineLayer<Real>& layer = *layers_[i];
+  std::vector<Real> out(static_cast<size_t>(layer.num_params()));
+  RETURN_IF_ERROR(backend_->CopyToHost(out.data(), params ? layer.all_params() : layer.all_grads(),
+                                       BytesOf<Real>(out.size())));
   return out;
 }
 
 template <typename Real>
-absl::Status ModelChunkT<Real>::SetLayerGradients(int i, std::span<const Real> values) {
+absl::Status ModelChunkT<Real>::LayerIn(int i, bool params, std::span<const Real> values) {
   if (i < 0 || i >= num_layers()) {
     return absl::OutOfRangeError(absl::StrCat("layer ", i, " of layers [", begin_, ", ", end_,
                                               "): the chunk has ", num_layers()));
   }
-  if (values.size() != static_cast<size_t>(layers_[i]->num_params())) {
+  PipelineLayer<Real>& layer = *layers_[i];
+  if (values.size() != static_cast<size_t>(layer.num_params())) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "gradients of layer ", begin_ + i, ": ", values.size(), " values for ",
-        layers_[i]->num_params(), " parameters"));
+        params ? "weights" : "gradients", " of layer ", begin_ + i, ": ", values.size(),
+        " values for ", layer.num_params(), " parameters"));
   }
-  return backend_->CopyFromHost(layers_[i]->all_grads(), values.data(),
-                                BytesOf<Real>(values.size()));
+  RETURN_IF_ERROR(backend_->CopyFromHost(params ? layer.all_params() : layer.all_grads(),
+                                         values.data(), BytesOf<Real>(values.size())));
+  if (params) layer.ParamsChanged();
+  return absl::OkStatus();
 }
 
 template <typename Real>

@@ -160,8 +160,16 @@ class ModelChunkT {
   // Data-parallel replicas (averaged layer by layer, see ChunkCompute): layer i's
   // (0-based in this chunk) gradients as one host buffer, as they lie, and back.
   int num_layers() const { return static_cast<int>(layers_.size()); }
-  absl::StatusOr<std::vector<Real>> LayerGradients(int i) const;
-  absl::Status SetLayerGradients(int i, std::span<const Real> values);
+  absl::StatusOr<std::vector<Real>> LayerGradients(int i) const { return LayerOut(i, false); }
+  absl::Status SetLayerGradients(int i, std::span<const Real> values) {
+    return LayerIn(i, false, values);
+  }
+  // Layer i's weights the same way (copies that split the optimizer gather each other's
+  // updated pieces through them); setting them remakes the products' copy.
+  absl::StatusOr<std::vector<Real>> LayerParams(int i) const { return LayerOut(i, true); }
+  absl::Status SetLayerParams(int i, std::span<const Real> values) {
+    return LayerIn(i, true, values);
+  }
   // With model.tie_embeddings: layer i holds wte or the head's copy of it.
   bool LayerHoldsTiedParam(int i) const;
   // Called with i right after layer i's parameter gradients were added to by Backward
@@ -207,6 +215,9 @@ class ModelChunkT {
   void NotePeak();
   absl::StatusOr<std::vector<Real>> CopyOut(absl::string_view name, Field field) const;
   absl::Status CopyIn(absl::string_view name, Field field, const std::vector<Real>& values);
+  // Layer i's flat weights (params) or gradients, to and from the host.
+  absl::StatusOr<std::vector<Real>> LayerOut(int i, bool params) const;
+  absl::Status LayerIn(int i, bool params, std::span<const Real> values);
   // Parameter i's weights or gradient (not its moments: HeldPart).
   static Real* Address(const PipelineLayer<Real>& layer, int i, Field field);
   // The part of parameter i's `field` this chunk holds: `count` elements from element
