@@ -114,7 +114,9 @@ int RunPlan(const std::vector<std::string>& args, std::ostream& out, std::ostrea
       "while it runs): what would this model take with another schedule, K or M on the same\n"
       "hardware? With --replicas R (or pipeline.replicas) it plans R data-parallel copies of\n"
       "the pipeline: each takes batch_size / R sequences, and each stage's gradient ring\n"
-      "all-reduce between its R copies is part of the predicted step.\n\n"
+      "all-reduce between its R copies is part of the predicted step; unless the spec's\n"
+      "pipeline.shard_optimizer is false the copies split AdamW's moments, and the memory\n"
+      "counts 1/R of them (the plan prints the bytes a parameter takes both ways).\n\n"
       "Schedules (--schedule):\n" +
           planner::ScheduleHelp() + "\nRecompute modes (--recompute):\n" +
           planner::RecomputeHelp() + "\nPrecisions (the spec's training.precision):\n" +

@@ -9,6 +9,7 @@
 #include "common/job_state.h"
 #include "common/model/checkpoint_folder.h"
 #include "common/model/precision.h"
+#include "common/model/split_checkpoint.h"
 #include "common/status_macros.h"
 #include "coordinator/job_manager_internal.h"
 #include "coordinator/job_spec.h"
@@ -197,33 +198,7 @@ JobRecovery::Source JobRecovery::FindState(const LostRun& run, std::vector<int>&
   survivors = answered;
 
   std::optional<RestoredState> snap;
-  if (snapshots) {
-    // A pipeline's stages: with replicas, every replica's snapshots are of the same state.
-    const int k = run.spec.pipeline().stages();
-    const int chunks = std::max(1, run.spec.pipeline().chunks());
-    std::optional<SnapshotChoice> choice = ChooseSnapshotStep(listings, k, chunks, run.failed_step - 1);
-    if (choice) {
-      absl::StatusOr<model::Checkpoint> whole = AssembleSnapshot(
-          *choice,
-          [&](const SnapshotPick& pick) -> absl::StatusOr<std::string> {
-            std::unique_ptr<StageConnection> client =
-                connector_->Connect(run.stages[survivors[pick.holder]].address);
-            return client->FetchSnapshot(run.job_id, pick.owner_stage, pick.chunk, choice->step,
-                                         rpc_deadline_);
-          },
-          run.job_id);
-      if (whole.ok()) {
-        whole->precision = PrecisionOf(run.spec);
-        snap = RestoredState{choice->step, *std::move(whole), "the stages' snapshots"};
-      } else {
-        log_(std::string(whole.status().message()));
-      }
-    } else if (std::any_of(listings.begin(), listings.end(),
-                           [](const auto& l) { return !l.empty(); })) {
-      log_(absl::StrCat("the surviving stages' snapshots do not hold every stage's state at "
-                        "any one step"));
-    }
-  }
+  if (snapshots) snap = FromSnapshots(run, survivors, listings);
   const int64_t disk_step = CheckpointStep(run.checkpoint_dir);
   if (snap && snap->step >= disk_step) return {std::move(snap), "the stages' snapshots"};
   if (disk_step > 0) {
@@ -239,6 +214,75 @@ JobRecovery::Source JobRecovery::FindState(const LostRun& run, std::vector<int>&
   }
   if (snap) return {std::move(snap), "the stages' snapshots"};
   return {std::nullopt, "the start"};
+}
+
+std::optional<RestoredState> JobRecovery::FromSnapshots(
+    const LostRun& run, const std::vector<int>& survivors,
+    const std::vector<std::vector<SnapshotEntry>>& listings) {
+  const int k = run.spec.pipeline().stages();
+  const int chunks = std::max(1, run.spec.pipeline().chunks());
+  // With replicas, every replica's snapshots are of the same state, except where the
+  // copies split the optimizer: each holds its own pieces of the moments, so every
+  // replica's are needed (its snapshot ring is its own pipeline), of one step, joined.
+  const int groups = SplitsOptimizer(run.spec) ? run.spec.pipeline().replicas() : 1;
+  std::vector<std::vector<size_t>> holders(groups);  // indices into listings, per group
+  for (size_t h = 0; h < listings.size(); ++h) {
+    holders[groups == 1 ? 0 : survivors[h] / k].push_back(h);
+  }
+  std::vector<SnapshotChoice> choices(groups);
+  for (int64_t step = run.failed_step - 1;;) {
+    int64_t newest_common = step;
+    for (int g = 0; g < groups; ++g) {
+      std::vector<std::vector<SnapshotEntry>> own;
+      for (size_t h : holders[g]) own.push_back(listings[h]);
+      std::optional<SnapshotChoice> choice = ChooseSnapshotStep(own, k, chunks, step);
+      if (!choice) {
+        if (std::any_of(listings.begin(), listings.end(), [](const auto& l) { return !l.empty(); })) {
+          log_(absl::StrCat("the surviving stages' snapshots do not hold every stage's state at "
+                            "any one step",
+                            groups > 1 ? absl::StrCat(" for replica ", g, " (its copies split "
+                                                      "the optimizer, so each replica's are needed)")
+                                       : std::string()));
+        }
+        return std::nullopt;
+      }
+      choices[g] = *std::move(choice);
+      newest_common = std::min(newest_common, choices[g].step);
+    }
+    if (std::all_of(choices.begin(), choices.end(),
+                    [&](const SnapshotChoice& c) { return c.step == newest_common; })) {
+      break;
+    }
+    step = newest_common;
+  }
+  std::vector<model::Checkpoint> wholes;
+  for (int g = 0; g < groups; ++g) {
+    absl::StatusOr<model::Checkpoint> whole = AssembleSnapshot(
+        choices[g],
+        [&](const SnapshotPick& pick) -> absl::StatusOr<std::string> {
+          std::unique_ptr<StageConnection> client =
+              connector_->Connect(run.stages[survivors[holders[g][pick.holder]]].address);
+          return client->FetchSnapshot(run.job_id, pick.owner_stage, pick.chunk, choices[g].step,
+                                       rpc_deadline_);
+        },
+        run.job_id);
+    if (!whole.ok()) {
+      log_(std::string(whole.status().message()));
+      return std::nullopt;
+    }
+    wholes.push_back(*std::move(whole));
+  }
+  absl::StatusOr<model::Checkpoint> joined =
+      groups == 1 ? std::move(wholes[0])
+                  : model::JoinCopies(std::move(wholes),
+                                      absl::StrCat("job '", run.job_id, "': the replicas' snapshots "
+                                                   "of step ", choices[0].step));
+  if (!joined.ok()) {
+    log_(std::string(joined.status().message()));
+    return std::nullopt;
+  }
+  joined->precision = PrecisionOf(run.spec);
+  return RestoredState{choices[0].step, *std::move(joined), "the stages' snapshots"};
 }
 
 std::optional<Continuation> JobRecovery::FindStages(const LostRun& run,

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "coordinator/job_runner.h"
+#include "coordinator/snapshot_choice.h"
 #include "coordinator/stage_connection.h"
 #include "coordinator/stage_registry.h"
 #include "pipetrain/v1/job.pb.h"
@@ -80,6 +81,11 @@ class JobRecovery {
   // Lists the survivors' snapshots (a survivor that does not answer is lost too, and
   // leaves `survivors`), then takes the newer of the snapshot and the checkpoint.
   Source FindState(const LostRun& run, std::vector<int>& survivors, std::vector<std::string>& lost);
+  // The whole model from the survivors' snapshots (`listings[h]` is survivor h's), at
+  // the newest step every stage's chunks (every replica's, where the copies split the
+  // optimizer) are held at; nullopt, said in the log, when there is none.
+  std::optional<RestoredState> FromSnapshots(const LostRun& run, const std::vector<int>& survivors,
+                                             const std::vector<std::vector<SnapshotEntry>>& listings);
   // The stages to continue on, or nullopt after waiting in vain (or being stopped).
   std::optional<Continuation> FindStages(const LostRun& run, const std::vector<int>& survivors,
                                          const std::vector<std::string>& lost);

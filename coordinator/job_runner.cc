@@ -10,9 +10,11 @@
 #include "common/model/batch.h"
 #include "common/error_context.h"
 #include "common/model/checkpoint_folder.h"
+#include "common/model/split_checkpoint.h"
 #include "common/status_macros.h"
 #include "coordinator/job_data.h"
 #include "coordinator/job_paths.h"
+#include "coordinator/job_spec.h"
 #include "coordinator/lr_schedule.h"
 #include "coordinator/grpc_stage_connector.h"
 #include "coordinator/planner/cost_fit.h"
@@ -61,6 +63,8 @@ class Runner {
   int N() const { return group_.size(); }
   int StageOf(int i) const { return i % K(); }
   int ReplicaOf(int i) const { return i / K(); }
+  // The copies of each stage split the optimizer (pipeline.shard_optimizer).
+  bool Split() const { return SplitsOptimizer(spec_); }
   bool Emulated() const {
     for (int s = 0; s < N(); ++s) {
       if (group_.stage(s).device.kind() == "emulated") return true;
@@ -110,6 +114,17 @@ class Runner {
           "%d data-parallel replicas of the %d stages (%d stage servers; replica r's stage s "
           "is stage r x %d + s), each on %d of the %d sequences a step",
           R(), K(), N(), K(), po.replica_batch_size(), po.batch_size));
+      hooks_.Log(Split() ? absl::StrFormat(
+                               "the %d copies of each stage split the optimizer "
+                               "(pipeline.shard_optimizer): each keeps AdamW's moments for 1/%d "
+                               "of every layer; gradients are reduce-scattered and the updated "
+                               "weights gathered",
+                               R(), R())
+                         : std::string("each replica keeps the whole optimizer "
+                                       "(pipeline.shard_optimizer false)"));
+    } else if (spec_.pipeline().has_shard_optimizer() && spec_.pipeline().shard_optimizer()) {
+      hooks_.Log("pipeline.shard_optimizer changes nothing with one replica: there is no "
+                 "other copy to split with");
     }
     for (int s = 0; s < K(); ++s) {
       std::string ranges;
@@ -190,6 +205,7 @@ class Runner {
         request.set_replica(ReplicaOf(i));
         request.set_replicas(R());
         request.set_rendezvous_prefix(prefix);
+        request.set_shard_optimizer(Split());
       }
       absl::StatusOr<pb::ConfigureResponse> r =
           group_.client(i).Configure(request, options_.rpc_deadline);
@@ -293,10 +309,11 @@ class Runner {
 
   // The norm over the whole model, before clipping, from every stage's share (each
   // reports it at its optimizer step, deferred or not). After the replicas' averaging
-  // every replica holds the same gradients: one replica's stages make the whole model.
+  // every replica holds the same gradients: one replica's stages make the whole model;
+  // copies that split the optimizer report their pieces' only, so all of them do.
   double GlobalGradNorm(const std::vector<pb::RunStepResponse>& responses) const {
     double sum_sq = 0;
-    for (int s = 0; s < K(); ++s) sum_sq += responses[s].grad_norm_sq();
+    for (int i = 0; i < (Split() ? N() : K()); ++i) sum_sq += responses[i].grad_norm_sq();
     return std::sqrt(sum_sq);
   }
 
@@ -363,11 +380,12 @@ class Runner {
   }
 
   // The training programs on every stage; clipping needs the norm over the whole model,
-  // which no stage has alone, so with clipping over several stages it takes two phases.
+  // which no stage has alone, so with clipping over several stages (or the copies of a
+  // split optimizer) it takes two phases.
   absl::StatusOr<std::vector<pb::RunStepResponse>> RunTraining(int64_t step,
                                                                const model::TokenBatch& batch,
                                                                float lr) {
-    const bool two_phase = spec_.training().grad_clip_norm() > 0 && K() > 1;
+    const bool two_phase = spec_.training().grad_clip_norm() > 0 && (K() > 1 || Split());
     ASSIGN_OR_RETURN(std::vector<pb::RunStepResponse> responses,
                      RunOnAll(step, plan_.programs, batch, lr, "running", two_phase,
                               SnapshotAfter(step)));
@@ -469,24 +487,53 @@ class Runner {
     return absl::OkStatus();
   }
 
-  // Every chunk of one pipeline's stages: the replicas hold the same state.
+  // Every chunk of one pipeline's stages: the replicas hold the same state, except
+  // where they split the optimizer: then every copy's export, joined.
   absl::StatusOr<std::vector<model::ChunkFile>> ExportAll(int64_t step) {
-    std::vector<std::vector<model::ChunkFile>> files(K());
-    RETURN_IF_ERROR(group_.Run(step, "checkpointing", [&](int s) -> absl::Status {
-      if (s >= K()) return absl::OkStatus();
-      for (int c = 0; c < static_cast<int>(plan_.stages[s].chunks.size()); ++c) {
+    const int exporters = Split() ? N() : K();
+    std::vector<std::vector<std::string>> files(exporters);  // per group index, per chunk
+    RETURN_IF_ERROR(group_.Run(step, "checkpointing", [&](int i) -> absl::Status {
+      if (i >= exporters) return absl::OkStatus();
+      for (int c = 0; c < static_cast<int>(plan_.stages[StageOf(i)].chunks.size()); ++c) {
         ASSIGN_OR_RETURN(std::string bytes,
-                         group_.client(s).ExportChunk(job_id_, c, options_.rpc_deadline));
+                         group_.client(i).ExportChunk(job_id_, c, options_.rpc_deadline));
         // The checkpoint records the job's precision; a stage's export says the default.
         ASSIGN_OR_RETURN(bytes, model::WithPrecision(std::move(bytes), plan_.options.precision,
                                                      absl::StrCat("the export of chunk ", c)));
-        files[s].push_back({s, c, std::move(bytes)});
+        files[i].push_back(std::move(bytes));
       }
       return absl::OkStatus();
     }));
     std::vector<model::ChunkFile> all;
-    for (auto& f : files) for (auto& one : f) all.push_back(std::move(one));
+    for (int s = 0; s < K(); ++s) {
+      for (size_t c = 0; c < files[s].size(); ++c) {
+        if (!Split()) {
+          all.push_back({s, static_cast<int>(c), std::move(files[s][c])});
+          continue;
+        }
+        std::vector<std::string> copies;
+        for (int r = 0; r < R(); ++r) copies.push_back(std::move(files[r * K() + s][c]));
+        ASSIGN_OR_RETURN(std::string joined, JoinCopyExports(copies, s, static_cast<int>(c), step));
+        all.push_back({s, static_cast<int>(c), std::move(joined)});
+      }
+    }
     return all;
+  }
+
+  // One chunk's exports from the copies of stage s that split the optimizer, joined into
+  // the file one unsplit stage would have written (common/model/split_checkpoint.h).
+  absl::StatusOr<std::string> JoinCopyExports(const std::vector<std::string>& copies, int s,
+                                              int c, int64_t step) const {
+    const std::string what =
+        absl::StrCat("job '", job_id_, "' step ", step, ": the copies of stage ", s, " chunk ", c);
+    std::vector<model::Checkpoint> parsed;
+    for (size_t r = 0; r < copies.size(); ++r) {
+      ASSIGN_OR_RETURN(model::Checkpoint one,
+                       model::ParseCheckpoint(copies[r], absl::StrCat(what, ", copy ", r)));
+      parsed.push_back(std::move(one));
+    }
+    ASSIGN_OR_RETURN(model::Checkpoint joined, model::JoinCopies(std::move(parsed), what));
+    return model::SerializeCheckpoint(joined);
   }
 
   // The checkpoint every checkpoint.every_steps (the last step's comes at the end).

@@ -44,15 +44,15 @@ pipetrain::v1::JobSpec WithDefaults(pipetrain::v1::JobSpec spec);
 // checkpoint (every_steps >= 0, snapshot_every_steps >= 0), fault_tolerance
 // (max_restarts in [0, 1000], wait_for_stages_s in [0, 86400]). The first error, naming its field, e.g.
 // "training.batch_size: 10 is not divisible by pipeline.micro_batches 4".
-// Until the job runner runs data-parallel replicas, a spec that passes every other check
-// but has pipeline.replicas > 1 is refused last ("pipeline.replicas: data-parallel
-// replicas are planned (`pipetrain plan`) but not yet run by this coordinator");
-// `pipetrain plan` does not call this and plans them.
 // With pipeline.schedule "auto" (IsAutoSchedule), the pipeline's shape is left to the
 // coordinator's planner at submit (coordinator/auto_schedule.h): pipeline.stages,
 // replicas, micro_batches, chunks, recompute and schedule_file must be unset (each set
 // one is refused, naming it), and the rest is checked as it would be with K = R = M = 1.
 absl::Status ValidateJobSpec(const pipetrain::v1::JobSpec& spec);
+
+// Whether the job's replicas split the optimizer: pipeline.shard_optimizer (unset: true)
+// and more than one replica.
+bool SplitsOptimizer(const pipetrain::v1::JobSpec& spec);
 
 // pipeline.schedule "auto": the coordinator chooses the shape when the job is submitted.
 inline constexpr char kAutoSchedule[] = "auto";

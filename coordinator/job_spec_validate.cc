@@ -163,6 +163,14 @@ absl::Status ValidateData(const pb::DataSpec& d) {
 
 bool IsAutoSchedule(const pb::JobSpec& spec) { return spec.pipeline().schedule() == kAutoSchedule; }
 
+bool SplitsOptimizer(const pb::JobSpec& spec) {
+  const pb::PipelineSpec& p = spec.pipeline();
+  planner::PlanOptions o;  // the planner's rule, on the two fields it reads
+  o.replicas = p.replicas();
+  o.shard_optimizer = !p.has_shard_optimizer() || p.shard_optimizer();
+  return o.splits();
+}
+
 pb::JobSpec WithPlaceholderShape(pb::JobSpec spec) {
   pb::PipelineSpec* p = spec.mutable_pipeline();
   p->set_stages(1);

@@ -306,8 +306,10 @@ TEST_F(CoordinatorRecoveryTest, AStageKilledWhileCheckpointsAreWrittenEveryStep)
 }
 
 // Data-parallel replicas: a stage of one replica lost (its copies wait in their gradient
-// all-reduce until the coordinator breaks the step off) is replaced like any other, and
-// the job ends with the uninterrupted run's losses.
+// reduction until the coordinator breaks the step off) is replaced like any other, and
+// the job ends with the uninterrupted run's losses. The copies split the optimizer (the
+// default), so the lost copy's moments come from the snapshot its ring neighbour held,
+// joined with the other replica's.
 TEST_F(CoordinatorRecoveryTest, AReplicasLostStageIsReplacedAndTheLossesStayTheSame) {
   auto cluster = LocalCluster::Start(dir_.File("state"), 5);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
@@ -323,6 +325,7 @@ TEST_F(CoordinatorRecoveryTest, AReplicasLostStageIsReplacedAndTheLossesStayTheS
   EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
   ASSERT_EQ(done.value("recoveries", json::array()).size(), 1u) << done.dump();
   EXPECT_EQ(done["recoveries"][0]["replicas"], 2) << "the free stage took the lost one's place";
+  EXPECT_EQ(done["recoveries"][0]["source"], "the stages' snapshots") << done.dump();
   EXPECT_EQ(done["stage_ids"].size(), 4u);
   EXPECT_TRUE(LossesMatch(Losses(Status(c, id)), expected, kSameLayout));
 }

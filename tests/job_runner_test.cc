@@ -328,17 +328,42 @@ TEST_F(JobRunnerTest, AJobStartsFromACheckpointOfEitherPrecisionAndSaysSo) {
 }
 
 TEST_F(JobRunnerTest, ReplicasRunOnEveryStageServerAndOnePipelineIsSaved) {
-  const RunOutcome out = Run(Spec({"pipeline.replicas=2"}), 4, hooks_);
+  const RunOutcome out =
+      Run(Spec({"pipeline.replicas=2", "pipeline.shard_optimizer=false"}), 4, hooks_);
   ASSERT_EQ(out.state, pb::JobStatus::SUCCEEDED) << out.reason;
   ExpectUnbrokenLosses(hooks_.steps);
   for (int i = 0; i < 4; ++i) {
     EXPECT_EQ(fakes_->Calls(Address(i)).front(), absl::StrCat("Configure job-1 stage ", i % 2));
+    EXPECT_FALSE(fakes_->Configured(Address(i)).shard_optimizer());
     EXPECT_THAT(fakes_->Updates(Address(i)), ElementsAre(6));
     // Replica 1's stages hold the same state as replica 0's: only those are exported.
     EXPECT_EQ(absl::c_count(fakes_->Calls(Address(i)), "ExportChunk 0"), i < 2 ? 3 : 0)
         << Address(i);
   }
   EXPECT_THAT(hooks_.AllLogs(), HasSubstr("2 data-parallel replicas of the 2 stages"));
+  EXPECT_THAT(hooks_.AllLogs(), HasSubstr("each replica keeps the whole optimizer"));
+}
+
+// By default the copies of each stage split the optimizer: every stage is told so, and
+// every copy's export goes into each checkpoint (each holds its own moments).
+TEST_F(JobRunnerTest, ReplicasSplitTheOptimizerByDefaultAndEveryCopyIsSaved) {
+  const RunOutcome out = Run(Spec({"pipeline.replicas=2"}), 4, hooks_);
+  ASSERT_EQ(out.state, pb::JobStatus::SUCCEEDED) << out.reason;
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_TRUE(fakes_->Configured(Address(i)).shard_optimizer()) << Address(i);
+    EXPECT_EQ(absl::c_count(fakes_->Calls(Address(i)), "ExportChunk 0"), 3) << Address(i);
+  }
+  EXPECT_THAT(hooks_.AllLogs(), HasSubstr("the 2 copies of each stage split the optimizer"));
+}
+
+// One replica has nothing to split with: said once, and nothing changes.
+TEST_F(JobRunnerTest, SplittingTheOptimizerOfOneReplicaIsSaidToChangeNothing) {
+  const RunOutcome out = Run(Spec({"pipeline.shard_optimizer=true"}), 2, hooks_);
+  ASSERT_EQ(out.state, pb::JobStatus::SUCCEEDED) << out.reason;
+  EXPECT_FALSE(fakes_->Configured(Address(0)).shard_optimizer());
+  const std::string logs = hooks_.AllLogs();
+  EXPECT_THAT(logs, HasSubstr("pipeline.shard_optimizer changes nothing with one replica"));
+  EXPECT_EQ(logs.find("shard_optimizer changes nothing"), logs.rfind("shard_optimizer changes nothing"));
 }
 
 }  // namespace

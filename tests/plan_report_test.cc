@@ -134,9 +134,26 @@ TEST(PlanReportTest, ReplicasAreShownInTextJsonAndTrace) {
                               "sequences in 2 micro-batches of 2"));
   EXPECT_THAT(text, HasSubstr("batch 8 sequences\n"));
   EXPECT_THAT(text, HasSubstr("at 1 GB/s, the links' rate"));
+  // Bytes per parameter with and without the optimizer split (fp32: 16, or 8 + 8/2).
+  EXPECT_THAT(text, HasSubstr("Optimizer split among the 2 copies of each stage "
+                              "(pipeline.shard_optimizer true): 12 bytes of state a parameter "
+                              "split (AdamW's two moments for 1/2 of it), 16 whole"));
+  EXPECT_THAT(text, HasSubstr("AdamW moments (1/2 of them), 12 bytes per parameter"));
+  PlanOptions whole_options = o;
+  whole_options.shard_optimizer = false;
+  auto whole = MakePlan(whole_options);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_THAT(RenderPlanText(*whole),
+              HasSubstr("Optimizer whole on each of the 2 copies of each stage "
+                        "(pipeline.shard_optimizer false): 12 bytes of state a parameter split"));
+  EXPECT_EQ(nlohmann::json::parse(PlanJson(*whole))["state_bytes_per_param"], 16.0);
 
   const nlohmann::json j = nlohmann::json::parse(PlanJson(*plan));
   EXPECT_EQ(j["replicas"], 2);
+  EXPECT_EQ(j["shard_optimizer"], true);
+  EXPECT_EQ(j["state_bytes_per_param"], 12.0);
+  EXPECT_EQ(j["state_bytes_per_param_split"], 12.0);
+  EXPECT_EQ(j["state_bytes_per_param_whole"], 16.0);
   EXPECT_EQ(j["collective_bytes_per_s"].get<double>(), 1e9);
   ASSERT_EQ(plan->simulation.reductions.size(), 2u);
   for (int s = 0; s < 2; ++s) {

@@ -141,10 +141,20 @@ TEST(PlannerTest, OneReplicaIsTodaysPlan) {
 
 // On one stage nothing can hide the reduction: R = 2 at equal per-replica work adds
 // exactly 2(R-1)/R x 4 bytes per parameter / bandwidth + the call latency to the step,
-// and changes neither the memory nor the programs.
+// and changes neither the memory (the optimizer whole on each copy) nor the programs;
+// copies that split the optimizer hold half the moments: 4 bytes a parameter less.
 TEST(PlannerTest, TwoReplicasAddTheRingAllReduceToAOneStagePlansStep) {
   auto one = MakePlan(OneStage(1, 4));
-  auto two = MakePlan(OneStage(2, 4));
+  PlanOptions whole = OneStage(2, 4);
+  whole.shard_optimizer = false;
+  auto two = MakePlan(whole);
+  PlanOptions split_options = OneStage(2, 4);
+  ASSERT_TRUE(split_options.splits()) << "the default with replicas";
+  auto split = MakePlan(split_options);
+  ASSERT_THAT(split, IsOk());
+  EXPECT_EQ(split->stages[0].state_bytes, one->stages[0].state_bytes - 4.0 * one->stages[0].params);
+  EXPECT_EQ(split->stages[0].allreduce_bytes, two->stages[0].allreduce_bytes)
+      << "reduce-scatter and all-gather move the all-reduce's bytes";
   ASSERT_THAT(one, IsOk());
   ASSERT_THAT(two, IsOk());
   const double bytes = 4.0 * static_cast<double>(one->stages[0].params);

@@ -117,6 +117,15 @@ std::string RenderPlanText(const Plan& plan) {
         "micro-batches of %d\n",
         o.replicas, o.stages, o.replicas * o.stages, o.replica_batch_size(), o.micro_batches,
         o.replica_batch_size() / o.micro_batches);
+    PlanOptions split = o, whole = o;
+    split.shard_optimizer = true;
+    whole.shard_optimizer = false;
+    out += absl::StrFormat(
+        "Optimizer %s the %d copies of each stage (pipeline.shard_optimizer %s): %g bytes of "
+        "state a parameter split (AdamW's two moments for 1/%d of it), %g whole\n",
+        o.splits() ? "split among" : "whole on each of", o.replicas,
+        o.splits() ? "true" : "false", StateBytesPerParam(split), o.replicas,
+        StateBytesPerParam(whole));
   }
   if (o.equal_stage_cost) {
     out +=
@@ -133,9 +142,10 @@ std::string RenderPlanText(const Plan& plan) {
         o.device_flops / 1e12, o.link_bytes_per_s / 1e9);
   }
   out += absl::StrFormat(
-      "\nPartition (state = weights + gradients + AdamW moments%s, %d bytes per parameter",
+      "\nPartition (state = weights + gradients + AdamW moments%s%s, %g bytes per parameter",
+      o.splits() ? absl::StrFormat(" (1/%d of them)", o.replicas) : "",
       bytes.per_parameter > model::StateBytesPerParam() ? " + the products' copy" : "",
-      bytes.per_parameter);
+      StateBytesPerParam(o));
   if (o.snapshots) {
     out += absl::StrFormat(
         "; snapshots = %d steps x %g bytes per parameter, own and the ring predecessor's):\n",
@@ -228,6 +238,15 @@ std::string PlanJson(const Plan& plan) {
   j["device_flops"] = plan.options.device_flops;
   j["link_bytes_per_s"] = plan.options.link_bytes_per_s;
   j["replicas"] = plan.options.replicas;
+  {
+    PlanOptions split = plan.options, whole = plan.options;
+    split.shard_optimizer = true;
+    whole.shard_optimizer = false;
+    j["shard_optimizer"] = plan.options.splits();
+    j["state_bytes_per_param"] = StateBytesPerParam(plan.options);
+    j["state_bytes_per_param_split"] = StateBytesPerParam(split);
+    j["state_bytes_per_param_whole"] = StateBytesPerParam(whole);
+  }
   j["collective_bytes_per_s"] = plan.options.collective_rate();
   if (plan.options.rates) {
     const CostRates& r = *plan.options.rates;

@@ -14,7 +14,11 @@
 namespace pipetrain::planner {
 
 double StateBytesPerParam(const PlanOptions& o) {
-  return static_cast<double>(PrecisionBytesOf(o).per_parameter);
+  const double whole = static_cast<double>(PrecisionBytesOf(o).per_parameter);
+  if (!o.splits()) return whole;
+  // Only the moments divide (model::SplitStateBytesPerParam says why).
+  const auto moments = static_cast<double>(model::OptimizerBytesPerParam());
+  return whole - moments + moments / o.replicas;
 }
 double SnapshotBytesPerParam() { return static_cast<double>(model::CheckpointBytesPerParam()); }
 double GradientBytesPerParam() { return static_cast<double>(model::GradientBytesPerParam()); }
@@ -379,6 +383,7 @@ absl::StatusOr<PlanOptions> OptionsFromJobSpec(const pb::JobSpec& spec) {
   o.batch_size = spec.training().batch_size();
   RETURN_IF_ERROR(CheckBatchSize(o.batch_size));
   o.replicas = p.replicas() == 0 ? 1 : p.replicas();
+  o.shard_optimizer = !p.has_shard_optimizer() || p.shard_optimizer();
   RETURN_IF_ERROR(CheckReplicaSplit(o));
   o.snapshots = spec.checkpoint().snapshot_every_steps() > 0;
   absl::StatusOr<model::Precision> precision = model::PrecisionNamed(spec.training().precision());

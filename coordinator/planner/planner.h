@@ -31,6 +31,7 @@ absl::StatusOr<PartitionMode> ParsePartitionMode(absl::string_view name);  // co
 // (model::StateBytesPerParam: weight, gradient, AdamW's two moments, the products' bf16
 // copy in bf16) and of its in-memory snapshot (model::CheckpointBytesPerParam: no
 // gradient, no copy), from common/model/state_bytes.h, as the stages count them.
+// With a split optimizer (PlanOptions::splits) the moments count 1/R.
 struct PlanOptions;
 double StateBytesPerParam(const PlanOptions& o);
 double SnapshotBytesPerParam();
@@ -79,6 +80,10 @@ struct PlanOptions {
   // R, data-parallel copies of the pipeline; each takes batch_size / R sequences and the
   // R copies of every stage all-reduce its gradients before the optimizer step.
   int replicas = 1;
+  // pipeline.shard_optimizer (unset: true): with replicas > 1 the R copies of each stage
+  // split AdamW's moments between them (common/model/optimizer_split.h). splits() says
+  // whether they do.
+  bool shard_optimizer = true;
   // Forward 1, backward 2 time units per stage and free transfer (memory stays real).
   bool equal_stage_cost = false;
   double device_flops = 100e12;    // achieved FLOP/s of one device
@@ -99,6 +104,7 @@ struct PlanOptions {
 
   // Sequences one replica takes per step (the whole batch with one replica).
   int replica_batch_size() const { return batch_size / replicas; }
+  bool splits() const { return replicas > 1 && shard_optimizer; }
   double collective_rate() const {
     return collective_bytes_per_s > 0 ? collective_bytes_per_s : link_bytes_per_s;
   }

@@ -1,5 +1,7 @@
 #include "tests/testing/fake_stages.h"
 
+#include <algorithm>
+
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +21,8 @@ absl::StatusOr<model::ParamMap> Tensors(const std::vector<model::ParamSpec>& spe
   model::ParamMap out;
   for (const model::ParamSpec& p : specs) {
     ASSIGN_OR_RETURN(common::Tensor t, common::Tensor::Create(common::DType::kF32, p.shape));
+    // Zeros: every replica's fake chunk holds the same state, as real replicas do.
+    std::fill(t.bytes().begin(), t.bytes().end(), std::byte{0});
     out.emplace(p.name, std::move(t));
   }
   return out;
@@ -283,6 +287,11 @@ std::vector<int64_t> FakeStages::Updates(const std::string& address) {
   std::vector<int64_t> out;
   for (const model::Checkpoint& c : stages_.at(address).chunks) out.push_back(c.optimizer->step);
   return out;
+}
+
+pb::ConfigureRequest FakeStages::Configured(const std::string& address) {
+  absl::MutexLock lock(&mu_);
+  return stages_.at(address).config;
 }
 
 std::unique_ptr<coordinator::StageConnection> FakeStages::Connect(const std::string& address) {

@@ -58,6 +58,8 @@ class FakeStages : public coordinator::StageConnector {
   std::vector<int64_t> StepsRun(const std::string& address);
   // Its optimizer updates, per chunk (empty before Configure).
   std::vector<int64_t> Updates(const std::string& address);
+  // The latest Configure it was sent (empty before any).
+  pipetrain::v1::ConfigureRequest Configured(const std::string& address);
 
   std::unique_ptr<coordinator::StageConnection> Connect(const std::string& address) override;
 
