@@ -30,11 +30,12 @@ int main(int argc, char** argv) {
   }
   bool help = false, version = false, json = false, list = false, same_host = false;
   int64_t reps = 0;
-  std::string precision = "fp32", tokenizer = "gpt2", model = "gpt2";
+  std::string precision = "fp32", tokenizer = "gpt2", model = "gpt2", replicas;
   common::SecurityFlags security_flags;
   common::FlagSet flags("pipetrain-bench",
                         "NAME [--json] [--repetitions N] [--precision fp32|bf16] "
-                        "[--tokenizer gpt2|llama3] [--model gpt2|llama] [--same-host] | --list",
+                        "[--tokenizer gpt2|llama3] [--model gpt2|llama] [--same-host] [--replicas 1,2,4] "
+                        "| --list",
                         "Runs benchmark NAME and prints its figures. Each benchmark "
                         "measures its own\nbaseline in the same run; ratios are what to "
                         "compare across machines.");
@@ -51,6 +52,10 @@ int main(int argc, char** argv) {
   flags.AddBool("same-host", &same_host,
                 "link: also two stage processes, on the stream and on the same-host path (shared "
                 "memory), against one memcpy of the bytes");
+  flags.AddString("replicas", &replicas,
+                  "model-size: the largest model on R = each of these data-parallel copies of "
+                  "one stage (comma-separated, from 1), the optimizer split among them, instead "
+                  "of on K stages");
   common::AddSecurityFlags(flags, &security_flags, "");  // link: mutual TLS instead of plaintext
   flags.AddBool("list", &list, "list the benchmarks and exit");
   flags.AddBool("help", &help, "print this help and exit");
@@ -91,7 +96,8 @@ int main(int argc, char** argv) {
     // on" line) goes to stderr instead.
     const int json_fd = json ? dup(STDOUT_FILENO) : -1;
     if (json_fd >= 0) dup2(STDERR_FILENO, STDOUT_FILENO);
-    auto result = b.run({static_cast<int>(reps), *security, *named, tokenizer, model, same_host});
+    auto result =
+        b.run({static_cast<int>(reps), *security, *named, tokenizer, model, same_host, replicas});
     if (json_fd >= 0) {
       std::cout.flush();
       dup2(json_fd, STDOUT_FILENO);

@@ -25,6 +25,9 @@ struct BenchOptions {
   std::string model = "gpt2";
   // --same-host: link also measures the same-host path (shared memory) and a memcpy.
   bool same_host = false;
+  // --replicas: model-size compares these data-parallel copy counts (K = 1, the optimizer
+  // split among them) instead of stage counts; e.g. "1,2,4". Empty: the K series.
+  std::string replicas;
 };
 
 struct BenchResult {

@@ -4,8 +4,8 @@
 # and predicted, on the quickstart's model. Run from anywhere:
 #
 #   bash bench/experiments.sh                 # everything (about 15 minutes on 2 cores)
-#   ONLY=quickstart bash bench/experiments.sh # one part: model-size, scaling, quickstart,
-#                                             # precision
+#   ONLY=quickstart bash bench/experiments.sh # one part: model-size, replicas, scaling,
+#                                             # quickstart, precision
 #
 # Installs the dependencies (gnuplot-nox among them; SKIP_DEPS=1 skips that), builds,
 # writes the raw figures (JSON, tables, traces) to build/experiments/ and the plots to
@@ -17,8 +17,8 @@ cd "$(dirname "$0")/.."
 data=${EXPERIMENTS_DIR:-build/experiments}
 images=docs/images
 only=${ONLY:-all}
-case "$only" in all|model-size|scaling|quickstart|precision) ;; *)
-  echo "experiments.sh: ONLY must be all, model-size, scaling, quickstart or precision (got '$only')" >&2
+case "$only" in all|model-size|replicas|scaling|quickstart|precision) ;; *)
+  echo "experiments.sh: ONLY must be all, model-size, replicas, scaling, quickstart or precision (got '$only')" >&2
   exit 2 ;;
 esac
 wanted() { [ "$only" = all ] || [ "$only" = "$1" ]; }
@@ -42,6 +42,17 @@ if wanted model-size; then
     tee "$data/model_size.txt"
   plot model_size.gp "$data/model_size.dat" "$images/model_size.png" \
     "Largest GPT that trains, K stages of the same memory"
+fi
+
+if wanted replicas; then
+  say "1b. Copies vs model size (R copies of one stage splitting the optimizer, same --memory-limit)"
+  PIPETRAIN_BENCH_MODEL_SIZE_FAMILIES=depth PIPETRAIN_BENCH_DATA_OUT="$data/model_size_replicas.dat" \
+    "$bin/pipetrain-bench" model-size --replicas 1,2,4 | tee "$data/model_size_replicas.txt"
+  gnuplot -e "data='$data/model_size_replicas.dat'; out='$images/model_size_replicas.png'; \
+title_text='Copies vs model size: R copies of one stage, 128 MiB each, optimizer split'; \
+letter='R'; xname='copies R of one stage (optimizer split among them)'; families='depth'" \
+    bench/plots/model_size.gp
+  echo "wrote $images/model_size_replicas.png"
 fi
 
 if wanted scaling; then

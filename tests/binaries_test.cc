@@ -207,6 +207,16 @@ TEST(BinariesTest, BenchListsItsBenchmarks) {
     EXPECT_THAT(knob->err, HasSubstr(want));
     EXPECT_EQ(knob->out, "") << set;
   }
+  // So are model-size's copy counts: a list of counts from 1, the baseline.
+  for (const auto& [list, want] : std::vector<std::pair<std::string, std::string>>{
+           {"2,4", "--replicas='2,4' must start with 1 (the baseline)"},
+           {"1,x", "--replicas='1,x': 'x' is not a count"}}) {
+    auto knob = RunCommand({Bin("pipetrain-bench"), "model-size", "--replicas", list, "--json"}, 20s);
+    ASSERT_TRUE(knob.ok());
+    EXPECT_NE(knob->exit_code, 0) << list;
+    EXPECT_THAT(knob->err, HasSubstr(want));
+    EXPECT_EQ(knob->out, "") << list;
+  }
 }
 
 }  // namespace
