@@ -53,8 +53,9 @@ class GrpcStageConnection : public StageConnection {
     return client_.ListSnapshots(job_id, deadline);
   }
   absl::StatusOr<std::string> FetchSnapshot(const std::string& job_id, int owner_stage, int chunk,
-                                            int64_t step, absl::Duration deadline) override {
-    return client_.FetchSnapshot(job_id, owner_stage, chunk, step, deadline);
+                                            int64_t step, std::optional<bool> held,
+                                            absl::Duration deadline) override {
+    return client_.FetchSnapshot(job_id, owner_stage, chunk, step, deadline, held);
   }
   absl::Status Ping(absl::Duration deadline) override { return client_.Ping(deadline); }
   absl::StatusOr<pb::CalibrateResponse> Calibrate(const pb::CalibrateRequest& request,

@@ -216,6 +216,40 @@ JobRecovery::Source JobRecovery::FindState(const LostRun& run, std::vector<int>&
   return {std::nullopt, "the start"};
 }
 
+namespace {
+
+// One replica's snapshots as ChooseSnapshotStep takes them: listings, and the survivor
+// (index into the recovery's listings) each came from.
+struct ReplicaListings {
+  std::vector<size_t> holders;
+  std::vector<std::vector<SnapshotEntry>> listings;
+};
+
+// The survivors' snapshots by the replica whose state they are (`groups` 1: all one). A
+// holder's own snapshots are of its replica, and so is what it holds for its ring
+// predecessor, except in a one-stage job whose copies split the optimizer: there the
+// previous replica's stage pushed them (JobConfig::SnapshotsRingReplicas).
+std::vector<ReplicaListings> ByReplica(const std::vector<std::vector<SnapshotEntry>>& listings,
+                                       const std::vector<int>& survivors, int k, int groups) {
+  std::vector<ReplicaListings> out(groups);
+  for (size_t h = 0; h < listings.size(); ++h) {
+    const int r = groups == 1 ? 0 : survivors[h] / k;
+    for (bool held : {false, true}) {
+      const int g = held && k == 1 && groups > 1 ? (r + groups - 1) % groups : r;
+      std::vector<SnapshotEntry> entries;
+      for (const SnapshotEntry& e : listings[h]) {
+        if (e.held == held) entries.push_back(e);
+      }
+      if (entries.empty()) continue;
+      out[g].holders.push_back(h);
+      out[g].listings.push_back(std::move(entries));
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
 std::optional<RestoredState> JobRecovery::FromSnapshots(
     const LostRun& run, const std::vector<int>& survivors,
     const std::vector<std::vector<SnapshotEntry>>& listings) {
@@ -223,19 +257,15 @@ std::optional<RestoredState> JobRecovery::FromSnapshots(
   const int chunks = std::max(1, run.spec.pipeline().chunks());
   // With replicas, every replica's snapshots are of the same state, except where the
   // copies split the optimizer: each holds its own pieces of the moments, so every
-  // replica's are needed (its snapshot ring is its own pipeline), of one step, joined.
+  // replica's are needed, of one step, joined.
   const int groups = SplitsOptimizer(run.spec) ? run.spec.pipeline().replicas() : 1;
-  std::vector<std::vector<size_t>> holders(groups);  // indices into listings, per group
-  for (size_t h = 0; h < listings.size(); ++h) {
-    holders[groups == 1 ? 0 : survivors[h] / k].push_back(h);
-  }
+  const std::vector<ReplicaListings> by_replica = ByReplica(listings, survivors, k, groups);
   std::vector<SnapshotChoice> choices(groups);
   for (int64_t step = run.failed_step - 1;;) {
     int64_t newest_common = step;
     for (int g = 0; g < groups; ++g) {
-      std::vector<std::vector<SnapshotEntry>> own;
-      for (size_t h : holders[g]) own.push_back(listings[h]);
-      std::optional<SnapshotChoice> choice = ChooseSnapshotStep(own, k, chunks, step);
+      std::optional<SnapshotChoice> choice =
+          ChooseSnapshotStep(by_replica[g].listings, k, chunks, step);
       if (!choice) {
         if (std::any_of(listings.begin(), listings.end(), [](const auto& l) { return !l.empty(); })) {
           log_(absl::StrCat("the surviving stages' snapshots do not hold every stage's state at "
@@ -261,9 +291,9 @@ std::optional<RestoredState> JobRecovery::FromSnapshots(
         choices[g],
         [&](const SnapshotPick& pick) -> absl::StatusOr<std::string> {
           std::unique_ptr<StageConnection> client =
-              connector_->Connect(run.stages[survivors[holders[g][pick.holder]]].address);
+              connector_->Connect(run.stages[survivors[by_replica[g].holders[pick.holder]]].address);
           return client->FetchSnapshot(run.job_id, pick.owner_stage, pick.chunk, choices[g].step,
-                                       rpc_deadline_);
+                                       pick.held, rpc_deadline_);
         },
         run.job_id);
     if (!whole.ok()) {

@@ -206,6 +206,11 @@ class Runner {
         request.set_replicas(R());
         request.set_rendezvous_prefix(prefix);
         request.set_shard_optimizer(Split());
+        // One stage: no ring successor holds its snapshots, so the next copy does (each
+        // copy's moments exist nowhere else).
+        if (Split() && K() == 1 && plan_.options.snapshots) {
+          request.set_snapshot_peer_address(group_.stage((i + 1) % N()).address);
+        }
       }
       absl::StatusOr<pb::ConfigureResponse> r =
           group_.client(i).Configure(request, options_.rpc_deadline);

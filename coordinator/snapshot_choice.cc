@@ -34,7 +34,8 @@ std::optional<SnapshotChoice> ChooseSnapshotStep(
     // Interleaved layouts give stage s chunk c the layers of part c*K + s: in layer order.
     for (int c = 0; c < chunks; ++c) {
       for (int s = 0; s < stages; ++s) {
-        choice.picks.push_back({it->second.at({s, c}).second, s, c});
+        const auto [own, holder] = it->second.at({s, c});
+        choice.picks.push_back({holder, s, c, !own});
       }
     }
     return choice;

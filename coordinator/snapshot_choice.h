@@ -28,6 +28,7 @@ struct SnapshotPick {
   int holder = 0;  // index into the listings
   int owner_stage = 0;
   int chunk = 0;
+  bool held = false;  // the holder's copy of another's snapshot, not its own
 };
 
 struct SnapshotChoice {

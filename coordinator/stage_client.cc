@@ -120,7 +120,8 @@ absl::StatusOr<std::vector<pb::SnapshotInfo>> StageClient::ListSnapshots(const s
 
 absl::StatusOr<std::string> StageClient::FetchSnapshot(const std::string& job_id, int owner_stage,
                                                        int chunk, int64_t step,
-                                                       absl::Duration deadline) {
+                                                       absl::Duration deadline,
+                                                       std::optional<bool> held) {
   grpc::ClientContext ctx;
   Prepare(ctx, deadline);
   pb::FetchSnapshotRequest request;
@@ -128,6 +129,7 @@ absl::StatusOr<std::string> StageClient::FetchSnapshot(const std::string& job_id
   request.set_owner_stage(owner_stage);
   request.set_chunk(chunk);
   request.set_step(step);
+  if (held) request.set_held(*held);
   auto reader = stub_->FetchSnapshot(&ctx, request);
   return ReadPieces(ctx, *reader, "FetchSnapshot");
 }

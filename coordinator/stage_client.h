@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -44,7 +45,8 @@ class StageClient {
       const std::string& job_id, absl::Duration deadline);
   // One snapshot blob (a chunk's checkpoint file, as ExportChunk gives), reassembled.
   absl::StatusOr<std::string> FetchSnapshot(const std::string& job_id, int owner_stage, int chunk,
-                                            int64_t step, absl::Duration deadline);
+                                            int64_t step, absl::Duration deadline,
+                                            std::optional<bool> held = std::nullopt);
   // Whether the server answers at all (gRPC health), without waiting for a running step.
   absl::Status Ping(absl::Duration deadline);
   // A few passes of one block on the stage's device, for pipeline.schedule "auto".

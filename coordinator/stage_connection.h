@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -65,9 +66,11 @@ class StageConnection {
   // What the stage holds of the job's in-memory snapshots, own and held.
   virtual absl::StatusOr<std::vector<pipetrain::v1::SnapshotInfo>> ListSnapshots(
       const std::string& job_id, absl::Duration deadline) = 0;
-  // One snapshot blob (a chunk's checkpoint file, as ExportChunk gives).
+  // One snapshot blob (a chunk's checkpoint file, as ExportChunk gives): the stage's own
+  // or the one it holds (`held`; nullopt: own first).
   virtual absl::StatusOr<std::string> FetchSnapshot(const std::string& job_id, int owner_stage,
                                                     int chunk, int64_t step,
+                                                    std::optional<bool> held,
                                                     absl::Duration deadline) = 0;
   // Whether the server answers at all, without waiting for a running step.
   virtual absl::Status Ping(absl::Duration deadline) = 0;

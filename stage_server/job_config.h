@@ -62,6 +62,10 @@ struct JobConfig {
     if (!shard_optimizer || replicas < 2) return {};
     return {.copies = replicas, .copy = replica};
   }
+  // A one-stage pipeline whose copies split the optimizer has no ring successor to keep
+  // its snapshots, and no other copy holds its moments: its snapshots go to the next
+  // replica's stage (snapshot_peer_address), which holds them as its predecessor's.
+  bool SnapshotsRingReplicas() const { return num_stages == 1 && split().copies > 1; }
 };
 
 // The neighbour links a stage has: to stage + 1 (it connects) and from stage - 1 (it

@@ -81,9 +81,9 @@ absl::StatusOr<std::vector<SnapshotMeta>> SnapshotStore::List(const std::string&
   return out;
 }
 
-absl::StatusOr<std::shared_ptr<const std::string>> SnapshotStore::Get(const std::string& job_id,
-                                                                      int owner_stage, int chunk,
-                                                                      int64_t step) const {
+absl::StatusOr<std::shared_ptr<const std::string>> SnapshotStore::Get(
+    const std::string& job_id, int owner_stage, int chunk, int64_t step,
+    std::optional<bool> which) const {
   absl::MutexLock lock(&mu_);
   const common::ErrorContext about = About("fetch snapshot", job_id, owner_stage, chunk, step);
   if (absl::Status s = CheckJob(job_id, about); !s.ok()) {
@@ -91,6 +91,7 @@ absl::StatusOr<std::shared_ptr<const std::string>> SnapshotStore::Get(const std:
   }
   std::vector<std::string> there;
   for (bool held : {false, true}) {
+    if (which && *which != held) continue;
     auto it = entries_.find({owner_stage, chunk, held});
     if (it == entries_.end()) continue;
     if (auto e = it->second.find(step); e != it->second.end()) return e->second.blob;

@@ -49,9 +49,11 @@ class SnapshotStore {
                    std::shared_ptr<const std::string> blob);
   // Every snapshot held, ordered by (owner_stage, chunk, step, held).
   absl::StatusOr<std::vector<SnapshotMeta>> List(const std::string& job_id) const;
-  // The blob of (owner_stage, chunk, step), own or held; NOT_FOUND names what is there.
-  absl::StatusOr<std::shared_ptr<const std::string>> Get(const std::string& job_id, int owner_stage,
-                                                         int chunk, int64_t step) const;
+  // The blob of (owner_stage, chunk, step): own or held as `held` says, or (nullopt)
+  // own first, else held; NOT_FOUND names what is there.
+  absl::StatusOr<std::shared_ptr<const std::string>> Get(
+      const std::string& job_id, int owner_stage, int chunk, int64_t step,
+      std::optional<bool> held = std::nullopt) const;
   uint64_t bytes() const;  // of every blob held
   // The newest step of the store's own (not held) snapshots; none before the first.
   std::optional<int64_t> NewestOwnStep() const;

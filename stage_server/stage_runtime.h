@@ -201,9 +201,10 @@ class StageRuntime {
   absl::Status HoldSnapshot(const std::string& job_id, const std::string& peer_secret,
                             SnapshotMeta meta, std::shared_ptr<const std::string> blob);
   absl::StatusOr<std::vector<SnapshotMeta>> ListSnapshots(const std::string& job_id) const;
-  absl::StatusOr<std::shared_ptr<const std::string>> FetchSnapshot(const std::string& job_id,
-                                                                   int owner_stage, int chunk,
-                                                                   int64_t step) const;
+  // `held` as SnapshotStore::Get takes it.
+  absl::StatusOr<std::shared_ptr<const std::string>> FetchSnapshot(
+      const std::string& job_id, int owner_stage, int chunk, int64_t step,
+      std::optional<bool> held = std::nullopt) const;
   SnapshotFigures snapshot_figures() const;
 
   LinkAcceptor& acceptor() { return acceptor_; }
@@ -295,6 +296,9 @@ class StageRuntime {
     int stage = 0;
     int num_stages = 0;
     std::string peer_secret;
+    // One stage whose copies split the optimizer: its snapshots go round the replicas
+    // (JobConfig::SnapshotsRingReplicas), so it holds the previous copy's.
+    bool replica_ring = false;
   };
   mutable absl::Mutex published_mu_;
   PublishedJob published_ ABSL_GUARDED_BY(published_mu_);

@@ -207,7 +207,10 @@ std::unique_ptr<SnapshotPusher> StageRuntime::SnapshotPusherFor(const Job& job) 
   const JobConfig& config = job.config;
   const int K = config.num_stages;
   // Emulated stages hold no weights to copy.
-  if (job.emulated || K < 2 || config.snapshot_peer_address.empty()) return nullptr;
+  if (job.emulated || (K < 2 && !config.SnapshotsRingReplicas()) ||
+      config.snapshot_peer_address.empty()) {
+    return nullptr;
+  }
   SnapshotPusherOptions po;
   po.job_id = config.job_id;
   po.stage = config.stage;
@@ -236,7 +239,8 @@ void StageRuntime::InstallJob(std::unique_ptr<Job> job) {
     published_ = {.job_id = config.job_id,
                   .stage = config.stage,
                   .num_stages = config.num_stages,
-                  .peer_secret = config.peer_secret};
+                  .peer_secret = config.peer_secret,
+                  .replica_ring = config.SnapshotsRingReplicas()};
   }
   if (options_.faults) options_.faults->Configured(config.job_id, config.stage, config.replica);
   current_ = {.job = std::move(job), .steps_run = 0};

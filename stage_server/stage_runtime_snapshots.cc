@@ -50,11 +50,12 @@ absl::Status StageRuntime::AdmitSnapshot(const std::string& job_id, const std::s
     return context.Error(absl::StatusCode::kPermissionDenied, "wrong peer_secret");
   }
   const int K = p.num_stages, predecessor = (p.stage + K - 1) % K;
-  if (K < 2 || meta.owner_stage != predecessor || meta.num_stages != K) {
+  const bool has_peer = K >= 2 || p.replica_ring;  // one stage: the previous copy's
+  if (!has_peer || meta.owner_stage != predecessor || meta.num_stages != K) {
     return absl::FailedPreconditionError(absl::StrCat(
         context.Text(), " of ", meta.num_stages, " stages: stage ", p.stage, " of ", K,
-        K < 2 ? " has no snapshot peer"
-              : absl::StrCat(" holds only its ring predecessor's, stage ", predecessor, "'s")));
+        !has_peer ? " has no snapshot peer"
+                  : absl::StrCat(" holds only its ring predecessor's, stage ", predecessor, "'s")));
   }
   return absl::OkStatus();
 }
@@ -72,8 +73,9 @@ absl::StatusOr<std::vector<SnapshotMeta>> StageRuntime::ListSnapshots(
 }
 
 absl::StatusOr<std::shared_ptr<const std::string>> StageRuntime::FetchSnapshot(
-    const std::string& job_id, int owner_stage, int chunk, int64_t step) const {
-  return snapshots_.Get(job_id, owner_stage, chunk, step);
+    const std::string& job_id, int owner_stage, int chunk, int64_t step,
+    std::optional<bool> held) const {
+  return snapshots_.Get(job_id, owner_stage, chunk, step, held);
 }
 
 SnapshotFigures StageRuntime::snapshot_figures() const {

@@ -510,8 +510,9 @@ grpc::Status StageService::FetchSnapshot(grpc::ServerContext* context,
                                          grpc::ServerWriter<pb::ChunkPiece>* writer) {
   return common::GuardHandler("Stage.FetchSnapshot", *request, [&]() -> grpc::Status {
     if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
-    auto blob = runtime_->FetchSnapshot(request->job_id(), request->owner_stage(),
-                                        static_cast<int>(request->chunk()), request->step());
+    auto blob = runtime_->FetchSnapshot(
+        request->job_id(), request->owner_stage(), static_cast<int>(request->chunk()),
+        request->step(), request->has_held() ? std::optional<bool>(request->held()) : std::nullopt);
     if (!blob.ok()) return common::ToGrpcStatus(blob.status());
     // The shared blob stays alive while it is written, even if a newer step drops it.
     return WriteChunkPieces(request->job_id(), request->chunk(), **blob, writer);

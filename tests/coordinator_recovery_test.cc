@@ -308,27 +308,36 @@ TEST_F(CoordinatorRecoveryTest, AStageKilledWhileCheckpointsAreWrittenEveryStep)
 // Data-parallel replicas: a stage of one replica lost (its copies wait in their gradient
 // reduction until the coordinator breaks the step off) is replaced like any other, and
 // the job ends with the uninterrupted run's losses. The copies split the optimizer (the
-// default), so the lost copy's moments come from the snapshot its ring neighbour held,
-// joined with the other replica's.
-TEST_F(CoordinatorRecoveryTest, AReplicasLostStageIsReplacedAndTheLossesStayTheSame) {
-  auto cluster = LocalCluster::Start(dir_.File("state"), 5);
+// default), so the lost copy's moments come from the copy of its snapshot another stage
+// held, joined with the other replica's: its ring neighbour's with K = 2, the next
+// replica's with K = 1 (a one-stage pipeline's snapshots go round the replicas).
+class ReplicaRecoveryTest : public CoordinatorRecoveryTest,
+                            public ::testing::WithParamInterface<int> {};
+
+TEST_P(ReplicaRecoveryTest, AReplicasLostStageIsReplacedAndTheLossesStayTheSame) {
+  const int k = GetParam();
+  auto cluster = LocalCluster::Start(dir_.File("state"), 2 * k + 1);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   LocalCluster& c = **cluster;
   // The same layout uninterrupted: the same sums in the same order (over 300 steps a
   // one-stage run's float rounding would drift from it).
-  const std::vector<std::string> layout = {"pipeline.replicas=2", "pipeline.stages=2",
+  const std::vector<std::string> layout = {"pipeline.replicas=2",
+                                           absl::StrCat("pipeline.stages=", k),
                                            "pipeline.micro_batches=2"};
   const std::vector<double> expected = Losses(Status(c, SubmitAndFollow(c, layout)));
   const std::string id = SubmitNoWait(c, layout);
-  KillAt(c, id, 5, 3);  // replica 1's last stage
+  KillAt(c, id, 5, 2 * k - 1);  // replica 1's last stage
   const json done = WaitFor(c, id, testing::JobHasEnded);
   EXPECT_EQ(done["state"], "SUCCEEDED") << done.dump();
   ASSERT_EQ(done.value("recoveries", json::array()).size(), 1u) << done.dump();
   EXPECT_EQ(done["recoveries"][0]["replicas"], 2) << "the free stage took the lost one's place";
   EXPECT_EQ(done["recoveries"][0]["source"], "the stages' snapshots") << done.dump();
-  EXPECT_EQ(done["stage_ids"].size(), 4u);
+  EXPECT_EQ(done["stage_ids"].size(), static_cast<size_t>(2 * k));
   EXPECT_TRUE(LossesMatch(Losses(Status(c, id)), expected, kSameLayout));
 }
+
+INSTANTIATE_TEST_SUITE_P(Stages, ReplicaRecoveryTest, ::testing::Values(1, 2),
+                         [](const auto& info) { return absl::StrCat("K", info.param); });
 
 // Data-parallel replicas with no free stage to take a lost one's place: the replica that
 // lost nothing goes on alone (1 of 2) rather than waiting, the lost replica's surviving

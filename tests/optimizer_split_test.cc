@@ -55,7 +55,7 @@ TEST(OptimizerSplitTest, AStageWithFewerParametersThanCopiesIsRefusedByName) {
   EXPECT_THAT(CheckSplit("job-7", 2, 4, 4), IsOk());
   EXPECT_THAT(CheckSplit("job-7", 2, 3, 4),
               StatusIs(absl::StatusCode::kFailedPrecondition,
-                       HasSubstr("job job-7, stage 2 holds 3 parameters, fewer than its 4 "
+                       HasSubstr("job 'job-7' stage 2 holds 3 parameters, fewer than its 4 "
                                  "copies")));
   EXPECT_THAT(CheckSplit("job-7", 0, 100, 0), StatusIs(absl::StatusCode::kInvalidArgument,
                                                        HasSubstr("stage 0")));

@@ -76,6 +76,36 @@ TEST(StageRuntimeTest, TheLimitIsStatePlusBuffersExactly) {
   EXPECT_TRUE(enough.configured());
 }
 
+// Copies that split the optimizer: the limit counts their moments' piece (StateBytes of
+// the split config), and a stage with fewer parameters than copies is refused at
+// Configure, naming the job and the stage, before anything is allocated.
+TEST(StageRuntimeTest, CopiesThatSplitTheOptimizerCountTheirPieceAndMustHaveOne) {
+  JobConfig config = TinyWholeModel(2);
+  config.replicas = 2;
+  config.replica = 1;
+  config.rendezvous_prefix = "run-1";
+  config.shard_optimizer = true;
+  const uint64_t state = StateBytes(config);
+  const uint64_t buffers =
+      BackendChunk::BufferBytes(config.model, 0, config.model.num_pipeline_layers(), 2);
+  JobConfig whole = config;
+  whole.shard_optimizer = false;
+  EXPECT_LT(state, StateBytes(whole));
+  RuntimeOptions tight_options = Cpu(state + buffers - 1), enough_options = Cpu(state + buffers);
+  tight_options.coordinator_address = enough_options.coordinator_address = "127.0.0.1:1";
+  StageRuntime tight(tight_options);
+  EXPECT_THAT(tight.Configure(config), StatusIs(absl::StatusCode::kResourceExhausted));
+  StageRuntime enough(enough_options);
+  EXPECT_THAT(enough.Configure(config).status(), IsOk());
+  // More copies than the stage has parameters.
+  config.replicas = static_cast<int>(ParamsOf(config)) + 1;
+  StageRuntime refusing(enough_options);
+  EXPECT_THAT(refusing.Configure(config).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       AllOf(HasSubstr("job 'j1' stage 0"), HasSubstr("pipeline.shard_optimizer"))));
+  EXPECT_FALSE(refusing.configured());
+}
+
 // A Llama chunk's rotary tables count too, once per chunk: 2 x T x hs/2 fp32.
 TEST(StageRuntimeTest, TheLimitIsStateTablesAndBuffersExactlyForLlama) {
   JobConfig config = TinyWholeModel(2);

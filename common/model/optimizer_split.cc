@@ -28,13 +28,13 @@ std::vector<uint64_t> PieceSizes(uint64_t elements, int copies) {
 
 absl::Status CheckSplit(const std::string& job_id, int stage, uint64_t params, int copies) {
   if (copies < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("job ", job_id, ", stage ", stage,
+    return absl::InvalidArgumentError(absl::StrCat("job '", job_id, "' stage ", stage,
                                                    ": the optimizer cannot be split among ",
                                                    copies, " copies; pipeline.replicas >= 1"));
   }
   if (params < static_cast<uint64_t>(copies)) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "job ", job_id, ", stage ", stage, " holds ", params,
+        "job '", job_id, "' stage ", stage, " holds ", params,
         " parameters, fewer than its ", copies,
         " copies to split the optimizer among (pipeline.shard_optimizer); give the stage more "
         "layers (pipeline.stages or partition) or set pipeline.shard_optimizer to false"));

@@ -265,7 +265,9 @@ void AddStageFigures(const PlanOptions& o, Plan& plan) {
   }
   if (o.snapshots) {
     for (int s = 0; s < k; ++s) {
-      const int64_t held = k > 1 ? plan.stages[(s + k - 1) % k].params : 0;
+      // The ring predecessor's copy; one stage whose copies split the optimizer holds
+      // the previous copy's instead (the same stage's parameters).
+      const int64_t held = k > 1 || o.splits() ? plan.stages[(s + k - 1) % k].params : 0;
       plan.stages[s].snapshot_bytes =
           kSnapshotSteps * SnapshotBytesPerParam() * static_cast<double>(plan.stages[s].params + held);
     }

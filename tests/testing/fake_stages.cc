@@ -164,13 +164,15 @@ class FakeConnection : public coordinator::StageConnection {
   }
 
   absl::StatusOr<std::string> FetchSnapshot(const std::string& job_id, int owner_stage, int chunk,
-                                            int64_t step, absl::Duration) override {
+                                            int64_t step, std::optional<bool> which,
+                                            absl::Duration) override {
     absl::MutexLock lock(&fleet_->mu_);
     ASSIGN_OR_RETURN(FakeStages::Stage * stage,
                      fleet_->Answering(address_, absl::StrCat("FetchSnapshot ", owner_stage, "/",
                                                               chunk, " step ", step)));
     if (stage->config.job_id() == job_id) {
       for (bool held : {false, true}) {
+        if (which && *which != held) continue;
         auto it = stage->snapshots.find({owner_stage, chunk, held});
         if (it != stage->snapshots.end() && it->second.info.step() == step) return it->second.bytes;
       }
