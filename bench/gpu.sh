@@ -37,9 +37,10 @@ for d in /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/local/cuda/targets/x86_6
 done
 pack_lib="$(cd "$pack" && pwd)/lib"
 export LD_LIBRARY_PATH="$pack_lib$cuda_dirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-# If the toolkit there lacks cuBLAS, PyTorch's pip packages carry the same major version.
-if ldd "$pack/bin/pipetrain-bench" 2>&1 | grep -q "libcu.*not found"; then
-  for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13; do
+# If the toolkit there lacks cuBLAS or NCCL (218 MiB: never packed), PyTorch's pip
+# packages carry the same major version.
+if ldd "$pack/bin/pipetrain-bench" 2>&1 | grep -q "lib\(cu\|nccl\).*not found"; then
+  for lib in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
     found=$(find / -xdev -name "$lib" -path "*nvidia*" 2>/dev/null | head -n 1)
     [[ -n "$found" ]] && LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$(dirname "$found")"
   done

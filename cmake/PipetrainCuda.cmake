@@ -27,3 +27,18 @@ if(PIPETRAIN_WITH_CUDA)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   find_package(CUDAToolkit REQUIRED)
 endif()
+
+# NCCL, for the replicas of CUDA stages (stage_server/collective/nccl_reducer.h): the
+# toolkit's libnccl when it has one. Without it replicas reduce with gloo, CUDA or not.
+set(PIPETRAIN_WITH_NCCL OFF)
+if(PIPETRAIN_WITH_CUDA)
+  find_path(PIPETRAIN_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+  find_library(PIPETRAIN_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
+  if(PIPETRAIN_NCCL_INCLUDE_DIR AND PIPETRAIN_NCCL_LIBRARY)
+    set(PIPETRAIN_WITH_NCCL ON)
+    add_library(pipetrain::nccl SHARED IMPORTED)
+    set_target_properties(pipetrain::nccl PROPERTIES
+      IMPORTED_LOCATION "${PIPETRAIN_NCCL_LIBRARY}"
+      INTERFACE_INCLUDE_DIRECTORIES "${PIPETRAIN_NCCL_INCLUDE_DIR}")
+  endif()
+endif()

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -18,6 +19,12 @@ struct DeviceSpec {
 };
 
 absl::StatusOr<DeviceSpec> ParseDeviceSpec(const std::string& text);
+
+// The CUDA device index of a `cuda:N` stage; nullopt for the other kinds.
+inline std::optional<int> CudaIndexOf(const DeviceSpec& device) {
+  if (device.kind != DeviceSpec::Kind::kCuda) return std::nullopt;
+  return device.cuda_index;
+}
 
 // The host's physical memory in bytes (sysconf), 0 if it cannot be read. A stage without
 // --memory-limit reports it, since the coordinator refuses a stage of unknown memory,

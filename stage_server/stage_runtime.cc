@@ -6,9 +6,11 @@
 #include "absl/strings/str_cat.h"
 #include "common/channel_args.h"
 #include "common/error_context.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "stage_server/collective/reducer_choice.h"
 #include "stage_server/stage_runtime_job.h"
 
 namespace pipetrain::stage_server {
@@ -131,10 +133,13 @@ absl::Status StageRuntime::EnsureReplicas(Job& job) const {
   collective::ReducerOptions ro =
       RingOptions(c.job_id, c.rendezvous_prefix, c.replica, c.replicas, c.recv_timeout);
   ro.stage = c.stage;
-  ASSIGN_OR_RETURN(std::unique_ptr<collective::GradientReducer> reducer,
-                   collective::CreateGlooReducer(ro));
+  ASSIGN_OR_RETURN(collective::ChosenReducer chosen,
+                   collective::CreateReducer(ro, CudaIndexOf(options_.device)));
+  common::LogInfo("replicas", absl::StrCat("job ", c.job_id, " stage ", c.stage, " replica ",
+                                           c.replica, " of ", c.replicas, " reduces with ",
+                                           chosen.choice.reason));
   absl::MutexLock lock(&job.reducer->mu);
-  job.reducer->reducer = std::move(reducer);
+  job.reducer->reducer = std::move(chosen.reducer);
   return absl::OkStatus();
 }
 

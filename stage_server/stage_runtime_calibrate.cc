@@ -8,7 +8,7 @@
 #include "grpcpp/create_channel.h"
 #include "common/status_macros.h"
 #include "stage_server/backend_chunk.h"
-#include "stage_server/collective/gradient_reducer.h"
+#include "stage_server/collective/reducer_choice.h"
 #include "stage_server/compute/cpu_backend.h"
 #include "stage_server/compute/cuda_backend.h"
 #include "stage_server/emulated_chunk.h"
@@ -114,12 +114,14 @@ absl::StatusOr<StageRuntime::RingTime> StageRuntime::CalibrateRing(const RingCal
         kMaxCalibrationRepetitions, "] and the calibration id given"));
   }
   if (options_.device.kind == DeviceSpec::Kind::kEmulated) return RingTime{0, true};
-  ASSIGN_OR_RETURN(std::unique_ptr<collective::GradientReducer> reducer,
-                   collective::CreateGlooReducer(RingOptions(
-                       ring.calibration_id, ring.rendezvous_prefix, ring.rank, ring.size,
-                       kRingDeadline)));
-  ASSIGN_OR_RETURN(const double seconds,
-                   TimeAllReduce(*reducer, ring.bytes, ring.repetitions, kRingDeadline));
+  // The library a job's replicas on these stages would choose (gloo or NCCL).
+  ASSIGN_OR_RETURN(collective::ChosenReducer chosen,
+                   collective::CreateReducer(RingOptions(ring.calibration_id,
+                                                         ring.rendezvous_prefix, ring.rank,
+                                                         ring.size, kRingDeadline),
+                                             CudaIndexOf(options_.device)));
+  ASSIGN_OR_RETURN(const double seconds, TimeAllReduce(*chosen.reducer, ring.bytes,
+                                                       ring.repetitions, kRingDeadline));
   return RingTime{seconds, false};
 }
 

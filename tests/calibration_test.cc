@@ -177,6 +177,7 @@ TEST_F(RingCalibrationTest, OneUntimedCallThenTheTimedOnesOnAPatternNeverZero) {
     }
     int rank() const override { return 0; }
     int size() const override { return 1; }
+    const char* library() const override { return "recording"; }
     int calls = 0;
     std::vector<float> last;
   } reducer;

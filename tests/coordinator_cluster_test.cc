@@ -128,10 +128,15 @@ TEST_P(CoordinatorReplicasTest, TwoReplicasOfTwoStagesGiveTheLossesOfOne) {
                                    absl::StrCat("pipeline.schedule=", GetParam()),
                                    "pipeline.micro_batches=2"};
   if (std::string(GetParam()) == "interleaved") sets.push_back("pipeline.chunks=2");
-  const json s = Status(*c_, FinishedJob(sets));
+  const std::string id = FinishedJob(sets);
+  const json s = Status(*c_, id);
   EXPECT_EQ(s["state"], "SUCCEEDED") << s.dump();
   EXPECT_EQ(s["stage_ids"].size(), 4u);
   EXPECT_TRUE(LossesMatch(Losses(s), ref, RegroupedTolerances(ref)));
+  // CPU stages: every copy logs that gloo was chosen, and why.
+  EXPECT_THAT(c_->stage_logs(), ::testing::HasSubstr(absl::StrCat(
+                                    "job ", id,
+                                    " stage 1 replica 1 of 2 reduces with gloo: replica 0 runs on cpu")));
 }
 
 INSTANTIATE_TEST_SUITE_P(Schedules, CoordinatorReplicasTest,

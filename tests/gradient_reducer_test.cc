@@ -17,7 +17,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "stage_server/collective/coordinator_store.h"
-#include "tests/testing/fake_coordinator.h"
+#include "tests/testing/reducer_rendezvous.h"
 
 namespace pipetrain::stage_server::collective {
 namespace {
@@ -27,18 +27,8 @@ using Reducers = std::vector<absl::StatusOr<std::unique_ptr<GradientReducer>>>;
 
 class GradientReducerTest : public ::testing::Test {
  protected:
-  GradientReducerTest() : service_(&store_), server_(&service_) {}
-
   ReducerOptions Options(int replica, int replicas, const std::string& prefix, int stage = 0) {
-    ReducerOptions o;
-    o.job_id = "job-000042";
-    o.stage = stage;
-    o.replica = replica;
-    o.replicas = replicas;
-    o.rendezvous_prefix = prefix;
-    o.coordinator_address = server_.address();
-    o.connect_deadline = absl::Seconds(30);
-    return o;
+    return rendezvous_.Options(replica, replicas, prefix, stage);
   }
 
   // Connects `ranks` of `replicas` (all by default), each in its own thread, as
@@ -74,9 +64,7 @@ class GradientReducerTest : public ::testing::Test {
     return out;
   }
 
-  coordinator::RendezvousStore store_;
-  coordinator::RendezvousService service_;
-  testing::TestServer server_;
+  testing::ReducerRendezvous rendezvous_;
 };
 
 TEST_F(GradientReducerTest, SumsSmallIntegersExactlyForTwoThreeAndFourReplicas) {
@@ -228,7 +216,7 @@ TEST_F(GradientReducerTest, OneReplicaIsANoOpWithoutAnyConnection) {
   ASSERT_TRUE((*reducer)->AllGather(data, absl::Seconds(1)).ok());
   EXPECT_EQ(data, before);
   EXPECT_EQ((*reducer)->size(), 1);
-  EXPECT_EQ(store_.jobs(), 0);  // it published nothing
+  EXPECT_EQ(rendezvous_.store().jobs(), 0);  // it published nothing
 }
 
 TEST_F(GradientReducerTest, BadOptionsAreInvalidArgumentNamingTheField) {
@@ -327,8 +315,9 @@ TEST_F(GradientReducerTest, StagePositionsOfOneJobReduceApart) {
 }
 
 TEST_F(GradientReducerTest, CoordinatorStoreWaitsForKeysAndGivesUpAtItsDeadline) {
-  CoordinatorStore a(server_.address(), common::RpcSecurity(), "job-000042", "p/", absl::Seconds(5));
-  CoordinatorStore b(server_.address(), common::RpcSecurity(), "job-000042", "p/", absl::Seconds(5));
+  const std::string& at = rendezvous_.address();
+  CoordinatorStore a(at, common::RpcSecurity(), "job-000042", "p/", absl::Seconds(5));
+  CoordinatorStore b(at, common::RpcSecurity(), "job-000042", "p/", absl::Seconds(5));
   std::thread setter([&] {
     absl::SleepFor(absl::Milliseconds(200));
     EXPECT_TRUE(a.Set("k", "v").ok());
@@ -337,7 +326,7 @@ TEST_F(GradientReducerTest, CoordinatorStoreWaitsForKeysAndGivesUpAtItsDeadline)
   setter.join();
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_EQ(*v, "v");
-  EXPECT_EQ(*store_.Get("job-000042", "p/k", absl::ZeroDuration()), "v");  // prefixed
+  EXPECT_EQ(*rendezvous_.store().Get("job-000042", "p/k", absl::ZeroDuration()), "v");  // prefixed
   const absl::Time start = absl::Now();
   absl::StatusOr<std::string> missing = b.Get("never", absl::Milliseconds(500));
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kDeadlineExceeded) << missing.status();

@@ -26,9 +26,6 @@ namespace pipetrain::stage_server::collective {
 
 namespace {
 
-// The keys this file publishes next to gloo's own (which are bare ranks).
-std::string ArrivalKey(int rank) { return absl::StrCat("arrived/", rank); }
-
 std::chrono::milliseconds ToMillis(absl::Duration d) {
   return std::chrono::milliseconds(std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
 }
@@ -43,6 +40,7 @@ class SoloReducer final : public GradientReducer {
   absl::Status AllGather(std::span<float>, absl::Duration) override { return absl::OkStatus(); }
   int rank() const override { return 0; }
   int size() const override { return 1; }
+  const char* library() const override { return "none"; }
 };
 
 class GlooReducer final : public GradientReducer {
@@ -64,6 +62,7 @@ class GlooReducer final : public GradientReducer {
 
   int rank() const override { return options_.replica; }
   int size() const override { return options_.replicas; }
+  const char* library() const override { return "gloo"; }
 
   absl::Status AllReduceSum(std::span<float> data, absl::Duration deadline) override {
     return Run("all-reduce", data.size(), deadline, [&] {
@@ -153,10 +152,7 @@ class GlooReducer final : public GradientReducer {
     return broken_;
   }
 
-  std::string Who() const {
-    return absl::StrCat("job ", options_.job_id, ", stage ", options_.stage, ", replica ",
-                        options_.replica, " of ", options_.replicas);
-  }
+  std::string Who() const { return ReducerWho(options_); }
   int Left() const { return (options_.replica + options_.replicas - 1) % options_.replicas; }
   int Right() const { return (options_.replica + 1) % options_.replicas; }
   std::string Peer(int r) const { return absl::StrCat("replica ", r, " (host ", hosts_[r], ")"); }
@@ -170,7 +166,9 @@ class GlooReducer final : public GradientReducer {
   absl::Status broken_;
 };
 
-absl::Status CheckOptions(const ReducerOptions& o) {
+}  // namespace
+
+absl::Status CheckReducerOptions(const ReducerOptions& o) {
   auto bad = [&](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat("gradient reducer for job ", o.job_id,
                                                    ", stage ", o.stage, ": ", what));
@@ -188,36 +186,28 @@ absl::Status CheckOptions(const ReducerOptions& o) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<GradientReducer>> CreateGlooReducer(const ReducerOptions& options) {
-  if (absl::Status s = CheckOptions(options); !s.ok()) return s;
-  if (options.replicas == 1) return std::make_unique<SoloReducer>();
-  const std::string who = absl::StrCat("job ", options.job_id, ", stage ", options.stage,
-                                       ", replica ", options.replica, " of ", options.replicas);
-  const absl::Time deadline = absl::Now() + options.connect_deadline;
-  CoordinatorStore store(options.coordinator_address, options.security, options.job_id,
-                         absl::StrCat(options.rendezvous_prefix, "/stage-", options.stage, "/"),
-                         options.connect_deadline);
-
-  // Everyone announces itself first, so that a replica that never comes is named (gloo
-  // itself would only say that a key was missing).
-  RETURN_IF_ERROR(
-      common::ErrorContext(who).Wrap(store.Set(ArrivalKey(options.replica), options.listen_host)));
-  std::vector<std::string> hosts(options.replicas);
-  hosts[options.replica] = options.listen_host;
+absl::StatusOr<std::vector<std::string>> ExchangeWithReplicas(const ReducerOptions& options,
+                                                              CoordinatorStore& store,
+                                                              const std::string& key,
+                                                              const std::string& value,
+                                                              absl::Time deadline) {
+  const std::string who = ReducerWho(options);
+  RETURN_IF_ERROR(common::ErrorContext(who).Wrap(
+      store.Set(absl::StrCat(key, options.replica), value)));
+  std::vector<std::string> values(options.replicas);
+  values[options.replica] = value;
   std::vector<int> missing;
   for (int r = 0; r < options.replicas; ++r) {
     if (r == options.replica) continue;
     // Once one is late, the deadline has passed: the rest are only looked up.
-    absl::StatusOr<std::string> host = store.Get(ArrivalKey(r), deadline - absl::Now());
-    if (host.ok()) {
-      hosts[r] = *host;
-    } else if (host.status().code() == absl::StatusCode::kDeadlineExceeded ||
-               host.status().code() == absl::StatusCode::kNotFound) {
+    absl::StatusOr<std::string> got = store.Get(absl::StrCat(key, r), deadline - absl::Now());
+    if (got.ok()) {
+      values[r] = *got;
+    } else if (got.status().code() == absl::StatusCode::kDeadlineExceeded ||
+               got.status().code() == absl::StatusCode::kNotFound) {
       missing.push_back(r);
     } else {
-      return common::ErrorContext(who).Wrap(host.status(), absl::StrCat("waiting for replica ", r));
+      return common::ErrorContext(who).Wrap(got.status(), absl::StrCat("waiting for replica ", r));
     }
   }
   if (!missing.empty()) {
@@ -226,6 +216,29 @@ absl::StatusOr<std::unique_ptr<GradientReducer>> CreateGlooReducer(const Reducer
         " did not arrive within ", absl::FormatDuration(options.connect_deadline),
         " (rendezvous through coordinator ", options.coordinator_address, ")"));
   }
+  return values;
+}
+
+std::string StageRendezvousPrefix(const ReducerOptions& o) {
+  return absl::StrCat(o.rendezvous_prefix, "/stage-", o.stage, "/");
+}
+
+std::string ReducerWho(const ReducerOptions& o) {
+  return absl::StrCat("job ", o.job_id, ", stage ", o.stage, ", replica ", o.replica, " of ",
+                      o.replicas);
+}
+
+absl::StatusOr<std::unique_ptr<GradientReducer>> CreateGlooReducer(const ReducerOptions& options) {
+  if (absl::Status s = CheckReducerOptions(options); !s.ok()) return s;
+  if (options.replicas == 1) return std::make_unique<SoloReducer>();
+  const std::string who = ReducerWho(options);
+  const absl::Time deadline = absl::Now() + options.connect_deadline;
+  CoordinatorStore store(options.coordinator_address, options.security, options.job_id,
+                         StageRendezvousPrefix(options), options.connect_deadline);
+  // Everyone announces itself first, so that a replica that never comes is named (gloo
+  // itself would only say that a key was missing).
+  ASSIGN_OR_RETURN(std::vector<std::string> hosts,
+                   ExchangeWithReplicas(options, store, "arrived/", options.listen_host, deadline));
 
   std::string what;
   try {

@@ -1,12 +1,15 @@
 // The data-parallel gradient reduction the stage runtime calls before its optimizer
-// step: the R replicas of one stage position sum their gradient buffers. The gloo
-// implementation (CPU stages) rendezvous through the coordinator (CoordinatorStore)
-// and turns every gloo exception into a status; nothing gloo throws escapes.
+// step: the R replicas of one stage position sum their gradient buffers. Two
+// implementations, both rendezvousing through the coordinator (CoordinatorStore): gloo
+// over TCP (CPU stages, and CUDA stages that share a GPU), which turns every gloo
+// exception into a status, and NCCL (nccl_reducer.h: CUDA stages on GPUs of their own).
+// reducer_choice.h picks one.
 #pragma once
 
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -14,6 +17,8 @@
 #include "common/rpc_security.h"
 
 namespace pipetrain::stage_server::collective {
+
+class CoordinatorStore;
 
 // Sums float buffers across the R replicas of one stage position; each call a
 // deadline; errors name the job, the stage position, this replica and the peer.
@@ -35,6 +40,8 @@ class GradientReducer {
   virtual absl::Status AllGather(std::span<float> data, absl::Duration deadline) = 0;
   virtual int rank() const = 0;  // this replica
   virtual int size() const = 0;  // R
+  // "gloo", "nccl", or "none" (R = 1), for logs and benches.
+  virtual const char* library() const = 0;
 };
 
 struct ReducerOptions {
@@ -59,5 +66,24 @@ struct ReducerOptions {
 // coordinator or a peer cannot be reached. With replicas = 1: a no-op reducer, no
 // connection at all.
 absl::StatusOr<std::unique_ptr<GradientReducer>> CreateGlooReducer(const ReducerOptions& options);
+
+// INVALID_ARGUMENT naming the field when `options` are unusable (the check every
+// Create*Reducer makes first).
+absl::Status CheckReducerOptions(const ReducerOptions& options);
+
+// "job J, stage S, replica r of R": how every message of a reducer begins.
+std::string ReducerWho(const ReducerOptions& options);
+
+// The keys' prefix in the coordinator's store for this stage position's replicas.
+std::string StageRendezvousPrefix(const ReducerOptions& options);
+
+// Every replica of this stage position publishes `value` under `key` + its replica
+// number in `store` and reads the others', waiting until `deadline`: the values in
+// replica order. DEADLINE_EXCEEDED names the replicas that did not arrive.
+absl::StatusOr<std::vector<std::string>> ExchangeWithReplicas(const ReducerOptions& options,
+                                                              CoordinatorStore& store,
+                                                              const std::string& key,
+                                                              const std::string& value,
+                                                              absl::Time deadline);
 
 }  // namespace pipetrain::stage_server::collective
