@@ -129,5 +129,35 @@ TEST_F(ReducerChoiceTest, AnNcclReducerWithoutAGpuSaysWhoCouldNotHaveOne) {
   EXPECT_THAT(reducer.status().message(), HasSubstr("cuda:0"));
 }
 
+// Every replica publishes its listen host and its place in one value; one that does not
+// is named, and nobody connects to it.
+TEST_F(ReducerChoiceTest, AReplicaThatPublishesNoListenHostIsNamed) {
+  ReducerOptions o = rendezvous_.Options(1, 2, "garbled");
+  CoordinatorStore store(o.coordinator_address, o.security, o.job_id, StageRendezvousPrefix(o),
+                         absl::Seconds(5));
+  ASSERT_TRUE(store.Set("place/0", kCpuPlace).ok());
+  auto chosen = CreateReducer(o, std::nullopt);
+  ASSERT_FALSE(chosen.ok());
+  EXPECT_EQ(chosen.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(chosen.status().message(), HasSubstr("job job-000042, stage 1, replica 1 of 2"));
+  EXPECT_THAT(chosen.status().message(), HasSubstr("replica 0 published 'cpu'"));
+}
+
+// Replica 0's NCCL unique id reaches the others through the coordinator's store; one of
+// the wrong size is refused before any CUDA call, so this holds without a GPU too.
+TEST_F(ReducerChoiceTest, AnNcclUniqueIdOfTheWrongSizeIsRefused) {
+  if (!NcclBuilt()) GTEST_SKIP() << "this build has no NCCL";
+  ReducerOptions o = rendezvous_.Options(1, 2, "short-id");
+  CoordinatorStore store(o.coordinator_address, o.security, o.job_id, StageRendezvousPrefix(o),
+                         absl::Seconds(5));
+  ASSERT_TRUE(store.Set("nccl-unique-id", "abcd").ok());
+  auto reducer = CreateNcclReducer(o, 0, store);
+  ASSERT_FALSE(reducer.ok());
+  EXPECT_EQ(reducer.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(reducer.status().message(), HasSubstr("job job-000042, stage 1, replica 1 of 2"));
+  EXPECT_THAT(reducer.status().message(),
+              HasSubstr("replica 0's NCCL unique id is 2 bytes, not 128"));
+}
+
 }  // namespace
 }  // namespace pipetrain::stage_server::collective

@@ -231,7 +231,6 @@ std::string ReducerWho(const ReducerOptions& o) {
 absl::StatusOr<std::unique_ptr<GradientReducer>> CreateGlooReducer(const ReducerOptions& options) {
   if (absl::Status s = CheckReducerOptions(options); !s.ok()) return s;
   if (options.replicas == 1) return std::make_unique<SoloReducer>();
-  const std::string who = ReducerWho(options);
   const absl::Time deadline = absl::Now() + options.connect_deadline;
   CoordinatorStore store(options.coordinator_address, options.security, options.job_id,
                          StageRendezvousPrefix(options), options.connect_deadline);
@@ -239,7 +238,13 @@ absl::StatusOr<std::unique_ptr<GradientReducer>> CreateGlooReducer(const Reducer
   // itself would only say that a key was missing).
   ASSIGN_OR_RETURN(std::vector<std::string> hosts,
                    ExchangeWithReplicas(options, store, "arrived/", options.listen_host, deadline));
+  return ConnectGlooReducer(options, store, std::move(hosts), deadline);
+}
 
+absl::StatusOr<std::unique_ptr<GradientReducer>> ConnectGlooReducer(const ReducerOptions& options,
+                                                                    CoordinatorStore& store,
+                                                                    std::vector<std::string> hosts,
+                                                                    absl::Time deadline) {
   std::string what;
   try {
     gloo::transport::tcp::attr attr;
@@ -255,7 +260,8 @@ absl::StatusOr<std::unique_ptr<GradientReducer>> CreateGlooReducer(const Reducer
   } catch (...) {
     what = "unknown exception from gloo";
   }
-  return absl::UnavailableError(absl::StrCat(who, ": connecting to replicas on hosts ",
+  return absl::UnavailableError(absl::StrCat(ReducerWho(options),
+                                             ": connecting to replicas on hosts ",
                                              absl::StrJoin(hosts, ", "), " failed: ", what));
 }
 

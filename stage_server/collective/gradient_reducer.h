@@ -67,6 +67,14 @@ struct ReducerOptions {
 // connection at all.
 absl::StatusOr<std::unique_ptr<GradientReducer>> CreateGlooReducer(const ReducerOptions& options);
 
+// CreateGlooReducer's second half, for a caller that has already exchanged every
+// replica's listen_host (`hosts`, in replica order) through `store`: gloo's full mesh,
+// connected by `deadline`. UNAVAILABLE naming the hosts when it cannot be.
+absl::StatusOr<std::unique_ptr<GradientReducer>> ConnectGlooReducer(const ReducerOptions& options,
+                                                                    CoordinatorStore& store,
+                                                                    std::vector<std::string> hosts,
+                                                                    absl::Time deadline);
+
 // INVALID_ARGUMENT naming the field when `options` are unusable (the check every
 // Create*Reducer makes first).
 absl::Status CheckReducerOptions(const ReducerOptions& options);

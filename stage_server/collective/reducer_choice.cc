@@ -1,8 +1,10 @@
 #include "stage_server/collective/reducer_choice.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
@@ -14,6 +16,29 @@ namespace pipetrain::stage_server::collective {
 namespace {
 
 constexpr char kNcclPlacePrefix[] = "nccl ";
+
+// What every replica publishes once: the host it listens on for gloo, a newline, and
+// where it runs (a host name holds no newline).
+struct Arrival {
+  std::vector<std::string> hosts;
+  std::vector<std::string> places;
+};
+
+absl::StatusOr<Arrival> SplitArrivals(const ReducerOptions& options,
+                                      const std::vector<std::string>& values) {
+  Arrival out;
+  for (size_t r = 0; r < values.size(); ++r) {
+    std::vector<std::string> parts = absl::StrSplit(values[r], absl::MaxSplits('\n', 1));
+    if (parts.size() != 2 || parts[0].empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(ReducerWho(options), ": replica ", r, " published '", values[r],
+                       "' in the rendezvous, not its listen host and place"));
+    }
+    out.hosts.push_back(std::move(parts[0]));
+    out.places.push_back(std::move(parts[1]));
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -47,15 +72,18 @@ absl::StatusOr<ChosenReducer> CreateReducer(const ReducerOptions& options,
   CoordinatorStore store(options.coordinator_address, options.security, options.job_id,
                          StageRendezvousPrefix(options), options.connect_deadline);
   const std::string place = cuda_device.has_value() ? CudaPlace(*cuda_device) : kCpuPlace;
-  ASSIGN_OR_RETURN(std::vector<std::string> places,
-                   ExchangeWithReplicas(options, store, "place/", place, deadline));
-  out.choice = ChooseCollective(places);
-  ReducerOptions rest = options;
-  rest.connect_deadline = std::max(deadline - absl::Now(), absl::Milliseconds(1));
+  ASSIGN_OR_RETURN(std::vector<std::string> values,
+                   ExchangeWithReplicas(options, store, "place/",
+                                        absl::StrCat(options.listen_host, "\n", place), deadline));
+  ASSIGN_OR_RETURN(Arrival arrival, SplitArrivals(options, values));
+  out.choice = ChooseCollective(arrival.places);
   if (out.choice.nccl) {
+    ReducerOptions rest = options;
+    rest.connect_deadline = std::max(deadline - absl::Now(), absl::Milliseconds(1));
     ASSIGN_OR_RETURN(out.reducer, CreateNcclReducer(rest, *cuda_device, store));
   } else {
-    ASSIGN_OR_RETURN(out.reducer, CreateGlooReducer(rest));
+    ASSIGN_OR_RETURN(out.reducer,
+                     ConnectGlooReducer(options, store, std::move(arrival.hosts), deadline));
   }
   return out;
 }
