@@ -140,10 +140,10 @@ class NcclReducer final : public GradientReducer {
         "reduce-scatter", data.size(), deadline,
         [&]() -> absl::Status {
           RETURN_IF_ERROR(Reserve(slot * size(), slot));
-          std::fill_n(host_, slot * size(), 0.0f);
           for (int r = 0; r < size(); ++r) {
             const model::CopyRange piece = model::RangeOfCopy(data.size(), size(), r);
-            std::copy_n(data.begin() + piece.begin, piece.size(), host_ + r * slot);
+            float* at = std::copy_n(data.begin() + piece.begin, piece.size(), host_ + r * slot);
+            std::fill(at, host_ + (r + 1) * slot, 0.0f);
           }
           RETURN_IF_ERROR(ToDevice(device_all_, slot * size()));
           RETURN_IF_ERROR(Enqueued(ncclReduceScatter(device_all_, device_piece_, slot, ncclFloat,
@@ -160,8 +160,7 @@ class NcclReducer final : public GradientReducer {
         "all-gather", data.size(), deadline,
         [&]() -> absl::Status {
           RETURN_IF_ERROR(Reserve(slot * size(), slot));
-          std::fill_n(host_, slot, 0.0f);
-          std::copy_n(data.begin() + own.begin, own.size(), host_);
+          std::fill(std::copy_n(data.begin() + own.begin, own.size(), host_), host_ + slot, 0.0f);
           RETURN_IF_ERROR(ToDevice(device_piece_, slot));
           RETURN_IF_ERROR(
               Enqueued(ncclAllGather(device_piece_, device_all_, slot, ncclFloat, comm_, stream_)));
