@@ -21,7 +21,7 @@ struct AutoSpace {
 };
 
 struct Candidate {
-  PlanOptions options;  // the shape; its plan is in `plan` when it fits
+  PlanOptions options;  // the shape (MakePlan(options) gives its plan when it fits)
   bool fits = false;
   std::string why_not;  // the planner's refusal when it does not fit (memory, shape)
   double step_s = 0;    // predicted step time, the ranking key
