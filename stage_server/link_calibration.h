@@ -42,7 +42,8 @@ absl::StatusOr<LinkTimes> TimeLink(TensorChannel& link, const std::string& calib
                                    uint64_t bytes, int repetitions, absl::Time deadline);
 
 // The receiver's side of both: answers LinkCalibrationMessages(repetitions) tensors,
-// then waits until its answers have left.
+// then waits until its answers have left or the sender, done, has hung up (OK either
+// way; the sender reports a last answer that never came).
 absl::Status AnswerLink(TensorChannel& link, const std::string& calibration_id,
                         int repetitions, absl::Time deadline);
 

@@ -1,7 +1,8 @@
 // One link timed for pipeline.schedule "auto" (stage_server/link_calibration.h): over an
 // in-memory pair, the receiver sees the ping, then a 4-byte and a `bytes` tensor per
 // round (never zeros) and answers each with one element; the sender's figures are
-// positive and finite. Between two stage runtimes over real gRPC (StageRuntime::
+// positive and finite; the sender hanging up after the last answer is no failure of the
+// receiver's, a sender gone before its last question is. Between two stage runtimes over real gRPC (StageRuntime::
 // CalibrateTransfer): the sender may come first, a wrong secret is refused, and
 // out-of-range requests are refused naming the calibration.
 #include "stage_server/link_calibration.h"
@@ -25,15 +26,10 @@ using ::pipetrain::testing::IsOk;
 using ::pipetrain::testing::StatusIs;
 using ::testing::HasSubstr;
 
-// Records what crosses it, in order: (micro-batch, bytes, whether any value was zero).
-class Recording final : public TensorChannel {
+// Hands every call to `inner`; the test channels below change one call each.
+class Forwarding : public TensorChannel {
  public:
-  explicit Recording(std::unique_ptr<TensorChannel> inner) : inner_(std::move(inner)) {}
-  struct Seen {
-    uint32_t micro_batch = 0;
-    uint64_t bytes = 0;
-    bool has_zero = false;
-  };
+  explicit Forwarding(std::unique_ptr<TensorChannel> inner) : inner_(std::move(inner)) {}
   void BeginStep(uint64_t step) override { inner_->BeginStep(step); }
   absl::Status Send(const common::FrameTag& tag, std::shared_ptr<const common::Tensor> tensor,
                     absl::Time deadline) override {
@@ -41,7 +37,28 @@ class Recording final : public TensorChannel {
   }
   absl::StatusOr<common::PiecewiseTensor> Receive(const common::FrameTag& tag,
                                                   absl::Time deadline) override {
-    absl::StatusOr<common::PiecewiseTensor> t = inner_->Receive(tag, deadline);
+    return inner_->Receive(tag, deadline);
+  }
+  absl::Status Flush(absl::Time deadline) override { return inner_->Flush(deadline); }
+  uint64_t bytes_sent() const override { return inner_->bytes_sent(); }
+  uint64_t bytes_received() const override { return inner_->bytes_received(); }
+
+ private:
+  std::unique_ptr<TensorChannel> inner_;
+};
+
+// Records what crosses it, in order: (micro-batch, bytes, whether any value was zero).
+class Recording final : public Forwarding {
+ public:
+  using Forwarding::Forwarding;
+  struct Seen {
+    uint32_t micro_batch = 0;
+    uint64_t bytes = 0;
+    bool has_zero = false;
+  };
+  absl::StatusOr<common::PiecewiseTensor> Receive(const common::FrameTag& tag,
+                                                  absl::Time deadline) override {
+    absl::StatusOr<common::PiecewiseTensor> t = Forwarding::Receive(tag, deadline);
     if (t.ok()) {
       std::vector<float> values(t->num_bytes() / sizeof(float));
       t->CopyTo(std::as_writable_bytes(std::span<float>(values)));
@@ -51,14 +68,20 @@ class Recording final : public TensorChannel {
     }
     return t;
   }
-  absl::Status Flush(absl::Time deadline) override { return inner_->Flush(deadline); }
-  uint64_t bytes_sent() const override { return inner_->bytes_sent(); }
-  uint64_t bytes_received() const override { return inner_->bytes_received(); }
 
   std::vector<Seen> seen;
+};
+
+// Its Flush ends as `flush` says: the sender hanging up once it holds the last answer
+// (UNAVAILABLE, as a peer link's closed stream), or the deadline passing.
+class FlushEnds final : public Forwarding {
+ public:
+  FlushEnds(std::unique_ptr<TensorChannel> inner, absl::Status flush)
+      : Forwarding(std::move(inner)), flush_(std::move(flush)) {}
+  absl::Status Flush(absl::Time) override { return flush_; }
 
  private:
-  std::unique_ptr<TensorChannel> inner_;
+  absl::Status flush_;
 };
 
 absl::Time Soon() { return absl::Now() + absl::Seconds(20); }
@@ -88,6 +111,44 @@ TEST(LinkCalibrationTest, ThePingThenATinyAndALargeTensorEachRound) {
     EXPECT_EQ(s.bytes, i > 0 && i % 2 == 0 ? kBytes : sizeof(float)) << "message " << i;
     EXPECT_FALSE(s.has_zero) << "message " << i;
   }
+}
+
+// Found under load between two stage runtimes: the sender had every answer and hung up
+// before the receiver's last write was reported done, and the receiver's error failed
+// the whole calibration. A hang-up after the last answer is the receiver's success; a
+// flush past the deadline is still its failure.
+TEST(LinkCalibrationTest, ASenderThatHangsUpAfterTheLastAnswerIsNoFailure) {
+  for (const absl::Status& flush :
+       {absl::UnavailableError("the upstream stage closed the stream"),
+        absl::DeadlineExceededError("sends did not drain before the deadline")}) {
+    SCOPED_TRACE(flush.ToString());
+    auto [up, down] = MakeLocalChannelPair();
+    FlushEnds receiver(std::move(down), flush);
+    absl::Status answered = absl::UnknownError("not run");
+    std::thread answering([&] { answered = AnswerLink(receiver, "calibrate-link-4", 1, Soon()); });
+    ASSERT_THAT(PingLink(*up, "calibrate-link-4", Soon()), IsOk());
+    ASSERT_THAT(TimeLink(*up, "calibrate-link-4", 1 << 10, 1, Soon()), IsOk());
+    answering.join();
+    if (flush.code() == absl::StatusCode::kUnavailable) {
+      EXPECT_THAT(answered, IsOk());
+    } else {
+      EXPECT_THAT(answered, StatusIs(absl::StatusCode::kDeadlineExceeded));
+    }
+  }
+}
+
+// A sender gone before its last question leaves the receiver waiting for it: that is
+// the receiver's failure, at its deadline.
+TEST(LinkCalibrationTest, ASenderGoneBeforeItsLastQuestionFailsTheReceiver) {
+  auto [up, down] = MakeLocalChannelPair();
+  FlushEnds receiver(std::move(down), absl::UnavailableError("the upstream stage closed"));
+  absl::Status answered = absl::UnknownError("not run");
+  std::thread answering([&] {
+    answered = AnswerLink(receiver, "calibrate-link-5", 1, absl::Now() + absl::Milliseconds(300));
+  });
+  ASSERT_THAT(PingLink(*up, "calibrate-link-5", Soon()), IsOk());
+  answering.join();
+  EXPECT_FALSE(answered.ok());
 }
 
 TEST(LinkCalibrationTest, BadSizesAndRepetitionsAreRefused) {
