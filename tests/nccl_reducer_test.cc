@@ -48,7 +48,7 @@ class NcclReducerTest : public ::testing::Test {
       ReducerOptions o = rendezvous_.Options(r, replicas, prefix);
       CoordinatorStore store(o.coordinator_address, o.security, o.job_id, absl::StrCat(prefix, "/"),
                              absl::Seconds(30));
-      out[r] = CreateNcclReducer(o, r, store);
+      out[r] = CreateNcclReducer(o, r, store, absl::Now() + o.connect_deadline);
     });
     return out;
   }
@@ -83,7 +83,7 @@ TEST_F(NcclReducerTest, AReplicaWhosePeerNeverComesEndsAtItsDeadline) {
   o.connect_deadline = absl::Seconds(3);
   CoordinatorStore store(o.coordinator_address, o.security, o.job_id, "alone/", absl::Seconds(3));
   const absl::Time start = absl::Now();
-  auto reducer = CreateNcclReducer(o, 0, store);
+  auto reducer = CreateNcclReducer(o, 0, store, absl::Now() + o.connect_deadline);
   ASSERT_FALSE(reducer.ok());
   EXPECT_LT(absl::Now() - start, absl::Seconds(20)) << "the deadline was not kept";
   EXPECT_THAT(reducer.status().message(), HasSubstr("job job-000042, stage 1, replica 0 of 2"));

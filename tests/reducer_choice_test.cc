@@ -67,6 +67,12 @@ class ReducerChoiceTest : public ::testing::Test {
     return out;
   }
 
+  // The coordinator's store as `o`'s replicas see it, for a test that writes to it.
+  CoordinatorStore StoreOf(const ReducerOptions& o) const {
+    return CoordinatorStore(o.coordinator_address, o.security, o.job_id, StageRendezvousPrefix(o),
+                            absl::Seconds(5));
+  }
+
   testing::ReducerRendezvous rendezvous_;
 };
 
@@ -122,8 +128,8 @@ TEST_F(ReducerChoiceTest, AReplicaThatNeverComesIsNamed) {
 TEST_F(ReducerChoiceTest, AnNcclReducerWithoutAGpuSaysWhoCouldNotHaveOne) {
   if (NcclBuilt() && common::HasCudaDevice()) GTEST_SKIP() << "a GPU is present";
   ReducerOptions o = rendezvous_.Options(0, 1, "no-gpu");
-  CoordinatorStore store(o.coordinator_address, o.security, o.job_id, "no-gpu/", absl::Seconds(5));
-  auto reducer = CreateNcclReducer(o, 0, store);
+  CoordinatorStore store = StoreOf(o);
+  auto reducer = CreateNcclReducer(o, 0, store, absl::Now() + absl::Seconds(5));
   ASSERT_FALSE(reducer.ok());
   EXPECT_THAT(reducer.status().message(), HasSubstr("job job-000042, stage 1, replica 0 of 1"));
   EXPECT_THAT(reducer.status().message(), HasSubstr("cuda:0"));
@@ -133,8 +139,7 @@ TEST_F(ReducerChoiceTest, AnNcclReducerWithoutAGpuSaysWhoCouldNotHaveOne) {
 // is named, and nobody connects to it.
 TEST_F(ReducerChoiceTest, AReplicaThatPublishesNoListenHostIsNamed) {
   ReducerOptions o = rendezvous_.Options(1, 2, "garbled");
-  CoordinatorStore store(o.coordinator_address, o.security, o.job_id, StageRendezvousPrefix(o),
-                         absl::Seconds(5));
+  CoordinatorStore store = StoreOf(o);
   ASSERT_TRUE(store.Set("place/0", kCpuPlace).ok());
   auto chosen = CreateReducer(o, std::nullopt);
   ASSERT_FALSE(chosen.ok());
@@ -148,10 +153,9 @@ TEST_F(ReducerChoiceTest, AReplicaThatPublishesNoListenHostIsNamed) {
 TEST_F(ReducerChoiceTest, AnNcclUniqueIdOfTheWrongSizeIsRefused) {
   if (!NcclBuilt()) GTEST_SKIP() << "this build has no NCCL";
   ReducerOptions o = rendezvous_.Options(1, 2, "short-id");
-  CoordinatorStore store(o.coordinator_address, o.security, o.job_id, StageRendezvousPrefix(o),
-                         absl::Seconds(5));
+  CoordinatorStore store = StoreOf(o);
   ASSERT_TRUE(store.Set("nccl-unique-id", "abcd").ok());
-  auto reducer = CreateNcclReducer(o, 0, store);
+  auto reducer = CreateNcclReducer(o, 0, store, absl::Now() + absl::Seconds(5));
   ASSERT_FALSE(reducer.ok());
   EXPECT_EQ(reducer.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(reducer.status().message(), HasSubstr("job job-000042, stage 1, replica 1 of 2"));

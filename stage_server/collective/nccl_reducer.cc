@@ -75,9 +75,8 @@ class NcclReducer final : public GradientReducer {
     cudaFreeHost(host_);
   }
 
-  // Replica 0's unique id through `store`, then this rank of the communicator.
-  absl::Status Connect(CoordinatorStore& store) {
-    const absl::Time until = absl::Now() + options_.connect_deadline;
+  // Replica 0's unique id through `store`, then this rank of the communicator, by `until`.
+  absl::Status Connect(CoordinatorStore& store, absl::Time until) {
     ncclUniqueId id;
     if (options_.replica == 0) {
       if (ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess) {
@@ -314,10 +313,11 @@ std::string CudaPlace(int cuda_device) {
 
 absl::StatusOr<std::unique_ptr<GradientReducer>> CreateNcclReducer(const ReducerOptions& options,
                                                                    int cuda_device,
-                                                                   CoordinatorStore& store) {
+                                                                   CoordinatorStore& store,
+                                                                   absl::Time deadline) {
   RETURN_IF_ERROR(CheckReducerOptions(options));
   auto reducer = std::make_unique<NcclReducer>(options, cuda_device);
-  RETURN_IF_ERROR(reducer->Connect(store));
+  RETURN_IF_ERROR(reducer->Connect(store, deadline));
   return reducer;
 }
 

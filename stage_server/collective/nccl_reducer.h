@@ -20,12 +20,14 @@ bool NcclBuilt();
 
 // Connects this replica to the others of its stage position on `cuda_device`: replica
 // 0 publishes NCCL's unique id in `store`, every replica creates its rank of the
-// communicator, all within options.connect_deadline. FAILED_PRECONDITION in a build
+// communicator, all by `deadline` (options.connect_deadline is not read: the caller
+// has spent some of it choosing the library). FAILED_PRECONDITION in a build
 // without NCCL; UNAVAILABLE or DEADLINE_EXCEEDED naming the job, stage and replica when
 // the device or a peer fails. Two replicas on one GPU are refused by NCCL itself
 // (INVALID_ARGUMENT): ChooseCollective keeps them on gloo.
 absl::StatusOr<std::unique_ptr<GradientReducer>> CreateNcclReducer(const ReducerOptions& options,
                                                                    int cuda_device,
-                                                                   CoordinatorStore& store);
+                                                                   CoordinatorStore& store,
+                                                                   absl::Time deadline);
 
 }  // namespace pipetrain::stage_server::collective

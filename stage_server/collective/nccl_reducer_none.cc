@@ -14,7 +14,7 @@ std::string CudaPlace(int cuda_device) {
 
 absl::StatusOr<std::unique_ptr<GradientReducer>> CreateNcclReducer(const ReducerOptions& options,
                                                                    int cuda_device,
-                                                                   CoordinatorStore&) {
+                                                                   CoordinatorStore&, absl::Time) {
   return absl::FailedPreconditionError(
       absl::StrCat(ReducerWho(options), ": cannot reduce on cuda:", cuda_device,
                    " with NCCL: this build has none (configure with the CUDA toolkit's libnccl)"));

@@ -1,11 +1,10 @@
 #include "stage_server/collective/reducer_choice.h"
 
-#include <algorithm>
 #include <utility>
 
 #include "absl/strings/match.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "stage_server/collective/coordinator_store.h"
@@ -78,9 +77,7 @@ absl::StatusOr<ChosenReducer> CreateReducer(const ReducerOptions& options,
   ASSIGN_OR_RETURN(Arrival arrival, SplitArrivals(options, values));
   out.choice = ChooseCollective(arrival.places);
   if (out.choice.nccl) {
-    ReducerOptions rest = options;
-    rest.connect_deadline = std::max(deadline - absl::Now(), absl::Milliseconds(1));
-    ASSIGN_OR_RETURN(out.reducer, CreateNcclReducer(rest, *cuda_device, store));
+    ASSIGN_OR_RETURN(out.reducer, CreateNcclReducer(options, *cuda_device, store, deadline));
   } else {
     ASSIGN_OR_RETURN(out.reducer,
                      ConnectGlooReducer(options, store, std::move(arrival.hosts), deadline));
