@@ -21,12 +21,12 @@
 #include "bench/scratch_dir.h"
 #include "common/atomic_file.h"
 #include "common/status_macros.h"
-#include "coordinator/auto_schedule.h"
-#include "coordinator/job_spec.h"
+#include "coordinator/auto/auto_schedule.h"
+#include "coordinator/spec/job_spec.h"
 #include "coordinator/planner/auto_plan.h"
 #include "coordinator/planner/recompute_policy.h"
 #include "coordinator/planner/schedule_registry.h"
-#include "coordinator/stage_costs.h"
+#include "coordinator/stages/stage_costs.h"
 #include "tests/testing/corpus_text.h"
 
 namespace pipetrain::bench {

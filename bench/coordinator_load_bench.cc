@@ -23,7 +23,7 @@
 #include "common/job_state.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "coordinator/job_spec.h"
+#include "coordinator/spec/job_spec.h"
 #include "grpcpp/grpcpp.h"
 #include "nlohmann/json.hpp"
 #include "pipetrain/v1/coordinator.grpc.pb.h"

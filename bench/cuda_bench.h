@@ -13,7 +13,7 @@ absl::StatusOr<BenchResult> RunCudaBench(const BenchOptions& options);
 // in the same run), next to PyTorch eager on the GPU (bench/torch_compute_bench.py).
 absl::StatusOr<BenchResult> RunCudaTrainBench(const BenchOptions& options);
 // `pipetrain-bench cuda-ipc` (cuda_ipc_bench.cc): a 16 MiB activation between two
-// processes on GPU 0 through a CUDA IPC ring (stage_server/cuda_ipc_region.h), against
+// processes on GPU 0 through a CUDA IPC ring (stage_server/link/shm/cuda_ipc_region.h), against
 // device -> pinned host -> device and one device-to-device copy in the same run.
 absl::StatusOr<BenchResult> RunCudaIpcBench(const BenchOptions& options);
 // Its receiving process (pipetrain-bench --cuda-ipc-worker HANDLE REPS).

@@ -1,5 +1,5 @@
 // `pipetrain-bench cuda-ipc`: a 16 MiB activation from one stage process's device memory
-// to another's on the same GPU through a CUDA IPC ring (stage_server/cuda_ipc_region.h:
+// to another's on the same GPU through a CUDA IPC ring (stage_server/link/shm/cuda_ipc_region.h:
 // the sender copies in, the neighbour's process copies out, both device to device),
 // against the TCP path's device -> pinned host -> device copies of the same bytes and
 // against one device-to-device copy, in the same run. The receiving process is a hidden
@@ -19,7 +19,7 @@
 #include "common/cuda_probe.h"
 #include "common/status_macros.h"
 #include "stage_server/compute/cuda_status.h"
-#include "stage_server/cuda_ipc_region.h"
+#include "stage_server/link/shm/cuda_ipc_region.h"
 #include "tests/testing/subprocess.h"
 
 namespace pipetrain::bench {

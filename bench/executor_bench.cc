@@ -8,7 +8,7 @@
 #include "common/server_runner.h"
 #include "common/status_macros.h"
 #include "coordinator/planner/planner.h"
-#include "stage_server/stage_runtime.h"
+#include "stage_server/runtime/stage_runtime.h"
 #include "stage_server/stage_service.h"
 
 namespace pipetrain::bench {

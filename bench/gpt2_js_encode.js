@@ -1,5 +1,5 @@
 // Runs npm's gpt-3-encoder (the JavaScript port of OpenAI's GPT-2 encoder) for the
-// cross-check test (tests/gpt2_js_crosscheck_test.cc) and `pipetrain-bench tokenize`.
+// cross-check test (tests/common/data/gpt2_js_crosscheck_test.cc) and `pipetrain-bench tokenize`.
 //
 //   node gpt2_js_encode.js PACKAGE_DIR ids FILE...   one line per file: its ids as JSON
 //   node gpt2_js_encode.js PACKAGE_DIR bench FILE    one JSON object: seconds, tokens,

@@ -23,18 +23,20 @@ pack=${PACK_DIR:-.gpu}
 build=${BUILD_DIR:-build-gpu}
 stage="$build/pack"  # bin/ and lib/ before compression
 
-# Every pipetrain_test(...) call in tests/CMakeLists.txt whose LABELS include gpu.
+# Every pipetrain_test(...) or pipetrain_binaries_test(...) call in the tests' CMake
+# files whose LABELS include gpu.
+mapfile -t test_cmake_files < <(find tests -name CMakeLists.txt -not -path 'tests/fuzz/*' | sort)
 gpu_tests=$(awk '
-  /pipetrain_test\(/ { call = ""; inside = 1 }
+  /pipetrain_(binaries_)?test\(/ { call = ""; inside = 1 }
   inside { call = call " " $0 }
   inside && /\)/ {
     inside = 0
     if (call ~ /LABELS[^)]*[ ]gpu([ )]|$)/) {
-      sub(/.*pipetrain_test\([ ]*/, "", call); split(call, w, /[ ]+/); print w[1]
+      sub(/.*pipetrain_(binaries_)?test\([ ]*/, "", call); split(call, w, /[ ]+/); print w[1]
     }
-  }' tests/CMakeLists.txt)
+  }' "${test_cmake_files[@]}")
 if [[ -z "$gpu_tests" ]]; then
-  echo "gpu-pack: found no test labelled gpu in tests/CMakeLists.txt" >&2
+  echo "gpu-pack: found no test labelled gpu in tests/**/CMakeLists.txt" >&2
   exit 1
 fi
 # The backend conformance suite runs in the CPU suite too (its cuda cases skip there),

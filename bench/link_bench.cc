@@ -20,8 +20,8 @@
 #include "grpcpp/grpcpp.h"
 #include "pipetrain/v1/stage.grpc.pb.h"
 #include "bench/link_processes.h"
-#include "stage_server/exchange_service.h"
-#include "stage_server/peer_link.h"
+#include "stage_server/link/exchange_service.h"
+#include "stage_server/link/peer_link.h"
 
 namespace pipetrain::bench {
 namespace {

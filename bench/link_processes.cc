@@ -12,7 +12,7 @@
 #include "common/server_runner.h"
 #include "common/status_macros.h"
 #include "grpcpp/grpcpp.h"
-#include "stage_server/exchange_service.h"
+#include "stage_server/link/exchange_service.h"
 
 namespace pipetrain::bench {
 namespace {

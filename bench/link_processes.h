@@ -14,7 +14,7 @@
 #include "absl/status/statusor.h"
 #include "bench/benchmark.h"
 #include "common/tensor.h"
-#include "stage_server/peer_link.h"
+#include "stage_server/link/peer_link.h"
 #include "tests/testing/subprocess.h"
 
 namespace pipetrain::bench {

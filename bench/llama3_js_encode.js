@@ -1,5 +1,5 @@
 // Runs npm's llama3-tokenizer-js (a JavaScript port of Llama 3's tokenizer) for the
-// cross-check test (tests/llama3_js_crosscheck_test.cc) and `pipetrain-bench tokenize
+// cross-check test (tests/common/data/llama3_js_crosscheck_test.cc) and `pipetrain-bench tokenize
 // --tokenizer llama3`.
 //
 //   node llama3_js_encode.js PACKAGE_DIR ids FILE...   one line per file: its ids as JSON

@@ -15,7 +15,7 @@
 #include "common/atomic_file.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "coordinator/job_spec.h"
+#include "coordinator/spec/job_spec.h"
 #include "coordinator/planner/planner.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/corpus_text.h"

@@ -41,7 +41,7 @@ using json = nlohmann::json;
 // weigh 2.5 times more (docs/PERFORMANCE.md has both runs).
 constexpr double kDefaultDeviceFlops = 1e11;
 // The planner's link rate for the bound; the coordinator plans with the same 1 GB/s
-// (coordinator/stage_costs.cc), near what `pipetrain-bench link` measures on loopback.
+// (coordinator/stages/stage_costs.cc), near what `pipetrain-bench link` measures on loopback.
 constexpr double kLinkBytesPerS = 1e9;
 constexpr int kMaxStages = 8;
 constexpr int kStageCounts[] = {1, 2, 4, 8};

@@ -13,7 +13,7 @@
 #include "common/model/precision.h"
 #include "common/status_macros.h"
 #include "common/user_path.h"
-#include "coordinator/job_spec.h"
+#include "coordinator/spec/job_spec.h"
 #include "coordinator/planner/auto_plan.h"
 #include "coordinator/planner/plan_report.h"
 #include "coordinator/planner/planner.h"

@@ -9,7 +9,7 @@
 #include "client/remote_verbs.h"
 #include "client/resume_spec.h"
 #include "client/submit_verb.h"
-#include "coordinator/job_spec.h"
+#include "coordinator/spec/job_spec.h"
 
 namespace pipetrain::client {
 

@@ -19,7 +19,7 @@
 #include "client/submit_verb.h"
 #include "common/job_state.h"
 #include "common/user_path.h"
-#include "coordinator/job_spec.h"
+#include "coordinator/spec/job_spec.h"
 
 namespace pipetrain::client {
 namespace {

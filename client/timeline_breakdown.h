@@ -6,7 +6,7 @@
 //
 // How time is attributed, per (step, stage):
 //  - The step time is the longest span over the stages: the largest end_us of any
-//    event of the step (as coordinator/step_metrics.cc's MeasuredBubble counts it), so
+//    event of the step (as coordinator/metrics/step_metrics.cc's MeasuredBubble counts it), so
 //    a stage that finished early is idle until the slowest one ends.
 //  - A B or I event's first recompute_us (clamped to its length) is recompute, the
 //    rest backward / backward input; so B and I exclude the recompute. Likewise an

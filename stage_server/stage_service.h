@@ -7,7 +7,7 @@
 
 #include "grpcpp/server.h"
 #include "pipetrain/v1/stage.grpc.pb.h"
-#include "stage_server/stage_runtime.h"
+#include "stage_server/runtime/stage_runtime.h"
 
 namespace pipetrain::stage_server {
 

@@ -38,10 +38,11 @@ if [ -z "$only" ]; then
   exec ctest -LE "gpu|browser" --output-on-failure -j "$jobs" --timeout 1200
 fi
 
-mapfile -t tests < <(sed -n 's/^pipetrain_test(\([a-z0-9_]*\) .*/\1/p' tests/CMakeLists.txt |
+mapfile -t tests < <(find tests -name CMakeLists.txt -not -path 'tests/fuzz/*' -print0 |
+  xargs -0 sed -n 's/^ *pipetrain_\(binaries_\)\{0,1\}test(\([a-z0-9_]*\) .*/\2/p' |
   grep -E "$only" || true)
 if [ ${#tests[@]} -eq 0 ]; then
-  echo "sanitize: no test binary in tests/CMakeLists.txt matches '$only'" >&2
+  echo "sanitize: no test binary in tests/**/CMakeLists.txt matches '$only'" >&2
   exit 2
 fi
 # A test that starts the real binaries depends on them (add_dependencies), so they build too.

@@ -1,8 +1,8 @@
-#include "coordinator/coordinator_service.h"
+#include "coordinator/api/coordinator_service.h"
 
 #include "common/grpc_status.h"
-#include "coordinator/request_checks.h"
-#include "coordinator/rendezvous_service.h"
+#include "coordinator/spec/request_checks.h"
+#include "coordinator/rendezvous/rendezvous_service.h"
 
 namespace pipetrain::coordinator {
 

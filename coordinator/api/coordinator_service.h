@@ -5,7 +5,7 @@
 #pragma once
 
 #include "common/rpc_security.h"
-#include "coordinator/job_manager.h"
+#include "coordinator/jobs/job_manager.h"
 #include "pipetrain/v1/coordinator.grpc.pb.h"
 
 namespace pipetrain::coordinator {

@@ -1,4 +1,4 @@
-#include "coordinator/http_api.h"
+#include "coordinator/api/http_api.h"
 
 #include <cstdint>
 #include <limits>
@@ -10,10 +10,10 @@
 #include "absl/time/time.h"
 #include "common/rpc_security.h"
 #include "common/version.h"
-#include "coordinator/dashboard/dashboard_assets.h"
-#include "coordinator/dashboard/dashboard_web.h"
-#include "coordinator/prometheus_metrics.h"
-#include "coordinator/prometheus_text.h"
+#include "coordinator/api/dashboard/dashboard_assets.h"
+#include "coordinator/api/dashboard/dashboard_web.h"
+#include "coordinator/metrics/prometheus_metrics.h"
+#include "coordinator/metrics/prometheus_text.h"
 #include "google/protobuf/util/json_util.h"
 #include "google/protobuf/util/time_util.h"
 #include "httplib.h"

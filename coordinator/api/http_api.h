@@ -3,7 +3,7 @@
 // steps after N), /api/jobs/ID/timeline (?steps=N), /api/jobs/ID/logs, /api/cluster. The
 // bodies are the gRPC messages in the protobuf JSON mapping with snake_case names; GET
 // /metrics is for Prometheus (prometheus_metrics.h). GET / and /jobs/ID serve the
-// dashboard (coordinator/dashboard/, compiled in). Read-only; translation only. With a
+// dashboard (coordinator/api/dashboard/, compiled in). Read-only; translation only. With a
 // token, every request needs "Authorization: Bearer <token>" or the login cookie that
 // POST /login sets (401 otherwise; the pages show the login form).
 #pragma once
@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "absl/status/statusor.h"
-#include "coordinator/job_manager.h"
+#include "coordinator/jobs/job_manager.h"
 
 namespace httplib {
 class Server;

@@ -1,4 +1,4 @@
-#include "coordinator/auto_schedule.h"
+#include "coordinator/auto/auto_schedule.h"
 
 #include <algorithm>
 
@@ -7,10 +7,10 @@
 #include "common/model/gpt_config.h"
 #include "common/status_macros.h"
 #include "common/tensor.h"
-#include "coordinator/job_spec.h"
+#include "coordinator/spec/job_spec.h"
 #include "coordinator/planner/recompute_policy.h"
 #include "coordinator/planner/schedule_registry.h"
-#include "coordinator/stage_costs.h"
+#include "coordinator/stages/stage_costs.h"
 
 namespace pipetrain::coordinator {
 namespace {

@@ -2,7 +2,7 @@
 // searches every way to run it on the free stage servers (planner::SearchPlans: stages,
 // replicas, micro-batches, every schedule of the table with its chunks, every recompute
 // mode) under the stages' memory, with costs calibrated on a stage (a few passes of one
-// block: stage_server/calibration.h) or, without them, from the devices' FLOP rates,
+// block: stage_server/calibration/calibration.h) or, without them, from the devices' FLOP rates,
 // writes the fastest predicted shape into the spec, and says why in the job's log and
 // status (AutoChoice). Pure: the caller brings the devices and the rates.
 #pragma once

@@ -1,4 +1,4 @@
-#include "coordinator/stage_calibration.h"
+#include "coordinator/auto/stage_calibration.h"
 
 #include <algorithm>
 #include <thread>

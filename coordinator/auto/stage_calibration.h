@@ -1,4 +1,4 @@
-// The costs "auto" plans with (coordinator/auto_schedule.h): a stage's calibration
+// The costs "auto" plans with (coordinator/auto/auto_schedule.h): a stage's calibration
 // (Stage.Calibrate: a few passes of one block of the job's model on its device),
 // cached per model shape, precision, micro-batch rows and device, so that the next job
 // of the same model on the same kind of stage plans at once; the replicas' all-reduce
@@ -14,7 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "coordinator/auto_schedule.h"
+#include "coordinator/auto/auto_schedule.h"
 #include "pipetrain/v1/coordinator.pb.h"
 #include "pipetrain/v1/job.pb.h"
 #include "pipetrain/v1/stage.pb.h"

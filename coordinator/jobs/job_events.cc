@@ -1,4 +1,4 @@
-#include "coordinator/job_events.h"
+#include "coordinator/jobs/job_events.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "coordinator/job_manager.h"
+#include "coordinator/jobs/job_manager.h"
 
 #include <algorithm>
 #include <cmath>
@@ -14,11 +14,11 @@
 #include "common/job_state.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "coordinator/job_paths.h"
-#include "coordinator/job_data.h"
-#include "coordinator/job_manager_internal.h"
-#include "coordinator/job_spec.h"
-#include "coordinator/placement.h"
+#include "coordinator/runner/job_paths.h"
+#include "coordinator/runner/job_data.h"
+#include "coordinator/jobs/job_manager_internal.h"
+#include "coordinator/spec/job_spec.h"
+#include "coordinator/stages/placement.h"
 #include "coordinator/planner/planner.h"
 
 namespace pipetrain::coordinator {

@@ -17,17 +17,17 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "coordinator/auto_schedule.h"
-#include "coordinator/job_events.h"
-#include "coordinator/job_recovery.h"
-#include "coordinator/job_reporter.h"
-#include "coordinator/job_runner.h"
-#include "coordinator/job_store.h"
-#include "coordinator/rendezvous_store.h"
-#include "coordinator/restart_rules.h"
-#include "coordinator/stage_calibration.h"
-#include "coordinator/stage_connection.h"
-#include "coordinator/stage_registry.h"
+#include "coordinator/auto/auto_schedule.h"
+#include "coordinator/jobs/job_events.h"
+#include "coordinator/jobs/job_recovery.h"
+#include "coordinator/jobs/job_reporter.h"
+#include "coordinator/runner/job_runner.h"
+#include "coordinator/store/job_store.h"
+#include "coordinator/rendezvous/rendezvous_store.h"
+#include "coordinator/runner/restart_rules.h"
+#include "coordinator/auto/stage_calibration.h"
+#include "coordinator/stages/stage_connection.h"
+#include "coordinator/stages/stage_registry.h"
 #include "pipetrain/v1/coordinator.pb.h"
 
 namespace pipetrain::coordinator {
@@ -134,7 +134,7 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs the job to its end, restarting it after a lost stage (job_recovery.h);
   // `resumed` continues a job a previous coordinator was running. The steps of a
-  // job's life, in job_driver.cc:
+  // job's life, in job_manager_runs.cc:
   void Drive(LiveJob* job, std::vector<StageRecord> stages,
              std::optional<Continuation> resumed = std::nullopt);
   // A job a previous coordinator was running: waits for its stages to register again

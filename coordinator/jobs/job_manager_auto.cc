@@ -1,14 +1,14 @@
 // JobManager::PlanAuto: pipeline.schedule "auto" at submit. Which stages the search may
 // use and which one calibrates are the manager's to say; the planning itself is
-// coordinator/auto_schedule.h's and the cache coordinator/stage_calibration.h's.
+// coordinator/auto/auto_schedule.h's and the cache coordinator/auto/stage_calibration.h's.
 #include <atomic>
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
-#include "coordinator/grpc_stage_connector.h"
-#include "coordinator/job_manager.h"
+#include "coordinator/stages/grpc_stage_connector.h"
+#include "coordinator/jobs/job_manager.h"
 
 namespace pipetrain::coordinator {
 

@@ -1,5 +1,5 @@
 // What the job manager's two files share (job_manager.cc: the API, queue and stages;
-// job_driver.cc: running a job and restarting it): the live job and small helpers.
+// job_manager_runs.cc: running a job and restarting it): the live job and small helpers.
 // Internal to the coordinator library.
 #pragma once
 
@@ -9,9 +9,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "coordinator/job_events.h"
-#include "coordinator/job_manager.h"
-#include "coordinator/restart_rules.h"  // ResumeHint
+#include "coordinator/jobs/job_events.h"
+#include "coordinator/jobs/job_manager.h"
+#include "coordinator/runner/restart_rules.h"  // ResumeHint
 #include "google/protobuf/timestamp.pb.h"
 #include "pipetrain/v1/job.pb.h"
 

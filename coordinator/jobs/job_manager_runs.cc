@@ -10,11 +10,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "coordinator/grpc_stage_connector.h"
-#include "coordinator/job_manager.h"
-#include "coordinator/job_manager_internal.h"
-#include "coordinator/job_reporter.h"
-#include "coordinator/restart_rules.h"
+#include "coordinator/stages/grpc_stage_connector.h"
+#include "coordinator/jobs/job_manager.h"
+#include "coordinator/jobs/job_manager_internal.h"
+#include "coordinator/jobs/job_reporter.h"
+#include "coordinator/runner/restart_rules.h"
 
 namespace pipetrain::coordinator {
 

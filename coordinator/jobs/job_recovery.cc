@@ -1,4 +1,4 @@
-#include "coordinator/job_recovery.h"
+#include "coordinator/jobs/job_recovery.h"
 
 #include <algorithm>
 #include <memory>
@@ -11,13 +11,13 @@
 #include "common/model/precision.h"
 #include "common/model/split_checkpoint.h"
 #include "common/status_macros.h"
-#include "coordinator/job_manager_internal.h"
-#include "coordinator/job_spec.h"
-#include "coordinator/placement.h"
-#include "coordinator/restart_rules.h"
+#include "coordinator/jobs/job_manager_internal.h"
+#include "coordinator/spec/job_spec.h"
+#include "coordinator/stages/placement.h"
+#include "coordinator/runner/restart_rules.h"
 #include "coordinator/planner/planner.h"
-#include "coordinator/snapshot_choice.h"
-#include "coordinator/stage_costs.h"
+#include "coordinator/runner/snapshot_choice.h"
+#include "coordinator/stages/stage_costs.h"
 
 namespace pipetrain::coordinator {
 namespace {

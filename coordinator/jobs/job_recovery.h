@@ -16,10 +16,10 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "coordinator/job_runner.h"
-#include "coordinator/snapshot_choice.h"
-#include "coordinator/stage_connection.h"
-#include "coordinator/stage_registry.h"
+#include "coordinator/runner/job_runner.h"
+#include "coordinator/runner/snapshot_choice.h"
+#include "coordinator/stages/stage_connection.h"
+#include "coordinator/stages/stage_registry.h"
 #include "pipetrain/v1/job.pb.h"
 
 namespace pipetrain::coordinator {

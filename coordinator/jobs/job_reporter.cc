@@ -1,4 +1,4 @@
-#include "coordinator/job_reporter.h"
+#include "coordinator/jobs/job_reporter.h"
 
 #include <algorithm>
 #include <utility>
@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
-#include "coordinator/job_manager_internal.h"  // SetNow
+#include "coordinator/jobs/job_manager_internal.h"  // SetNow
 
 namespace pipetrain::coordinator {
 

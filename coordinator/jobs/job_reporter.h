@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "coordinator/job_events.h"
-#include "coordinator/job_runner.h"
-#include "coordinator/job_store.h"
-#include "coordinator/tensorboard_writer.h"
+#include "coordinator/jobs/job_events.h"
+#include "coordinator/runner/job_runner.h"
+#include "coordinator/store/job_store.h"
+#include "coordinator/metrics/tensorboard_writer.h"
 #include "pipetrain/v1/coordinator.pb.h"
 #include "pipetrain/v1/job.pb.h"
 

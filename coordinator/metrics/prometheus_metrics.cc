@@ -1,10 +1,10 @@
-#include "coordinator/prometheus_metrics.h"
+#include "coordinator/metrics/prometheus_metrics.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "common/job_state.h"
-#include "coordinator/prometheus_text.h"
+#include "coordinator/metrics/prometheus_text.h"
 #include "google/protobuf/util/time_util.h"
 
 namespace pipetrain::coordinator {

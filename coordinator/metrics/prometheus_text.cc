@@ -1,4 +1,4 @@
-#include "coordinator/prometheus_text.h"
+#include "coordinator/metrics/prometheus_text.h"
 
 #include <charconv>
 #include <cmath>

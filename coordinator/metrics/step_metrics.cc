@@ -1,4 +1,4 @@
-#include "coordinator/step_metrics.h"
+#include "coordinator/metrics/step_metrics.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "coordinator/tensorboard_writer.h"
+#include "coordinator/metrics/tensorboard_writer.h"
 
 #include <unistd.h>
 

@@ -35,7 +35,7 @@ absl::StatusOr<PartitionMode> ParsePartitionMode(absl::string_view name);  // co
 struct PlanOptions;
 double StateBytesPerParam(const PlanOptions& o);
 double SnapshotBytesPerParam();
-// A stage keeps the two newest steps' snapshots (stage_server/snapshot_store.h).
+// A stage keeps the two newest steps' snapshots (stage_server/snapshots/snapshot_store.h).
 inline constexpr int kSnapshotSteps = 2;
 
 // Data-parallel replicas: at most this many copies of the pipeline (pipeline.replicas).

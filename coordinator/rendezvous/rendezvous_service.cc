@@ -1,4 +1,4 @@
-#include "coordinator/rendezvous_service.h"
+#include "coordinator/rendezvous/rendezvous_service.h"
 
 #include <algorithm>
 

@@ -4,7 +4,7 @@
 #pragma once
 
 #include "common/rpc_security.h"
-#include "coordinator/rendezvous_store.h"
+#include "coordinator/rendezvous/rendezvous_store.h"
 #include "pipetrain/v1/coordinator.grpc.pb.h"
 
 namespace pipetrain::coordinator {

@@ -1,4 +1,4 @@
-#include "coordinator/rendezvous_store.h"
+#include "coordinator/rendezvous/rendezvous_store.h"
 
 #include <algorithm>
 #include <utility>

@@ -1,4 +1,4 @@
-#include "coordinator/job_data.h"
+#include "coordinator/runner/job_data.h"
 
 #include <cmath>
 #include <vector>

@@ -1,4 +1,4 @@
-#include "coordinator/job_paths.h"
+#include "coordinator/runner/job_paths.h"
 
 #include <filesystem>
 #include <string>

@@ -1,4 +1,4 @@
-#include "coordinator/job_runner.h"
+#include "coordinator/runner/job_runner.h"
 
 #include <cmath>
 #include <optional>
@@ -12,17 +12,17 @@
 #include "common/model/checkpoint_folder.h"
 #include "common/model/split_checkpoint.h"
 #include "common/status_macros.h"
-#include "coordinator/job_data.h"
-#include "coordinator/job_paths.h"
-#include "coordinator/job_spec.h"
-#include "coordinator/lr_schedule.h"
-#include "coordinator/grpc_stage_connector.h"
+#include "coordinator/runner/job_data.h"
+#include "coordinator/runner/job_paths.h"
+#include "coordinator/spec/job_spec.h"
+#include "coordinator/spec/lr_schedule.h"
+#include "coordinator/stages/grpc_stage_connector.h"
 #include "coordinator/planner/cost_fit.h"
 #include "coordinator/planner/forward_only.h"
 #include "coordinator/planner/planner.h"
-#include "coordinator/stage_configure.h"
-#include "coordinator/stage_costs.h"
-#include "coordinator/step_metrics.h"
+#include "coordinator/runner/stage_configure.h"
+#include "coordinator/stages/stage_costs.h"
+#include "coordinator/metrics/step_metrics.h"
 
 namespace pipetrain::coordinator {
 namespace {

@@ -16,7 +16,7 @@
 #include "common/model/checkpoint.h"
 #include "common/rpc_security.h"
 #include "common/user_path.h"
-#include "coordinator/stage_group.h"
+#include "coordinator/stages/stage_group.h"
 #include "pipetrain/v1/coordinator.pb.h"
 #include "pipetrain/v1/job.pb.h"
 

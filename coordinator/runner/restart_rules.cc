@@ -1,4 +1,4 @@
-#include "coordinator/restart_rules.h"
+#include "coordinator/runner/restart_rules.h"
 
 #include <algorithm>
 #include <utility>

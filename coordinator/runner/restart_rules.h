@@ -1,7 +1,7 @@
 // What becomes of a job once a run of it has ended, or a recovery could not continue
 // it: recover it (a stage was lost and restarts are left), end it with a state and a
 // reason, or leave it RECOVERING for the next coordinator (this one is stopping, and
-// --on-stop says recover). Pure: the job manager (job_driver.cc) gathers the facts and
+// --on-stop says recover). Pure: the job manager (job_manager_runs.cc) gathers the facts and
 // applies the verdict.
 #pragma once
 
@@ -9,7 +9,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "coordinator/job_runner.h"
+#include "coordinator/runner/job_runner.h"
 #include "pipetrain/v1/job.pb.h"
 
 namespace pipetrain::coordinator {

@@ -1,4 +1,4 @@
-#include "coordinator/snapshot_choice.h"
+#include "coordinator/runner/snapshot_choice.h"
 
 #include <map>
 #include <utility>

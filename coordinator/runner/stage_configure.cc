@@ -1,4 +1,4 @@
-#include "coordinator/stage_configure.h"
+#include "coordinator/runner/stage_configure.h"
 
 #include "common/model/gpt_config.h"
 

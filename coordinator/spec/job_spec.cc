@@ -2,7 +2,7 @@
 // job_spec_validate.cc. The JSON is walked against JobSpec's descriptor first so that
 // every unknown field and every wrongly typed value is reported by its dotted path, then
 // protobuf's own JSON parser reads the values.
-#include "coordinator/job_spec.h"
+#include "coordinator/spec/job_spec.h"
 
 #include <algorithm>
 #include <cmath>

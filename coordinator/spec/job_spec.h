@@ -45,7 +45,7 @@ pipetrain::v1::JobSpec WithDefaults(pipetrain::v1::JobSpec spec);
 // (max_restarts in [0, 1000], wait_for_stages_s in [0, 86400]). The first error, naming its field, e.g.
 // "training.batch_size: 10 is not divisible by pipeline.micro_batches 4".
 // With pipeline.schedule "auto" (IsAutoSchedule), the pipeline's shape is left to the
-// coordinator's planner at submit (coordinator/auto_schedule.h): pipeline.stages,
+// coordinator's planner at submit (coordinator/auto/auto_schedule.h): pipeline.stages,
 // replicas, micro_batches, chunks, recompute and schedule_file must be unset (each set
 // one is refused, naming it), and the rest is checked as it would be with K = R = M = 1.
 absl::Status ValidateJobSpec(const pipetrain::v1::JobSpec& spec);

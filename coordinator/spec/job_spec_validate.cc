@@ -10,8 +10,8 @@
 #include "common/data/token_file.h"
 #include "common/model/precision.h"
 #include "common/status_macros.h"
-#include "coordinator/job_spec.h"
-#include "coordinator/lr_schedule.h"
+#include "coordinator/spec/job_spec.h"
+#include "coordinator/spec/lr_schedule.h"
 #include "coordinator/planner/planner.h"
 #include "coordinator/planner/schedule_file.h"
 
@@ -184,7 +184,7 @@ pb::JobSpec WithPlaceholderShape(pb::JobSpec spec) {
 
 pb::JobSpec WithDefaults(pb::JobSpec spec) {
   pb::PipelineSpec* p = spec.mutable_pipeline();
-  // "auto": the shape is the coordinator's to choose (coordinator/auto_schedule.h).
+  // "auto": the shape is the coordinator's to choose (coordinator/auto/auto_schedule.h).
   const bool chosen_later = IsAutoSchedule(spec);
   const bool file = !p->schedule_file().empty() || !p->schedule_program().empty();
   if (p->schedule().empty() && !file) {

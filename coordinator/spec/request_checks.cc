@@ -1,4 +1,4 @@
-#include "coordinator/request_checks.h"
+#include "coordinator/spec/request_checks.h"
 
 #include <cctype>
 #include <cmath>

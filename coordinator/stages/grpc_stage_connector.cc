@@ -1,8 +1,8 @@
-#include "coordinator/grpc_stage_connector.h"
+#include "coordinator/stages/grpc_stage_connector.h"
 
 #include <utility>
 
-#include "coordinator/stage_client.h"
+#include "coordinator/stages/stage_client.h"
 #include "grpcpp/client_context.h"
 
 namespace pipetrain::coordinator {

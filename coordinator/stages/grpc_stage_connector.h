@@ -7,7 +7,7 @@
 #include <string>
 
 #include "common/rpc_security.h"
-#include "coordinator/stage_connection.h"
+#include "coordinator/stages/stage_connection.h"
 
 namespace pipetrain::coordinator {
 

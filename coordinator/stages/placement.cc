@@ -1,4 +1,4 @@
-#include "coordinator/placement.h"
+#include "coordinator/stages/placement.h"
 
 #include <algorithm>
 #include <utility>

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/stage_registry.h"
+#include "coordinator/stages/stage_registry.h"
 
 namespace pipetrain::coordinator {
 

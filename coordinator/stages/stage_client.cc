@@ -1,4 +1,4 @@
-#include "coordinator/stage_client.h"
+#include "coordinator/stages/stage_client.h"
 
 #include <algorithm>
 #include <chrono>

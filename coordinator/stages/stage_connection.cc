@@ -1,4 +1,4 @@
-#include "coordinator/stage_connection.h"
+#include "coordinator/stages/stage_connection.h"
 
 #include <utility>
 

@@ -75,7 +75,7 @@ class StageConnection {
   // Whether the server answers at all, without waiting for a running step.
   virtual absl::Status Ping(absl::Duration deadline) = 0;
   // A few passes of one block of a model on the stage's device, for pipeline.schedule
-  // "auto" (coordinator/stage_calibration.h). Unimplemented by default: a connection
+  // "auto" (coordinator/auto/stage_calibration.h). Unimplemented by default: a connection
   // that cannot calibrate leaves "auto" to the devices' FLOP rates.
   virtual absl::StatusOr<pipetrain::v1::CalibrateResponse> Calibrate(
       const pipetrain::v1::CalibrateRequest& request, absl::Duration deadline) {

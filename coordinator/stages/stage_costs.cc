@@ -1,4 +1,4 @@
-#include "coordinator/stage_costs.h"
+#include "coordinator/stages/stage_costs.h"
 
 #include <algorithm>
 #include <cstdint>

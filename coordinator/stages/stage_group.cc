@@ -1,4 +1,4 @@
-#include "coordinator/stage_group.h"
+#include "coordinator/stages/stage_group.h"
 
 #include <algorithm>
 #include <mutex>

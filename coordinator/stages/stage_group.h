@@ -12,7 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "coordinator/stage_connection.h"
+#include "coordinator/stages/stage_connection.h"
 #include "pipetrain/v1/coordinator.pb.h"
 
 namespace pipetrain::coordinator {

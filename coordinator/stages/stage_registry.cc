@@ -1,6 +1,6 @@
 // The stage registry: a vector of records in registration order under one mutex. Loss is
 // computed lazily (every reader sweeps first), so no timer is needed for correctness.
-#include "coordinator/stage_registry.h"
+#include "coordinator/stages/stage_registry.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>

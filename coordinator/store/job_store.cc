@@ -1,7 +1,7 @@
 // The job store on SQLite's C API: one transaction per public call under mu_, and
 // protobuf blobs for the records so new fields need no schema change. Tables: jobs,
 // steps, logs and meta (the job id counter).
-#include "coordinator/job_store.h"
+#include "coordinator/store/job_store.h"
 
 #include <sqlite3.h>
 
@@ -15,7 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
-#include "coordinator/sqlite_statement.h"
+#include "coordinator/store/sqlite_statement.h"
 
 namespace pipetrain::coordinator {
 namespace {

@@ -1,5 +1,5 @@
 // SQLite wrappers: see sqlite_statement.h.
-#include "coordinator/sqlite_statement.h"
+#include "coordinator/store/sqlite_statement.h"
 
 #include <sqlite3.h>
 

@@ -1,4 +1,4 @@
-#include "stage_server/calibration.h"
+#include "stage_server/calibration/calibration.h"
 
 #include <algorithm>
 #include <chrono>

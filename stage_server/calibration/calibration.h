@@ -14,7 +14,7 @@
 #include "absl/time/time.h"
 #include "common/model/gpt_config.h"
 #include "common/model/precision.h"
-#include "stage_server/chunk_compute.h"
+#include "stage_server/exec/chunk_compute.h"
 #include "stage_server/collective/gradient_reducer.h"
 
 namespace pipetrain::stage_server {

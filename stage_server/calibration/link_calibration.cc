@@ -1,4 +1,4 @@
-#include "stage_server/link_calibration.h"
+#include "stage_server/calibration/link_calibration.h"
 
 #include <algorithm>
 #include <memory>
@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "stage_server/calibration.h"
+#include "stage_server/calibration/calibration.h"
 
 namespace pipetrain::stage_server {
 namespace {

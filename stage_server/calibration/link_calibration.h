@@ -16,7 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "stage_server/tensor_channel.h"
+#include "stage_server/link/tensor_channel.h"
 
 namespace pipetrain::stage_server {
 

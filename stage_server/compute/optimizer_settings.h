@@ -1,7 +1,7 @@
 // AdamW's settings, the one type every path uses (ModelChunk::OptimizerStep, the
 // trainer and `pipetrain train-local`, a stage's executor), with its defaults here and
 // nowhere else. The job spec's user-facing defaults stay with the job spec
-// (coordinator/job_spec_validate.cc); a stage takes the ones below for a field its
+// (coordinator/spec/job_spec_validate.cc); a stage takes the ones below for a field its
 // ConfigureRequest leaves 0.
 #pragma once
 

@@ -1,4 +1,4 @@
-#include "stage_server/backend_chunk.h"
+#include "stage_server/exec/backend_chunk.h"
 
 #include <optional>
 
@@ -6,7 +6,7 @@
 #include "common/bf16.h"
 #include "common/checked_math.h"
 #include "common/status_macros.h"
-#include "stage_server/host_tensor.h"
+#include "stage_server/link/host_tensor.h"
 
 namespace pipetrain::stage_server {
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "common/buffer_pool.h"
-#include "stage_server/chunk_compute.h"
+#include "stage_server/exec/chunk_compute.h"
 #include "stage_server/compute/model_chunk.h"
 
 namespace pipetrain::stage_server {

@@ -1,4 +1,4 @@
-#include "stage_server/emulated_chunk.h"
+#include "stage_server/exec/emulated_chunk.h"
 
 #include <sys/prctl.h>
 
@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
-#include "stage_server/host_tensor.h"
+#include "stage_server/link/host_tensor.h"
 
 namespace pipetrain::stage_server {
 namespace {

@@ -11,7 +11,7 @@
 #include "common/buffer_pool.h"
 #include "common/model/gpt_config.h"
 #include "common/model/precision.h"
-#include "stage_server/chunk_compute.h"
+#include "stage_server/exec/chunk_compute.h"
 
 namespace pipetrain::stage_server {
 

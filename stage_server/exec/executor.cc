@@ -1,4 +1,4 @@
-#include "stage_server/executor.h"
+#include "stage_server/exec/executor.h"
 
 #include <algorithm>
 #include <cmath>

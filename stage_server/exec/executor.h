@@ -28,9 +28,9 @@
 #include "common/error_context.h"
 #include "common/schedule/stage_program.h"
 #include "common/tensor.h"
-#include "stage_server/chunk_compute.h"
-#include "stage_server/overlapped_reduction.h"
-#include "stage_server/tensor_channel.h"
+#include "stage_server/exec/chunk_compute.h"
+#include "stage_server/exec/overlapped_reduction.h"
+#include "stage_server/link/tensor_channel.h"
 
 namespace pipetrain::stage_server {
 

@@ -1,4 +1,4 @@
-#include "stage_server/overlapped_reduction.h"
+#include "stage_server/exec/overlapped_reduction.h"
 
 #include <utility>
 

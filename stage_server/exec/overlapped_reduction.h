@@ -17,7 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "stage_server/chunk_compute.h"
+#include "stage_server/exec/chunk_compute.h"
 
 namespace pipetrain::stage_server {
 

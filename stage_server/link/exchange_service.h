@@ -4,7 +4,7 @@
 #pragma once
 
 #include "pipetrain/v1/stage.grpc.pb.h"
-#include "stage_server/peer_link.h"
+#include "stage_server/link/peer_link.h"
 
 namespace pipetrain::stage_server {
 

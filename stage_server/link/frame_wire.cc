@@ -1,4 +1,4 @@
-#include "stage_server/frame_wire.h"
+#include "stage_server/link/frame_wire.h"
 
 #include <cstdint>
 #include <cstring>

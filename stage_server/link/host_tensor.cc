@@ -1,4 +1,4 @@
-#include "stage_server/host_tensor.h"
+#include "stage_server/link/host_tensor.h"
 
 #include <utility>
 

@@ -1,4 +1,4 @@
-#include "stage_server/link_core.h"
+#include "stage_server/link/link_core.h"
 
 #include <utility>
 #include <vector>
@@ -9,7 +9,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "grpcpp/support/slice.h"
-#include "stage_server/frame_wire.h"
+#include "stage_server/link/frame_wire.h"
 
 namespace pipetrain::stage_server {
 namespace {

@@ -26,9 +26,9 @@
 #include "common/tensor_codec.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/status.h"
-#include "stage_server/link_shm.h"
-#include "stage_server/shm_holds.h"
-#include "stage_server/peer_link.h"
+#include "stage_server/link/link_shm.h"
+#include "stage_server/link/shm/shm_holds.h"
+#include "stage_server/link/peer_link.h"
 
 namespace pipetrain::stage_server {
 

@@ -1,10 +1,10 @@
-#include "stage_server/link_limits.h"
+#include "stage_server/link/link_limits.h"
 
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 
-#include "stage_server/host_tensor.h"
+#include "stage_server/link/host_tensor.h"
 
 namespace pipetrain::stage_server {
 namespace {

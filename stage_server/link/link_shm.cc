@@ -1,4 +1,4 @@
-#include "stage_server/link_shm.h"
+#include "stage_server/link/link_shm.h"
 
 #include <utility>
 

@@ -17,7 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "common/tensor_codec.h"
 #include "pipetrain/v1/stage.pb.h"
-#include "stage_server/shm_handshake.h"
+#include "stage_server/link/shm/shm_handshake.h"
 
 namespace pipetrain::stage_server {
 

@@ -1,4 +1,4 @@
-#include "stage_server/local_channel.h"
+#include "stage_server/link/local_channel.h"
 
 #include <map>
 #include <tuple>

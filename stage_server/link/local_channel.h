@@ -5,7 +5,7 @@
 #include <memory>
 #include <utility>
 
-#include "stage_server/tensor_channel.h"
+#include "stage_server/link/tensor_channel.h"
 
 namespace pipetrain::stage_server {
 

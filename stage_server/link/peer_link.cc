@@ -1,4 +1,4 @@
-#include "stage_server/peer_link.h"
+#include "stage_server/link/peer_link.h"
 
 #include <map>
 #include <utility>
@@ -8,8 +8,8 @@
 #include "common/grpc_status.h"
 #include "common/logging.h"
 #include "grpcpp/generic/generic_stub.h"
-#include "stage_server/frame_wire.h"
-#include "stage_server/link_core.h"
+#include "stage_server/link/frame_wire.h"
+#include "stage_server/link/link_core.h"
 
 namespace pipetrain::stage_server {
 namespace {

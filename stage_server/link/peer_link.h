@@ -20,7 +20,7 @@
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/channel_arguments.h"
 #include "grpcpp/support/server_callback.h"
-#include "stage_server/tensor_channel.h"
+#include "stage_server/link/tensor_channel.h"
 
 namespace pipetrain::stage_server {
 
@@ -42,7 +42,7 @@ struct PeerLinkOptions {
   // the V placement one link carries activations to one chunk and gradients to another.
   std::vector<common::TensorKind> receive_kinds;
   // pipetrain-stage --same-host-transport auto: offer the peer a shared-memory region
-  // for this end's tensors and accept its offer (stage_server/link_shm.h); either end
+  // for this end's tensors and accept its offer (stage_server/link/link_shm.h); either end
   // off, another host or any failure keeps that direction on the stream.
   bool same_host = false;
 };

@@ -1,4 +1,4 @@
-#include "stage_server/device_spec.h"
+#include "stage_server/runtime/device_spec.h"
 
 #include <unistd.h>
 

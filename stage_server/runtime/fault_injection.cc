@@ -1,4 +1,4 @@
-#include "stage_server/fault_injection.h"
+#include "stage_server/runtime/fault_injection.h"
 
 #include <signal.h>
 #include <unistd.h>

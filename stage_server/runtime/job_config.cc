@@ -1,4 +1,4 @@
-#include "stage_server/job_config.h"
+#include "stage_server/runtime/job_config.h"
 
 #include <tuple>
 
@@ -6,7 +6,7 @@
 #include "common/error_context.h"
 #include "common/input_limits.h"
 #include "common/status_macros.h"
-#include "stage_server/link_limits.h"
+#include "stage_server/link/link_limits.h"
 
 namespace pipetrain::stage_server {
 namespace {

@@ -16,7 +16,7 @@
 #include "common/schedule/topology.h"
 #include "common/tensor_codec.h"
 #include "stage_server/compute/optimizer_settings.h"
-#include "stage_server/peer_link.h"
+#include "stage_server/link/peer_link.h"
 
 namespace pipetrain::stage_server {
 

@@ -1,4 +1,4 @@
-#include "stage_server/memory_breakdown.h"
+#include "stage_server/runtime/memory_breakdown.h"
 
 #include <algorithm>
 #include <cmath>
@@ -10,8 +10,8 @@
 #include "common/error_context.h"
 #include "common/safetensors.h"
 #include "common/tensor.h"
-#include "stage_server/backend_chunk.h"
-#include "stage_server/link_shm.h"
+#include "stage_server/exec/backend_chunk.h"
+#include "stage_server/link/link_shm.h"
 
 namespace pipetrain::stage_server {
 namespace {

@@ -10,8 +10,8 @@
 
 #include "absl/status/status.h"
 #include "common/model/state_bytes.h"
-#include "stage_server/device_spec.h"
-#include "stage_server/job_config.h"
+#include "stage_server/runtime/device_spec.h"
+#include "stage_server/runtime/job_config.h"
 
 namespace pipetrain::stage_server {
 

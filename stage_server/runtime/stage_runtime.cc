@@ -1,4 +1,4 @@
-#include "stage_server/stage_runtime.h"
+#include "stage_server/runtime/stage_runtime.h"
 
 #include <algorithm>
 #include <utility>
@@ -11,7 +11,7 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "stage_server/collective/reducer_choice.h"
-#include "stage_server/stage_runtime_job.h"
+#include "stage_server/runtime/stage_runtime_job.h"
 
 namespace pipetrain::stage_server {
 namespace {

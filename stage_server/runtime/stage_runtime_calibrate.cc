@@ -1,5 +1,5 @@
 // StageRuntime::Calibrate: the stage's own calibration for the coordinator's automatic
-// planner (stage_server/calibration.h), on the device a job of that model would use.
+// planner (stage_server/calibration/calibration.h), on the device a job of that model would use.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -7,13 +7,13 @@
 #include "common/channel_args.h"
 #include "grpcpp/create_channel.h"
 #include "common/status_macros.h"
-#include "stage_server/backend_chunk.h"
+#include "stage_server/exec/backend_chunk.h"
 #include "stage_server/collective/reducer_choice.h"
 #include "stage_server/compute/cpu_backend.h"
 #include "stage_server/compute/cuda_backend.h"
-#include "stage_server/emulated_chunk.h"
-#include "stage_server/link_calibration.h"
-#include "stage_server/stage_runtime.h"
+#include "stage_server/exec/emulated_chunk.h"
+#include "stage_server/calibration/link_calibration.h"
+#include "stage_server/runtime/stage_runtime.h"
 
 namespace pipetrain::stage_server {
 

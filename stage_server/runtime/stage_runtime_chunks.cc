@@ -7,8 +7,8 @@
 #include "common/safetensors.h"
 #include "common/status_macros.h"
 #include "stage_server/compute/chunk_checkpoint.h"
-#include "stage_server/stage_runtime.h"
-#include "stage_server/stage_runtime_job.h"
+#include "stage_server/runtime/stage_runtime.h"
+#include "stage_server/runtime/stage_runtime_job.h"
 
 namespace pipetrain::stage_server {
 

@@ -16,11 +16,11 @@
 #include "stage_server/compute/cpu_backend.h"
 #include "stage_server/compute/cuda_backend.h"
 #include "stage_server/compute/onednn_matmul.h"
-#include "stage_server/emulated_chunk.h"
-#include "stage_server/stage_runtime.h"
+#include "stage_server/exec/emulated_chunk.h"
+#include "stage_server/runtime/stage_runtime.h"
 
 #include <mutex>
-#include "stage_server/stage_runtime_job.h"
+#include "stage_server/runtime/stage_runtime_job.h"
 
 namespace pipetrain::stage_server {
 namespace {

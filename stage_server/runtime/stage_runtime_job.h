@@ -11,14 +11,14 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "common/buffer_pool.h"
-#include "stage_server/backend_chunk.h"
+#include "stage_server/exec/backend_chunk.h"
 #include "stage_server/collective/gradient_reducer.h"
 #include "stage_server/compute/backend.h"
-#include "stage_server/executor.h"
-#include "stage_server/job_config.h"
-#include "stage_server/peer_link.h"
-#include "stage_server/snapshot_pusher.h"
-#include "stage_server/stage_runtime.h"
+#include "stage_server/exec/executor.h"
+#include "stage_server/runtime/job_config.h"
+#include "stage_server/link/peer_link.h"
+#include "stage_server/snapshots/snapshot_pusher.h"
+#include "stage_server/runtime/stage_runtime.h"
 
 namespace pipetrain::stage_server {
 

@@ -4,8 +4,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/error_context.h"
 #include "common/status_macros.h"
-#include "stage_server/stage_runtime.h"
-#include "stage_server/stage_runtime_job.h"
+#include "stage_server/runtime/stage_runtime.h"
+#include "stage_server/runtime/stage_runtime_job.h"
 
 namespace pipetrain::stage_server {
 

@@ -1,4 +1,4 @@
-#include "stage_server/snapshot_pusher.h"
+#include "stage_server/snapshots/snapshot_pusher.h"
 
 #include <algorithm>
 

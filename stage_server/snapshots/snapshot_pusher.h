@@ -18,7 +18,7 @@
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/security/credentials.h"
-#include "stage_server/snapshot_store.h"
+#include "stage_server/snapshots/snapshot_store.h"
 
 namespace pipetrain::stage_server {
 

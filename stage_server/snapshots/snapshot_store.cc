@@ -1,4 +1,4 @@
-#include "stage_server/snapshot_store.h"
+#include "stage_server/snapshots/snapshot_store.h"
 
 #include <algorithm>
 #include <utility>

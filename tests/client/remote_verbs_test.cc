@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/cli.h"
 #include "tests/testing/run_cli.h"
-#include "coordinator/job_spec.h"
+#include "coordinator/spec/job_spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"

@@ -1,7 +1,7 @@
 #include "client/resume_spec.h"
 
 #include "common/testing/status_matchers.h"
-#include "coordinator/job_spec.h"
+#include "coordinator/spec/job_spec.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"

@@ -16,7 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
-#include "coordinator/job_spec.h"
+#include "coordinator/spec/job_spec.h"
 #include "coordinator/planner/planner.h"
 #include "grpcpp/grpcpp.h"
 #include "pipetrain/v1/coordinator.grpc.pb.h"

@@ -25,17 +25,17 @@
 #include "common/testing/status_matchers.h"
 #include "coordinator/planner/forward_only.h"
 #include "coordinator/planner/planner.h"
-#include "coordinator/rendezvous_service.h"
-#include "coordinator/rendezvous_store.h"
-#include "coordinator/stage_client.h"
-#include "coordinator/stage_configure.h"
+#include "coordinator/rendezvous/rendezvous_service.h"
+#include "coordinator/rendezvous/rendezvous_store.h"
+#include "coordinator/stages/stage_client.h"
+#include "coordinator/runner/stage_configure.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
 #include "pipetrain/v1/stage.grpc.pb.h"
-#include "stage_server/backend_chunk.h"
+#include "stage_server/exec/backend_chunk.h"
 #include "tests/testing/loss_comparison.h"
 #include "tests/testing/reference_training.h"
 #include "tests/testing/tolerance.h"
@@ -97,7 +97,7 @@ planner::Plan MakeTestPlan(planner::ScheduleKind kind, int K, int v, pb::Recompu
   return *plan;
 }
 
-// The coordinator's own request (coordinator/stage_configure.h), with the tests' seed and
+// The coordinator's own request (coordinator/runner/stage_configure.h), with the tests' seed and
 // AdamW settings and small frames, so that every tensor crosses in several.
 pb::ConfigureRequest ConfigureFor(const planner::Plan& plan, const std::string& job, int s,
                                   const std::vector<Stage>& stages) {

@@ -10,7 +10,7 @@
 
 #include "google/protobuf/stubs/logging.h"
 #include "pipetrain/v1/stage.pb.h"
-#include "stage_server/stage_runtime.h"
+#include "stage_server/runtime/stage_runtime.h"
 #include "stage_server/stage_service.h"
 
 namespace stage_server = pipetrain::stage_server;

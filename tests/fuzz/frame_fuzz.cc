@@ -18,7 +18,7 @@
 #include "common/tensor_codec.h"
 #include "google/protobuf/stubs/logging.h"
 #include "pipetrain/v1/stage.pb.h"
-#include "stage_server/frame_wire.h"
+#include "stage_server/link/frame_wire.h"
 
 namespace common = pipetrain::common;
 namespace stage_server = pipetrain::stage_server;

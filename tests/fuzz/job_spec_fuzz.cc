@@ -7,7 +7,7 @@
 #include "absl/strings/string_view.h"
 #include <vector>
 
-#include "coordinator/job_spec.h"
+#include "coordinator/spec/job_spec.h"
 #include "google/protobuf/util/field_comparator.h"
 #include "google/protobuf/util/message_differencer.h"
 

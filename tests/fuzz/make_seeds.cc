@@ -21,7 +21,7 @@
 #include "common/tensor_codec.h"
 #include "common/data/token_file_writer.h"
 #include "pipetrain/v1/stage.pb.h"
-#include "stage_server/frame_wire.h"
+#include "stage_server/link/frame_wire.h"
 
 namespace common = pipetrain::common;
 namespace model = pipetrain::model;

@@ -74,7 +74,7 @@ expect_ended four COMPLETED 0:0
 echo "4 stages on 2 nodes give 1 stage's losses: ${one//$'\n'/ }"
 
 # R x K: the losses of R replicas of one stage each, bit for bit (those of one stage
-# differ by the rounding of the regrouped batch; tests/coordinator_cluster_test.cc).
+# differ by the rounding of the regrouped batch; tests/cluster/coordinator_cluster_test.cc).
 r1=$(run_job r1 --nodes=1 --gpus-per-node=2 -- --set pipeline.replicas=2 --set pipeline.stages=1)
 expect_ended r1 COMPLETED 0:0
 [ "$(echo "$r1" | wc -l)" = 4 ] || fail "the 2 x 1 job reported no 4 losses: $r1"

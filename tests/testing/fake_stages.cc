@@ -8,7 +8,7 @@
 #include "absl/time/clock.h"
 #include "common/model/gpt_config.h"
 #include "common/status_macros.h"
-#include "coordinator/job_spec.h"
+#include "coordinator/spec/job_spec.h"
 
 namespace pipetrain::testing {
 

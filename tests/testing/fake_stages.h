@@ -1,5 +1,5 @@
 // Stage servers in process, for tests of the coordinator's step loop and restart rules
-// (job_runner_test, job_driver_test) that run in milliseconds. A fake stage answers every
+// (job_runner_test, job_manager_runs_test) that run in milliseconds. A fake stage answers every
 // StageConnection call; its state is a real checkpoint per chunk (zero weights, AdamW
 // state whose update count is the state's whole content), so checkpoints, snapshots and
 // restores go through the coordinator's own code. The loss it reports depends only on
@@ -21,7 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "common/model/checkpoint.h"
-#include "coordinator/stage_connection.h"
+#include "coordinator/stages/stage_connection.h"
 #include "pipetrain/v1/job.pb.h"
 
 namespace pipetrain::testing {

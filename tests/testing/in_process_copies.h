@@ -13,7 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/model/optimizer_split.h"
-#include "stage_server/chunk_compute.h"
+#include "stage_server/exec/chunk_compute.h"
 
 namespace pipetrain::testing {
 

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "coordinator/rendezvous_service.h"
-#include "coordinator/rendezvous_store.h"
+#include "coordinator/rendezvous/rendezvous_service.h"
+#include "coordinator/rendezvous/rendezvous_store.h"
 #include "stage_server/collective/gradient_reducer.h"
 #include "tests/testing/fake_coordinator.h"
 

@@ -1,7 +1,7 @@
 // An independent reader of TensorBoard event files for tests: parses the TFRecord
 // framing checking every length and data CRC (its own bit-by-bit CRC-32C), and decodes
 // Event / Summary / Summary.Value from the protobuf wire format by hand, so that what
-// coordinator/tensorboard_writer.h writes is checked by code that shares nothing with it.
+// coordinator/metrics/tensorboard_writer.h writes is checked by code that shares nothing with it.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-#include "coordinator/dashboard/dashboard_web.h"
+#include "coordinator/api/dashboard/dashboard_web.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "stage_server/cuda_ipc_region.h"
+#include "stage_server/link/shm/cuda_ipc_region.h"
 
 #include <cuda_runtime_api.h>
 

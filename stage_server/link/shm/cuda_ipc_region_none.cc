@@ -1,5 +1,5 @@
 // CudaIpcRegion in a build without CUDA: there is no device memory to share.
-#include "stage_server/cuda_ipc_region.h"
+#include "stage_server/link/shm/cuda_ipc_region.h"
 
 namespace pipetrain::stage_server {
 namespace {

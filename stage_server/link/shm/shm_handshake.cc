@@ -1,4 +1,4 @@
-#include "stage_server/shm_handshake.h"
+#include "stage_server/link/shm/shm_handshake.h"
 
 #include <algorithm>
 #include <memory>

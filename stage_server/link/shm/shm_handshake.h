@@ -12,8 +12,8 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
-#include "stage_server/shm_region.h"
-#include "stage_server/shm_transport.h"
+#include "stage_server/link/shm/shm_region.h"
+#include "stage_server/link/shm/shm_transport.h"
 
 namespace pipetrain::stage_server {
 

@@ -1,4 +1,4 @@
-#include "stage_server/shm_holds.h"
+#include "stage_server/link/shm/shm_holds.h"
 
 #include <utility>
 

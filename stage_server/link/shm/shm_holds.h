@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "stage_server/shm_transport.h"
+#include "stage_server/link/shm/shm_transport.h"
 
 namespace pipetrain::stage_server {
 

@@ -1,4 +1,4 @@
-#include "stage_server/shm_region.h"
+#include "stage_server/link/shm/shm_region.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -1,4 +1,4 @@
-#include "stage_server/shm_slots.h"
+#include "stage_server/link/shm/shm_slots.h"
 
 #include <algorithm>
 #include <utility>

@@ -1,4 +1,4 @@
-#include "stage_server/shm_transport.h"
+#include "stage_server/link/shm/shm_transport.h"
 
 #include <algorithm>
 #include <cstring>

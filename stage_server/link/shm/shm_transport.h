@@ -18,8 +18,8 @@
 #include "absl/time/time.h"
 #include "common/tensor.h"
 #include "common/tensor_codec.h"
-#include "stage_server/shm_region.h"
-#include "stage_server/shm_slots.h"
+#include "stage_server/link/shm/shm_region.h"
+#include "stage_server/link/shm/shm_slots.h"
 
 namespace pipetrain::stage_server {
 

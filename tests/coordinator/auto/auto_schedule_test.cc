@@ -1,9 +1,9 @@
-// pipeline.schedule "auto" at submit (coordinator/auto_schedule.h, stage_calibration.h,
+// pipeline.schedule "auto" at submit (coordinator/auto/auto_schedule.h, stage_calibration.h,
 // and the spec's own rules in job_spec.h): the shape it writes is a valid spec that fits
 // the stages' memory, the same inputs give the same choice, the record says what won and
 // why, a spec that also sets part of the shape is refused naming the field, and
 // calibrations are cached per model and device and never when they failed.
-#include "coordinator/auto_schedule.h"
+#include "coordinator/auto/auto_schedule.h"
 
 #include <atomic>
 #include <set>
@@ -14,9 +14,9 @@
 #include "absl/time/clock.h"
 
 #include "common/testing/status_matchers.h"
-#include "coordinator/job_spec.h"
-#include "coordinator/stage_calibration.h"
-#include "coordinator/stage_costs.h"
+#include "coordinator/spec/job_spec.h"
+#include "coordinator/auto/stage_calibration.h"
+#include "coordinator/stages/stage_costs.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -1,7 +1,7 @@
 // The in-memory event log of one running job: only the latest events are kept, and a
 // reader behind them is told exactly what it missed (for JobManager::Watch to read it
 // from the store); waiting, and the end of the stream.
-#include "coordinator/job_events.h"
+#include "coordinator/jobs/job_events.h"
 
 #include <thread>
 

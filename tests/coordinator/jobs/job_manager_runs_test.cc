@@ -18,7 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "common/job_state.h"
 #include "common/model/checkpoint_folder.h"
-#include "coordinator/job_manager.h"
+#include "coordinator/jobs/job_manager.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/corpus_text.h"

@@ -2,7 +2,7 @@
 // run that lost a stage and after a coordinator restart whose stages did not all come
 // back: the job's id, checkpoint and restart number from its status, the stages not
 // back named by their old id and address, the layout they last ran.
-#include "coordinator/job_recovery.h"
+#include "coordinator/jobs/job_recovery.h"
 
 #include <optional>
 #include <string>

@@ -1,4 +1,4 @@
-#include "coordinator/prometheus_metrics.h"
+#include "coordinator/metrics/prometheus_metrics.h"
 
 #include <cmath>
 #include <limits>
@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "coordinator/prometheus_text.h"
+#include "coordinator/metrics/prometheus_text.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/util/time_util.h"
 #include "gtest/gtest.h"

@@ -2,7 +2,7 @@
 // tfrecord_reader.h: its own CRC, its own wire-format decoding): CRC-32C's known
 // vectors, a file read back record by record, a flipped byte caught, a second writer in
 // the same folder getting its own file.
-#include "coordinator/tensorboard_writer.h"
+#include "coordinator/metrics/tensorboard_writer.h"
 
 #include <filesystem>
 #include <fstream>

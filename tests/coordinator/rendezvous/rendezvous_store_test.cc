@@ -1,5 +1,5 @@
 // RendezvousStore: set and get, waiting with a deadline, the per-job limits, Forget.
-#include "coordinator/rendezvous_store.h"
+#include "coordinator/rendezvous/rendezvous_store.h"
 
 #include <thread>
 

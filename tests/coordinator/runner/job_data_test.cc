@@ -1,13 +1,13 @@
 // A job's data: a text corpus splits and samples as it always did; token files (globs,
 // a separate validation file) give the training and validation streams; and every bad
 // file or short part fails with a message naming the field and the file.
-#include "coordinator/job_data.h"
+#include "coordinator/runner/job_data.h"
 
 #include <string>
 #include <vector>
 
 #include "common/testing/status_matchers.h"
-#include "coordinator/job_spec.h"
+#include "coordinator/spec/job_spec.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/temp_files.h"

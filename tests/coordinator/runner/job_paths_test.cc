@@ -2,7 +2,7 @@
 // init_from whose safetensors header does not parse is refused at submit (naming the
 // field and the file) while a real checkpoint passes, and the folders jobs may read
 // when the coordinator is given no --data-root (its working folder and its state dir).
-#include "coordinator/job_paths.h"
+#include "coordinator/runner/job_paths.h"
 
 #include <sys/stat.h>
 

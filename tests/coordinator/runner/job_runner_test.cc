@@ -3,7 +3,7 @@
 // validation and checkpoints when due, a lost stage named, a stage's error, a cancel, a
 // restored run keeping the job's step numbers, two-phase clipping, replicas, checkpoints
 // that record the job's precision and a job started from one of the other precision.
-#include "coordinator/job_runner.h"
+#include "coordinator/runner/job_runner.h"
 
 #include <cmath>
 #include <memory>

@@ -4,7 +4,7 @@
 // next coordinator when this one stops (CANCELLED with the hint under --on-stop cancel);
 // what a starting coordinator does with the jobs its store holds, and the layout it
 // resumes one on.
-#include "coordinator/restart_rules.h"
+#include "coordinator/runner/restart_rules.h"
 
 #include <string>
 #include <vector>

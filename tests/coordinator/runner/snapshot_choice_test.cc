@@ -1,7 +1,7 @@
 // Choosing the state a job continues from out of its surviving stages' snapshots: the
 // newest step every chunk is held at, own copies first; and assembling the blobs, which
 // refuses one of another step instead of mixing two steps' states.
-#include "coordinator/snapshot_choice.h"
+#include "coordinator/runner/snapshot_choice.h"
 
 #include <random>
 

@@ -1,14 +1,14 @@
 // What the job runner tells each stage before its first step (BuildConfigureRequest,
 // OptimizerFromSpec) and the costs it plans with (SetCostsFromDevices), as pure
 // functions of the plan, the spec and the stages' devices.
-#include "coordinator/stage_configure.h"
+#include "coordinator/runner/stage_configure.h"
 
 #include <algorithm>
 #include <string>
 #include <vector>
 
 #include "common/testing/status_matchers.h"
-#include "coordinator/stage_costs.h"
+#include "coordinator/stages/stage_costs.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

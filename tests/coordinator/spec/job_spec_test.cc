@@ -1,4 +1,4 @@
-#include "coordinator/job_spec.h"
+#include "coordinator/spec/job_spec.h"
 
 #include <cmath>
 #include <fstream>

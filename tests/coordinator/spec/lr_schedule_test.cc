@@ -1,4 +1,4 @@
-#include "coordinator/lr_schedule.h"
+#include "coordinator/spec/lr_schedule.h"
 
 #include <cstdint>
 

@@ -1,7 +1,7 @@
 // Tests of the checks coordinator requests get before the job manager sees them: each
 // refusal names the field and its value or its size and the limit, and a valid request
 // passes (issue 18, classes 4 and 5).
-#include "coordinator/request_checks.h"
+#include "coordinator/spec/request_checks.h"
 
 #include <cmath>
 #include <limits>

@@ -1,7 +1,7 @@
 // PlaceReplicas: the order r*K+s of a job's R x K stages puts each stage position's R
 // copies on as few hosts as possible, moves nothing it need not, and is deterministic;
 // StageHost reads the host of IPv4, IPv6 and named addresses; DescribePlacement's line.
-#include "coordinator/placement.h"
+#include "coordinator/stages/placement.h"
 
 #include <algorithm>
 #include <set>

@@ -2,7 +2,7 @@
 // job out of their statuses (AttributeError): the first real error wins over our own
 // cancellations, and a stage that stopped answering is named as the cause. And how the
 // first call to a stage waits for its connection.
-#include "coordinator/stage_group.h"
+#include "coordinator/stages/stage_group.h"
 
 #include <atomic>
 #include <chrono>
@@ -13,8 +13,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/testing/status_matchers.h"
-#include "coordinator/grpc_stage_connector.h"
-#include "coordinator/stage_client.h"
+#include "coordinator/stages/grpc_stage_connector.h"
+#include "coordinator/stages/stage_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

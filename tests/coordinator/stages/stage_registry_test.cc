@@ -1,7 +1,7 @@
 // Tests of the stage registry under a fake clock: ids, secrets, heartbeats and loss,
 // acquiring and releasing stages for jobs, the snapshot the API shows, and a stage of
 // an earlier coordinator's registry heartbeating to a new one.
-#include "coordinator/stage_registry.h"
+#include "coordinator/stages/stage_registry.h"
 
 #include <map>
 

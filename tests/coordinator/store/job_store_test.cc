@@ -1,6 +1,6 @@
 // Tests of the SQLite job store: CRUD and ordering, step history and logs, errors that
 // name the job or file, durability across reopen, and concurrent writers.
-#include "coordinator/job_store.h"
+#include "coordinator/store/job_store.h"
 
 #include <thread>
 #include <vector>

@@ -1,6 +1,6 @@
 // Tests of the SQLite wrappers: bound parameters round-trip (text with quotes, empty
 // blobs), uncommitted transactions roll back, and errors carry the path and the right code.
-#include "coordinator/sqlite_statement.h"
+#include "coordinator/store/sqlite_statement.h"
 
 #include <sqlite3.h>
 

@@ -1,8 +1,8 @@
-// The stage's calibration for `pipeline.schedule: "auto"` (stage_server/calibration.h):
+// The stage's calibration for `pipeline.schedule: "auto"` (stage_server/calibration/calibration.h):
 // on an emulated device, whose actions take FLOPs over a known rate, the rates it reports
 // are that rate's inverse (the sleeps only ever run long); on the cpu backend, rates are
 // positive and finite, and a calibration leaves the weights as they were.
-#include "stage_server/calibration.h"
+#include "stage_server/calibration/calibration.h"
 
 #include <cmath>
 #include <thread>
@@ -10,14 +10,14 @@
 
 #include "common/buffer_pool.h"
 #include "common/testing/status_matchers.h"
-#include "coordinator/rendezvous_service.h"
-#include "coordinator/rendezvous_store.h"
+#include "coordinator/rendezvous/rendezvous_service.h"
+#include "coordinator/rendezvous/rendezvous_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "stage_server/backend_chunk.h"
+#include "stage_server/exec/backend_chunk.h"
 #include "stage_server/compute/cpu_backend.h"
-#include "stage_server/emulated_chunk.h"
-#include "stage_server/stage_runtime.h"
+#include "stage_server/exec/emulated_chunk.h"
+#include "stage_server/runtime/stage_runtime.h"
 #include "tests/testing/fake_coordinator.h"
 
 namespace pipetrain::stage_server {

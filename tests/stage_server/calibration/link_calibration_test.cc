@@ -1,11 +1,11 @@
-// One link timed for pipeline.schedule "auto" (stage_server/link_calibration.h): over an
+// One link timed for pipeline.schedule "auto" (stage_server/calibration/link_calibration.h): over an
 // in-memory pair, the receiver sees the ping, then a 4-byte and a `bytes` tensor per
 // round (never zeros) and answers each with one element; the sender's figures are
 // positive and finite; the sender hanging up after the last answer is no failure of the
 // receiver's, a sender gone before its last question is. Between two stage runtimes over real gRPC (StageRuntime::
 // CalibrateTransfer): the sender may come first, a wrong secret is refused, and
 // out-of-range requests are refused naming the calibration.
-#include "stage_server/link_calibration.h"
+#include "stage_server/calibration/link_calibration.h"
 
 #include <cmath>
 #include <thread>
@@ -14,9 +14,9 @@
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "stage_server/exchange_service.h"
-#include "stage_server/local_channel.h"
-#include "stage_server/stage_runtime.h"
+#include "stage_server/link/exchange_service.h"
+#include "stage_server/link/local_channel.h"
+#include "stage_server/runtime/stage_runtime.h"
 #include "tests/testing/fake_coordinator.h"
 
 namespace pipetrain::stage_server {

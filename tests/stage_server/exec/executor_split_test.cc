@@ -16,9 +16,9 @@
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "stage_server/backend_chunk.h"
+#include "stage_server/exec/backend_chunk.h"
 #include "stage_server/compute/cpu_backend.h"
-#include "stage_server/executor.h"
+#include "stage_server/exec/executor.h"
 #include "tests/testing/in_process_copies.h"
 #include "tests/testing/reference_training.h"
 

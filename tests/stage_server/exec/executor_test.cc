@@ -9,7 +9,7 @@
 // applied later is bit for bit one run with the same norm, and out-of-turn calls are
 // refused. Also: bad programs are refused, an emulated stage takes the cost model's time
 // and reports real sizes, and a stage reports the peak memory the planner predicts.
-#include "stage_server/executor.h"
+#include "stage_server/exec/executor.h"
 
 #include <cmath>
 #include <random>
@@ -21,13 +21,13 @@
 #include "coordinator/planner/planner.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "stage_server/backend_chunk.h"
+#include "stage_server/exec/backend_chunk.h"
 #include "stage_server/compute/cpu_backend.h"
 #include "stage_server/compute/trainer.h"
-#include "stage_server/emulated_chunk.h"
-#include "stage_server/local_channel.h"
-#include "stage_server/memory_breakdown.h"
-#include "stage_server/stage_runtime.h"
+#include "stage_server/exec/emulated_chunk.h"
+#include "stage_server/link/local_channel.h"
+#include "stage_server/runtime/memory_breakdown.h"
+#include "stage_server/runtime/stage_runtime.h"
 #include "tests/testing/in_process_copies.h"
 #include "tests/testing/loss_comparison.h"
 #include "tests/testing/reference_training.h"

@@ -1,7 +1,7 @@
 // OverlappedReduction: averages run on a worker, in the order they were started,
 // while the caller goes on; Finish waits for them and writes back in order; a failed
 // average skips the rest and fails Finish; the next step starts afresh.
-#include "stage_server/overlapped_reduction.h"
+#include "stage_server/exec/overlapped_reduction.h"
 
 #include <atomic>
 #include <memory>

@@ -1,9 +1,9 @@
 // Integration: two ends of a real peer link over gRPC on 127.0.0.1 (port 0), in one
 // process: tensors arrive intact in any order, and every kind of bad frame, bad peer
 // or lost peer ends in the documented status, never a hang.
-#include "stage_server/exchange_service.h"
-#include "stage_server/link_limits.h"
-#include "stage_server/peer_link.h"
+#include "stage_server/link/exchange_service.h"
+#include "stage_server/link/link_limits.h"
+#include "stage_server/link/peer_link.h"
 
 #include <cstring>
 #include <random>

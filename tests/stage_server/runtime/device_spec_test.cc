@@ -1,4 +1,4 @@
-#include "stage_server/device_spec.h"
+#include "stage_server/runtime/device_spec.h"
 
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"

@@ -1,7 +1,7 @@
 // --fail-at (stage_server/fault_injection): the plan's text, which actions are which
 // point, and when an armed plan fires (the death is replaced by a recorder here; the
 // real SIGKILL is exercised end to end by coordinator_fault_points_test).
-#include "stage_server/fault_injection.h"
+#include "stage_server/runtime/fault_injection.h"
 
 #include <string>
 #include <vector>

@@ -1,6 +1,6 @@
 // JobConfig's rules: which neighbour links a stage has (ring with several chunks or a
 // tied embedding), the validation that names the field, and the links' options.
-#include "stage_server/job_config.h"
+#include "stage_server/runtime/job_config.h"
 
 #include <string>
 

@@ -1,7 +1,7 @@
 // MemoryBreakdown and the limits a stage checks it against: which parts each limit
 // counts on each device, the one message shape, saturation, and the sizes derived from
 // a chunk's parameters (its state; its checkpoint's bound, against a real export).
-#include "stage_server/memory_breakdown.h"
+#include "stage_server/runtime/memory_breakdown.h"
 
 #include <cstdint>
 #include <limits>
@@ -14,7 +14,7 @@
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "stage_server/backend_chunk.h"
+#include "stage_server/exec/backend_chunk.h"
 #include "stage_server/compute/chunk_checkpoint.h"
 #include "stage_server/compute/cpu_backend.h"
 

@@ -1,7 +1,7 @@
 // StageRuntime in process: what Configure refuses before it allocates, and what an
 // import is refused by its declared size before a byte is buffered. The integration
 // tests (stage_cluster_test) drive the same through a stage server.
-#include "stage_server/stage_runtime.h"
+#include "stage_server/runtime/stage_runtime.h"
 
 #include <cstdint>
 #include <limits>
@@ -13,7 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "pipetrain/v1/stage.pb.h"
-#include "stage_server/backend_chunk.h"
+#include "stage_server/exec/backend_chunk.h"
 #include "stage_server/stage_service.h"
 
 namespace pipetrain::stage_server {

@@ -1,7 +1,7 @@
 // SnapshotStore: one job's blobs, the two newest steps per (owner, chunk, held), a job
 // check on every call, byte accounting; SnapshotAssembler: a pushed blob counts only
 // once every piece arrived in order. Also hammers the store from several threads.
-#include "stage_server/snapshot_store.h"
+#include "stage_server/snapshots/snapshot_store.h"
 
 #include <thread>
 

@@ -14,7 +14,7 @@
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "stage_server/cuda_ipc_region.h"
+#include "stage_server/link/shm/cuda_ipc_region.h"
 #include "tests/testing/subprocess.h"
 
 namespace pipetrain::stage_server {

@@ -18,11 +18,11 @@
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "stage_server/shm_handshake.h"
-#include "stage_server/shm_holds.h"
-#include "stage_server/shm_region.h"
-#include "stage_server/shm_slots.h"
-#include "stage_server/shm_transport.h"
+#include "stage_server/link/shm/shm_handshake.h"
+#include "stage_server/link/shm/shm_holds.h"
+#include "stage_server/link/shm/shm_region.h"
+#include "stage_server/link/shm/shm_slots.h"
+#include "stage_server/link/shm/shm_transport.h"
 
 namespace pipetrain::stage_server {
 namespace {
