@@ -116,7 +116,7 @@ absl::StatusOr<nlohmann::json> RunPyTorch(const compute::TrainOptions& o, int th
 
 namespace {
 
-// What --model trains: the small GPT-2 (today's bench, unchanged) or a stack
+// What --model trains: the bench's small GPT-2 (as it always was) or a stack
 // with Llama-3.2-1B's proportions at the same width, depth, length and vocabulary:
 // heads of 64, 4 query heads a key/value head (32 / 8), ffn_dim 4 x d_model
 // (8192 / 2048), its rotary base and llama3 scaling, RMSNorm's epsilon, tied embeddings.

@@ -1,4 +1,4 @@
-// `pipetrain-bench coordinator-load`: the coordinator under many watchers (issue 18). A
+// `pipetrain-bench coordinator-load`: the coordinator under many watchers. A
 // real coordinator and one stage: first hundreds of small jobs run one after another,
 // with the coordinator's resident memory read after each round (it must stay flat: what
 // it keeps per finished job is bounded); then GetJob's latency on the idle coordinator

@@ -544,7 +544,7 @@ absl::StatusOr<BenchResult> RunModelSizeBench(const BenchOptions& options) {
       if (k_max == 1) break;
       const double ratio = runs[{family, mode, k_max}].params /
                            (k_max * static_cast<double>(runs[{family, mode, 1}].params));
-      // The issues' aims: 0.9 of K times for stages (GPipe's), 0.8 of R times for copies
+      // The aims: 0.9 of K times for stages (GPipe's), 0.8 of R times for copies
       // (whose weights and gradients stay whole: only the moments divide).
       const double aim = by_replicas ? 0.8 : 0.9;
       result.Label(absl::StrFormat("target_%s_%s_%s%d_ratio_ge_%.1f", fam, Mode(mode), x, k_max, aim),

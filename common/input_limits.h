@@ -1,6 +1,6 @@
 // The bounds on every string and list a client controls, in one place, so that no
 // request can make the coordinator or a stage store, list or echo an unbounded amount
-// (issue 18: a 100 MB job name was stored, and every later ListJobs exceeded clients'
+// (a 100 MB job name was once stored, and every later ListJobs exceeded clients'
 // receive limit). Each limit is far above any real use; a request past one gets
 // INVALID_ARGUMENT naming the field, the limit and the size (CheckLength).
 #pragma once

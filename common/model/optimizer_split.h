@@ -1,5 +1,5 @@
 // How the R copies (data-parallel replicas) of one stage split its optimizer between them
-// (pipeline.shard_optimizer, issue 33; ZeRO-1, Megatron's distributed optimizer): every
+// (pipeline.shard_optimizer; ZeRO-1, Megatron's distributed optimizer): every
 // parameter buffer of the stage is cut into R contiguous pieces, copy r owns piece r of
 // each, reduces only that piece of the gradient, keeps AdamW's moments only for it and
 // updates only its weights, and the copies gather each other's updated pieces. Cutting

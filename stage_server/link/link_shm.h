@@ -1,4 +1,4 @@
-// The same-host transport of one peer-link end (issue 32): the handshake's state for
+// The same-host transport of one peer-link end: the handshake's state for
 // both directions of the stream and the translation of its messages. This end offers a
 // shared-memory region for what it sends (Offer, right after the stream starts); the
 // peer's answer either names the nonce it read there (from then on this end's tensors

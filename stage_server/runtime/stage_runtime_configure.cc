@@ -100,7 +100,7 @@ absl::StatusOr<ConfigureResult> StageRuntime::Configure(const JobConfig& config)
 
 absl::Status StageRuntime::CheckMemory(const JobConfig& config, const MemoryBreakdown& need) const {
   // Checked before anything is allocated: a request whose buffers cannot be had gets
-  // RESOURCE_EXHAUSTED, not a std::bad_alloc in the handler (issue 18).
+  // RESOURCE_EXHAUSTED, not a std::bad_alloc in the handler.
   for (const MemoryLimit& limit : MemoryLimitsOf(need, options_.device.kind,
                                                  options_.memory_limit_bytes, HostMemoryBytes())) {
     RETURN_IF_ERROR(CheckFits(config, limit));

@@ -192,7 +192,7 @@ TEST_F(CoordinatorClusterTest, Bf16PipelinesGiveTheLossesOfOneBf16Stage) {
   }
 }
 
-// Llama (issue 29) on the real binaries: grouped-query attention (4 query heads sharing
+// Llama on the real binaries: grouped-query attention (4 query heads sharing
 // 2 key/value heads), tied embeddings, rotary positions. 4 stages of ZB-H1 with every
 // stage recomputing give one stage's losses bit for bit, in fp32 and in bf16; 2 replicas
 // of 2 stages give them within the bound of the regrouped sums (fp32).
@@ -521,7 +521,7 @@ TEST_F(CoordinatorTokenFileTest, ABadTokenFileFailsTheSubmit) {
 // GPT-2's shape on token files: a 50,257-token vocabulary (ids up to <|endoftext|>
 // drawn at random, so the embedding's and the head's last rows are used) with tied
 // embeddings, in llm.c's format. 4 stages give the losses of 1 and a job from the
-// step-2 checkpoint continues them: the issue's bar for GPT-2-shaped training.
+// step-2 checkpoint continues them: the bar for GPT-2-shaped training.
 class CoordinatorGpt2ShapeTest : public CoordinatorClusterTest {
  protected:
   void SetUp() override {

@@ -120,7 +120,7 @@ TEST_F(CoordinatorPathsTest, InitFromOutsideTheRootsIsRefused) {
   ExpectRefused({"init_from " + dir_.File("ckpt"), "outside the coordinator's --data-root"});
 }
 
-// Issue 27: a garbage init_from was accepted at submit and failed only when the job
+// A garbage init_from was once accepted at submit and failed only when the job
 // started; its header is read at submit now, as token files are scanned.
 TEST_F(CoordinatorPathsTest, AGarbageInitFromIsRefusedAtSubmit) {
   const std::string garbage = root_ + "/garbage.safetensors";
@@ -159,7 +159,7 @@ TEST_F(CoordinatorPathsTest, AJobInsideTheRootTrainsAndItsCheckpointMayStartAnot
   EXPECT_EQ(Status(*c_, next)["state"], "SUCCEEDED") << c_->coordinator_log();
 }
 
-// Without --data-root (issue 27: a job could read any file the coordinator could, e.g.
+// Without --data-root (a job once could read any file the coordinator could, e.g.
 // /etc/shadow as a corpus) the coordinator lets jobs read its working folder and its
 // state dir only; elsewhere is refused, naming the field and how to allow it.
 class CoordinatorDefaultRootsTest : public testing::ClusterJobTest {};

@@ -1,6 +1,6 @@
 // The real binaries (coordinator, stage servers, CLI) on loopback with stages on the GPU
-// (`pipetrain-stage --device cuda:0`), against the same jobs on cpu stages: the GPU run of
-// issue 34. Two clusters, each started once for the binary: one cpu stage, and four cuda
+// (`pipetrain-stage --device cuda:0`), against the same jobs on cpu stages: what a GPU
+// run checks. Two clusters, each started once for the binary: one cpu stage, and four cuda
 // stages sharing cuda:0 (one process each, as on a node with one GPU per stage).
 //
 //   - 20 steps of a small GPT and of a small Llama on one cuda stage give the cpu stage's

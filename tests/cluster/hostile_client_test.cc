@@ -5,7 +5,7 @@
 // cannot be had, and malformed protobuf bytes to every method of both services. Every
 // answer must name what is wrong, never be UNKNOWN, and be INTERNAL only for malformed
 // bytes (gRPC's own parser answers those before our code runs: docs/USAGE.md,
-// "Malformed requests"); both processes must still serve afterwards (issue 18).
+// "Malformed requests"); both processes must still serve afterwards.
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -179,8 +179,8 @@ TEST_F(HostileClientTest, ALiveStagesAddressCannotBeTakenOver) {
   EXPECT_EQ(cluster.stages(0).state(), pb::StageInfo::IDLE);
 }
 
-// Issue 27: the same stage's address spelt otherwise (a name for its IP, a port with a
-// leading zero), without its secret, was taken as a new stage at that address.
+// The same stage's address spelt otherwise (a name for its IP, a port with a
+// leading zero), without its secret, was once taken as a new stage at that address.
 TEST_F(HostileClientTest, AnotherSpellingOfALiveStagesAddressIsNoNewStage) {
   const std::string live = cluster_->stage_addresses()[0];  // 127.0.0.1:PORT
   const std::string port = live.substr(live.rfind(':') + 1);
@@ -203,7 +203,7 @@ TEST_F(HostileClientTest, OverLimitFieldsAreRefusedWithTheirSize) {
   submit.mutable_spec()->set_name(std::string(1000, 'x'));
   ExpectRefused(Call(coordinator(), kSubmit, submit), grpc::StatusCode::INVALID_ARGUMENT,
                 "name is 1000 bytes; the limit is 256");
-  // Issue 18's 100 MB name: within the server's message limit, refused by ours.
+  // A 100 MB name: within the server's message limit, refused by ours.
   submit.mutable_spec()->set_name(std::string(100 << 20, 'x'));
   ExpectRefused(Call(coordinator(), kSubmit, submit), grpc::StatusCode::INVALID_ARGUMENT,
                 "spec is ");

@@ -1,4 +1,4 @@
-// End to end, issue 32: stage servers on one host hand each other tensors through shared
+// End to end: stage servers on one host hand each other tensors through shared
 // memory (`--same-host-transport auto`, the default) or keep every byte on the stream
 // (`off`), and the same job gives the same losses on both, bit for bit; each stage's log
 // says which path every link direction took; a stage killed in the middle of a step on

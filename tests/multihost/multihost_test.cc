@@ -268,7 +268,7 @@ TEST_F(MultiHostTest, AStageHostWhoseLinkGoesDownIsLostInBoundedTimeAndTheJobGoe
   EXPECT_TRUE(stopped.ok()) << stopped;
 }
 
-// Issue 15 across hosts: the coordinator's host process SIGKILLed mid-job and started
+// Recovery across hosts: the coordinator's host process SIGKILLed mid-job and started
 // again on the same --state-dir; the stages on their own hosts keep their snapshots and
 // register again, and the job continues from them to the uninterrupted run's losses.
 TEST_F(MultiHostTest, AJobGoesOnAfterTheCoordinatorIsKilledAndStartedAgain) {

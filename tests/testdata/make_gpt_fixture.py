@@ -1,8 +1,8 @@
 #!/usr/bin/python3
 """Makes the golden GPT fixture in tests/testdata/gpt_tiny/ with PyTorch.
 
-An implementation of the model independent of the C++ one, written from the text of
-issue 3 alone: GPT-2 style, pre-LayerNorm blocks, fused qkv projection (q|k|v along the
+An implementation of the model independent of the C++ one, written from the model's
+description alone: GPT-2 style, pre-LayerNorm blocks, fused qkv projection (q|k|v along the
 output dimension, heads contiguous), causal attention scaled by 1/sqrt(head_dim), GELU in
 its tanh form, LayerNorm with biased variance and eps 1e-5, final ln_f, untied lm_head
 without bias, loss = mean cross-entropy over all B*T positions. Parameters use the

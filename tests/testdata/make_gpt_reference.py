@@ -4,7 +4,7 @@
 batch, mean loss and central finite-difference gradients of a few elements of every
 parameter. gpt_reference_test.cc loads it and holds the C++ model to it.
 
-The model is the one of issue 3: pre-LN blocks, fused qkv (q|k|v, heads contiguous),
+The model is pipetrain's GPT: pre-LN blocks, fused qkv (q|k|v, heads contiguous),
 causal softmax attention scaled by 1/sqrt(head_dim), GELU (tanh form), LayerNorm with
 biased variance and eps 1e-5, untied lm_head [vocab, d_model] without bias, mean
 cross-entropy. Linear weights are [in, out] (y = x W + b).

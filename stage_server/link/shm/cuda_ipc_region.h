@@ -1,4 +1,4 @@
-// The same-host path between GPUs of one node (issue 32): a stage's ring of device memory
+// The same-host path between GPUs of one node: a stage's ring of device memory
 // exported with cudaIpcGetMemHandle and opened by its neighbour's process on the same
 // node, so that a tensor crosses from one stage's device memory to the next's as two
 // device-to-device copies (in, out) instead of device -> host -> TCP -> host -> device.

@@ -1,4 +1,4 @@
-// The same-host handshake's steps, without the stream (issue 32). For each direction
+// The same-host handshake's steps, without the stream. For each direction
 // of a link the sending end makes a region and offers it (MakeOffer: its name, nonce and
 // slot layout, the stream's first message); the receiving end opens it and answers with
 // the nonce it read there (AcceptOffer); the sender checks that echo and unlinks the

@@ -1,4 +1,4 @@
-// The receiving end's account of the slots it keeps (issue 32): a received tensor that
+// The receiving end's account of the slots it keeps: a received tensor that
 // came in one part may stay where the sender wrote it, viewed in place by the stage,
 // until the stage drops it; only then does its credit go back. The protocol lets a
 // receiver keep at most half a region's slots this way (ShmLayout::max_held_slots) and

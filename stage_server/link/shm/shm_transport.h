@@ -1,4 +1,4 @@
-// One direction of a same-host link, without the stream (issue 32): the sender writes a
+// One direction of a same-host link, without the stream: the sender writes a
 // tensor's bytes into free slots of its shared-memory region (shm_region.h) part by part
 // and hands each part's frame header and slot numbers to `emit` (the stream carries them
 // instead of the payload); the receiver turns a header's slots back into the payload's

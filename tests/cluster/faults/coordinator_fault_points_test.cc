@@ -1,4 +1,4 @@
-// End to end, issue 15's interleavings at exact points: every stage server of the
+// End to end, recovery from a stage lost at exact points: every stage server of the
 // cluster carries the same `--fail-at job-000002:1:12:POINT`, so the stage that holds
 // position 1 of the second job kills itself (SIGKILL) at that point of step 12: during
 // the forward of a micro-batch, during its backward, at the optimizer step, in the

@@ -1,4 +1,4 @@
-// End to end, automatic recovery (issue 15): real coordinator, stage and CLI processes
+// End to end, automatic recovery: real coordinator, stage and CLI processes
 // on loopback. A stage killed or frozen mid-job is replaced by a free one, or the job
 // continues on the survivors, or waits for a stage (taking the lost one back when it
 // returns), and every case ends as the uninterrupted run would have: the same loss at

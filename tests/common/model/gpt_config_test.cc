@@ -33,7 +33,7 @@ TEST(GptConfigTest, ValidatesWithFieldNames) {
 }
 
 // Shapes whose sizes overflow are refused by the field that made them overflow, not by a
-// wrapped negative figure blamed on another field (issue 18).
+// wrapped negative figure blamed on another field.
 TEST(GptConfigTest, SizesThatOverflowNameTheirField) {
   GptConfig c = Tiny();
   c.n_layers = std::numeric_limits<int>::max();  // n_layers + 2 would wrap negative

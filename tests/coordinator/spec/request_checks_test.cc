@@ -1,6 +1,6 @@
 // Tests of the checks coordinator requests get before the job manager sees them: each
 // refusal names the field and its value or its size and the limit, and a valid request
-// passes (issue 18, classes 4 and 5).
+// passes.
 #include "coordinator/spec/request_checks.h"
 
 #include <cmath>
@@ -92,7 +92,7 @@ TEST(RequestChecksTest, SpecStringsListsAndStepSizeAreBounded) {
   EXPECT_THAT(CheckJobSpecBounds(spec), IsOk());
 
   pb::JobSpec big = spec;
-  big.set_name(std::string(100 << 20, 'x'));  // issue 18's 100 MB name
+  big.set_name(std::string(100 << 20, 'x'));  // a 100 MB name
   EXPECT_THAT(CheckJobSpecBounds(big), StatusIs(absl::StatusCode::kInvalidArgument,
                                                 HasSubstr("the limit is 1048576")));
   big = spec;

@@ -77,7 +77,7 @@ TEST_F(StageRegistryTest, RegisterGivesIdsAndKeepsThemPerAddress) {
   EXPECT_FALSE(registry_.Find("stage-9").has_value());
 }
 
-// Issue 18: a second registration from a live stage's address, without that stage's
+// A second registration from a live stage's address, without that stage's
 // secret, is refused and changes nothing; a restarted process (no secret) gets in once
 // the old record's heartbeats have expired, and the message says how long that is.
 TEST_F(StageRegistryTest, NoOneTakesOverALiveStagesAddress) {
@@ -108,8 +108,8 @@ TEST_F(StageRegistryTest, NoOneTakesOverALiveStagesAddress) {
   EXPECT_TRUE(registry_.Heartbeat(a, restarted->secret));
 }
 
-// The hostile-input battery (issue 27): another spelling of a live stage's address, with
-// no secret, was taken as a new stage at the same endpoint. Every spelling of it is
+// Another spelling of a live stage's address, with
+// no secret, was once taken as a new stage at the same endpoint. Every spelling of it is
 // refused as the same text is, naming the address, the stage and the secret it needs;
 // the stage's own re-registration (with its secret) under another spelling keeps its id.
 TEST_F(StageRegistryTest, AnotherSpellingOfALiveStagesAddressIsTheSameAddress) {

@@ -1,4 +1,4 @@
-// Replicas that split the optimizer (pipeline.shard_optimizer, issue 33) at the
+// Replicas that split the optimizer (pipeline.shard_optimizer) at the
 // executor: each copy averages only its piece of every layer's gradients, steps only that
 // piece, and gathers the others' updated pieces after the step. Against replicas that
 // all-reduce, over the same in-process collective summing in replica order, the split

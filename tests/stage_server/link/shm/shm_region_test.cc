@@ -1,4 +1,4 @@
-// The same-host transport's pieces (issue 32): a shared-memory region made by one end
+// The same-host transport's pieces: a shared-memory region made by one end
 // and opened by the other, refusing what it was not told (a wrong nonce, a wrong size,
 // a name not of its form, a region open to others, one already unlinked), the sender's
 // slot accounting (credits, deadlines, a link that goes while slots are out), a tensor
