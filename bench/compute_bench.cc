@@ -17,7 +17,7 @@
 namespace pipetrain::bench {
 namespace {
 
-using model::GptConfig;
+using model::TransformerConfig;
 using Clock = std::chrono::steady_clock;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
@@ -61,7 +61,7 @@ std::string BenchDir() {
 }
 
 // The PyTorch script's flags for a Llama model's own fields; none for GPT-2's.
-std::string TorchLlamaFlags(const GptConfig& c) {
+std::string TorchLlamaFlags(const TransformerConfig& c) {
   if (c.family != model::kLlamaFamily) return "";
   const model::RopeScaling& r = c.rope_scaling;
   return absl::StrFormat(
@@ -121,19 +121,24 @@ namespace {
 // heads of 64, 4 query heads a key/value head (32 / 8), ffn_dim 4 x d_model
 // (8192 / 2048), its rotary base and llama3 scaling, RMSNorm's epsilon, tied embeddings.
 struct ComputeModel {
-  GptConfig config;
+  TransformerConfig config;
   std::string label;
 };
 
 ComputeModel Gpt2Model() {
-  return {GptConfig{
+  return {TransformerConfig{
               .vocab_size = 256, .seq_len = 128, .d_model = 256, .n_heads = 4, .n_layers = 8},
           "vocab 256, seq 128, d_model 256, 4 heads, 8 layers; batch 32"};
 }
 
 ComputeModel LlamaModel() {
-  GptConfig c{.vocab_size = 256, .seq_len = 128, .d_model = 256, .n_heads = 4, .n_layers = 8,
-              .tie_embeddings = true, .family = model::kLlamaFamily};
+  TransformerConfig c{.vocab_size = 256,
+                      .seq_len = 128,
+                      .d_model = 256,
+                      .n_heads = 4,
+                      .n_layers = 8,
+                      .tie_embeddings = true,
+                      .family = model::kLlamaFamily};
   c.n_kv_heads = 1;
   c.ffn_dim = 4 * c.d_model;
   c.rope_theta = model::kLlamaDefaultRopeTheta;
@@ -150,7 +155,7 @@ ComputeModel LlamaModel() {
 
 // Columns of the model's largest product, (B*T, C) x (C, n): GPT-2's MLP up-projection
 // (4C), Llama's gate and up projections, adjacent in memory and multiplied as one (2F).
-int LargestProductColumns(const GptConfig& c) {
+int LargestProductColumns(const TransformerConfig& c) {
   return c.family == model::kLlamaFamily ? 2 * c.mlp_dim() : c.mlp_dim();
 }
 
@@ -244,8 +249,8 @@ absl::StatusOr<BenchResult> RunComputeBench(const BenchOptions& options) {
 absl::StatusOr<BenchResult> RunCompute124mBench(const BenchOptions& options) {
   const int reps = options.repetitions > 0 ? options.repetitions : 2;
   compute::TrainOptions o;
-  o.model = GptConfig{.vocab_size = 50257, .seq_len = 64, .d_model = 768, .n_heads = 12,
-                      .n_layers = 12, .tie_embeddings = true};
+  o.model = TransformerConfig{.vocab_size = 50257, .seq_len = 64, .d_model = 768, .n_heads = 12,
+                              .n_layers = 12, .tie_embeddings = true};
   o.batch = 4;
   o.threads = 2;
   o.optimizer = {.lr = 3e-4f};

@@ -15,7 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/cuda_probe.h"
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 #include "common/model/init.h"
 #include "common/status_macros.h"
 #include "stage_server/compute/backend_buffer.h"
@@ -190,7 +190,7 @@ absl::StatusOr<BenchResult> RunCudaBench(const BenchOptions& options) {
   const int reps = options.repetitions > 0 ? options.repetitions : 20;
   const int warmup = 3;
   // GPT-2 small's block at its full context; B * T = 8192 rows.
-  model::GptConfig config;
+  model::TransformerConfig config;
   config.vocab_size = 256;
   config.seq_len = 1024;
   config.d_model = 768;

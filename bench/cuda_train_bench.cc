@@ -17,7 +17,7 @@
 #include "bench/compute_bench.h"
 #include "bench/cuda_bench.h"
 #include "common/cuda_probe.h"
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 #include "common/model/llama_family.h"
 #include "common/status_macros.h"
 #include "stage_server/compute/trainer.h"
@@ -111,7 +111,7 @@ absl::StatusOr<double> Bf16ProductTflops(int n, int reps) {
 
 struct TrainModel {
   std::string name;  // figure prefix
-  model::GptConfig config;
+  model::TransformerConfig config;
   int batch = 0;
 };
 
@@ -126,7 +126,7 @@ std::vector<TrainModel> Models() {
                    {.vocab_size = 128256, .seq_len = 1024, .d_model = 2048, .n_heads = 32,
                     .n_layers = 16, .tie_embeddings = true, .family = model::kLlamaFamily},
                    4};
-  model::GptConfig& c = llama.config;
+  model::TransformerConfig& c = llama.config;
   c.n_kv_heads = 8;
   c.ffn_dim = 8192;
   c.rope_theta = model::kLlamaDefaultRopeTheta;
@@ -138,7 +138,7 @@ std::vector<TrainModel> Models() {
 
 // Model FLOPs per token of one training step (forward and both backward halves), the
 // analytic count of every pipeline layer (causal attention's half; no recomputation).
-double FlopsPerToken(const model::GptConfig& c) {
+double FlopsPerToken(const model::TransformerConfig& c) {
   double flops = 0;
   for (int l = 0; l < c.num_pipeline_layers(); ++l) {
     const model::LayerCost cost = model::CostOfLayer(c, l);

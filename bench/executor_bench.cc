@@ -18,7 +18,7 @@ constexpr int kStages = 4, kMicroBatches = 8, kRows = 4;
 constexpr double kDeviceFlops = 5e11;    // emulated device: slow enough that actions take ms
 constexpr double kLinkBytesPerS = 1e9;   // loopback gRPC, roughly (see `pipetrain-bench link`)
 
-model::GptConfig Model() { return {256, 128, 512, 8, 8}; }
+model::TransformerConfig Model() { return {256, 128, 512, 8, 8}; }
 
 }  // namespace
 

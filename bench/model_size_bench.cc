@@ -139,7 +139,7 @@ FamilySpec SpecOf(ModelFamily family) {
 // is the one the job runs with.
 // With r replicas each takes the batch one stage takes alone (weak scaling: the same
 // activations a stage, so that what grows is what the optimizer's split frees).
-planner::PlanOptions OptionsFor(const model::GptConfig& m, int k, int r,
+planner::PlanOptions OptionsFor(const model::TransformerConfig& m, int k, int r,
                                 pb::RecomputeMode recompute, double cap) {
   planner::PlanOptions o;
   o.model = m;
@@ -155,7 +155,7 @@ planner::PlanOptions OptionsFor(const model::GptConfig& m, int k, int r,
   return o;
 }
 
-int64_t ParamsOf(const model::GptConfig& m) {
+int64_t ParamsOf(const model::TransformerConfig& m) {
   int64_t p = 0;
   for (int l = 0; l < m.num_pipeline_layers(); ++l) p += model::CostOfLayer(m, l).params;
   return p;
@@ -277,7 +277,7 @@ struct RunFigures {
 
 // Trains `m` for two steps on a fresh cluster of k capped stages through the CLI; OK
 // when the job succeeded and no stage's reported peak exceeded the cap.
-absl::Status TrainOnce(const model::GptConfig& m, int k, int r, pb::RecomputeMode recompute,
+absl::Status TrainOnce(const model::TransformerConfig& m, int k, int r, pb::RecomputeMode recompute,
                        const Settings& settings, const std::string& corpus, RunFigures& figures) {
   ASSIGN_OR_RETURN(planner::Plan plan,
                    planner::MakePlan(OptionsFor(m, k, r, recompute, settings.cap_bytes)));

@@ -56,8 +56,8 @@ const char* FamilyName(ModelFamily family) {
   return family == ModelFamily::kDepth ? "depth" : "width";
 }
 
-model::GptConfig ModelOfSize(const FamilySpec& spec, int64_t n) {
-  model::GptConfig c = spec.base;
+model::TransformerConfig ModelOfSize(const FamilySpec& spec, int64_t n) {
+  model::TransformerConfig c = spec.base;
   if (spec.family == ModelFamily::kDepth) {
     c.n_layers = static_cast<int>(n);
   } else {
@@ -76,7 +76,7 @@ int64_t SurelyTooBig(const FamilySpec& spec, int stages, double cap_bytes) {
   // fp32's state, the least a parameter takes in any precision: an upper bound.
   const double all = cap_bytes * stages / static_cast<double>(model::StateBytesPerParam());
   if (spec.family == ModelFamily::kDepth) {
-    const model::GptConfig one = ModelOfSize(spec, 1);
+    const model::TransformerConfig one = ModelOfSize(spec, 1);
     const double block = static_cast<double>(model::CostOfLayer(one, 1).params);
     return static_cast<int64_t>(all / block) + 1;
   }

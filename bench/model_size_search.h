@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 #include "coordinator/planner/planner.h"
 
 namespace pipetrain::bench {
@@ -51,12 +51,12 @@ const char* FamilyName(ModelFamily family);  // "depth" | "width"
 
 struct FamilySpec {
   ModelFamily family = ModelFamily::kDepth;
-  model::GptConfig base;  // the fixed dimensions; the one that grows is ignored
+  model::TransformerConfig base;  // the fixed dimensions; the one that grows is ignored
   int width_step = 64;    // kWidth: d_model = n * width_step (a multiple of base.n_heads)
 };
 
 // The model of size n: n blocks (kDepth) or d_model n * width_step (kWidth).
-model::GptConfig ModelOfSize(const FamilySpec& spec, int64_t n);
+model::TransformerConfig ModelOfSize(const FamilySpec& spec, int64_t n);
 // The smallest n that can run on `stages` stages (every stage needs a pipeline layer),
 // and an n the planner is sure to refuse under a cap of `cap_bytes` per stage (the
 // weights and optimizer state alone exceed all stages' memory together).

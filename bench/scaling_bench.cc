@@ -55,7 +55,7 @@ constexpr double kSpeedupTarget = 0.95, kKeptAdvantageTarget = 0.90;
 
 // 32 blocks split evenly over 1, 2, 4, 8 stages and 16 interleaved chunks; the cheap
 // embedding and head (byte vocabulary) ride on the first and last stage.
-model::GptConfig Model() { return {256, 128, 256, 8, 32}; }
+model::TransformerConfig Model() { return {256, 128, 256, 8, 32}; }
 
 absl::StatusOr<double> DeviceFlops() {
   const char* text = getenv("PIPETRAIN_BENCH_SCALING_FLOPS");
@@ -196,7 +196,7 @@ absl::StatusOr<CellRun> RunCell(testing::LocalCluster& cluster, const ScratchDir
   const std::string cell = CellName(k, m, schedule);
   json pipeline = {{"stages", k}, {"micro_batches", m}, {"schedule", schedule}};
   if (ChunksOf(schedule) > 1) pipeline["chunks"] = ChunksOf(schedule);
-  const model::GptConfig mc = Model();
+  const model::TransformerConfig mc = Model();
   const json spec = {
       {"name", absl::StrCat("scaling-", cell)},
       {"model", {{"vocab_size", mc.vocab_size}, {"seq_len", mc.seq_len}, {"d_model", mc.d_model},

@@ -32,7 +32,8 @@ struct EvalResult {
 
 // The first `rows` rows of a text; errors name the file.
 absl::StatusOr<model::TokenBatch> LeadingText(const std::string& path,
-                                              const model::GptConfig& config, int64_t rows) {
+                                              const model::TransformerConfig& config,
+                                              int64_t rows) {
   const int64_t needed = rows * (int64_t{config.seq_len} + 1);
   ASSIGN_OR_RETURN(std::string text, ReadFile(path, needed));
   if (static_cast<int64_t>(text.size()) < needed) {
@@ -52,7 +53,8 @@ absl::StatusOr<model::TokenBatch> LeadingText(const std::string& path,
 // The first `rows` rows of a token file, read through its mapping (only those pages are
 // touched); errors name the file.
 absl::StatusOr<model::TokenBatch> LeadingTokens(const std::string& path, data::TokenFormat format,
-                                                const model::GptConfig& config, int64_t rows) {
+                                                const model::TransformerConfig& config,
+                                                int64_t rows) {
   ASSIGN_OR_RETURN(const data::TokenFile file, data::TokenFile::Open(path, format));
   const int64_t needed = rows * (int64_t{config.seq_len} + 1);
   if (file.size() < needed) {
@@ -79,7 +81,7 @@ absl::StatusOr<model::Checkpoint> FitToSeqLen(model::Checkpoint whole, int64_t s
         absl::StrCat("--seq-len ", seq_len, " is more than the checkpoint's seq_len ",
                      whole.config.seq_len, " (the positions it was made for)"));
   }
-  model::GptConfig want = whole.config;
+  model::TransformerConfig want = whole.config;
   want.seq_len = static_cast<int>(seq_len);
   return model::FitCheckpointToModel(std::move(whole), want, "--seq-len");
 }
@@ -155,7 +157,7 @@ int RunEval(const std::vector<std::string>& args, std::ostream& out, std::ostrea
     err << "pipetrain eval: " << checkpoint.status().message() << "\n";
     return kExitUsage;
   }
-  const model::GptConfig config = checkpoint->config;
+  const model::TransformerConfig config = checkpoint->config;
   absl::StatusOr<model::TokenBatch> tokens =
       text_path.empty() ? LeadingTokens(tokens_path, *format, config, batch)
                         : LeadingText(text_path, config, batch);

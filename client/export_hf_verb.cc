@@ -14,7 +14,7 @@ namespace {
 // What was written, on success.
 std::string Summary(const std::string& out_dir, const model::Checkpoint& checkpoint,
                     absl::string_view dtype) {
-  const model::GptConfig& config = checkpoint.config;
+  const model::TransformerConfig& config = checkpoint.config;
   int64_t params = 0;
   for (const auto& [name, t] : checkpoint.params) params += t.num_elements();
   return absl::StrFormat(

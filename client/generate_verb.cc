@@ -184,7 +184,7 @@ int RunGenerate(const std::vector<std::string>& args, std::ostream& out, std::os
   absl::StatusOr<model::Checkpoint> checkpoint =
       model::LoadWholeModel(checkpoint_path, "--checkpoint", "generate");
   if (!checkpoint.ok()) return fail(kExitUsage, checkpoint.status().message());
-  const model::GptConfig config = checkpoint->config;
+  const model::TransformerConfig config = checkpoint->config;
   if (config.vocab_size > tokenizer->vocab_size) {
     return fail(kExitUsage,
                 absl::StrFormat("--tokenizer %s decodes ids below %d, but %s has vocab_size %d",

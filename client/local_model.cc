@@ -58,7 +58,7 @@ void AddModelFlag(common::FlagSet& flags, std::string* target) {
   flags.MarkRequired("model");
 }
 
-absl::StatusOr<model::GptConfig> ParseModelArg(const std::string& arg) {
+absl::StatusOr<model::TransformerConfig> ParseModelArg(const std::string& arg) {
   const size_t first = arg.find_first_not_of(" \t\r\n");
   const bool inline_json = first != std::string::npos && (arg[first] == '{' || arg[first] == '[');
   std::string text = arg;
@@ -110,7 +110,7 @@ absl::StatusOr<model::GptConfig> ParseModelArg(const std::string& arg) {
     }
     return static_cast<int>(v.get<int64_t>());
   };
-  model::GptConfig config;
+  model::TransformerConfig config;
   ASSIGN_OR_RETURN(config.vocab_size, field("vocab_size", kDefaultVocabSize));
   ASSIGN_OR_RETURN(config.seq_len, field("seq_len", 0));
   ASSIGN_OR_RETURN(config.d_model, field("d_model", 0));

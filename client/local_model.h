@@ -10,7 +10,7 @@
 #include "absl/status/statusor.h"
 #include "common/flags.h"
 #include "common/model/checkpoint.h"
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 #include "stage_server/compute/model_chunk.h"
 
 namespace pipetrain::client {
@@ -26,7 +26,7 @@ void AddModelFlag(common::FlagSet& flags, std::string* target);
 // n_layers); vocab_size defaults to kDefaultVocabSize, the others are required. Errors
 // (InvalidArgument, or the read error) start with "--model" and the file, and name the
 // field at fault: unknown, missing, not an integer, or out of range.
-absl::StatusOr<model::GptConfig> ParseModelArg(const std::string& arg);
+absl::StatusOr<model::TransformerConfig> ParseModelArg(const std::string& arg);
 
 // The file's first max_bytes bytes (all of it when max_bytes < 0); errors name the path.
 absl::StatusOr<std::string> ReadFile(const std::string& path, int64_t max_bytes = -1);

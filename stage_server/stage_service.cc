@@ -9,7 +9,7 @@
 #include "common/frame_proto.h"
 #include "common/grpc_status.h"
 #include "common/logging.h"
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 #include "common/model/precision.h"
 #include "common/status_macros.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -434,7 +434,7 @@ grpc::Status StageService::Calibrate(grpc::ServerContext* context,
     if (grpc::Status denied = Authorize(*context); !denied.ok()) return denied;
     if (request->has_ring()) return CalibrateRing(*request, *response);
     if (request->has_transfer()) return CalibrateTransfer(*request, *response);
-    absl::StatusOr<model::GptConfig> config = model::ConfigFromProto(request->model());
+    absl::StatusOr<model::TransformerConfig> config = model::ConfigFromProto(request->model());
     if (!config.ok()) return common::ToGrpcStatus(common::ErrorContext("calibrate").Wrap(config.status()));
     absl::StatusOr<model::Precision> precision =
         model::PrecisionNamed(request->precision().empty() ? "fp32" : request->precision());

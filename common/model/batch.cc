@@ -26,7 +26,7 @@ absl::Status CheckLength(int64_t size, int64_t needed, Words words) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<TokenBatch> BatchFromOffsets(CopyTokensFn copy, const GptConfig& config,
+absl::StatusOr<TokenBatch> BatchFromOffsets(CopyTokensFn copy, const TransformerConfig& config,
                                             const std::vector<int64_t>& offsets, Words words) {
   const int T = config.seq_len;
   TokenBatch batch;
@@ -49,7 +49,7 @@ absl::StatusOr<TokenBatch> BatchFromOffsets(CopyTokensFn copy, const GptConfig& 
   return batch;
 }
 
-absl::StatusOr<TokenBatch> Sample(int64_t size, CopyTokensFn copy, const GptConfig& config,
+absl::StatusOr<TokenBatch> Sample(int64_t size, CopyTokensFn copy, const TransformerConfig& config,
                                   int rows, uint64_t seed, int step, Words words) {
   const int64_t row_len = int64_t{config.seq_len} + 1;
   RETURN_IF_ERROR(CheckLength(size, row_len, words));
@@ -65,7 +65,7 @@ absl::StatusOr<TokenBatch> Sample(int64_t size, CopyTokensFn copy, const GptConf
   return BatchFromOffsets(copy, config, offsets, words);
 }
 
-absl::StatusOr<TokenBatch> Leading(int64_t size, CopyTokensFn copy, const GptConfig& config,
+absl::StatusOr<TokenBatch> Leading(int64_t size, CopyTokensFn copy, const TransformerConfig& config,
                                    int rows, Words words) {
   const int64_t row_len = int64_t{config.seq_len} + 1;
   RETURN_IF_ERROR(CheckLength(size, row_len * rows, words));
@@ -87,23 +87,25 @@ absl::Status CheckTextLength(absl::string_view text, int64_t needed) {
   return CheckLength(static_cast<int64_t>(text.size()), needed, kTextWords);
 }
 
-absl::StatusOr<TokenBatch> SampleBatch(int64_t size, CopyTokensFn copy, const GptConfig& config,
-                                       int rows, uint64_t seed, int step) {
+absl::StatusOr<TokenBatch> SampleBatch(int64_t size, CopyTokensFn copy,
+                                       const TransformerConfig& config, int rows, uint64_t seed,
+                                       int step) {
   return Sample(size, copy, config, rows, seed, step, kStreamWords);
 }
 
-absl::StatusOr<TokenBatch> SampleBatch(absl::string_view text, const GptConfig& config, int rows,
-                                       uint64_t seed, int step) {
+absl::StatusOr<TokenBatch> SampleBatch(absl::string_view text, const TransformerConfig& config,
+                                       int rows, uint64_t seed, int step) {
   return Sample(static_cast<int64_t>(text.size()), TextCopier(text), config, rows, seed, step,
                 kTextWords);
 }
 
-absl::StatusOr<TokenBatch> LeadingBatch(int64_t size, CopyTokensFn copy, const GptConfig& config,
-                                        int rows) {
+absl::StatusOr<TokenBatch> LeadingBatch(int64_t size, CopyTokensFn copy,
+                                        const TransformerConfig& config, int rows) {
   return Leading(size, copy, config, rows, kStreamWords);
 }
 
-absl::StatusOr<TokenBatch> LeadingBatch(absl::string_view text, const GptConfig& config, int rows) {
+absl::StatusOr<TokenBatch> LeadingBatch(absl::string_view text, const TransformerConfig& config,
+                                        int rows) {
   return Leading(static_cast<int64_t>(text.size()), TextCopier(text), config, rows, kTextWords);
 }
 

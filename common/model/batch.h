@@ -10,7 +10,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 #include "common/tensor.h"
 
 namespace pipetrain::model {
@@ -30,15 +30,16 @@ using CopyTokensFn = absl::FunctionRef<void(int64_t start, int64_t n, int32_t* o
 // Rows start at offsets drawn by a counter PRNG from (seed, step, row), uniform over
 // [0, size - T - 1]: the same batches on every machine. Fails if the stream is shorter
 // than T + 1 tokens or a token is outside the vocabulary.
-absl::StatusOr<TokenBatch> SampleBatch(int64_t size, CopyTokensFn copy, const GptConfig& config,
-                                       int rows, uint64_t seed, int step);
+absl::StatusOr<TokenBatch> SampleBatch(int64_t size, CopyTokensFn copy,
+                                       const TransformerConfig& config, int rows, uint64_t seed,
+                                       int step);
 // The same over a text, whose bytes are the tokens.
-absl::StatusOr<TokenBatch> SampleBatch(absl::string_view text, const GptConfig& config,
+absl::StatusOr<TokenBatch> SampleBatch(absl::string_view text, const TransformerConfig& config,
                                        int rows, uint64_t seed, int step);
 // The first rows * (T + 1) tokens as consecutive rows (what `pipetrain eval` reads).
-absl::StatusOr<TokenBatch> LeadingBatch(int64_t size, CopyTokensFn copy, const GptConfig& config,
-                                        int rows);
-absl::StatusOr<TokenBatch> LeadingBatch(absl::string_view text, const GptConfig& config,
+absl::StatusOr<TokenBatch> LeadingBatch(int64_t size, CopyTokensFn copy,
+                                        const TransformerConfig& config, int rows);
+absl::StatusOr<TokenBatch> LeadingBatch(absl::string_view text, const TransformerConfig& config,
                                         int rows);
 // Checks that a text holds at least `needed` bytes (rows of seq_len + 1 bytes).
 absl::Status CheckTextLength(absl::string_view text, int64_t needed);

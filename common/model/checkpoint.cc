@@ -64,7 +64,7 @@ std::string DTypeNames(std::span<const DType> dtypes) {
 }
 
 // Every tensor a checkpoint of this range holds, in file order.
-std::vector<ParamSpec> ExpectedTensors(const GptConfig& config, int begin, int end,
+std::vector<ParamSpec> ExpectedTensors(const TransformerConfig& config, int begin, int end,
                                        bool with_optimizer) {
   std::vector<ParamSpec> params = CheckpointParams(config, begin, end);
   if (!with_optimizer) return params;
@@ -85,7 +85,8 @@ std::vector<Described> Describe(const ParamMap& tensors, absl::string_view prefi
   return out;
 }
 
-absl::Status CheckRange(const GptConfig& config, int begin, int end, absl::string_view what) {
+absl::Status CheckRange(const TransformerConfig& config, int begin, int end,
+                        absl::string_view what) {
   if (begin < 0 || begin >= end || end > config.num_pipeline_layers()) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": pipeline layers ", RangeString(begin, end), " are not a range within [0, ",
@@ -156,7 +157,7 @@ absl::StatusOr<int> ParseConfigField(const SafetensorsMetadata& metadata, const 
 }
 
 // The architecture and its fields of a file's kKeyModel entry, into config.
-absl::Status ParseFamilyFields(const std::string& json, GptConfig& config,
+absl::Status ParseFamilyFields(const std::string& json, TransformerConfig& config,
                                absl::string_view source) {
   pipetrain::v1::ModelConfig proto;
   if (auto s = google::protobuf::util::JsonStringToMessage(json, &proto); !s.ok()) {
@@ -360,7 +361,8 @@ absl::Status CheckTensorSet(const std::vector<ParamSpec>& expected,
   return absl::InvalidArgumentError(absl::StrCat(what, ": ", absl::StrJoin(problems, "; ")));
 }
 
-absl::Status ConfigsMatch(const GptConfig& file, const GptConfig& want, absl::string_view source) {
+absl::Status ConfigsMatch(const TransformerConfig& file, const TransformerConfig& want,
+                          absl::string_view source) {
   for (auto [a, b, field] : {std::tuple{file.vocab_size, want.vocab_size, "vocab_size"},
                              {file.seq_len, want.seq_len, "seq_len"},
                              {file.d_model, want.d_model, "d_model"},
@@ -403,8 +405,8 @@ absl::Status ConfigsMatch(const GptConfig& file, const GptConfig& want, absl::st
   return absl::OkStatus();
 }
 
-absl::Status ValidateParams(const GptConfig& config, int begin, int end, const ParamMap& params,
-                            absl::string_view what) {
+absl::Status ValidateParams(const TransformerConfig& config, int begin, int end,
+                            const ParamMap& params, absl::string_view what) {
   RETURN_IF_ERROR(CheckRange(config, begin, end, what));
   return CheckTensorSet(CheckpointParams(config, begin, end), Describe(params), what);
 }
@@ -547,7 +549,7 @@ absl::Status WriteCheckpointIndex(const std::string& index_path,
   nlohmann::json weight_map = nlohmann::json::object();
   std::map<std::string, std::string> owner;  // tensor name -> shard path, for errors
   uint64_t total_size = 0;
-  std::optional<GptConfig> config;
+  std::optional<TransformerConfig> config;
   for (const std::string& shard : shard_paths) {
     ASSIGN_OR_RETURN(const CheckpointInfo info, ReadCheckpointInfo(shard));
     if (config) {

@@ -9,7 +9,7 @@
 // "optimizer.v.<param name>" (same shapes, same order). __metadata__ (all strings):
 //   format            "pt" (what Hugging Face loaders expect of a PyTorch checkpoint)
 //   pipetrain_format  kCheckpointFormatVersion
-//   vocab_size, seq_len, d_model, n_heads, n_layers   the GptConfig
+//   vocab_size, seq_len, d_model, n_heads, n_layers   the TransformerConfig
 //   pipetrain_layers  "begin:end" (absent: the whole model)
 //   pipetrain_optimizer_step   present only with optimizer state: AdamW's update count
 //   pipetrain_precision        the training.precision the state was trained in (a name
@@ -29,7 +29,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 #include "common/tensor.h"
 
 namespace pipetrain::model {
@@ -53,7 +53,7 @@ struct AdamWState {
 };
 
 struct Checkpoint {
-  GptConfig config;
+  TransformerConfig config;
   int layer_begin = 0;  // pipeline layers [layer_begin, layer_end)
   int layer_end = 0;
   ParamMap params;
@@ -65,7 +65,7 @@ struct Checkpoint {
 
 // What a file's header says, read without its data.
 struct CheckpointInfo {
-  GptConfig config;
+  TransformerConfig config;
   int layer_begin = 0;
   int layer_end = 0;
   bool has_optimizer = false;
@@ -92,14 +92,15 @@ absl::Status CheckTensorSet(const std::vector<ParamSpec>& expected,
 
 // Every field of `file` (a checkpoint's config) equals `want`'s; the error starts with
 // `source` and names the first model.* field that differs, with both values.
-absl::Status ConfigsMatch(const GptConfig& file, const GptConfig& want, absl::string_view source);
+absl::Status ConfigsMatch(const TransformerConfig& file, const TransformerConfig& want,
+                          absl::string_view source);
 
 // Checks that `params` holds exactly the parameters of layers [begin, end) of `config`
 // (RangeParams): every name present, F32, the exact shape, nothing else. The error
 // (InvalidArgument) starts with `what` and lists the missing, unexpected, mis-typed and
 // mis-shaped tensors by name.
-absl::Status ValidateParams(const GptConfig& config, int begin, int end, const ParamMap& params,
-                            absl::string_view what);
+absl::Status ValidateParams(const TransformerConfig& config, int begin, int end,
+                            const ParamMap& params, absl::string_view what);
 
 // The __metadata__ of a checkpoint of `checkpoint`'s config and range.
 std::map<std::string, std::string> CheckpointMetadata(const Checkpoint& checkpoint);

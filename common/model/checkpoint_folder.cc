@@ -212,9 +212,9 @@ absl::StatusOr<model::Checkpoint> LoadWholeCheckpoint(const std::string& path,
   return whole;
 }
 
-absl::StatusOr<Checkpoint> FitCheckpointToModel(Checkpoint whole, const GptConfig& model,
+absl::StatusOr<Checkpoint> FitCheckpointToModel(Checkpoint whole, const TransformerConfig& model,
                                                 absl::string_view source) {
-  const GptConfig& file = whole.config;
+  const TransformerConfig& file = whole.config;
   if (whole.layer_begin != 0 || whole.layer_end != file.num_pipeline_layers()) {
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": holds pipeline layers [", whole.layer_begin, ", ", whole.layer_end,

@@ -61,7 +61,7 @@ absl::StatusOr<model::Checkpoint> LoadWholeModel(const std::string& path, const 
 // first model.seq_len rows of each position table (ParamSpec::per_position: GPT-2's
 // transformer.wpe.weight) and of its AdamW moments, as a GPT-2 with n_positions 1024
 // trained on shorter sequences would.
-absl::StatusOr<Checkpoint> FitCheckpointToModel(Checkpoint whole, const GptConfig& model,
+absl::StatusOr<Checkpoint> FitCheckpointToModel(Checkpoint whole, const TransformerConfig& model,
                                                 absl::string_view source);
 
 // Layers [begin, end) of a whole-model checkpoint, optimizer state included when present.

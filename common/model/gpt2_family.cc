@@ -18,7 +18,7 @@ constexpr int64_t kTrainingStateTensors = 4;
 // The whole model's parameter count and its training state bytes in checked 64-bit
 // arithmetic, so a shape whose count or bytes do not fit is refused here, naming the
 // field, instead of wrapping in a planner estimate or an allocation size later.
-absl::Status CheckModelSize(const GptConfig& c) {
+absl::Status CheckModelSize(const TransformerConfig& c) {
   const int64_t C = c.d_model, V = c.vocab_size, T = c.seq_len, L = c.n_layers;
   ASSIGN_OR_RETURN(int64_t wte, common::CheckedMul(V, C, "model.vocab_size x model.d_model"));
   ASSIGN_OR_RETURN(int64_t wpe, common::CheckedMul(T, C, "model.seq_len x model.d_model"));
@@ -42,7 +42,7 @@ absl::Status CheckModelSize(const GptConfig& c) {
       .status();
 }
 
-std::vector<ParamSpec> EmbeddingParams(const GptConfig& c) {
+std::vector<ParamSpec> EmbeddingParams(const TransformerConfig& c) {
   const int64_t C = c.d_model, V = c.vocab_size, T = c.seq_len;
   std::vector<ParamSpec> p(Gpt2Embedding::kNumParams);
   p[Gpt2Embedding::kWte] = {kTokenEmbeddingName, {V, C}, true, "", ParamInit::kNormal};
@@ -51,7 +51,7 @@ std::vector<ParamSpec> EmbeddingParams(const GptConfig& c) {
   return p;
 }
 
-std::vector<ParamSpec> BlockParams(const GptConfig& c, int block) {
+std::vector<ParamSpec> BlockParams(const TransformerConfig& c, int block) {
   const int64_t C = c.d_model, F = c.mlp_dim();
   const std::string n = absl::StrCat("transformer.h.", block, ".");
   using B = Gpt2Block;
@@ -73,7 +73,7 @@ std::vector<ParamSpec> BlockParams(const GptConfig& c, int block) {
   return p;
 }
 
-std::vector<ParamSpec> HeadParams(const GptConfig& c) {
+std::vector<ParamSpec> HeadParams(const TransformerConfig& c) {
   const int64_t C = c.d_model, V = c.vocab_size;
   std::vector<ParamSpec> p(Gpt2Head::kNumParams);
   p[Gpt2Head::kLnFWeight] = {"transformer.ln_f.weight", {C}, false, "", ParamInit::kOnes};
@@ -87,7 +87,7 @@ class Gpt2 : public ModelFamily {
  public:
   absl::string_view name() const override { return "gpt2"; }
 
-  absl::Status Validate(const GptConfig& c) const override {
+  absl::Status Validate(const TransformerConfig& c) const override {
     if (c.n_kv_heads != 0 || c.ffn_dim != 0 || c.rope_theta != 0 || c.norm_eps != 0 ||
         c.rope_scaling != RopeScaling{}) {
       return absl::InvalidArgumentError(
@@ -107,9 +107,10 @@ class Gpt2 : public ModelFamily {
     return CheckModelSize(c);
   }
 
-  int MlpDim(const GptConfig& c) const override { return kMlpWidth * c.d_model; }
+  int MlpDim(const TransformerConfig& c) const override { return kMlpWidth * c.d_model; }
 
-  absl::Status FieldsFromProto(const pipetrain::v1::ModelConfig& p, GptConfig&) const override {
+  absl::Status FieldsFromProto(const pipetrain::v1::ModelConfig& p,
+                               TransformerConfig&) const override {
     for (auto [given, field] : {std::pair{p.has_n_kv_heads(), "n_kv_heads"},
                                 {p.has_ffn_dim(), "ffn_dim"},
                                 {p.has_rope_theta(), "rope_theta"},
@@ -122,9 +123,9 @@ class Gpt2 : public ModelFamily {
     }
     return absl::OkStatus();
   }
-  void FieldsToProto(const GptConfig&, pipetrain::v1::ModelConfig&) const override {}
+  void FieldsToProto(const TransformerConfig&, pipetrain::v1::ModelConfig&) const override {}
 
-  std::vector<ParamSpec> LayerParams(const GptConfig& c, int layer) const override {
+  std::vector<ParamSpec> LayerParams(const TransformerConfig& c, int layer) const override {
     switch (KindOfLayer(c, layer)) {
       case LayerKind::kEmbedding:
         return EmbeddingParams(c);
@@ -136,7 +137,7 @@ class Gpt2 : public ModelFamily {
     return {};
   }
 
-  int64_t ParamsOfLayer(const GptConfig& c, int layer) const override {
+  int64_t ParamsOfLayer(const TransformerConfig& c, int layer) const override {
     // LayerParams' tensors counted without building them (found by
     // tests/fuzz/configure_fuzz: a Configure that took over 10 s to refuse).
     const int64_t C = c.d_model, V = c.vocab_size, T = c.seq_len, F = MlpDim(c);
@@ -152,7 +153,7 @@ class Gpt2 : public ModelFamily {
     return 0;
   }
 
-  LayerCost CostOfLayer(const GptConfig& c, int layer, DType products) const override {
+  LayerCost CostOfLayer(const TransformerConfig& c, int layer, DType products) const override {
     // Activations are held in fp32; those kept only for a product, as product copies:
     // in the products' dtype where it is not fp32.
     const DType activations = DType::kF32;
@@ -172,13 +173,15 @@ class Gpt2 : public ModelFamily {
     return cost;
   }
   // Learned positions are parameters: a GPT-2 chunk shares no tables.
-  uint64_t ChunkTableBytes(const GptConfig&, int, int) const override { return 0; }
+  uint64_t ChunkTableBytes(const TransformerConfig&, int, int) const override { return 0; }
 
-  absl::StatusOr<GptConfig> ParseHfConfig(absl::string_view json,
-                                          const std::string& source) const override {
+  absl::StatusOr<TransformerConfig> ParseHfConfig(absl::string_view json,
+                                                  const std::string& source) const override {
     return ParseHfGpt2Config(json, source);
   }
-  std::string HfConfigJson(const GptConfig& c) const override { return HfGpt2ConfigJson(c); }
+  std::string HfConfigJson(const TransformerConfig& c) const override {
+    return HfGpt2ConfigJson(c);
+  }
   std::optional<std::string> ParamOfHfTensor(
       absl::string_view file_name, const std::set<std::string>& expected) const override {
     return Gpt2ParamOfHfTensor(file_name, expected);
@@ -186,12 +189,12 @@ class Gpt2 : public ModelFamily {
   absl::string_view hf_renamed_note() const override {
     return "names shown with the transformer. prefix";
   }
-  std::string DescribeFields(const GptConfig&) const override { return ""; }
+  std::string DescribeFields(const TransformerConfig&) const override { return ""; }
 
  private:
   static constexpr int kMlpWidth = 4;  // the MLP is 4 x d_model wide
 
-  static void EmbeddingCost(const GptConfig& c, DType activations, LayerCost& cost) {
+  static void EmbeddingCost(const TransformerConfig& c, DType activations, LayerCost& cost) {
     const double C = c.d_model, a = common::DTypeSize(activations);
     const double id = common::DTypeSize(DType::kI32);
     cost.forward_flops = C;         // one add per channel
@@ -203,7 +206,8 @@ class Gpt2 : public ModelFamily {
     cost.output_bytes = C * a;
   }
 
-  static void BlockCost(const GptConfig& c, DType activations, DType products, LayerCost& cost) {
+  static void BlockCost(const TransformerConfig& c, DType activations, DType products,
+                        LayerCost& cost) {
     const double C = c.d_model, T = c.seq_len, H = c.n_heads, F = c.mlp_dim();
     const double a = common::DTypeSize(activations), p = common::DTypeSize(products);
     // Matrix products: qkv 6C^2, proj 2C^2, mlp 16C^2; attention 4TC (scores, mix).
@@ -223,7 +227,8 @@ class Gpt2 : public ModelFamily {
     cost.weight_grad_bytes = (4 * C - H * T) * a;
   }
 
-  static void HeadCost(const GptConfig& c, DType activations, DType products, LayerCost& cost) {
+  static void HeadCost(const TransformerConfig& c, DType activations, DType products,
+                       LayerCost& cost) {
     const double C = c.d_model, V = c.vocab_size, a = common::DTypeSize(activations);
     const double p = common::DTypeSize(products);
     const double id = common::DTypeSize(DType::kI32);

@@ -294,7 +294,7 @@ absl::StatusOr<Checkpoint> LoadHfFolder(const std::string& dir) {
 
 absl::Status ExportHfFolder(const Checkpoint& checkpoint, const std::string& dir,
                             const HfWeightsDType& weights) {
-  const GptConfig& config = checkpoint.config;
+  const TransformerConfig& config = checkpoint.config;
   if (checkpoint.layer_begin != 0 || checkpoint.layer_end != config.num_pipeline_layers()) {
     return absl::InvalidArgumentError(
         absl::StrCat("the checkpoint holds pipeline layers [", checkpoint.layer_begin, ", ",

@@ -50,7 +50,8 @@ bool IsAttentionBuffer(absl::string_view name) {
 
 }  // namespace
 
-absl::StatusOr<GptConfig> ParseHfGpt2Config(absl::string_view text, const std::string& source) {
+absl::StatusOr<TransformerConfig> ParseHfGpt2Config(absl::string_view text,
+                                                    const std::string& source) {
   const Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return Invalid(source, "is not a JSON object");
   if (const Json* type = Field(j, "model_type");
@@ -58,7 +59,7 @@ absl::StatusOr<GptConfig> ParseHfGpt2Config(absl::string_view text, const std::s
     return Invalid(source, absl::StrCat("model_type is ", type->dump(),
                                         "; only GPT-2 folders (\"gpt2\") can be read"));
   }
-  GptConfig c;
+  TransformerConfig c;
   ASSIGN_OR_RETURN(c.vocab_size, PositiveInt(j, "vocab_size", source));
   ASSIGN_OR_RETURN(c.d_model, PositiveInt(j, "n_embd", source));
   ASSIGN_OR_RETURN(c.n_layers, PositiveInt(j, "n_layer", source));
@@ -105,7 +106,7 @@ absl::StatusOr<GptConfig> ParseHfGpt2Config(absl::string_view text, const std::s
   return c;
 }
 
-std::string HfGpt2ConfigJson(const GptConfig& c) {
+std::string HfGpt2ConfigJson(const TransformerConfig& c) {
   nlohmann::ordered_json j = {
       {"model_type", "gpt2"},
       {"architectures", {"GPT2LMHeadModel"}},

@@ -12,24 +12,25 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 
 namespace pipetrain::model {
 
 // What from_pretrained and our config.json call the GELU we compute (the tanh form).
 inline constexpr char kHfActivation[] = "gelu_new";
 
-// The GptConfig a GPT-2 config.json describes: vocab_size, n_embd, n_layer, n_head,
+// The TransformerConfig a GPT-2 config.json describes: vocab_size, n_embd, n_layer, n_head,
 // n_positions (or n_ctx when it is absent) become vocab_size, d_model, n_layers, n_heads
 // and seq_len; tie_word_embeddings (default true) becomes tie_embeddings. Fields that would
 // change the function (activation_function, layer_norm_epsilon, n_inner,
 // scale_attn_weights, scale_attn_by_inverse_layer_idx, add_cross_attention, model_type)
 // must say what this model computes. Errors (InvalidArgument) start with `source` and name
 // the field.
-absl::StatusOr<GptConfig> ParseHfGpt2Config(absl::string_view json, const std::string& source);
+absl::StatusOr<TransformerConfig> ParseHfGpt2Config(absl::string_view json,
+                                                    const std::string& source);
 
 // The config.json of an exported GPT-2 folder (pretty-printed, ends in a newline).
-std::string HfGpt2ConfigJson(const GptConfig& config);
+std::string HfGpt2ConfigJson(const TransformerConfig& config);
 
 // The parameter a GPT-2 file's tensor holds: its name, or with the "transformer." prefix
 // when `expected` has that; nullopt for an attention-mask buffer.

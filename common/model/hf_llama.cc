@@ -59,7 +59,8 @@ absl::StatusOr<RopeScaling> ParseRopeScaling(const Json& j, absl::string_view so
 }
 
 // What this model does not compute, refused naming the field.
-absl::Status RefuseOtherArchitectures(const Json& j, const GptConfig& c, absl::string_view source) {
+absl::Status RefuseOtherArchitectures(const Json& j, const TransformerConfig& c,
+                                      absl::string_view source) {
   RETURN_IF_ERROR(hf::RequireBool(j, "attention_bias", false, "this model has no biases", source));
   RETURN_IF_ERROR(hf::RequireBool(j, "mlp_bias", false, "this model has no biases", source));
   if (const Json* act = Field(j, "hidden_act"); act != nullptr && *act != "silu") {
@@ -83,7 +84,8 @@ absl::Status RefuseOtherArchitectures(const Json& j, const GptConfig& c, absl::s
 
 }  // namespace
 
-absl::StatusOr<GptConfig> ParseHfLlamaConfig(absl::string_view text, const std::string& source) {
+absl::StatusOr<TransformerConfig> ParseHfLlamaConfig(absl::string_view text,
+                                                     const std::string& source) {
   const Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object()) return Invalid(source, "is not a JSON object");
   if (const Json* type = Field(j, "model_type"); type == nullptr || *type != kLlamaFamily) {
@@ -91,7 +93,7 @@ absl::StatusOr<GptConfig> ParseHfLlamaConfig(absl::string_view text, const std::
                                         type == nullptr ? "missing" : type->dump(),
                                         "; this reader takes Llama folders (\"llama\")"));
   }
-  GptConfig c;
+  TransformerConfig c;
   c.family = kLlamaFamily;
   ASSIGN_OR_RETURN(c.vocab_size, PositiveInt(j, "vocab_size", source));
   ASSIGN_OR_RETURN(c.seq_len, PositiveInt(j, "max_position_embeddings", source));
@@ -114,7 +116,7 @@ absl::StatusOr<GptConfig> ParseHfLlamaConfig(absl::string_view text, const std::
   return c;
 }
 
-std::string HfLlamaConfigJson(const GptConfig& c) {
+std::string HfLlamaConfigJson(const TransformerConfig& c) {
   nlohmann::ordered_json j = {
       {"model_type", kLlamaFamily},
       {"architectures", {"LlamaForCausalLM"}},

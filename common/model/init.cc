@@ -46,7 +46,7 @@ namespace {
 
 // The stream parameter i of a layer draws from: its own, or for a tied copy its
 // original's (in pipeline layer 0), so that the copy starts equal to it.
-uint64_t StreamOf(const GptConfig& config, int pipeline_layer, int i, const ParamSpec& spec,
+uint64_t StreamOf(const TransformerConfig& config, int pipeline_layer, int i, const ParamSpec& spec,
                   uint64_t seed) {
   if (spec.tied_to.empty()) return InitStreamKey(seed, pipeline_layer, i);
   const std::vector<ParamSpec> originals = LayerParams(config, 0);
@@ -58,7 +58,7 @@ uint64_t StreamOf(const GptConfig& config, int pipeline_layer, int i, const Para
 
 }  // namespace
 
-std::vector<std::vector<float>> InitLayerParams(const GptConfig& config, int pipeline_layer,
+std::vector<std::vector<float>> InitLayerParams(const TransformerConfig& config, int pipeline_layer,
                                                 uint64_t seed) {
   const std::vector<ParamSpec> specs = LayerParams(config, pipeline_layer);
   std::vector<std::vector<float>> values;

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 
 namespace pipetrain::model {
 
@@ -23,7 +23,7 @@ uint64_t InitStreamKey(uint64_t seed, int pipeline_layer, int param_index);
 // ParamSpec::init says (GPT-2's scheme): kNormal ~ N(0, 0.02), kResidualNormal ~ N(0,
 // 0.02 / sqrt(2 n_layers)), kZeros, kOnes. A tied copy (tie_embeddings) is drawn from its
 // original's stream, so it starts equal to it.
-std::vector<std::vector<float>> InitLayerParams(const GptConfig& config, int pipeline_layer,
+std::vector<std::vector<float>> InitLayerParams(const TransformerConfig& config, int pipeline_layer,
                                                 uint64_t seed);
 
 }  // namespace pipetrain::model

@@ -21,7 +21,7 @@ absl::Status Invalid(absl::string_view field, absl::string_view what) {
 
 // The whole model's parameters times the 4 fp32 tensors of training state, in checked
 // arithmetic: a shape that does not fit is refused naming the fields.
-absl::Status CheckModelSize(const GptConfig& c) {
+absl::Status CheckModelSize(const TransformerConfig& c) {
   const int64_t C = c.d_model, V = c.vocab_size, L = c.n_layers, F = c.ffn_dim;
   const int64_t KV = int64_t{c.kv_heads()} * c.head_dim();
   ASSIGN_OR_RETURN(int64_t vc, common::CheckedMul(V, C, "model.vocab_size x model.d_model"));
@@ -66,7 +66,7 @@ absl::StatusOr<RopeScaling> RopeScalingFromProto(const pipetrain::v1::RopeScalin
                      p.original_max_position_embeddings()};
 }
 
-std::vector<ParamSpec> BlockParams(const GptConfig& c, int block) {
+std::vector<ParamSpec> BlockParams(const TransformerConfig& c, int block) {
   const int64_t C = c.d_model, F = c.ffn_dim, hs = c.head_dim();
   const int64_t Q = int64_t{c.n_heads} * hs, KV = int64_t{c.kv_heads()} * hs;
   const std::string n = absl::StrCat("model.layers.", block, ".");
@@ -90,7 +90,7 @@ class Llama : public ModelFamily {
  public:
   absl::string_view name() const override { return kLlamaFamily; }
 
-  absl::Status Validate(const GptConfig& c) const override {
+  absl::Status Validate(const TransformerConfig& c) const override {
     if (c.d_model % c.n_heads != 0 || c.head_dim() % 2 != 0) {
       return Invalid("n_heads", absl::StrCat("(", c.n_heads, ") must divide model.d_model (",
                                              c.d_model, ") into heads of an even width (the "
@@ -115,9 +115,10 @@ class Llama : public ModelFamily {
     return CheckModelSize(c);
   }
 
-  int MlpDim(const GptConfig& c) const override { return c.ffn_dim; }
+  int MlpDim(const TransformerConfig& c) const override { return c.ffn_dim; }
 
-  absl::Status FieldsFromProto(const pipetrain::v1::ModelConfig& p, GptConfig& c) const override {
+  absl::Status FieldsFromProto(const pipetrain::v1::ModelConfig& p,
+                               TransformerConfig& c) const override {
     c.n_kv_heads = p.has_n_kv_heads() ? p.n_kv_heads() : c.n_heads;
     c.ffn_dim = p.has_ffn_dim() ? p.ffn_dim() : LlamaDefaultFfnDim(c.d_model);
     c.rope_theta = p.has_rope_theta() ? p.rope_theta() : kLlamaDefaultRopeTheta;
@@ -129,7 +130,7 @@ class Llama : public ModelFamily {
     return absl::OkStatus();
   }
 
-  void FieldsToProto(const GptConfig& c, pipetrain::v1::ModelConfig& p) const override {
+  void FieldsToProto(const TransformerConfig& c, pipetrain::v1::ModelConfig& p) const override {
     p.set_n_kv_heads(c.n_kv_heads);
     p.set_ffn_dim(c.ffn_dim);
     p.set_rope_theta(c.rope_theta);
@@ -144,7 +145,7 @@ class Llama : public ModelFamily {
     }
   }
 
-  std::vector<ParamSpec> LayerParams(const GptConfig& c, int layer) const override {
+  std::vector<ParamSpec> LayerParams(const TransformerConfig& c, int layer) const override {
     const int64_t C = c.d_model, V = c.vocab_size;
     switch (KindOfLayer(c, layer)) {
       case LayerKind::kEmbedding:
@@ -159,7 +160,7 @@ class Llama : public ModelFamily {
     return {};
   }
 
-  int64_t ParamsOfLayer(const GptConfig& c, int layer) const override {
+  int64_t ParamsOfLayer(const TransformerConfig& c, int layer) const override {
     const int64_t C = c.d_model, V = c.vocab_size, F = c.ffn_dim;
     const int64_t KV = int64_t{c.kv_heads()} * c.head_dim();
     switch (KindOfLayer(c, layer)) {
@@ -173,7 +174,7 @@ class Llama : public ModelFamily {
     return 0;
   }
 
-  LayerCost CostOfLayer(const GptConfig& c, int layer, DType products) const override {
+  LayerCost CostOfLayer(const TransformerConfig& c, int layer, DType products) const override {
     LayerCost cost;
     cost.params = ParamsOfLayer(c, layer);
     const double a = common::DTypeSize(DType::kF32), p = common::DTypeSize(products);
@@ -204,28 +205,30 @@ class Llama : public ModelFamily {
   }
   // The blocks of a chunk share one pair of rotary tables; the embedding and the head
   // read none.
-  uint64_t ChunkTableBytes(const GptConfig& c, int begin, int end) const override {
+  uint64_t ChunkTableBytes(const TransformerConfig& c, int begin, int end) const override {
     const int64_t first_block = std::max<int64_t>(begin, 1);
     const int64_t blocks_end = std::min<int64_t>(end, int64_t{c.n_layers} + 1);
     return first_block < blocks_end ? RotaryTableBytes(c) : 0;
   }
 
-  absl::StatusOr<GptConfig> ParseHfConfig(absl::string_view json,
-                                          const std::string& source) const override {
+  absl::StatusOr<TransformerConfig> ParseHfConfig(absl::string_view json,
+                                                  const std::string& source) const override {
     return ParseHfLlamaConfig(json, source);
   }
-  std::string HfConfigJson(const GptConfig& c) const override { return HfLlamaConfigJson(c); }
+  std::string HfConfigJson(const TransformerConfig& c) const override {
+    return HfLlamaConfigJson(c);
+  }
   std::optional<std::string> ParamOfHfTensor(
       absl::string_view file_name, const std::set<std::string>& expected) const override {
     return LlamaParamOfHfTensor(file_name, expected);
   }
   absl::string_view hf_renamed_note() const override { return "names as Hugging Face's"; }
-  std::string DescribeFields(const GptConfig& c) const override {
+  std::string DescribeFields(const TransformerConfig& c) const override {
     return absl::StrCat(", llama: n_kv_heads ", c.kv_heads(), ", ffn_dim ", c.ffn_dim);
   }
 
  private:
-  static void BlockCost(const GptConfig& c, double a, double p, LayerCost& cost) {
+  static void BlockCost(const TransformerConfig& c, double a, double p, LayerCost& cost) {
     const double C = c.d_model, T = c.seq_len, H = c.n_heads, F = c.ffn_dim;
     const double W = C + 2.0 * c.kv_heads() * c.head_dim();  // q|k|v's width
     // Products: q|k|v C W, o C^2, gate|up 2 C F, down F C; attention 4 T C.

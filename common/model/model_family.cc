@@ -27,7 +27,7 @@ const ModelFamily* FindFamily(absl::string_view name) {
   return nullptr;
 }
 
-const ModelFamily& FamilyOf(const GptConfig& config) {
+const ModelFamily& FamilyOf(const TransformerConfig& config) {
   const ModelFamily* f = FindFamily(config.family);
   if (f == nullptr) {
     common::LogError("model", absl::StrCat("model family '", config.family,
@@ -38,7 +38,7 @@ const ModelFamily& FamilyOf(const GptConfig& config) {
   return *f;
 }
 
-std::string DescribeModel(const GptConfig& c) {
+std::string DescribeModel(const TransformerConfig& c) {
   return absl::StrCat("vocab_size ", c.vocab_size, ", seq_len ", c.seq_len, ", d_model ",
                       c.d_model, ", n_heads ", c.n_heads, ", n_layers ", c.n_layers,
                       FamilyOf(c).DescribeFields(c));

@@ -25,7 +25,7 @@ double ScaledFrequency(double inv_freq, const RopeScaling& s) {
 
 }  // namespace
 
-std::vector<double> RotaryInverseFrequencies(const GptConfig& c) {
+std::vector<double> RotaryInverseFrequencies(const TransformerConfig& c) {
   const int hs = c.head_dim(), half = hs / 2;
   std::vector<double> inv(half);
   for (int i = 0; i < half; ++i) {
@@ -35,7 +35,7 @@ std::vector<double> RotaryInverseFrequencies(const GptConfig& c) {
   return inv;
 }
 
-RotaryTables MakeRotaryTables(const GptConfig& c) {
+RotaryTables MakeRotaryTables(const TransformerConfig& c) {
   const std::vector<double> inv = RotaryInverseFrequencies(c);
   const size_t half = inv.size();
   RotaryTables t;
@@ -51,7 +51,7 @@ RotaryTables MakeRotaryTables(const GptConfig& c) {
   return t;
 }
 
-uint64_t RotaryTableBytes(const GptConfig& c) {
+uint64_t RotaryTableBytes(const TransformerConfig& c) {
   if (c.seq_len <= 0 || c.n_heads <= 0 || c.head_dim() / 2 <= 0) return 0;
   const uint64_t table = common::SaturatingMul(static_cast<uint64_t>(c.seq_len),
                                                static_cast<uint64_t>(c.head_dim() / 2));

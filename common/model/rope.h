@@ -8,20 +8,20 @@
 #include <cstdint>
 #include <vector>
 
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 
 namespace pipetrain::model {
 
 // inv_freq (hs / 2) of a Llama config.
-std::vector<double> RotaryInverseFrequencies(const GptConfig& config);
+std::vector<double> RotaryInverseFrequencies(const TransformerConfig& config);
 
 // cos and sin of t * inv_freq[i], each (seq_len, hs / 2) row-major.
 struct RotaryTables {
   std::vector<double> cos, sin;
 };
-RotaryTables MakeRotaryTables(const GptConfig& config);
+RotaryTables MakeRotaryTables(const TransformerConfig& config);
 // Bytes of the two tables on a stage, in fp32: 2 x seq_len x hs / 2 x 4, saturating at
 // UINT64_MAX; 0 for a shape without positions or heads.
-uint64_t RotaryTableBytes(const GptConfig& config);
+uint64_t RotaryTableBytes(const TransformerConfig& config);
 
 }  // namespace pipetrain::model

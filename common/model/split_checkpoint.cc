@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 #include "common/status_macros.h"
 #include "common/model/optimizer_split.h"
 

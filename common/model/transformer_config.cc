@@ -1,4 +1,4 @@
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 
 #include <set>
 
@@ -14,7 +14,7 @@ namespace {
 constexpr int kMaxLayers = 1 << 20;
 
 // What every family's config must hold before its family looks at it.
-absl::Status ValidateCommonFields(const GptConfig& c) {
+absl::Status ValidateCommonFields(const TransformerConfig& c) {
   auto positive = [](int v, const char* field) -> absl::Status {
     if (v > 0) return absl::OkStatus();
     return absl::InvalidArgumentError(absl::StrCat("model.", field, " must be > 0 (got ", v, ")"));
@@ -40,14 +40,14 @@ absl::Status ValidateCommonFields(const GptConfig& c) {
 
 }  // namespace
 
-int GptConfig::mlp_dim() const { return FamilyOf(*this).MlpDim(*this); }
+int TransformerConfig::mlp_dim() const { return FamilyOf(*this).MlpDim(*this); }
 
-absl::Status ValidateConfig(const GptConfig& c) {
+absl::Status ValidateConfig(const TransformerConfig& c) {
   if (absl::Status s = ValidateCommonFields(c); !s.ok()) return s;
   return FamilyOf(c).Validate(c);
 }
 
-absl::Status FamilyFieldsFromProto(const pipetrain::v1::ModelConfig& p, GptConfig& c) {
+absl::Status FamilyFieldsFromProto(const pipetrain::v1::ModelConfig& p, TransformerConfig& c) {
   c.family = p.architecture().empty() ? kDefaultFamily : p.architecture();
   const ModelFamily* family = FindFamily(c.family);
   if (family == nullptr) {
@@ -58,15 +58,15 @@ absl::Status FamilyFieldsFromProto(const pipetrain::v1::ModelConfig& p, GptConfi
   return family->FieldsFromProto(p, c);
 }
 
-absl::StatusOr<GptConfig> ConfigFromProto(const pipetrain::v1::ModelConfig& p) {
-  GptConfig c{p.vocab_size(), p.seq_len(), p.d_model(), p.n_heads(), p.n_layers(),
-              p.tie_embeddings()};
+absl::StatusOr<TransformerConfig> ConfigFromProto(const pipetrain::v1::ModelConfig& p) {
+  TransformerConfig c{p.vocab_size(), p.seq_len(), p.d_model(), p.n_heads(), p.n_layers(),
+                      p.tie_embeddings()};
   if (absl::Status s = FamilyFieldsFromProto(p, c); !s.ok()) return s;
   if (absl::Status s = ValidateConfig(c); !s.ok()) return s;
   return c;
 }
 
-pipetrain::v1::ModelConfig ConfigToProto(const GptConfig& c) {
+pipetrain::v1::ModelConfig ConfigToProto(const TransformerConfig& c) {
   pipetrain::v1::ModelConfig p;
   p.set_vocab_size(c.vocab_size);
   p.set_seq_len(c.seq_len);
@@ -79,13 +79,13 @@ pipetrain::v1::ModelConfig ConfigToProto(const GptConfig& c) {
   return p;
 }
 
-LayerKind KindOfLayer(const GptConfig& c, int layer) {
+LayerKind KindOfLayer(const TransformerConfig& c, int layer) {
   if (layer == 0) return LayerKind::kEmbedding;
   if (layer == c.n_layers + 1) return LayerKind::kHead;
   return LayerKind::kBlock;
 }
 
-std::string LayerName(const GptConfig& c, int layer) {
+std::string LayerName(const TransformerConfig& c, int layer) {
   switch (KindOfLayer(c, layer)) {
     case LayerKind::kEmbedding:
       return "embedding";
@@ -103,11 +103,11 @@ int64_t ParamSpec::num_elements() const {
   return n;
 }
 
-std::vector<ParamSpec> LayerParams(const GptConfig& c, int layer) {
+std::vector<ParamSpec> LayerParams(const TransformerConfig& c, int layer) {
   return FamilyOf(c).LayerParams(c, layer);
 }
 
-std::vector<ParamSpec> RangeParams(const GptConfig& c, int begin, int end) {
+std::vector<ParamSpec> RangeParams(const TransformerConfig& c, int begin, int end) {
   std::vector<ParamSpec> out;
   for (int l = begin; l < end; ++l) {
     for (ParamSpec& p : LayerParams(c, l)) out.push_back(std::move(p));
@@ -115,7 +115,7 @@ std::vector<ParamSpec> RangeParams(const GptConfig& c, int begin, int end) {
   return out;
 }
 
-std::vector<ParamSpec> CheckpointParams(const GptConfig& c, int begin, int end) {
+std::vector<ParamSpec> CheckpointParams(const TransformerConfig& c, int begin, int end) {
   std::vector<ParamSpec> all = RangeParams(c, begin, end);
   // The names first: the loop below moves the specs out of `all`.
   std::set<std::string> names;
@@ -127,7 +127,7 @@ std::vector<ParamSpec> CheckpointParams(const GptConfig& c, int begin, int end) 
   return out;
 }
 
-std::optional<TiedParams> TiedParamsOf(const GptConfig& c) {
+std::optional<TiedParams> TiedParamsOf(const TransformerConfig& c) {
   if (!c.tie_embeddings) return std::nullopt;
   for (ParamSpec& p : LayerParams(c, c.num_pipeline_layers() - 1)) {
     if (!p.tied_to.empty()) return TiedParams{std::move(p.tied_to), std::move(p.name)};
@@ -135,20 +135,20 @@ std::optional<TiedParams> TiedParamsOf(const GptConfig& c) {
   return std::nullopt;
 }
 
-int64_t ParamsOfLayer(const GptConfig& c, int layer) {
+int64_t ParamsOfLayer(const TransformerConfig& c, int layer) {
   return FamilyOf(c).ParamsOfLayer(c, layer);
 }
 
-LayerCost CostOfLayer(const GptConfig& c, int layer, common::DType products) {
+LayerCost CostOfLayer(const TransformerConfig& c, int layer, common::DType products) {
   return FamilyOf(c).CostOfLayer(c, layer, products);
 }
 
-uint64_t ChunkTableBytes(const GptConfig& c, int begin, int end) {
+uint64_t ChunkTableBytes(const TransformerConfig& c, int begin, int end) {
   return FamilyOf(c).ChunkTableBytes(c, begin, end);
 }
 
-ChunkMemory ChunkActivationBytes(const GptConfig& config, int begin, int end, bool recompute,
-                                 common::DType products) {
+ChunkMemory ChunkActivationBytes(const TransformerConfig& config, int begin, int end,
+                                 bool recompute, common::DType products) {
   ChunkMemory m;
   double full = 0;
   for (int l = begin; l < end; ++l) {

@@ -1,7 +1,7 @@
 // The model's shape, its pipeline layers and what each costs, as pure figures shared by
 // the compute library (which must match them), the planner (which plans with them) and
 // checkpoints (which name parameters by them). Every figure here is the config's model
-// family's (model_family.h: GPT-2 today); these functions are how the rest of the code
+// family's (model_family.h: GPT-2 or Llama); these functions are how the rest of the code
 // asks for them without knowing which family it holds.
 //
 // Pipeline layers, every family's: index 0 is the embedding, 1..n_layers are the blocks,
@@ -20,7 +20,7 @@
 
 namespace pipetrain::model {
 
-// The family of a config that does not name one (every config until a second exists).
+// The family of a config that does not name one (as configs written before Llama do not).
 inline constexpr char kDefaultFamily[] = "gpt2";
 
 // Llama 3.1's rotary frequency scaling (Hugging Face's rope_scaling, rope_type "llama3");
@@ -33,7 +33,7 @@ struct RopeScaling {
   bool operator==(const RopeScaling&) const = default;
 };
 
-struct GptConfig {
+struct TransformerConfig {
   int vocab_size = 256;
   int seq_len = 0;
   int d_model = 0;
@@ -57,20 +57,21 @@ struct GptConfig {
   int kv_heads() const { return n_kv_heads > 0 ? n_kv_heads : n_heads; }
   int mlp_dim() const;  // the family's width of a block's MLP (GPT-2: 4 x d_model)
   int num_pipeline_layers() const { return n_layers + 2; }
-  bool operator==(const GptConfig&) const = default;
+  bool operator==(const TransformerConfig&) const = default;
 };
 
 // Errors name the field as written in a job spec ("model.d_model").
-absl::Status ValidateConfig(const GptConfig& config);
-absl::StatusOr<GptConfig> ConfigFromProto(const pipetrain::v1::ModelConfig& proto);
+absl::Status ValidateConfig(const TransformerConfig& config);
+absl::StatusOr<TransformerConfig> ConfigFromProto(const pipetrain::v1::ModelConfig& proto);
 // Sets config.family from proto.architecture and the family's own fields (defaults filled
 // in), refusing an unknown architecture and another family's fields. Not validated.
-absl::Status FamilyFieldsFromProto(const pipetrain::v1::ModelConfig& proto, GptConfig& config);
-pipetrain::v1::ModelConfig ConfigToProto(const GptConfig& config);
+absl::Status FamilyFieldsFromProto(const pipetrain::v1::ModelConfig& proto,
+                                   TransformerConfig& config);
+pipetrain::v1::ModelConfig ConfigToProto(const TransformerConfig& config);
 
 enum class LayerKind { kEmbedding, kBlock, kHead };
-LayerKind KindOfLayer(const GptConfig& config, int pipeline_layer);
-std::string LayerName(const GptConfig& config,
+LayerKind KindOfLayer(const TransformerConfig& config, int pipeline_layer);
+std::string LayerName(const TransformerConfig& config,
                       int pipeline_layer);  // "embedding", "block 3", "head"
 
 // How a parameter's first values are drawn (init.h): GPT-2's scheme, which other
@@ -112,20 +113,20 @@ struct ParamSpec {
 };
 
 // The parameters of one pipeline layer, in a fixed order.
-std::vector<ParamSpec> LayerParams(const GptConfig& config, int pipeline_layer);
+std::vector<ParamSpec> LayerParams(const TransformerConfig& config, int pipeline_layer);
 // The parameters of pipeline layers [begin, end), in order.
-std::vector<ParamSpec> RangeParams(const GptConfig& config, int begin, int end);
+std::vector<ParamSpec> RangeParams(const TransformerConfig& config, int begin, int end);
 // What a checkpoint of layers [begin, end) stores: RangeParams less the tied copies
 // whose original is in the range too. A head-only range keeps its copy, so every
 // stage's file restores its stage alone.
-std::vector<ParamSpec> CheckpointParams(const GptConfig& config, int begin, int end);
+std::vector<ParamSpec> CheckpointParams(const TransformerConfig& config, int begin, int end);
 
 // With tie_embeddings, the token embedding and the head's copy of it, by name.
 struct TiedParams {
   std::string embedding;  // the original, in pipeline layer 0
   std::string head;       // the copy, in the head
 };
-std::optional<TiedParams> TiedParamsOf(const GptConfig& config);  // nullopt when untied
+std::optional<TiedParams> TiedParamsOf(const TransformerConfig& config);  // nullopt when untied
 
 // Analytic costs of one pipeline layer, per token of a micro-batch.
 struct LayerCost {
@@ -149,10 +150,10 @@ struct LayerCost {
 // operands of its products, which are kept as product copies in the products' operand
 // dtype `products` (training.precision's: bf16 halves them), and token ids as I32, each
 // sized by the dtype table (common/tensor.h).
-LayerCost CostOfLayer(const GptConfig& config, int pipeline_layer,
+LayerCost CostOfLayer(const TransformerConfig& config, int pipeline_layer,
                       common::DType products = common::DType::kF32);
 // The elements of LayerParams(config, pipeline_layer), counted in closed form (cheap).
-int64_t ParamsOfLayer(const GptConfig& config, int pipeline_layer);
+int64_t ParamsOfLayer(const TransformerConfig& config, int pipeline_layer);
 
 // Activation memory of a model chunk, pipeline layers [begin, end) run as one
 // compute::ModelChunk, in bytes per token of a micro-batch, exactly as it holds them. The
@@ -165,13 +166,13 @@ struct ChunkMemory {
   // A split backward keeps this from its input half until its weight half.
   double weight_grad = 0;
 };
-ChunkMemory ChunkActivationBytes(const GptConfig& config, int begin, int end, bool recompute,
-                                 common::DType products = common::DType::kF32);
+ChunkMemory ChunkActivationBytes(const TransformerConfig& config, int begin, int end,
+                                 bool recompute, common::DType products = common::DType::kF32);
 
 // Bytes a model chunk, pipeline layers [begin, end), holds once whatever its micro-batches:
 // the tables its layers share and only read (ModelFamily::ChunkTableBytes: Llama's rotary
 // angles, one pair per chunk that holds a block; GPT-2's none), saturating. The planner
 // predicts with it, and a stage counts it at Configure and reports it.
-uint64_t ChunkTableBytes(const GptConfig& config, int begin, int end);
+uint64_t ChunkTableBytes(const TransformerConfig& config, int begin, int end);
 
 }  // namespace pipetrain::model

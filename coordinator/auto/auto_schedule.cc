@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 #include "common/status_macros.h"
 #include "common/tensor.h"
 #include "coordinator/spec/job_spec.h"

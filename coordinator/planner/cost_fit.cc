@@ -6,7 +6,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 #include "common/schedule/stage_program.h"
 #include "common/status_macros.h"
 
@@ -245,7 +245,7 @@ absl::StatusOr<CostRates> RatesFromMeasured(const Plan& plan, const MeasuredCost
   if (m.steps() == 0) {
     return absl::FailedPreconditionError("measured costs: no training step was measured");
   }
-  const model::GptConfig& cfg = plan.options.model;
+  const model::TransformerConfig& cfg = plan.options.model;
   // A measured stage ran one replica's micro-batches.
   const double tokens =
       static_cast<double>(plan.options.replica_batch_size() / plan.options.micro_batches) *

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 #include "common/model/precision.h"
 #include "common/schedule/stage_program.h"
 #include "coordinator/planner/generators.h"
@@ -70,7 +70,7 @@ struct CostRates {
 };
 
 struct PlanOptions {
-  model::GptConfig model;
+  model::TransformerConfig model;
   int stages = 1;
   int micro_batches = 1;
   int chunks = 1;

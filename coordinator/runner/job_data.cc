@@ -109,8 +109,9 @@ absl::StatusOr<JobData> LoadTokens(const pb::JobSpec& spec) {
   return data;
 }
 
-absl::StatusOr<model::TokenBatch> Sample(const TokenWindow& w, const model::GptConfig& model,
-                                         int rows, uint64_t seed, int step) {
+absl::StatusOr<model::TokenBatch> Sample(const TokenWindow& w,
+                                         const model::TransformerConfig& model, int rows,
+                                         uint64_t seed, int step) {
   return model::SampleBatch(
       w.size(), [&w](int64_t start, int64_t n, int32_t* out) { w.Copy(start, n, out); }, model,
       rows, seed, step);
@@ -134,13 +135,14 @@ absl::StatusOr<JobData> LoadJobData(const pb::JobSpec& spec) {
   return LoadText(spec);
 }
 
-absl::StatusOr<model::TokenBatch> TrainingBatch(const JobData& data, const model::GptConfig& model,
-                                                int rows, uint64_t seed, int64_t step) {
+absl::StatusOr<model::TokenBatch> TrainingBatch(const JobData& data,
+                                                const model::TransformerConfig& model, int rows,
+                                                uint64_t seed, int64_t step) {
   return Sample(data.train, model, rows, seed, static_cast<int>(step));
 }
 
 absl::StatusOr<model::TokenBatch> ValidationBatch(const JobData& data,
-                                                  const model::GptConfig& model, int rows,
+                                                  const model::TransformerConfig& model, int rows,
                                                   uint64_t seed) {
   const TokenWindow& w = data.validation;
   if (w.size() < int64_t{model.seq_len} + 1) {

@@ -11,7 +11,7 @@
 #include "absl/status/statusor.h"
 #include "common/data/token_file.h"
 #include "common/model/batch.h"
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 #include "pipetrain/v1/job.pb.h"
 
 namespace pipetrain::coordinator {
@@ -53,12 +53,13 @@ struct JobData {
 absl::StatusOr<JobData> LoadJobData(const pipetrain::v1::JobSpec& spec);
 
 // Training batch of step `step` (from 1): `rows` sequences drawn from the training part.
-absl::StatusOr<model::TokenBatch> TrainingBatch(const JobData& data, const model::GptConfig& model,
-                                                int rows, uint64_t seed, int64_t step);
+absl::StatusOr<model::TokenBatch> TrainingBatch(const JobData& data,
+                                                const model::TransformerConfig& model, int rows,
+                                                uint64_t seed, int64_t step);
 // The validation batch: the same `rows` sequences of the validation part every time, so
 // validation losses of different steps compare. FAILED_PRECONDITION if there is none.
 absl::StatusOr<model::TokenBatch> ValidationBatch(const JobData& data,
-                                                  const model::GptConfig& model, int rows,
+                                                  const model::TransformerConfig& model, int rows,
                                                   uint64_t seed);
 
 }  // namespace pipetrain::coordinator

@@ -1,6 +1,6 @@
 #include "coordinator/runner/stage_configure.h"
 
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 
 namespace pipetrain::coordinator {
 

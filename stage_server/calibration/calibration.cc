@@ -29,7 +29,7 @@ struct RoundSeconds {
   double forward = 0, backward_input = 0, backward_weight = 0, optimizer = 0;
 };
 
-absl::StatusOr<RoundSeconds> Round(ChunkCompute& chunk, const model::GptConfig& config,
+absl::StatusOr<RoundSeconds> Round(ChunkCompute& chunk, const model::TransformerConfig& config,
                                    const model::Precision& precision, int rows,
                                    std::mt19937_64& rng) {
   const common::DType dtype = precision.activations;
@@ -61,7 +61,7 @@ absl::StatusOr<RoundSeconds> Round(ChunkCompute& chunk, const model::GptConfig& 
 }  // namespace
 
 absl::StatusOr<CalibrationResult> CalibrateBlock(ChunkCompute& chunk,
-                                                 const model::GptConfig& config,
+                                                 const model::TransformerConfig& config,
                                                  const model::Precision& precision, int rows,
                                                  int repetitions) {
   if (repetitions < 1 || rows < 1) {

@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 #include "common/model/precision.h"
 #include "stage_server/exec/chunk_compute.h"
 #include "stage_server/collective/gradient_reducer.h"
@@ -43,7 +43,7 @@ constexpr int kCalibrationLayer = 1;
 // fresh random inputs; each rate is the median round's seconds over the work.
 // InvalidArgument for repetitions < 1 or rows < 1.
 absl::StatusOr<CalibrationResult> CalibrateBlock(ChunkCompute& chunk,
-                                                 const model::GptConfig& config,
+                                                 const model::TransformerConfig& config,
                                                  const model::Precision& precision, int rows,
                                                  int repetitions);
 

@@ -17,7 +17,7 @@ class Gpt2EmbeddingLayer : public EmbeddingLayer<Real> {
   using E = model::Gpt2Embedding;
 
  public:
-  Gpt2EmbeddingLayer(const model::GptConfig& c, int index, BackendT<Real>* b)
+  Gpt2EmbeddingLayer(const model::TransformerConfig& c, int index, BackendT<Real>* b)
       : EmbeddingLayer<Real>(c, index, b) {}
 
   absl::Status Forward(int B, const void* input, const int32_t* /*targets*/, Real* output,
@@ -39,7 +39,7 @@ class Gpt2EmbeddingLayer : public EmbeddingLayer<Real> {
   }
 
   absl::Status BackwardWeight(Stash<Real>& stash) override {
-    const model::GptConfig& c = this->config_;
+    const model::TransformerConfig& c = this->config_;
     RETURN_IF_ERROR(this->backend_->EmbeddingBackward(
         stash.rows(), c.seq_len, c.d_model, c.vocab_size,
         static_cast<const int32_t*>(stash.input()), stash.get(kDout), this->grad(E::kWte),
@@ -53,7 +53,7 @@ class Gpt2EmbeddingLayer : public EmbeddingLayer<Real> {
 
   // x (B, T, C) of tokens (B, T) at positions first .. first + T - 1.
   absl::Status Embed(int B, int T, int first, const int32_t* tokens, Real* x) {
-    const model::GptConfig& c = this->config_;
+    const model::TransformerConfig& c = this->config_;
     return this->backend_->EmbeddingForward(B, T, c.d_model, c.vocab_size, tokens,
                                             this->param(E::kWte),
                                             this->param(E::kWpe) + int64_t{first} * c.d_model, x);
@@ -67,7 +67,7 @@ class Gpt2BlockLayer : public BlockLayer<Real> {
   using P = model::Gpt2Block;
 
  public:
-  Gpt2BlockLayer(const model::GptConfig& c, int index, BackendT<Real>* b)
+  Gpt2BlockLayer(const model::TransformerConfig& c, int index, BackendT<Real>* b)
       : BlockLayer<Real>(c, index, b) {}
 
   absl::Status Forward(int B, const void* input, const int32_t*, Real* output,
@@ -320,7 +320,7 @@ absl::Status Gpt2BlockLayer<Real>::BackwardWeight(Stash<Real>& s) {
 template <typename Real>
 absl::StatusOr<std::unique_ptr<typename BlockLayer<Real>::Cache>> Gpt2BlockLayer<Real>::NewCache() {
   BackendT<Real>* be = this->backend_;
-  const model::GptConfig& c = this->config_;
+  const model::TransformerConfig& c = this->config_;
   const int64_t C = c.d_model;
   auto cache = std::make_unique<Cache>();
   ASSIGN_OR_RETURN(cache->kv, BackendBuffer<Real>::Elements(be, 2 * int64_t{c.seq_len} * C));
@@ -344,7 +344,7 @@ class Gpt2HeadLayer : public NormedHeadLayer<Real> {
   using P = model::Gpt2Head;
 
  public:
-  Gpt2HeadLayer(const model::GptConfig& c, int index, BackendT<Real>* b)
+  Gpt2HeadLayer(const model::TransformerConfig& c, int index, BackendT<Real>* b)
       : NormedHeadLayer<Real>(c, index, b, P::kLmHead, /*stats_per_row=*/2) {}
 
  private:
@@ -371,8 +371,8 @@ class Gpt2HeadLayer : public NormedHeadLayer<Real> {
 }  // namespace
 
 template <typename Real>
-std::unique_ptr<PipelineLayer<Real>> MakeGpt2Layer(const model::GptConfig& config, int index,
-                                                   BackendT<Real>* backend) {
+std::unique_ptr<PipelineLayer<Real>> MakeGpt2Layer(const model::TransformerConfig& config,
+                                                   int index, BackendT<Real>* backend) {
   switch (model::KindOfLayer(config, index)) {
     case model::LayerKind::kEmbedding:
       return std::make_unique<Gpt2EmbeddingLayer<Real>>(config, index, backend);
@@ -384,9 +384,9 @@ std::unique_ptr<PipelineLayer<Real>> MakeGpt2Layer(const model::GptConfig& confi
   return nullptr;
 }
 
-template std::unique_ptr<PipelineLayer<float>> MakeGpt2Layer(const model::GptConfig&, int,
+template std::unique_ptr<PipelineLayer<float>> MakeGpt2Layer(const model::TransformerConfig&, int,
                                                              BackendT<float>*);
-template std::unique_ptr<PipelineLayer<double>> MakeGpt2Layer(const model::GptConfig&, int,
+template std::unique_ptr<PipelineLayer<double>> MakeGpt2Layer(const model::TransformerConfig&, int,
                                                               BackendT<double>*);
 
 }  // namespace pipetrain::compute

@@ -7,14 +7,14 @@
 
 #include <memory>
 
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 #include "stage_server/compute/gpt_layers.h"
 
 namespace pipetrain::compute {
 
 // Pipeline layer `index` of a GPT-2 config, of its kind; parameters not yet allocated.
 template <typename Real>
-std::unique_ptr<PipelineLayer<Real>> MakeGpt2Layer(const model::GptConfig& config, int index,
-                                                   BackendT<Real>* backend);
+std::unique_ptr<PipelineLayer<Real>> MakeGpt2Layer(const model::TransformerConfig& config,
+                                                   int index, BackendT<Real>* backend);
 
 }  // namespace pipetrain::compute

@@ -147,13 +147,13 @@ namespace {
 // The compute side of every model family (common/model/model_family.h): the function
 // that makes a chunk's layers. Adding a family is adding its entry here.
 template <typename Real>
-using LayersMaker = absl::StatusOr<Layers<Real>> (*)(const model::GptConfig&, int, int,
+using LayersMaker = absl::StatusOr<Layers<Real>> (*)(const model::TransformerConfig&, int, int,
                                                      BackendT<Real>*);
 
 // A family whose layers share nothing: each made on its own by `make`.
-template <typename Real, std::unique_ptr<PipelineLayer<Real>> (*make)(const model::GptConfig&, int,
-                                                                      BackendT<Real>*)>
-absl::StatusOr<Layers<Real>> OneByOne(const model::GptConfig& config, int begin, int end,
+template <typename Real, std::unique_ptr<PipelineLayer<Real>> (*make)(
+                             const model::TransformerConfig&, int, BackendT<Real>*)>
+absl::StatusOr<Layers<Real>> OneByOne(const model::TransformerConfig& config, int begin, int end,
                                       BackendT<Real>* backend) {
   Layers<Real> layers;
   for (int index = begin; index < end; ++index) layers.push_back(make(config, index, backend));
@@ -170,7 +170,7 @@ LayersMaker<Real> LayersMakerOf(absl::string_view family) {
 }  // namespace
 
 template <typename Real>
-absl::StatusOr<Layers<Real>> MakeLayers(const model::GptConfig& config, int begin, int end,
+absl::StatusOr<Layers<Real>> MakeLayers(const model::TransformerConfig& config, int begin, int end,
                                         BackendT<Real>* backend) {
   RETURN_IF_ERROR(model::ValidateConfig(config));
   if (begin < 0 || end > config.num_pipeline_layers() || begin >= end) {
@@ -189,8 +189,8 @@ absl::StatusOr<Layers<Real>> MakeLayers(const model::GptConfig& config, int begi
 }
 
 template <typename Real>
-absl::StatusOr<std::unique_ptr<PipelineLayer<Real>>> MakeLayer(const model::GptConfig& config,
-                                                               int index, BackendT<Real>* backend) {
+absl::StatusOr<std::unique_ptr<PipelineLayer<Real>>> MakeLayer(
+    const model::TransformerConfig& config, int index, BackendT<Real>* backend) {
   if (index < 0 || index >= config.num_pipeline_layers()) {
     RETURN_IF_ERROR(model::ValidateConfig(config));
     return absl::InvalidArgumentError(absl::StrCat(
@@ -204,13 +204,13 @@ template class Stash<float>;
 template class Stash<double>;
 template class PipelineLayer<float>;
 template class PipelineLayer<double>;
-template absl::StatusOr<Layers<float>> MakeLayers(const model::GptConfig&, int, int,
+template absl::StatusOr<Layers<float>> MakeLayers(const model::TransformerConfig&, int, int,
                                                   BackendT<float>*);
-template absl::StatusOr<Layers<double>> MakeLayers(const model::GptConfig&, int, int,
+template absl::StatusOr<Layers<double>> MakeLayers(const model::TransformerConfig&, int, int,
                                                    BackendT<double>*);
-template absl::StatusOr<std::unique_ptr<PipelineLayer<float>>> MakeLayer(const model::GptConfig&,
-                                                                         int, BackendT<float>*);
-template absl::StatusOr<std::unique_ptr<PipelineLayer<double>>> MakeLayer(const model::GptConfig&,
-                                                                          int, BackendT<double>*);
+template absl::StatusOr<std::unique_ptr<PipelineLayer<float>>> MakeLayer(
+    const model::TransformerConfig&, int, BackendT<float>*);
+template absl::StatusOr<std::unique_ptr<PipelineLayer<double>>> MakeLayer(
+    const model::TransformerConfig&, int, BackendT<double>*);
 
 }  // namespace pipetrain::compute

@@ -17,7 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 #include "common/model/optimizer_split.h"
 #include "stage_server/compute/backend.h"
 #include "stage_server/compute/backend_buffer.h"
@@ -90,19 +90,19 @@ using Layers = std::vector<std::unique_ptr<PipelineLayer<Real>>>;
 // they only read, made here once (model::ChunkTableBytes: Llama's blocks share one pair
 // of rotary tables).
 template <typename Real>
-absl::StatusOr<Layers<Real>> MakeLayers(const model::GptConfig& config, int begin, int end,
+absl::StatusOr<Layers<Real>> MakeLayers(const model::TransformerConfig& config, int begin, int end,
                                         BackendT<Real>* backend);
 // Pipeline layer `index` alone: MakeLayers of [index, index + 1).
 template <typename Real>
-absl::StatusOr<std::unique_ptr<PipelineLayer<Real>>> MakeLayer(const model::GptConfig& config,
-                                                               int index, BackendT<Real>* backend);
+absl::StatusOr<std::unique_ptr<PipelineLayer<Real>>> MakeLayer(
+    const model::TransformerConfig& config, int index, BackendT<Real>* backend);
 
 template <typename Real>
 class PipelineLayer {
  public:
   virtual ~PipelineLayer() = default;
 
-  const model::GptConfig& config() const { return config_; }
+  const model::TransformerConfig& config() const { return config_; }
   int index() const { return index_; }  // global pipeline-layer index
   model::LayerKind kind() const { return model::KindOfLayer(config_, index_); }
   const std::vector<model::ParamSpec>& specs() const { return specs_; }
@@ -178,8 +178,9 @@ class PipelineLayer {
 
  protected:
   template <typename R>
-  friend absl::StatusOr<Layers<R>> MakeLayers(const model::GptConfig&, int, int, BackendT<R>*);
-  PipelineLayer(const model::GptConfig& config, int index, BackendT<Real>* backend)
+  friend absl::StatusOr<Layers<R>> MakeLayers(const model::TransformerConfig&, int, int,
+                                              BackendT<R>*);
+  PipelineLayer(const model::TransformerConfig& config, int index, BackendT<Real>* backend)
       : config_(config), index_(index), backend_(backend) {}
   absl::Status AllocateParams();
   // c (m, n) = a (m, k) @ op(param i), op transposing when trans_w: a product by a
@@ -191,7 +192,7 @@ class PipelineLayer {
   // layer keeps only for its weight gradients' products are kept as copies.
   bool product_copies() const { return backend_->ProductCopyBytes(1) > 0; }
 
-  model::GptConfig config_;
+  model::TransformerConfig config_;
   int index_;
   BackendT<Real>* backend_;
   std::vector<model::ParamSpec> specs_;

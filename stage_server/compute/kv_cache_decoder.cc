@@ -42,7 +42,7 @@ template <typename Real>
 absl::StatusOr<std::vector<Real>> Logits(ModelChunkT<Real>& model,
                                          std::span<const int32_t> tokens) {
   RETURN_IF_ERROR(RequireWholeModel(model, "Logits"));
-  const model::GptConfig& c = model.config();
+  const model::TransformerConfig& c = model.config();
   const int n = static_cast<int>(tokens.size());
   if (n < 1 || n > c.seq_len) {
     return absl::InvalidArgumentError(
@@ -95,7 +95,7 @@ absl::Status KvCacheDecoderT<Real>::Init() {
 
 template <typename Real>
 absl::Status KvCacheDecoderT<Real>::Feed(int32_t token, std::vector<Real>* logits) {
-  const model::GptConfig& c = config_;
+  const model::TransformerConfig& c = config_;
   if (position_ >= c.seq_len) {
     return absl::OutOfRangeError(
         absl::StrCat("the key-value cache is full: it holds seq_len = ", c.seq_len,

@@ -13,7 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 #include "stage_server/compute/backend.h"
 #include "stage_server/compute/backend_buffer.h"
 #include "stage_server/compute/model_chunk.h"
@@ -54,7 +54,7 @@ class KvCacheDecoderT {
   absl::Status Init();
 
   ModelChunkT<Real>* model_;
-  model::GptConfig config_;
+  model::TransformerConfig config_;
   int position_ = 0;
   // Each block's keys and values of the positions so far, with its one-position buffers.
   std::vector<std::unique_ptr<typename BlockLayer<Real>::Cache>> caches_;

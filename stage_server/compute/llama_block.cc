@@ -20,7 +20,7 @@ class LlamaBlockLayer : public BlockLayer<Real> {
   using P = model::LlamaBlock;
 
  public:
-  LlamaBlockLayer(const model::GptConfig& c, int index, BackendT<Real>* b,
+  LlamaBlockLayer(const model::TransformerConfig& c, int index, BackendT<Real>* b,
                   std::shared_ptr<const LlamaRotary<Real>> rotary)
       : BlockLayer<Real>(c, index, b), rotary_(std::move(rotary)) {}
 
@@ -294,7 +294,7 @@ absl::Status LlamaBlockLayer<Real>::AttendToCache(Cache& c, int t, const Real* q
 
 template <typename Real>
 absl::StatusOr<std::shared_ptr<const LlamaRotary<Real>>> LlamaRotary<Real>::Make(
-    const model::GptConfig& config, BackendT<Real>* backend) {
+    const model::TransformerConfig& config, BackendT<Real>* backend) {
   const model::RotaryTables t = model::MakeRotaryTables(config);
   auto r = std::make_shared<LlamaRotary>();
   for (auto [values, table] : {std::pair{&t.cos, &r->cos}, std::pair{&t.sin, &r->sin}}) {
@@ -308,7 +308,7 @@ absl::StatusOr<std::shared_ptr<const LlamaRotary<Real>>> LlamaRotary<Real>::Make
 
 template <typename Real>
 std::unique_ptr<PipelineLayer<Real>> MakeLlamaBlock(
-    const model::GptConfig& config, int index, BackendT<Real>* backend,
+    const model::TransformerConfig& config, int index, BackendT<Real>* backend,
     std::shared_ptr<const LlamaRotary<Real>> rotary) {
   return std::make_unique<LlamaBlockLayer<Real>>(config, index, backend, std::move(rotary));
 }
@@ -316,8 +316,10 @@ std::unique_ptr<PipelineLayer<Real>> MakeLlamaBlock(
 template struct LlamaRotary<float>;
 template struct LlamaRotary<double>;
 template std::unique_ptr<PipelineLayer<float>> MakeLlamaBlock(
-    const model::GptConfig&, int, BackendT<float>*, std::shared_ptr<const LlamaRotary<float>>);
+    const model::TransformerConfig&, int, BackendT<float>*,
+    std::shared_ptr<const LlamaRotary<float>>);
 template std::unique_ptr<PipelineLayer<double>> MakeLlamaBlock(
-    const model::GptConfig&, int, BackendT<double>*, std::shared_ptr<const LlamaRotary<double>>);
+    const model::TransformerConfig&, int, BackendT<double>*,
+    std::shared_ptr<const LlamaRotary<double>>);
 
 }  // namespace pipetrain::compute

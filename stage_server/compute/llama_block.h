@@ -5,7 +5,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 #include "stage_server/compute/backend_buffer.h"
 #include "stage_server/compute/gpt_layers.h"
 
@@ -17,14 +17,14 @@ namespace pipetrain::compute {
 template <typename Real>
 struct LlamaRotary {
   BackendBuffer<Real> cos, sin;
-  static absl::StatusOr<std::shared_ptr<const LlamaRotary>> Make(const model::GptConfig& config,
-                                                                  BackendT<Real>* backend);
+  static absl::StatusOr<std::shared_ptr<const LlamaRotary>> Make(
+      const model::TransformerConfig& config, BackendT<Real>* backend);
 };
 
 // Block `index`, reading `rotary` (not null), which it keeps alive.
 template <typename Real>
 std::unique_ptr<PipelineLayer<Real>> MakeLlamaBlock(
-    const model::GptConfig& config, int index, BackendT<Real>* backend,
+    const model::TransformerConfig& config, int index, BackendT<Real>* backend,
     std::shared_ptr<const LlamaRotary<Real>> rotary);
 
 }  // namespace pipetrain::compute

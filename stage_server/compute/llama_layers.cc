@@ -15,7 +15,7 @@ class LlamaEmbeddingLayer : public EmbeddingLayer<Real> {
   using E = model::LlamaEmbedding;
 
  public:
-  LlamaEmbeddingLayer(const model::GptConfig& c, int index, BackendT<Real>* b)
+  LlamaEmbeddingLayer(const model::TransformerConfig& c, int index, BackendT<Real>* b)
       : EmbeddingLayer<Real>(c, index, b) {}
 
   absl::Status Forward(int B, const void* input, const int32_t*, Real* output,
@@ -36,7 +36,7 @@ class LlamaEmbeddingLayer : public EmbeddingLayer<Real> {
   }
 
   absl::Status BackwardWeight(Stash<Real>& stash) override {
-    const model::GptConfig& c = this->config_;
+    const model::TransformerConfig& c = this->config_;
     RETURN_IF_ERROR(this->backend_->EmbeddingBackward(
         stash.rows(), c.seq_len, c.d_model, c.vocab_size,
         static_cast<const int32_t*>(stash.input()), stash.get(kDout),
@@ -49,7 +49,7 @@ class LlamaEmbeddingLayer : public EmbeddingLayer<Real> {
   enum Slot { kDout };
 
   absl::Status Embed(int B, int T, const int32_t* tokens, Real* x) {
-    const model::GptConfig& c = this->config_;
+    const model::TransformerConfig& c = this->config_;
     return this->backend_->EmbeddingForward(B, T, c.d_model, c.vocab_size, tokens,
                                             this->param(E::kEmbedTokens), nullptr, x);
   }
@@ -64,7 +64,7 @@ class LlamaHeadLayer : public NormedHeadLayer<Real> {
   using P = model::LlamaHead;
 
  public:
-  LlamaHeadLayer(const model::GptConfig& c, int index, BackendT<Real>* b)
+  LlamaHeadLayer(const model::TransformerConfig& c, int index, BackendT<Real>* b)
       : NormedHeadLayer<Real>(c, index, b, P::kLmHead, /*stats_per_row=*/1) {}
 
  private:
@@ -89,8 +89,8 @@ class LlamaHeadLayer : public NormedHeadLayer<Real> {
 }  // namespace
 
 template <typename Real>
-absl::StatusOr<Layers<Real>> MakeLlamaLayers(const model::GptConfig& config, int begin, int end,
-                                             BackendT<Real>* backend) {
+absl::StatusOr<Layers<Real>> MakeLlamaLayers(const model::TransformerConfig& config, int begin,
+                                             int end, BackendT<Real>* backend) {
   std::shared_ptr<const LlamaRotary<Real>> rotary;
   if (model::ChunkTableBytes(config, begin, end) > 0) {
     ASSIGN_OR_RETURN(rotary, LlamaRotary<Real>::Make(config, backend));
@@ -112,9 +112,9 @@ absl::StatusOr<Layers<Real>> MakeLlamaLayers(const model::GptConfig& config, int
   return layers;
 }
 
-template absl::StatusOr<Layers<float>> MakeLlamaLayers(const model::GptConfig&, int, int,
+template absl::StatusOr<Layers<float>> MakeLlamaLayers(const model::TransformerConfig&, int, int,
                                                        BackendT<float>*);
-template absl::StatusOr<Layers<double>> MakeLlamaLayers(const model::GptConfig&, int, int,
+template absl::StatusOr<Layers<double>> MakeLlamaLayers(const model::TransformerConfig&, int, int,
                                                         BackendT<double>*);
 
 }  // namespace pipetrain::compute

@@ -11,7 +11,7 @@
 
 #include <memory>
 
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 #include "stage_server/compute/gpt_layers.h"
 
 namespace pipetrain::compute {
@@ -20,7 +20,7 @@ namespace pipetrain::compute {
 // allocated. The blocks among them share one pair of rotary tables (LlamaRotary, made
 // here when the range holds a block: model::ChunkTableBytes).
 template <typename Real>
-absl::StatusOr<Layers<Real>> MakeLlamaLayers(const model::GptConfig& config, int begin, int end,
-                                             BackendT<Real>* backend);
+absl::StatusOr<Layers<Real>> MakeLlamaLayers(const model::TransformerConfig& config, int begin,
+                                             int end, BackendT<Real>* backend);
 
 }  // namespace pipetrain::compute

@@ -11,7 +11,7 @@ namespace pipetrain::compute {
 
 template <typename Real>
 absl::StatusOr<std::unique_ptr<ModelChunkT<Real>>> ModelChunkT<Real>::Create(
-    const model::GptConfig& config, int begin, int end, BackendT<Real>* backend,
+    const model::TransformerConfig& config, int begin, int end, BackendT<Real>* backend,
     ChunkOptions options) {
   RETURN_IF_ERROR(model::ValidateConfig(config));
   if (begin < 0 || end > config.num_pipeline_layers() || begin >= end) {

@@ -28,7 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 #include "stage_server/compute/backend.h"
 #include "stage_server/compute/backend_buffer.h"
 #include "stage_server/compute/gpt_layers.h"
@@ -56,12 +56,12 @@ struct ChunkOptions {
 template <typename Real>
 class ModelChunkT {
  public:
-  static absl::StatusOr<std::unique_ptr<ModelChunkT>> Create(const model::GptConfig& config,
+  static absl::StatusOr<std::unique_ptr<ModelChunkT>> Create(const model::TransformerConfig& config,
                                                              int begin, int end,
                                                              BackendT<Real>* backend,
                                                              ChunkOptions options = {});
 
-  const model::GptConfig& config() const { return config_; }
+  const model::TransformerConfig& config() const { return config_; }
   int begin() const { return begin_; }
   int end() const { return end_; }
   bool has_embedding() const { return begin_ == 0; }
@@ -201,7 +201,7 @@ class ModelChunkT {
     size_t Bytes() const;
   };
 
-  ModelChunkT(const model::GptConfig& config, int begin, int end, BackendT<Real>* backend,
+  ModelChunkT(const model::TransformerConfig& config, int begin, int end, BackendT<Real>* backend,
               ChunkOptions options)
       : config_(config), begin_(begin), end_(end), backend_(backend), options_(options) {}
 
@@ -232,7 +232,7 @@ class ModelChunkT {
   // Rounds a tensor crossing a layer boundary to options_.boundary.
   absl::Status AtBoundary(int64_t n, Real* x);
 
-  model::GptConfig config_;
+  model::TransformerConfig config_;
   int begin_, end_;
   BackendT<Real>* backend_;
   ChunkOptions options_;

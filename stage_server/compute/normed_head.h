@@ -13,7 +13,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 #include "stage_server/compute/backend.h"
 #include "stage_server/compute/gpt_layers.h"
 
@@ -32,7 +32,7 @@ class NormedHeadLayer : public HeadLayer<Real> {
  protected:
   // `lm_head`: the index of the (V, C) output weight among the head's parameters;
   // `stats_per_row`: the statistics the norm keeps per row (LayerNorm: mean and rstd).
-  NormedHeadLayer(const model::GptConfig& c, int index, BackendT<Real>* b, int lm_head,
+  NormedHeadLayer(const model::TransformerConfig& c, int index, BackendT<Real>* b, int lm_head,
                   int stats_per_row)
       : HeadLayer<Real>(c, index, b), lm_head_(lm_head), stats_per_row_(stats_per_row) {}
 

@@ -13,7 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "common/model/batch.h"
 #include "common/model/precision.h"
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 #include "stage_server/compute/cpu_backend.h"
 #include "stage_server/compute/model_chunk.h"
 
@@ -26,7 +26,7 @@ absl::StatusOr<double> LossAndGrads(ModelChunk& model, const model::TokenBatch& 
                                     int micro_batches = 1);
 
 struct TrainOptions {
-  model::GptConfig model;
+  model::TransformerConfig model;
   int steps = 10;
   int batch = 8;          // rows per step
   int micro_batches = 1;  // gradient accumulation; must divide batch

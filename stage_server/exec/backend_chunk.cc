@@ -21,7 +21,7 @@ uint64_t ScratchTensor::BackendBytes() const {
   return SaturatingTensorBytes(dtype == DType::kBF16 ? DType::kF32 : dtype, shape);
 }
 
-ScratchLayout ScratchLayout::Of(const model::GptConfig& c, int begin, int end, int rows,
+ScratchLayout ScratchLayout::Of(const model::TransformerConfig& c, int begin, int end, int rows,
                                 DType activations) {
   const ScratchTensor ids{DType::kI32, {rows, c.seq_len}};
   const ScratchTensor x{activations, {rows, c.seq_len, c.d_model}};
@@ -46,7 +46,7 @@ uint64_t ScratchLayout::Bytes() const {
 namespace {
 
 // The shared (V, C) matrix's gradient, as both holders hold it.
-ScratchTensor TiedGradientSpec(const model::GptConfig& c) {
+ScratchTensor TiedGradientSpec(const model::TransformerConfig& c) {
   return {DType::kF32, {c.vocab_size, c.d_model}};
 }
 
@@ -77,7 +77,8 @@ absl::StatusOr<std::unique_ptr<BackendChunk>> BackendChunk::Create(
   return s;
 }
 
-uint64_t BackendChunk::BufferBytes(const model::GptConfig& c, int begin, int end, int rows) {
+uint64_t BackendChunk::BufferBytes(const model::TransformerConfig& c, int begin, int end,
+                                   int rows) {
   if (rows <= 0 || c.seq_len <= 0 || c.d_model <= 0) return 0;  // Create refuses these
   return ScratchLayout::Of(c, begin, end, rows).Bytes();
 }

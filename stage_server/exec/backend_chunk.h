@@ -38,7 +38,7 @@ struct ScratchLayout {
   ScratchTensor output;                      // the loss with the head, else x
   std::optional<ScratchTensor> grad_output;  // without the head
   std::optional<ScratchTensor> grad_input;   // without the embedding
-  static ScratchLayout Of(const model::GptConfig& config, int begin, int end, int rows,
+  static ScratchLayout Of(const model::TransformerConfig& config, int begin, int end, int rows,
                           common::DType activations = common::DType::kF32);
   uint64_t Bytes() const;  // of the backend buffers, saturating
 };
@@ -53,7 +53,7 @@ class BackendChunk final : public ChunkCompute {
   // with `rows` rows per micro-batch (its ScratchLayout), saturating at UINT64_MAX
   // instead of overflowing, so that a configuration can be checked against a memory
   // limit before anything is allocated; 0 for a shape Create refuses.
-  static uint64_t BufferBytes(const model::GptConfig& config, int begin, int end, int rows);
+  static uint64_t BufferBytes(const model::TransformerConfig& config, int begin, int end, int rows);
 
   bool has_embedding() const override { return layers_->has_embedding(); }
   bool has_head() const override { return layers_->has_head(); }

@@ -32,7 +32,7 @@ absl::StatusOr<EmulatedDevice> EmulatedDeviceByName(const std::string& name) {
       "emulated device '", name, "' is unknown: use h100, h200, a100 or a FLOP rate such as 2e12"));
 }
 
-EmulatedChunk::EmulatedChunk(const model::GptConfig& config, int begin, int end, int rows,
+EmulatedChunk::EmulatedChunk(const model::TransformerConfig& config, int begin, int end, int rows,
                              EmulatedDevice device, bool recompute,
                              std::shared_ptr<common::BufferPool> pool,
                              const model::Precision& precision)

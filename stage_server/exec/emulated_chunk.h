@@ -9,7 +9,7 @@
 #include <string>
 
 #include "common/buffer_pool.h"
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 #include "common/model/precision.h"
 #include "stage_server/exec/chunk_compute.h"
 
@@ -27,8 +27,8 @@ class EmulatedChunk final : public ChunkCompute {
   // `precision`: training.precision's row; its output activations and input gradients
   // travel in its activations' dtype, so that the wire carries what a real chunk's
   // would, and its memory counts what a real chunk's would hold in it.
-  EmulatedChunk(const model::GptConfig& config, int begin, int end, int rows, EmulatedDevice device,
-                bool recompute, std::shared_ptr<common::BufferPool> pool,
+  EmulatedChunk(const model::TransformerConfig& config, int begin, int end, int rows,
+                EmulatedDevice device, bool recompute, std::shared_ptr<common::BufferPool> pool,
                 const model::Precision& precision = model::PrecisionTable().front());
 
   bool has_embedding() const override { return begin_ == 0; }
@@ -88,7 +88,7 @@ class EmulatedChunk final : public ChunkCompute {
   void Hold(int mb, size_t bytes);  // adds to what micro-batch mb holds
   void Release(int mb);
 
-  model::GptConfig config_;
+  model::TransformerConfig config_;
   int begin_, end_, rows_;
   EmulatedDevice device_;
   bool recompute_;

@@ -16,7 +16,7 @@ uint64_t Bytes(common::DType dtype, std::initializer_list<int64_t> dims) {
 
 }  // namespace
 
-common::ReassemblerOptions LinkLimits(const model::GptConfig& model, int micro_batch_size,
+common::ReassemblerOptions LinkLimits(const model::TransformerConfig& model, int micro_batch_size,
                                       common::DType activations) {
   common::ReassemblerOptions o;
   uint64_t largest = Bytes(activations, {micro_batch_size, model.seq_len, model.d_model});

@@ -6,12 +6,12 @@
 // at the reassembler's general 2 GiB bound.
 #pragma once
 
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 #include "common/tensor_codec.h"
 
 namespace pipetrain::stage_server {
 
-common::ReassemblerOptions LinkLimits(const model::GptConfig& model, int micro_batch_size,
+common::ReassemblerOptions LinkLimits(const model::TransformerConfig& model, int micro_batch_size,
                                       common::DType activations = common::DType::kF32);
 
 }  // namespace pipetrain::stage_server

@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 #include "common/model/precision.h"
 #include "common/schedule/topology.h"
 #include "common/tensor_codec.h"
@@ -24,7 +24,7 @@ struct JobConfig {
   std::string job_id;
   int stage = 0;
   int num_stages = 1;
-  model::GptConfig model;
+  model::TransformerConfig model;
   std::vector<std::pair<int, int>> chunks;  // pipeline layers [begin, end) per chunk
   // The schedule's placement of virtual stages (ConfigureRequest.placement).
   schedule::Placement placement = schedule::Placement::kLooped;

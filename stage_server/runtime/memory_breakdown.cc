@@ -83,7 +83,7 @@ uint64_t MemoryBreakdown::Total() const {
 }
 
 uint64_t ParamsOf(const JobConfig& config) {
-  const model::GptConfig& m = config.model;
+  const model::TransformerConfig& m = config.model;
   const int64_t head = m.num_pipeline_layers() - 1;  // embedding 0, blocks 1 .. head-1
   if (head < 1) return 0;
   const uint64_t block = head > 1 ? static_cast<uint64_t>(model::ParamsOfLayer(m, 1)) : 0;

@@ -14,7 +14,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/error_context.h"
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 #include "common/rpc_security.h"
 #include "common/schedule/stage_program.h"
 #include "stage_server/calibration/calibration.h"
@@ -132,7 +132,7 @@ class StageRuntime {
   // without a block; ResourceExhausted past --memory-limit.
   static constexpr int kMaxCalibrationRows = 4096;
   static constexpr int kMaxCalibrationRepetitions = 20;
-  absl::StatusOr<CalibrationResult> Calibrate(const model::GptConfig& config,
+  absl::StatusOr<CalibrationResult> Calibrate(const model::TransformerConfig& config,
                                               const model::Precision& precision, int rows,
                                               int repetitions);
   // The replicas' all-reduce between `ring.size` stages the coordinator calls at once

@@ -55,7 +55,7 @@ absl::StatusOr<std::unique_ptr<PeerLink>> ConnectCalibrationLink(
 }
 }  // namespace
 
-absl::StatusOr<CalibrationResult> StageRuntime::Calibrate(const model::GptConfig& config,
+absl::StatusOr<CalibrationResult> StageRuntime::Calibrate(const model::TransformerConfig& config,
                                                           const model::Precision& precision,
                                                           int rows, int repetitions) {
   if (rows < 1 || rows > kMaxCalibrationRows || repetitions < 1 ||

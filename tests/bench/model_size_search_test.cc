@@ -116,7 +116,7 @@ TEST(ModelFamilyTest, SizesGrowTheRightDimension) {
 // The planner-only search on a small config: MakePlan accepts the answer and refuses
 // the next size, for both families and both recompute modes.
 TEST(LargestPlannableTest, IsTheLastSizeMakePlanAccepts) {
-  const model::GptConfig base{
+  const model::TransformerConfig base{
       .vocab_size = 256, .seq_len = 32, .d_model = 64, .n_heads = 4, .n_layers = 8};
   for (ModelFamily family : {ModelFamily::kDepth, ModelFamily::kWidth}) {
     for (auto recompute : {pipetrain::v1::RECOMPUTE_NEVER, pipetrain::v1::RECOMPUTE_ALWAYS}) {

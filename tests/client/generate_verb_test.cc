@@ -49,7 +49,7 @@ std::string LibraryGreedy(const std::string& path, const std::string& prompt, in
   auto checkpoint = model::LoadCheckpoint(path);
   EXPECT_THAT(checkpoint, IsOk());
   if (!checkpoint.ok()) return "";
-  const model::GptConfig& c = checkpoint->config;
+  const model::TransformerConfig& c = checkpoint->config;
   auto cpu = compute::CpuBackend::Create(1);
   EXPECT_THAT(cpu, IsOk());
   auto chunk = compute::ModelChunk::Create(c, 0, c.num_pipeline_layers(), cpu->get());

@@ -70,7 +70,7 @@ const nlohmann::json& Expected(const std::string& variant) {
   return all["folders"][variant];
 }
 
-GptConfig ExpectedConfig(const std::string& variant) {
+TransformerConfig ExpectedConfig(const std::string& variant) {
   const nlohmann::json& c = Expected(variant)["config"];
   return {.vocab_size = c["vocab_size"],
           .seq_len = c["n_positions"],
@@ -81,11 +81,11 @@ GptConfig ExpectedConfig(const std::string& variant) {
 }
 
 // The tensors GPT2LMHeadModel has for a config, as its state dict names and shapes them,
-// written from the GPT-2 architecture (not from gpt_config.cc): token and position
+// written from the GPT-2 architecture (not from transformer_config.cc): token and position
 // embeddings, per block two LayerNorms, the fused qkv and output Conv1D of attention and
 // the two Conv1D of the MLP (weights [in, out]), the final LayerNorm, and the output
 // projection [vocab, n_embd] unless it is wte itself.
-std::map<std::string, std::vector<int64_t>> Gpt2LmHeadModelTensors(const GptConfig& c) {
+std::map<std::string, std::vector<int64_t>> Gpt2LmHeadModelTensors(const TransformerConfig& c) {
   const int64_t V = c.vocab_size, P = c.seq_len, E = c.d_model;
   std::map<std::string, std::vector<int64_t>> t = {{"transformer.wte.weight", {V, E}},
                                                    {"transformer.wpe.weight", {P, E}},
@@ -224,7 +224,7 @@ TEST(HfGpt2EvalTest, LogitsMatchPyTorchsUpToEachPositionsConstant) {
   for (const std::string variant : {"tied", "untied"}) {
     auto ckpt = LoadHfFolder(Folder(variant));
     ASSERT_THAT(ckpt.status(), IsOk());
-    const GptConfig& config = ckpt->config;
+    const TransformerConfig& config = ckpt->config;
     const int T = config.seq_len, V = config.vocab_size;
     auto backend = compute::CpuBackend::Create(1);
     ASSERT_THAT(backend.status(), IsOk());
@@ -484,7 +484,7 @@ TEST(HfGpt2EvalTest, EvalOfABadFolderExitsTwoNamingIt) {
 TEST(FitCheckpointToModelTest, AShorterJobTakesTheFirstRowsOfWpeAndNothingElseMayDiffer) {
   auto hf = LoadHfFolder(Folder("tied"));
   ASSERT_THAT(hf.status(), IsOk());
-  GptConfig job = hf->config;
+  TransformerConfig job = hf->config;
   job.seq_len = 8;
   const common::Tensor wpe = hf->params.at(kPositionEmbeddingName).Clone();
   auto fit = FitCheckpointToModel(std::move(*hf), job, "init_from: 'x'");
@@ -495,28 +495,28 @@ TEST(FitCheckpointToModelTest, AShorterJobTakesTheFirstRowsOfWpeAndNothingElseMa
   EXPECT_EQ(std::memcmp(rows.bytes().data(), wpe.bytes().data(), rows.num_bytes()), 0);
   EXPECT_THAT(ValidateParams(job, 0, job.num_pipeline_layers(), fit->params, "fit"), IsOk());
 
-  const GptConfig file = ExpectedConfig("tied");
+  const TransformerConfig file = ExpectedConfig("tied");
   auto refused = [&](auto change, const std::string& message) {
     auto again = LoadHfFolder(Folder("tied"));
     ASSERT_THAT(again.status(), IsOk());
-    GptConfig want = file;
+    TransformerConfig want = file;
     change(want);
     EXPECT_THAT(FitCheckpointToModel(std::move(*again), want, "init_from: 'x'").status(),
                 StatusIs(absl::StatusCode::kInvalidArgument,
                          AllOf(HasSubstr("init_from: 'x'"), HasSubstr(message))));
   };
-  refused([](GptConfig& c) { c.seq_len = 32; },
+  refused([](TransformerConfig& c) { c.seq_len = 32; },
           "model.seq_len is 16 in the checkpoint but 32 is expected");
-  refused([](GptConfig& c) { c.d_model = 32; }, "model.d_model is 16");
-  refused([](GptConfig& c) { c.vocab_size = 256; }, "model.vocab_size is 128");
-  refused([](GptConfig& c) { c.tie_embeddings = false; }, "model.tie_embeddings is true");
+  refused([](TransformerConfig& c) { c.d_model = 32; }, "model.d_model is 16");
+  refused([](TransformerConfig& c) { c.vocab_size = 256; }, "model.vocab_size is 128");
+  refused([](TransformerConfig& c) { c.tie_embeddings = false; }, "model.tie_embeddings is true");
 }
 
 // ---- out ------------------------------------------------------------------------------
 
 // What a folder export-hf wrote holds: the tensors GPT2LMHeadModel has, all of `dtype`
 // (which config.json's torch_dtype names), format pt.
-void ExpectAGpt2LmHeadModelFolder(const std::string& dir, const GptConfig& config,
+void ExpectAGpt2LmHeadModelFolder(const std::string& dir, const TransformerConfig& config,
                                   common::DType dtype = common::DType::kF32) {
   auto header = common::ReadSafetensorsHeader(dir + "/model.safetensors");
   ASSERT_THAT(header.status(), IsOk());

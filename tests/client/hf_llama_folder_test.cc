@@ -54,14 +54,14 @@ const nlohmann::json& Expected(const std::string& variant) {
 
 // The model the folder describes, from expected.json (written by the fixture, not by
 // hf_llama.cc), with seq_len = max_position_embeddings as a folder is read.
-GptConfig ExpectedConfig(const std::string& variant) {
+TransformerConfig ExpectedConfig(const std::string& variant) {
   const nlohmann::json& c = Expected(variant)["config"];
-  GptConfig g{.vocab_size = c["vocab_size"],
-              .seq_len = Expected(variant)["max_position_embeddings"],
-              .d_model = c["d_model"],
-              .n_heads = c["n_heads"],
-              .n_layers = c["n_layers"],
-              .tie_embeddings = c["tie_embeddings"]};
+  TransformerConfig g{.vocab_size = c["vocab_size"],
+                      .seq_len = Expected(variant)["max_position_embeddings"],
+                      .d_model = c["d_model"],
+                      .n_heads = c["n_heads"],
+                      .n_layers = c["n_layers"],
+                      .tie_embeddings = c["tie_embeddings"]};
   g.family = kLlamaFamily;
   g.n_kv_heads = c["n_kv_heads"];
   g.ffn_dim = c["ffn_dim"];
@@ -158,7 +158,7 @@ TEST(HfLlamaFolderTest, AJobOfFewerPositionsStartsFromTheFolder) {
     for (const auto& [name, t] : whole->params) copy.emplace(name, t.Clone());
     return copy;
   }();
-  GptConfig job = ExpectedConfig("untied");
+  TransformerConfig job = ExpectedConfig("untied");
   job.seq_len = 16;
   auto fit = FitCheckpointToModel(*std::move(whole), job, "init_from: 'x'");
   ASSERT_THAT(fit.status(), IsOk());
@@ -168,23 +168,23 @@ TEST(HfLlamaFolderTest, AJobOfFewerPositionsStartsFromTheFolder) {
   auto refused = [&](auto change, const std::string& message) {
     auto again = LoadWholeCheckpoint(Folder("untied"), "init_from");
     ASSERT_THAT(again.status(), IsOk());
-    GptConfig want = job;
+    TransformerConfig want = job;
     change(want);
     EXPECT_THAT(FitCheckpointToModel(*std::move(again), want, "init_from: 'x'").status(),
                 StatusIs(absl::StatusCode::kInvalidArgument,
                          AllOf(HasSubstr("init_from: 'x'"), HasSubstr(message))));
   };
-  refused([](GptConfig& c) { c.seq_len = 65; }, "model.seq_len is 64 in the checkpoint");
-  refused([](GptConfig& c) { c.n_kv_heads = 4; }, "model.n_kv_heads is 2");
-  refused([](GptConfig& c) { c.ffn_dim = 64; }, "model.ffn_dim is 48");
-  refused([](GptConfig& c) { c.rope_theta = 500000; }, "model.rope_theta is 10000");
-  refused([](GptConfig& c) { c.rope_scaling = {}; }, "model.rope_scaling differs");
-  refused([](GptConfig& c) { c.family = "gpt2"; }, "model.architecture is llama");
+  refused([](TransformerConfig& c) { c.seq_len = 65; }, "model.seq_len is 64 in the checkpoint");
+  refused([](TransformerConfig& c) { c.n_kv_heads = 4; }, "model.n_kv_heads is 2");
+  refused([](TransformerConfig& c) { c.ffn_dim = 64; }, "model.ffn_dim is 48");
+  refused([](TransformerConfig& c) { c.rope_theta = 500000; }, "model.rope_theta is 10000");
+  refused([](TransformerConfig& c) { c.rope_scaling = {}; }, "model.rope_scaling differs");
+  refused([](TransformerConfig& c) { c.family = "gpt2"; }, "model.architecture is llama");
 }
 
 // The tensors LlamaForCausalLM has for a config, as its state dict names and shapes them
 // (written from the architecture, not from llama_family.cc): nn.Linear weights [out, in].
-std::map<std::string, std::vector<int64_t>> LlamaForCausalLmTensors(const GptConfig& c) {
+std::map<std::string, std::vector<int64_t>> LlamaForCausalLmTensors(const TransformerConfig& c) {
   const int64_t V = c.vocab_size, C = c.d_model, F = c.ffn_dim;
   const int64_t KV = C / c.n_heads * c.n_kv_heads;
   std::map<std::string, std::vector<int64_t>> t = {{"model.embed_tokens.weight", {V, C}},
@@ -212,7 +212,7 @@ TEST(HfLlamaFolderTest, ExportsWhatLlamaForCausalLmLoadsAndReadsBackIdentical) {
       const std::string out = dir.File("export");
       CliRun r = Cli({"export-hf", Folder(variant), "--out", out, "--dtype", dtype});
       ASSERT_EQ(r.code, client::kExitOk) << variant << ": " << r.err;
-      const GptConfig config = ExpectedConfig(variant);
+      const TransformerConfig config = ExpectedConfig(variant);
       EXPECT_THAT(r.out, HasSubstr(absl::StrCat("llama: n_kv_heads ", config.n_kv_heads,
                                                 ", ffn_dim ", config.ffn_dim)));
       auto header = common::ReadSafetensorsHeader(out + "/model.safetensors");

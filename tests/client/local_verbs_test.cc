@@ -82,7 +82,7 @@ TEST(InitVerbTest, WritesTheWeightsOfInitializeForTheSeed) {
   EXPECT_THAT(r.out, HasSubstr(path));
   auto ckpt = model::LoadCheckpoint(path);
   ASSERT_THAT(ckpt.status(), IsOk());
-  const model::GptConfig want_config{256, 16, 32, 4, 1};  // vocab_size defaults to 256
+  const model::TransformerConfig want_config{256, 16, 32, 4, 1};  // vocab_size defaults to 256
   EXPECT_EQ(ckpt->config, want_config);
   EXPECT_EQ(ckpt->layer_begin, 0);
   EXPECT_EQ(ckpt->layer_end, want_config.num_pipeline_layers());
@@ -368,7 +368,7 @@ TEST(TrainLocalVerbTest, LossesAreThoseOfTheReferenceTrainerWithTheGivenFlags) {
     return losses;
   };
   compute::TrainOptions options;
-  options.model = model::GptConfig{256, 16, 32, 4, 1};
+  options.model = model::TransformerConfig{256, 16, 32, 4, 1};
   options.steps = 3;
   options.batch = 2;
   options.seed = 9;

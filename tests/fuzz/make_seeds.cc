@@ -13,7 +13,7 @@
 
 #include "absl/status/status.h"
 #include "common/model/checkpoint.h"
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 #include "common/model/hf_folder.h"
 #include "common/model/init.h"
 #include "common/safetensors.h"
@@ -66,7 +66,7 @@ common::Tensor F32(std::vector<int64_t> shape, float first) {
 
 model::Checkpoint Tiny(int begin, int end, bool tied, bool optimizer) {
   model::Checkpoint c;
-  c.config = model::GptConfig{8, 4, 4, 2, 1, tied};
+  c.config = model::TransformerConfig{8, 4, 4, 2, 1, tied};
   c.layer_begin = begin;
   c.layer_end = end;
   for (int layer = begin; layer < end; ++layer) {

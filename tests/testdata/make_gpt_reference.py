@@ -25,7 +25,7 @@ def uniform():  # deterministic LCG in [-0.5, 0.5)
 
 
 def params():
-    """(name, shape, values) in the pipeline-layer order of gpt_config.cc."""
+    """(name, shape, values) in the pipeline-layer order of transformer_config.cc."""
     out = []
 
     def add(name, shape, scale, offset=0.0):

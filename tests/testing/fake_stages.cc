@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 #include "common/status_macros.h"
 #include "coordinator/spec/job_spec.h"
 
@@ -29,7 +29,8 @@ absl::StatusOr<model::ParamMap> Tensors(const std::vector<model::ParamSpec>& spe
 }
 
 // A fresh chunk of layers [begin, end): weights and AdamW state of 0 updates.
-absl::StatusOr<model::Checkpoint> FreshChunk(const model::GptConfig& config, int begin, int end) {
+absl::StatusOr<model::Checkpoint> FreshChunk(const model::TransformerConfig& config, int begin,
+                                             int end) {
   model::Checkpoint c;
   c.config = config;
   c.layer_begin = begin;
@@ -335,7 +336,7 @@ bool FakeStages::RunBroken(const Stage& stage, int64_t step) const {
 }
 
 absl::Status FakeStages::Configure(Stage& stage, const pb::ConfigureRequest& request) {
-  ASSIGN_OR_RETURN(model::GptConfig config, model::ConfigFromProto(request.model()));
+  ASSIGN_OR_RETURN(model::TransformerConfig config, model::ConfigFromProto(request.model()));
   std::vector<model::Checkpoint> chunks;
   for (const pb::LayerRange& r : request.chunks()) {
     ASSIGN_OR_RETURN(model::Checkpoint c, FreshChunk(config, r.begin_layer(), r.end_layer()));

@@ -10,8 +10,8 @@
 
 namespace pipetrain::testing {
 
-model::GptConfig TinyModel(bool tied, bool llama) {
-  model::GptConfig c{64, 8, 16, 2, 6};
+model::TransformerConfig TinyModel(bool tied, bool llama) {
+  model::TransformerConfig c{64, 8, 16, 2, 6};
   c.tie_embeddings = tied;
   if (llama) {
     c.family = "llama";

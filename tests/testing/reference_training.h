@@ -19,7 +19,7 @@ inline constexpr uint64_t kSeed = 17;
 
 // 8 pipeline layers; `tied` sets model.tie_embeddings; `llama`: the Llama family, with
 // two query heads sharing one key/value head.
-model::GptConfig TinyModel(bool tied = false, bool llama = false);
+model::TransformerConfig TinyModel(bool tied = false, bool llama = false);
 compute::OptimizerSettings TestAdam();
 model::TokenBatch RandomBatch(int step);  // kBatch rows of random tokens
 // Rows [mb * rows, (mb + 1) * rows) of a (kBatch, T) token array as a (rows, T) tensor.

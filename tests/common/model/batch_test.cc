@@ -24,7 +24,7 @@ using ::testing::HasSubstr;
 
 constexpr int kT = 16;
 
-GptConfig Config(int vocab) { return {vocab, kT, 32, 4, 2}; }
+TransformerConfig Config(int vocab) { return {vocab, kT, 32, 4, 2}; }
 
 // The first token of every row.
 std::vector<int64_t> RowStarts(const TokenBatch& b, int64_t minus = 0) {

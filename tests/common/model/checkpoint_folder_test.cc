@@ -18,7 +18,7 @@ using ::pipetrain::testing::StatusIs;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
 
-model::GptConfig Tiny() {
+model::TransformerConfig Tiny() {
   return {.vocab_size = 256, .seq_len = 8, .d_model = 16, .n_heads = 2, .n_layers = 3};
 }
 

@@ -35,7 +35,7 @@ using ::testing::Not;
 
 constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
 
-GptConfig Tiny() { return {256, 16, 32, 4, 2}; }  // pipeline layers 0..3
+TransformerConfig Tiny() { return {256, 16, 32, 4, 2}; }  // pipeline layers 0..3
 
 Tensor RandomF32(const std::vector<int64_t>& shape, std::mt19937& rng) {
   auto t = Tensor::Create(DType::kF32, shape);
@@ -45,13 +45,13 @@ Tensor RandomF32(const std::vector<int64_t>& shape, std::mt19937& rng) {
   return *std::move(t);
 }
 
-ParamMap RandomParams(const GptConfig& c, int begin, int end, std::mt19937& rng) {
+ParamMap RandomParams(const TransformerConfig& c, int begin, int end, std::mt19937& rng) {
   ParamMap params;
   for (const ParamSpec& p : CheckpointParams(c, begin, end)) params.emplace(p.name, RandomF32(p.shape, rng));
   return params;
 }
 
-Checkpoint RandomCheckpoint(const GptConfig& c, int begin, int end, bool with_optimizer,
+Checkpoint RandomCheckpoint(const TransformerConfig& c, int begin, int end, bool with_optimizer,
                             uint32_t seed = 1) {
   std::mt19937 rng(seed);
   Checkpoint ckpt{c, begin, end, RandomParams(c, begin, end, rng), std::nullopt};
@@ -92,7 +92,7 @@ std::string WriteEdited(const TempDir& dir, const Checkpoint& ckpt, Edit edit) {
 
 TEST(CheckpointTest, SaveLoadRoundTripForEveryLayerRange) {
   TempDir dir;
-  const GptConfig c = Tiny();
+  const TransformerConfig c = Tiny();
   for (int begin = 0; begin < c.num_pipeline_layers(); ++begin) {
     for (int end = begin + 1; end <= c.num_pipeline_layers(); ++end) {
       SCOPED_TRACE(absl::StrCat("layers [", begin, ", ", end, ")"));
@@ -179,7 +179,7 @@ TEST(CheckpointTest, OptimizerStateRoundTripsUnderItsPrefixes) {
 
 TEST(CheckpointTest, MergedStageFilesEqualTheWholeModelFile) {
   TempDir dir;
-  const GptConfig c = Tiny();
+  const TransformerConfig c = Tiny();
   const Checkpoint whole = RandomCheckpoint(c, 0, 4, true, 99);
   ASSERT_THAT(SaveCheckpoint(dir.File("whole.safetensors"), whole), IsOk());
   // Cut the whole model into stages [0,1) [1,3) [3,4), save each, merge given out of order.
@@ -216,7 +216,7 @@ TEST(CheckpointTest, MergedStageFilesEqualTheWholeModelFile) {
 // head-only stage file keeps its lm_head copy, which merging checks against wte and
 // drops; slicing gives the head its copy back from wte.
 TEST(CheckpointTest, TiedCopiesAreStoredOnceAndCheckedWhenMerged) {
-  GptConfig c = Tiny();
+  TransformerConfig c = Tiny();
   c.tie_embeddings = true;
   auto names = [](const std::vector<ParamSpec>& specs) {
     std::vector<std::string> out;
@@ -267,7 +267,7 @@ TEST(CheckpointTest, TiedCopiesAreStoredOnceAndCheckedWhenMerged) {
 }
 
 TEST(CheckpointTest, MergeRejectsGapsOverlapsAndDisagreement) {
-  const GptConfig c = Tiny();
+  const TransformerConfig c = Tiny();
   auto parts = [&](std::vector<Checkpoint> v) { return MergeCheckpoints(std::move(v)); };
   EXPECT_THAT(parts({}), StatusIs(kInvalid, HasSubstr("no checkpoints")));
   {
@@ -285,7 +285,7 @@ TEST(CheckpointTest, MergeRejectsGapsOverlapsAndDisagreement) {
                 StatusIs(kInvalid, HasSubstr("part with layers [1, 4) overlaps layers [0, 2)")));
   }
   {
-    GptConfig other = c;
+    TransformerConfig other = c;
     other.seq_len = 32;
     std::vector<Checkpoint> v;
     v.push_back(RandomCheckpoint(c, 0, 2, false));
@@ -511,7 +511,7 @@ TEST(CheckpointTest, WithPrecisionRewritesOnlyThePrecision) {
 // A stage's share of a whole-model file: what init_from hands each stage.
 TEST(CheckpointTest, ASliceOfAWholeModelFileIsAStageShare) {
   TempDir dir;
-  const GptConfig c = Tiny();
+  const TransformerConfig c = Tiny();
   const Checkpoint whole = RandomCheckpoint(c, 0, 4, true, 5);
   const std::string path = dir.File("whole.safetensors");
   ASSERT_THAT(SaveCheckpoint(path, whole), IsOk());
@@ -557,7 +557,7 @@ TEST(CheckpointTest, CorruptFilesAreRejectedWithTheFileName) {
 
 TEST(CheckpointTest, IndexMapsEveryTensorToItsShard) {
   TempDir dir;
-  const GptConfig c = Tiny();
+  const TransformerConfig c = Tiny();
   std::vector<std::string> shards;
   uint64_t total = 0;
   for (auto [begin, end] : {std::pair{0, 2}, std::pair{2, 4}}) {
@@ -615,8 +615,8 @@ TEST(CheckpointTest, LoadsThePyTorchFixture) {
   const std::string dir = PIPETRAIN_TESTDATA_DIR "/gpt_tiny/";
   const nlohmann::json expected = nlohmann::json::parse(ReadFileOrDie(dir + "expected.json"));
   const nlohmann::json& cj = expected.at("config");
-  const GptConfig want{cj.at("vocab_size"), cj.at("seq_len"), cj.at("d_model"),
-                       cj.at("n_heads"), cj.at("n_layers")};
+  const TransformerConfig want{cj.at("vocab_size"), cj.at("seq_len"), cj.at("d_model"),
+                               cj.at("n_heads"), cj.at("n_layers")};
   auto info = ReadCheckpointInfo(dir + "weights.safetensors");
   ASSERT_THAT(info, IsOk());
   EXPECT_EQ(info->config, want);

@@ -54,7 +54,7 @@ TEST(HfLlamaTest, ReadsLlama32OneB) {
   const nlohmann::json j = nlohmann::json::parse(HfLlamaConfigJson(*c));
   EXPECT_EQ(j["bos_token_id"], 128000);
   EXPECT_EQ(j["eos_token_id"], 128001);
-  GptConfig bytes = *c;
+  TransformerConfig bytes = *c;
   bytes.vocab_size = 256;
   EXPECT_FALSE(nlohmann::json::parse(HfLlamaConfigJson(bytes)).contains("eos_token_id"));
 }

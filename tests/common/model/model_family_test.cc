@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "common/model/gpt2_family.h"
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 #include "common/model/init.h"
 #include "common/model/llama_family.h"
 #include "common/testing/status_matchers.h"
@@ -22,7 +22,7 @@ namespace {
 
 using ::pipetrain::testing::IsOk;
 
-GptConfig Tiny() { return {64, 8, 16, 2, 3}; }
+TransformerConfig Tiny() { return {64, 8, 16, 2, 3}; }
 
 TEST(ModelFamilyTest, TheRegistryFindsEachFamilyByName) {
   ASSERT_NE(FindFamily("gpt2"), nullptr);
@@ -43,7 +43,7 @@ TEST(ModelFamilyTest, Gpt2sMlpIsFourTimesTheWidth) {
 
 // The indices the compute library uses name the parameters LayerParams gives there.
 TEST(ModelFamilyTest, Gpt2ParameterIndicesNameTheirTensors) {
-  const GptConfig c = Tiny();
+  const TransformerConfig c = Tiny();
   const std::vector<ParamSpec> embedding = LayerParams(c, 0);
   ASSERT_EQ(embedding.size(), size_t{Gpt2Embedding::kNumParams});
   EXPECT_EQ(embedding[Gpt2Embedding::kWte].name, kTokenEmbeddingName);
@@ -76,7 +76,7 @@ TEST(ModelFamilyTest, Gpt2ParameterIndicesNameTheirTensors) {
 // GPT-2's scheme: norm weights 1, biases 0, matrices N(0, 0.02), the projections into the
 // residual stream scaled down; and the values InitLayerParams draws follow it.
 TEST(ModelFamilyTest, Gpt2ParametersSayHowTheyStart) {
-  const GptConfig c = Tiny();
+  const TransformerConfig c = Tiny();
   const std::vector<ParamSpec> block = LayerParams(c, 1);
   EXPECT_EQ(block[Gpt2Block::kLn1Weight].init, ParamInit::kOnes);
   EXPECT_EQ(block[Gpt2Block::kLn2Bias].init, ParamInit::kZeros);

@@ -10,9 +10,9 @@
 namespace pipetrain::model {
 namespace {
 
-GptConfig Llama(int d_model, int n_heads, double theta) {
-  GptConfig c{.vocab_size = 16, .seq_len = 4, .d_model = d_model, .n_heads = n_heads,
-              .n_layers = 1};
+TransformerConfig Llama(int d_model, int n_heads, double theta) {
+  TransformerConfig c{.vocab_size = 16, .seq_len = 4, .d_model = d_model, .n_heads = n_heads,
+                      .n_layers = 1};
   c.family = "llama";
   c.n_kv_heads = n_heads;
   c.ffn_dim = 8;
@@ -22,7 +22,7 @@ GptConfig Llama(int d_model, int n_heads, double theta) {
 }
 
 TEST(RopeTest, FrequenciesAndTables) {
-  const GptConfig c = Llama(16, 2, 10000);  // heads of 8: four pairs
+  const TransformerConfig c = Llama(16, 2, 10000);  // heads of 8: four pairs
   const std::vector<double> inv = RotaryInverseFrequencies(c);
   ASSERT_EQ(inv.size(), 4u);
   EXPECT_EQ(inv[0], 1.0);
@@ -39,7 +39,7 @@ TEST(RopeTest, FrequenciesAndTables) {
 
 // Llama 3.1 8B's scaling (factor 8, low 1, high 4, original context 8192) on heads of 128.
 TEST(RopeTest, Llama3ScalingKeepsShortStretchesLongBlendsBetween) {
-  GptConfig c = Llama(4096, 32, 500000);
+  TransformerConfig c = Llama(4096, 32, 500000);
   const std::vector<double> plain = RotaryInverseFrequencies(c);
   c.rope_scaling = {8, 1, 4, 8192};
   const std::vector<double> scaled = RotaryInverseFrequencies(c);

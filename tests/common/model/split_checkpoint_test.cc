@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 #include "common/model/optimizer_split.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -24,8 +24,8 @@ using ::pipetrain::testing::IsOk;
 using ::pipetrain::testing::StatusIs;
 using ::testing::HasSubstr;
 
-GptConfig Tied() {
-  GptConfig c{.vocab_size = 37, .seq_len = 8, .d_model = 12, .n_heads = 2, .n_layers = 2};
+TransformerConfig Tied() {
+  TransformerConfig c{.vocab_size = 37, .seq_len = 8, .d_model = 12, .n_heads = 2, .n_layers = 2};
   c.tie_embeddings = true;
   return c;
 }
@@ -38,7 +38,7 @@ common::Tensor Random(const ParamSpec& p, std::mt19937& rng) {
 }
 
 // The whole range's state with fresh random weights and moments.
-Checkpoint Whole(const GptConfig& config, int begin, int end) {
+Checkpoint Whole(const TransformerConfig& config, int begin, int end) {
   std::mt19937 rng(begin * 100 + end);
   Checkpoint c{.config = config, .layer_begin = begin, .layer_end = end};
   c.optimizer.emplace();
@@ -95,7 +95,7 @@ bool SameBits(const ParamMap& a, const ParamMap& b) {
 }
 
 TEST(SplitCheckpointTest, CopiesJoinIntoTheUnsplitStagesCheckpointBitForBit) {
-  const GptConfig config = Tied();
+  const TransformerConfig config = Tied();
   const int layers = config.num_pipeline_layers();
   for (auto [begin, end] : {std::pair{0, layers}, std::pair{0, 1}, std::pair{1, 3},
                             std::pair{layers - 1, layers}, std::pair{2, layers}}) {

@@ -1,4 +1,4 @@
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 
 #include <limits>
 #include <optional>
@@ -16,11 +16,11 @@ using ::pipetrain::testing::IsOk;
 using ::pipetrain::testing::StatusIs;
 using ::testing::HasSubstr;
 
-GptConfig Tiny() { return {256, 16, 32, 4, 3}; }
+TransformerConfig Tiny() { return {256, 16, 32, 4, 3}; }
 
-TEST(GptConfigTest, ValidatesWithFieldNames) {
+TEST(TransformerConfigTest, ValidatesWithFieldNames) {
   EXPECT_THAT(ValidateConfig(Tiny()), IsOk());
-  GptConfig c = Tiny();
+  TransformerConfig c = Tiny();
   c.n_heads = 5;
   EXPECT_THAT(ValidateConfig(c), StatusIs(absl::StatusCode::kInvalidArgument,
                                           HasSubstr("model.n_heads (5) must divide model.d_model (32)")));
@@ -34,8 +34,8 @@ TEST(GptConfigTest, ValidatesWithFieldNames) {
 
 // Shapes whose sizes overflow are refused by the field that made them overflow, not by a
 // wrapped negative figure blamed on another field.
-TEST(GptConfigTest, SizesThatOverflowNameTheirField) {
-  GptConfig c = Tiny();
+TEST(TransformerConfigTest, SizesThatOverflowNameTheirField) {
+  TransformerConfig c = Tiny();
   c.n_layers = std::numeric_limits<int>::max();  // n_layers + 2 would wrap negative
   EXPECT_THAT(ValidateConfig(c),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model.n_layers must be <=")));
@@ -59,9 +59,9 @@ TEST(GptConfigTest, SizesThatOverflowNameTheirField) {
 }
 
 // A config names its family; one that names none there is is refused by name.
-TEST(GptConfigTest, AConfigOfAnUnknownFamilyIsRefused) {
+TEST(TransformerConfigTest, AConfigOfAnUnknownFamilyIsRefused) {
   EXPECT_EQ(Tiny().family, "gpt2");
-  GptConfig c = Tiny();
+  TransformerConfig c = Tiny();
   c.family = "mistral";
   EXPECT_THAT(ValidateConfig(c), StatusIs(absl::StatusCode::kInvalidArgument,
                                           HasSubstr("model.architecture 'mistral' is not a model "
@@ -80,7 +80,7 @@ pipetrain::v1::ModelConfig LlamaProto() {
 
 // A Llama config takes Llama's defaults for what it leaves out, and goes through the
 // proto both ways.
-TEST(GptConfigTest, LlamaFieldsTakeLlamasDefaults) {
+TEST(TransformerConfigTest, LlamaFieldsTakeLlamasDefaults) {
   auto c = ConfigFromProto(LlamaProto());
   ASSERT_THAT(c, IsOk());
   EXPECT_EQ(c->family, "llama");
@@ -113,7 +113,7 @@ TEST(GptConfigTest, LlamaFieldsTakeLlamasDefaults) {
 
 // A Llama field on a GPT-2 model, and Llama values the model cannot compute, are refused
 // by name.
-TEST(GptConfigTest, LlamaFieldsAreCheckedByName) {
+TEST(TransformerConfigTest, LlamaFieldsAreCheckedByName) {
   pipetrain::v1::ModelConfig p = ConfigToProto(Tiny());
   p.set_n_kv_heads(2);
   EXPECT_THAT(ConfigFromProto(p),
@@ -146,7 +146,7 @@ TEST(GptConfigTest, LlamaFieldsAreCheckedByName) {
 }
 
 // Llama 3.2 1B's shape has its published parameter count, 1,235,814,400 (tied).
-TEST(GptConfigTest, ParameterCountOfLlama32OneB) {
+TEST(TransformerConfigTest, ParameterCountOfLlama32OneB) {
   pipetrain::v1::ModelConfig p = LlamaProto();
   p.set_vocab_size(128256);
   p.set_seq_len(2048);
@@ -168,8 +168,8 @@ TEST(GptConfigTest, ParameterCountOfLlama32OneB) {
   EXPECT_EQ(total, 1235814400);
 }
 
-TEST(GptConfigTest, LayersAndNames) {
-  const GptConfig c = Tiny();
+TEST(TransformerConfigTest, LayersAndNames) {
+  const TransformerConfig c = Tiny();
   EXPECT_EQ(c.num_pipeline_layers(), 5);
   EXPECT_EQ(KindOfLayer(c, 0), LayerKind::kEmbedding);
   EXPECT_EQ(KindOfLayer(c, 3), LayerKind::kBlock);
@@ -187,8 +187,8 @@ TEST(GptConfigTest, LayersAndNames) {
 }
 
 // A tied lm_head copy is left out of a checkpoint exactly when wte is in the range too.
-TEST(GptConfigTest, CheckpointParamsLeaveOutATiedCopyWhoseOriginalIsThere) {
-  GptConfig c = Tiny();
+TEST(TransformerConfigTest, CheckpointParamsLeaveOutATiedCopyWhoseOriginalIsThere) {
+  TransformerConfig c = Tiny();
   c.tie_embeddings = true;
   auto has_head = [](const std::vector<ParamSpec>& specs) {
     for (const ParamSpec& p : specs) {
@@ -204,8 +204,8 @@ TEST(GptConfigTest, CheckpointParamsLeaveOutATiedCopyWhoseOriginalIsThere) {
   EXPECT_TRUE(has_head(CheckpointParams(c, 0, 5)));
 }
 
-TEST(GptConfigTest, TiedParamsNameTheEmbeddingAndTheHeadsCopy) {
-  GptConfig c = Tiny();
+TEST(TransformerConfigTest, TiedParamsNameTheEmbeddingAndTheHeadsCopy) {
+  TransformerConfig c = Tiny();
   EXPECT_FALSE(TiedParamsOf(c).has_value());
   c.tie_embeddings = true;
   const std::optional<TiedParams> tied = TiedParamsOf(c);
@@ -214,8 +214,8 @@ TEST(GptConfigTest, TiedParamsNameTheEmbeddingAndTheHeadsCopy) {
   EXPECT_EQ(tied->head, kOutputHeadName);
 }
 
-TEST(GptConfigTest, ParameterCountsMatchGpt2Formulas) {
-  const GptConfig c = Tiny();
+TEST(TransformerConfigTest, ParameterCountsMatchGpt2Formulas) {
+  const TransformerConfig c = Tiny();
   const int64_t C = 32, V = 256, T = 16;
   EXPECT_EQ(CostOfLayer(c, 0).params, V * C + T * C);
   EXPECT_EQ(CostOfLayer(c, 1).params, 12 * C * C + 13 * C);
@@ -223,16 +223,16 @@ TEST(GptConfigTest, ParameterCountsMatchGpt2Formulas) {
   // The head keeps x, ln_f out, mean, rstd, the probabilities and the int32 target.
   EXPECT_EQ(CostOfLayer(c, 4).activation_bytes, (2 * C + 2 + V + 1) * 4);
   // GPT-2 small (124M with a tied head): blocks + embeddings + an untied head.
-  const GptConfig gpt2{50257, 1024, 768, 12, 12};
+  const TransformerConfig gpt2{50257, 1024, 768, 12, 12};
   int64_t total = 0;
   for (int l = 0; l < gpt2.num_pipeline_layers(); ++l) total += CostOfLayer(gpt2, l).params;
   EXPECT_EQ(total, 124439808 + 50257 * 768);
 }
 
 // The closed form that checks use must count exactly the tensors a chunk builds.
-TEST(GptConfigTest, ParamsOfLayerCountsLayerParams) {
-  for (const GptConfig& c : {Tiny(), GptConfig{50257, 1024, 768, 12, 12},
-                             GptConfig{97, 7, 24, 3, 5}}) {
+TEST(TransformerConfigTest, ParamsOfLayerCountsLayerParams) {
+  for (const TransformerConfig& c : {Tiny(), TransformerConfig{50257, 1024, 768, 12, 12},
+                                     TransformerConfig{97, 7, 24, 3, 5}}) {
     for (int l = 0; l < c.num_pipeline_layers(); ++l) {
       int64_t elements = 0;
       for (const ParamSpec& p : LayerParams(c, l)) elements += p.num_elements();
@@ -248,8 +248,8 @@ TEST(GptConfigTest, ParamsOfLayerCountsLayerParams) {
 namespace pipetrain::model {
 namespace {
 
-TEST(GptConfigTest, ChunkMemoryFollowsTheModelChunk) {
-  const GptConfig c = Tiny();  // C 32, H 4, T 16, V 256, 3 blocks
+TEST(TransformerConfigTest, ChunkMemoryFollowsTheModelChunk) {
+  const TransformerConfig c = Tiny();  // C 32, H 4, T 16, V 256, 3 blocks
   const double C = 32, H = 4, T = 16;
   // Without recomputation every layer's stash and input are kept.
   ChunkMemory all = ChunkActivationBytes(c, 0, 5, false);
@@ -272,8 +272,8 @@ TEST(GptConfigTest, ChunkMemoryFollowsTheModelChunk) {
 // ln_f output: C) are kept as product copies, in the bytes of the products' dtype; every
 // other figure stays fp32's, and token ids (the embedding's input, the head's targets)
 // 4-byte I32.
-TEST(GptConfigTest, ActivationsKeptForProductsTakeTheProductsBytes) {
-  const GptConfig c = Tiny();
+TEST(TransformerConfigTest, ActivationsKeptForProductsTakeTheProductsBytes) {
+  const TransformerConfig c = Tiny();
   const double C = 32, V = 256, F = 4 * C;
   for (int l = 1; l <= c.n_layers; ++l) {
     const LayerCost f32 = CostOfLayer(c, l), bf16 = CostOfLayer(c, l, common::DType::kBF16);
@@ -295,9 +295,9 @@ TEST(GptConfigTest, ActivationsKeptForProductsTakeTheProductsBytes) {
 // rotary tables per chunk, cos and sin of T x hs/2 fp32 each (Llama 3.2 1B at T 8192, hs
 // 64: 2 MiB a chunk, where 16 blocks each with their own held 32 MiB); a chunk of only
 // the embedding or the head reads none, and GPT-2's learned positions are parameters.
-TEST(GptConfigTest, ChunkTableBytesAreOnePairOfRotaryTablesPerChunkWithALlamaBlock) {
-  GptConfig llama{.vocab_size = 128256, .seq_len = 8192, .d_model = 2048, .n_heads = 32,
-                  .n_layers = 16};
+TEST(TransformerConfigTest, ChunkTableBytesAreOnePairOfRotaryTablesPerChunkWithALlamaBlock) {
+  TransformerConfig llama{.vocab_size = 128256, .seq_len = 8192, .d_model = 2048, .n_heads = 32,
+                          .n_layers = 16};
   llama.family = "llama";
   llama.n_kv_heads = 8;
   llama.ffn_dim = 8192;
@@ -317,7 +317,7 @@ TEST(GptConfigTest, ChunkTableBytesAreOnePairOfRotaryTablesPerChunkWithALlamaBlo
   llama.seq_len = 16;  // the formula, on another shape: heads of 2048 / 32 = 64
   EXPECT_EQ(ChunkTableBytes(llama, 2, 5), 2u * 16 * 32 * 4);
 
-  const GptConfig gpt2 = Tiny();
+  const TransformerConfig gpt2 = Tiny();
   for (int b = 0; b < gpt2.num_pipeline_layers(); ++b) {
     for (int e = b + 1; e <= gpt2.num_pipeline_layers(); ++e) {
       EXPECT_EQ(ChunkTableBytes(gpt2, b, e), 0u) << b << ".." << e;
@@ -325,7 +325,7 @@ TEST(GptConfigTest, ChunkTableBytesAreOnePairOfRotaryTablesPerChunkWithALlamaBlo
   }
   // The largest sizes a request can set are counted without wrapping.
   constexpr int kBig = std::numeric_limits<int>::max();
-  GptConfig huge = llama;
+  TransformerConfig huge = llama;
   huge.seq_len = kBig;
   huge.d_model = kBig;
   huge.n_heads = 1;

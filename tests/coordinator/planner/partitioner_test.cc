@@ -4,7 +4,7 @@
 #include <functional>
 #include <random>
 
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 #include "common/testing/status_matchers.h"
 #include "coordinator/planner/generators.h"
 #include "gmock/gmock.h"
@@ -156,7 +156,7 @@ TEST(PartitionerTest, ModelThatCannotFitSaysHowMuchIsNeeded) {
 TEST(PartitionerTest, LightEmbeddingAndHeavyHeadFromTheModelCosts) {
   // GPT-2's 50257-token vocabulary on a narrow model: the head costs as much as many
   // blocks, the embedding almost nothing.
-  model::GptConfig config{50257, 128, 128, 4, 6};
+  model::TransformerConfig config{50257, 128, 128, 4, 6};
   std::vector<double> flops;
   for (int l = 0; l < config.num_pipeline_layers(); ++l) {
     const model::LayerCost c = model::CostOfLayer(config, l);

@@ -41,7 +41,7 @@ pb::JobSpec Spec(int vocab) {
   return spec;
 }
 
-model::GptConfig Config(const pb::JobSpec& spec) {
+model::TransformerConfig Config(const pb::JobSpec& spec) {
   return {spec.model().vocab_size(), spec.model().seq_len(), 32, 2, 2};
 }
 

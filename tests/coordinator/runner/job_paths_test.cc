@@ -10,7 +10,7 @@
 #include <string>
 
 #include "common/model/checkpoint.h"
-#include "common/model/gpt_config.h"
+#include "common/model/transformer_config.h"
 #include "common/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

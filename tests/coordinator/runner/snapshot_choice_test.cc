@@ -78,7 +78,7 @@ TEST(ChooseSnapshotStepTest, NeedsEveryChunkOfAnInterleavedLayoutAndIgnoresOther
   EXPECT_EQ(choice->picks.size(), 4u);
 }
 
-model::GptConfig Tiny() { return {256, 16, 32, 4, 2}; }  // pipeline layers 0..3
+model::TransformerConfig Tiny() { return {256, 16, 32, 4, 2}; }  // pipeline layers 0..3
 
 model::ParamMap Random(int begin, int end, std::mt19937& rng) {
   model::ParamMap params;

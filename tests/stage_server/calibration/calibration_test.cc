@@ -26,13 +26,13 @@ namespace {
 using ::pipetrain::testing::IsOk;
 using ::pipetrain::testing::StatusIs;
 
-model::GptConfig SmallConfig() {
-  return model::GptConfig{.vocab_size = 64, .seq_len = 16, .d_model = 32, .n_heads = 2,
-                          .n_layers = 2};
+model::TransformerConfig SmallConfig() {
+  return model::TransformerConfig{.vocab_size = 64, .seq_len = 16, .d_model = 32, .n_heads = 2,
+                                  .n_layers = 2};
 }
 
 TEST(CalibrationTest, EmulatedRatesAreTheDevicesFlopRate) {
-  const model::GptConfig config = SmallConfig();
+  const model::TransformerConfig config = SmallConfig();
   // About 2 ms a forward: long against timer slack, short for a test.
   const model::LayerCost cost = model::CostOfLayer(config, kCalibrationLayer);
   const int rows = 4;
@@ -52,7 +52,7 @@ TEST(CalibrationTest, EmulatedRatesAreTheDevicesFlopRate) {
 }
 
 TEST(CalibrationTest, CpuRatesArePositiveAndTheWeightsStay) {
-  const model::GptConfig config = SmallConfig();
+  const model::TransformerConfig config = SmallConfig();
   auto backend = compute::CpuBackend::Create(1);
   ASSERT_THAT(backend, IsOk());
   auto layers = compute::ModelChunk::Create(config, kCalibrationLayer, kCalibrationLayer + 1,
@@ -78,7 +78,7 @@ TEST(CalibrationTest, CpuRatesArePositiveAndTheWeightsStay) {
 }
 
 TEST(CalibrationTest, RefusesBadArgumentsAndAChunkWithTheEmbedding) {
-  const model::GptConfig config = SmallConfig();
+  const model::TransformerConfig config = SmallConfig();
   auto pool = std::make_shared<common::BufferPool>();
   EmulatedChunk block(config, 1, 2, 2, {.name = "test", .flops = 1e15}, false, pool);
   EXPECT_THAT(CalibrateBlock(block, config, model::PrecisionTable().front(), 2, 0),
@@ -93,7 +93,7 @@ TEST(CalibrationTest, AStageRefusesOutOfRangeCalibrations) {
   o.device.kind = DeviceSpec::Kind::kCpu;
   StageRuntime stage(o);
   const model::Precision& fp32 = model::PrecisionTable().front();
-  const model::GptConfig config = SmallConfig();
+  const model::TransformerConfig config = SmallConfig();
   for (const auto& [rows, repetitions] : std::vector<std::pair<int, int>>{
            {0, 1}, {StageRuntime::kMaxCalibrationRows + 1, 1}, {1, 0},
            {1, StageRuntime::kMaxCalibrationRepetitions + 1}}) {
@@ -101,7 +101,7 @@ TEST(CalibrationTest, AStageRefusesOutOfRangeCalibrations) {
                 StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("rows")))
         << rows << " rows, " << repetitions << " repetitions";
   }
-  model::GptConfig no_block = config;
+  model::TransformerConfig no_block = config;
   no_block.n_layers = 0;
   EXPECT_THAT(stage.Calibrate(no_block, fp32, 1, 1),
               StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("no transformer block")));

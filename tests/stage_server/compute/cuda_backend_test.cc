@@ -237,7 +237,7 @@ double AdamFirstStepBound(const std::vector<float>& dev_grad, const std::vector<
 // outputs), as zero-bubble schedules do.
 void CheckTrainingStep(Backend* gpu, double budget, ChunkOptions gpu_options,
                        common::DType products = common::DType::kF32) {
-  model::GptConfig config;
+  model::TransformerConfig config;
   config.vocab_size = 67;
   config.seq_len = 13;
   config.d_model = 24;

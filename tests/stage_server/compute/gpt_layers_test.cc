@@ -2,7 +2,7 @@
 // untied and tied): gradients against central finite differences in double
 // precision (the same layer code on the double host backend), the float CPU layer
 // against the double one, split backward against fused, and stored activation bytes
-// against gpt_config's CostOfLayer.
+// against transformer_config's CostOfLayer.
 #include "stage_server/compute/gpt_layers.h"
 
 #include <cmath>
@@ -23,13 +23,13 @@ namespace {
 using ::pipetrain::testing::IsOk;
 
 constexpr int kB = 2;
-model::GptConfig Tiny() {
+model::TransformerConfig Tiny() {
   return {.vocab_size = 11, .seq_len = 5, .d_model = 8, .n_heads = 2, .n_layers = 2};
 }
 // Llama with two query heads sharing one key/value head, an MLP width that is no
 // multiple of d_model, and rotary angles of several sizes (theta 100 on heads of 4).
-model::GptConfig TinyLlama(bool tied = false) {
-  model::GptConfig c = Tiny();
+model::TransformerConfig TinyLlama(bool tied = false) {
+  model::TransformerConfig c = Tiny();
   c.family = "llama";
   c.n_kv_heads = 1;
   c.ffn_dim = 12;
@@ -39,7 +39,7 @@ model::GptConfig TinyLlama(bool tied = false) {
   return c;
 }
 // The configs every test runs on, by name.
-model::GptConfig ConfigNamed(const std::string& name) {
+model::TransformerConfig ConfigNamed(const std::string& name) {
   if (name == "gpt2") return Tiny();
   if (name == "llama") return TinyLlama();
   return TinyLlama(/*tied=*/true);
@@ -65,13 +65,13 @@ std::vector<int32_t> Tokens(int n, int V, uint64_t seed) {
 // turns non-head outputs into the scalar L = sum(output * R).
 template <typename Real>
 struct Fixture {
-  model::GptConfig config;
+  model::TransformerConfig config;
   int index;
   std::unique_ptr<PipelineLayer<Real>> layer;
   std::vector<Real> x;                   // (B, T, C) for blocks and the head
   std::vector<int32_t> tokens, targets;  // (B, T)
   std::vector<Real> r;                   // (B, T, C): dL/d output
-  Fixture(BackendT<Real>* backend, int layer_index, model::GptConfig c = Tiny())
+  Fixture(BackendT<Real>* backend, int layer_index, model::TransformerConfig c = Tiny())
       : config(std::move(c)), index(layer_index) {
     auto made = MakeLayer<Real>(config, index, backend);
     EXPECT_THAT(made, IsOk());
@@ -184,7 +184,7 @@ INSTANTIATE_TEST_SUITE_P(EmbeddingBlockHead, LayerGradientTest,
 
 class FamilyTest : public ::testing::TestWithParam<const char*> {
  protected:
-  model::GptConfig config() const { return ConfigNamed(GetParam()); }
+  model::TransformerConfig config() const { return ConfigNamed(GetParam()); }
 };
 
 // The float CPU layer agrees with the double layer, and split backward is exactly the
@@ -219,10 +219,10 @@ TEST_P(FamilyTest, CpuFloatMatchesDoubleAndSplitEqualsFused) {
 }
 
 // What a layer keeps between forward and backward (its input plus its stash) is what
-// gpt_config promises the planner.
+// transformer_config promises the planner.
 TEST_P(FamilyTest, ActivationBytesMatchCostModel) {
   HostBackend backend;
-  const model::GptConfig c = config();
+  const model::TransformerConfig c = config();
   for (int index : {0, 1, 3}) {
     Fixture<float> f(&backend, index, c);
     std::vector<float> out(f.is_head() ? 1 : f.r.size());
@@ -266,7 +266,7 @@ class CountingBackend : public HostBackendT<float> {
 // adds a few elementwise FLOPs per vocabulary entry to the head).
 TEST_P(FamilyTest, ParamsAndFlopsMatchCostModel) {
   CountingBackend backend;
-  const model::GptConfig c = config();
+  const model::TransformerConfig c = config();
   const double tokens = kB * c.seq_len;
   for (int index : {0, 1, 3}) {
     SCOPED_TRACE(model::LayerName(c, index));

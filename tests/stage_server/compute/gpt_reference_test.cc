@@ -21,7 +21,7 @@ namespace {
 using ::pipetrain::testing::IsOk;
 
 struct Fixture {
-  model::GptConfig config;
+  model::TransformerConfig config;
   model::TokenBatch batch;
   std::vector<std::pair<std::string, std::vector<float>>> params;
   double loss = 0;

@@ -39,7 +39,7 @@ using ::pipetrain::testing::RandomNormal;
 using ::pipetrain::testing::StatusIs;
 using ::testing::HasSubstr;
 
-model::GptConfig Tiny(bool tied) {
+model::TransformerConfig Tiny(bool tied) {
   return {.vocab_size = 23,
           .seq_len = 12,
           .d_model = 16,
@@ -53,8 +53,8 @@ model::GptConfig Tiny(bool tied) {
 // weights 1 + N(0, 0.1^2), biases N(0, 0.1^2). A tied lm_head gets wte's values. The
 // values are drawn in float, so float and double models hold the same weights.
 template <typename Real>
-std::unique_ptr<ModelChunkT<Real>> RandomModel(BackendT<Real>* be, const model::GptConfig& c,
-                                               uint64_t seed) {
+std::unique_ptr<ModelChunkT<Real>> RandomModel(BackendT<Real>* be,
+                                               const model::TransformerConfig& c, uint64_t seed) {
   auto chunk = ModelChunkT<Real>::Create(c, 0, c.num_pipeline_layers(), be);
   EXPECT_THAT(chunk, IsOk());
   if (!chunk.ok()) return nullptr;
@@ -146,7 +146,7 @@ absl::StatusOr<std::vector<int32_t>> Generate(KvCacheDecoder& d, std::span<const
 // to row t of the reference's logits of the whole prompt.
 template <typename Real>
 void ExpectDecoderMatchesLogits(BackendT<Real>* be, bool tied, double tolerance) {
-  const model::GptConfig c = Tiny(tied);
+  const model::TransformerConfig c = Tiny(tied);
   for (uint64_t seed : {1, 2}) {
     SCOPED_TRACE(absl::StrCat(be->Name(), tied ? " tied" : " untied", " seed ", seed));
     auto model = RandomModel(be, c, seed);
@@ -192,7 +192,7 @@ TEST(KvCacheDecoderTest, MatchesLogitsOnTheDoubleHostBackend) {
 // reference adds never reaches an earlier position.
 TEST(KvCacheDecoderTest, LogitsOfAPrefixAreTheFirstRowsOfTheWhole) {
   HostBackendDouble host;
-  const model::GptConfig c = Tiny(false);
+  const model::TransformerConfig c = Tiny(false);
   auto model = RandomModel<double>(&host, c, 3);
   ASSERT_NE(model, nullptr);
   const std::vector<int32_t> prompt = RandomPrompt(c.seq_len, c.vocab_size, 3);
@@ -213,7 +213,7 @@ TEST(KvCacheDecoderTest, MatchesLogitsOnCuda) {
   ASSERT_THAT(cuda, IsOk());
   HostBackendDouble host;
   for (bool tied : {false, true}) {
-    const model::GptConfig c = Tiny(tied);
+    const model::TransformerConfig c = Tiny(tied);
     auto model = RandomModel<float>(cuda->get(), c, 4);
     auto reference = RandomModel<double>(&host, c, 4);  // the same weights, in double
     ASSERT_NE(model, nullptr);
@@ -238,7 +238,7 @@ TEST(KvCacheDecoderTest, MatchesLogitsOnCuda) {
 
 TEST(TokenGeneratorTest, GreedyIsTheArgmaxOfTheReferenceOfTheGrowingText) {
   for (bool tied : {false, true}) {
-    const model::GptConfig c = Tiny(tied);
+    const model::TransformerConfig c = Tiny(tied);
     TestModel<float> m = MakeTestModel<float>(tied, 5);
     ASSERT_NE(m.decoder, nullptr);
     const std::vector<int32_t> prompt = RandomPrompt(3, c.vocab_size, 5);
@@ -262,7 +262,7 @@ TEST(TokenGeneratorTest, GreedyIsTheArgmaxOfTheReferenceOfTheGrowingText) {
 // Past seq_len the window slides: the context of every draw is what the header says
 // (the last seq_len tokens of a long prompt; when full, the last seq_len / 2 tokens).
 TEST(TokenGeneratorTest, SlidingWindowDrawsFromTheDocumentedContext) {
-  const model::GptConfig c = Tiny(false);
+  const model::TransformerConfig c = Tiny(false);
   TestModel<double> m = MakeTestModel<double>(false, 6);
   ASSERT_NE(m.decoder, nullptr);
   const int keep = SlideKeep(c.seq_len);
@@ -383,7 +383,7 @@ TEST(TokenSamplerTest, RefusesBadOptionsAndLogits) {
 }
 
 TEST(KvCacheDecoderTest, RefusesBadTokensAPartialModelAndAFullCache) {
-  const model::GptConfig c = Tiny(false);
+  const model::TransformerConfig c = Tiny(false);
   TestModel<double> m = MakeTestModel<double>(false, 8);
   ASSERT_NE(m.decoder, nullptr);
   KvCacheDecoderT<double>* decoder = m.decoder.get();

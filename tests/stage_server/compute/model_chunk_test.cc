@@ -29,7 +29,7 @@ using ::pipetrain::testing::IsOk;
 using ::pipetrain::testing::StatusIs;
 using ::testing::HasSubstr;
 
-model::GptConfig Tiny() {
+model::TransformerConfig Tiny() {
   return {.vocab_size = 11, .seq_len = 5, .d_model = 8, .n_heads = 2, .n_layers = 3};
 }
 
@@ -38,8 +38,8 @@ using Stages = std::vector<std::unique_ptr<ModelChunkT<Real>>>;
 
 // Stages cut at `cuts` (e.g. {2} gives [0, 2) and [2, L + 2)), initialised with seed 5.
 template <typename Real>
-Stages<Real> MakeStages(BackendT<Real>* backend, const model::GptConfig& c, std::vector<int> cuts,
-                        ChunkOptions options = {}) {
+Stages<Real> MakeStages(BackendT<Real>* backend, const model::TransformerConfig& c,
+                        std::vector<int> cuts, ChunkOptions options = {}) {
   cuts.insert(cuts.begin(), 0);
   cuts.push_back(c.num_pipeline_layers());
   Stages<Real> stages;
@@ -56,7 +56,7 @@ struct Batch {
   int rows;
   std::vector<int32_t> tokens, targets;  // (rows, T)
 };
-Batch MakeBatch(const model::GptConfig& c, int rows) {
+Batch MakeBatch(const model::TransformerConfig& c, int rows) {
   Batch b{rows, {}, {}};
   for (int i = 0; i < rows * c.seq_len; ++i) {
     b.tokens.push_back((i * 5 + 3 + i * i / 3) % c.vocab_size);
@@ -71,7 +71,7 @@ enum class Mode { kFused, kSplit, kSplitWeightsReversed };
 // in reverse order. Returns the mean loss; gradients accumulate in the stages.
 template <typename Real>
 double RunStep(Stages<Real>& stages, const Batch& batch, int M, Mode mode = Mode::kFused) {
-  const model::GptConfig& c = stages[0]->config();
+  const model::TransformerConfig& c = stages[0]->config();
   const int rows = batch.rows / M;
   const int64_t tokens = int64_t{rows} * c.seq_len;
   double loss = 0;
@@ -134,7 +134,7 @@ double ForwardLoss(ModelChunkT<double>& m, const Batch& batch) {
 
 TEST(ModelChunkTest, WholeModelGradientMatchesFiniteDifferences) {
   HostBackendDouble backend;
-  const model::GptConfig c = Tiny();
+  const model::TransformerConfig c = Tiny();
   Stages<double> model = MakeStages<double>(&backend, c, {});
   ModelChunkT<double>& m = *model[0];
   // Move every parameter off its init (LayerNorm weights off 1, biases off 0).
@@ -175,7 +175,7 @@ TEST(ModelChunkTest, WholeModelGradientMatchesFiniteDifferences) {
 // SumTiedGradients leaves in both copies, and the copies start equal.
 TEST(ModelChunkTest, TiedEmbeddingGradientIsTheSumAndMatchesFiniteDifferences) {
   HostBackendDouble backend;
-  model::GptConfig c = Tiny();
+  model::TransformerConfig c = Tiny();
   c.tie_embeddings = true;
   Stages<double> model = MakeStages<double>(&backend, c, {});
   ModelChunkT<double>& m = *model[0];
@@ -218,7 +218,7 @@ TEST(ModelChunkTest, TiedEmbeddingGradientIsTheSumAndMatchesFiniteDifferences) {
 // The copy counts once in the gradient norm, and an untied model is unchanged.
 TEST(ModelChunkTest, ATiedCopyIsLeftOutOfTheGradientNorm) {
   HostBackendDouble backend;
-  model::GptConfig c = Tiny();
+  model::TransformerConfig c = Tiny();
   c.tie_embeddings = true;
   Stages<double> model = MakeStages<double>(&backend, c, {});
   ModelChunkT<double>& m = *model[0];
@@ -243,7 +243,7 @@ TEST(ModelChunkTest, ATiedCopyIsLeftOutOfTheGradientNorm) {
 TEST(ModelChunkTest, SplittingAtEveryPointMatchesTheWholeModel) {
   auto cpu = CpuBackend::Create(1);
   ASSERT_THAT(cpu, IsOk());
-  const model::GptConfig c = Tiny();
+  const model::TransformerConfig c = Tiny();
   const Batch batch = MakeBatch(c, 4);
   Stages<float> whole = MakeStages<float>(cpu->get(), c, {});
   const double loss = RunStep(whole, batch, 2);
@@ -263,7 +263,7 @@ TEST(ModelChunkTest, SplittingAtEveryPointMatchesTheWholeModel) {
 TEST(ModelChunkTest, SplitBackwardInAnyOrderMatchesFused) {
   auto cpu = CpuBackend::Create(1);
   ASSERT_THAT(cpu, IsOk());
-  const model::GptConfig c = Tiny();
+  const model::TransformerConfig c = Tiny();
   const Batch batch = MakeBatch(c, 4);
   Stages<float> fused = MakeStages<float>(cpu->get(), c, {2});
   Stages<float> split = MakeStages<float>(cpu->get(), c, {2});
@@ -286,7 +286,7 @@ TEST(ModelChunkTest, SplitBackwardInAnyOrderMatchesFused) {
 TEST(ModelChunkTest, TheGradientsAddedHookSeesEachLayerAsItsGradientsAreAdded) {
   auto cpu = CpuBackend::Create(1);
   ASSERT_THAT(cpu, IsOk());
-  const model::GptConfig c = Tiny();
+  const model::TransformerConfig c = Tiny();
   const Batch batch = MakeBatch(c, 2);
   for (bool split : {false, true}) {
     SCOPED_TRACE(split ? "BackwardWeight" : "Backward");
@@ -333,7 +333,7 @@ TEST(ModelChunkTest, TheGradientsAddedHookSeesEachLayerAsItsGradientsAreAdded) {
     EXPECT_THAT(chunk.LayerGradients(n).status(), StatusIs(absl::StatusCode::kOutOfRange));
     EXPECT_FALSE(chunk.LayerHoldsTiedParam(0)) << "untied";
   }
-  model::GptConfig tied = c;
+  model::TransformerConfig tied = c;
   tied.tie_embeddings = true;
   Stages<float> one = MakeStages<float>(cpu->get(), tied, {});
   for (int i = 0; i < one[0]->num_layers(); ++i) {
@@ -344,7 +344,7 @@ TEST(ModelChunkTest, TheGradientsAddedHookSeesEachLayerAsItsGradientsAreAdded) {
 TEST(ModelChunkTest, RecomputeIsBitIdenticalAndKeepsOnlyInputs) {
   auto cpu = CpuBackend::Create(1);
   ASSERT_THAT(cpu, IsOk());
-  const model::GptConfig c = Tiny();
+  const model::TransformerConfig c = Tiny();
   const Batch batch = MakeBatch(c, 4);
   Stages<float> plain = MakeStages<float>(cpu->get(), c, {2});
   Stages<float> recompute = MakeStages<float>(cpu->get(), c, {2}, {.recompute = true});
@@ -374,7 +374,7 @@ TEST(ModelChunkTest, RecomputeIsBitIdenticalAndKeepsOnlyInputs) {
 }
 
 void CheckActivationBytes(HostBackend& backend, common::DType products) {
-  const model::GptConfig c = Tiny();
+  const model::TransformerConfig c = Tiny();
   const Batch batch = MakeBatch(c, 6);
   const int M = 3, rows = 2;
   const double tokens = rows * c.seq_len;
@@ -445,14 +445,14 @@ class CountingBackend : public HostBackend {
 // pair of rotary tables made at Create (one pair for three blocks, not three), a chunk
 // of only the embedding or the head none, GPT-2 none. A step leaves nothing else.
 TEST(ModelChunkTest, AChunkHoldsItsParametersAndTheTablesItsLayersShareExactly) {
-  model::GptConfig llama = Tiny();  // heads of 4: rotary tables of 5 x 2 each
+  model::TransformerConfig llama = Tiny();  // heads of 4: rotary tables of 5 x 2 each
   llama.family = "llama";
   llama.n_kv_heads = 1;
   llama.ffn_dim = 12;
   llama.rope_theta = 10000;
   llama.norm_eps = 1e-5;
   EXPECT_EQ(model::ChunkTableBytes(llama, 0, llama.num_pipeline_layers()), 2u * 5 * 2 * 4);
-  for (const model::GptConfig& c : {Tiny(), llama}) {
+  for (const model::TransformerConfig& c : {Tiny(), llama}) {
     const int n = c.num_pipeline_layers();
     for (const auto& [begin, end] :
          std::vector<std::pair<int, int>>{{0, n}, {0, 1}, {1, 2}, {1, 4}, {n - 1, n}, {2, n}}) {
@@ -481,7 +481,7 @@ TEST(ModelChunkTest, AChunkHoldsItsParametersAndTheTablesItsLayersShareExactly) 
 
 TEST(ModelChunkTest, InitIsDeterministicAcrossPartitions) {
   HostBackend backend;
-  const model::GptConfig c{
+  const model::TransformerConfig c{
       .vocab_size = 64, .seq_len = 8, .d_model = 64, .n_heads = 4, .n_layers = 2};
   Stages<float> whole = MakeStages<float>(&backend, c, {});
   Stages<float> split = MakeStages<float>(&backend, c, {1, 3});
@@ -512,7 +512,7 @@ TEST(ModelChunkTest, InitIsDeterministicAcrossPartitions) {
 
 TEST(ModelChunkTest, AdamWDecaysMatricesOnlyAndClipsByTheGivenNorm) {
   HostBackend backend;
-  const model::GptConfig c = Tiny();
+  const model::TransformerConfig c = Tiny();
   Stages<float> a = MakeStages<float>(&backend, c, {});
   const auto before = Collect(a, false);
   // Zero gradients: Adam moves nothing, only decoupled decay acts.
@@ -563,7 +563,7 @@ TEST(ModelChunkTest, AdamWDecaysMatricesOnlyAndClipsByTheGivenNorm) {
 // with weight decay on matrices only and clipping by the norm their pieces sum to.
 TEST(ModelChunkTest, CopiesSteppingTheirPiecesGiveTheWholeStepBitForBit) {
   HostBackend backend;
-  model::GptConfig c = Tiny();
+  model::TransformerConfig c = Tiny();
   c.tie_embeddings = true;  // the head's tied copy stays out of every piece's norm
   const Batch batch = MakeBatch(c, 2);
   const OptimizerSettings adam = {.lr = 0.1f, .weight_decay = 0.1f, .grad_clip_norm = 0.5f};
@@ -674,7 +674,7 @@ TEST(ModelChunkTest, CopiesSteppingTheirPiecesGiveTheWholeStepBitForBit) {
 TEST(ModelChunkTest, EvaluateIsForwardBitForBitAndKeepsNothing) {
   auto cpu = CpuBackend::Create(1);
   ASSERT_THAT(cpu, IsOk());
-  const model::GptConfig c = Tiny();
+  const model::TransformerConfig c = Tiny();
   const Batch batch = MakeBatch(c, 2);
   for (bool recompute : {false, true}) {
     SCOPED_TRACE(recompute ? "recompute" : "no recompute");
@@ -714,7 +714,7 @@ TEST(ModelChunkTest, TheBf16ProductCopyFollowsEveryChangeOfTheWeights) {
   auto cpu = CpuBackend::Create(1);
   ASSERT_THAT(cpu, IsOk());
   ASSERT_THAT((*cpu)->SetProductOperands(common::DType::kBF16), IsOk());
-  const model::GptConfig c = Tiny();
+  const model::TransformerConfig c = Tiny();
   const Batch batch = MakeBatch(c, 2);
   Stages<float> trained = MakeStages<float>(cpu->get(), c, {});
   const auto evaluate = [&](ModelChunk& m) {
@@ -763,7 +763,7 @@ TEST(ModelChunkTest, TheBf16ProductCopyIsMadeOncePerStep) {
     int copies = 0;
   } backend;
   ASSERT_THAT(backend.SetProductOperands(common::DType::kBF16), IsOk());
-  const model::GptConfig c = Tiny();
+  const model::TransformerConfig c = Tiny();
   const Batch batch = MakeBatch(c, 3);
   Stages<float> s = MakeStages<float>(&backend, c, {2});
   const int layers = c.num_pipeline_layers();
@@ -788,7 +788,7 @@ TEST(ModelChunkTest, TheBf16ProductCopyIsMadeOncePerStep) {
 
 TEST(ModelChunkTest, MisuseIsAnErrorNamingTheMicroBatch) {
   HostBackend backend;
-  const model::GptConfig c = Tiny();
+  const model::TransformerConfig c = Tiny();
   EXPECT_THAT(ModelChunk::Create(c, 2, 2, &backend),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("[2, 2)")));
   EXPECT_THAT(ModelChunk::Create(c, 0, 9, &backend), StatusIs(absl::StatusCode::kInvalidArgument));

@@ -33,7 +33,7 @@ TEST_P(PyTorchFixtureTest, LossAndEveryGradientMatch) {
 
   auto ckpt = model::LoadCheckpoint(Dir() + "weights.safetensors");
   ASSERT_THAT(ckpt.status(), IsOk());
-  const model::GptConfig& config = ckpt->config;
+  const model::TransformerConfig& config = ckpt->config;
   auto backend = CpuBackend::Create(1);
   ASSERT_THAT(backend.status(), IsOk());
   auto model = ModelChunk::Create(config, 0, config.num_pipeline_layers(), backend->get());

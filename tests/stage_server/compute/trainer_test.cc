@@ -62,7 +62,7 @@ std::vector<double> Losses(const TrainOptions& o) {
 }
 
 TEST(TrainerTest, BatchesAreDeterministicShiftedRows) {
-  const model::GptConfig c = TinyOptions().model;
+  const model::TransformerConfig c = TinyOptions().model;
   const std::string text = Corpus();
   auto a = model::SampleBatch(text, c, 4, 7, 3), b = model::SampleBatch(text, c, 4, 7, 3);
   auto other = model::SampleBatch(text, c, 4, 7, 4);

@@ -52,7 +52,7 @@ Copy MakeCopy(const SplitCase& setup, int rank, bool split, InProcessCopies& col
   Copy c;
   const common::DType precision = setup.bf16 ? common::DType::kBF16 : common::DType::kF32;
   EXPECT_THAT(c.backend->SetProductOperands(precision), IsOk());
-  const model::GptConfig config = ::pipetrain::testing::TinyModel(setup.tied);
+  const model::TransformerConfig config = ::pipetrain::testing::TinyModel(setup.tied);
   compute::ChunkOptions options{.boundary = precision};
   if (split) options.split = {.copies = setup.copies, .copy = rank};
   auto layers = *compute::ModelChunk::Create(config, 0, config.num_pipeline_layers(),

@@ -50,7 +50,7 @@ using ::pipetrain::testing::RandomBatch;
 using ::pipetrain::testing::Reference;
 using ::pipetrain::testing::Rows;
 constexpr int kSteps = 3;
-model::GptConfig Tiny() { return ::pipetrain::testing::TinyModel(); }
+model::TransformerConfig Tiny() { return ::pipetrain::testing::TinyModel(); }
 compute::OptimizerSettings Adam() { return ::pipetrain::testing::TestAdam(); }
 const Reference& SharedReference(float clip, bool tied, common::DType products,
                                  bool llama = false) {
@@ -107,7 +107,7 @@ model::TokenBatch EvalBatch() { return RandomBatch(77); }
 void RunPipeline(const Case& c) {
   SCOPED_TRACE(Name(c));
   planner::PlanOptions po;
-  const model::GptConfig config = ::pipetrain::testing::TinyModel(c.tied, c.llama);
+  const model::TransformerConfig config = ::pipetrain::testing::TinyModel(c.tied, c.llama);
   po.model = config;
   po.stages = c.stages;
   po.micro_batches = kMicroBatches;
@@ -1039,7 +1039,7 @@ TEST(ExecutorTest, AStagesReportedPeakMemoryIsThePlannersPrediction) {
       const MemoryBreakdown need = MemoryOf(config, DeviceSpec::Kind::kCpu, false);
       EXPECT_EQ(static_cast<double>(need.state), sp.state_bytes);
       EXPECT_EQ(static_cast<double>(need.tables), sp.table_bytes);
-      const model::GptConfig& m = po.model;
+      const model::TransformerConfig& m = po.model;
       EXPECT_EQ(need.tables, llama ? 2u * m.seq_len * (m.head_dim() / 2) * 4 : 0u);
 
       RuntimeOptions options;

@@ -214,7 +214,7 @@ TEST_P(PeerLinkTest, ForeignJobFrameIsRejected) {
 // The job's bound (stage_server/link_limits): a micro-batch's activation passes, one
 // announcing more than any tensor of the job could be is refused before it is buffered.
 TEST_P(PeerLinkTest, ATensorLargerThanTheJobsLargestIsRefused) {
-  model::GptConfig model;
+  model::TransformerConfig model;
   model.seq_len = 4;
   model.d_model = 8;
   PeerLinkOptions down = Options(1, 0);
@@ -239,7 +239,7 @@ TEST_P(PeerLinkTest, ATensorLargerThanTheJobsLargestIsRefused) {
 }
 
 TEST(LinkLimitsTest, TheLargestActivationOrTiedGradientOfTheJob) {
-  model::GptConfig model;
+  model::TransformerConfig model;
   model.vocab_size = 50257;
   model.seq_len = 1024;
   model.d_model = 768;
@@ -257,7 +257,7 @@ TEST(LinkLimitsTest, TheLargestActivationOrTiedGradientOfTheJob) {
 }
 
 TEST(LinkLimitsTest, Bf16ActivationsHalveTheActivationBoundButNotTheTiedGradients) {
-  model::GptConfig model;
+  model::TransformerConfig model;
   model.vocab_size = 50257;
   model.seq_len = 1024;
   model.d_model = 768;

@@ -21,7 +21,7 @@ JobConfig StageOf(int stage, int K, int chunks = 1, bool tied = false) {
   c.job_id = "links";
   c.stage = stage;
   c.num_stages = K;
-  c.model = model::GptConfig{32, 8, 16, 2, 10, tied};
+  c.model = model::TransformerConfig{32, 8, 16, 2, 10, tied};
   for (int i = 0; i < chunks; ++i) c.chunks.push_back({i, i + 1});
   c.upstream_address = "up:1";
   c.downstream_address = "down:2";

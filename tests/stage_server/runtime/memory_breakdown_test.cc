@@ -32,7 +32,7 @@ JobConfig Job(int micro_batch_size) {
   c.job_id = "m";
   c.stage = 1;
   c.num_stages = 2;
-  c.model = model::GptConfig{32, 8, 16, 2, 4, false};
+  c.model = model::TransformerConfig{32, 8, 16, 2, 4, false};
   c.chunks = {{1, c.model.num_pipeline_layers()}};
   c.micro_batch_size = micro_batch_size;
   c.snapshot_reserve_bytes = 777;
@@ -139,7 +139,7 @@ TEST(MemoryBreakdownTest, EachNeighbourCountsItsLinksBuffersAndWithTheSameHostPa
   alone.chunks = {{0, last.model.num_pipeline_layers()}};
   EXPECT_EQ(MemoryOf(alone, DeviceSpec::Kind::kCpu, true).links, 0u) << "no neighbour";
   JobConfig tied = last;
-  tied.model = model::GptConfig{50257, 8, 768, 2, 4, true};
+  tied.model = model::TransformerConfig{50257, 8, 768, 2, 4, true};
   tied.chunks = {{1, tied.model.num_pipeline_layers()}};
   EXPECT_EQ(MemoryOf(tied, DeviceSpec::Kind::kCpu, true).links, uint64_t{256} << 20)
       << "a 154 MB gradient: the region's cap and as much of warm buffers, on the link "
@@ -209,7 +209,7 @@ TEST(MemoryBreakdownTest, OneMessageShapeNamesTheCountedPartsTheirFieldsAndTheLi
 TEST(MemoryBreakdownTest, HugeRequestsSaturateAndAreRefused) {
   constexpr int kBig = std::numeric_limits<int>::max();
   JobConfig c = Job(kBig);
-  c.model = model::GptConfig{8, kBig, kBig, 1, 1, false};
+  c.model = model::TransformerConfig{8, kBig, kBig, 1, 1, false};
   c.chunks = {{0, 3}};
   c.snapshot_reserve_bytes = UINT64_MAX;
   const MemoryBreakdown need = MemoryOf(c, DeviceSpec::Kind::kCpu, false);
@@ -238,7 +238,7 @@ TEST(MemoryBreakdownTest, BytesPerParameterComeFromTheDtypeTable) {
 TEST(MemoryBreakdownTest, AChunksCheckpointIsWithinItsBound) {
   auto backend = *compute::CpuBackend::Create(1);
   for (bool tied : {false, true}) {
-    const model::GptConfig model{32, 8, 16, 2, 4, tied};
+    const model::TransformerConfig model{32, 8, 16, 2, 4, tied};
     for (const auto& [begin, end] : {std::pair{0, 2}, std::pair{2, 6}, std::pair{0, 6}}) {
       SCOPED_TRACE(absl::StrCat(begin, "..", end, tied ? " tied" : ""));
       auto chunk = *compute::ModelChunk::Create(model, begin, end, backend.get());

@@ -34,7 +34,7 @@ RuntimeOptions Cpu(uint64_t memory_limit_bytes) {
 JobConfig TinyWholeModel(int micro_batch_size) {
   JobConfig c;
   c.job_id = "j1";
-  c.model = model::GptConfig{8, 4, 4, 2, 1, false};
+  c.model = model::TransformerConfig{8, 4, 4, 2, 1, false};
   c.chunks = {{0, c.model.num_pipeline_layers()}};
   c.micro_batch_size = micro_batch_size;
   return c;
@@ -129,10 +129,10 @@ TEST(StageRuntimeTest, TheLimitIsStateTablesAndBuffersExactlyForLlama) {
 
 TEST(StageRuntimeTest, BufferBytesSaturatesInsteadOfOverflowing) {
   constexpr int kBig = std::numeric_limits<int>::max();
-  const model::GptConfig huge{8, kBig, kBig, 1, 1, false};
+  const model::TransformerConfig huge{8, kBig, kBig, 1, 1, false};
   // A middle chunk holds activations both ways: 4 x rows x T x C bytes each.
   EXPECT_EQ(BackendChunk::BufferBytes(huge, 1, 2, kBig), std::numeric_limits<uint64_t>::max());
-  const model::GptConfig small{8, 4, 4, 2, 2, false};
+  const model::TransformerConfig small{8, 4, 4, 2, 2, false};
   EXPECT_EQ(BackendChunk::BufferBytes(small, 1, 2, 3), 4u * 4 * (3 * 4 * 4));
 }
 
@@ -142,7 +142,7 @@ TEST(StageRuntimeTest, BufferBytesSaturatesInsteadOfOverflowing) {
 // sizing a range of 2^31 layers one layer at a time took minutes).
 TEST(StageRuntimeTest, StateBytesIsTheLayersParametersTimesSixteen) {
   JobConfig config;
-  config.model = model::GptConfig{97, 7, 24, 3, 5, false};
+  config.model = model::TransformerConfig{97, 7, 24, 3, 5, false};
   const int n = config.model.num_pipeline_layers();
   const auto by_layer = [&](int begin, int end) {
     uint64_t params = 0;
