@@ -168,7 +168,7 @@ absl::StatusOr<StepResult> Executor::RunStep(const schedule::StageProgram& progr
   RETURN_IF_ERROR(CheckProgram(program, inputs));
   ASSIGN_OR_RETURN(std::unique_ptr<StepState> st, StartStep(program, std::move(inputs)));
   StepResult result;
-  absl::Status failure = RunPositions(program, *st, result.timings);
+  absl::Status failure = RunTimedPositions(program, *st, result.timings);
   if (failure.ok()) failure = FinishStep(*st);
   if (!failure.ok()) {
     AbandonStep(*st);
@@ -224,8 +224,8 @@ absl::StatusOr<std::unique_ptr<Executor::StepState>> Executor::StartStep(
   return st;
 }
 
-absl::Status Executor::RunPositions(const schedule::StageProgram& program, StepState& st,
-                                    std::vector<ActionTiming>& timings) {
+absl::Status Executor::RunTimedPositions(const schedule::StageProgram& program,
+                                         StepState& st, std::vector<ActionTiming>& timings) {
   for (size_t i = 0; i < program.actions.size(); ++i) {
     const Action& a = program.actions[i];
     if (config_.before_action && !st.forward_only) {
@@ -235,9 +235,12 @@ absl::Status Executor::RunPositions(const schedule::StageProgram& program, StepS
     t.action = a;
     t.link = IsLink(a.kind);
     t.start_us = absl::ToInt64Microseconds(absl::Now() - st.start);
+    const bool compute = schedule::IsCompute(a.kind);
+    if (compute) chunks_[a.chunk]->ResetPeak();
     absl::Status s = a.kind == ActionKind::kOptimizerStep ? PrepareOptimizerStep(st, t)
                                                           : absl::OkStatus();
-    if (s.ok()) s = RunActionAt(static_cast<int>(i), a, st, t);
+    if (s.ok()) s = RunStartingReductions(static_cast<int>(i), a, st, t);
+    if (compute && s.ok()) RecordActivationPeak(a, st);
     FinishTiming(a, s.ok(), st, t);
     if (!s.ok()) {
       const common::ErrorContext position(
@@ -273,34 +276,30 @@ absl::Status Executor::PrepareOptimizerStep(StepState& st, ActionTiming& t) {
   return absl::OkStatus();
 }
 
-absl::Status Executor::RunActionAt(int position, const Action& a, StepState& st, ActionTiming& t) {
-  const bool compute = schedule::IsCompute(a.kind);
-  if (compute) chunks_[a.chunk]->ResetPeak();
+absl::Status Executor::RunStartingReductions(int position, const Action& a, StepState& st,
+                                             ActionTiming& t) {
   // The chunk's last gradient action: each layer's average starts as it completes.
-  const bool last_gradients =
-      st.averaging_on && compute && st.last_gradient_position[a.chunk] == position;
-  if (last_gradients) {
-    const int c = a.chunk;
-    chunks_[c]->OnFinalGradients([this, c, &st](int layer) {
-      // Tied gradients change at the optimizer step: those wait for it.
-      if (config_.tie_embeddings && chunks_[c]->LayerHoldsTiedParam(layer)) return;
-      StartAveraging(c, layer, st);
-    });
-  }
-  absl::Status s = RunAction(a, st, t);
-  if (last_gradients) {
-    chunks_[a.chunk]->OnFinalGradients({});
-    if (s.ok()) s = st.averaging_failure;
-  }
-  if (compute && s.ok()) {
-    // The chunk's peak during the action, with what the other chunks hold meanwhile.
-    size_t total = chunks_[a.chunk]->PeakActivationBytes();
-    for (size_t c = 0; c < chunks_.size(); ++c) {
-      if (static_cast<int>(c) != a.chunk) total += chunks_[c]->ActivationBytes();
-    }
-    st.peak_bytes = std::max(st.peak_bytes, total);
-  }
+  const bool last_gradients = st.averaging_on && schedule::IsCompute(a.kind) &&
+                              st.last_gradient_position[a.chunk] == position;
+  if (!last_gradients) return Dispatch(a, st, t);
+  const int c = a.chunk;
+  chunks_[c]->OnFinalGradients([this, c, &st](int layer) {
+    // Tied gradients change at the optimizer step: those wait for it.
+    if (config_.tie_embeddings && chunks_[c]->LayerHoldsTiedParam(layer)) return;
+    StartAveraging(c, layer, st);
+  });
+  absl::Status s = Dispatch(a, st, t);
+  chunks_[c]->OnFinalGradients({});
+  if (s.ok()) s = st.averaging_failure;
   return s;
+}
+
+void Executor::RecordActivationPeak(const Action& a, StepState& st) const {
+  size_t total = chunks_[a.chunk]->PeakActivationBytes();
+  for (size_t c = 0; c < chunks_.size(); ++c) {
+    if (static_cast<int>(c) != a.chunk) total += chunks_[c]->ActivationBytes();
+  }
+  st.peak_bytes = std::max(st.peak_bytes, total);
 }
 
 void Executor::FinishTiming(const Action& a, bool ok, const StepState& st, ActionTiming& t) const {
@@ -342,7 +341,7 @@ void Executor::AbandonStep(const StepState& st) {
   }
 }
 
-absl::Status Executor::RunAction(const Action& a, StepState& st, ActionTiming& timing) {
+absl::Status Executor::Dispatch(const Action& a, StepState& st, ActionTiming& timing) {
   switch (a.kind) {
     case ActionKind::kRecvActivation:
       return Receive(a, common::TensorKind::kActivation, st, timing);

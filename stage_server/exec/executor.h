@@ -158,19 +158,23 @@ class Executor {
   // Zeroes the gradients (training), opens the step on the links and starts its clock.
   absl::StatusOr<std::unique_ptr<StepState>> StartStep(const schedule::StageProgram& program,
                                                        StepInputs inputs);
-  // Runs each position's action, recording its timing; the first failure ends the step,
-  // named by job, stage, step, position and action.
-  absl::Status RunPositions(const schedule::StageProgram& program, StepState& st,
-                            std::vector<ActionTiming>& timings);
+  // Runs the program position by position, timing each action and recording the
+  // activation peak of each compute action; the first failure ends the step, named by
+  // job, stage, step, position and action.
+  absl::Status RunTimedPositions(const schedule::StageProgram& program, StepState& st,
+                                 std::vector<ActionTiming>& timings);
   // What the optimizer step needs first: the tied gradients summed, the replicas'
   // average, this stage's squared gradient norm.
   absl::Status PrepareOptimizerStep(StepState& st, ActionTiming& t);
-  // The action at `position`, with the chunk's final-gradient hook when it is the
-  // chunk's last gradient action, and the activation peak it reached.
-  absl::Status RunActionAt(int position, const schedule::Action& action, StepState& st,
-                           ActionTiming& t);
-  // Per action: dispatches on its kind to one of the five below.
-  absl::Status RunAction(const schedule::Action& action, StepState& st, ActionTiming& timing);
+  // The action at `position`; when it is its chunk's last gradient action, each layer's
+  // reduction with the other replicas starts as the action makes its gradients final.
+  absl::Status RunStartingReductions(int position, const schedule::Action& action,
+                                     StepState& st, ActionTiming& t);
+  // The peak of activation bytes during a compute action: its chunk's peak with what the
+  // other chunks hold meanwhile.
+  void RecordActivationPeak(const schedule::Action& action, StepState& st) const;
+  // Dispatches an action on its kind to one of the functions below.
+  absl::Status Dispatch(const schedule::Action& action, StepState& st, ActionTiming& timing);
   // RECV_F / RECV_B: the tensor from its neighbour, kept in the network's buffers.
   absl::Status Receive(const schedule::Action& action, common::TensorKind kind, StepState& st,
                        ActionTiming& timing);
