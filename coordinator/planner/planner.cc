@@ -175,53 +175,93 @@ absl::StatusOr<Partition> PartitionLayers(const PlanOptions& o,
   return capped;
 }
 
-// What layers [b, e) cost one replica's stage per micro-batch of `tokens` tokens: from
-// the FLOP and link rates, else from measured rates, else forward 1 and backward 2 units.
-// The layer costs' output_bytes are fp32's; the wire carries the precision's.
-ChunkCost CostOfChunk(const PlanOptions& o, const std::vector<model::LayerCost>& cost, int b,
-                      int e, bool recompute, double tokens) {
+// Where a plan's compute and link times come from: the FLOP and link rates of the
+// options (the analytic guess), rates measured on a job's steps, or one unit a forward
+// and two a backward (the textbook formulas' setting, equal_stage_cost).
+enum class TimeSource { kFlopRates, kMeasuredRates, kEqualUnits };
+
+TimeSource TimeSourceOf(const PlanOptions& o) {
+  if (o.equal_stage_cost) return TimeSource::kEqualUnits;
+  return o.rates ? TimeSource::kMeasuredRates : TimeSource::kFlopRates;
+}
+
+// What layers [b, e) do per micro-batch of `tokens` tokens: FLOPs per kind of action, and
+// the bytes its output and its input gradient put on the wire in the plan's precision
+// (the layer costs' output_bytes are fp32's).
+struct ChunkWork {
+  double forward_flops = 0, backward_input_flops = 0, backward_weight_flops = 0;
+  double activation_bytes = 0;  // sent downstream
+  double gradient_bytes = 0;    // sent upstream
+  bool upstream = false;        // the chunk has a layer before it (b > 0)
+};
+
+ChunkWork WorkOf(const PlanOptions& o, const std::vector<model::LayerCost>& cost, int b, int e,
+                 double tokens) {
   const double wire = static_cast<double>(PrecisionBytesOf(o).activation_wire) /
                       static_cast<double>(common::DTypeSize(common::DType::kF32));
-  ChunkCost cc;
+  ChunkWork w;
+  for (int l = b; l < e; ++l) {
+    w.forward_flops += cost[l].forward_flops * tokens;
+    w.backward_input_flops += cost[l].backward_input_flops * tokens;
+    w.backward_weight_flops += cost[l].backward_weight_flops * tokens;
+  }
+  w.activation_bytes = cost[e - 1].output_bytes * wire * tokens;
+  w.upstream = b > 0;
+  if (w.upstream) w.gradient_bytes = cost[b - 1].output_bytes * wire * tokens;
+  return w;
+}
+
+// Times from the options' device FLOP rate and link bandwidth, layer by layer.
+void TimesFromFlopRates(const PlanOptions& o, const std::vector<model::LayerCost>& cost, int b,
+                        int e, double tokens, const ChunkWork& w, ChunkCost& cc) {
   for (int l = b; l < e; ++l) {
     cc.forward_s += cost[l].forward_flops * tokens / o.device_flops;
     cc.backward_input_s += cost[l].backward_input_flops * tokens / o.device_flops;
     cc.backward_weight_s += cost[l].backward_weight_flops * tokens / o.device_flops;
   }
+  cc.send_activation_s = w.activation_bytes / o.link_bytes_per_s;
+  cc.send_gradient_s = w.upstream ? w.gradient_bytes / o.link_bytes_per_s : 0;
+}
+
+// Times from the rates measured on a job's steps, with what a send and a receive cost
+// the stage itself.
+void TimesFromMeasuredRates(const CostRates& r, const ChunkWork& w, ChunkCost& cc) {
+  cc.forward_s = w.forward_flops * r.forward_s_per_flop;
+  cc.backward_input_s = w.backward_input_flops * r.backward_input_s_per_flop;
+  cc.backward_weight_s = w.backward_weight_flops * r.backward_weight_s_per_flop;
+  cc.send_activation_s = w.activation_bytes * r.transfer_s_per_byte;
+  cc.send_gradient_s = w.upstream ? w.gradient_bytes * r.transfer_s_per_byte : 0;
+  cc.send_busy_s = r.send_busy_s;
+  cc.recv_busy_s = r.recv_busy_s;
+}
+
+// What layers [b, e) cost one replica's stage per micro-batch of `tokens` tokens, under
+// the plan's source of times; the memory figures are the same under each.
+ChunkCost CostOfChunk(const PlanOptions& o, const std::vector<model::LayerCost>& cost, int b,
+                      int e, bool recompute, double tokens) {
+  ChunkCost cc;
   const model::ChunkMemory memory =
       model::ChunkActivationBytes(o.model, b, e, recompute, ProductsOf(o));
   cc.stored_bytes = memory.stored * tokens;
   cc.backward_extra_bytes = memory.backward_extra * tokens;
   cc.weight_grad_bytes = memory.weight_grad * tokens;
-  if (recompute) cc.recompute_s = cc.forward_s;
-  cc.send_activation_s = cost[e - 1].output_bytes * wire * tokens / o.link_bytes_per_s;
-  cc.send_gradient_s =
-      b > 0 ? cost[b - 1].output_bytes * wire * tokens / o.link_bytes_per_s : 0;
-  if (o.rates && !o.equal_stage_cost) {
-    const CostRates& r = *o.rates;
-    double f = 0, bi = 0, bw = 0;
-    for (int l = b; l < e; ++l) {
-      f += cost[l].forward_flops * tokens;
-      bi += cost[l].backward_input_flops * tokens;
-      bw += cost[l].backward_weight_flops * tokens;
+  switch (TimeSourceOf(o)) {
+    case TimeSource::kFlopRates:
+      TimesFromFlopRates(o, cost, b, e, tokens, WorkOf(o, cost, b, e, tokens), cc);
+      break;
+    case TimeSource::kMeasuredRates:
+      TimesFromMeasuredRates(*o.rates, WorkOf(o, cost, b, e, tokens), cc);
+      break;
+    case TimeSource::kEqualUnits: {
+      // Free transfer and no recompute in the formulas' setting.
+      const ChunkCost unit = EqualStageCost(1, o.chunks).chunks[0][0];
+      cc.forward_s = unit.forward_s;
+      cc.backward_input_s = unit.backward_input_s;
+      cc.backward_weight_s = unit.backward_weight_s;
+      return cc;
     }
-    cc.forward_s = f * r.forward_s_per_flop;
-    cc.backward_input_s = bi * r.backward_input_s_per_flop;
-    cc.backward_weight_s = bw * r.backward_weight_s_per_flop;
-    cc.recompute_s = recompute ? cc.forward_s : 0;
-    cc.send_activation_s = cost[e - 1].output_bytes * wire * tokens * r.transfer_s_per_byte;
-    cc.send_gradient_s =
-        b > 0 ? cost[b - 1].output_bytes * wire * tokens * r.transfer_s_per_byte : 0;
-    cc.send_busy_s = r.send_busy_s;
-    cc.recv_busy_s = r.recv_busy_s;
   }
-  if (o.equal_stage_cost) {
-    const ChunkCost unit = EqualStageCost(1, o.chunks).chunks[0][0];
-    cc.forward_s = unit.forward_s;
-    cc.backward_input_s = unit.backward_input_s;
-    cc.backward_weight_s = unit.backward_weight_s;
-    cc.recompute_s = cc.send_activation_s = cc.send_gradient_s = 0;
-  }
+  if (recompute) cc.recompute_s = cc.forward_s;
   return cc;
 }
 
@@ -257,7 +297,7 @@ void AddStageFigures(const PlanOptions& o, Plan& plan) {
     if (o.replicas > 1) {
       sp.allreduce_bytes = GradientBytesPerParam() * static_cast<double>(sp.params);
     }
-    if (o.replicas > 1 && !o.equal_stage_cost) {
+    if (o.replicas > 1 && TimeSourceOf(o) != TimeSource::kEqualUnits) {
       sp.allreduce_s = RingAllReduceSeconds(sp.allreduce_bytes, o.replicas, o.collective_rate());
       plan.costs.allreduce_stage_s.resize(k, 0);
       plan.costs.allreduce_stage_s[sp.stage] = sp.allreduce_s;
@@ -272,7 +312,7 @@ void AddStageFigures(const PlanOptions& o, Plan& plan) {
           kSnapshotSteps * SnapshotBytesPerParam() * static_cast<double>(plan.stages[s].params + held);
     }
   }
-  if (o.rates && !o.equal_stage_cost) {
+  if (TimeSourceOf(o) == TimeSource::kMeasuredRates) {
     for (const StagePlan& sp : plan.stages) {
       plan.costs.optimizer_stage_s.push_back(static_cast<double>(sp.params) *
                                              o.rates->optimizer_s_per_param);
