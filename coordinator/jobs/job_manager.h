@@ -156,9 +156,13 @@ class JobManager {
                                        const Continuation& run, const RunOutcome& out);
   // After a coordinator restart, when MayResume.
   absl::StatusOr<Continuation> Resume(LiveJob* job, const LostRun& run);
-  // Recovery.Recover; a state it wrote to disk becomes the job's checkpoint.
-  absl::StatusOr<Continuation> RecoverAndKeepCheckpoint(LiveJob* job, JobRecovery& recovery,
-                                                        const LostRun& run);
+  // Recovery.Recover; where the job cannot go on, a state it found newer than the job's
+  // checkpoint is kept as the job's checkpoint (KeepAsCheckpoint), for resume.
+  absl::StatusOr<Continuation> RecoverKeepingState(LiveJob* job, JobRecovery& recovery,
+                                                   const LostRun& run);
+  // Writes `state` under the job's checkpoints and makes it the job's checkpoint; a
+  // failure is logged (the job keeps its older checkpoint).
+  void KeepAsCheckpoint(LiveJob* job, const RestoredState& state, const std::string& root);
   // The job's stages as they register again, until all are back, the grace time is
   // over or the job is stopped.
   std::vector<std::optional<StageRecord>> AwaitStagesBack(LiveJob* job,

@@ -133,25 +133,36 @@ absl::StatusOr<Continuation> JobManager::Recover(LiveJob* job, JobRecovery& reco
   const LostRun lost = LostRunOf(status, CheckpointRoot(options_.state_dir, status.job_id()),
                                  run.spec, run.stages, out.lost_stage_ids, out.steps_done + 1,
                                  out.configured);
-  return RecoverAndKeepCheckpoint(job, recovery, lost);
+  return RecoverKeepingState(job, recovery, lost);
 }
 
 absl::StatusOr<Continuation> JobManager::Resume(LiveJob* job, const LostRun& run) {
   RETURN_IF_ERROR(MayResume(FactsOf(job)));
   JobRecovery recovery = MakeRecovery(job, RunnerOptionsFor(run.job_id));
-  return RecoverAndKeepCheckpoint(job, recovery, run);
+  return RecoverKeepingState(job, recovery, run);
 }
 
-absl::StatusOr<Continuation> JobManager::RecoverAndKeepCheckpoint(LiveJob* job,
-                                                                  JobRecovery& recovery,
-                                                                  const LostRun& run) {
-  std::string saved;
-  absl::StatusOr<Continuation> next = recovery.Recover(run, &saved);
-  if (!saved.empty()) {
-    absl::MutexLock lock(&mu_);
-    job->status.set_checkpoint_dir(saved);
+absl::StatusOr<Continuation> JobManager::RecoverKeepingState(LiveJob* job, JobRecovery& recovery,
+                                                             const LostRun& run) {
+  Recovered recovered = recovery.Recover(run);
+  if (recovered.stranded && NewerThanCheckpoint(*recovered.stranded, run.checkpoint_dir)) {
+    KeepAsCheckpoint(job, *recovered.stranded, run.checkpoint_root);
   }
-  return next;
+  return std::move(recovered.next);
+}
+
+void JobManager::KeepAsCheckpoint(LiveJob* job, const RestoredState& state,
+                                  const std::string& root) {
+  absl::StatusOr<std::string> dir = WriteAsCheckpoint(state, root);
+  if (!dir.ok()) {
+    Log(job, absl::StrCat("could not write the state after step ", state.step, " from ",
+                          state.source, ": ", dir.status().message()));
+    return;
+  }
+  Log(job, absl::StrCat("wrote the state after step ", state.step, " from ", state.source,
+                        " to ", *dir));
+  absl::MutexLock lock(&mu_);
+  job->status.set_checkpoint_dir(*dir);
 }
 
 std::vector<std::optional<StageRecord>> JobManager::AwaitStagesBack(LiveJob* job,

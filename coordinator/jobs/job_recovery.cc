@@ -103,8 +103,19 @@ JobRecovery::JobRecovery(StageRegistry& registry, std::shared_ptr<StageConnector
     : registry_(registry), connector_(std::move(connector)), rpc_deadline_(rpc_deadline),
       poll_(poll), log_(std::move(log)), stop_(std::move(stop)) {}
 
-absl::StatusOr<Continuation> JobRecovery::Recover(const LostRun& run,
-                                                  std::string* saved_checkpoint) {
+bool NewerThanCheckpoint(const RestoredState& state, const std::string& checkpoint_dir) {
+  return state.step > CheckpointStep(checkpoint_dir);
+}
+
+absl::StatusOr<std::string> WriteAsCheckpoint(const RestoredState& state,
+                                              const std::string& checkpoint_root) {
+  const std::string dir = absl::StrCat(checkpoint_root, "/step-", state.step);
+  ASSIGN_OR_RETURN(std::string bytes, model::SerializeCheckpoint(state.whole));
+  RETURN_IF_ERROR(model::WriteCheckpointFolder(dir, {{0, 0, std::move(bytes)}}, 1));
+  return dir;
+}
+
+Recovered JobRecovery::Recover(const LostRun& run) {
   pb::Recovery record;
   SetNow(record.mutable_lost());
   std::vector<std::string> lost = run.lost;
@@ -122,30 +133,17 @@ absl::StatusOr<Continuation> JobRecovery::Recover(const LostRun& run,
   std::optional<Continuation> next = FindStages(run, survivors, lost);
   const std::string who = absl::StrJoin(lost, " and ");
   if (!next) {
-    // Nothing is lost: a state newer than the job's checkpoint goes to disk, for resume.
-    if (source.restored && source.restored->step > CheckpointStep(run.checkpoint_dir)) {
-      const std::string dir = absl::StrCat(run.checkpoint_root, "/step-", source.restored->step);
-      absl::StatusOr<std::string> bytes = model::SerializeCheckpoint(source.restored->whole);
-      absl::Status written = bytes.status();
-      if (bytes.ok()) written = model::WriteCheckpointFolder(dir, {{0, 0, *std::move(bytes)}}, 1);
-      if (written.ok()) {
-        *saved_checkpoint = dir;
-        log_(absl::StrCat("wrote the state after step ", source.restored->step, " from ",
-                          source.what, " to ", dir));
-      } else {
-        log_(absl::StrCat("could not write the state after step ", source.restored->step,
-                          " from ", source.what, ": ", written.message()));
-      }
-    }
-    if (stop_()) {
-      return absl::CancelledError(absl::StrCat("stopped while recovering from ", who,
-                                               " lost at step ", run.failed_step));
-    }
-    return absl::UnavailableError(absl::StrCat(
-        who, " lost at step ", run.failed_step, ": no free stage took its place within ",
-        run.spec.fault_tolerance().wait_for_stages_s(),
-        " s (fault_tolerance.wait_for_stages_s) and the model does not fit the ",
-        Stages(survivors.size()), " left"));
+    const absl::Status why =
+        stop_() ? absl::CancelledError(absl::StrCat("stopped while recovering from ", who,
+                                                    " lost at step ", run.failed_step))
+                : absl::UnavailableError(absl::StrCat(
+                      who, " lost at step ", run.failed_step,
+                      ": no free stage took its place within ",
+                      run.spec.fault_tolerance().wait_for_stages_s(),
+                      " s (fault_tolerance.wait_for_stages_s) and the model does not fit the ",
+                      Stages(survivors.size()), " left"));
+    if (source.restored) source.restored->source = source.what;
+    return Recovered{.next = why, .stranded = std::move(source.restored)};
   }
   next->restored = std::move(source.restored);
   const int64_t from = next->restored ? next->restored->step : 0;
@@ -162,7 +160,7 @@ absl::StatusOr<Continuation> JobRecovery::Recover(const LostRun& run,
                     from > 0 ? absl::StrCat("step ", from) : std::string("the start"), " on ",
                     on, " (restart ", run.restart, " of ",
                     run.spec.fault_tolerance().max_restarts(), "; from ", source.what, ")"));
-  return *std::move(next);
+  return Recovered{.next = *std::move(next), .stranded = std::nullopt};
 }
 
 JobRecovery::Source JobRecovery::FindState(const LostRun& run, std::vector<int>& survivors,

@@ -58,6 +58,25 @@ struct Continuation {
   pipetrain::v1::Recovery record;
 };
 
+// What JobRecovery::Recover found.
+struct Recovered {
+  // Where the job continues, from its `restored` state. CANCELLED when `stop` said so
+  // while waiting for stages, UNAVAILABLE when no stages could take the job in time.
+  absl::StatusOr<Continuation> next;
+  // When `next` is an error: the newest complete state found for the job (its `source`
+  // says where from), nullopt when that is the job's start.
+  std::optional<RestoredState> stranded;
+};
+
+// Whether `state` is of a later step than the checkpoint folder `checkpoint_dir` ("" for
+// none): keeping it saves the steps between them.
+bool NewerThanCheckpoint(const RestoredState& state, const std::string& checkpoint_dir);
+
+// Writes `state` as the checkpoint folder of its step under `checkpoint_root`
+// (ROOT/step-N, one whole-model file, as resume reads); returns the folder.
+absl::StatusOr<std::string> WriteAsCheckpoint(const RestoredState& state,
+                                              const std::string& checkpoint_root);
+
 class JobRecovery {
  public:
   // `stop` says the job was cancelled or the coordinator is stopping; `poll` is how
@@ -67,11 +86,9 @@ class JobRecovery {
               absl::Duration poll, std::function<void(const std::string&)> log,
               std::function<bool()> stop);
 
-  // Where and from what the job continues. CANCELLED when `stop` said so while waiting,
-  // UNAVAILABLE when no stages could take it in time; either way, when it had fetched
-  // a state newer than the job's checkpoint, it wrote that state as a checkpoint first
-  // and `*saved_checkpoint` names it.
-  absl::StatusOr<Continuation> Recover(const LostRun& run, std::string* saved_checkpoint);
+  // Where and from what the job continues; or why it cannot, with the state it had
+  // found for it (Recovered::stranded), which the caller may keep.
+  Recovered Recover(const LostRun& run);
 
  private:
   struct Source {
