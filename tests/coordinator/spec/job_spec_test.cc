@@ -308,7 +308,11 @@ TEST(JobSpecTest, EveryValidationRuleNamesItsField) {
        "training.min_lr: must be >= 0 (got inf)"},
       {"min_lr above lr", [](pb::JobSpec& s) { Decaying(s, 0.01f); },
        "training.min_lr: must be <= training.lr (got 0.01 > 0.003)"},
-      {"min_lr with constant", [](pb::JobSpec& s) { s.mutable_training()->set_min_lr(3e-4f); },
+      {"min_lr with constant",
+       [](pb::JobSpec& s) {
+         s.mutable_training()->clear_lr_schedule();  // the example's is cosine
+         s.mutable_training()->set_min_lr(3e-4f);
+       },
        "training.min_lr: is where a decaying schedule ends, but training.lr_schedule is "
        "'constant' (the default)"},
       {"min_lr with explicit constant",
@@ -422,6 +426,7 @@ TEST(JobSpecTest, EveryScheduleIsAccepted) {
   for (const char* name : {"", "constant", "cosine", "linear"}) {
     pb::JobSpec spec = Example();
     spec.mutable_training()->set_lr_schedule(name);
+    spec.mutable_training()->clear_min_lr();  // the example's ends its cosine at lr / 10
     spec.mutable_training()->set_warmup_steps(299);  // one step left to decay over
     EXPECT_THAT(ValidateJobSpec(spec), IsOk()) << name;
     if (std::string(name) == "cosine" || std::string(name) == "linear") {
