@@ -142,7 +142,6 @@ Recovered JobRecovery::Recover(const LostRun& run) {
                       run.spec.fault_tolerance().wait_for_stages_s(),
                       " s (fault_tolerance.wait_for_stages_s) and the model does not fit the ",
                       Stages(survivors.size()), " left"));
-    if (source.restored) source.restored->source = source.what;
     return Recovered{.next = why, .stranded = std::move(source.restored)};
   }
   next->restored = std::move(source.restored);
