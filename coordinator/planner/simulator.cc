@@ -1,8 +1,11 @@
 #include "coordinator/planner/simulator.h"
 
 #include <algorithm>
+#include <tuple>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace pipetrain::planner {
 
@@ -19,11 +22,12 @@ CostModel EqualStageCost(int stages, int chunks) {
   return m;
 }
 
-absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
-                                          const CostModel& costs) {
-  const int k = static_cast<int>(programs.size());
-  if (k == 0) return absl::InvalidArgumentError("simulate: no stages");
-  const int m = programs[0].num_micro_batches, v = programs[0].num_chunks;
+namespace {
+
+// The cost model's shape against the programs': per stage and chunk, and per stage
+// where it is given per stage.
+absl::Status CheckCosts(const schedule::Schedule& programs, const CostModel& costs) {
+  const int k = static_cast<int>(programs.size()), v = programs[0].num_chunks;
   if (static_cast<int>(costs.chunks.size()) != k) {
     return absl::InvalidArgumentError(
         absl::StrCat("simulate: costs for ", costs.chunks.size(), " stages, schedule has ", k));
@@ -34,16 +38,67 @@ absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
                                                      costs.chunks[s].size(), " chunks, not ", v));
     }
   }
-  if (!costs.optimizer_stage_s.empty() && static_cast<int>(costs.optimizer_stage_s.size()) != k) {
-    return absl::InvalidArgumentError(absl::StrCat("simulate: optimizer costs for ",
-                                                   costs.optimizer_stage_s.size(),
-                                                   " stages, schedule has ", k));
+  auto per_stage = [&](size_t n, const char* what) {
+    if (n == 0 || static_cast<int>(n) == k) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("simulate: ", what, " costs for ", n, " stages, schedule has ", k));
+  };
+  RETURN_IF_ERROR(per_stage(costs.optimizer_stage_s.size(), "optimizer"));
+  RETURN_IF_ERROR(per_stage(costs.allreduce_stage_s.size(), "all-reduce"));
+  RETURN_IF_ERROR(per_stage(costs.device_of_stage.size(), "device"));
+  for (int d : costs.device_of_stage) {
+    if (d < 0 || d >= static_cast<int>(costs.device_slots.size()) || costs.device_slots[d] < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "simulate: device ", d, " has no slots (", costs.device_slots.size(), " devices)"));
+    }
   }
-  if (!costs.allreduce_stage_s.empty() && static_cast<int>(costs.allreduce_stage_s.size()) != k) {
-    return absl::InvalidArgumentError(absl::StrCat("simulate: all-reduce costs for ",
-                                                   costs.allreduce_stage_s.size(),
-                                                   " stages, schedule has ", k));
+  return absl::OkStatus();
+}
+
+// When each slot of each shared device is next free. A stage with a device of its own
+// (no device given, or one with as many slots as stages) never waits.
+class DeviceSlots {
+ public:
+  explicit DeviceSlots(const CostModel& costs) : device_of_stage_(costs.device_of_stage) {
+    std::vector<int> stages(costs.device_slots.size(), 0);
+    for (int d : device_of_stage_) ++stages[d];
+    for (size_t d = 0; d < stages.size(); ++d) {
+      const int used = std::min(stages[d], costs.device_slots[d]);
+      capacity_ += used;
+      free_at_.emplace_back(stages[d] > costs.device_slots[d] ? used : 0, 0.0);
+      shared_ = shared_ || stages[d] > costs.device_slots[d];
+    }
   }
+  bool shared() const { return shared_; }
+  // The stages that can compute at once (0 without devices: the caller's K).
+  int capacity() const { return capacity_; }
+  // The earliest `stage` can start computing at or after `at`, and the slot it takes.
+  std::pair<double, int> Earliest(int stage, double at) const {
+    if (device_of_stage_.empty() || free_at_[device_of_stage_[stage]].empty()) return {at, -1};
+    const std::vector<double>& slots = free_at_[device_of_stage_[stage]];
+    const auto first = std::min_element(slots.begin(), slots.end());
+    return {std::max(at, *first), static_cast<int>(first - slots.begin())};
+  }
+  void Take(int stage, int slot, double until) {
+    if (slot >= 0) free_at_[device_of_stage_[stage]][slot] = until;
+  }
+
+ private:
+  std::vector<int> device_of_stage_;
+  std::vector<std::vector<double>> free_at_;  // [device][slot]; empty: not shared
+  int capacity_ = 0;
+  bool shared_ = false;
+};
+
+}  // namespace
+
+absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
+                                          const CostModel& costs) {
+  const int k = static_cast<int>(programs.size());
+  if (k == 0) return absl::InvalidArgumentError("simulate: no stages");
+  RETURN_IF_ERROR(CheckCosts(programs, costs));
+  const int m = programs[0].num_micro_batches, v = programs[0].num_chunks;
+  DeviceSlots devices(costs);
   const int vj = k * v;
   const schedule::Topology topology = programs[0].topology();
   // A hand-off between two chunks of one stage takes no transfer time.
@@ -88,10 +143,20 @@ absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
     }
   }
 
+  // Whether a receive's tensor has been sent (every other action can always run).
+  auto arrived = [&](int s, const Action& a) {
+    const int j = topology.Virtual(s, a.chunk);
+    if (a.kind == ActionKind::kRecvActivation) return act_at[j - 1][a.micro_batch] >= 0;
+    if (a.kind == ActionKind::kRecvGradient) return grad_at[j + 1][a.micro_batch] >= 0;
+    return true;
+  };
   auto run = [&](int s, const Action& a) -> bool {
     const int j = topology.Virtual(s, a.chunk);
     const ChunkCost* c = a.kind == ActionKind::kOptimizerStep ? nullptr : &costs.chunks[s][a.chunk];
+    const bool computes = schedule::IsCompute(a.kind) || a.kind == ActionKind::kOptimizerStep;
+    int slot = -1;
     double start = clock[s], end = start;
+    if (computes) std::tie(start, slot) = devices.Earliest(s, start);
     switch (a.kind) {
       case ActionKind::kRecvActivation:
       case ActionKind::kRecvGradient: {
@@ -147,10 +212,11 @@ absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
                                                        : costs.optimizer_stage_s[s]);
         break;
     }
-    if (schedule::IsCompute(a.kind) || a.kind == ActionKind::kOptimizerStep) {
+    if (computes) {
       const double drawn = costs.draw_compute_s ? costs.draw_compute_s(s, a) : -1;
       if (drawn >= 0) end = start + drawn;
       r.busy_s[s] += end - start;
+      devices.Take(s, slot, end);
     }
     r.events.push_back({s, a, start, end});
     clock[s] = end;
@@ -161,13 +227,30 @@ absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
     return true;
   };
 
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (int s = 0; s < k; ++s) {
-      while (pc[s] < programs[s].actions.size() && run(s, programs[s].actions[pc[s]])) {
-        ++pc[s];
-        progress = true;
+  if (!devices.shared()) {
+    // Each stage's times depend only on its own clock and the arrivals: any order of
+    // running them gives the same timeline, and stage by stage is the cheapest.
+    for (bool progress = true; progress;) {
+      progress = false;
+      for (int s = 0; s < k; ++s) {
+        while (pc[s] < programs[s].actions.size() && run(s, programs[s].actions[pc[s]])) {
+          ++pc[s];
+          progress = true;
+        }
       }
+    }
+  } else {
+    // Slots go to the earliest asker: run the action whose stage got to it first (the
+    // lowest stage on a tie), among those whose input has been sent.
+    for (;;) {
+      int next = -1;
+      for (int s = 0; s < k; ++s) {
+        if (pc[s] >= programs[s].actions.size() || !arrived(s, programs[s].actions[pc[s]])) continue;
+        if (next < 0 || clock[s] < clock[next]) next = s;
+      }
+      if (next < 0) break;
+      run(next, programs[next].actions[pc[next]]);
+      ++pc[next];
     }
   }
   for (int s = 0; s < k; ++s) {
@@ -201,7 +284,8 @@ absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
   }
   double busy = 0;
   for (double b : r.busy_s) busy += b;
-  r.bubble_fraction = r.step_time_s > 0 ? 1.0 - busy / (k * r.step_time_s) : 0;
+  const int capacity = devices.capacity() > 0 ? devices.capacity() : k;
+  r.bubble_fraction = r.step_time_s > 0 ? 1.0 - busy / (capacity * r.step_time_s) : 0;
   return r;
 }
 

@@ -4,7 +4,9 @@
 // and arrives the link's transfer time after it starts (a tensor may arrive before the
 // sender is done with it; links run in parallel, with no contention between messages).
 // With data-parallel replicas, each stage's gradient all-reduce runs on a lane of its own
-// from the end of its last backward (B or W) to the start of its optimizer step.
+// from the end of its last backward (B or W) to the start of its optimizer step. Stages
+// that share a device (CostModel::device_of_stage) take turns on it: a compute action
+// waits for one of its device's slots, the earliest asker first.
 #pragma once
 
 #include <functional>
@@ -45,6 +47,13 @@ struct CostModel {
   // Per stage, the all-reduce of its gradients between the R copies of the stage (R
   // data-parallel replicas; planner.h's RingAllReduceSeconds). Empty: one replica.
   std::vector<double> allreduce_stage_s;
+  // Stages that share a device (stage servers on one GPU, or on the cores of one host):
+  // per stage, the index of its device, and per device its slots, how many of its stages
+  // compute at full speed at once (a GPU 1; a host its cores over a stage's threads). A
+  // compute action (F, B, I, W, OPT) starts once a slot is free. Empty: every stage has
+  // a device of its own.
+  std::vector<int> device_of_stage;
+  std::vector<int> device_slots;
 };
 
 // Forward 1, backward 2 (I 1, W 1) per stage, split evenly over v chunks; free
@@ -74,7 +83,9 @@ struct ReductionEvent {
 struct SimulationResult {
   std::vector<TimelineEvent> events;  // every action, per stage in program order
   double step_time_s = 0;
-  double bubble_fraction = 0;                 // 1 - compute time / (K * step time)
+  // 1 - compute time / (capacity * step time), the capacity being K stages, or with
+  // shared devices the stages that can compute at once (per device, at most its slots).
+  double bubble_fraction = 0;
   std::vector<double> busy_s;                 // compute and optimizer time per stage
   std::vector<double> peak_activation_bytes;  // per stage
   // With CostModel::allreduce_stage_s: one per stage that runs a backward, by stage.

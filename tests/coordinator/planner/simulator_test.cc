@@ -199,5 +199,92 @@ TEST(SimulatorTest, TheReductionStartsAfterTheLastWeightGradient) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("all-reduce costs for 2")));
 }
 
+// Every compute action's interval on `stages`, in time order.
+std::vector<std::pair<double, double>> ComputeOn(const SimulationResult& sim,
+                                                 const std::vector<int>& stages) {
+  std::vector<std::pair<double, double>> out;
+  for (const TimelineEvent& e : sim.events) {
+    const bool computes = schedule::IsCompute(e.action.kind) ||
+                          e.action.kind == schedule::ActionKind::kOptimizerStep;
+    if (computes && std::find(stages.begin(), stages.end(), e.stage) != stages.end()) {
+      out.push_back({e.start_s, e.end_s});
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+TEST(SimulatorTest, StagesSharingOneSlotNeverComputeAtOnce) {
+  CostModel costs = EqualStageCost(2);
+  costs.device_of_stage = {0, 0};
+  costs.device_slots = {1};
+  auto shared = Simulate(Lowered(ScheduleKind::kGpipe, 2, 4), costs);
+  ASSERT_THAT(shared, IsOk());
+  const auto intervals = ComputeOn(*shared, {0, 1});
+  ASSERT_EQ(intervals.size(), 2u * 4 * 2 + 2);  // F and B of 4 micro-batches, and OPT
+  for (size_t i = 1; i < intervals.size(); ++i) {
+    EXPECT_GE(intervals[i].first, intervals[i - 1].second) << "interval " << i;
+  }
+  // The device is never idle while a stage could compute: the step is the work of both
+  // stages, 4 micro-batches x (1 + 2) each, and nothing is lost to a bubble.
+  EXPECT_DOUBLE_EQ(shared->step_time_s, 24);
+  EXPECT_DOUBLE_EQ(shared->bubble_fraction, 0);
+  auto apart = Simulate(Lowered(ScheduleKind::kGpipe, 2, 4), EqualStageCost(2));
+  ASSERT_THAT(apart, IsOk());
+  EXPECT_LT(apart->step_time_s, shared->step_time_s);
+}
+
+TEST(SimulatorTest, ADeviceWithASlotPerStageIsAsDevicesOfTheirOwn) {
+  for (ScheduleKind kind : {ScheduleKind::kGpipe, ScheduleKind::kOneFOneB}) {
+    CostModel apart = EqualStageCost(4);
+    for (int s = 0; s < 4; ++s) apart.chunks[s][0].send_activation_s = 0.1 * (s + 1);
+    CostModel shared = apart;
+    shared.device_of_stage = {0, 0, 1, 1};
+    shared.device_slots = {2, 2};
+    auto a = Simulate(Lowered(kind, 4, 8), apart);
+    auto b = Simulate(Lowered(kind, 4, 8), shared);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_DOUBLE_EQ(a->step_time_s, b->step_time_s);
+    EXPECT_DOUBLE_EQ(a->bubble_fraction, b->bubble_fraction);
+    ASSERT_EQ(a->events.size(), b->events.size());
+    for (size_t i = 0; i < a->events.size(); ++i) {
+      EXPECT_DOUBLE_EQ(a->events[i].start_s, b->events[i].start_s) << i;
+      EXPECT_DOUBLE_EQ(a->events[i].end_s, b->events[i].end_s) << i;
+    }
+  }
+}
+
+TEST(SimulatorTest, TwoSlotsRunTwoOfFourStagesAtOnce) {
+  CostModel costs = EqualStageCost(4);
+  costs.device_of_stage = {0, 0, 0, 0};
+  costs.device_slots = {2};
+  auto sim = Simulate(Lowered(ScheduleKind::kOneFOneB, 4, 8), costs);
+  ASSERT_THAT(sim, IsOk());
+  const auto intervals = ComputeOn(*sim, {0, 1, 2, 3});
+  // At no instant do three compute actions overlap: sweep the interval ends.
+  std::vector<std::pair<double, int>> edges;
+  for (const auto& [start, end] : intervals) {
+    edges.push_back({start, +1});
+    edges.push_back({end, -1});
+  }
+  std::sort(edges.begin(), edges.end());  // an end (-1) before a start at the same time
+  int running = 0, most = 0;
+  for (const auto& [t, d] : edges) most = std::max(most, running += d);
+  EXPECT_EQ(most, 2);
+  // Work 4 x 8 x 3 = 96 on two slots takes at least 48.
+  EXPECT_GE(sim->step_time_s, 48);
+}
+
+TEST(SimulatorTest, RefusesADeviceWithoutSlots) {
+  CostModel costs = EqualStageCost(2);
+  costs.device_of_stage = {0};
+  costs.device_slots = {1};
+  EXPECT_THAT(Simulate(Lowered(ScheduleKind::kGpipe, 2, 2), costs),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("device costs for 1")));
+  costs.device_of_stage = {0, 1};
+  EXPECT_THAT(Simulate(Lowered(ScheduleKind::kGpipe, 2, 2), costs),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("device 1 has no slots")));
+}
+
 }  // namespace
 }  // namespace pipetrain::planner
