@@ -103,7 +103,7 @@ int RunPlan(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   std::string schedule_name, schedule_file, recompute, partition = "cost", trace, costs_from;
   RemoteFlags connection;
   bool equal = false, json = false, help = false, print_schedule = false, automatic = false;
-  int64_t devices = 0;
+  int64_t devices = 0, stages_per_device = 1, device_slots = 1;
   double device_tflops = 100, link_gbps = 10, memory_cap_gib = 0, collective_gbps = 0;
   common::FlagSet flags(
       "pipetrain plan", "JOB.json [flags]",
@@ -139,6 +139,15 @@ int RunPlan(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   flags.AddInt("devices", &devices,
                "with --auto, the stage servers to plan for (0 = the spec's stages x replicas)",
                "N");
+  flags.AddInt("stages-per-device", &stages_per_device,
+               "stage servers that share one device, in their order (several stages on one "
+               "GPU, or on the cores of one host): they take turns computing (1 = a device "
+               "each)",
+               "N");
+  flags.AddInt("device-slots", &device_slots,
+               "with --stages-per-device, how many of a device's stages compute at full "
+               "speed at once (a GPU 1; a host its cores over a stage's threads)",
+               "S");
   flags.AddBool("print-schedule", &print_schedule,
                 "print the plan's schedule in the text form a schedule file takes, and exit");
   flags.AddInt("chunks", &chunks,
@@ -237,6 +246,16 @@ int RunPlan(const std::vector<std::string>& args, std::ostream& out, std::ostrea
   options->link_bytes_per_s = link_gbps * 1e9;
   options->collective_bytes_per_s = collective_gbps * 1e9;
   options->memory_cap_bytes = memory_cap_gib * 1024 * 1024 * 1024;
+  if (stages_per_device < 1 || device_slots < 1) {
+    err << "pipetrain plan: --stages-per-device and --device-slots must be >= 1\n";
+    return kExitUsage;
+  }
+  if (stages_per_device > 1) {
+    const int servers = automatic && devices > 0 ? static_cast<int>(devices)
+                                                 : options->stages * options->replicas;
+    options->devices = planner::EvenlyShared(servers, static_cast<int>(stages_per_device),
+                                             static_cast<int>(device_slots));
+  }
   std::string measured_line;
   absl::StatusOr<planner::Plan> plan;
   if (costs_from.empty()) {

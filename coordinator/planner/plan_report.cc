@@ -141,6 +141,10 @@ std::string RenderPlanText(const Plan& plan) {
         "(--link-gbps), optimizer step not counted\n",
         o.device_flops / 1e12, o.link_bytes_per_s / 1e9);
   }
+  if (!plan.sharing.empty()) {
+    out += absl::StrCat("Devices: ", plan.sharing,
+                        "; stages on one device take turns computing\n");
+  }
   out += absl::StrFormat(
       "\nPartition (state = weights + gradients + AdamW moments%s%s, %g bytes per parameter",
       o.splits() ? absl::StrFormat(" (1/%d of them)", o.replicas) : "",
@@ -278,8 +282,11 @@ std::string PlanJson(const Plan& plan) {
     s["allreduce_bytes"] = sp.allreduce_bytes;
     s["allreduce_s"] = sp.allreduce_s;
     s["allreduce_hidden_fraction"] = e ? e->hidden_fraction : 0.0;
+    s["shared_device"] = sp.shared_device;
+    s["device_slowdown"] = sp.device_slowdown;
     j["stages"].push_back(s);
   }
+  j["device_sharing"] = plan.sharing;
   j["step_time_s"] = plan.simulation.step_time_s;
   j["step_time_without_allreduce_s"] = plan.simulation.step_time_without_reduction_s;
   j["bubble_fraction"] = plan.simulation.bubble_fraction;

@@ -116,6 +116,7 @@ absl::Status CheckPlanOptions(const PlanOptions& o) {
   RETURN_IF_ERROR(CheckScheduleShape(o));
   RETURN_IF_ERROR(CheckBatchSize(o.batch_size));
   RETURN_IF_ERROR(CheckReplicaSplit(o));
+  RETURN_IF_ERROR(CheckSharedDevices(o.devices));
   if (absl::Status p = model::PrecisionNamed(o.precision).status(); !p.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("training.precision: ", p.message()));
   }
@@ -320,6 +321,32 @@ void AddStageFigures(const PlanOptions& o, Plan& plan) {
   }
 }
 
+// Stages that share a device take turns on it, and the replicas' stages on one device
+// slow each other: the simulator's devices, and the stages' compute times scaled.
+void ShareDevices(const PlanOptions& o, Plan& plan) {
+  if (o.devices.empty()) return;
+  const ReplicaDevices rd = ForReplica(o.devices, o.stages, o.replicas);
+  plan.costs.device_of_stage = rd.device_of_stage;
+  plan.costs.device_slots = rd.slots;
+  plan.sharing = DescribeSharing(o.devices, o.stages, o.replicas);
+  for (int s = 0; s < o.stages; ++s) {
+    const double slow = rd.slowdown[s];
+    StagePlan& sp = plan.stages[s];
+    const int d = rd.device_of_stage[s];
+    if (rd.shared[d] && rd.shared_index[d] < static_cast<int>(o.devices.names.size())) {
+      sp.shared_device = o.devices.names[rd.shared_index[d]];
+    }
+    sp.device_slowdown = slow;
+    for (ChunkCost& c : plan.costs.chunks[s]) {
+      c.forward_s *= slow;
+      c.backward_input_s *= slow;
+      c.backward_weight_s *= slow;
+      c.recompute_s *= slow;
+    }
+    if (!plan.costs.optimizer_stage_s.empty()) plan.costs.optimizer_stage_s[s] *= slow;
+  }
+}
+
 // The simulated peak activations into each stage, refused when a stage passes the cap.
 absl::Status AddPeaksWithinCap(const PlanOptions& o, Plan& plan) {
   for (int s = 0; s < o.stages; ++s) {
@@ -455,6 +482,7 @@ absl::StatusOr<Plan> MakePlan(const PlanOptions& o) {
   plan.options = o;
   PlaceChunks(o, partition, cost, tokens, recompute, plan);
   AddStageFigures(o, plan);
+  ShareDevices(o, plan);
   schedule::Schedule compute_only;
   if (o.schedule_program) {
     compute_only = *o.schedule_program;

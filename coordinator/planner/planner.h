@@ -18,6 +18,7 @@
 #include "coordinator/planner/partitioner.h"
 #include "coordinator/planner/recompute_policy.h"
 #include "coordinator/planner/schedule_registry.h"
+#include "coordinator/planner/shared_devices.h"
 #include "coordinator/planner/simulator.h"
 #include "pipetrain/v1/job.pb.h"
 #include "pipetrain/v1/schedule.pb.h"
@@ -101,6 +102,9 @@ struct PlanOptions {
   // pipeline.schedule_file's compute-only programs (schedule_file.h), checked; when set
   // they replace the table's generator and `schedule` is not used.
   std::shared_ptr<const schedule::Schedule> schedule_program;
+  // The devices the stage servers compute on, where some share one (shared_devices.h);
+  // empty: each has a device of its own.
+  SharedDevices devices;
 
   // Sequences one replica takes per step (the whole batch with one replica).
   int replica_batch_size() const { return batch_size / replicas; }
@@ -137,6 +141,10 @@ struct StagePlan {
   // in place: it adds no memory.
   double allreduce_bytes = 0;
   double allreduce_s = 0;
+  // On a device other stage servers of the job share: its name (SharedDevices::names),
+  // and how much slower its compute is planned for the other replicas' stages there.
+  std::string shared_device;
+  double device_slowdown = 1;
   double peak_memory_bytes() const {
     return state_bytes + table_bytes + snapshot_bytes + peak_activation_bytes;
   }
@@ -155,6 +163,8 @@ struct Plan {
   CostModel costs;
   SimulationResult simulation;
   double textbook_bubble = 0;
+  // Which stage servers share a device (DescribeSharing); "" when none do.
+  std::string sharing;
 
   // Where the schedule put each virtual stage (which stage holds the head, ...).
   schedule::Topology topology() const {

@@ -138,6 +138,26 @@ TEST(CliPlanTest, DevicesWithoutAutoIsRefused) {
   EXPECT_THAT(err, HasSubstr("--auto"));
 }
 
+// Four stages on one device of two slots: the plan says so, in text and JSON, and
+// predicts a longer step than four devices of their own would take.
+TEST(CliPlanTest, StagesSharingADeviceAreSaidAndTakeTurns) {
+  std::string out, err, apart;
+  ASSERT_EQ(Cli({"plan", kJob, "--stages-per-device", "4", "--device-slots", "2"}, &out, &err),
+            kExitOk)
+      << err;
+  EXPECT_THAT(out, HasSubstr("Devices: stages 0-3 share device 0 (2 at once)"));
+  ASSERT_EQ(Cli({"plan", kJob, "--json"}, &apart, &err), kExitOk) << err;
+  ASSERT_EQ(Cli({"plan", kJob, "--json", "--stages-per-device", "4"}, &out, &err), kExitOk)
+      << err;
+  const nlohmann::json shared = nlohmann::json::parse(out), own = nlohmann::json::parse(apart);
+  EXPECT_EQ(shared["device_sharing"], "stages 0-3 share device 0 (1 at once)");
+  EXPECT_EQ(shared["stages"][1]["shared_device"], "device 0");
+  EXPECT_EQ(own["device_sharing"], "");
+  EXPECT_GT(shared["step_time_s"].get<double>(), own["step_time_s"].get<double>());
+  EXPECT_EQ(Cli({"plan", kJob, "--stages-per-device", "0"}, &out, &err), kExitUsage);
+  EXPECT_THAT(err, HasSubstr("--stages-per-device"));
+}
+
 // plan_job.json: K = 4, M = 8, batch 32, no replicas.
 TEST(CliPlanTest, ReplicasShowTheLayoutAndEachStagesAllReduce) {
   std::string out, err;
