@@ -18,6 +18,18 @@ __global__ void AddKernel(const float* a, const float* b, float* c, int n) {
   if (i < n) c[i] = a[i] + b[i];
 }
 
+std::string Uuid(const cudaUUID_t& id) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out = "GPU-";
+  for (int i = 0; i < 16; ++i) {
+    if (i == 4 || i == 6 || i == 8 || i == 10) out += '-';
+    const auto byte = static_cast<unsigned char>(id.bytes[i]);
+    out += kHex[byte >> 4];
+    out += kHex[byte & 15];
+  }
+  return out;
+}
+
 std::string Describe(cudaError_t e, const char* what) {
   return std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")";
 }
@@ -43,7 +55,7 @@ const CudaProbe& ProbeCuda() {
         break;
       }
       probe.devices.push_back({i, prop.name, static_cast<uint64_t>(prop.totalGlobalMem),
-                               prop.major, prop.minor});
+                               prop.major, prop.minor, Uuid(prop.uuid)});
     }
     if (probe.devices.empty()) {
       LogInfo("cuda", "no usable GPU, CUDA code paths are off: " + probe.reason);

@@ -15,6 +15,9 @@ struct CudaDevice {
   uint64_t total_memory_bytes = 0;
   int compute_major = 0;
   int compute_minor = 0;
+  // The GPU's UUID as nvidia-smi prints it ("GPU-8-4-4-4-12 hex digits"): the same from
+  // every process, whatever CUDA_VISIBLE_DEVICES numbers it.
+  std::string uuid;
 };
 
 struct CudaProbe {

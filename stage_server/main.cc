@@ -103,8 +103,9 @@ int main(int argc, char** argv) {
                   "address with the bound port)",
                   "HOST:PORT");
   flags.AddString("device", &device,
-                  "compute device: cpu, cuda:N, or emulated:NAME (h100, h200, a100 or a "
-                  "FLOP rate such as 2e12: no arithmetic, each action takes its modelled time)",
+                  "compute device: cpu, cuda:N, or emulated:NAME[@SHARED] (h100, h200, a100 or "
+                  "a FLOP rate such as 2e12: no arithmetic, each action takes its modelled "
+                  "time; the stages of a host naming one SHARED device take turns on it)",
                   "DEVICE");
   flags.AddInt("threads", &threads, "CPU compute threads (the cpu backend's oneDNN products)");
   flags.AddInt("memory-limit", &memory_limit,
@@ -214,8 +215,17 @@ int main(int argc, char** argv) {
     }
     info.set_peak_flops(emulated->flops);
   }
+  info.set_device_id(stage_server::DeviceId(
+      *spec, spec->kind == stage_server::DeviceSpec::Kind::kCuda
+                 ? common::ProbeCuda().devices[spec->cuda_index].uuid
+                 : ""));
+  if (spec->kind == stage_server::DeviceSpec::Kind::kCpu) {
+    info.set_cpus(stage_server::CpuAffinityList());
+  }
   info.set_bf16(Bf16Support(spec->kind));
-  common::LogInfo("stage", absl::StrCat("device ", spec->ToString(), ", bf16 ", info.bf16()));
+  common::LogInfo("stage", absl::StrCat("device ", spec->ToString(), " (", info.device_id(),
+                                        info.cpus().empty() ? "" : ", cpus ", info.cpus(),
+                                        "), bf16 ", info.bf16()));
 
   stage_server::RuntimeOptions options;
   options.device = *spec;

@@ -1,10 +1,19 @@
 #include "stage_server/exec/emulated_chunk.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
 #include <sys/prctl.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <map>
+#include <memory>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "stage_server/link/host_tensor.h"
 
@@ -14,13 +23,55 @@ namespace {
 // The device is busy for `seconds`. Linux lets a sleeper wake up to its timer slack
 // (50 us by default) late; an emulated device's time is its whole point, so this
 // thread asks for none.
-void Occupy(double seconds) {
+void Sleep(double seconds) {
   thread_local const bool tight = prctl(PR_SET_TIMERSLACK, 1UL, 0UL, 0UL, 0UL) == 0;
   (void)tight;
   absl::SleepFor(absl::Seconds(seconds));
 }
 
+// A shared emulated device: a lock file of its name in the temporary directory, which
+// every stage process of the host naming it locks while it occupies the device, and a
+// mutex for the threads of this process (flock does not exclude one file's holders).
+struct SharedDevice {
+  absl::Mutex mu;
+  int fd = -1;
+};
+
+SharedDevice* SharedDeviceNamed(const std::string& name) {
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* devices = new std::map<std::string, std::unique_ptr<SharedDevice>>();
+  absl::MutexLock lock(&mu);
+  std::unique_ptr<SharedDevice>& d = (*devices)[name];
+  if (d) return d.get();
+  d = std::make_unique<SharedDevice>();
+  const std::string path = SharedDeviceLockPath(name);
+  d->fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+  if (d->fd < 0) {
+    common::LogWarning("stage", absl::StrCat("emulated device '", name, "': cannot open ", path,
+                                             "; it computes as if not shared"));
+  }
+  return d.get();
+}
+
+void Occupy(double seconds, const std::string& shared) { OccupyEmulatedDevice(seconds, shared); }
+
 }  // namespace
+
+std::string SharedDeviceLockPath(const std::string& shared) {
+  std::error_code ec;
+  std::filesystem::path dir = std::filesystem::temp_directory_path(ec);
+  if (ec) dir = "/tmp";
+  return (dir / ("pipetrain-emulated-" + shared + ".lock")).string();
+}
+
+void OccupyEmulatedDevice(double seconds, const std::string& shared) {
+  if (shared.empty()) return Sleep(seconds);
+  SharedDevice* d = SharedDeviceNamed(shared);
+  absl::MutexLock lock(&d->mu);
+  const bool locked = d->fd >= 0 && flock(d->fd, LOCK_EX) == 0;
+  Sleep(seconds);
+  if (locked) flock(d->fd, LOCK_UN);
+}
 
 absl::StatusOr<EmulatedDevice> EmulatedDeviceByName(const std::string& name) {
   // Sustained dense rates for bf16 training, well under the datasheet peaks.
@@ -97,7 +148,7 @@ absl::StatusOr<common::Tensor> EmulatedChunk::Forward(int mb, const common::Piec
   if (in_flight_.count(mb)) {
     return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " is already in flight"));
   }
-  Occupy(forward_s_);
+  Occupy(forward_s_, device_.shared);
   Hold(mb, memory_.stored);
   Peak(memory_.backward_extra);  // recomputing, the whole stash existed until now
   if (has_head()) {
@@ -110,7 +161,7 @@ absl::StatusOr<common::Tensor> EmulatedChunk::Forward(int mb, const common::Piec
 
 absl::StatusOr<common::Tensor> EmulatedChunk::Evaluate(const common::PiecewiseTensor&,
                                                        const common::Tensor*) {
-  Occupy(forward_s_);
+  Occupy(forward_s_, device_.shared);
   Peak(evaluate_bytes_);
   if (has_head()) {
     ASSIGN_OR_RETURN(common::Tensor loss, Output({1}));
@@ -125,7 +176,7 @@ absl::StatusOr<common::Tensor> EmulatedChunk::Backward(int mb, const common::Pie
   if (!in_flight_.count(mb)) {
     return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " has no forward"));
   }
-  Occupy(backward_input_s_ + backward_weight_s_);
+  Occupy(backward_input_s_ + backward_weight_s_, device_.shared);
   last_recompute_s_ = recompute_ ? forward_s_ : 0;
   Peak(memory_.backward_extra);
   Release(mb);
@@ -138,7 +189,7 @@ absl::StatusOr<common::Tensor> EmulatedChunk::BackwardInput(int mb, const common
   if (!in_flight_.count(mb)) {
     return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " has no forward"));
   }
-  Occupy(backward_input_s_);
+  Occupy(backward_input_s_, device_.shared);
   last_recompute_s_ = recompute_ ? forward_s_ : 0;
   Peak(memory_.backward_extra);
   // The rebuilt activations and the gradients for the weight half stay until it runs.
@@ -151,7 +202,7 @@ absl::Status EmulatedChunk::BackwardWeight(int mb) {
   if (!in_flight_.count(mb)) {
     return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " has no forward"));
   }
-  Occupy(backward_weight_s_);
+  Occupy(backward_weight_s_, device_.shared);
   Release(mb);
   return absl::OkStatus();
 }
@@ -166,7 +217,7 @@ absl::StatusOr<common::Tensor> EmulatedChunk::TiedGradient(bool) {
 }
 
 absl::Status EmulatedChunk::OptimizerStep(const compute::OptimizerSettings&, std::optional<double>) {
-  Occupy(optimizer_s_);
+  Occupy(optimizer_s_, device_.shared);
   return absl::OkStatus();
 }
 

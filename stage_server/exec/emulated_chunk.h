@@ -18,9 +18,18 @@ namespace pipetrain::stage_server {
 struct EmulatedDevice {
   std::string name;
   double flops = 0;  // sustained FLOP/s assumed for every action
+  // Stages that name one shared device (--device emulated:NAME@SHARED) take turns on
+  // it, across processes of the host; "" for a device of its own.
+  std::string shared;
 };
 // "h100", "h200", "a100", or a FLOP rate such as "2.5e12".
 absl::StatusOr<EmulatedDevice> EmulatedDeviceByName(const std::string& name);
+
+// Occupies the emulated device for `seconds`: first, when it is `shared` (not ""),
+// waiting for the stages sharing it, in any process of the host, to let it go (each
+// holds an exclusive lock on SharedDeviceLockPath(shared) while it occupies it).
+void OccupyEmulatedDevice(double seconds, const std::string& shared);
+std::string SharedDeviceLockPath(const std::string& shared);
 
 class EmulatedChunk final : public ChunkCompute {
  public:

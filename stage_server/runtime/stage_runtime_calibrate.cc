@@ -73,6 +73,7 @@ absl::StatusOr<CalibrationResult> StageRuntime::Calibrate(const model::Transform
   auto pool = std::make_shared<common::BufferPool>();
   if (options_.device.kind == DeviceSpec::Kind::kEmulated) {
     ASSIGN_OR_RETURN(EmulatedDevice device, EmulatedDeviceByName(options_.device.emulated));
+    device.shared = options_.device.shared;
     EmulatedChunk chunk(config, begin, end, rows, device, false, pool, precision);
     return CalibrateBlock(chunk, config, precision, rows, repetitions);
   }

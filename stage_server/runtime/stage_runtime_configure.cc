@@ -144,6 +144,7 @@ absl::Status StageRuntime::MakeChunks(Job& job,
   const JobConfig& config = job.config;
   if (job.emulated) {
     ASSIGN_OR_RETURN(EmulatedDevice device, EmulatedDeviceByName(options_.device.emulated));
+    device.shared = options_.device.shared;
     for (size_t c = 0; c < config.chunks.size(); ++c) {
       const auto [begin, end] = config.chunks[c];
       chunks.push_back(std::make_unique<EmulatedChunk>(config.model, begin, end,
