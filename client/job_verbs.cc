@@ -60,6 +60,7 @@ std::string StatusText(const pb::JobStatus& job) {
                                           a.predicted_step_s())});
   }
   if (job.stage_ids_size() > 0) rows.push_back({"stages", absl::StrJoin(job.stage_ids(), ", ")});
+  if (!job.device_sharing().empty()) rows.push_back({"devices", job.device_sharing()});
   if (!job.checkpoint_dir().empty()) rows.push_back({"checkpoint", job.checkpoint_dir()});
   // Each automatic restart after a lost stage, oldest first.
   for (const pb::Recovery& r : job.recoveries()) {

@@ -10,17 +10,45 @@ namespace pipetrain::coordinator {
 
 namespace pb = ::pipetrain::v1;
 
-std::string CalibrationKey(const pb::JobSpec& spec, const pb::DeviceInfo& device, int rows) {
+std::string CalibrationKey(const pb::JobSpec& spec, const pb::DeviceInfo& device, int rows,
+                           int sharing, int slots) {
   std::string model;
   spec.model().SerializeToString(&model);  // deterministic for one binary and message
   return absl::StrCat(model, "|", spec.training().precision(), "|", rows, "|", device.kind(),
-                      "|", device.name(), "|", device.threads());
+                      "|", device.name(), "|", device.threads(), "|", sharing, "/", slots);
 }
 
+namespace {
+
+// Each rate the median of the stages' answers (the mean of the middle two of an even
+// count), times `scale`.
+planner::CostRates MedianRates(const std::vector<pb::CalibrateResponse>& answers, double scale) {
+  auto median = [&](double (pb::CalibrateResponse::*field)() const) {
+    std::vector<double> v;
+    for (const pb::CalibrateResponse& a : answers) v.push_back((a.*field)());
+    std::sort(v.begin(), v.end());
+    const size_t n = v.size();
+    return scale * (n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2);
+  };
+  planner::CostRates rates;
+  rates.forward_s_per_flop = median(&pb::CalibrateResponse::forward_s_per_flop);
+  rates.backward_input_s_per_flop = median(&pb::CalibrateResponse::backward_input_s_per_flop);
+  rates.backward_weight_s_per_flop = median(&pb::CalibrateResponse::backward_weight_s_per_flop);
+  rates.optimizer_s_per_param = median(&pb::CalibrateResponse::optimizer_s_per_param);
+  rates.steps = answers.front().repetitions();
+  return rates;
+}
+
+}  // namespace
+
 absl::StatusOr<AutoCosts> CalibrationCache::Get(const pb::JobSpec& spec,
-                                                const pb::StageInfo& stage, int rows,
-                                                const Calibrate& calibrate) {
-  const std::string key = CalibrationKey(spec, stage.device(), rows);
+                                                const std::vector<pb::StageInfo>& stages,
+                                                int slots, int rows, const Calibrate& calibrate) {
+  if (stages.empty()) return absl::InvalidArgumentError("a calibration needs a stage");
+  const int n = static_cast<int>(stages.size());
+  slots = std::max(1, slots);
+  const pb::StageInfo& first = stages.front();
+  const std::string key = CalibrationKey(spec, first.device(), rows, n, slots);
   {
     absl::MutexLock lock(&mu_);
     if (auto it = cache_.find(key); it != cache_.end()) return it->second;
@@ -30,21 +58,30 @@ absl::StatusOr<AutoCosts> CalibrationCache::Get(const pb::JobSpec& spec,
   request.set_precision(spec.training().precision());
   request.set_rows(rows);
   request.set_repetitions(kCalibrationRepetitions);
-  absl::StatusOr<pb::CalibrateResponse> r = calibrate(stage.address(), request);
-  if (!r.ok()) {
-    return absl::Status(r.status().code(), absl::StrCat("calibrating ", stage.stage_id(), " (",
-                                                        stage.address(), "): ",
-                                                        r.status().message()));
+  std::vector<absl::StatusOr<pb::CalibrateResponse>> answers(n, absl::UnknownError("not asked"));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] { answers[i] = calibrate(stages[i].address(), request); });
   }
-  planner::CostRates rates;
-  rates.forward_s_per_flop = r->forward_s_per_flop();
-  rates.backward_input_s_per_flop = r->backward_input_s_per_flop();
-  rates.backward_weight_s_per_flop = r->backward_weight_s_per_flop();
-  rates.optimizer_s_per_param = r->optimizer_s_per_param();
-  rates.steps = r->repetitions();
-  AutoCosts costs{rates, absl::StrCat("calibrated on ", stage.stage_id(), " (",
-                                      stage.device().name(), ", ", rows,
-                                      " rows a micro-batch, ", r->repetitions(), " rounds)")};
+  for (std::thread& t : threads) t.join();
+  std::vector<pb::CalibrateResponse> ok;
+  for (int i = 0; i < n; ++i) {
+    if (!answers[i].ok()) {
+      return absl::Status(answers[i].status().code(),
+                          absl::StrCat("calibrating ", stages[i].stage_id(), " (",
+                                       stages[i].address(), "): ", answers[i].status().message()));
+    }
+    ok.push_back(*answers[i]);
+  }
+  AutoCosts costs{MedianRates(ok, std::min(1.0, static_cast<double>(slots) / n)),
+                  absl::StrCat("calibrated on ", first.stage_id(), " (", first.device().name(),
+                               ", ", rows, " rows a micro-batch, ", ok.front().repetitions(),
+                               " rounds")};
+  if (n > 1) {
+    absl::StrAppend(&costs.source, "; with the ", n, " stages sharing its device busy at once, ",
+                    slots, " at full speed");
+  }
+  absl::StrAppend(&costs.source, ")");
   absl::MutexLock lock(&mu_);
   cache_[key] = costs;
   return costs;

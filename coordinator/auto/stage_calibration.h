@@ -31,12 +31,17 @@ class CalibrationCache {
   using Calibrate = std::function<absl::StatusOr<pipetrain::v1::CalibrateResponse>(
       const std::string& address, const pipetrain::v1::CalibrateRequest& request)>;
 
-  // The costs for `spec` (pipeline.schedule "auto") on `stage` at `rows` rows a
-  // micro-batch: cached, or calibrated through `calibrate` and cached. A failed
-  // calibration is not cached; the error names the stage.
+  // The costs for `spec` (pipeline.schedule "auto") at `rows` rows a micro-batch on the
+  // device of `stages`: the free stages that share it (at least one), `slots` of which
+  // compute at full speed at once (planner::SharedDevices). Every one of them is asked at
+  // once (`calibrate` from as many threads), so the device is timed with all its stages
+  // busy, and each rate is their median's times min(1, slots / stages): what a slot of
+  // the device takes, which the planner shares out. Cached per model, precision, rows,
+  // device kind and how many share it; a failed calibration is not cached and names the
+  // stage.
   absl::StatusOr<AutoCosts> Get(const pipetrain::v1::JobSpec& spec,
-                                const pipetrain::v1::StageInfo& stage, int rows,
-                                const Calibrate& calibrate);
+                                const std::vector<pipetrain::v1::StageInfo>& stages, int slots,
+                                int rows, const Calibrate& calibrate);
 
   // The replicas' all-reduce rate on a ring of `stages` (at least two): every stage is
   // asked at once (`calibrate` from as many threads) to all-reduce `bytes` under the
@@ -73,9 +78,11 @@ class CalibrationCache {
   std::map<std::string, TransferCost> transfers_ ABSL_GUARDED_BY(mu_);
 };
 
-// The cache's key: the model's fields, the precision, the rows and the device's kind,
-// name and threads (two stages alike in these run a block alike).
+// The cache's key: the model's fields, the precision, the rows, the device's kind, name
+// and threads, and how many stages share it in how many slots (stages alike in these
+// run a block alike).
 std::string CalibrationKey(const pipetrain::v1::JobSpec& spec,
-                           const pipetrain::v1::DeviceInfo& device, int rows);
+                           const pipetrain::v1::DeviceInfo& device, int rows, int sharing = 1,
+                           int slots = 1);
 
 }  // namespace pipetrain::coordinator

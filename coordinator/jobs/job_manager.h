@@ -109,7 +109,8 @@ class JobManager {
 
   absl::Status CheckFits(const pipetrain::v1::JobSpec& spec);
   // pipeline.schedule "auto" (job_manager_auto.cc): the shape planned on the free stages
-  // (all live ones when none is free) with costs calibrated on the first free stage.
+  // (all live ones when none is free) with costs calibrated on the free stages that
+  // share the first one's device, all busy at once.
   absl::StatusOr<AutoChoice> PlanAuto(const pipetrain::v1::JobSpec& spec);
   // ... and the replicas' all-reduce timed on a ring of the free stages, into `costs`
   // (the links' rate, said in its source, when the ring fails).

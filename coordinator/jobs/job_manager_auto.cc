@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
+#include "coordinator/stages/device_groups.h"
 #include "coordinator/stages/grpc_stage_connector.h"
 #include "coordinator/jobs/job_manager.h"
 
@@ -19,6 +20,25 @@ namespace {
 constexpr absl::Duration kCalibrationDeadline = absl::Seconds(60);
 // How far back a job's measured runtime costs are looked for.
 constexpr int kRecentJobs = 20;
+
+// The first of `idle` and the free stages that share its device, which calibrate
+// together; `slots`: how many of them the device runs at once.
+std::vector<pb::StageInfo> SharingTheFirst(const std::vector<pb::StageInfo>& idle, int& slots) {
+  std::vector<pb::DeviceInfo> devices;
+  for (const pb::StageInfo& s : idle) devices.push_back(s.device());
+  const planner::SharedDevices shared = GroupDevices(devices);
+  if (shared.empty()) {
+    slots = 1;
+    return {idle.front()};
+  }
+  const int first = shared.of_server.front();
+  slots = shared.slots[first];
+  std::vector<pb::StageInfo> out;
+  for (size_t i = 0; i < idle.size(); ++i) {
+    if (shared.of_server[i] == first) out.push_back(idle[i]);
+  }
+  return out;
+}
 }  // namespace
 
 void JobManager::TimeRing(const pb::JobSpec& spec, const std::vector<pb::StageInfo>& idle,
@@ -81,8 +101,11 @@ absl::StatusOr<AutoChoice> JobManager::PlanAuto(const pb::JobSpec& spec) {
   if (!idle.empty()) {
     std::shared_ptr<StageConnector> connector =
         ConnectorOrGrpc(options_.runner.connector, options_.runner.security);
+    int slots = 1;
+    const std::vector<pb::StageInfo> sharing = SharingTheFirst(idle, slots);
     absl::StatusOr<AutoCosts> calibrated = calibrations_.Get(
-        spec, idle.front(), CalibrationRows(spec, static_cast<int>(devices.size())),
+        spec, sharing, slots,
+        CalibrationRows(spec, static_cast<int>(devices.size())),
         [&](const std::string& address, const pb::CalibrateRequest& request) {
           return connector->Connect(address)->Calibrate(request, kCalibrationDeadline);
         });

@@ -10,6 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "coordinator/planner/shared_devices.h"
+#include "coordinator/stages/device_groups.h"
 #include "coordinator/stages/grpc_stage_connector.h"
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/jobs/job_manager_internal.h"
@@ -211,10 +213,15 @@ void JobManager::SetStages(LiveJob* job, const std::vector<StageRecord>& stages)
   absl::MutexLock lock(&mu_);
   job->status.clear_stage_ids();
   job->status.clear_stage_addresses();
+  std::vector<pb::DeviceInfo> devices;
   for (const StageRecord& s : stages) {
     job->status.add_stage_ids(s.stage_id);
     job->status.add_stage_addresses(s.address);
+    devices.push_back(s.device);
   }
+  const int k = std::max(1, job->status.spec().pipeline().stages());
+  job->status.set_device_sharing(planner::DescribeSharing(
+      GroupDevices(devices), k, static_cast<int>(stages.size()) / k));
 }
 
 }  // namespace pipetrain::coordinator

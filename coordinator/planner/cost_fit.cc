@@ -163,6 +163,10 @@ double MeasuredCosts::TransferSecondsPerByte() const {
 CostModel MeasuredCosts::Fit(const CostModel& planned) const {
   CostModel fitted = planned;
   if (steps_.empty()) return fitted;
+  // Measured times already hold the waits of stages that share a device (each action
+  // took as long as it did beside the others): the fitted model runs them as measured.
+  fitted.device_of_stage.clear();
+  fitted.device_slots.clear();
   const std::vector<std::vector<ChunkMeasure>> means = Means();
   const double per_byte = TransferSecondsPerByte();
   const schedule::Topology topology{stages_, chunks_, placement_};

@@ -60,7 +60,9 @@ class MeasuredCosts {
 
   // `planned` with every figure measured so far in place of the planner's guess (the
   // memory figures stay the plan's). A chunk whose backward ran as B gets its whole
-  // time as backward_input_s (W 0, recompute 0: B's time already holds them).
+  // time as backward_input_s (W 0, recompute 0: B's time already holds them). Once a
+  // step is measured, stages that share a device no longer take turns in the model: the
+  // measured times hold what sharing cost them.
   CostModel Fit(const CostModel& planned) const;
 
   // The step predicted from `Fit(planned)` with every compute action of the same

@@ -126,6 +126,10 @@ class Runner {
       hooks_.Log("pipeline.shard_optimizer changes nothing with one replica: there is no "
                  "other copy to split with");
     }
+    if (!plan_.sharing.empty()) {
+      hooks_.Log(absl::StrCat("devices shared: ", plan_.sharing,
+                              "; the plan has their stages take turns computing"));
+    }
     for (int s = 0; s < K(); ++s) {
       std::string ranges;
       for (auto [b, e] : plan_.stages[s].chunks) absl::StrAppend(&ranges, " [", b, ", ", e, ")");

@@ -1,5 +1,7 @@
 #include "coordinator/stages/stage_costs.h"
 
+#include "coordinator/stages/device_groups.h"
+
 #include <algorithm>
 #include <cstdint>
 
@@ -29,6 +31,7 @@ void SetCostsFromDevices(const std::vector<pipetrain::v1::DeviceInfo>& devices,
     memory = memory == 0 ? d.memory_bytes() : std::min(memory, d.memory_bytes());
   }
   options.memory_cap_bytes = static_cast<double>(memory);
+  options.devices = GroupDevices(devices);
 }
 
 }  // namespace pipetrain::coordinator

@@ -16,7 +16,9 @@ namespace pipetrain::coordinator {
 // and options.memory_cap_bytes to the smallest DeviceInfo.memory_bytes among them (a
 // stage's --memory-limit, or its GPU's memory); 0 (no cap) when any stage's memory is
 // unknown (0), since a cap from the others would be a guess for that one (registration
-// refuses such a stage, so the registry never hands one out).
+// refuses such a stage, so the registry never hands one out); and options.devices to the
+// devices they share (device_groups.h), `devices` being in the order the runner gives
+// them places.
 void SetCostsFromDevices(const std::vector<pipetrain::v1::DeviceInfo>& devices,
                          planner::PlanOptions& options);
 

@@ -191,20 +191,58 @@ TEST(CalibrationCacheTest, CachesPerModelAndDeviceAndNotAFailure) {
     r.set_repetitions(kCalibrationRepetitions);
     return r;
   };
-  EXPECT_THAT(cache.Get(spec, stage, 4, calibrate),
+  EXPECT_THAT(cache.Get(spec, {stage}, 1, 4, calibrate),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("stage-1")));
   fail = false;
-  auto first = cache.Get(spec, stage, 4, calibrate);
+  auto first = cache.Get(spec, {stage}, 1, 4, calibrate);
   ASSERT_THAT(first, IsOk());
   EXPECT_DOUBLE_EQ(first->rates->forward_s_per_flop, 1e-10);
   EXPECT_THAT(first->source, HasSubstr("calibrated on stage-1"));
-  EXPECT_THAT(cache.Get(spec, stage, 4, calibrate), IsOk());
+  EXPECT_THAT(cache.Get(spec, {stage}, 1, 4, calibrate), IsOk());
   EXPECT_EQ(calls, 2) << "the second success came from the cache";
   pb::StageInfo other = stage;
   other.mutable_device()->set_name("emulated:other");
-  EXPECT_THAT(cache.Get(spec, other, 4, calibrate), IsOk());
+  EXPECT_THAT(cache.Get(spec, {other}, 1, 4, calibrate), IsOk());
   EXPECT_EQ(calls, 3) << "another device calibrates again";
   EXPECT_NE(CalibrationKey(spec, stage.device(), 4), CalibrationKey(spec, stage.device(), 8));
+}
+
+// Four stages on a device of two slots: all four calibrate at once, and what one slot
+// takes is half their median (each ran beside three others on two slots).
+TEST(CalibrationCacheTest, ADeviceIsTimedWithAllItsStagesBusy) {
+  const pb::JobSpec spec = AutoSpec();
+  std::vector<pb::StageInfo> stages(4);
+  for (int i = 0; i < 4; ++i) {
+    stages[i].set_stage_id(absl::StrCat("stage-", i + 1));
+    stages[i].set_address(absl::StrCat("127.0.0.1:", i + 1));
+    *stages[i].mutable_device() = Devices(1, 1 << 30)[0];
+  }
+  absl::Mutex mu;
+  std::set<std::string> asked;
+  int waiting = 0;
+  const auto calibrate = [&](const std::string& address, const pb::CalibrateRequest&)
+      -> absl::StatusOr<pb::CalibrateResponse> {
+    absl::MutexLock lock(&mu);
+    asked.insert(address);
+    // Every stage is asked before any answers: they run at once.
+    ++waiting;
+    const bool all = mu.AwaitWithTimeout(absl::Condition(
+                                             +[](int* w) { return *w == 4; }, &waiting),
+                                         absl::Seconds(30));
+    EXPECT_TRUE(all) << "the four calibrations did not run at once";
+    pb::CalibrateResponse r;
+    r.set_forward_s_per_flop(address == "127.0.0.1:4" ? 9e-10 : 4e-10);
+    r.set_repetitions(kCalibrationRepetitions);
+    return r;
+  };
+  CalibrationCache cache;
+  auto costs = cache.Get(spec, stages, 2, 4, calibrate);
+  ASSERT_THAT(costs, IsOk());
+  EXPECT_EQ(asked.size(), 4u);
+  EXPECT_DOUBLE_EQ(costs->rates->forward_s_per_flop, 0.5 * 4e-10);
+  EXPECT_THAT(costs->source, HasSubstr("4 stages sharing its device busy at once, 2 at full"));
+  EXPECT_NE(CalibrationKey(spec, stages[0].device(), 4, 4, 2),
+            CalibrationKey(spec, stages[0].device(), 4, 1, 1));
 }
 
 TEST(AutoScheduleTest, ARingsTimeGivesTheRateThatPredictsIt) {

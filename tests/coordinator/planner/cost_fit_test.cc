@@ -202,6 +202,25 @@ TEST(CostFitTest, KeepsOnlyTheLatestStepsOfItsWindow) {
   EXPECT_DOUBLE_EQ(m.Means()[0][0].forward_s, 0.004);
 }
 
+// Stages on one device take turns in the plan; what they measured already holds the
+// turns, so the fitted model runs the measured times as they came.
+TEST(CostFitTest, MeasuredTimesReplaceTheDevicesTurns) {
+  pb::TimelineEvent e;
+  e.set_stage(0);
+  *e.mutable_action() = schedule::ActionToProto({ActionKind::kForward, 0, 0});
+  e.set_end_us(2000);
+  CostModel planned = EqualStageCost(2);
+  planned.device_of_stage = {0, 0};
+  planned.device_slots = {1};
+  MeasuredCosts m(2, 1);
+  EXPECT_EQ(m.Fit(planned).device_slots, planned.device_slots) << "nothing measured yet";
+  ASSERT_OK(m.AddStep({e}));
+  const CostModel fitted = m.Fit(planned);
+  EXPECT_TRUE(fitted.device_of_stage.empty());
+  EXPECT_TRUE(fitted.device_slots.empty());
+  EXPECT_DOUBLE_EQ(fitted.chunks[0][0].forward_s, 0.002);
+}
+
 TEST(CostFitTest, RefusesEventsOutsideTheJobsShape) {
   MeasuredCosts m(2, 1);
   pb::TimelineEvent e;
