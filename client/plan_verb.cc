@@ -56,7 +56,7 @@ absl::Status ApplyScheduleFlags(const std::string& name, const std::string& file
 absl::StatusOr<planner::Plan> AutoPlan(const planner::PlanOptions& base, int devices,
                                        planner::AutoResult* result) {
   ASSIGN_OR_RETURN(*result, planner::SearchPlans(base, {.max_devices = devices}));
-  return planner::MakePlan(result->best().options);
+  return *result->best().plan;
 }
 
 // The programs without the sends and receives lowering added: what a schedule file

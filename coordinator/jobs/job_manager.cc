@@ -140,8 +140,7 @@ void JobManager::ReapRetired() {
   for (auto& job : done) if (job->thread.joinable()) job->thread.join();
 }
 
-absl::Status JobManager::CheckFits(const pb::JobSpec& spec) {
-  ASSIGN_OR_RETURN(planner::PlanOptions po, planner::OptionsFromJobSpec(spec));
+absl::Status JobManager::CheckFits(const pb::JobSpec& spec, planner::PlanOptions po) {
   // The live stages' memory, largest first. Registration refuses a stage that reports
   // none (CheckRegisterStageRequest), so the unlimited case below is only a guard.
   std::vector<double> memory;
@@ -171,7 +170,7 @@ absl::Status JobManager::CheckFits(const pb::JobSpec& spec) {
 
 absl::StatusOr<std::string> JobManager::Submit(pb::JobSpec spec) {
   spec = WithDefaults(std::move(spec));
-  RETURN_IF_ERROR(ValidateJobSpec(spec));
+  ASSIGN_OR_RETURN(planner::PlanOptions options, ValidatedPlanOptions(spec));
   // Kinds, sizes and --data-root before anything is opened: a FIFO would block here.
   RETURN_IF_ERROR(CheckJobPaths(spec, options_.runner.data_roots));
   // Maps and scans the token files (layout, ids against the vocabulary): a bad file
@@ -181,9 +180,10 @@ absl::StatusOr<std::string> JobManager::Submit(pb::JobSpec spec) {
   if (IsAutoSchedule(spec)) {
     ASSIGN_OR_RETURN(chosen, PlanAuto(spec));
     spec = chosen->spec;
-    RETURN_IF_ERROR(ValidateJobSpec(spec));  // the chosen shape, checked as any other
+    // The chosen shape, checked as any other.
+    ASSIGN_OR_RETURN(options, ValidatedPlanOptions(spec));
   }
-  RETURN_IF_ERROR(CheckFits(spec));
+  RETURN_IF_ERROR(CheckFits(spec, std::move(options)));
   ASSIGN_OR_RETURN(std::string id, store_->NextJobId());
   pb::JobStatus status;
   status.set_job_id(id);

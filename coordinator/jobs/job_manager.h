@@ -107,7 +107,9 @@ class JobManager {
   struct LiveJob;
   JobManager(ManagerOptions options, std::unique_ptr<JobStore> store);
 
-  absl::Status CheckFits(const pipetrain::v1::JobSpec& spec);
+  // Whether `spec` (whose plan options `options` are, from ValidatedPlanOptions) fits
+  // the memory of the live stages with the most: refused naming what to change.
+  absl::Status CheckFits(const pipetrain::v1::JobSpec& spec, planner::PlanOptions options);
   // pipeline.schedule "auto" (job_manager_auto.cc): the shape planned on the free stages
   // (all live ones when none is free) with costs calibrated on the free stages that
   // share the first one's device, all busy at once.

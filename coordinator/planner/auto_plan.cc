@@ -43,12 +43,34 @@ Candidate Evaluate(PlanOptions o) {
   for (const StagePlan& sp : plan->stages) {
     c.peak_memory_bytes = std::max(c.peak_memory_bytes, sp.peak_memory_bytes());
   }
+  c.plan = std::make_shared<const Plan>(*std::move(plan));
   return c;
+}
+
+// The ranking: a shorter step, then fewer devices, then less peak memory.
+bool Better(const Candidate& a, const Candidate& b) {
+  if (a.step_s != b.step_s) return a.step_s < b.step_s;
+  if (a.devices() != b.devices()) return a.devices() < b.devices();
+  return a.peak_memory_bytes < b.peak_memory_bytes;
+}
+
+// Keeps the plan of the best candidate so far only (the earlier on a tie, as the
+// stable ranking keeps it first).
+void KeepBestPlan(std::vector<Candidate>& all, int& best) {
+  Candidate& c = all.back();
+  if (!c.fits) return;
+  if (best >= 0 && !Better(c, all[best])) {
+    c.plan.reset();
+    return;
+  }
+  if (best >= 0) all[best].plan.reset();
+  best = static_cast<int>(all.size()) - 1;
 }
 
 // The search's own order, for ties.
 std::vector<Candidate> Enumerate(const PlanOptions& base, const AutoSpace& space) {
   std::vector<Candidate> all;
+  int best = -1;
   const int layers = base.model.num_pipeline_layers();
   for (int k = 1; k <= space.max_devices; ++k) {
     for (int r = 1; k * r <= space.max_devices; ++r) {
@@ -68,6 +90,7 @@ std::vector<Candidate> Enumerate(const PlanOptions& base, const AutoSpace& space
             o.recompute = mode;
             o.schedule_program = nullptr;
             all.push_back(Evaluate(std::move(o)));
+            KeepBestPlan(all, best);
           }
         }
       }
@@ -105,12 +128,7 @@ absl::StatusOr<AutoResult> SearchPlans(const PlanOptions& base, const AutoSpace&
         result.refused.empty() ? "" : absl::StrCat("; e.g. ", DescribeShape(result.refused.back().options),
                                                    ": ", result.refused.back().why_not)));
   }
-  std::stable_sort(result.ranked.begin(), result.ranked.end(),
-                   [](const Candidate& a, const Candidate& b) {
-                     if (a.step_s != b.step_s) return a.step_s < b.step_s;
-                     if (a.devices() != b.devices()) return a.devices() < b.devices();
-                     return a.peak_memory_bytes < b.peak_memory_bytes;
-                   });
+  std::stable_sort(result.ranked.begin(), result.ranked.end(), Better);
   return result;
 }
 

@@ -6,6 +6,7 @@
 // measured (--costs-from) or calibrated on the stages.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,9 @@ struct Candidate {
   double step_s = 0;    // predicted step time, the ranking key
   double bubble = 0;
   double peak_memory_bytes = 0;  // the largest stage's
+  // The best candidate's plan, as the search made it (so that no caller plans it
+  // again); null for the others, whose plans are not kept.
+  std::shared_ptr<const Plan> plan;
   int devices() const { return options.stages * options.replicas; }
 };
 
@@ -36,7 +40,7 @@ std::string DescribeShape(const PlanOptions& options);
 struct AutoResult {
   // Every candidate that fits, best first: shortest step, then fewer devices, then less
   // peak memory, then the order of the search (K, R, M, schedule table, v, recompute
-  // table), so the same inputs always give the same choice.
+  // table), so the same inputs always give the same choice. The first holds its plan.
   std::vector<Candidate> ranked;
   // The ones that do not fit, with the planner's reason, in search order.
   std::vector<Candidate> refused;

@@ -483,15 +483,16 @@ absl::StatusOr<Plan> MakePlan(const PlanOptions& o) {
   PlaceChunks(o, partition, cost, tokens, recompute, plan);
   AddStageFigures(o, plan);
   ShareDevices(o, plan);
-  schedule::Schedule compute_only;
   if (o.schedule_program) {
-    compute_only = *o.schedule_program;
+    // ParseScheduleFile validated the file's programs, before and after lowering.
+    plan.programs = Lower(*o.schedule_program);
   } else {
-    ASSIGN_OR_RETURN(compute_only, Generate(o.schedule, k, o.micro_batches, v));
+    ASSIGN_OR_RETURN(const schedule::Schedule compute_only,
+                     Generate(o.schedule, k, o.micro_batches, v));
+    RETURN_IF_ERROR(schedule::Validate(compute_only, {.lowered = false}));
+    plan.programs = Lower(compute_only);
+    RETURN_IF_ERROR(schedule::Validate(plan.programs));
   }
-  RETURN_IF_ERROR(schedule::Validate(compute_only, {.lowered = false}));
-  plan.programs = Lower(compute_only);
-  RETURN_IF_ERROR(schedule::Validate(plan.programs));
   ASSIGN_OR_RETURN(plan.simulation, Simulate(plan.programs, plan.costs));
   RETURN_IF_ERROR(AddPeaksWithinCap(o, plan));
   // A file's schedule has no formula.

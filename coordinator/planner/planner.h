@@ -99,8 +99,9 @@ struct PlanOptions {
   bool snapshots = false;
   // training.precision, a row of common/model/precision.h ("fp32" when not given).
   std::string precision = "fp32";
-  // pipeline.schedule_file's compute-only programs (schedule_file.h), checked; when set
-  // they replace the table's generator and `schedule` is not used.
+  // pipeline.schedule_file's compute-only programs (schedule_file.h), checked: MakePlan
+  // trusts ParseScheduleFile's validation and does not repeat it. When set they replace
+  // the table's generator and `schedule` is not used.
   std::shared_ptr<const schedule::Schedule> schedule_program;
   // The devices the stage servers compute on, where some share one (shared_devices.h);
   // empty: each has a device of its own.

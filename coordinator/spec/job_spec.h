@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "coordinator/planner/planner.h"
 #include "pipetrain/v1/job.pb.h"
 
 namespace pipetrain::coordinator {
@@ -49,6 +50,10 @@ pipetrain::v1::JobSpec WithDefaults(pipetrain::v1::JobSpec spec);
 // replicas, micro_batches, chunks, recompute and schedule_file must be unset (each set
 // one is refused, naming it), and the rest is checked as it would be with K = R = M = 1.
 absl::Status ValidateJobSpec(const pipetrain::v1::JobSpec& spec);
+// ValidateJobSpec, answering the plan options it read from the spec
+// (planner::OptionsFromJobSpec's; an "auto" spec's with K = R = M = 1), so that whoever
+// plans next does not read them again: a schedule file is parsed and checked once.
+absl::StatusOr<planner::PlanOptions> ValidatedPlanOptions(const pipetrain::v1::JobSpec& spec);
 
 // Whether the job's replicas split the optimizer: pipeline.shard_optimizer (unset: true)
 // and more than one replica.

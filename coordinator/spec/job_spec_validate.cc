@@ -252,10 +252,12 @@ absl::Status CheckAutoShapeUnset(const pb::PipelineSpec& p) {
 
 }  // namespace
 
-absl::Status ValidateJobSpec(const pb::JobSpec& spec) {
+absl::Status ValidateJobSpec(const pb::JobSpec& spec) { return ValidatedPlanOptions(spec).status(); }
+
+absl::StatusOr<planner::PlanOptions> ValidatedPlanOptions(const pb::JobSpec& spec) {
   if (IsAutoSchedule(spec)) {
     RETURN_IF_ERROR(CheckAutoShapeUnset(spec.pipeline()));
-    return ValidateJobSpec(WithPlaceholderShape(spec));
+    return ValidatedPlanOptions(WithPlaceholderShape(spec));
   }
   if (!spec.has_model()) {
     return Invalid("model", "missing; give vocab_size, seq_len, d_model, n_heads and n_layers "
@@ -296,7 +298,7 @@ absl::Status ValidateJobSpec(const pb::JobSpec& spec) {
                    absl::StrCat("must be in [0, 86400] seconds (got ", f.wait_for_stages_s(),
                                 ")"));
   }
-  return absl::OkStatus();
+  return options;
 }
 
 }  // namespace pipetrain::coordinator

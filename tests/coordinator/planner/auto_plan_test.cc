@@ -54,6 +54,37 @@ TEST(AutoPlanTest, TheChoiceIsTheFastestAndNeverSlowerThanTheDefault) {
   EXPECT_EQ(most_replicas, 4);
 }
 
+// The search hands over the winner's plan, the one MakePlan makes of its options, and
+// keeps no other candidate's.
+TEST(AutoPlanTest, TheBestKeepsItsPlanAndOnlyIt) {
+  absl::StatusOr<AutoResult> r = SearchPlans(Base(), {.max_devices = 4});
+  ASSERT_THAT(r.status(), IsOk());
+  ASSERT_NE(r->best().plan, nullptr);
+  absl::StatusOr<Plan> again = MakePlan(r->best().options);
+  ASSERT_THAT(again.status(), IsOk());
+  EXPECT_EQ(r->best().plan->simulation.step_time_s, again->simulation.step_time_s);
+  EXPECT_EQ(schedule::ToText(r->best().plan->programs), schedule::ToText(again->programs));
+  for (size_t i = 1; i < r->ranked.size(); ++i) EXPECT_EQ(r->ranked[i].plan, nullptr) << i;
+  for (const Candidate& c : r->refused) EXPECT_EQ(c.plan, nullptr);
+}
+
+// Four stage servers on a host of two slots: four replicas of one stage slow each other
+// down, so the search no longer takes them for four devices.
+TEST(AutoPlanTest, ServersSharingADeviceAreNotPlannedAsDevicesOfTheirOwn) {
+  PlanOptions shared = Base();
+  shared.devices = EvenlyShared(4, 4, 2);
+  absl::StatusOr<AutoResult> apart = SearchPlans(Base(), {.max_devices = 4});
+  absl::StatusOr<AutoResult> on_one = SearchPlans(shared, {.max_devices = 4});
+  ASSERT_THAT(apart.status(), IsOk());
+  ASSERT_THAT(on_one.status(), IsOk());
+  // Two slots do at most twice one device's work: the best step is at least half the
+  // best one-server plan's, while four devices of their own beat that.
+  absl::StatusOr<AutoResult> one = SearchPlans(Base(), {.max_devices = 1});
+  ASSERT_THAT(one.status(), IsOk());
+  EXPECT_GE(on_one->best().step_s, 0.5 * one->best().step_s * (1 - 1e-9));
+  EXPECT_LT(apart->best().step_s, 0.5 * one->best().step_s);
+}
+
 TEST(AutoPlanTest, NoChoiceIsOverTheMemoryCap) {
   absl::StatusOr<AutoResult> free = SearchPlans(Base(), {.max_devices = 4});
   ASSERT_THAT(free.status(), IsOk());
