@@ -170,6 +170,11 @@ class StageRuntime {
     absl::Duration deadline = absl::Seconds(30);  // for the link and every answer
   };
   absl::StatusOr<LinkTimes> CalibrateTransfer(const TransferCalibration& transfer);
+  // The first field of a calibration request out of range, named as the Calibrate
+  // message names it (ring.size, transfer.peer_address, ...): a sender's peer address
+  // must be HOST:PORT, refused at once rather than tried until the deadline.
+  static absl::Status CheckRing(const RingCalibration& ring);
+  static absl::Status CheckTransfer(const TransferCalibration& transfer);
   bool configured() const;
   // The configured job, without waiting for a running step (heartbeats use it).
   std::string current_job_id() const;

@@ -15,6 +15,8 @@
 #include "stage_server/calibration/link_calibration.h"
 #include "stage_server/runtime/stage_runtime.h"
 
+#include "common/address.h"
+
 namespace pipetrain::stage_server {
 
 namespace {
@@ -103,17 +105,78 @@ absl::StatusOr<CalibrationResult> StageRuntime::Calibrate(const model::Transform
   return result;
 }
 
-absl::StatusOr<StageRuntime::RingTime> StageRuntime::CalibrateRing(const RingCalibration& ring) {
-  if (ring.size < 2 || ring.size > 1024 || ring.rank < 0 || ring.rank >= ring.size ||
-      ring.bytes == 0 || ring.bytes % sizeof(float) != 0 || ring.bytes > kMaxRingCalibrationBytes ||
-      ring.repetitions < 1 || ring.repetitions > kMaxCalibrationRepetitions ||
-      ring.calibration_id.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "calibrate ring ", ring.calibration_id, ": size (", ring.size, ") must be in [2, 1024], rank (",
-        ring.rank, ") below it, bytes (", ring.bytes, ") a multiple of 4 in [4, ",
-        kMaxRingCalibrationBytes, "], repetitions (", ring.repetitions, ") in [1, ",
-        kMaxCalibrationRepetitions, "] and the calibration id given"));
+namespace {
+
+// A calibration request's field out of range: the request's name, the field as the
+// Calibrate message names it, its value and what it must be.
+template <typename T>
+absl::Status BadField(absl::string_view what, absl::string_view id, absl::string_view field,
+                      const T& value, absl::string_view must) {
+  return absl::InvalidArgumentError(absl::StrCat("calibrate ", what, " ", id, ": ", field, " (",
+                                                 value, ") ", must));
+}
+
+absl::Status CheckBytes(absl::string_view what, absl::string_view id, absl::string_view field,
+                        uint64_t bytes) {
+  if (bytes > 0 && bytes % sizeof(float) == 0 &&
+      bytes <= StageRuntime::kMaxRingCalibrationBytes) {
+    return absl::OkStatus();
   }
+  return BadField(what, id, field, bytes,
+                  absl::StrCat("must be a multiple of 4 in [4, ",
+                               StageRuntime::kMaxRingCalibrationBytes, "]"));
+}
+
+absl::Status CheckRepetitions(absl::string_view what, absl::string_view id, int repetitions) {
+  if (repetitions >= 1 && repetitions <= StageRuntime::kMaxCalibrationRepetitions) {
+    return absl::OkStatus();
+  }
+  return BadField(what, id, "repetitions", repetitions,
+                  absl::StrCat("must be in [1, ", StageRuntime::kMaxCalibrationRepetitions, "]"));
+}
+
+}  // namespace
+
+absl::Status StageRuntime::CheckRing(const RingCalibration& r) {
+  const std::string& id = r.calibration_id;
+  if (id.empty()) return absl::InvalidArgumentError("calibrate ring: ring.calibration_id is empty");
+  if (r.size < 2 || r.size > 1024) {
+    return BadField("ring", id, "ring.size", r.size, "must be in [2, 1024]");
+  }
+  if (r.rank < 0 || r.rank >= r.size) {
+    return BadField("ring", id, "ring.rank", r.rank, absl::StrCat("must be in [0, ", r.size, ")"));
+  }
+  RETURN_IF_ERROR(CheckBytes("ring", id, "ring.bytes", r.bytes));
+  return CheckRepetitions("ring", id, r.repetitions);
+}
+
+absl::Status StageRuntime::CheckTransfer(const TransferCalibration& t) {
+  const std::string& id = t.calibration_id;
+  if (id.empty()) {
+    return absl::InvalidArgumentError("calibrate transfer: transfer.calibration_id is empty");
+  }
+  if (t.peer_secret.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("calibrate transfer ", id, ": transfer.peer_secret is empty"));
+  }
+  RETURN_IF_ERROR(CheckBytes("transfer", id, "transfer.bytes", t.bytes));
+  RETURN_IF_ERROR(CheckRepetitions("transfer", id, t.repetitions));
+  if (!t.send) return absl::OkStatus();
+  // A sender would try to connect to it until its deadline: an address that is none is
+  // refused now.
+  absl::StatusOr<common::HostPort> peer =
+      common::ParseHostPort(t.peer_address, 0, "transfer.peer_address");
+  if (!peer.ok() || peer->port <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "calibrate transfer ", id, ": transfer.peer_address '", t.peer_address,
+        "' is not HOST:PORT with a port in [1, 65535]",
+        peer.ok() ? "" : absl::StrCat(" (", peer.status().message(), ")")));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StageRuntime::RingTime> StageRuntime::CalibrateRing(const RingCalibration& ring) {
+  RETURN_IF_ERROR(CheckRing(ring));
   if (options_.device.kind == DeviceSpec::Kind::kEmulated) return RingTime{0, true};
   // The library a job's replicas on these stages would choose (gloo or NCCL).
   ASSIGN_OR_RETURN(collective::ChosenReducer chosen,
@@ -127,15 +190,7 @@ absl::StatusOr<StageRuntime::RingTime> StageRuntime::CalibrateRing(const RingCal
 }
 
 absl::StatusOr<LinkTimes> StageRuntime::CalibrateTransfer(const TransferCalibration& t) {
-  if (t.bytes == 0 || t.bytes % sizeof(float) != 0 || t.bytes > kMaxRingCalibrationBytes ||
-      t.repetitions < 1 || t.repetitions > kMaxCalibrationRepetitions ||
-      t.calibration_id.empty() || t.peer_secret.empty() || (t.send && t.peer_address.empty())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "calibrate transfer ", t.calibration_id, ": bytes (", t.bytes,
-        ") must be a multiple of 4 in [4, ", kMaxRingCalibrationBytes, "], repetitions (",
-        t.repetitions, ") in [1, ", kMaxCalibrationRepetitions,
-        "], and the calibration id, the peer secret and (a sender's) peer address given"));
-  }
+  RETURN_IF_ERROR(CheckTransfer(t));
   const absl::Time deadline = absl::Now() + t.deadline;
   if (t.send) {
     ASSIGN_OR_RETURN(std::unique_ptr<PeerLink> link,

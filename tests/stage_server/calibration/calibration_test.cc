@@ -201,18 +201,26 @@ TEST_F(RingCalibrationTest, AnEmulatedStageSaysItDoesNotReduce) {
   EXPECT_EQ(store_.keys("calibrate-7"), 0) << "it connected to nobody";
 }
 
-TEST_F(RingCalibrationTest, OutOfRangeRequestsAreRefused) {
+TEST_F(RingCalibrationTest, OutOfRangeRequestsAreRefusedNamingTheField) {
   StageRuntime stage(Options(DeviceSpec::Kind::kCpu));
-  for (const StageRuntime::RingCalibration& bad :
-       {Ring(0, 1, 64), Ring(2, 2, 64), Ring(-1, 2, 64), Ring(0, 2, 6), Ring(0, 2, 0),
-        Ring(0, 2, StageRuntime::kMaxRingCalibrationBytes + 4)}) {
+  const std::pair<StageRuntime::RingCalibration, std::string> cases[] = {
+      {Ring(0, 1, 64), "ring.size (1)"},
+      {Ring(2, 2, 64), "ring.rank (2) must be in [0, 2)"},
+      {Ring(-1, 2, 64), "ring.rank (-1)"},
+      {Ring(0, 2, 6), "ring.bytes (6)"},
+      {Ring(0, 2, 0), "ring.bytes (0)"},
+      {Ring(0, 2, StageRuntime::kMaxRingCalibrationBytes + 4), "ring.bytes"}};
+  for (const auto& [bad, field] : cases) {
     EXPECT_THAT(stage.CalibrateRing(bad),
-                StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("calibrate-7")))
-        << "rank " << bad.rank << " size " << bad.size << " bytes " << bad.bytes;
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         ::testing::AllOf(::testing::HasSubstr("calibrate-7"),
+                                          ::testing::HasSubstr(field))))
+        << field;
   }
   StageRuntime::RingCalibration no_repetitions = Ring(0, 2, 64);
   no_repetitions.repetitions = 0;
-  EXPECT_THAT(stage.CalibrateRing(no_repetitions), StatusIs(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(stage.CalibrateRing(no_repetitions),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::HasSubstr("repetitions (0)")));
 }
 
 }  // namespace

@@ -24,6 +24,7 @@ namespace {
 
 using ::pipetrain::testing::IsOk;
 using ::pipetrain::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 // Hands every call to `inner`; the test channels below change one call each.
@@ -229,19 +230,37 @@ TEST_F(TransferCalibrationTest, AWrongSecretIsRefused) {
   EXPECT_THAT(received, StatusIs(absl::StatusCode::kUnavailable, HasSubstr("calibrate-link-9")));
 }
 
-TEST_F(TransferCalibrationTest, OutOfRangeRequestsAreRefused) {
-  std::vector<StageRuntime::TransferCalibration> bad(6, Transfer(true));
-  bad[0].bytes = 0;
-  bad[1].bytes = 6;
-  bad[2].bytes = StageRuntime::kMaxRingCalibrationBytes + 4;
-  bad[3].repetitions = 0;
-  bad[4].peer_secret = "";
-  bad[5].peer_address = "";
-  for (size_t i = 0; i < bad.size(); ++i) {
-    EXPECT_THAT(sender_.CalibrateTransfer(bad[i]),
-                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("calibrate-link-9")))
-        << "case " << i;
+// Each refusal names the field that failed, and comes at once: a sender's peer address
+// that is not HOST:PORT is not tried until the deadline.
+TEST_F(TransferCalibrationTest, OutOfRangeRequestsAreRefusedNamingTheField) {
+  std::vector<std::pair<StageRuntime::TransferCalibration, std::string>> bad;
+  auto with = [&](auto change, const std::string& field) {
+    StageRuntime::TransferCalibration t = Transfer(true);
+    t.deadline = absl::Seconds(60);
+    change(t);
+    bad.push_back({t, field});
+  };
+  with([](auto& t) { t.bytes = 0; }, "transfer.bytes (0)");
+  with([](auto& t) { t.bytes = 6; }, "transfer.bytes (6)");
+  with([](auto& t) { t.bytes = StageRuntime::kMaxRingCalibrationBytes + 4; }, "transfer.bytes");
+  with([](auto& t) { t.repetitions = 0; }, "repetitions (0)");
+  with([](auto& t) { t.peer_secret = ""; }, "transfer.peer_secret");
+  with([](auto& t) { t.peer_address = ""; }, "transfer.peer_address ''");
+  with([](auto& t) { t.peer_address = "not an address"; }, "transfer.peer_address 'not an");
+  with([](auto& t) { t.peer_address = "127.0.0.1"; }, "transfer.peer_address '127.0.0.1'");
+  with([](auto& t) { t.peer_address = "127.0.0.1:99999"; }, "transfer.peer_address");
+  const absl::Time start = absl::Now();
+  for (const auto& [request, field] : bad) {
+    EXPECT_THAT(sender_.CalibrateTransfer(request),
+                StatusIs(absl::StatusCode::kInvalidArgument,
+                         AllOf(HasSubstr("calibrate-link-9"), HasSubstr(field))))
+        << field;
   }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "a refusal waited for its deadline";
+  StageRuntime::TransferCalibration no_id = Transfer(true);
+  no_id.calibration_id = "";
+  EXPECT_THAT(sender_.CalibrateTransfer(no_id),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("transfer.calibration_id")));
 }
 
 }  // namespace
