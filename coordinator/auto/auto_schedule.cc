@@ -133,6 +133,12 @@ absl::StatusOr<AutoChoice> ChooseAutoPlan(const pb::JobSpec& spec,
   SetCostsFromDevices(devices, base);
   if (costs.rates) {
     base.rates = *costs.rates;
+    // The rates are the first stage's (its device calibrated): the others' speeds are
+    // against it.
+    if (!base.server_speed.empty()) {
+      const double first = base.server_speed.front();
+      for (double& v : base.server_speed) v /= first;
+    }
     // A calibration times compute only; the wire keeps the devices' link rate unless a
     // job measured it (AddRuntimeCosts).
     if (base.rates->transfer_s_per_byte == 0) {

@@ -81,13 +81,21 @@ absl::StatusOr<Partition> PartitionByCount(int num_layers, int parts) {
 }
 
 absl::StatusOr<Partition> PartitionByCost(const std::vector<double>& cost, int parts,
-                                          const MemoryLimit* limit) {
+                                          const MemoryLimit* limit,
+                                          const std::vector<double>* speed) {
   const int n = static_cast<int>(cost.size());
   if (absl::Status s = CheckParts(n, parts); !s.ok()) return s;
   if (limit != nullptr && (static_cast<int>(limit->weight_bytes.size()) != n ||
                            static_cast<int>(limit->activation_bytes.size()) != n ||
                            static_cast<int>(limit->in_flight.size()) != parts)) {
     return absl::InvalidArgumentError("memory limit: sizes do not match the layers and parts");
+  }
+  if (speed != nullptr && (static_cast<int>(speed->size()) != parts ||
+                          std::any_of(speed->begin(), speed->end(),
+                                      [](double v) { return !(v > 0 && v < kInf); }))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("part speeds: ", speed->size(), " for ", parts,
+                     " parts; each must be finite and > 0"));
   }
   for (int l = 0; l < n; ++l) {
     if (!(cost[l] >= 0 && cost[l] < kInf)) {
@@ -102,7 +110,7 @@ absl::StatusOr<Partition> PartitionByCost(const std::vector<double>& cost, int p
         PartMemory(*limit, p, b, e) > limit->cap_bytes) {
       return kInf;
     }
-    return prefix[e] - prefix[b];
+    return (prefix[e] - prefix[b]) / (speed != nullptr ? (*speed)[p] : 1.0);
   };
   auto [partition, value] = MinMax(n, parts, compute);
   if (value != kInf) return partition;

@@ -36,11 +36,13 @@ double PartMemory(const MemoryLimit& limit, int part, int begin, int end);
 // Equal layer counts, the first (layers % parts) parts one layer more.
 absl::StatusOr<Partition> PartitionByCount(int num_layers, int parts);
 
-// Minimises the largest per-part sum of `cost` (exact, by dynamic programming over the
-// split points), among splits that respect `limit` when it is given. When none does, the
-// error says how much memory the best split needs against the cap.
+// Minimises the largest per-part time, a part's sum of `cost` over its `speed` (per part,
+// > 0; none: 1 each), exactly, by dynamic programming over the split points, among
+// splits that respect `limit` when it is given. When none does, the error says how much
+// memory the best split needs against the cap.
 absl::StatusOr<Partition> PartitionByCost(const std::vector<double>& cost, int parts,
-                                          const MemoryLimit* limit = nullptr);
+                                          const MemoryLimit* limit = nullptr,
+                                          const std::vector<double>* speed = nullptr);
 
 // Largest per-part sum of cost under a partition.
 double MaxPartCost(const std::vector<double>& cost, const Partition& partition);

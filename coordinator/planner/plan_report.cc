@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/byte_format.h"
 #include "common/model/state_bytes.h"
 #include "nlohmann/json.hpp"
@@ -140,6 +141,14 @@ std::string RenderPlanText(const Plan& plan) {
         "Costs: analytic FLOPs at %g TFLOP/s per device (--device-flops), links at %g GB/s "
         "(--link-gbps), optimizer step not counted\n",
         o.device_flops / 1e12, o.link_bytes_per_s / 1e9);
+  }
+  if (std::any_of(plan.stages.begin(), plan.stages.end(),
+                  [](const StagePlan& sp) { return sp.speed != 1; })) {
+    std::vector<std::string> speeds;
+    for (const StagePlan& sp : plan.stages) speeds.push_back(absl::StrFormat("%.3g", sp.speed));
+    out += absl::StrCat("Speeds: ", absl::StrJoin(speeds, ", "),
+                        " (stage by stage, against the costs above; the layers are split by "
+                        "them)\n");
   }
   if (!plan.sharing.empty()) {
     out += absl::StrCat("Devices: ", plan.sharing,
@@ -284,6 +293,7 @@ std::string PlanJson(const Plan& plan) {
     s["allreduce_hidden_fraction"] = e ? e->hidden_fraction : 0.0;
     s["shared_device"] = sp.shared_device;
     s["device_slowdown"] = sp.device_slowdown;
+    s["speed"] = sp.speed;
     j["stages"].push_back(s);
   }
   j["device_sharing"] = plan.sharing;

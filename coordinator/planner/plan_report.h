@@ -20,7 +20,7 @@ std::string RenderPlanText(const Plan& plan);
 // Keys: schedule, replicas, stages[] (stage, layers[][first, end), params, state_bytes,
 // table_bytes, peak_activation_bytes, peak_memory_bytes, max_in_flight, recompute, allreduce_bytes,
 // allreduce_s, allreduce_hidden_fraction: 0, 0, 0 with one replica; shared_device: the
-// name of a device other stage servers share, or ""; device_slowdown), device_sharing
+// name of a device other stage servers share, or ""; device_slowdown; speed), device_sharing
 // (Plan::sharing), step_time_s,
 // step_time_without_allreduce_s, bubble_fraction, textbook_bubble,
 // peak_activation_bytes[], time_unit, device_flops, link_bytes_per_s,

@@ -117,6 +117,12 @@ absl::Status CheckPlanOptions(const PlanOptions& o) {
   RETURN_IF_ERROR(CheckBatchSize(o.batch_size));
   RETURN_IF_ERROR(CheckReplicaSplit(o));
   RETURN_IF_ERROR(CheckSharedDevices(o.devices));
+  for (size_t i = 0; i < o.server_speed.size(); ++i) {
+    if (!(o.server_speed[i] > 0 && std::isfinite(o.server_speed[i]))) {
+      return absl::InvalidArgumentError(absl::StrCat("stage server ", i, " has speed ",
+                                                     o.server_speed[i], "; it must be > 0"));
+    }
+  }
   if (absl::Status p = model::PrecisionNamed(o.precision).status(); !p.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("training.precision: ", p.message()));
   }
@@ -148,7 +154,16 @@ absl::StatusOr<Partition> PartitionLayers(const PlanOptions& o,
                                           bool recompute_everywhere) {
   const int parts = o.stages * o.chunks, layers = o.model.num_pipeline_layers();
   if (o.partition == PartitionMode::kCount) return PartitionByCount(layers, parts);
-  if (o.memory_cap_bytes <= 0 || o.chunks != 1) return PartitionByCost(LayerWeights(o), parts);
+  // The time a part takes on its stage: layers by cost over the stage's speed.
+  std::vector<double> part_speed;
+  const std::vector<double> stage_speed = StageSpeeds(o);
+  for (int j = 0; j < parts; ++j) {
+    part_speed.push_back(stage_speed[Place(PlacementOf(o), j, o.stages).stage]);
+  }
+  const std::vector<double>* speed = o.partition == PartitionMode::kCost ? &part_speed : nullptr;
+  if (o.memory_cap_bytes <= 0 || o.chunks != 1) {
+    return PartitionByCost(LayerWeights(o), parts, nullptr, speed);
+  }
   MemoryLimit limit;
   // A stage's own snapshots count here; its predecessor's copy depends on the other
   // part's split, so it is checked on the whole plan.
@@ -165,7 +180,7 @@ absl::StatusOr<Partition> PartitionLayers(const PlanOptions& o,
   limit.chunk_bytes = [&o](int begin, int end) {
     return static_cast<double>(model::ChunkTableBytes(o.model, begin, end));
   };
-  absl::StatusOr<Partition> capped = PartitionByCost(LayerWeights(o), parts, &limit);
+  absl::StatusOr<Partition> capped = PartitionByCost(LayerWeights(o), parts, &limit, speed);
   if (!capped.ok() && o.snapshots) {
     return absl::Status(capped.status().code(),
                         absl::StrCat(capped.status().message(), " (with in-memory snapshots, ",
@@ -321,6 +336,21 @@ void AddStageFigures(const PlanOptions& o, Plan& plan) {
   }
 }
 
+// A stage's compute times (forward, backward, recompute, optimizer step) times `factor`.
+void ScaleCompute(Plan& plan, int s, double factor) {
+  if (factor == 1) return;
+  for (ChunkCost& c : plan.costs.chunks[s]) {
+    c.forward_s *= factor;
+    c.backward_input_s *= factor;
+    c.backward_weight_s *= factor;
+    c.recompute_s *= factor;
+  }
+  if (plan.costs.optimizer_stage_s.empty() && plan.costs.optimizer_s > 0) {
+    plan.costs.optimizer_stage_s.assign(plan.stages.size(), plan.costs.optimizer_s);
+  }
+  if (!plan.costs.optimizer_stage_s.empty()) plan.costs.optimizer_stage_s[s] *= factor;
+}
+
 // Stages that share a device take turns on it, and the replicas' stages on one device
 // slow each other: the simulator's devices, and the stages' compute times scaled.
 void ShareDevices(const PlanOptions& o, Plan& plan) {
@@ -337,13 +367,17 @@ void ShareDevices(const PlanOptions& o, Plan& plan) {
       sp.shared_device = o.devices.names[rd.shared_index[d]];
     }
     sp.device_slowdown = slow;
-    for (ChunkCost& c : plan.costs.chunks[s]) {
-      c.forward_s *= slow;
-      c.backward_input_s *= slow;
-      c.backward_weight_s *= slow;
-      c.recompute_s *= slow;
-    }
-    if (!plan.costs.optimizer_stage_s.empty()) plan.costs.optimizer_stage_s[s] *= slow;
+    ScaleCompute(plan, s, slow);
+  }
+}
+
+// Each stage computes at its speed (PlanOptions::server_speed).
+void ApplySpeeds(const PlanOptions& o, Plan& plan) {
+  if (o.server_speed.empty()) return;
+  const std::vector<double> speed = StageSpeeds(o);
+  for (int s = 0; s < o.stages; ++s) {
+    plan.stages[s].speed = speed[s];
+    ScaleCompute(plan, s, 1.0 / speed[s]);
   }
 }
 
@@ -464,6 +498,19 @@ absl::StatusOr<PlanOptions> OptionsFromJobSpec(const pb::JobSpec& spec) {
   return o;
 }
 
+std::vector<double> StageSpeeds(const PlanOptions& o) {
+  std::vector<double> speed(o.stages, 1.0);
+  if (o.server_speed.empty()) return speed;
+  for (int s = 0; s < o.stages; ++s) {
+    for (int r = 0; r < o.replicas; ++r) {
+      const size_t i = static_cast<size_t>(r) * o.stages + s;
+      const double v = i < o.server_speed.size() ? o.server_speed[i] : 1.0;
+      speed[s] = r == 0 ? v : std::min(speed[s], v);
+    }
+  }
+  return speed;
+}
+
 absl::StatusOr<Plan> MakePlan(const PlanOptions& o) {
   RETURN_IF_ERROR(CheckPlanOptions(o));
   const int k = o.stages, v = o.chunks;
@@ -482,6 +529,7 @@ absl::StatusOr<Plan> MakePlan(const PlanOptions& o) {
   plan.options = o;
   PlaceChunks(o, partition, cost, tokens, recompute, plan);
   AddStageFigures(o, plan);
+  ApplySpeeds(o, plan);
   ShareDevices(o, plan);
   if (o.schedule_program) {
     // ParseScheduleFile validated the file's programs, before and after lowering.

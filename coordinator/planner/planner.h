@@ -106,6 +106,11 @@ struct PlanOptions {
   // The devices the stage servers compute on, where some share one (shared_devices.h);
   // empty: each has a device of its own.
   SharedDevices devices;
+  // Per stage server, in the order the runner gives them places (position s of replica
+  // r takes server r x K + s), how fast it computes against the rates above (2: twice
+  // as fast); empty, or past its end: 1. With partition "cost" the layers are split by
+  // each stage's speed (the slowest of its replicas'), and its compute times follow it.
+  std::vector<double> server_speed;
 
   // Sequences one replica takes per step (the whole batch with one replica).
   int replica_batch_size() const { return batch_size / replicas; }
@@ -146,6 +151,8 @@ struct StagePlan {
   // and how much slower its compute is planned for the other replicas' stages there.
   std::string shared_device;
   double device_slowdown = 1;
+  // How fast it computes against the plan's rates (PlanOptions::server_speed).
+  double speed = 1;
   double peak_memory_bytes() const {
     return state_bytes + table_bytes + snapshot_bytes + peak_activation_bytes;
   }
@@ -174,5 +181,9 @@ struct Plan {
 };
 
 absl::StatusOr<Plan> MakePlan(const PlanOptions& options);
+
+// Per stage position, the speed the plan gives it: the slowest of its R servers'
+// (PlanOptions::server_speed), 1 without speeds.
+std::vector<double> StageSpeeds(const PlanOptions& options);
 
 }  // namespace pipetrain::planner

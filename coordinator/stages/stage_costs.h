@@ -12,7 +12,9 @@
 
 namespace pipetrain::coordinator {
 
-// Sets options.device_flops and options.link_bytes_per_s for stages with these devices,
+// Sets options.device_flops (the slowest stage's rate) and options.server_speed (each
+// stage's rate over it, where they differ) and options.link_bytes_per_s for stages with
+// these devices,
 // and options.memory_cap_bytes to the smallest DeviceInfo.memory_bytes among them (a
 // stage's --memory-limit, or its GPU's memory); 0 (no cap) when any stage's memory is
 // unknown (0), since a cap from the others would be a guess for that one (registration

@@ -15,7 +15,8 @@ usage() {
   echo "Options: --stages K (default 4), --port P for the coordinator (default 7400, 0 = any"
   echo "free port), --threads T compute threads per stage (default: cores / K, at least 1),"
   echo "--device D for every stage (default cpu; emulated:RATE runs no arithmetic, e.g."
-  echo "emulated:1e11), --run-dir DIR (default build/local-cluster), --secure: mutual TLS and a bearer token"
+  echo "emulated:1e11; emulated:RATE@NAME stages share one emulated device; D1,D2,... gives the"
+  echo "stages these devices in turn), --run-dir DIR (default build/local-cluster), --secure: mutual TLS and a bearer token"
   echo "(certificates and token made in DIR/certs, DIR/token). Binaries come from"
   echo "\$PIPETRAIN_BIN (default build/bin). --data-root DIR (repeatable): jobs may read only"
   echo "files under DIR (and the run's checkpoints); without it, files under this repository's"
@@ -122,8 +123,9 @@ case "$cmd" in
     address=${line##* }
     http=$(grep -m1 "http listening on" "$run_dir/logs/coordinator.log" | sed 's/.* //')
     echo "$address" > "$run_dir/address"
+    IFS=, read -r -a devices <<< "$device"
     for ((i = 0; i < stages; i++)); do
-      "$bin/pipetrain-stage" --listen 127.0.0.1:0 --device "$device" --threads "$threads" \
+      "$bin/pipetrain-stage" --listen 127.0.0.1:0 --device "${devices[i % ${#devices[@]}]}" --threads "$threads" \
         --coordinator "$address" ${server_security[@]+"${server_security[@]}"} \
         > "$run_dir/logs/stage-$i.log" 2>&1 &
       echo $! > "$run_dir/pids/stage-$i.pid"

@@ -84,6 +84,43 @@ TEST(PartitionerTest, ByCostIsOptimalAgainstBruteForce) {
   }
 }
 
+// The slowest part's time (its cost over its speed) under a partition.
+double MaxPartTime(const std::vector<double>& cost, const std::vector<double>& speed,
+                   const Partition& p) {
+  double worst = 0;
+  for (int part = 0; part < p.parts(); ++part) {
+    double sum = 0;
+    for (int l = p.begin(part); l < p.end(part); ++l) sum += cost[l];
+    worst = std::max(worst, sum / speed[part]);
+  }
+  return worst;
+}
+
+TEST(PartitionerTest, ByCostWithSpeedsIsOptimalAgainstBruteForce) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> cost(0.1, 10), speed(0.25, 4);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int n = 1 + trial % 9;
+    const int parts = 1 + (trial / 9) % n;
+    std::vector<double> c(n), v(parts);
+    for (double& x : c) x = cost(rng);
+    for (double& x : v) x = speed(rng);
+    double best = 1e300;
+    ForEachSplit(n, parts, [&](const Partition& p) { best = std::min(best, MaxPartTime(c, v, p)); });
+    auto p = PartitionByCost(c, parts, nullptr, &v);
+    ASSERT_THAT(p, IsOk());
+    EXPECT_NEAR(MaxPartTime(c, v, *p), best, 1e-9 * best) << "n=" << n << " parts=" << parts;
+  }
+  // Twice as fast takes twice the layers: 12 equal layers over speeds 2, 2, 1, 1.
+  const std::vector<double> two_speeds = {2, 2, 1, 1};
+  auto p = PartitionByCost(std::vector<double>(12, 1.0), 4, nullptr, &two_speeds);
+  ASSERT_THAT(p, IsOk());
+  EXPECT_THAT(p->bounds, ElementsAre(0, 4, 8, 10, 12));
+  const std::vector<double> wrong = {1, 0};
+  EXPECT_THAT(PartitionByCost(std::vector<double>(4, 1.0), 2, nullptr, &wrong),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("speeds")));
+}
+
 TEST(PartitionerTest, MemoryCapIsRespectedAndOptimalAgainstBruteForce) {
   std::mt19937 rng(11);
   std::uniform_real_distribution<double> u(0.5, 4);

@@ -126,5 +126,41 @@ TEST(SharedDevicesTest, ReplicasSharingADevicePlanTheirSlowdown) {
   EXPECT_GT(a->simulation.step_time_s, 1.9 * b->simulation.step_time_s);
 }
 
+// Two stages twice as fast as the other two: the layers follow the speeds, and the step
+// is near what the four do together (6 slow stages' worth), not what four slow ones do.
+TEST(StageSpeedsTest, FasterStagesTakeMoreLayers) {
+  PlanOptions o = FourStages();
+  o.model.n_layers = 22;
+  o.micro_batches = 16;
+  PlanOptions fast = o;
+  fast.server_speed = {2, 2, 1, 1};
+  auto mixed = MakePlan(fast);
+  auto slow = MakePlan(o);
+  ASSERT_THAT(mixed, IsOk());
+  ASSERT_THAT(slow, IsOk());
+  auto layers = [](const StagePlan& sp) { return sp.chunks[0].second - sp.chunks[0].first; };
+  EXPECT_GT(layers(mixed->stages[1]), layers(mixed->stages[2]));
+  EXPECT_DOUBLE_EQ(mixed->stages[0].speed, 2);
+  EXPECT_DOUBLE_EQ(mixed->stages[3].speed, 1);
+  EXPECT_LT(mixed->simulation.step_time_s, slow->simulation.step_time_s / 1.3);
+  // Split by count, which is by FLOPs here (equal blocks), the two slow stages bound
+  // the step.
+  PlanOptions even = fast;
+  even.partition = PartitionMode::kCount;
+  auto by_count = MakePlan(even);
+  ASSERT_THAT(by_count, IsOk());
+  EXPECT_GT(by_count->simulation.step_time_s, 1.25 * mixed->simulation.step_time_s);
+  // A replica's stage goes at its slowest copy's speed.
+  PlanOptions two = o;
+  two.stages = 2;
+  two.replicas = 2;
+  two.micro_batches = 4;
+  two.server_speed = {2, 4, 1, 4};
+  EXPECT_THAT(StageSpeeds(two), ElementsAre(1, 4));
+  two.server_speed = {2, 0};
+  EXPECT_THAT(MakePlan(two), StatusIs(absl::StatusCode::kInvalidArgument,
+                                      HasSubstr("stage server 1 has speed 0")));
+}
+
 }  // namespace
 }  // namespace pipetrain::planner
