@@ -1,6 +1,7 @@
 #include "coordinator/auto/stage_calibration.h"
 
 #include <algorithm>
+#include <functional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +20,28 @@ std::string CalibrationKey(const pb::JobSpec& spec, const pb::DeviceInfo& device
 }
 
 namespace {
+
+// Every address asked at once (`calibrate` from as many threads), the i-th with
+// request_of(i): the answers, in order.
+std::vector<absl::StatusOr<pb::CalibrateResponse>> AskAtOnce(
+    const std::vector<std::string>& addresses,
+    const std::function<pb::CalibrateRequest(int)>& request_of,
+    const CalibrationCache::Calibrate& calibrate) {
+  const int n = static_cast<int>(addresses.size());
+  std::vector<absl::StatusOr<pb::CalibrateResponse>> answers(n, absl::UnknownError("not asked"));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] { answers[i] = calibrate(addresses[i], request_of(i)); });
+  }
+  for (std::thread& t : threads) t.join();
+  return answers;
+}
+
+std::vector<std::string> AddressesOf(const std::vector<pb::StageInfo>& stages) {
+  std::vector<std::string> out;
+  for (const pb::StageInfo& s : stages) out.push_back(s.address());
+  return out;
+}
 
 // Each rate the median of the stages' answers (the mean of the middle two of an even
 // count), times `scale`.
@@ -58,12 +81,8 @@ absl::StatusOr<AutoCosts> CalibrationCache::Get(const pb::JobSpec& spec,
   request.set_precision(spec.training().precision());
   request.set_rows(rows);
   request.set_repetitions(kCalibrationRepetitions);
-  std::vector<absl::StatusOr<pb::CalibrateResponse>> answers(n, absl::UnknownError("not asked"));
-  std::vector<std::thread> threads;
-  for (int i = 0; i < n; ++i) {
-    threads.emplace_back([&, i] { answers[i] = calibrate(stages[i].address(), request); });
-  }
-  for (std::thread& t : threads) t.join();
+  const std::vector<absl::StatusOr<pb::CalibrateResponse>> answers =
+      AskAtOnce(AddressesOf(stages), [&](int) { return request; }, calibrate);
   std::vector<pb::CalibrateResponse> ok;
   for (int i = 0; i < n; ++i) {
     if (!answers[i].ok()) {
@@ -110,22 +129,20 @@ absl::StatusOr<CalibrationCache::RingCost> CalibrationCache::GetRing(
     absl::MutexLock lock(&mu_);
     if (auto it = rings_.find(key); it != rings_.end()) return it->second;
   }
-  std::vector<absl::StatusOr<pb::CalibrateResponse>> answers(n, absl::UnknownError("not asked"));
-  std::vector<std::thread> threads;
-  for (int i = 0; i < n; ++i) {
-    threads.emplace_back([&, i] {
-      pb::CalibrateRequest request;
-      request.set_repetitions(kCalibrationRepetitions);
-      pb::RingCalibration& ring = *request.mutable_ring();
-      ring.set_calibration_id(calibration_id);
-      ring.set_rendezvous_prefix("ring/");
-      ring.set_rank(i);
-      ring.set_size(n);
-      ring.set_bytes(bytes);
-      answers[i] = calibrate(stages[i].address(), request);
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  const std::vector<absl::StatusOr<pb::CalibrateResponse>> answers = AskAtOnce(
+      AddressesOf(stages),
+      [&](int i) {
+        pb::CalibrateRequest request;
+        request.set_repetitions(kCalibrationRepetitions);
+        pb::RingCalibration& ring = *request.mutable_ring();
+        ring.set_calibration_id(calibration_id);
+        ring.set_rendezvous_prefix("ring/");
+        ring.set_rank(i);
+        ring.set_size(n);
+        ring.set_bytes(bytes);
+        return request;
+      },
+      calibrate);
   double slowest = 0;
   bool emulated = true;
   for (int i = 0; i < n; ++i) {
@@ -160,22 +177,20 @@ absl::StatusOr<CalibrationCache::TransferCost> CalibrationCache::GetTransfer(
     if (auto it = transfers_.find(key); it != transfers_.end()) return it->second;
   }
   const pb::StageInfo* ends[2] = {&sender, &receiver};
-  std::vector<absl::StatusOr<pb::CalibrateResponse>> answers(2, absl::UnknownError("not asked"));
-  std::vector<std::thread> threads;
-  for (int i = 0; i < 2; ++i) {
-    threads.emplace_back([&, i] {
-      pb::CalibrateRequest request;
-      request.set_repetitions(kTransferRepetitions);
-      pb::TransferCalibration& t = *request.mutable_transfer();
-      t.set_calibration_id(calibration_id);
-      t.set_peer_secret(secret);
-      t.set_send(i == 0);
-      if (i == 0) t.set_peer_address(receiver.address());
-      t.set_bytes(bytes);
-      answers[i] = calibrate(ends[i]->address(), request);
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  const std::vector<absl::StatusOr<pb::CalibrateResponse>> answers = AskAtOnce(
+      {sender.address(), receiver.address()},
+      [&](int i) {
+        pb::CalibrateRequest request;
+        request.set_repetitions(kTransferRepetitions);
+        pb::TransferCalibration& t = *request.mutable_transfer();
+        t.set_calibration_id(calibration_id);
+        t.set_peer_secret(secret);
+        t.set_send(i == 0);
+        if (i == 0) t.set_peer_address(receiver.address());
+        t.set_bytes(bytes);
+        return request;
+      },
+      calibrate);
   for (int i = 0; i < 2; ++i) {
     if (!answers[i].ok()) {
       return absl::Status(answers[i].status().code(),

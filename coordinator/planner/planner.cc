@@ -157,8 +157,9 @@ absl::StatusOr<Partition> PartitionLayers(const PlanOptions& o,
   // The time a part takes on its stage: layers by cost over the stage's speed.
   std::vector<double> part_speed;
   const std::vector<double> stage_speed = StageSpeeds(o);
+  const Placement placement = PlacementOf(o);
   for (int j = 0; j < parts; ++j) {
-    part_speed.push_back(stage_speed[Place(PlacementOf(o), j, o.stages).stage]);
+    part_speed.push_back(stage_speed[Place(placement, j, o.stages).stage]);
   }
   const std::vector<double>* speed = o.partition == PartitionMode::kCost ? &part_speed : nullptr;
   if (o.memory_cap_bytes <= 0 || o.chunks != 1) {
@@ -362,10 +363,7 @@ void ShareDevices(const PlanOptions& o, Plan& plan) {
   for (int s = 0; s < o.stages; ++s) {
     const double slow = rd.slowdown[s];
     StagePlan& sp = plan.stages[s];
-    const int d = rd.device_of_stage[s];
-    if (rd.shared[d] && rd.shared_index[d] < static_cast<int>(o.devices.names.size())) {
-      sp.shared_device = o.devices.names[rd.shared_index[d]];
-    }
+    sp.shared_device = rd.shared_name[rd.device_of_stage[s]];
     sp.device_slowdown = slow;
     ScaleCompute(plan, s, slow);
   }

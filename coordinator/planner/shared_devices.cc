@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/number_list.h"
 
 namespace pipetrain::planner {
 namespace {
@@ -23,22 +24,6 @@ int SlotsOf(const SharedDevices& d, int device) {
 std::string NameOf(const SharedDevices& d, int device) {
   return device < static_cast<int>(d.names.size()) ? d.names[device]
                                                    : absl::StrCat("device ", device);
-}
-
-// "0-3" or "0, 2, 5": ascending numbers, runs of three or more as a range.
-std::string Runs(const std::vector<int>& n) {
-  std::vector<std::string> parts;
-  for (size_t i = 0; i < n.size();) {
-    size_t j = i;
-    while (j + 1 < n.size() && n[j + 1] == n[j] + 1) ++j;
-    if (j >= i + 2) {
-      parts.push_back(absl::StrCat(n[i], "-", n[j]));
-    } else {
-      for (size_t x = i; x <= j; ++x) parts.push_back(absl::StrCat(n[x]));
-    }
-    i = j + 1;
-  }
-  return absl::StrJoin(parts, ", ");
 }
 
 }  // namespace
@@ -96,8 +81,7 @@ ReplicaDevices ForReplica(const SharedDevices& devices, int stages, int replicas
       const double share = static_cast<double>(SlotsOf(devices, d)) * p / load[d];
       const int slots = std::min(p, std::max(1, static_cast<int>(std::ceil(share - 1e-9))));
       out.slots.push_back(slots);
-      out.shared_index.push_back(d);
-      out.shared.push_back(load[d] > 1);
+      out.shared_name.push_back(load[d] > 1 ? NameOf(devices, d) : "");
       slowdown_of.push_back(std::max(1.0, slots / share));
     }
     out.device_of_stage.push_back(it->second);
@@ -115,7 +99,7 @@ std::string DescribeSharing(const SharedDevices& devices, int stages, int replic
     if (list.size() < 2) continue;
     std::string who;
     if (replicas == 1) {
-      who = absl::StrCat("stages ", Runs(list));
+      who = absl::StrCat("stages ", common::NumberListText(list, ", "));
     } else {
       std::vector<std::string> places;
       for (int i : list) places.push_back(absl::StrCat("r", i / stages, ".s", i % stages));

@@ -35,8 +35,9 @@ struct ReplicaDevices {
   std::vector<int> device_of_stage;
   std::vector<int> slots;
   std::vector<double> slowdown;
-  std::vector<int> shared_index;  // per renumbered device, its index in SharedDevices
-  std::vector<bool> shared;       // per renumbered device: more than one of the K x R on it
+  // Per renumbered device: its name where more than one of the K x R servers is on it,
+  // else "".
+  std::vector<std::string> shared_name;
 };
 
 // For K stages x R replicas on `devices`; servers past the list's end have a device of

@@ -143,12 +143,13 @@ absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
     }
   }
 
-  // Whether a receive's tensor has been sent (every other action can always run).
-  auto arrived = [&](int s, const Action& a) {
+  // When a receive's tensor arrives, -1 while it is unsent; 0 for every other action,
+  // which can always run.
+  auto arrival = [&](int s, const Action& a) {
     const int j = topology.Virtual(s, a.chunk);
-    if (a.kind == ActionKind::kRecvActivation) return act_at[j - 1][a.micro_batch] >= 0;
-    if (a.kind == ActionKind::kRecvGradient) return grad_at[j + 1][a.micro_batch] >= 0;
-    return true;
+    if (a.kind == ActionKind::kRecvActivation) return act_at[j - 1][a.micro_batch];
+    if (a.kind == ActionKind::kRecvGradient) return grad_at[j + 1][a.micro_batch];
+    return 0.0;
   };
   auto run = [&](int s, const Action& a) -> bool {
     const int j = topology.Virtual(s, a.chunk);
@@ -160,8 +161,7 @@ absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
     switch (a.kind) {
       case ActionKind::kRecvActivation:
       case ActionKind::kRecvGradient: {
-        const double at = a.kind == ActionKind::kRecvActivation ? act_at[j - 1][a.micro_batch]
-                                                                : grad_at[j + 1][a.micro_batch];
+        const double at = arrival(s, a);
         if (at < 0) return false;
         end = std::max(start, at) + c->recv_busy_s;
         break;
@@ -245,7 +245,9 @@ absl::StatusOr<SimulationResult> Simulate(const schedule::Schedule& programs,
     for (;;) {
       int next = -1;
       for (int s = 0; s < k; ++s) {
-        if (pc[s] >= programs[s].actions.size() || !arrived(s, programs[s].actions[pc[s]])) continue;
+        if (pc[s] >= programs[s].actions.size() || arrival(s, programs[s].actions[pc[s]]) < 0) {
+          continue;
+        }
         if (next < 0 || clock[s] < clock[next]) next = s;
       }
       if (next < 0) break;

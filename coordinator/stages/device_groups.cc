@@ -4,11 +4,9 @@
 #include <numeric>
 #include <set>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/number_list.h"
 
 namespace pipetrain::coordinator {
 
@@ -23,7 +21,7 @@ bool IsCpu(const pb::DeviceInfo& d) { return absl::StartsWith(d.device_id(), "cp
 bool Shares(const pb::DeviceInfo& a, const pb::DeviceInfo& b) {
   if (a.device_id().empty() || a.device_id() != b.device_id()) return false;
   if (!IsCpu(a)) return true;
-  const std::vector<int> x = ParseCpuList(a.cpus()), y = ParseCpuList(b.cpus());
+  const std::vector<int> x = common::ParseNumberList(a.cpus()), y = common::ParseNumberList(b.cpus());
   if (x.empty() || y.empty()) return true;
   return std::find_first_of(x.begin(), x.end(), y.begin(), y.end()) != x.end();
 }
@@ -38,35 +36,10 @@ int Root(std::vector<int>& parent, int i) {
 std::string NameOf(const pb::DeviceInfo& first, const std::vector<int>& cpus) {
   if (!IsCpu(first)) return first.device_id();
   const std::string host = first.device_id().substr(0, 4 + 8);
-  return cpus.empty() ? host : absl::StrCat(host, " cpus ", CpuListText(cpus));
+  return cpus.empty() ? host : absl::StrCat(host, " cpus ", common::NumberListText(cpus));
 }
 
 }  // namespace
-
-std::vector<int> ParseCpuList(const std::string& text) {
-  std::set<int> out;
-  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
-    std::vector<absl::string_view> ends = absl::StrSplit(part, '-');
-    int lo = 0, hi = 0;
-    if (ends.size() > 2 || !absl::SimpleAtoi(ends[0], &lo) ||
-        !absl::SimpleAtoi(ends.back(), &hi) || lo < 0 || hi < lo || hi - lo > 65536) {
-      return {};
-    }
-    for (int c = lo; c <= hi; ++c) out.insert(c);
-  }
-  return {out.begin(), out.end()};
-}
-
-std::string CpuListText(const std::vector<int>& cpus) {
-  std::vector<std::string> parts;
-  for (size_t i = 0; i < cpus.size();) {
-    size_t j = i;
-    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
-    parts.push_back(j > i ? absl::StrCat(cpus[i], "-", cpus[j]) : absl::StrCat(cpus[i]));
-    i = j + 1;
-  }
-  return absl::StrJoin(parts, ",");
-}
 
 planner::SharedDevices GroupDevices(const std::vector<pb::DeviceInfo>& devices) {
   const int n = static_cast<int>(devices.size());
@@ -96,7 +69,7 @@ planner::SharedDevices GroupDevices(const std::vector<pb::DeviceInfo>& devices) 
     }
     const int d = index[root];
     out.of_server.push_back(d);
-    for (int c : ParseCpuList(devices[i].cpus())) cpus[d].insert(c);
+    for (int c : common::ParseNumberList(devices[i].cpus())) cpus[d].insert(c);
     threads[d] = std::max(threads[d], devices[i].threads());
   }
   for (int i = 0; i < n; ++i) {

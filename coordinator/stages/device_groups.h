@@ -12,11 +12,6 @@
 
 namespace pipetrain::coordinator {
 
-// "0-3,8" -> {0, 1, 2, 3, 8}; empty for text that is not such a list.
-std::vector<int> ParseCpuList(const std::string& text);
-// {0, 1, 2, 3, 8} -> "0-3,8" (ascending, no repeats).
-std::string CpuListText(const std::vector<int>& cpus);
-
 // The devices of `devices` (the stage servers', in the order the runner gives them
 // places). A device's slots: 1 for a GPU or an emulated device; for a host's CPUs, the
 // processors its stages' sets cover over the most threads one of them uses (at least

@@ -53,8 +53,6 @@ SharedDevice* SharedDeviceNamed(const std::string& name) {
   return d.get();
 }
 
-void Occupy(double seconds, const std::string& shared) { OccupyEmulatedDevice(seconds, shared); }
-
 }  // namespace
 
 std::string SharedDeviceLockPath(const std::string& shared) {
@@ -148,7 +146,7 @@ absl::StatusOr<common::Tensor> EmulatedChunk::Forward(int mb, const common::Piec
   if (in_flight_.count(mb)) {
     return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " is already in flight"));
   }
-  Occupy(forward_s_, device_.shared);
+  OccupyEmulatedDevice(forward_s_, device_.shared);
   Hold(mb, memory_.stored);
   Peak(memory_.backward_extra);  // recomputing, the whole stash existed until now
   if (has_head()) {
@@ -161,7 +159,7 @@ absl::StatusOr<common::Tensor> EmulatedChunk::Forward(int mb, const common::Piec
 
 absl::StatusOr<common::Tensor> EmulatedChunk::Evaluate(const common::PiecewiseTensor&,
                                                        const common::Tensor*) {
-  Occupy(forward_s_, device_.shared);
+  OccupyEmulatedDevice(forward_s_, device_.shared);
   Peak(evaluate_bytes_);
   if (has_head()) {
     ASSIGN_OR_RETURN(common::Tensor loss, Output({1}));
@@ -176,7 +174,7 @@ absl::StatusOr<common::Tensor> EmulatedChunk::Backward(int mb, const common::Pie
   if (!in_flight_.count(mb)) {
     return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " has no forward"));
   }
-  Occupy(backward_input_s_ + backward_weight_s_, device_.shared);
+  OccupyEmulatedDevice(backward_input_s_ + backward_weight_s_, device_.shared);
   last_recompute_s_ = recompute_ ? forward_s_ : 0;
   Peak(memory_.backward_extra);
   Release(mb);
@@ -189,7 +187,7 @@ absl::StatusOr<common::Tensor> EmulatedChunk::BackwardInput(int mb, const common
   if (!in_flight_.count(mb)) {
     return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " has no forward"));
   }
-  Occupy(backward_input_s_, device_.shared);
+  OccupyEmulatedDevice(backward_input_s_, device_.shared);
   last_recompute_s_ = recompute_ ? forward_s_ : 0;
   Peak(memory_.backward_extra);
   // The rebuilt activations and the gradients for the weight half stay until it runs.
@@ -202,7 +200,7 @@ absl::Status EmulatedChunk::BackwardWeight(int mb) {
   if (!in_flight_.count(mb)) {
     return absl::FailedPreconditionError(absl::StrCat("micro-batch ", mb, " has no forward"));
   }
-  Occupy(backward_weight_s_, device_.shared);
+  OccupyEmulatedDevice(backward_weight_s_, device_.shared);
   Release(mb);
   return absl::OkStatus();
 }
@@ -217,7 +215,7 @@ absl::StatusOr<common::Tensor> EmulatedChunk::TiedGradient(bool) {
 }
 
 absl::Status EmulatedChunk::OptimizerStep(const compute::OptimizerSettings&, std::optional<double>) {
-  Occupy(optimizer_s_, device_.shared);
+  OccupyEmulatedDevice(optimizer_s_, device_.shared);
   return absl::OkStatus();
 }
 

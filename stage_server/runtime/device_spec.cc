@@ -11,8 +11,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "common/number_list.h"
 
 namespace pipetrain::stage_server {
 
@@ -98,18 +98,11 @@ std::string CpuAffinityList() {
   cpu_set_t set;
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof(set), &set) != 0) return "";
-  std::vector<std::string> parts;
-  for (int c = 0; c < CPU_SETSIZE;) {
-    if (!CPU_ISSET(c, &set)) {
-      ++c;
-      continue;
-    }
-    int end = c;
-    while (end + 1 < CPU_SETSIZE && CPU_ISSET(end + 1, &set)) ++end;
-    parts.push_back(end > c ? absl::StrCat(c, "-", end) : absl::StrCat(c));
-    c = end + 1;
+  std::vector<int> cpus;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) cpus.push_back(c);
   }
-  return absl::StrJoin(parts, ",");
+  return common::NumberListText(cpus);
 }
 
 }  // namespace pipetrain::stage_server

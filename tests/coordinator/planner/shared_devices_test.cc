@@ -19,7 +19,7 @@ TEST(SharedDevicesTest, StagesOfOneReplicaShareTheSlots) {
   EXPECT_THAT(r.device_of_stage, ElementsAre(0, 0, 0, 0));
   EXPECT_THAT(r.slots, ElementsAre(2));
   EXPECT_THAT(r.slowdown, ElementsAre(1, 1, 1, 1));
-  EXPECT_THAT(r.shared, ElementsAre(true));
+  EXPECT_THAT(r.shared_name, ElementsAre("device 0"));
 }
 
 TEST(SharedDevicesTest, ReplicasOnOneDeviceSlowEachOther) {
@@ -47,7 +47,7 @@ TEST(SharedDevicesTest, DevicesOfTheirOwnAreNotShared) {
   // Servers past the list have a device each.
   const ReplicaDevices past = ForReplica(EvenlyShared(1, 1, 1), 3, 1);
   EXPECT_THAT(past.device_of_stage, ElementsAre(0, 1, 2));
-  EXPECT_THAT(past.shared, ElementsAre(false, false, false));
+  EXPECT_THAT(past.shared_name, ElementsAre("", "", ""));
   EXPECT_TRUE(ForReplica(SharedDevices{}, 4, 1).device_of_stage.empty());
 }
 

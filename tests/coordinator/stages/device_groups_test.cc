@@ -26,16 +26,6 @@ pb::DeviceInfo Gpu(const std::string& uuid) {
   return d;
 }
 
-TEST(DeviceGroupsTest, CpuListsRoundTrip) {
-  EXPECT_THAT(ParseCpuList("0-3,8"), ElementsAre(0, 1, 2, 3, 8));
-  EXPECT_THAT(ParseCpuList("5,1-2"), ElementsAre(1, 2, 5));
-  EXPECT_THAT(ParseCpuList("3-1"), IsEmpty());
-  EXPECT_THAT(ParseCpuList("x"), IsEmpty());
-  EXPECT_THAT(ParseCpuList(""), IsEmpty());
-  EXPECT_EQ(CpuListText({0, 1, 2, 3, 8}), "0-3,8");
-  EXPECT_EQ(CpuListText({1, 3}), "1,3");
-}
-
 // The quickstart's cluster: four one-thread stages on a 2-core host.
 TEST(DeviceGroupsTest, StagesOfOneHostShareItsCores) {
   const std::vector<pb::DeviceInfo> four(4, Cpu("8f3ac2d1-aaaa", "0-1", 1));
